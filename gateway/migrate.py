@@ -1,0 +1,210 @@
+"""Forward-only schema migrations: numbered `.sql` files applied once, in order.
+
+Each file runs in its own transaction together with its `schema_migrations` row. A file
+whose leading comment block holds `-- gateway: no-transaction` runs outside a transaction
+(for `CREATE INDEX CONCURRENTLY`); such a file must hold exactly one statement, and should
+be safe to re-run (`IF NOT EXISTS`), since it is recorded only after it has succeeded.
+A session advisory lock serialises concurrent runners: the second waits, then finds nothing
+pending.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import re
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+
+import gateway
+from gateway.errors import GatewayError
+
+logger = logging.getLogger("gateway.migrate")
+
+NO_TRANSACTION_MARKER = "-- gateway: no-transaction"
+FILE_NAME_RE = re.compile(r"^(\d+)_[A-Za-z0-9_]+\.sql$")
+# A fixed bigint key for pg_advisory_lock, shared by every process that migrates.
+LOCK_KEY = zlib.crc32(b"claim-gateway.migrate")
+
+CREATE_TABLE_SQL = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    checksum   text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+TABLE_EXISTS_SQL = "SELECT to_regclass('schema_migrations') IS NOT NULL"
+SELECT_APPLIED_SQL = "SELECT version, name, checksum FROM schema_migrations ORDER BY version"
+INSERT_APPLIED_SQL = "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)"
+LOCK_SQL = "SELECT pg_advisory_lock($1)"
+UNLOCK_SQL = "SELECT pg_advisory_unlock($1)"
+
+
+class MigrationError(GatewayError):
+    """A migration file is malformed, was edited after being applied, or failed to run."""
+
+    code = "migration_error"
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One migration file."""
+
+    version: int
+    name: str
+    sql: str
+    checksum: str
+    transactional: bool
+
+
+def migrations_dir() -> Path:
+    """The shipped migrations: inside the installed package, else the repo's `migrations/`."""
+    packaged = Path(gateway.__file__).parent / "migrations"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).parent.parent / "migrations"
+
+
+def _is_no_transaction(sql: str) -> bool:
+    """True when the leading comment block (before any SQL) carries the marker."""
+    for line in sql.splitlines():
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if not stripped.startswith("--"):
+            return False
+        if stripped.lower() == NO_TRANSACTION_MARKER:
+            return True
+    return False
+
+
+def _statement_count(sql: str) -> int:
+    """A loose count of `;`-separated statements, ignoring comment lines."""
+    code = "\n".join(ln for ln in sql.splitlines() if not ln.strip().startswith("--"))
+    return sum(1 for part in code.split(";") if part.strip())
+
+
+def _load_file(path: Path) -> Migration:
+    match = FILE_NAME_RE.match(path.name)
+    if match is None:
+        raise MigrationError(
+            f"migration file {path.name} is badly named; names must look like "
+            f"0002_add_column.sql (a number, an underscore, letters, digits or underscores)"
+        )
+    data = path.read_bytes()
+    sql = data.decode("utf-8")
+    transactional = not _is_no_transaction(sql)
+    if not transactional and _statement_count(sql) > 1:
+        raise MigrationError(
+            f"migration {path.name} is marked '{NO_TRANSACTION_MARKER}' but holds more than "
+            f"one statement; split it so that each such file holds exactly one statement"
+        )
+    return Migration(
+        int(match.group(1)), path.name, sql, hashlib.sha256(data).hexdigest(), transactional
+    )
+
+
+def load_migrations(directory: Path | None = None) -> list[Migration]:
+    """Every `.sql` file of the directory, sorted by version; refuses bad names and duplicates."""
+    directory = directory or migrations_dir()
+    if not directory.is_dir():
+        raise MigrationError(f"migrations directory {directory} does not exist")
+    by_version: dict[int, Migration] = {}
+    for path in sorted(directory.glob("*.sql")):
+        migration = _load_file(path)
+        other = by_version.get(migration.version)
+        if other is not None:
+            raise MigrationError(
+                f"migrations {other.name} and {migration.name} share the number "
+                f"{migration.version}; each file needs a number of its own — renumber the "
+                f"one that has not been applied yet"
+            )
+        by_version[migration.version] = migration
+    return [by_version[v] for v in sorted(by_version)]
+
+
+async def pending_migrations(
+    conn: asyncpg.Connection, directory: Path | None = None
+) -> list[Migration]:
+    """Files not yet applied; refuses edited or missing files that were applied."""
+    migrations = load_migrations(directory)
+    applied: dict[int, asyncpg.Record] = {}
+    if await conn.fetchval(TABLE_EXISTS_SQL):
+        applied = {row["version"]: row for row in await conn.fetch(SELECT_APPLIED_SQL)}
+    files = {m.version: m for m in migrations}
+    for version, row in applied.items():
+        migration = files.get(version)
+        if migration is None:
+            raise MigrationError(
+                f"migration {row['name']} (number {version}) was applied to this database but "
+                f"its file is missing; restore the file — applied migrations must not be removed"
+            )
+        if migration.checksum != row["checksum"]:
+            raise MigrationError(
+                f"migration {migration.name} was changed after it was applied (checksum "
+                f"differs); forward-only migrations must not be edited — add a new file instead"
+            )
+    return [m for m in migrations if m.version not in applied]
+
+
+async def _apply_one(conn: asyncpg.Connection, migration: Migration) -> None:
+    """Run one file and record it; a transactional file leaves no trace when it fails."""
+    record = (migration.version, migration.name, migration.checksum)
+    try:
+        if migration.transactional:
+            async with conn.transaction():
+                await conn.execute(migration.sql)
+                await conn.execute(INSERT_APPLIED_SQL, *record)
+        else:
+            await conn.execute(migration.sql)
+            await conn.execute(INSERT_APPLIED_SQL, *record)
+    except asyncpg.PostgresError as exc:
+        raise MigrationError(
+            f"migration {migration.name} failed and was not recorded: "
+            f"{type(exc).__name__}: {exc}; fix the file (it was never applied) and run again"
+        ) from exc
+
+
+async def apply_migrations(
+    dsn: str,
+    directory: Path | None = None,
+    *,
+    log: Callable[[str], None] | None = None,
+) -> list[Migration]:
+    """Apply every pending migration under an advisory lock; returns those applied."""
+    log = log or logger.info
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(LOCK_SQL, LOCK_KEY)
+        try:
+            await conn.execute(CREATE_TABLE_SQL)
+            pending = await pending_migrations(conn, directory)
+            for migration in pending:
+                started = time.monotonic()
+                await _apply_one(conn, migration)
+                mode = "" if migration.transactional else " (outside a transaction)"
+                log(
+                    f"applied migration {migration.name}{mode} in {time.monotonic() - started:.2f}s"
+                )
+            return pending
+        finally:
+            # Closing the session releases the lock too, so a broken connection is no loss.
+            with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+                await conn.execute(UNLOCK_SQL, LOCK_KEY)
+    finally:
+        await conn.close()
+
+
+async def schema_is_current(conn: asyncpg.Connection, directory: Path | None = None) -> bool:
+    """True when every file is applied unchanged; False otherwise (never raises on that)."""
+    try:
+        return not await pending_migrations(conn, directory)
+    except MigrationError:
+        return False

@@ -1,0 +1,277 @@
+"""Request validation and the task's JSON form.
+
+Parsers take the decoded JSON body and return frozen request objects, or raise
+ValidationFailed naming the field. They store nothing and touch no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+
+from .errors import BadRequest, NotFound, PayloadTooLarge, ValidationFailed
+
+RUNTIME_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+MAX_WORKER_ID = 200
+MAX_IDEMPOTENCY_KEY = 200
+MAX_ERROR_CHARS = 10_000
+
+TASK_FIELDS = (
+    "id",
+    "runtime_id",
+    "status",
+    "priority",
+    "payload",
+    "attempts",
+    "max_attempts",
+    "run_at",
+    "expires_at",
+    "created_at",
+    "updated_at",
+)
+LEASE_FIELDS = ("lease_id", "lease_expires_at", "worker_id", "cancel_requested")
+
+
+def format_time(value: datetime | None) -> str | None:
+    """RFC 3339 UTC with microseconds and Z, so that times compare as strings."""
+    if value is None:
+        return None
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(field: str, raw: Any) -> datetime:
+    if not isinstance(raw, str):
+        raise ValidationFailed(f"{field} must be an RFC 3339 time string", field=field)
+    try:
+        value = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ValidationFailed(
+            f"{field} must be an RFC 3339 time such as 2026-11-25T21:02:03Z", field=field
+        ) from None
+    if value.tzinfo is None:
+        raise ValidationFailed(f"{field} must carry a time zone (Z or +hh:mm)", field=field)
+    return value
+
+
+def task_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The API's task object from a tasks row."""
+    out: dict[str, Any] = {}
+    for key in TASK_FIELDS:
+        value = row[key]
+        out[key] = format_time(value) if isinstance(value, datetime) else value
+    out["id"] = str(row["id"])
+    status = row["status"]
+    if status == "claimed":
+        out["lease_id"] = str(row["lease_id"])
+        out["lease_expires_at"] = format_time(row["lease_expires_at"])
+        out["worker_id"] = row["worker_id"]
+        out["cancel_requested"] = row["cancel_requested"]
+    if status == "completed":
+        out["result"] = row["result"]
+    if row["last_error"] is not None:
+        out["last_error"] = row["last_error"]
+    return out
+
+
+def check_runtime_id(runtime_id: str) -> str:
+    if not RUNTIME_ID_RE.match(runtime_id):
+        raise ValidationFailed(
+            "runtime id must be 1-128 characters of letters, digits and . _ : -, "
+            "starting with a letter or digit",
+            field="runtime_id",
+        )
+    return runtime_id
+
+
+def check_task_id(raw: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise NotFound(f"no task with id {raw!r}") from None
+
+
+def decode_body(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object; an empty body counts as {}."""
+    if not raw.strip():
+        return {}
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def _int(body: Mapping[str, Any], field: str, default: int | None, low: int, high: int) -> int:
+    raw = body.get(field, default)
+    if raw is None:
+        if default is None:
+            raise ValidationFailed(f"{field} is required", field=field)
+        raw = default
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or raw != int(raw):
+        raise ValidationFailed(f"{field} must be an integer", field=field)
+    if not low <= raw <= high:
+        raise ValidationFailed(f"{field} must be between {low} and {high}", field=field)
+    return int(raw)
+
+
+def _number(
+    body: Mapping[str, Any], field: str, default: float | None, low: float, high: float
+) -> float | None:
+    raw = body.get(field)
+    if raw is None:
+        return default
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        raise ValidationFailed(f"{field} must be a number", field=field)
+    if not low <= raw <= high:
+        raise ValidationFailed(f"{field} must be between {low:g} and {high:g}", field=field)
+    return float(raw)
+
+
+def _string(body: Mapping[str, Any], field: str, max_len: int, required: bool) -> str | None:
+    raw = body.get(field)
+    if raw is None:
+        if required:
+            raise ValidationFailed(f"{field} is required", field=field)
+        return None
+    if not isinstance(raw, str) or not raw:
+        raise ValidationFailed(f"{field} must be a non-empty string", field=field)
+    if len(raw) > max_len:
+        raise ValidationFailed(f"{field} must be at most {max_len} characters", field=field)
+    return raw
+
+
+@dataclass(frozen=True)
+class EnqueueRequest:
+    payload_json: str
+    priority: int
+    max_attempts: int
+    run_at: datetime | None
+    expires_at: datetime | None
+    idempotency_key: str | None
+    request_hash: str  # what a replay with the same key must match
+
+
+HASHED_FIELDS = ("payload", "priority", "max_attempts", "delay_seconds", "run_at", "ttl_seconds")
+
+
+def parse_enqueue(
+    body: Mapping[str, Any], header_key: str | None, max_payload_bytes: int
+) -> EnqueueRequest:
+    if "payload" not in body:
+        raise ValidationFailed("payload is required (any JSON value)", field="payload")
+    payload_json = orjson.dumps(body["payload"]).decode()
+    if len(payload_json.encode()) > max_payload_bytes:
+        raise PayloadTooLarge(
+            f"payload is larger than {max_payload_bytes} bytes serialized", field="payload"
+        )
+    key = _string(body, "idempotency_key", MAX_IDEMPOTENCY_KEY, required=False)
+    if header_key is not None:
+        if not header_key or len(header_key) > MAX_IDEMPOTENCY_KEY:
+            raise ValidationFailed(
+                f"Idempotency-Key header must be 1-{MAX_IDEMPOTENCY_KEY} characters",
+                field="idempotency_key",
+            )
+        if key is not None and key != header_key:
+            raise BadRequest("idempotency_key in the body and the Idempotency-Key header differ")
+        key = header_key
+    now = datetime.now(UTC)
+    if "delay_seconds" in body and "run_at" in body:
+        raise ValidationFailed("give delay_seconds or run_at, not both", field="run_at")
+    run_at = None
+    delay = _number(body, "delay_seconds", None, 0, 365 * 86400)
+    if delay:
+        run_at = now + timedelta(seconds=delay)
+    if body.get("run_at") is not None:
+        run_at = parse_time("run_at", body["run_at"])
+    ttl = _number(body, "ttl_seconds", None, 1, 365 * 86400)
+    expires_at = None
+    if ttl is not None:
+        expires_at = (run_at or now) + timedelta(seconds=ttl)
+    return EnqueueRequest(
+        payload_json=payload_json,
+        priority=_int(body, "priority", 50, 0, 1000),
+        max_attempts=_int(body, "max_attempts", 5, 1, 100),
+        run_at=run_at,
+        expires_at=expires_at,
+        idempotency_key=key,
+        request_hash=hashlib.sha256(
+            orjson.dumps({f: body.get(f) for f in HASHED_FIELDS}, option=orjson.OPT_SORT_KEYS)
+        ).hexdigest(),
+    )
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    worker_id: str
+    max_tasks: int
+    wait_seconds: float
+    lease_seconds: int
+
+
+def parse_claim(
+    body: Mapping[str, Any], max_wait_seconds: float, default_lease_seconds: int
+) -> ClaimRequest:
+    worker_id = _string(body, "worker_id", MAX_WORKER_ID, required=True)
+    assert worker_id is not None
+    wait = _number(body, "wait_seconds", 0.0, 0, max_wait_seconds)
+    return ClaimRequest(
+        worker_id=worker_id,
+        max_tasks=_int(body, "max_tasks", 1, 1, 100),
+        wait_seconds=wait or 0.0,
+        lease_seconds=_int(body, "lease_seconds", default_lease_seconds, 1, 3600),
+    )
+
+
+def parse_lease_id(body: Mapping[str, Any]) -> uuid.UUID:
+    raw = _string(body, "lease_id", 64, required=True)
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise ValidationFailed(
+            "lease_id must be the lease_id a claim returned", field="lease_id"
+        ) from None
+
+
+def parse_lease_seconds(body: Mapping[str, Any], default: int) -> int:
+    return _int(body, "lease_seconds", default, 1, 3600)
+
+
+@dataclass(frozen=True)
+class FailRequest:
+    lease_id: uuid.UUID
+    error: str
+    retry: bool
+    retry_after_seconds: float | None
+
+
+def parse_fail(body: Mapping[str, Any]) -> FailRequest:
+    error = body.get("error")
+    if not isinstance(error, str):
+        raise ValidationFailed("error is required: a string describing the failure", field="error")
+    retry = body.get("retry", True)
+    if not isinstance(retry, bool):
+        raise ValidationFailed("retry must be true or false", field="retry")
+    return FailRequest(
+        lease_id=parse_lease_id(body),
+        error=error[:MAX_ERROR_CHARS],
+        retry=retry,
+        retry_after_seconds=_number(body, "retry_after_seconds", None, 0, 7 * 86400),
+    )
+
+
+def result_json(body: Mapping[str, Any], max_payload_bytes: int) -> str | None:
+    if body.get("result") is None:
+        return None
+    encoded = orjson.dumps(body["result"]).decode()
+    if len(encoded.encode()) > max_payload_bytes:
+        raise PayloadTooLarge(f"result is larger than {max_payload_bytes} bytes", field="result")
+    return encoded

@@ -1,0 +1,137 @@
+"""Every SQL statement the gateway runs, by name. No SQL lives anywhere else.
+
+Hot-path statements (CLAIM, NEXT_DUE) have EXPLAIN tests that pin their index.
+"""
+
+from __future__ import annotations
+
+TASK_COLUMNS = """
+    id, runtime_id, status, priority, payload, attempts, max_attempts, run_at, expires_at,
+    created_at, updated_at, lease_id, lease_expires_at, worker_id, cancel_requested,
+    result, last_error
+"""
+
+ENQUEUE = f"""
+INSERT INTO tasks (runtime_id, priority, payload, max_attempts, run_at, expires_at,
+                   idempotency_key, request_hash)
+VALUES ($1, $2, $3, $4, COALESCE($5, clock_timestamp()), $6, $7, $8)
+ON CONFLICT (runtime_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING {TASK_COLUMNS}, request_hash
+"""
+
+# The task an idempotency key already made, for a replay or a key-reuse refusal.
+GET_BY_IDEMPOTENCY_KEY = f"""
+SELECT {TASK_COLUMNS}, request_hash FROM tasks WHERE runtime_id = $1 AND idempotency_key = $2
+"""
+
+# Claims up to cardinality($2) tasks for a list of slots, one slot per wanted task,
+# oldest waiter's slots first. Row number k goes to slot k, which carries the
+# waiter's worker_id and lease length. One statement: lock, number and lease.
+CLAIM = """
+WITH picked AS (
+    SELECT id, priority, created_at
+      FROM tasks
+     WHERE runtime_id = $1
+       AND status = 'queued'
+       AND run_at <= now()
+       AND (expires_at IS NULL OR expires_at > now())
+     ORDER BY priority DESC, created_at ASC
+     LIMIT cardinality($2::text[])
+       FOR UPDATE SKIP LOCKED
+), numbered AS (
+    SELECT id, row_number() OVER (ORDER BY priority DESC, created_at ASC) AS slot
+      FROM picked
+), slots AS (
+    SELECT worker_id, lease_seconds, slot
+      FROM unnest($2::text[], $3::float8[]) WITH ORDINALITY AS s(worker_id, lease_seconds, slot)
+)
+UPDATE tasks t
+   SET status = 'claimed',
+       attempts = t.attempts + 1,
+       lease_id = gen_random_uuid(),
+       lease_expires_at = clock_timestamp() + make_interval(secs => s.lease_seconds),
+       worker_id = s.worker_id,
+       cancel_requested = false,
+       updated_at = clock_timestamp()
+  FROM numbered n JOIN slots s USING (slot)
+ WHERE t.id = n.id
+RETURNING n.slot, t.*
+"""
+
+# Earliest future run_at among a runtime's queued tasks: a verdict must not outlive it (I4).
+NEXT_DUE = """
+SELECT min(run_at) FROM tasks
+ WHERE runtime_id = $1 AND status = 'queued' AND run_at > now()
+"""
+
+# Gives back leases that were never delivered (the waiter left mid-claim). The claim
+# did not reach anyone, so it does not count as an attempt.
+UNCLAIM = """
+UPDATE tasks
+   SET status = 'queued', attempts = greatest(attempts - 1, 0), lease_id = NULL,
+       lease_expires_at = NULL, worker_id = NULL, updated_at = clock_timestamp()
+ WHERE id = ANY($1::uuid[]) AND status = 'claimed'
+RETURNING {TASK_COLUMNS}
+"""
+
+GET_TASK = f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1"
+
+HEARTBEAT = f"""
+UPDATE tasks
+   SET lease_expires_at = clock_timestamp() + make_interval(secs => $3),
+       updated_at = clock_timestamp()
+ WHERE id = $1 AND lease_id = $2 AND status = 'claimed'
+RETURNING {TASK_COLUMNS}
+"""
+
+# A cancel requested while the task was held wins over the holder's report.
+COMPLETE = f"""
+UPDATE tasks
+   SET status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'completed' END,
+       result = $3, lease_expires_at = NULL, finished_at = clock_timestamp(),
+       updated_at = clock_timestamp()
+ WHERE id = $1 AND lease_id = $2 AND status = 'claimed'
+RETURNING {TASK_COLUMNS}
+"""
+
+# Backoff: retry_after_seconds when given, else min(2^attempts, 3600) s with
+# jitter in [50%, 100%]. `dead` once attempts reached max_attempts or retry=false.
+FAIL = f"""
+UPDATE tasks
+   SET status = CASE
+           WHEN cancel_requested THEN 'cancelled'
+           WHEN $4 AND attempts < max_attempts THEN 'queued'
+           ELSE 'dead' END,
+       run_at = CASE
+           WHEN $4 AND attempts < max_attempts AND NOT cancel_requested
+           THEN clock_timestamp() + make_interval(secs => COALESCE(
+                    $5::float8,
+                    least(power(2, attempts), 3600) * (0.5 + random() * 0.5)))
+           ELSE run_at END,
+       lease_id = CASE WHEN $4 AND attempts < max_attempts AND NOT cancel_requested
+                       THEN NULL ELSE lease_id END,
+       worker_id = CASE WHEN $4 AND attempts < max_attempts AND NOT cancel_requested
+                        THEN NULL ELSE worker_id END,
+       lease_expires_at = NULL,
+       last_error = $3,
+       finished_at = CASE WHEN $4 AND attempts < max_attempts AND NOT cancel_requested
+                          THEN NULL ELSE clock_timestamp() END,
+       updated_at = clock_timestamp()
+ WHERE id = $1 AND lease_id = $2 AND status = 'claimed'
+RETURNING {TASK_COLUMNS}
+"""
+
+RELEASE = f"""
+UPDATE tasks
+   SET status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,
+       run_at = clock_timestamp(),
+       lease_id = CASE WHEN cancel_requested THEN lease_id END,
+       worker_id = CASE WHEN cancel_requested THEN worker_id END,
+       lease_expires_at = NULL,
+       finished_at = CASE WHEN cancel_requested THEN clock_timestamp() END,
+       updated_at = clock_timestamp()
+ WHERE id = $1 AND lease_id = $2 AND status = 'claimed'
+RETURNING {TASK_COLUMNS}
+"""
+
+PING = "SELECT 1"

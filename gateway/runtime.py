@@ -1,0 +1,96 @@
+"""The Gateway: every long-lived part of one process, opened and closed together.
+
+Only the app's lifespan calls `open()` and `close()`; handlers reach the parts
+through `request.app.state.gateway`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .auth import Authenticator
+from .cache import CircuitBreaker, VerdictCache, make_client
+from .claim import Claimer
+from .errors import ConfigError, GatewayError
+from .metrics import Metrics
+from .migrate import schema_is_current
+from .settings import Settings
+from .store import Store
+from .wakeups import Subscriber
+
+log = logging.getLogger("gateway")
+
+
+class Gateway:
+    """Owns the Postgres pool, the Redis clients, the pub/sub subscriber and the claimer."""
+
+    def __init__(self, settings: Settings) -> None:
+        if not settings.database_url:
+            raise ConfigError("DATABASE_URL is not set (or run `gateway serve --embedded`)")
+        if not settings.redis_url:
+            raise ConfigError("REDIS_URL is not set (or run `gateway serve --embedded`)")
+        self.settings = settings
+        self.metrics = Metrics()
+        self.auth = Authenticator(settings)
+        self.store = Store(
+            settings.database_url,
+            self.metrics,
+            min_size=settings.db_pool_min,
+            max_size=settings.db_pool_max,
+            statement_timeout_ms=settings.db_statement_timeout_ms,
+        )
+        timeout = settings.redis_timeout_seconds
+        self.cache = VerdictCache(
+            make_client(settings.redis_url, timeout),
+            settings.redis_prefix,
+            self.metrics,
+            timeout_seconds=timeout,
+            version_ttl_seconds=settings.version_ttl_seconds,
+            breaker=CircuitBreaker(settings.breaker_failures, settings.breaker_open_seconds),
+        )
+        # The subscriber's reads block for long stretches by design: no socket timeout;
+        # its own PINGs detect a dead connection.
+        self.subscriber = Subscriber(
+            make_client(settings.redis_url, timeout, socket_timeout=None),
+            settings.redis_prefix,
+            self.metrics,
+            on_wake=self._on_wake,
+            on_reset=self._on_reset,
+            timeout_seconds=timeout,
+        )
+        self.claimer = Claimer(self.store, self.cache, self.subscriber, settings, self.metrics)
+
+    def _on_wake(self, runtime_id: str) -> None:
+        self.claimer.wake(runtime_id)
+
+    def _on_reset(self) -> None:
+        self.claimer.wake_all()
+
+    async def open(self) -> None:
+        if not self.settings.auth_enabled:
+            log.warning(
+                "AUTHENTICATION IS OFF (GATEWAY_AUTH=off): anyone who can reach this port "
+                "can enqueue, claim and complete tasks. Use this for local development only."
+            )
+        await self.store.open()
+        await self.subscriber.start()
+        if not await self.cache.ping():
+            log.warning("Redis is not reachable; claims go to Postgres until it is back")
+
+    async def close(self) -> None:
+        self.claimer.drain()
+        await self.subscriber.stop()
+        await self.cache.close()
+        await self.store.close()
+
+    async def readiness_problems(self) -> list[str]:
+        """Empty when this instance should receive traffic. Redis is not required (I5)."""
+        if self.claimer.draining:
+            return ["shutting down"]
+        try:
+            current = await self.store.run_with_connection(schema_is_current)
+        except GatewayError as exc:
+            return [f"database: {exc.detail}"]
+        if not current:
+            return ["database schema is not current: run `gateway migrate`"]
+        return []

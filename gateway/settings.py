@@ -1,0 +1,152 @@
+"""The gateway's configuration: one frozen object built from the environment.
+
+Every knob is read once, at start-up, and validated there; a bad value stops the
+process with a message naming the variable. Units are part of the names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
+
+from .errors import ConfigError
+
+
+def _mask_url(url: str | None) -> str | None:
+    """Hide the password of a connection URL, for logs and reprs."""
+    if not url:
+        return url
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = (parts.username or "") + ":***"
+    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Validated configuration. Build it with `Settings.from_env()`."""
+
+    database_url: str | None = field(default=None)
+    redis_url: str | None = field(default=None)
+    admin_token: str | None = field(default=None, repr=False)
+    auth_enabled: bool = True
+    cache_enabled: bool = True
+    redis_prefix: str = "gw"
+    empty_ttl_seconds: float = 30.0
+    version_ttl_seconds: int = 7 * 24 * 3600
+    redis_timeout_ms: int = 250
+    breaker_failures: int = 3
+    breaker_open_seconds: float = 5.0
+    degraded_poll_seconds: float = 1.0
+    max_wait_seconds: float = 60.0
+    default_lease_seconds: int = 60
+    max_payload_bytes: int = 1_048_576
+    max_body_bytes: int = 16_777_216
+    janitor_interval_seconds: float = 5.0
+    max_concurrent_claims: int = 16
+    max_queued_claims: int = 1000
+    db_pool_min: int = 2
+    db_pool_max: int = 20
+    db_statement_timeout_ms: int = 10_000
+    shutdown_grace_seconds: float = 25.0
+
+    def __repr__(self) -> str:
+        shown = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "admin_token":
+                value = "***" if value else None
+            elif f.name in ("database_url", "redis_url"):
+                value = _mask_url(value)
+            shown.append(f"{f.name}={value!r}")
+        return f"Settings({', '.join(shown)})"
+
+    @property
+    def redis_timeout_seconds(self) -> float:
+        return self.redis_timeout_ms / 1000.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        """Read and validate `GATEWAY_*`, `DATABASE_URL` and `REDIS_URL`.
+
+        Raises ConfigError naming the first bad variable.
+        """
+        env = os.environ if env is None else env
+        values: dict[str, object] = {
+            "database_url": env.get("DATABASE_URL") or None,
+            "redis_url": env.get("REDIS_URL") or None,
+            "admin_token": env.get("GATEWAY_ADMIN_TOKEN") or None,
+            "auth_enabled": _switch(env, "GATEWAY_AUTH", True),
+            "cache_enabled": _switch(env, "GATEWAY_CACHE", True),
+            "redis_prefix": env.get("GATEWAY_REDIS_PREFIX", "gw"),
+            "empty_ttl_seconds": _number(env, "GATEWAY_EMPTY_TTL_SECONDS", 30.0, 0.1, 86400),
+            "version_ttl_seconds": int(
+                _number(env, "GATEWAY_VERSION_TTL_SECONDS", 7 * 24 * 3600, 60, 365 * 86400)
+            ),
+            "redis_timeout_ms": int(_number(env, "GATEWAY_REDIS_TIMEOUT_MS", 250, 1, 60_000)),
+            "max_wait_seconds": _number(env, "GATEWAY_MAX_WAIT_SECONDS", 60.0, 0, 3600),
+            "default_lease_seconds": int(
+                _number(env, "GATEWAY_DEFAULT_LEASE_SECONDS", 60, 1, 3600)
+            ),
+            "max_payload_bytes": int(
+                _number(env, "GATEWAY_MAX_PAYLOAD_BYTES", 1_048_576, 1, 1 << 30)
+            ),
+            "max_body_bytes": int(_number(env, "GATEWAY_MAX_BODY_BYTES", 16_777_216, 1, 1 << 31)),
+            "janitor_interval_seconds": _number(
+                env, "GATEWAY_JANITOR_INTERVAL_SECONDS", 5.0, 0.05, 3600
+            ),
+            "max_concurrent_claims": int(
+                _number(env, "GATEWAY_MAX_CONCURRENT_CLAIMS", 16, 1, 10_000)
+            ),
+            "max_queued_claims": int(_number(env, "GATEWAY_MAX_QUEUED_CLAIMS", 1000, 0, 1_000_000)),
+            "db_pool_max": int(_number(env, "GATEWAY_DB_POOL_MAX", 20, 1, 1000)),
+            "shutdown_grace_seconds": _number(env, "GATEWAY_SHUTDOWN_GRACE_SECONDS", 25.0, 0, 3600),
+        }
+        values.update(overrides)
+        settings = cls(**values)  # type: ignore[arg-type]
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        """Cross-field checks; raises ConfigError."""
+        if not self.redis_prefix or any(c in self.redis_prefix for c in "{} "):
+            raise ConfigError("GATEWAY_REDIS_PREFIX must be non-empty, without spaces or braces")
+        if self.auth_enabled and not self.admin_token:
+            raise ConfigError(
+                "GATEWAY_ADMIN_TOKEN is not set. Set it to a long random secret, "
+                "or set GATEWAY_AUTH=off for local development only."
+            )
+        if self.default_lease_seconds > 3600:
+            raise ConfigError("GATEWAY_DEFAULT_LEASE_SECONDS must be at most 3600")
+        if self.db_pool_min > self.db_pool_max:
+            raise ConfigError("GATEWAY_DB_POOL_MAX must be at least 2")
+
+
+def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    value = raw.strip().lower()
+    if value in ("on", "true", "1", "yes"):
+        return True
+    if value in ("off", "false", "0", "no"):
+        return False
+    raise ConfigError(f"{name} must be 'on' or 'off', got {raw!r}")
+
+
+def _number(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return float(default)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+    if not low <= value <= high:
+        raise ConfigError(f"{name} must be between {low:g} and {high:g}, got {raw!r}")
+    return value

@@ -1,0 +1,196 @@
+"""The Postgres side: a pool and one method per named query.
+
+Owns the asyncpg pool. asyncpg and socket errors are translated here into
+StoreUnavailable; nothing above this module sees a driver exception.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any, TypeAlias, TypeVar
+
+import asyncpg
+import orjson
+
+from . import queries as q
+from .errors import IdempotencyKeyReused, LeaseLost, NotFound, StoreUnavailable
+from .metrics import Metrics
+from .models import EnqueueRequest
+
+Row: TypeAlias = asyncpg.Record
+T = TypeVar("T")
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    # jsonb goes in as JSON text (already serialized and size-checked) and comes out parsed.
+    await conn.set_type_codec(
+        "jsonb", encoder=lambda text: text, decoder=orjson.loads, schema="pg_catalog"
+    )
+
+
+class Store:
+    """Task storage in Postgres. `open()` and `close()` are called by the app's lifespan."""
+
+    def __init__(
+        self,
+        dsn: str,
+        metrics: Metrics,
+        *,
+        min_size: int = 2,
+        max_size: int = 20,
+        statement_timeout_ms: int = 10_000,
+    ) -> None:
+        self._dsn = dsn
+        self._metrics = metrics
+        self._min_size = min_size
+        self._max_size = max_size
+        self._statement_timeout_ms = statement_timeout_ms
+        self._pool: asyncpg.Pool | None = None
+
+    async def open(self) -> None:
+        try:
+            self._pool = await asyncpg.create_pool(
+                self._dsn,
+                min_size=self._min_size,
+                max_size=self._max_size,
+                init=_init_connection,
+                server_settings={
+                    "statement_timeout": str(self._statement_timeout_ms),
+                    "application_name": "claim-gateway",
+                },
+            )
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            raise StoreUnavailable(f"cannot connect to Postgres: {exc}") from exc
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise StoreUnavailable("the database pool is not open")
+        return self._pool
+
+    async def _run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        try:
+            async with self.pool.acquire() as conn:
+                return await fn(conn)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            raise StoreUnavailable(f"database error: {exc}") from exc
+
+    async def ping(self) -> None:
+        await self._run(lambda c: c.fetchval(q.PING))
+
+    async def run_with_connection(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """Run `fn` on a pooled connection, with errors translated (for readiness checks)."""
+        return await self._run(fn)
+
+    async def enqueue(self, runtime_id: str, req: EnqueueRequest) -> tuple[Row, bool]:
+        """Insert a task; returns (row, created). With an idempotency key already used,
+        returns the existing task (created=False) if the request matches, else raises
+        ValidationFailed(code idempotency_key_reused). Concurrent first requests with
+        one key make one task: the unique index arbitrates."""
+
+        async def go(c: asyncpg.Connection) -> tuple[Row, bool]:
+            row = await c.fetchrow(
+                q.ENQUEUE,
+                runtime_id,
+                req.priority,
+                req.payload_json,
+                req.max_attempts,
+                req.run_at,
+                req.expires_at,
+                req.idempotency_key,
+                req.request_hash if req.idempotency_key else None,
+            )
+            if row is not None:
+                return row, True
+            existing = await c.fetchrow(q.GET_BY_IDEMPOTENCY_KEY, runtime_id, req.idempotency_key)
+            if existing is None:  # deleted between the two statements; extremely rare
+                raise StoreUnavailable("idempotency key changed hands; retry the request")
+            return existing, False
+
+        row, created = await self._run(go)
+        if not created and row["request_hash"] != req.request_hash:
+            raise IdempotencyKeyReused(
+                f"idempotency key {req.idempotency_key!r} was already used for a different "
+                "request on this runtime",
+                task_id=str(row["id"]),
+            )
+        if created:
+            self._metrics.tasks_enqueued.inc()
+        return row, created
+
+    async def claim(
+        self, runtime_id: str, worker_ids: Sequence[str], lease_seconds: Sequence[float]
+    ) -> list[Row]:
+        """Lease up to len(worker_ids) tasks; row["slot"] (1-based) says whose each is."""
+        self._metrics.pg_claims.inc()
+        with self._metrics.claim_seconds.time():
+            rows = await self._run(
+                lambda c: c.fetch(q.CLAIM, runtime_id, list(worker_ids), list(lease_seconds))
+            )
+        self._metrics.tasks_claimed.inc(len(rows))
+        return sorted(rows, key=lambda r: r["slot"])
+
+    async def next_due(self, runtime_id: str) -> datetime | None:
+        """The earliest future run_at among the runtime's queued tasks, if any."""
+        return await self._run(lambda c: c.fetchval(q.NEXT_DUE, runtime_id))
+
+    async def unclaim(self, task_ids: Sequence[uuid.UUID]) -> list[Row]:
+        """Give back leases that were never delivered; idempotent."""
+        rows = await self._run(lambda c: c.fetch(q.UNCLAIM, list(task_ids)))
+        self._metrics.unclaimed.inc(len(rows))
+        return rows
+
+    async def get(self, task_id: uuid.UUID) -> Row:
+        row = await self._run(lambda c: c.fetchrow(q.GET_TASK, task_id))
+        if row is None:
+            raise NotFound(f"no task with id {task_id}")
+        return row
+
+    async def _lease_op(
+        self,
+        query: str,
+        task_id: uuid.UUID,
+        lease_id: uuid.UUID,
+        *args: Any,
+        replay_statuses: tuple[str, ...] = (),
+    ) -> Row:
+        row = await self._run(lambda c: c.fetchrow(query, task_id, lease_id, *args))
+        if row is not None:
+            return row
+        current = await self.get(task_id)
+        if current["status"] in replay_statuses and current["lease_id"] == lease_id:
+            return current
+        raise LeaseLost(
+            f"lease {lease_id} does not hold task {task_id} (status {current['status']}); "
+            "it expired and the task was claimed again, or it was already reported",
+            task_status=current["status"],
+        )
+
+    async def heartbeat(self, task_id: uuid.UUID, lease_id: uuid.UUID, lease_seconds: int) -> Row:
+        return await self._lease_op(q.HEARTBEAT, task_id, lease_id, float(lease_seconds))
+
+    async def complete(self, task_id: uuid.UUID, lease_id: uuid.UUID, result: str | None) -> Row:
+        """Idempotent for the same lease: a repeat returns the finished task."""
+        return await self._lease_op(
+            q.COMPLETE, task_id, lease_id, result, replay_statuses=("completed", "cancelled")
+        )
+
+    async def fail(
+        self,
+        task_id: uuid.UUID,
+        lease_id: uuid.UUID,
+        error: str,
+        retry: bool,
+        retry_after_seconds: float | None,
+    ) -> Row:
+        return await self._lease_op(q.FAIL, task_id, lease_id, error, retry, retry_after_seconds)
+
+    async def release(self, task_id: uuid.UUID, lease_id: uuid.UUID) -> Row:
+        return await self._lease_op(q.RELEASE, task_id, lease_id)

@@ -1,0 +1,167 @@
+"""One pub/sub connection per process, shared by every parked poll (I5, I8).
+
+A runtime's channel is subscribed when its first local waiter arrives, and the
+subscription is confirmed by Redis *before* the waiter reads the verdict, so a bump
+published after that read always reaches us. The connection is pinged
+periodically; when it fails it is replaced, every channel is subscribed again, and
+once that is confirmed every local waiter is woken to re-check (I8).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from .cache import runtime_of_channel
+from .metrics import Metrics
+
+log = logging.getLogger("gateway.wakeups")
+
+CONTROL_CHANNEL_SUFFIX = ":__gateway__"
+
+
+class Subscriber:
+    """Owns the process's pub/sub connection. `start()`/`stop()` belong to the lifespan."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        prefix: str,
+        metrics: Metrics,
+        *,
+        on_wake: Callable[[str], None],
+        on_reset: Callable[[], None],
+        timeout_seconds: float,
+        ping_interval_seconds: float = 1.0,
+    ) -> None:
+        self._client = client
+        self._prefix = prefix
+        self._metrics = metrics
+        self._on_wake = on_wake
+        self._on_reset = on_reset
+        self._timeout = timeout_seconds
+        self._ping_interval = ping_interval_seconds
+        self._control = prefix + CONTROL_CHANNEL_SUFFIX
+        self._wanted: dict[str, asyncio.Event] = {}  # channel -> confirmed
+        self._pubsub: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._connected = asyncio.Event()
+        self._stopping = False
+        self._ever_connected = False
+
+    @property
+    def healthy(self) -> bool:
+        """True while the connection is up and confirmed; parked polls may then rely on it."""
+        return self._connected.is_set()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="gateway-pubsub")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        await self._close_pubsub()
+        await self._client.aclose()
+
+    async def subscribe(self, channel: str) -> bool:
+        """Subscribe and wait for Redis to confirm. False when that did not happen in
+        time: the caller must then not rely on wake-ups and should poll."""
+        event = self._wanted.get(channel)
+        if event is None:
+            event = self._wanted[channel] = asyncio.Event()
+            if self._pubsub is not None:
+                try:
+                    await self._pubsub.subscribe(channel)
+                except Exception as exc:  # the reader notices and reconnects
+                    log.debug("subscribe to %s failed: %r", channel, exc)
+        if event.is_set():
+            return True
+        try:
+            async with asyncio.timeout(self._timeout * 4):
+                await event.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def unsubscribe(self, channel: str) -> None:
+        if self._wanted.pop(channel, None) is not None and self._pubsub is not None:
+            with contextlib.suppress(Exception):
+                await self._pubsub.unsubscribe(channel)
+
+    async def _close_pubsub(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+
+    async def _run(self) -> None:
+        delay = 0.05
+        while not self._stopping:
+            try:
+                await self._serve()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self._connected.is_set():
+                    log.warning("pub/sub connection lost (%r); reconnecting", exc)
+                self._metrics.subscriber_reconnects.inc()
+            self._connected.clear()
+            for event in self._wanted.values():
+                event.clear()
+            await self._close_pubsub()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+        # not reached while running; cancellation ends the loop
+
+    async def _serve(self) -> None:
+        """One connection's life: subscribe everything, confirm, then read until it fails."""
+        self._pubsub = self._client.pubsub()
+        channels = [self._control, *self._wanted]
+        async with asyncio.timeout(self._timeout * 4):
+            await self._pubsub.subscribe(*channels)
+        pending = set(channels)
+        last_ping = last_pong = time.monotonic()
+        ping_outstanding = False
+        was_reset = self._ever_connected
+        while True:
+            message = await self._pubsub.get_message(timeout=min(0.5, self._ping_interval))
+            now = time.monotonic()
+            if message is not None:
+                kind = message["type"]
+                channel = message.get("channel")
+                if kind == "message":
+                    runtime = runtime_of_channel(self._prefix, channel)
+                    if runtime is not None:
+                        self._metrics.wakeups.inc()
+                        self._on_wake(runtime)
+                elif kind == "subscribe":
+                    event = self._wanted.get(channel)
+                    if event is not None:
+                        event.set()
+                    if pending:
+                        pending.discard(channel)
+                        if not pending:
+                            self._connected.set()
+                            self._ever_connected = True
+                            if was_reset:
+                                # Bumps may have been published while we were away (I8).
+                                log.info("pub/sub connection restored; waking every waiter")
+                                self._on_reset()
+                elif kind == "pong":
+                    last_pong = now
+                    ping_outstanding = False
+            if ping_outstanding and now - last_ping > max(self._timeout * 4, 1.0):
+                raise ConnectionError(f"no answer to PING within {now - last_ping:.1f}s")
+            if not ping_outstanding and now - last_pong >= self._ping_interval:
+                await self._pubsub.ping()
+                last_ping = now
+                ping_outstanding = True

