@@ -1,2 +1,254 @@
-def main() -> None:
-    raise SystemExit("not yet")
+"""The `gateway` command: serve, migrate."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+
+from .errors import GatewayError
+from .settings import Settings
+
+log = logging.getLogger("gateway")
+
+DEFAULT_DATA_DIR = ".gateway"
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _dev_token(data_dir: Path) -> str:
+    """A development admin token kept in the data folder, so it survives restarts."""
+    path = data_dir / "dev-token"
+    if path.exists():
+        return path.read_text().strip()
+    token = secrets.token_urlsafe(24)
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    return token
+
+
+def _banner(host: str, port: int, settings: Settings, token_file: Path | None) -> str:
+    base = f"http://{host}:{port}"
+    if settings.auth_enabled:
+        auth_line = (
+            f"  token:     {token_file}  (export TOKEN=$(cat {token_file}))"
+            if token_file
+            else "  token:     the value of GATEWAY_ADMIN_TOKEN"
+        )
+        header = '-H "Authorization: Bearer $TOKEN" '
+    else:
+        auth_line = "  auth:      OFF (GATEWAY_AUTH=off) - local development only"
+        header = ""
+    return "\n".join(
+        [
+            "",
+            "claim-gateway is up",
+            f"  api:       {base}",
+            f"  health:    {base}/healthz  {base}/readyz  {base}/metrics",
+            auth_line,
+            "  try:",
+            f'    curl -s {header}-d \'{{"payload": {{"hello": "world"}}}}\' '
+            f"{base}/v1/runtimes/demo/tasks",
+            f'    curl -s {header}-d \'{{"worker_id": "me", "wait_seconds": 5}}\' '
+            f"{base}/v1/runtimes/demo/claim",
+            "  Ctrl-C stops the gateway"
+            + (" and the embedded servers." if token_file is not None else "."),
+            "",
+        ]
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .app import create_app
+    from .migrate import apply_migrations
+
+    env = dict(os.environ)
+    embedded = None
+    token_file: Path | None = None
+    try:
+        if args.embedded and not (env.get("DATABASE_URL") and env.get("REDIS_URL")):
+            from .embedded import EmbeddedServers
+
+            data_dir = Path(args.data_dir).resolve()
+            data_dir.mkdir(parents=True, exist_ok=True)
+            embedded = EmbeddedServers(data_dir)
+            if not env.get("DATABASE_URL"):
+                env["DATABASE_URL"] = embedded.start_postgres()
+                log.info("embedded Postgres data in %s", data_dir / "postgres")
+            if not env.get("REDIS_URL"):
+                env["REDIS_URL"] = embedded.start_redis()
+            if not env.get("GATEWAY_ADMIN_TOKEN") and env.get("GATEWAY_AUTH", "on") != "off":
+                env["GATEWAY_ADMIN_TOKEN"] = _dev_token(data_dir)
+                token_file = data_dir / "dev-token"
+        settings = Settings.from_env(env)
+        if args.migrate or embedded is not None:
+            assert settings.database_url is not None
+            asyncio.run(apply_migrations(settings.database_url))
+        app = create_app(settings)
+        server = DrainingServer(
+            uvicorn.Config(
+                app,
+                host=args.host,
+                port=args.port,
+                log_level=args.log_level.lower(),
+                access_log=args.access_log,
+                timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
+                proxy_headers=False,
+            ),
+            on_exit_signal=app.state.gateway.claimer.drain,
+        )
+        print(_banner(args.host, args.port, settings, token_file), file=sys.stderr, flush=True)
+        server.run()
+        return 0
+    except GatewayError as exc:
+        print(f"gateway: {exc.detail}", file=sys.stderr)
+        return 2
+    finally:
+        if embedded is not None:
+            embedded.stop()
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn waits for open requests before the lifespan shutdown runs, so parked
+    polls would hold up SIGTERM for their whole wait: drain them at the signal (I10)."""
+
+    def __init__(self, config: uvicorn.Config, on_exit_signal: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit_signal = on_exit_signal
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._on_exit_signal()
+        super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn re-raises the signal once it has stopped, which would kill the process
+        # before the embedded servers are stopped; handle it and return instead.
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    import asyncpg
+
+    from .migrate import apply_migrations, pending_migrations
+
+    url = os.environ.get("DATABASE_URL")
+    if not url:
+        print("gateway migrate: DATABASE_URL is not set", file=sys.stderr)
+        return 2
+
+    async def check() -> int:
+        conn = await asyncpg.connect(url)
+        try:
+            pending = await pending_migrations(conn)
+        finally:
+            await conn.close()
+        for m in pending:
+            print(f"pending: {m.name}")
+        if not pending:
+            print("schema is current")
+        return 1 if pending else 0
+
+    try:
+        if args.check:
+            return asyncio.run(check())
+        applied = asyncio.run(apply_migrations(url, log=print))
+        print(f"applied {len(applied)} migration(s); schema is current")
+        return 0
+    except GatewayError as exc:
+        print(f"gateway migrate: {exc.detail}", file=sys.stderr)
+        return 1
+    except (OSError, asyncpg.PostgresError) as exc:
+        print(f"gateway migrate: cannot reach the database: {exc}", file=sys.stderr)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gateway",
+        description=(
+            "claim-gateway: daemons long-poll it for tasks; producers enqueue tasks into it. "
+            "Postgres holds the tasks, Redis answers empty polls. Configuration comes from "
+            "the environment (DATABASE_URL, REDIS_URL, GATEWAY_*); see the README."
+        ),
+    )
+    parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    serve = sub.add_parser(
+        "serve",
+        help="run the HTTP server",
+        description=(
+            "Run the HTTP API. Needs DATABASE_URL and REDIS_URL, unless --embedded starts "
+            "local servers for whichever is unset. On SIGTERM it stops taking claims, answers "
+            "parked polls at once, finishes in-flight requests and exits."
+        ),
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (%(default)s)")
+    serve.add_argument("--port", type=int, default=8080, help="port to listen on (%(default)s)")
+    serve.add_argument(
+        "--embedded",
+        action="store_true",
+        help="start an embedded Postgres and Redis-compatible server for whichever of "
+        "DATABASE_URL / REDIS_URL is unset, keep their data under --data-dir, apply "
+        "migrations, and create a development token when GATEWAY_ADMIN_TOKEN is unset",
+    )
+    serve.add_argument(
+        "--data-dir", default=DEFAULT_DATA_DIR, help="folder for --embedded data (%(default)s)"
+    )
+    serve.add_argument(
+        "--migrate", action="store_true", help="apply pending migrations before serving"
+    )
+    serve.add_argument(
+        "--access-log", action="store_true", help="log every request (off by default)"
+    )
+    serve.set_defaults(func=cmd_serve)
+
+    migrate = sub.add_parser(
+        "migrate",
+        help="apply database migrations",
+        description=(
+            "Apply pending migrations to DATABASE_URL, in order, each recorded with its "
+            "checksum. Safe to run from several pods at once (an advisory lock serializes "
+            "them). Refuses edited or duplicate migration files."
+        ),
+    )
+    migrate.add_argument(
+        "--check",
+        action="store_true",
+        help="apply nothing; list pending migrations and exit 1 if there are any",
+    )
+    migrate.set_defaults(func=cmd_migrate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.log_level)
+    raise SystemExit(args.func(args))

@@ -49,9 +49,10 @@ class Gateway:
             breaker=CircuitBreaker(settings.breaker_failures, settings.breaker_open_seconds),
         )
         # The subscriber's reads block for long stretches by design: no socket timeout;
-        # its own PINGs detect a dead connection.
+        # its own PINGs detect a dead connection. Raw bytes: redis-py mis-parses a
+        # subscribed PONG when it decodes responses.
         self.subscriber = Subscriber(
-            make_client(settings.redis_url, timeout, socket_timeout=None),
+            make_client(settings.redis_url, timeout, socket_timeout=None, decode_responses=False),
             settings.redis_prefix,
             self.metrics,
             on_wake=self._on_wake,

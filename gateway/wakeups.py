@@ -138,6 +138,8 @@ class Subscriber:
             if message is not None:
                 kind = message["type"]
                 channel = message.get("channel")
+                if isinstance(channel, bytes):
+                    channel = channel.decode()
                 if kind == "message":
                     runtime = runtime_of_channel(self._prefix, channel)
                     if runtime is not None:
