@@ -28,7 +28,10 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
         "code": codes.get(exc.status_code, "http_error"),
     }
     return Response(
-        orjson.dumps(body), exc.status_code, exc.headers, media_type="application/problem+json"
+        orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE),
+        exc.status_code,
+        exc.headers,
+        media_type="application/problem+json",
     )
 
 

@@ -27,7 +27,12 @@ Handler = Callable[[Request, Gateway], Awaitable[Response]]
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(body), status, headers, media_type="application/json")
+    return Response(
+        orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE),
+        status,
+        headers,
+        media_type="application/json",
+    )
 
 
 def problem_response(error: GatewayError) -> Response:
@@ -35,7 +40,12 @@ def problem_response(error: GatewayError) -> Response:
     headers = {}
     if status == 429:
         headers["Retry-After"] = str(body.get("retry_after_seconds", 1))
-    return Response(orjson.dumps(body), status, headers, media_type="application/problem+json")
+    return Response(
+        orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE),
+        status,
+        headers,
+        media_type="application/problem+json",
+    )
 
 
 def api(handler: Handler, *, authenticate: bool = True) -> Callable[[Request], Awaitable[Response]]:

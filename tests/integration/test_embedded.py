@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import sys
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 import asyncpg
 import psutil
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 from gateway.embedded import PREFERRED_REDIS_PORT, EmbeddedServers, _port_free
@@ -136,3 +138,9 @@ def test_postgres_failure_names_the_log(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=str(pgdata / "log")):
         servers.start_postgres()
     servers.stop()
+
+
+def test_conftest_fixtures_reach_the_servers(pg_admin_url: str, redis_url: str) -> None:
+    """tests/conftest.py starts EmbeddedServers when TEST_*_URL are unset."""
+    assert asyncio.run(_select_one(pg_admin_url)) == 1
+    assert redis.Redis.from_url(redis_url, socket_timeout=2).ping()
