@@ -23,6 +23,7 @@ from pathlib import Path
 import asyncpg
 
 import gateway
+from gateway import queries as q
 from gateway.errors import GatewayError
 
 logger = logging.getLogger("gateway.migrate")
@@ -31,20 +32,6 @@ NO_TRANSACTION_MARKER = "-- gateway: no-transaction"
 FILE_NAME_RE = re.compile(r"^(\d+)_[A-Za-z0-9_]+\.sql$")
 # A fixed bigint key for pg_advisory_lock, shared by every process that migrates.
 LOCK_KEY = zlib.crc32(b"claim-gateway.migrate")
-
-CREATE_TABLE_SQL = """
-CREATE TABLE IF NOT EXISTS schema_migrations (
-    version    integer     PRIMARY KEY,
-    name       text        NOT NULL,
-    checksum   text        NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
-)
-"""
-TABLE_EXISTS_SQL = "SELECT to_regclass('schema_migrations') IS NOT NULL"
-SELECT_APPLIED_SQL = "SELECT version, name, checksum FROM schema_migrations ORDER BY version"
-INSERT_APPLIED_SQL = "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)"
-LOCK_SQL = "SELECT pg_advisory_lock($1)"
-UNLOCK_SQL = "SELECT pg_advisory_unlock($1)"
 
 
 class MigrationError(GatewayError):
@@ -136,8 +123,8 @@ async def pending_migrations(
     """Files not yet applied; refuses edited or missing files that were applied."""
     migrations = load_migrations(directory)
     applied: dict[int, asyncpg.Record] = {}
-    if await conn.fetchval(TABLE_EXISTS_SQL):
-        applied = {row["version"]: row for row in await conn.fetch(SELECT_APPLIED_SQL)}
+    if await conn.fetchval(q.MIGRATIONS_TABLE_EXISTS):
+        applied = {row["version"]: row for row in await conn.fetch(q.MIGRATIONS_SELECT_APPLIED)}
     files = {m.version: m for m in migrations}
     for version, row in applied.items():
         migration = files.get(version)
@@ -161,10 +148,10 @@ async def _apply_one(conn: asyncpg.Connection, migration: Migration) -> None:
         if migration.transactional:
             async with conn.transaction():
                 await conn.execute(migration.sql)
-                await conn.execute(INSERT_APPLIED_SQL, *record)
+                await conn.execute(q.MIGRATIONS_INSERT_APPLIED, *record)
         else:
             await conn.execute(migration.sql)
-            await conn.execute(INSERT_APPLIED_SQL, *record)
+            await conn.execute(q.MIGRATIONS_INSERT_APPLIED, *record)
     except asyncpg.PostgresError as exc:
         raise MigrationError(
             f"migration {migration.name} failed and was not recorded: "
@@ -182,9 +169,9 @@ async def apply_migrations(
     log = log or logger.info
     conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute(LOCK_SQL, LOCK_KEY)
+        await conn.execute(q.MIGRATIONS_LOCK, LOCK_KEY)
         try:
-            await conn.execute(CREATE_TABLE_SQL)
+            await conn.execute(q.MIGRATIONS_CREATE_TABLE)
             pending = await pending_migrations(conn, directory)
             for migration in pending:
                 started = time.monotonic()
@@ -197,7 +184,7 @@ async def apply_migrations(
         finally:
             # Closing the session releases the lock too, so a broken connection is no loss.
             with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
-                await conn.execute(UNLOCK_SQL, LOCK_KEY)
+                await conn.execute(q.MIGRATIONS_UNLOCK, LOCK_KEY)
     finally:
         await conn.close()
 
