@@ -226,6 +226,26 @@ class VerdictCache:
         self._metrics.bumps.labels("ok").inc()
         return version
 
+    async def says_empty(self, runtime_ids: list[str]) -> list[str]:
+        """Of these runtimes, those whose verdict is a hit (empty == version); one round
+        trip. For the janitor's repair pass (I6)."""
+
+        async def go() -> list[str]:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for runtime_id in runtime_ids:
+                    k = self.keys(runtime_id)
+                    pipe.mget(k.version, k.empty)
+                answers = await pipe.execute()
+            return [
+                rt
+                for rt, (version, empty) in zip(runtime_ids, answers, strict=True)
+                if version is not None and version == empty
+            ]
+
+        if not runtime_ids:
+            return []
+        return await self._call("verdict scan", go)
+
     async def ping(self) -> bool:
         try:
             await self._call("ping", self._client.ping)

@@ -76,5 +76,30 @@ class Metrics:
             registry=r,
         )
 
+        self.repairs = Counter(
+            "gateway_verdict_repairs",
+            "Runtimes the janitor found with claimable tasks behind an 'empty' verdict and "
+            "bumped. Each one means a version bump was lost somewhere.",
+            registry=r,
+        )
+        self.leases_reclaimed = Counter(
+            "gateway_leases_reclaimed",
+            "Expired leases the janitor took back, by outcome: queued, dead or cancelled.",
+            ["outcome"],
+            registry=r,
+        )
+        self.tasks_expired = Counter(
+            "gateway_tasks_expired", "Queued tasks marked expired past their TTL.", registry=r
+        )
+        self.tasks_purged = Counter(
+            "gateway_tasks_purged", "Finished tasks deleted by retention.", registry=r
+        )
+        self.janitor_errors = Counter(
+            "gateway_janitor_errors", "Janitor steps that failed (retried next pass).", registry=r
+        )
+        self.janitor_leader = Gauge(
+            "gateway_janitor_leader", "1 while this instance runs the janitor.", registry=r
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

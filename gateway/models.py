@@ -6,6 +6,7 @@ ValidationFailed naming the field. They store nothing and touch no I/O.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import re
 import uuid
@@ -275,3 +276,61 @@ def result_json(body: Mapping[str, Any], max_payload_bytes: int) -> str | None:
     if len(encoded.encode()) > max_payload_bytes:
         raise PayloadTooLarge(f"result is larger than {max_payload_bytes} bytes", field="result")
     return encoded
+
+
+MAX_BATCH = 1000
+STATUSES = ("queued", "claimed", "completed", "dead", "expired", "cancelled")
+
+
+def parse_batch(body: Mapping[str, Any], max_payload_bytes: int) -> list[EnqueueRequest]:
+    """Every item as parse_enqueue; an invalid one fails the batch, naming its index."""
+    items = body.get("tasks")
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH:
+        raise ValidationFailed(f"tasks must be a list of 1 to {MAX_BATCH} tasks", field="tasks")
+    out = []
+    for index, item in enumerate(items):
+        try:
+            if not isinstance(item, dict):
+                raise ValidationFailed("each task must be a JSON object", field="")
+            out.append(parse_enqueue(item, None, max_payload_bytes))
+        except (ValidationFailed, PayloadTooLarge, BadRequest) as exc:
+            inner = exc.extra.get("field")
+            field = f"tasks[{index}].{inner}" if inner else f"tasks[{index}]"
+            exc.detail = f"tasks[{index}]: {exc.detail}"
+            exc.extra.update(field=field, index=index)
+            raise
+    return out
+
+
+def encode_cursor(row: Mapping[str, Any]) -> str:
+    raw = f"{row['created_at'].astimezone(UTC).isoformat()}|{row['id']}"
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        created, task_id = raw.split("|")
+        return datetime.fromisoformat(created), uuid.UUID(task_id)
+    except (ValueError, UnicodeDecodeError):
+        raise ValidationFailed(
+            "cursor is not one this server returned as next_cursor", field="cursor"
+        ) from None
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    status: str | None
+    limit: int
+    after: tuple[datetime, uuid.UUID] | None
+
+
+def parse_list_query(params: Mapping[str, str]) -> ListQuery:
+    status = params.get("status") or None
+    if status is not None and status not in STATUSES:
+        raise ValidationFailed(f"status must be one of {', '.join(STATUSES)}", field="status")
+    raw_limit = params.get("limit", "100")
+    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 1000:
+        raise ValidationFailed("limit must be an integer from 1 to 1000", field="limit")
+    cursor = params.get("cursor")
+    return ListQuery(status, int(raw_limit), decode_cursor(cursor) if cursor else None)

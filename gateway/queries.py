@@ -153,3 +153,148 @@ MIGRATIONS_INSERT_APPLIED = (
 )
 MIGRATIONS_LOCK = "SELECT pg_advisory_lock($1)"
 MIGRATIONS_UNLOCK = "SELECT pg_advisory_unlock($1)"
+
+# -- task lifecycle (producers and operators) --
+
+# A whole batch in one statement; ids are chosen by the caller so that rows can be
+# matched back to request order. Items whose key already exists are skipped here and
+# looked up with GET_BY_IDEMPOTENCY_KEYS.
+ENQUEUE_BATCH = f"""
+INSERT INTO tasks (id, runtime_id, priority, payload, max_attempts, run_at, expires_at,
+                   idempotency_key, request_hash, created_at)
+SELECT i.id, $1, i.priority, i.payload::jsonb, i.max_attempts,
+       COALESCE(i.run_at, clock_timestamp()), i.expires_at, i.idempotency_key,
+       i.request_hash, clock_timestamp()
+  FROM unnest($2::uuid[], $3::int[], $4::text[], $5::int[], $6::timestamptz[],
+              $7::timestamptz[], $8::text[], $9::text[])
+       WITH ORDINALITY
+       AS i(id, priority, payload, max_attempts, run_at, expires_at, idempotency_key,
+            request_hash, ord)
+ ORDER BY i.ord
+ON CONFLICT (runtime_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING {TASK_COLUMNS}, request_hash
+"""
+
+GET_BY_IDEMPOTENCY_KEYS = f"""
+SELECT {TASK_COLUMNS}, request_hash, idempotency_key FROM tasks
+ WHERE runtime_id = $1 AND idempotency_key = ANY($2::text[])
+"""
+
+# A queued task is cancelled at once; a claimed one is flagged, and ends `cancelled`
+# when its holder next reports.
+CANCEL = f"""
+UPDATE tasks
+   SET status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,
+       cancel_requested = (status = 'claimed'),
+       finished_at = CASE WHEN status = 'queued' THEN clock_timestamp() ELSE finished_at END,
+       updated_at = clock_timestamp()
+ WHERE id = $1 AND status IN ('queued', 'claimed')
+RETURNING {TASK_COLUMNS}
+"""
+
+# A dead, expired or cancelled task runs again at once, its attempts reset. An
+# expiry already past is dropped, or the task would expire again before any claim.
+RETRY = f"""
+UPDATE tasks
+   SET status = 'queued', attempts = 0, run_at = clock_timestamp(),
+       expires_at = CASE WHEN expires_at <= clock_timestamp() THEN NULL ELSE expires_at END,
+       lease_id = NULL, lease_expires_at = NULL, worker_id = NULL,
+       cancel_requested = false, finished_at = NULL, result = NULL,
+       updated_at = clock_timestamp()
+ WHERE id = $1 AND status IN ('dead', 'expired', 'cancelled')
+RETURNING {TASK_COLUMNS}
+"""
+
+# Keyset pagination, oldest first: (created_at, id) after the cursor.
+LIST_TASKS = f"""
+SELECT {TASK_COLUMNS} FROM tasks
+ WHERE runtime_id = $1
+   AND ($2::text IS NULL OR status = $2)
+   AND ($3::timestamptz IS NULL OR (created_at, id) > ($3, $4::uuid))
+ ORDER BY created_at, id
+ LIMIT $5
+"""
+
+STATS_COUNTS = """
+SELECT status, count(*) AS n FROM tasks WHERE runtime_id = $1 GROUP BY status
+"""
+
+OLDEST_QUEUED_AGE = """
+SELECT extract(epoch FROM clock_timestamp() - min(created_at))::float8
+  FROM tasks WHERE runtime_id = $1 AND status = 'queued' AND run_at <= now()
+"""
+
+# -- janitor --
+
+JANITOR_TRY_LOCK = "SELECT pg_try_advisory_lock($1)"
+
+# Expired leases go back to the queue (or die at max_attempts), oldest first, in
+# bounded batches. The old lease_id stays on the row for the error message, but
+# every lease operation also requires status = 'claimed', so it is refused.
+RECLAIM_LEASES = """
+WITH lapsed AS (
+    SELECT id FROM tasks
+     WHERE status = 'claimed' AND lease_expires_at < now()
+     ORDER BY lease_expires_at
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE tasks t
+   SET status = CASE WHEN t.cancel_requested THEN 'cancelled'
+                     WHEN t.attempts >= t.max_attempts THEN 'dead'
+                     ELSE 'queued' END,
+       run_at = clock_timestamp(),
+       lease_id = NULL, lease_expires_at = NULL, worker_id = NULL,
+       last_error = COALESCE(t.last_error, 'lease expired'),
+       finished_at = CASE WHEN t.cancel_requested OR t.attempts >= t.max_attempts
+                          THEN clock_timestamp() END,
+       updated_at = clock_timestamp()
+  FROM lapsed
+ WHERE t.id = lapsed.id
+RETURNING t.runtime_id, t.status
+"""
+
+EXPIRE_TASKS = """
+WITH due AS (
+    SELECT id FROM tasks
+     WHERE status = 'queued' AND expires_at IS NOT NULL AND expires_at <= now()
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE tasks t
+   SET status = 'expired', finished_at = clock_timestamp(), updated_at = clock_timestamp()
+  FROM due
+ WHERE t.id = due.id
+"""
+
+# Retention: one bounded batch of finished rows older than the cut-off.
+PURGE_FINISHED = """
+DELETE FROM tasks WHERE id IN (
+    SELECT id FROM tasks
+     WHERE finished_at < now() - make_interval(secs => $2)
+       AND status = ANY($1::text[])
+     LIMIT $3
+)
+"""
+
+# Runtimes with a task claimable for at least a second: a loose index (skip) scan
+# over the claim index finds each queued runtime in one probe, then one probe of the
+# due index checks it has a due task. Cheap with many runtimes and many tasks.
+CLAIMABLE_RUNTIMES = """
+WITH RECURSIVE queued(runtime_id) AS (
+    (SELECT runtime_id FROM tasks WHERE status = 'queued' ORDER BY runtime_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.runtime_id FROM tasks t
+             WHERE t.status = 'queued' AND t.runtime_id > q.runtime_id
+             ORDER BY t.runtime_id LIMIT 1)
+      FROM queued q
+     WHERE q.runtime_id IS NOT NULL
+)
+SELECT runtime_id FROM queued q
+ WHERE runtime_id IS NOT NULL
+   AND EXISTS (SELECT 1 FROM tasks t
+                WHERE t.runtime_id = q.runtime_id AND t.status = 'queued'
+                  AND t.run_at <= now() - interval '1 second'
+                  AND (t.expires_at IS NULL OR t.expires_at > now()))
+ LIMIT $1
+"""

@@ -96,6 +96,56 @@ async def enqueue(request: Request, gw: Gateway) -> Response:
     return json_response(models.task_json(row), 201)
 
 
+async def enqueue_batch(request: Request, gw: Gateway) -> Response:
+    runtime_id = models.check_runtime_id(request.path_params["rt"])
+    reqs = models.parse_batch(await read_json(request, gw), gw.settings.max_payload_bytes)
+    rows, all_replayed = await gw.store.enqueue_batch(runtime_id, reqs)
+    body = {"tasks": [models.task_json(r) for r in rows]}
+    if all_replayed:
+        return json_response(body, 200, {"Idempotent-Replayed": "true"})
+    await gw.claimer.announce(runtime_id)  # one bump for the whole batch
+    return json_response(body, 201)
+
+
+async def cancel(request: Request, gw: Gateway) -> Response:
+    task_id = models.check_task_id(request.path_params["task_id"])
+    return json_response(models.task_json(await gw.store.cancel(task_id)))
+
+
+async def retry(request: Request, gw: Gateway) -> Response:
+    task_id = models.check_task_id(request.path_params["task_id"])
+    row = await gw.store.retry(task_id)
+    await gw.claimer.announce(row["runtime_id"])
+    return json_response(models.task_json(row))
+
+
+async def list_tasks(request: Request, gw: Gateway) -> Response:
+    runtime_id = models.check_runtime_id(request.path_params["rt"])
+    query = models.parse_list_query(request.query_params)
+    rows = await gw.store.list_tasks(runtime_id, query.status, query.limit + 1, query.after)
+    more = len(rows) > query.limit
+    rows = rows[: query.limit]
+    return json_response(
+        {
+            "tasks": [models.task_json(r) for r in rows],
+            "next_cursor": models.encode_cursor(rows[-1]) if more else None,
+        }
+    )
+
+
+async def stats(request: Request, gw: Gateway) -> Response:
+    runtime_id = models.check_runtime_id(request.path_params["rt"])
+    counts, oldest = await gw.store.stats(runtime_id)
+    return json_response(
+        {
+            "runtime_id": runtime_id,
+            "counts": {status: counts.get(status, 0) for status in models.STATUSES},
+            "oldest_queued_age_seconds": oldest,
+            "parked_pollers": gw.claimer.parked(runtime_id),
+        }
+    )
+
+
 # -- daemons ----------------------------------------------------------------
 
 
@@ -185,12 +235,17 @@ async def metrics(request: Request, gw: Gateway) -> Response:
 
 ROUTES = [
     Route("/v1/runtimes/{rt}/tasks", api(enqueue), methods=["POST"]),
+    Route("/v1/runtimes/{rt}/tasks", api(list_tasks), methods=["GET"]),
+    Route("/v1/runtimes/{rt}/tasks:batch", api(enqueue_batch), methods=["POST"]),
+    Route("/v1/runtimes/{rt}/stats", api(stats), methods=["GET"]),
     Route("/v1/runtimes/{rt}/claim", api(claim), methods=["POST"]),
     Route("/v1/tasks/{task_id}", api(get_task), methods=["GET"]),
     Route("/v1/tasks/{task_id}/heartbeat", api(heartbeat), methods=["POST"]),
     Route("/v1/tasks/{task_id}/complete", api(complete), methods=["POST"]),
     Route("/v1/tasks/{task_id}/fail", api(fail), methods=["POST"]),
     Route("/v1/tasks/{task_id}/release", api(release), methods=["POST"]),
+    Route("/v1/tasks/{task_id}/cancel", api(cancel), methods=["POST"]),
+    Route("/v1/tasks/{task_id}/retry", api(retry), methods=["POST"]),
     Route("/healthz", api(healthz, authenticate=False), methods=["GET"]),
     Route("/readyz", api(readyz, authenticate=False), methods=["GET"]),
     Route("/metrics", api(metrics, authenticate=False), methods=["GET"]),

@@ -12,6 +12,7 @@ from .auth import Authenticator
 from .cache import CircuitBreaker, VerdictCache, make_client
 from .claim import Claimer
 from .errors import ConfigError, GatewayError
+from .janitor import Janitor
 from .metrics import Metrics
 from .migrate import schema_is_current
 from .settings import Settings
@@ -22,7 +23,8 @@ log = logging.getLogger("gateway")
 
 
 class Gateway:
-    """Owns the Postgres pool, the Redis clients, the pub/sub subscriber and the claimer."""
+    """Owns the Postgres pool, the Redis clients, the pub/sub subscriber, the claimer
+    and the janitor."""
 
     def __init__(self, settings: Settings) -> None:
         if not settings.database_url:
@@ -60,6 +62,9 @@ class Gateway:
             timeout_seconds=timeout,
         )
         self.claimer = Claimer(self.store, self.cache, self.subscriber, settings, self.metrics)
+        self.janitor = Janitor(
+            self.store, self.cache, self.claimer.announce, settings, self.metrics
+        )
 
     def _on_wake(self, runtime_id: str) -> None:
         self.claimer.wake(runtime_id)
@@ -77,9 +82,11 @@ class Gateway:
         await self.subscriber.start()
         if not await self.cache.ping():
             log.warning("Redis is not reachable; claims go to Postgres until it is back")
+        await self.janitor.start()
 
     async def close(self) -> None:
         self.claimer.drain()
+        await self.janitor.stop()
         await self.subscriber.stop()
         await self.cache.close()
         await self.store.close()

@@ -48,6 +48,9 @@ class Settings:
     max_payload_bytes: int = 1_048_576
     max_body_bytes: int = 16_777_216
     janitor_interval_seconds: float = 5.0
+    janitor_batch_size: int = 1000
+    retention_seconds: float = 7 * 86400.0
+    dead_retention_seconds: float = 30 * 86400.0
     max_concurrent_claims: int = 16
     max_queued_claims: int = 1000
     db_pool_min: int = 2
@@ -99,6 +102,12 @@ class Settings:
             "max_body_bytes": int(_number(env, "GATEWAY_MAX_BODY_BYTES", 16_777_216, 1, 1 << 31)),
             "janitor_interval_seconds": _number(
                 env, "GATEWAY_JANITOR_INTERVAL_SECONDS", 5.0, 0.05, 3600
+            ),
+            "retention_seconds": _number(
+                env, "GATEWAY_RETENTION_SECONDS", 7 * 86400, 0, 10 * 365 * 86400
+            ),
+            "dead_retention_seconds": _number(
+                env, "GATEWAY_DEAD_RETENTION_SECONDS", 30 * 86400, 0, 10 * 365 * 86400
             ),
             "max_concurrent_claims": int(
                 _number(env, "GATEWAY_MAX_CONCURRENT_CLAIMS", 16, 1, 10_000)

@@ -15,7 +15,7 @@ import asyncpg
 import orjson
 
 from . import queries as q
-from .errors import IdempotencyKeyReused, LeaseLost, NotFound, StoreUnavailable
+from .errors import Conflict, IdempotencyKeyReused, LeaseLost, NotFound, StoreUnavailable
 from .metrics import Metrics
 from .models import EnqueueRequest
 
@@ -194,3 +194,159 @@ class Store:
 
     async def release(self, task_id: uuid.UUID, lease_id: uuid.UUID) -> Row:
         return await self._lease_op(q.RELEASE, task_id, lease_id)
+
+    async def enqueue_batch(
+        self, runtime_id: str, reqs: Sequence[EnqueueRequest]
+    ) -> tuple[list[Row], bool]:
+        """Insert a batch in one transaction, all or nothing. Returns the rows in request
+        order and whether every item was an idempotent replay. A key reused with a
+        different request fails the whole batch, naming the item's index."""
+        ids = [uuid.uuid4() for _ in reqs]
+
+        async def go(c: asyncpg.Connection) -> tuple[list[Row], bool]:
+            async with c.transaction():
+                inserted = await c.fetch(
+                    q.ENQUEUE_BATCH,
+                    runtime_id,
+                    ids,
+                    [r.priority for r in reqs],
+                    [r.payload_json for r in reqs],
+                    [r.max_attempts for r in reqs],
+                    [r.run_at for r in reqs],
+                    [r.expires_at for r in reqs],
+                    [r.idempotency_key for r in reqs],
+                    [r.request_hash if r.idempotency_key else None for r in reqs],
+                )
+                by_id = {row["id"]: row for row in inserted}
+                keys = [r.idempotency_key for r in reqs if r.idempotency_key]
+                existing = {}
+                if len(by_id) < len(reqs) and keys:
+                    for row in await c.fetch(q.GET_BY_IDEMPOTENCY_KEYS, runtime_id, keys):
+                        existing[row["idempotency_key"]] = row
+                out: list[Row] = []
+                for index, (task_id, req) in enumerate(zip(ids, reqs, strict=True)):
+                    row = by_id.get(task_id) or existing.get(req.idempotency_key or "")
+                    if row is None:
+                        raise StoreUnavailable("a batch item vanished mid-insert; retry")
+                    if row["request_hash"] != req.request_hash and row["id"] != task_id:
+                        raise IdempotencyKeyReused(
+                            f"tasks[{index}]: idempotency key {req.idempotency_key!r} was "
+                            "already used for a different request on this runtime",
+                            field=f"tasks[{index}].idempotency_key",
+                            index=index,
+                        )
+                    out.append(row)
+                return out, not by_id
+
+        rows, all_replayed = await self._run(go)
+        created = sum(1 for row, task_id in zip(rows, ids, strict=True) if row["id"] == task_id)
+        self._metrics.tasks_enqueued.inc(created)
+        return rows, all_replayed
+
+    async def cancel(self, task_id: uuid.UUID) -> Row:
+        """Idempotent: cancelling a cancelled task returns it."""
+        row = await self._run(lambda c: c.fetchrow(q.CANCEL, task_id))
+        if row is not None:
+            return row
+        current = await self.get(task_id)
+        if current["status"] == "cancelled":
+            return current
+        raise Conflict(
+            f"task {task_id} is {current['status']}; only queued or claimed tasks can be cancelled",
+            task_status=current["status"],
+        )
+
+    async def retry(self, task_id: uuid.UUID) -> Row:
+        row = await self._run(lambda c: c.fetchrow(q.RETRY, task_id))
+        if row is not None:
+            return row
+        current = await self.get(task_id)
+        raise Conflict(
+            f"task {task_id} is {current['status']}; only dead, expired or cancelled tasks "
+            "can be retried",
+            task_status=current["status"],
+        )
+
+    async def list_tasks(
+        self,
+        runtime_id: str,
+        status: str | None,
+        limit: int,
+        after: tuple[datetime, uuid.UUID] | None,
+    ) -> list[Row]:
+        created, task_id = after if after else (None, None)
+        return await self._run(
+            lambda c: c.fetch(q.LIST_TASKS, runtime_id, status, created, task_id, limit)
+        )
+
+    async def stats(self, runtime_id: str) -> tuple[dict[str, int], float | None]:
+        """(count per status, age in seconds of the oldest due queued task)."""
+
+        async def go(c: asyncpg.Connection) -> tuple[dict[str, int], float | None]:
+            counts = {r["status"]: r["n"] for r in await c.fetch(q.STATS_COUNTS, runtime_id)}
+            return counts, await c.fetchval(q.OLDEST_QUEUED_AGE, runtime_id)
+
+        return await self._run(go)
+
+    # -- janitor ---------------------------------------------------------------
+
+    async def reclaim_leases(self, limit: int) -> list[Row]:
+        """One batch of lapsed leases back to the queue; rows carry runtime_id, status."""
+        return await self._run(lambda c: c.fetch(q.RECLAIM_LEASES, limit))
+
+    async def expire_tasks(self, limit: int) -> int:
+        """One batch of queued tasks past expires_at marked expired; returns the count."""
+        status = await self._run(lambda c: c.execute(q.EXPIRE_TASKS, limit))
+        return int(status.split()[-1])
+
+    async def purge_finished(self, statuses: Sequence[str], age_seconds: float, limit: int) -> int:
+        """Delete one batch of finished rows older than age_seconds; returns the count."""
+        status = await self._run(
+            lambda c: c.execute(q.PURGE_FINISHED, list(statuses), age_seconds, limit)
+        )
+        return int(status.split()[-1])
+
+    async def claimable_runtimes(self, limit: int) -> list[str]:
+        rows = await self._run(lambda c: c.fetch(q.CLAIMABLE_RUNTIMES, limit))
+        return [r["runtime_id"] for r in rows]
+
+    async def try_leadership(self, key: int) -> Leadership | None:
+        """Advisory lock `key` on a dedicated connection, or None if another process
+        holds it. The lock lives as long as that connection: if this process dies,
+        Postgres releases it and another instance takes over."""
+        try:
+            conn = await asyncpg.connect(
+                self._dsn, server_settings={"application_name": "claim-gateway-janitor"}
+            )
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            raise StoreUnavailable(f"cannot connect to Postgres: {exc}") from exc
+        try:
+            if await conn.fetchval(q.JANITOR_TRY_LOCK, key):
+                return Leadership(conn)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            await conn.close()
+            raise StoreUnavailable(f"database error: {exc}") from exc
+        await conn.close()
+        return None
+
+
+class Leadership:
+    """A held advisory lock. `held()` checks the connection still lives; `release()`
+    resigns (idempotent)."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self._conn = conn
+
+    async def held(self) -> bool:
+        if self._conn.is_closed():
+            return False
+        try:
+            await self._conn.fetchval(q.PING, timeout=5)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+            await self.release()
+            return False
+        return True
+
+    async def release(self) -> None:
+        if not self._conn.is_closed():
+            self._conn.terminate()

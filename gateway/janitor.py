@@ -1,0 +1,178 @@
+"""The janitor: lease reclaim, TTL expiry, retention and verdict repair (I6).
+
+One instance at a time does the work: leadership is a Postgres advisory lock held on
+a dedicated connection, so when the leader dies another instance takes over at its
+next interval. `run_once()` is one pass and is what tests call; `start()` runs it in
+a loop. A failing step is logged and counted, and the next step and pass still run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import zlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from .cache import VerdictCache
+from .errors import CacheUnavailable, GatewayError
+from .metrics import Metrics
+from .settings import Settings
+from .store import Leadership, Store
+
+log = logging.getLogger("gateway.janitor")
+
+LOCK_KEY = zlib.crc32(b"claim-gateway.janitor")
+MAX_BATCHES_PER_STEP = 10  # bounds one pass; what is left waits for the next
+FINISHED = ("completed", "cancelled", "expired")
+
+
+@dataclass
+class PassReport:
+    """What one pass did, for tests and logs."""
+
+    reclaimed: int = 0
+    expired: int = 0
+    purged: int = 0
+    repaired: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class Janitor:
+    """Owned by the app's lifespan (`start`/`stop`)."""
+
+    def __init__(
+        self,
+        store: Store,
+        cache: VerdictCache | None,
+        announce: Callable[[str], Awaitable[None]],
+        settings: Settings,
+        metrics: Metrics,
+    ) -> None:
+        self._store = store
+        self._cache = cache
+        self._announce = announce
+        self._settings = settings
+        self._metrics = metrics
+        self._batch = settings.janitor_batch_size
+        self._leadership: Leadership | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leadership is not None
+
+    async def run_once(self) -> PassReport:
+        """One pass over every duty. Safe to call from any instance at any time: each
+        statement is idempotent and skips rows another transaction holds."""
+        report = PassReport()
+        for name, step in (
+            ("lease reclaim", self._reclaim),
+            ("expiry", self._expire),
+            ("retention", self._purge),
+            ("verdict repair", self._repair),
+        ):
+            try:
+                await step(report)
+            except GatewayError as exc:
+                self._metrics.janitor_errors.inc()
+                report.errors.append(f"{name}: {exc.detail}")
+                log.warning("janitor %s failed: %s", name, exc.detail)
+        return report
+
+    async def _reclaim(self, report: PassReport) -> None:
+        runtimes: set[str] = set()
+        for _ in range(MAX_BATCHES_PER_STEP):
+            rows = await self._store.reclaim_leases(self._batch)
+            for row in rows:
+                self._metrics.leases_reclaimed.labels(row["status"]).inc()
+                if row["status"] == "queued":
+                    runtimes.add(row["runtime_id"])
+            report.reclaimed += len(rows)
+            if len(rows) < self._batch:
+                break
+        for runtime_id in sorted(runtimes):  # I1: bump after commit
+            await self._announce(runtime_id)
+        if report.reclaimed:
+            log.info("reclaimed %d expired leases", report.reclaimed)
+
+    async def _expire(self, report: PassReport) -> None:
+        for _ in range(MAX_BATCHES_PER_STEP):
+            n = await self._store.expire_tasks(self._batch)
+            report.expired += n
+            if n < self._batch:
+                break
+        self._metrics.tasks_expired.inc(report.expired)
+
+    async def _purge(self, report: PassReport) -> None:
+        for statuses, age in (
+            (FINISHED, self._settings.retention_seconds),
+            (("dead",), self._settings.dead_retention_seconds),
+        ):
+            for _ in range(MAX_BATCHES_PER_STEP):
+                n = await self._store.purge_finished(statuses, age, self._batch)
+                report.purged += n
+                if n < self._batch:
+                    break
+        self._metrics.tasks_purged.inc(report.purged)
+
+    async def _repair(self, report: PassReport) -> None:
+        """Runtimes with claimable tasks whose verdict says empty lost a bump: bump them."""
+        if self._cache is None or not self._settings.cache_enabled:
+            return
+        runtimes = await self._store.claimable_runtimes(self._batch)
+        try:
+            stale = await self._cache.says_empty(runtimes)
+        except CacheUnavailable:
+            return  # nothing can be repaired while Redis is away; claims go to Postgres
+        for runtime_id in stale:
+            log.warning(
+                "runtime %s had claimable tasks behind an 'empty' verdict; bumped it "
+                "(a version bump was lost earlier)",
+                runtime_id,
+            )
+            self._metrics.repairs.inc()
+            await self._announce(runtime_id)
+        report.repaired = stale
+
+    # -- the loop ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="gateway-janitor")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self._resign()
+
+    async def _resign(self) -> None:
+        if self._leadership is not None:
+            await self._leadership.release()
+            self._leadership = None
+            self._metrics.janitor_leader.set(0)
+
+    async def _loop(self) -> None:
+        interval = self._settings.janitor_interval_seconds
+        while True:
+            try:
+                if self._leadership is not None and not await self._leadership.held():
+                    log.warning("janitor lost its database lock; will try to take it again")
+                    await self._resign()
+                if self._leadership is None:
+                    self._leadership = await self._store.try_leadership(LOCK_KEY)
+                    if self._leadership is not None:
+                        log.info("this instance now runs the janitor")
+                        self._metrics.janitor_leader.set(1)
+                if self._leadership is not None:
+                    await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Never let the loop die: a dead janitor strands tasks.
+                self._metrics.janitor_errors.inc()
+                log.exception("janitor pass failed; retrying in %.1fs", interval)
+            await asyncio.sleep(interval)
