@@ -82,7 +82,7 @@ def task_json(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_runtime_id(runtime_id: str) -> str:
-    if not RUNTIME_ID_RE.match(runtime_id):
+    if not RUNTIME_ID_RE.fullmatch(runtime_id):
         raise ValidationFailed(
             "runtime id must be 1-128 characters of letters, digits and . _ : -, "
             "starting with a letter or digit",

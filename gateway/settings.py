@@ -10,21 +10,27 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .errors import ConfigError
 
 
 def _mask_url(url: str | None) -> str | None:
-    """Hide the password of a connection URL, for logs and reprs."""
+    """Hide the password of a connection URL (in the user part or the query), for logs
+    and reprs."""
     if not url:
         return url
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = (parts.username or "") + ":***"
-    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
+    if parts.password is not None:
+        host = parts.netloc.rsplit("@", 1)[-1]
+        parts = parts._replace(netloc=f"{parts.username or ''}:***@{host}")
+    if parts.query:
+        query = [
+            (k, "***" if k.lower() in ("password", "pass", "passwd") else v)
+            for k, v in parse_qsl(parts.query, keep_blank_values=True)
+        ]
+        parts = parts._replace(query=urlencode(query, safe="*/"))
+    return urlunsplit(parts)
 
 
 @dataclass(frozen=True)

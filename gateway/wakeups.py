@@ -85,6 +85,10 @@ class Subscriber:
                     log.debug("subscribe to %s failed: %r", channel, exc)
         if event.is_set():
             return True
+        if not self.healthy:
+            # Down or reconnecting: do not make the poll wait. Its pump polls until the
+            # connection is back, and the reconnect then wakes every waiter.
+            return False
         try:
             async with asyncio.timeout(self._timeout * 4):
                 await event.wait()
@@ -131,7 +135,6 @@ class Subscriber:
         pending = set(channels)
         last_ping = last_pong = time.monotonic()
         ping_outstanding = False
-        was_reset = self._ever_connected
         while True:
             message = await self._pubsub.get_message(timeout=min(0.5, self._ping_interval))
             now = time.monotonic()
@@ -153,11 +156,12 @@ class Subscriber:
                         pending.discard(channel)
                         if not pending:
                             self._connected.set()
-                            self._ever_connected = True
-                            if was_reset:
-                                # Bumps may have been published while we were away (I8).
+                            if self._ever_connected:
                                 log.info("pub/sub connection restored; waking every waiter")
-                                self._on_reset()
+                            self._ever_connected = True
+                            # Bumps may have been published while we were not
+                            # subscribed: every waiter re-checks (I8).
+                            self._on_reset()
                 elif kind == "pong":
                     last_pong = now
                     ping_outstanding = False
