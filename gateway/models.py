@@ -161,9 +161,6 @@ class EnqueueRequest:
     request_hash: str  # what a replay with the same key must match
 
 
-HASHED_FIELDS = ("payload", "priority", "max_attempts", "delay_seconds", "run_at", "ttl_seconds")
-
-
 def parse_enqueue(
     body: Mapping[str, Any], header_key: str | None, max_payload_bytes: int
 ) -> EnqueueRequest:
@@ -185,7 +182,7 @@ def parse_enqueue(
             raise BadRequest("idempotency_key in the body and the Idempotency-Key header differ")
         key = header_key
     now = datetime.now(UTC)
-    if "delay_seconds" in body and "run_at" in body:
+    if body.get("delay_seconds") is not None and body.get("run_at") is not None:
         raise ValidationFailed("give delay_seconds or run_at, not both", field="run_at")
     run_at = None
     delay = _number(body, "delay_seconds", None, 0, 365 * 86400)
@@ -197,15 +194,26 @@ def parse_enqueue(
     expires_at = None
     if ttl is not None:
         expires_at = (run_at or now) + timedelta(seconds=ttl)
+    priority = _int(body, "priority", 50, 0, 1000)
+    max_attempts = _int(body, "max_attempts", 5, 1, 100)
+    # Hash the request as understood, so a retry that spells out a default still matches.
+    fingerprint = [
+        body["payload"],
+        priority,
+        max_attempts,
+        delay or 0,
+        body.get("run_at"),
+        ttl,
+    ]
     return EnqueueRequest(
         payload_json=payload_json,
-        priority=_int(body, "priority", 50, 0, 1000),
-        max_attempts=_int(body, "max_attempts", 5, 1, 100),
+        priority=priority,
+        max_attempts=max_attempts,
         run_at=run_at,
         expires_at=expires_at,
         idempotency_key=key,
         request_hash=hashlib.sha256(
-            orjson.dumps({f: body.get(f) for f in HASHED_FIELDS}, option=orjson.OPT_SORT_KEYS)
+            orjson.dumps(fingerprint, option=orjson.OPT_SORT_KEYS)
         ).hexdigest(),
     )
 

@@ -94,18 +94,14 @@ class Settings:
             "cache_enabled": _switch(env, "GATEWAY_CACHE", True),
             "redis_prefix": env.get("GATEWAY_REDIS_PREFIX", "gw"),
             "empty_ttl_seconds": _number(env, "GATEWAY_EMPTY_TTL_SECONDS", 30.0, 0.1, 86400),
-            "version_ttl_seconds": int(
-                _number(env, "GATEWAY_VERSION_TTL_SECONDS", 7 * 24 * 3600, 60, 365 * 86400)
+            "version_ttl_seconds": _integer(
+                env, "GATEWAY_VERSION_TTL_SECONDS", 7 * 24 * 3600, 60, 365 * 86400
             ),
-            "redis_timeout_ms": int(_number(env, "GATEWAY_REDIS_TIMEOUT_MS", 250, 1, 60_000)),
+            "redis_timeout_ms": _integer(env, "GATEWAY_REDIS_TIMEOUT_MS", 250, 1, 60_000),
             "max_wait_seconds": _number(env, "GATEWAY_MAX_WAIT_SECONDS", 60.0, 0, 3600),
-            "default_lease_seconds": int(
-                _number(env, "GATEWAY_DEFAULT_LEASE_SECONDS", 60, 1, 3600)
-            ),
-            "max_payload_bytes": int(
-                _number(env, "GATEWAY_MAX_PAYLOAD_BYTES", 1_048_576, 1, 1 << 30)
-            ),
-            "max_body_bytes": int(_number(env, "GATEWAY_MAX_BODY_BYTES", 16_777_216, 1, 1 << 31)),
+            "default_lease_seconds": _integer(env, "GATEWAY_DEFAULT_LEASE_SECONDS", 60, 1, 3600),
+            "max_payload_bytes": _integer(env, "GATEWAY_MAX_PAYLOAD_BYTES", 1_048_576, 1, 1 << 30),
+            "max_body_bytes": _integer(env, "GATEWAY_MAX_BODY_BYTES", 16_777_216, 1, 1 << 31),
             "janitor_interval_seconds": _number(
                 env, "GATEWAY_JANITOR_INTERVAL_SECONDS", 5.0, 0.05, 3600
             ),
@@ -115,11 +111,9 @@ class Settings:
             "dead_retention_seconds": _number(
                 env, "GATEWAY_DEAD_RETENTION_SECONDS", 30 * 86400, 0, 10 * 365 * 86400
             ),
-            "max_concurrent_claims": int(
-                _number(env, "GATEWAY_MAX_CONCURRENT_CLAIMS", 16, 1, 10_000)
-            ),
-            "max_queued_claims": int(_number(env, "GATEWAY_MAX_QUEUED_CLAIMS", 1000, 0, 1_000_000)),
-            "db_pool_max": int(_number(env, "GATEWAY_DB_POOL_MAX", 20, 1, 1000)),
+            "max_concurrent_claims": _integer(env, "GATEWAY_MAX_CONCURRENT_CLAIMS", 16, 1, 10_000),
+            "max_queued_claims": _integer(env, "GATEWAY_MAX_QUEUED_CLAIMS", 1000, 0, 1_000_000),
+            "db_pool_max": _integer(env, "GATEWAY_DB_POOL_MAX", 20, 2, 1000),
             "shutdown_grace_seconds": _number(env, "GATEWAY_SHUTDOWN_GRACE_SECONDS", 25.0, 0, 3600),
         }
         values.update(overrides)
@@ -139,7 +133,7 @@ class Settings:
         if self.default_lease_seconds > 3600:
             raise ConfigError("GATEWAY_DEFAULT_LEASE_SECONDS must be at most 3600")
         if self.db_pool_min > self.db_pool_max:
-            raise ConfigError("GATEWAY_DB_POOL_MAX must be at least 2")
+            raise ConfigError(f"GATEWAY_DB_POOL_MAX must be at least {self.db_pool_min}")
 
 
 def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
@@ -165,3 +159,10 @@ def _number(env: Mapping[str, str], name: str, default: float, low: float, high:
     if not low <= value <= high:
         raise ConfigError(f"{name} must be between {low:g} and {high:g}, got {raw!r}")
     return value
+
+
+def _integer(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    value = _number(env, name, default, low, high)
+    if value != int(value):
+        raise ConfigError(f"{name} must be a whole number, got {env.get(name)!r}")
+    return int(value)

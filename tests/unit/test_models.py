@@ -1,0 +1,530 @@
+"""Request parsers and the JSON forms in gateway/models.py."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from gateway import models
+from gateway.errors import BadRequest, NotFound, PayloadTooLarge, ValidationFailed
+
+MAX_PAYLOAD = 1_048_576
+LEASE = str(uuid.uuid4())
+
+
+def fails_on(field: str, fn: Callable[..., Any], *args: Any) -> ValidationFailed:
+    """Call fn and assert it raises ValidationFailed naming `field`."""
+    with pytest.raises(ValidationFailed) as info:
+        fn(*args)
+    assert info.value.extra.get("field") == field, info.value.extra
+    assert field in info.value.detail or field == "runtime_id"
+    return info.value
+
+
+def enqueue(body: dict[str, Any], header: str | None = None, limit: int = MAX_PAYLOAD) -> Any:
+    return models.parse_enqueue(body, header, limit)
+
+
+def claim(body: dict[str, Any], max_wait: float = 60.0, lease: int = 45) -> Any:
+    return models.parse_claim(body, max_wait, lease)
+
+
+# --- parse_enqueue ------------------------------------------------------------------------
+
+
+def test_enqueue_defaults() -> None:
+    req = enqueue({"payload": {"a": [1, 2]}})
+    assert req.payload_json == '{"a":[1,2]}'
+    assert req.priority == 50
+    assert req.max_attempts == 5
+    assert req.run_at is None
+    assert req.expires_at is None
+    assert req.idempotency_key is None
+    assert len(req.request_hash) == 64
+
+
+def test_enqueue_payload_is_required() -> None:
+    fails_on("payload", enqueue, {})
+    fails_on("payload", enqueue, {"priority": 1})
+
+
+@pytest.mark.parametrize("payload", [None, 0, "", [], {}, "text", 1.5, False])
+def test_enqueue_payload_may_be_any_json(payload: Any) -> None:
+    import orjson
+
+    req = enqueue({"payload": payload})
+    assert orjson.loads(req.payload_json) == payload
+
+
+@pytest.mark.parametrize("value", [0, 1, 50, 999, 1000])
+def test_enqueue_priority_in_range(value: int) -> None:
+    assert enqueue({"payload": 1, "priority": value}).priority == value
+
+
+@pytest.mark.parametrize("value", [-1, 1001, 10**9, 5.5, "5", True, False, [], {}])
+def test_enqueue_priority_refused(value: Any) -> None:
+    fails_on("priority", enqueue, {"payload": 1, "priority": value})
+
+
+def test_enqueue_priority_null_means_default() -> None:
+    assert enqueue({"payload": 1, "priority": None}).priority == 50
+
+
+@pytest.mark.parametrize("value", [1, 100])
+def test_enqueue_max_attempts_in_range(value: int) -> None:
+    assert enqueue({"payload": 1, "max_attempts": value}).max_attempts == value
+
+
+@pytest.mark.parametrize("value", [0, 101, -3, 2.5, True, "3"])
+def test_enqueue_max_attempts_refused(value: Any) -> None:
+    fails_on("max_attempts", enqueue, {"payload": 1, "max_attempts": value})
+
+
+def test_enqueue_delay_and_run_at_together_refused() -> None:
+    with pytest.raises(ValidationFailed) as info:
+        enqueue({"payload": 1, "delay_seconds": 5, "run_at": "2030-01-01T00:00:00Z"})
+    assert info.value.extra.get("field") in ("delay_seconds", "run_at")
+
+
+def test_enqueue_delay_sets_run_at() -> None:
+    before = datetime.now(UTC)
+    req = enqueue({"payload": 1, "delay_seconds": 90})
+    after = datetime.now(UTC)
+    assert req.run_at is not None
+    assert before + timedelta(seconds=90) <= req.run_at <= after + timedelta(seconds=90)
+
+
+def test_enqueue_zero_delay_is_no_run_at() -> None:
+    assert enqueue({"payload": 1, "delay_seconds": 0}).run_at is None
+
+
+@pytest.mark.parametrize("value", [-1, 365 * 86400 + 1, "5", True])
+def test_enqueue_delay_refused(value: Any) -> None:
+    fails_on("delay_seconds", enqueue, {"payload": 1, "delay_seconds": value})
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("2030-01-02T03:04:05Z", datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)),
+        ("2030-01-02T03:04:05.123456Z", datetime(2030, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)),
+        ("2030-01-02T05:04:05+02:00", datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)),
+        ("2030-01-02t03:04:05z", datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)),
+    ],
+)
+def test_enqueue_run_at_parsed(raw: str, expected: datetime) -> None:
+    run_at = enqueue({"payload": 1, "run_at": raw}).run_at
+    assert run_at == expected
+    assert run_at is not None and run_at.tzinfo is not None
+
+
+@pytest.mark.parametrize(
+    "raw", ["2030-01-02T03:04:05", "2030-01-02", "tomorrow", "", 1700000000, True, ["x"]]
+)
+def test_enqueue_run_at_needs_a_zoned_time_string(raw: Any) -> None:
+    fails_on("run_at", enqueue, {"payload": 1, "run_at": raw})
+
+
+def test_enqueue_ttl_sets_expires_at_from_now() -> None:
+    before = datetime.now(UTC)
+    req = enqueue({"payload": 1, "ttl_seconds": 60})
+    after = datetime.now(UTC)
+    assert req.expires_at is not None
+    assert before + timedelta(seconds=60) <= req.expires_at <= after + timedelta(seconds=60)
+
+
+def test_enqueue_ttl_counts_from_run_at() -> None:
+    req = enqueue({"payload": 1, "run_at": "2030-01-01T00:00:00Z", "ttl_seconds": 30})
+    assert req.expires_at == datetime(2030, 1, 1, 0, 0, 30, tzinfo=UTC)
+
+
+def test_enqueue_ttl_counts_from_delayed_run_at() -> None:
+    req = enqueue({"payload": 1, "delay_seconds": 100, "ttl_seconds": 30})
+    assert req.run_at is not None and req.expires_at is not None
+    assert req.expires_at - req.run_at == timedelta(seconds=30)
+
+
+@pytest.mark.parametrize("value", [0, 0.5, -1, 365 * 86400 + 1, "60", False])
+def test_enqueue_ttl_refused(value: Any) -> None:
+    fails_on("ttl_seconds", enqueue, {"payload": 1, "ttl_seconds": value})
+
+
+def test_enqueue_payload_limit_counts_serialized_bytes() -> None:
+    # "aaaaaaaaaa" serializes to 12 bytes with its quotes.
+    assert enqueue({"payload": "a" * 10}, limit=12).payload_json == '"' + "a" * 10 + '"'
+    with pytest.raises(PayloadTooLarge) as info:
+        enqueue({"payload": "a" * 10}, limit=11)
+    assert info.value.extra.get("field") == "payload"
+    # Bytes, not characters: "éé" is 6 bytes serialized.
+    enqueue({"payload": "éé"}, limit=6)
+    with pytest.raises(PayloadTooLarge):
+        enqueue({"payload": "éé"}, limit=5)
+
+
+def test_enqueue_payload_over_default_limit() -> None:
+    with pytest.raises(PayloadTooLarge):
+        enqueue({"payload": "x" * MAX_PAYLOAD})
+
+
+def test_enqueue_idempotency_key_from_body_or_header() -> None:
+    assert enqueue({"payload": 1, "idempotency_key": "k1"}).idempotency_key == "k1"
+    assert enqueue({"payload": 1}, header="k2").idempotency_key == "k2"
+    assert enqueue({"payload": 1, "idempotency_key": "k3"}, header="k3").idempotency_key == "k3"
+
+
+def test_enqueue_idempotency_key_body_header_mismatch() -> None:
+    with pytest.raises(BadRequest):
+        enqueue({"payload": 1, "idempotency_key": "a"}, header="b")
+
+
+def test_enqueue_idempotency_key_limits() -> None:
+    assert enqueue({"payload": 1, "idempotency_key": "k" * 200}).idempotency_key == "k" * 200
+    fails_on("idempotency_key", enqueue, {"payload": 1, "idempotency_key": "k" * 201})
+    fails_on("idempotency_key", enqueue, {"payload": 1, "idempotency_key": ""})
+    fails_on("idempotency_key", enqueue, {"payload": 1, "idempotency_key": 7})
+    assert enqueue({"payload": 1}, header="h" * 200).idempotency_key == "h" * 200
+    with pytest.raises(ValidationFailed) as info:
+        enqueue({"payload": 1}, header="h" * 201)
+    assert info.value.extra.get("field") == "idempotency_key"
+    with pytest.raises(ValidationFailed) as info:
+        enqueue({"payload": 1}, header="")
+    assert info.value.extra.get("field") == "idempotency_key"
+
+
+def test_enqueue_same_request_same_hash() -> None:
+    body = {"payload": {"a": 1, "b": [1, 2]}, "priority": 7, "ttl_seconds": 60}
+    assert enqueue(dict(body)).request_hash == enqueue(dict(body)).request_hash
+    # Key order does not matter, at any depth.
+    reordered = {"ttl_seconds": 60, "priority": 7, "payload": {"b": [1, 2], "a": 1}}
+    assert enqueue(reordered).request_hash == enqueue(body).request_hash
+    # The key itself is not part of the request it names.
+    assert (
+        enqueue(body, header="k1").request_hash
+        == enqueue({**body, "idempotency_key": "k2"}).request_hash
+    )
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"payload": {"a": 2, "b": [1, 2]}},
+        {"payload": {"a": 1, "b": [2, 1]}},
+        {"payload": "x"},
+        {"priority": 8},
+        {"ttl_seconds": 61},
+        {"max_attempts": 3},
+        {"delay_seconds": 5},
+    ],
+)
+def test_enqueue_different_request_different_hash(change: dict[str, Any]) -> None:
+    body = {"payload": {"a": 1, "b": [1, 2]}, "priority": 7, "ttl_seconds": 60}
+    assert enqueue({**body, **change}).request_hash != enqueue(body).request_hash
+
+
+def test_enqueue_run_at_changes_hash() -> None:
+    a = enqueue({"payload": 1, "run_at": "2030-01-01T00:00:00Z"})
+    b = enqueue({"payload": 1, "run_at": "2030-01-01T00:00:01Z"})
+    assert a.request_hash != b.request_hash
+
+
+# --- parse_claim --------------------------------------------------------------------------
+
+
+def test_claim_defaults() -> None:
+    req = claim({"worker_id": "w1"}, lease=45)
+    assert req.worker_id == "w1"
+    assert req.max_tasks == 1
+    assert req.wait_seconds == 0.0
+    assert req.lease_seconds == 45
+
+
+def test_claim_values() -> None:
+    req = claim({"worker_id": "w", "max_tasks": 100, "wait_seconds": 60, "lease_seconds": 3600})
+    assert (req.max_tasks, req.wait_seconds, req.lease_seconds) == (100, 60.0, 3600)
+    assert claim({"worker_id": "w", "wait_seconds": 2.5}).wait_seconds == 2.5
+
+
+@pytest.mark.parametrize("value", [None, "", 5, ["w"], "w" * 201])
+def test_claim_worker_id_refused(value: Any) -> None:
+    body = {} if value is None else {"worker_id": value}
+    fails_on("worker_id", claim, body)
+
+
+def test_claim_worker_id_200_chars_ok() -> None:
+    assert claim({"worker_id": "w" * 200}).worker_id == "w" * 200
+
+
+@pytest.mark.parametrize("value", [0, 101, -1, 1.5, True, "2"])
+def test_claim_max_tasks_refused(value: Any) -> None:
+    fails_on("max_tasks", claim, {"worker_id": "w", "max_tasks": value})
+
+
+@pytest.mark.parametrize("value", [60.001, 61, 3600, -0.1, "1", True])
+def test_claim_wait_seconds_refused(value: Any) -> None:
+    fails_on("wait_seconds", claim, {"worker_id": "w", "wait_seconds": value})
+
+
+def test_claim_wait_cap_is_the_server_setting() -> None:
+    assert claim({"worker_id": "w", "wait_seconds": 10}, max_wait=10).wait_seconds == 10
+    fails_on("wait_seconds", claim, {"worker_id": "w", "wait_seconds": 10.5}, 10)
+    fails_on("wait_seconds", claim, {"worker_id": "w", "wait_seconds": 1}, 0)
+
+
+@pytest.mark.parametrize("value", [0, 3601, -5, 30.5, False, "60"])
+def test_claim_lease_seconds_refused(value: Any) -> None:
+    fails_on("lease_seconds", claim, {"worker_id": "w", "lease_seconds": value})
+
+
+def test_parse_lease_seconds() -> None:
+    assert models.parse_lease_seconds({}, 77) == 77
+    assert models.parse_lease_seconds({"lease_seconds": 3600}, 77) == 3600
+    fails_on("lease_seconds", models.parse_lease_seconds, {"lease_seconds": 0}, 77)
+    fails_on("lease_seconds", models.parse_lease_seconds, {"lease_seconds": 3601}, 77)
+
+
+# --- parse_fail / parse_lease_id ----------------------------------------------------------
+
+
+def test_fail_defaults() -> None:
+    req = models.parse_fail({"lease_id": LEASE, "error": "boom"})
+    assert req.lease_id == uuid.UUID(LEASE)
+    assert req.error == "boom"
+    assert req.retry is True
+    assert req.retry_after_seconds is None
+
+
+def test_fail_values() -> None:
+    req = models.parse_fail(
+        {"lease_id": LEASE, "error": "e", "retry": False, "retry_after_seconds": 7 * 86400}
+    )
+    assert req.retry is False
+    assert req.retry_after_seconds == 7 * 86400
+
+
+def test_fail_error_truncated() -> None:
+    req = models.parse_fail({"lease_id": LEASE, "error": "x" * 20_000})
+    assert len(req.error) == models.MAX_ERROR_CHARS
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"lease_id": LEASE}, "error"),
+        ({"lease_id": LEASE, "error": None}, "error"),
+        ({"lease_id": LEASE, "error": 5}, "error"),
+        ({"lease_id": LEASE, "error": "e", "retry": "yes"}, "retry"),
+        ({"lease_id": LEASE, "error": "e", "retry": 1}, "retry"),
+        ({"error": "e"}, "lease_id"),
+        ({"lease_id": "nope", "error": "e"}, "lease_id"),
+        ({"lease_id": LEASE, "error": "e", "retry_after_seconds": -1}, "retry_after_seconds"),
+        (
+            {"lease_id": LEASE, "error": "e", "retry_after_seconds": 7 * 86400 + 1},
+            "retry_after_seconds",
+        ),
+        ({"lease_id": LEASE, "error": "e", "retry_after_seconds": "5"}, "retry_after_seconds"),
+    ],
+)
+def test_fail_refused(body: dict[str, Any], field: str) -> None:
+    fails_on(field, models.parse_fail, body)
+
+
+def test_parse_lease_id() -> None:
+    assert models.parse_lease_id({"lease_id": LEASE}) == uuid.UUID(LEASE)
+    assert models.parse_lease_id({"lease_id": LEASE.upper()}) == uuid.UUID(LEASE)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"lease_id": None},
+        {"lease_id": ""},
+        {"lease_id": 5},
+        {"lease_id": "not-a-uuid"},
+        {"lease_id": LEASE + "0"},
+        {"lease_id": "a" * 65},
+    ],
+)
+def test_parse_lease_id_refused(body: dict[str, Any]) -> None:
+    fails_on("lease_id", models.parse_lease_id, body)
+
+
+def test_check_task_id() -> None:
+    assert models.check_task_id(LEASE) == uuid.UUID(LEASE)
+    with pytest.raises(NotFound):
+        models.check_task_id("nope")
+
+
+# --- decode_body --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("raw", [b"", b"   ", b"\n\t "])
+def test_decode_empty_body_is_empty_object(raw: bytes) -> None:
+    assert models.decode_body(raw) == {}
+
+
+def test_decode_object() -> None:
+    assert models.decode_body(b'{"a": [1, {"b": null}]}') == {"a": [1, {"b": None}]}
+
+
+@pytest.mark.parametrize(
+    "raw", [b"not json", b"{", b'{"a": 1,}', b"\xff\xfe", b"NaN", b'{"a": Infinity}']
+)
+def test_decode_non_json_is_bad_request(raw: bytes) -> None:
+    with pytest.raises(BadRequest):
+        models.decode_body(raw)
+
+
+@pytest.mark.parametrize("raw", [b"[]", b'[{"a": 1}]', b'"s"', b"1", b"null", b"true"])
+def test_decode_non_object_is_bad_request(raw: bytes) -> None:
+    with pytest.raises(BadRequest) as info:
+        models.decode_body(raw)
+    assert not isinstance(info.value, ValidationFailed)
+
+
+# --- check_runtime_id ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "runtime_id", ["a", "Z", "0", "rt-1", "a.b_c:d-e", "9" + "x" * 127, "A" * 128]
+)
+def test_runtime_id_accepted(runtime_id: str) -> None:
+    assert models.check_runtime_id(runtime_id) == runtime_id
+
+
+@pytest.mark.parametrize(
+    "runtime_id",
+    ["", "-a", ".a", "_a", ":a", "a" * 129, "a/b", "a b", "a{b", "a}b", "é", "a\tb", "a*"],
+)
+def test_runtime_id_refused(runtime_id: str) -> None:
+    fails_on("runtime_id", models.check_runtime_id, runtime_id)
+
+
+# Regression: with `$` and re.match, "rt\n" (URL path rt%0A) used to pass as a runtime id.
+@pytest.mark.parametrize("runtime_id", ["rt\n", "A" * 128 + "\n"])
+def test_runtime_id_with_trailing_newline_refused(runtime_id: str) -> None:
+    fails_on("runtime_id", models.check_runtime_id, runtime_id)
+
+
+# --- format_time / task_json --------------------------------------------------------------
+
+
+def test_format_time_utc_micro_z() -> None:
+    value = datetime(2026, 11, 25, 21, 2, 3, 123456, tzinfo=UTC)
+    assert models.format_time(value) == "2026-11-25T21:02:03.123456Z"
+
+
+def test_format_time_keeps_zero_microseconds() -> None:
+    value = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert models.format_time(value) == "2026-01-02T03:04:05.000000Z"
+
+
+def test_format_time_converts_to_utc() -> None:
+    value = datetime(2026, 1, 1, 1, 30, 0, 5, tzinfo=timezone(timedelta(hours=2)))
+    assert models.format_time(value) == "2025-12-31T23:30:00.000005Z"
+
+
+def test_format_time_none() -> None:
+    assert models.format_time(None) is None
+
+
+def test_format_time_strings_sort_in_time_order() -> None:
+    base = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
+    times = [
+        base,
+        base + timedelta(microseconds=1),
+        base + timedelta(microseconds=10),
+        base + timedelta(seconds=1),
+        base + timedelta(seconds=9, microseconds=999999),
+        base + timedelta(seconds=10),
+        base + timedelta(days=1),
+        base.replace(year=2027, month=1, day=1),
+        base.astimezone(timezone(timedelta(hours=-5))) + timedelta(hours=2),
+        base.astimezone(timezone(timedelta(hours=9))) - timedelta(microseconds=3),
+    ]
+    strings = [models.format_time(t) for t in times]
+    assert sorted(strings, key=str) == [models.format_time(t) for t in sorted(times)]
+    assert len(set(strings)) == len(times)
+    assert all(s is not None and s.endswith("Z") and len(s) == 27 for s in strings)
+
+
+def _row(**over: Any) -> dict[str, Any]:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    row: dict[str, Any] = {
+        "id": uuid.UUID(LEASE),
+        "runtime_id": "rt",
+        "status": "queued",
+        "priority": 50,
+        "payload": {"a": 1},
+        "attempts": 0,
+        "max_attempts": 5,
+        "run_at": None,
+        "expires_at": None,
+        "created_at": now,
+        "updated_at": now,
+        "lease_id": None,
+        "lease_expires_at": None,
+        "worker_id": None,
+        "cancel_requested": False,
+        "result": None,
+        "last_error": None,
+    }
+    row.update(over)
+    return row
+
+
+def test_task_json_queued() -> None:
+    out = models.task_json(_row())
+    assert out["id"] == LEASE
+    assert out["created_at"] == "2026-01-01T00:00:00.000000Z"
+    assert out["run_at"] is None
+    assert set(out) == set(models.TASK_FIELDS)
+
+
+def test_task_json_claimed_has_lease_fields() -> None:
+    lease = uuid.uuid4()
+    out = models.task_json(
+        _row(
+            status="claimed",
+            lease_id=lease,
+            lease_expires_at=datetime(2026, 1, 1, 0, 1, tzinfo=UTC),
+            worker_id="w",
+            cancel_requested=True,
+        )
+    )
+    assert out["lease_id"] == str(lease)
+    assert out["lease_expires_at"] == "2026-01-01T00:01:00.000000Z"
+    assert out["worker_id"] == "w"
+    assert out["cancel_requested"] is True
+
+
+def test_task_json_finished() -> None:
+    done = models.task_json(_row(status="completed", result={"ok": True}))
+    assert done["result"] == {"ok": True}
+    assert "lease_id" not in done
+    dead = models.task_json(_row(status="dead", last_error="boom"))
+    assert dead["last_error"] == "boom"
+    assert "result" not in dead
+
+
+def test_result_json() -> None:
+    assert models.result_json({}, 100) is None
+    assert models.result_json({"result": [1]}, 100) == "[1]"
+    with pytest.raises(PayloadTooLarge) as info:
+        models.result_json({"result": "x" * 10}, 5)
+    assert info.value.extra.get("field") == "result"
+
+
+def test_enqueue_spelled_out_defaults_hash_like_omitted_ones() -> None:
+    # A retry that spells out a default is the same request, not a key reuse.
+    assert (
+        enqueue({"payload": 1}).request_hash
+        == enqueue({"payload": 1, "priority": 50, "max_attempts": 5}).request_hash
+    )
+    assert (
+        enqueue({"payload": 1}).request_hash != enqueue({"payload": 1, "priority": 51}).request_hash
+    )

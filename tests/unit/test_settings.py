@@ -1,0 +1,229 @@
+"""Settings.from_env: defaults, validation naming the variable, masking, immutability."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from gateway.errors import ConfigError
+from gateway.settings import Settings
+
+TOKEN = "adm-7f3c9e1d2b4a5968"
+BASE = {"GATEWAY_ADMIN_TOKEN": TOKEN}
+
+
+def from_env(**env: str) -> Settings:
+    return Settings.from_env({**BASE, **env})
+
+
+def test_defaults_match_the_design() -> None:
+    s = Settings.from_env(BASE)
+    assert s.database_url is None
+    assert s.redis_url is None
+    assert s.admin_token == TOKEN
+    assert s.auth_enabled is True
+    assert s.cache_enabled is True
+    assert s.redis_prefix == "gw"
+    assert s.empty_ttl_seconds == 30.0
+    assert s.version_ttl_seconds == 7 * 24 * 3600
+    assert s.redis_timeout_ms == 250
+    assert s.redis_timeout_seconds == 0.25
+    assert s.max_wait_seconds == 60.0
+    assert s.default_lease_seconds == 60
+    assert s.max_payload_bytes == 1_048_576
+    assert s.max_body_bytes == 16_777_216
+    assert s.janitor_interval_seconds == 5.0
+    assert s.max_concurrent_claims == 16
+    assert s.max_queued_claims == 1000
+    assert s.db_pool_max == 20
+    assert s.shutdown_grace_seconds == 25.0
+
+
+def test_from_env_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_ADMIN_TOKEN", TOKEN)
+    monkeypatch.setenv("GATEWAY_MAX_WAIT_SECONDS", "12")
+    assert Settings.from_env().max_wait_seconds == 12.0
+
+
+def test_urls_read_and_empty_means_unset() -> None:
+    s = from_env(DATABASE_URL="postgresql://h/db", REDIS_URL="redis://h:6379/0")
+    assert s.database_url == "postgresql://h/db"
+    assert s.redis_url == "redis://h:6379/0"
+    s = from_env(DATABASE_URL="", REDIS_URL="")
+    assert s.database_url is None and s.redis_url is None
+
+
+NUMERIC: list[tuple[str, str, str, Any]] = [
+    ("GATEWAY_EMPTY_TTL_SECONDS", "empty_ttl_seconds", "2.5", 2.5),
+    ("GATEWAY_VERSION_TTL_SECONDS", "version_ttl_seconds", "86400", 86400),
+    ("GATEWAY_REDIS_TIMEOUT_MS", "redis_timeout_ms", "100", 100),
+    ("GATEWAY_MAX_WAIT_SECONDS", "max_wait_seconds", "20", 20.0),
+    ("GATEWAY_DEFAULT_LEASE_SECONDS", "default_lease_seconds", "120", 120),
+    ("GATEWAY_MAX_PAYLOAD_BYTES", "max_payload_bytes", "1024", 1024),
+    ("GATEWAY_MAX_BODY_BYTES", "max_body_bytes", "2048", 2048),
+    ("GATEWAY_JANITOR_INTERVAL_SECONDS", "janitor_interval_seconds", "0.5", 0.5),
+    ("GATEWAY_MAX_CONCURRENT_CLAIMS", "max_concurrent_claims", "4", 4),
+    ("GATEWAY_MAX_QUEUED_CLAIMS", "max_queued_claims", "0", 0),
+    ("GATEWAY_DB_POOL_MAX", "db_pool_max", "50", 50),
+    ("GATEWAY_SHUTDOWN_GRACE_SECONDS", "shutdown_grace_seconds", "3", 3.0),
+]
+NUMERIC_NAMES = [n[0] for n in NUMERIC]
+
+
+@pytest.mark.parametrize(("name", "attr", "raw", "expected"), NUMERIC)
+def test_numeric_variable_parsed(name: str, attr: str, raw: str, expected: Any) -> None:
+    value = getattr(from_env(**{name: raw}), attr)
+    assert value == expected
+    assert type(value) is type(expected)
+
+
+@pytest.mark.parametrize("name", NUMERIC_NAMES)
+def test_numeric_variable_empty_means_default(name: str) -> None:
+    assert from_env(**{name: ""}) == Settings.from_env(BASE)
+
+
+@pytest.mark.parametrize("bad", ["abc", "-5", "1e12", "nan", "inf", "10s", " "])
+@pytest.mark.parametrize("name", NUMERIC_NAMES)
+def test_numeric_variable_bad_value_names_it(name: str, bad: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        from_env(**{name: bad})
+    assert name in str(info.value)
+
+
+def test_redis_timeout_seconds_follows_ms() -> None:
+    assert from_env(GATEWAY_REDIS_TIMEOUT_MS="1500").redis_timeout_seconds == 1.5
+
+
+def test_default_lease_above_an_hour_refused() -> None:
+    with pytest.raises(ConfigError, match="GATEWAY_DEFAULT_LEASE_SECONDS"):
+        from_env(GATEWAY_DEFAULT_LEASE_SECONDS="3601")
+
+
+def test_pool_max_below_pool_min_refused() -> None:
+    with pytest.raises(ConfigError, match="GATEWAY_DB_POOL_MAX"):
+        from_env(GATEWAY_DB_POOL_MAX="1")
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("on", True),
+        ("off", False),
+        ("true", True),
+        ("false", False),
+        ("1", True),
+        ("0", False),
+        ("yes", True),
+        ("no", False),
+        ("OFF", False),
+        (" On ", True),
+    ],
+)
+def test_switches(raw: str, expected: bool) -> None:
+    s = Settings.from_env({"GATEWAY_AUTH": raw, "GATEWAY_CACHE": raw, **BASE})
+    assert s.auth_enabled is expected
+    assert s.cache_enabled is expected
+
+
+@pytest.mark.parametrize("name", ["GATEWAY_AUTH", "GATEWAY_CACHE"])
+@pytest.mark.parametrize("bad", ["maybe", "enabled", "2"])
+def test_switch_bad_value_names_it(name: str, bad: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        from_env(**{name: bad})
+    assert name in str(info.value)
+
+
+def test_auth_off_without_token_ok() -> None:
+    s = Settings.from_env({"GATEWAY_AUTH": "off"})
+    assert s.auth_enabled is False
+    assert s.admin_token is None
+
+
+@pytest.mark.parametrize("env", [{}, {"GATEWAY_AUTH": "on"}, {"GATEWAY_ADMIN_TOKEN": ""}])
+def test_auth_on_without_token_refused(env: dict[str, str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env(env)
+    assert "GATEWAY_ADMIN_TOKEN" in str(info.value)
+
+
+def test_cache_off_keeps_settings_valid() -> None:
+    assert from_env(GATEWAY_CACHE="off").cache_enabled is False
+
+
+def test_redis_prefix() -> None:
+    assert from_env(GATEWAY_REDIS_PREFIX="myapp").redis_prefix == "myapp"
+
+
+@pytest.mark.parametrize("bad", ["", "a{b", "a}b", "a b"])
+def test_bad_redis_prefix_refused(bad: str) -> None:
+    with pytest.raises(ConfigError, match="GATEWAY_REDIS_PREFIX"):
+        from_env(GATEWAY_REDIS_PREFIX=bad)
+
+
+def test_overrides_win_and_are_validated() -> None:
+    s = Settings.from_env(BASE, max_wait_seconds=5.0, cache_enabled=False)
+    assert s.max_wait_seconds == 5.0
+    assert s.cache_enabled is False
+    with pytest.raises(ConfigError):
+        Settings.from_env(BASE, admin_token=None)
+
+
+# --- secrets never shown ------------------------------------------------------------------
+
+
+def test_repr_masks_token_and_url_passwords() -> None:
+    s = from_env(
+        DATABASE_URL="postgresql://app:pg-s3cr3t-pw@db.example:5432/tasks",
+        REDIS_URL="redis://:r3dis-s3cr3t@cache.example:6379/0",
+    )
+    for text in (repr(s), str(s), f"{s}", f"{s!r}"):
+        assert TOKEN not in text
+        assert "pg-s3cr3t-pw" not in text
+        assert "r3dis-s3cr3t" not in text
+        assert "admin_token='***'" in text
+        assert "postgresql://app:***@db.example:5432/tasks" in text
+        assert "redis://:***@cache.example:6379/0" in text
+
+
+def test_repr_masks_password_with_at_sign() -> None:
+    s = from_env(DATABASE_URL="postgresql://app:p@ss@db.example/tasks")
+    assert "p@ss" not in repr(s)
+    assert "db.example/tasks" in repr(s)
+
+
+def test_repr_leaves_urls_without_password_alone() -> None:
+    s = Settings.from_env({"GATEWAY_AUTH": "off", "REDIS_URL": "redis://cache.example:6379/0"})
+    assert "redis_url='redis://cache.example:6379/0'" in repr(s)
+    assert "admin_token=None" in repr(s)
+
+
+def test_repr_masks_password_in_query_string() -> None:
+    # libpq/asyncpg and redis-py also take the password as a query parameter.
+    s = from_env(
+        DATABASE_URL="postgresql://app@db.example/tasks?password=pg-s3cr3t-pw",
+        REDIS_URL="redis://cache.example:6379/0?password=r3dis-s3cr3t",
+    )
+    text = repr(s)
+    assert "pg-s3cr3t-pw" not in text
+    assert "r3dis-s3cr3t" not in text
+    assert "db.example/tasks" in text
+    assert "cache.example:6379/0" in text
+
+
+def test_repr_masking_keeps_other_query_parameters() -> None:
+    s = from_env(DATABASE_URL="postgresql://app:pw-123456@db.example/tasks?sslmode=require")
+    text = repr(s)
+    assert "pw-123456" not in text
+    assert "sslmode=require" in text
+    assert "postgresql://app:***@db.example/tasks" in text
+
+
+def test_frozen() -> None:
+    s = Settings.from_env(BASE)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.max_wait_seconds = 1.0  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.admin_token = "other"  # type: ignore[misc]
+    assert s.max_wait_seconds == 60.0
