@@ -62,6 +62,11 @@ class RuntimeState:
     linger: asyncio.TimerHandle | None = None
 
 
+def _unserved(state: RuntimeState) -> list[Waiter]:
+    """Waiters still wanting tasks: present, not answered, not failed."""
+    return [w for w in state.waiters if not w.gone and w.rows is None and w.error is None]
+
+
 class Claimer:
     """Serves claims for every runtime in this process. Owned by the app."""
 
@@ -196,10 +201,13 @@ class Claimer:
 
     async def _pump(self, state: RuntimeState) -> None:
         try:
-            while any(not w.gone for w in state.waiters) and not self.draining:
+            while _unserved(state) and not self.draining:
                 state.wake.clear()
                 park = await self._cycle(state)
                 if park is None:
+                    # Run again at once, but first let served waiters leave: a cycle
+                    # need not await anything (cache off, breaker open).
+                    await asyncio.sleep(0)
                     continue
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(park):
@@ -238,7 +246,7 @@ class Claimer:
                         waiter.event.set()
                     return self._park_seconds(verdict.ttl_seconds)
                 version = verdict.version
-        waiters = [w for w in state.waiters if not w.gone and w.rows is None]
+        waiters = _unserved(state)
         if not waiters:
             return None
         owners: list[Waiter] = []
