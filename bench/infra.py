@@ -1,0 +1,290 @@
+"""What a benchmark run stands on: the Postgres and Redis servers, a fresh database per
+run, and the gateway itself as a separate uvicorn process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+import asyncpg
+import redis.asyncio as aioredis
+
+from gateway.migrate import apply_migrations
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+READY_TIMEOUT_SECONDS = 30.0
+STOP_GRACE_SECONDS = 10.0
+# Inherited variables that would change what is measured; the bench sets its own.
+_SCRUBBED_ENV = ("DATABASE_URL", "REDIS_URL")
+
+
+def log(message: str) -> None:
+    """Progress goes to stderr, so that stdout holds only the result table."""
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+# -- servers -----------------------------------------------------------------
+
+
+@dataclass
+class Servers:
+    """Where Postgres and Redis are, and how each was found."""
+
+    database_url: str
+    redis_url: str
+    database_source: str
+    redis_source: str
+    _embedded: Any = None
+    _data_dir: str | None = None
+
+    def close(self) -> None:
+        """Stop embedded servers this object started; safe to call twice."""
+        embedded, self._embedded = self._embedded, None
+        if embedded is not None:
+            embedded.stop()
+        if self._data_dir is not None:
+            shutil.rmtree(self._data_dir, ignore_errors=True)
+            self._data_dir = None
+
+
+def _pick(flag: str | None, names: tuple[str, ...]) -> tuple[str | None, str]:
+    if flag:
+        return flag, "command line"
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            return value, name
+    return None, "embedded"
+
+
+def resolve_servers(database_url: str | None, redis_url: str | None) -> Servers:
+    """Flag, else BENCH_* env, else TEST_* env, else an embedded server in a temp folder."""
+    db, db_source = _pick(database_url, ("BENCH_DATABASE_URL", "TEST_DATABASE_URL"))
+    rd, rd_source = _pick(redis_url, ("BENCH_REDIS_URL", "TEST_REDIS_URL"))
+    servers = Servers(db or "", rd or "", db_source, rd_source)
+    if db and rd:
+        return servers
+    from gateway.embedded import EmbeddedServers
+
+    servers._data_dir = tempfile.mkdtemp(prefix="gateway-bench-")
+    servers._embedded = EmbeddedServers(Path(servers._data_dir))
+    try:
+        if not db:
+            log("no database URL given: starting an embedded Postgres")
+            servers.database_url = servers._embedded.start_postgres()
+        if not rd:
+            log("no Redis URL given: starting an embedded Valkey")
+            servers.redis_url = servers._embedded.start_redis()
+    except BaseException:
+        servers.close()
+        raise
+    return servers
+
+
+async def check_servers(servers: Servers) -> None:
+    """Fail early, with the URL in the message, when a server cannot be reached."""
+    try:
+        conn = await asyncpg.connect(servers.database_url, timeout=10)
+        await conn.close()
+    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+        raise SystemExit(
+            f"bench: Postgres at {servers.database_url} is not reachable: {exc}"
+        ) from None
+    client = aioredis.Redis.from_url(servers.redis_url, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        await client.ping()
+    except Exception as exc:
+        raise SystemExit(f"bench: Redis at {servers.redis_url} is not reachable: {exc}") from None
+    finally:
+        await client.aclose()
+
+
+# -- databases ---------------------------------------------------------------
+
+
+def with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+@contextlib.asynccontextmanager
+async def fresh_database(admin_url: str) -> AsyncIterator[str]:
+    """A new, migrated database `bench_<random>` on the server; dropped afterwards."""
+    name = "bench_" + secrets.token_hex(6)
+    conn = await asyncpg.connect(admin_url, timeout=10)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    try:
+        url = with_database(admin_url, name)
+        await apply_migrations(url, log=lambda _message: None)
+        yield url
+    finally:
+        conn = await asyncpg.connect(admin_url, timeout=10)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+
+async def delete_redis_keys(redis_url: str, prefix: str) -> int:
+    """Remove the keys a run left under its own prefix."""
+    client = aioredis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
+    deleted = 0
+    try:
+        batch: list[bytes] = []
+        async for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                deleted += await client.unlink(*batch)
+                batch.clear()
+        if batch:
+            deleted += await client.unlink(*batch)
+    finally:
+        await client.aclose()
+    return deleted
+
+
+# -- the gateway process -----------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class GatewayProcess:
+    """`python -m uvicorn --factory gateway.app:create_app` on a free loopback port."""
+
+    database_url: str
+    redis_url: str
+    cache: bool
+    log_path: Path
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    prefix: str = field(default_factory=lambda: "bench" + secrets.token_hex(4))
+    port: int = field(default_factory=free_port)
+    process: asyncio.subprocess.Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def environment(self) -> dict[str, str]:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in _SCRUBBED_ENV and not k.startswith("GATEWAY_")
+        }
+        env.update(
+            DATABASE_URL=self.database_url,
+            REDIS_URL=self.redis_url,
+            GATEWAY_ADMIN_TOKEN=self.token,
+            GATEWAY_REDIS_PREFIX=self.prefix,
+            GATEWAY_CACHE="on" if self.cache else "off",
+        )
+        env.update(self.extra_env)
+        return env
+
+    def argv(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "--factory",
+            "gateway.app:create_app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--no-access-log",
+            "--log-level",
+            "warning",
+            "--loop",
+            "uvloop",
+            "--http",
+            "httptools",
+        ]
+
+    async def start(self) -> None:
+        """Start the process and wait until GET /readyz answers 200."""
+        with self.log_path.open("ab") as out:
+            self.process = await asyncio.create_subprocess_exec(
+                *self.argv(),
+                cwd=PROJECT_ROOT,
+                env=self.environment(),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        last = "no answer yet"
+        timeout = aiohttp.ClientTimeout(total=2)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            while time.monotonic() < deadline:
+                code = self.process.returncode
+                if code is not None:
+                    raise RuntimeError(
+                        f"the gateway exited with code {code} before it was ready; "
+                        f"its log:\n{self.log_tail()}"
+                    )
+                try:
+                    async with http.get(self.url + "/readyz") as resp:
+                        if resp.status == 200:
+                            return
+                        last = f"{resp.status} {await resp.text()}"
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    last = f"{type(exc).__name__}: {exc}"
+                await asyncio.sleep(0.1)
+        raise RuntimeError(
+            f"the gateway (pid {self.pid}) was not ready within {READY_TIMEOUT_SECONDS:g} s "
+            f"(last /readyz: {last}); its log:\n{self.log_tail()}"
+        )
+
+    async def stop(self) -> int | None:
+        """SIGTERM by pid, SIGKILL after STOP_GRACE_SECONDS; returns the exit code."""
+        proc = self.process
+        if proc is None:
+            return None
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), STOP_GRACE_SECONDS)
+            except TimeoutError:
+                log(f"gateway pid {proc.pid} ignored SIGTERM for {STOP_GRACE_SECONDS:g} s: SIGKILL")
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+                await asyncio.wait_for(proc.wait(), 10)
+        return proc.returncode
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])

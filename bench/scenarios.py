@@ -1,0 +1,522 @@
+"""The scenarios. Each runs against a gateway process of its own on a fresh database,
+and every loop in it stops at the duration.
+
+- empty-polls: pollers hammer empty runtimes with `wait_seconds: 0`. With the cache on,
+  the gateway should answer them from the Redis verdict, without Postgres.
+- claim-throughput: tasks are enqueued first, then pollers long-poll for batches and
+  complete every task; each task must be handed out and completed exactly once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from . import client
+from .client import Api, Tally
+from .infra import GatewayProcess, Servers, delete_redis_keys, fresh_database, log
+from .stats import Result, ms, percentile, ratio
+from .watch import Watchdog
+
+# Requests still running this long after their loop's deadline count as hung.
+HANG_GRACE_SECONDS = 10.0
+# A long poll ends this close to the deadline at the latest; shorter waits are not sent.
+MIN_WAIT_SECONDS = 0.1
+RETRY_PAUSE_SECONDS = 0.05
+
+
+Scenario = Callable[[argparse.Namespace, Servers, bool, Path], Awaitable[Result]]
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(
+    opts: argparse.Namespace, servers: Servers, cache: bool, log_path: Path
+) -> AsyncIterator[tuple[GatewayProcess, str]]:
+    """A fresh database and a gateway process on it; both gone afterwards."""
+    async with fresh_database(servers.database_url) as database_url:
+        gw = GatewayProcess(
+            database_url, servers.redis_url, cache, log_path, extra_env=opts.gateway_env
+        )
+        try:
+            await gw.start()
+            log(
+                f"gateway pid {gw.pid} ready at {gw.url} (GATEWAY_CACHE={'on' if cache else 'off'})"
+            )
+            yield gw, database_url
+        finally:
+            code = await gw.stop()
+            if code not in (0, None, -15):
+                log(f"gateway pid {gw.pid} exited with code {code}")
+            with contextlib.suppress(Exception):
+                await delete_redis_keys(servers.redis_url, gw.prefix)
+
+
+async def run_bounded(
+    coros: list[Coroutine[Any, Any, None]],
+    hard_deadline: float,
+    abort: asyncio.Event | None = None,
+) -> int:
+    """Run the coroutines as tasks until all are done, `abort` is set, or hard_deadline
+    (perf_counter time) passes; cancel the rest and return how many were cancelled."""
+    tasks = [asyncio.create_task(c) for c in coros]
+    pending: set[asyncio.Task[Any]] = set(tasks)
+    aborted = asyncio.create_task(abort.wait()) if abort is not None else None
+    try:
+        while pending and not (abort is not None and abort.is_set()):
+            left = hard_deadline - time.perf_counter()
+            if left <= 0:
+                break
+            waits: set[asyncio.Task[Any]] = {*pending, aborted} if aborted else set(pending)
+            _, pending = await asyncio.wait(
+                waits, timeout=left, return_when=asyncio.FIRST_COMPLETED
+            )
+            if aborted is not None:
+                pending.discard(aborted)
+    finally:
+        # Also when this coroutine is cancelled (Ctrl-C, SIGTERM): no orphan requests.
+        for task in [*tasks, *([aborted] if aborted else [])]:
+            task.cancel()
+        await asyncio.wait(tasks, timeout=5)
+    for task in tasks:
+        if task.done() and not task.cancelled() and (exc := task.exception()) is not None:
+            raise exc  # a bug in the bench itself, not in the gateway
+    return len(pending)
+
+
+def gateway_log_problems(gw: GatewayProcess) -> list[str]:
+    """Error lines and tracebacks the gateway wrote while under load."""
+    lines = gw.log_text().splitlines()
+    bad = [ln for ln in lines if "Traceback" in ln or "ERROR" in ln or "CRITICAL" in ln]
+    return bad[:10]
+
+
+def check_tally(result: Result, name: str, tally: Tally) -> int:
+    """Record the tally under `name`; unexpected outcomes become failures. Returns their count."""
+    result.requests[name] = tally.summary()
+    unexpected = tally.unexpected()
+    total = sum(unexpected.values())
+    if total:
+        detail = ", ".join(f"{k} x{v}" for k, v in sorted(unexpected.items()))
+        samples = "; ".join(
+            f"{k}: {v}" for k, v in tally.samples.items() if k.split(" (")[0] in unexpected
+        )
+        result.failures.append(
+            f"{name}: {detail}" + (f" (first bodies: {samples})" if samples else "")
+        )
+    rejected = tally.statuses.get(429, 0)
+    if rejected:
+        result.notes.append(f"{name}: {rejected} answered 429 (overload, per design I9)")
+    return total
+
+
+def finish(result: Result, gw: GatewayProcess) -> None:
+    problems = gateway_log_problems(gw)
+    if problems:
+        result.failures.append(
+            "the gateway logged errors: " + " | ".join(p.strip() for p in problems)
+        )
+
+
+# -- empty-polls --------------------------------------------------------------
+
+
+async def _empty_poller(
+    api: Api, runtime: str, worker: str, deadline: float, tally: Tally, stray: Counter[str]
+) -> None:
+    path = f"/v1/runtimes/{runtime}/claim"
+    body = {"worker_id": worker, "wait_seconds": 0}
+    while time.perf_counter() < deadline:
+        got = await api.post(path, body, tally, seconds=10.0)
+        if got is None:
+            await asyncio.sleep(RETRY_PAUSE_SECONDS)
+            continue
+        status, data = got
+        if status == 200:
+            tasks = (data or {}).get("tasks")
+            if tasks:
+                stray[runtime] += len(tasks)
+        else:
+            await asyncio.sleep(RETRY_PAUSE_SECONDS)
+
+
+async def _empty_round(
+    api: Api,
+    opts: argparse.Namespace,
+    runtimes: list[str],
+    seconds: float,
+    tally: Tally,
+    abort: asyncio.Event | None = None,
+) -> tuple[float, int, Counter[str]]:
+    """Every poller loops until `seconds` have passed. Returns (elapsed, pollers
+    cancelled, tasks that empty runtimes handed out)."""
+    stray: Counter[str] = Counter()
+    started = time.perf_counter()
+    deadline = started + seconds
+    coros = [
+        _empty_poller(api, runtimes[i % len(runtimes)], f"bench-{i}", deadline, tally, stray)
+        for i in range(opts.pollers)
+    ]
+    cancelled = await run_bounded(coros, deadline + HANG_GRACE_SECONDS, abort)
+    return time.perf_counter() - started, cancelled, stray
+
+
+async def empty_polls(
+    opts: argparse.Namespace, servers: Servers, cache: bool, workdir: Path
+) -> Result:
+    result = Result("empty-polls", "on" if cache else "off")
+    runtimes = [f"bench-empty-{i:03d}" for i in range(opts.runtimes)]
+    log_path = workdir / f"gateway-empty-polls-cache-{result.cache}.log"
+    async with (
+        running_gateway(opts, servers, cache, log_path) as (gw, _db),
+        client.session(opts.pollers + 10) as http,
+    ):
+        api = Api(http, gw.url, gw.token)
+        if opts.warmup_seconds > 0:
+            warm = Tally()
+            await _empty_round(api, opts, runtimes, opts.warmup_seconds, warm)
+            check_tally(result, "warm-up claim", warm)
+        before = await client.scrape(http, gw.url)
+        tally = Tally()
+        log(f"empty-polls: {opts.pollers} pollers x {opts.duration_seconds:g} s")
+        async with Watchdog(gw.url, gw.pid) as watchdog:
+            elapsed, cancelled, stray = await _empty_round(
+                api, opts, runtimes, opts.duration_seconds, tally, watchdog.stalled
+            )
+        after = await client.scrape(http, gw.url, result.failures)
+        finish(result, gw)
+
+    errors = check_tally(result, "claim", tally)
+    stalled = watchdog.failure("measured loop")
+    if stalled:
+        result.failures.append(stalled)
+    elif cancelled:
+        result.failures.append(
+            f"{cancelled} pollers were still waiting for an answer {HANG_GRACE_SECONDS:g} s "
+            "after the duration ended (cancelled)"
+        )
+    if stray:
+        result.failures.append(
+            f"claims on runtimes that were never given work returned {sum(stray.values())} tasks"
+        )
+    pg_claims = client.delta(before, after, client.PG_CLAIMS)
+    result.numbers = {
+        "pollers": opts.pollers,
+        "runtimes": opts.runtimes,
+        "seconds": round(elapsed, 3),
+        "requests": tally.responses,
+        "ok_responses": tally.statuses.get(200, 0),
+        "requests_per_second": round(tally.responses / elapsed, 1) if elapsed else None,
+        "p50_ms": ms(percentile(tally.latencies, 50)),
+        "p90_ms": ms(percentile(tally.latencies, 90)),
+        "p99_ms": ms(percentile(tally.latencies, 99)),
+        "max_ms": ms(max(tally.latencies, default=None)),
+        "pg_claims": pg_claims,
+        "pg_claims_per_request": ratio(pg_claims, tally.responses),
+        "verdict_hits": client.delta(before, after, client.VERDICT_HIT),
+        "verdict_misses": client.delta(before, after, client.VERDICT_MISS),
+        "verdict_errors": client.delta(before, after, client.VERDICT_ERROR),
+        "redis_errors": client.delta(before, after, client.REDIS_ERRORS),
+        "rejected_429": tally.statuses.get(429, 0),
+        "errors": errors,
+        **watchdog.numbers(),
+    }
+    return result
+
+
+# -- claim-throughput ---------------------------------------------------------
+
+
+class ThroughputState:
+    def __init__(self, enqueued: dict[str, float]) -> None:
+        self.enqueued = enqueued  # task id -> perf_counter time its 201 arrived
+        self.delivered: Counter[str] = Counter()
+        self.completed: Counter[str] = Counter()
+        self.unknown: set[str] = set()
+        self.claim_to_done: list[float] = []
+        self.enqueue_to_done: list[float] = []
+        self.empty_claims = 0
+        self.completes_sent = 0
+        self.last_done = 0.0
+        self.all_done = asyncio.Event()
+        self.stop = asyncio.Event()  # all done, or the gateway stalled
+        self.claims = Tally()
+        self.completes = Tally()
+
+
+async def _enqueue(
+    api: Api,
+    opts: argparse.Namespace,
+    runtimes: list[str],
+    deadline: float,
+    tally: Tally,
+    abort: asyncio.Event,
+) -> tuple[dict[str, float], int]:
+    """Enqueue task n on runtime n % R, until --tasks or the deadline. Returns
+    ({task id: time its 201 arrived}, enqueuers cancelled)."""
+    enqueued: dict[str, float] = {}
+    numbers = itertools.count()
+
+    async def filler() -> None:
+        while time.perf_counter() < deadline:
+            n = next(numbers)
+            if n >= opts.tasks:
+                return
+            runtime = runtimes[n % len(runtimes)]
+            body = {"payload": {"n": n, "runtime": runtime, "kind": "bench"}}
+            got = await api.post(f"/v1/runtimes/{runtime}/tasks", body, tally, seconds=30.0)
+            if got is None:
+                await asyncio.sleep(RETRY_PAUSE_SECONDS)
+                continue
+            status, data = got
+            if status == 201 and data and "id" in data:
+                enqueued[data["id"]] = time.perf_counter()
+            else:
+                await asyncio.sleep(RETRY_PAUSE_SECONDS)
+
+    cancelled = await run_bounded(
+        [filler() for _ in range(opts.enqueue_concurrency)], deadline + HANG_GRACE_SECONDS, abort
+    )
+    return enqueued, cancelled
+
+
+async def _complete(api: Api, task: dict[str, Any], claimed_at: float, st: ThroughputState) -> None:
+    task_id = str(task.get("id"))
+    st.delivered[task_id] += 1
+    if task_id not in st.enqueued:
+        st.unknown.add(task_id)
+    body = {"lease_id": task.get("lease_id"), "result": {"ok": True}}
+    st.completes_sent += 1
+    got = await api.post(f"/v1/tasks/{task_id}/complete", body, st.completes, seconds=30.0)
+    if got is None or got[0] != 200:
+        return
+    now = time.perf_counter()
+    st.completed[task_id] += 1
+    st.claim_to_done.append(now - claimed_at)
+    if task_id in st.enqueued:
+        st.enqueue_to_done.append(now - st.enqueued[task_id])
+    st.last_done = now
+    if len(st.completed) >= len(st.enqueued):
+        st.all_done.set()
+        st.stop.set()
+
+
+async def _daemon(
+    api: Api,
+    opts: argparse.Namespace,
+    runtime: str,
+    worker: str,
+    deadline: float,
+    st: ThroughputState,
+) -> None:
+    """One simulated daemon: long-poll for a batch, complete it (concurrently), repeat."""
+    path = f"/v1/runtimes/{runtime}/claim"
+    while not st.stop.is_set():
+        remaining = deadline - time.perf_counter()
+        if remaining < MIN_WAIT_SECONDS:
+            return
+        # Never wait past the deadline, so that no lease is handed to a cancelled poll.
+        wait = round(min(opts.wait_seconds, remaining), 3)
+        body = {"worker_id": worker, "wait_seconds": wait, "max_tasks": opts.max_tasks}
+        started = time.perf_counter()
+        got = await api.post(path, body, st.claims, seconds=wait + 30.0)
+        if got is None or got[0] != 200:
+            await asyncio.sleep(RETRY_PAUSE_SECONDS)
+            continue
+        tasks = (got[1] or {}).get("tasks") or []
+        if not tasks:
+            st.empty_claims += 1
+            continue
+        await asyncio.gather(*(_complete(api, t, started, st) for t in tasks))
+
+
+async def _database_counts(database_url: str) -> dict[str, Any]:
+    conn = await asyncpg.connect(database_url, timeout=10)
+    try:
+        rows = await conn.fetch(
+            "SELECT status, count(*) AS n, count(*) FILTER (WHERE attempts > 1) AS again "
+            "FROM tasks GROUP BY status"
+        )
+    finally:
+        await conn.close()
+    return {
+        "by_status": {r["status"]: r["n"] for r in rows},
+        "claimed_more_than_once": sum(r["again"] for r in rows),
+    }
+
+
+async def claim_throughput(
+    opts: argparse.Namespace, servers: Servers, cache: bool, workdir: Path
+) -> Result:
+    result = Result("claim-throughput", "on" if cache else "off")
+    runtimes = [f"bench-work-{i:03d}" for i in range(opts.runtimes)]
+    log_path = workdir / f"gateway-claim-throughput-cache-{result.cache}.log"
+    async with (
+        running_gateway(opts, servers, cache, log_path) as (gw, database_url),
+        client.session(max(opts.pollers, opts.enqueue_concurrency) + 10) as http,
+    ):
+        api = Api(http, gw.url, gw.token)
+        log(f"claim-throughput: enqueuing up to {opts.tasks} tasks")
+        enqueue_tally = Tally()
+        enqueue_started = time.perf_counter()
+        async with Watchdog(gw.url, gw.pid) as enqueue_watch:
+            enqueued, enqueue_cancelled = await _enqueue(
+                api,
+                opts,
+                runtimes,
+                enqueue_started + opts.duration_seconds,
+                enqueue_tally,
+                enqueue_watch.stalled,
+            )
+        enqueue_seconds = time.perf_counter() - enqueue_started
+        st = ThroughputState(enqueued)
+        claim_cancelled = 0
+        claim_watch: Watchdog | None = None
+        started = ended = time.perf_counter()
+        before: dict[str, float] = {}
+        if enqueue_watch.stalled.is_set():
+            st.stop.set()
+        else:
+            if not enqueued:
+                st.all_done.set()
+                st.stop.set()
+            before = await client.scrape(http, gw.url)
+            log(
+                f"claim-throughput: {len(enqueued)} tasks queued in {enqueue_seconds:.1f} s; "
+                f"{opts.pollers} daemons claiming (max {opts.duration_seconds:g} s)"
+            )
+            async with Watchdog(gw.url, gw.pid, also_set=st.stop) as claim_watch:
+                started = time.perf_counter()
+                deadline = started + opts.duration_seconds
+                coros = [
+                    _daemon(api, opts, runtimes[i % len(runtimes)], f"bench-{i}", deadline, st)
+                    for i in range(opts.pollers)
+                ]
+                # After the last completion nothing is claimable: parked polls may go.
+                claim_cancelled = await run_bounded(
+                    coros, deadline + opts.wait_seconds + HANG_GRACE_SECONDS, st.stop
+                )
+                ended = time.perf_counter()
+        after = await client.scrape(http, gw.url, result.failures) if before else {}
+        db = await _database_counts(database_url)
+        finish(result, gw)
+
+    errors = check_tally(result, "enqueue", enqueue_tally)
+    errors += check_tally(result, "claim", st.claims)
+    errors += check_tally(result, "complete", st.completes)
+    for watch, phase in ((enqueue_watch, "enqueue phase"), (claim_watch, "claim phase")):
+        stalled = watch.failure(phase) if watch is not None else None
+        if stalled:
+            result.failures.append(stalled)
+    if enqueue_cancelled and not enqueue_watch.stalled.is_set():
+        result.failures.append(
+            f"{enqueue_cancelled} enqueue requests were still unanswered "
+            f"{HANG_GRACE_SECONDS:g} s after the enqueue deadline (cancelled)"
+        )
+    if claim_cancelled and not st.all_done.is_set() and not st.stop.is_set():
+        result.failures.append(
+            f"{claim_cancelled} daemons were still waiting for an answer {HANG_GRACE_SECONDS:g} s "
+            "after their last long poll should have ended (cancelled)"
+        )
+    delivered_twice = {t: n for t, n in st.delivered.items() if n > 1}
+    completed_twice = {t: n for t, n in st.completed.items() if n > 1}
+    completed = len(st.completed)
+    by_status = db["by_status"]
+    if delivered_twice:
+        sample = ", ".join(f"{t} x{n}" for t, n in list(delivered_twice.items())[:5])
+        result.failures.append(
+            f"{len(delivered_twice)} tasks were handed out more than once (e.g. {sample})"
+        )
+    if completed_twice:
+        result.failures.append(f"{len(completed_twice)} tasks were completed more than once")
+    if st.unknown:
+        result.failures.append(f"{len(st.unknown)} claimed tasks were never enqueued by the bench")
+    unanswered = st.completes_sent - st.completes.responses
+    if by_status.get("completed", 0) != completed:
+        result.failures.append(
+            f"Postgres has {by_status.get('completed', 0)} completed tasks, but the bench "
+            f"saw {completed} completions answered 200 ({unanswered} complete requests were "
+            "never answered)"
+        )
+    if sum(by_status.values()) != len(enqueued):
+        result.failures.append(
+            f"Postgres holds {sum(by_status.values())} tasks, but {len(enqueued)} enqueues "
+            "were answered 201"
+        )
+    leased = by_status.get("claimed", 0)
+    if leased:
+        never_reached = leased + by_status.get("completed", 0) - len(st.delivered)
+        result.failures.append(
+            f"{leased} tasks were still leased in Postgres after every daemon had stopped; "
+            f"{max(never_reached, 0)} of them were leased but never reached a daemon"
+        )
+    if db["claimed_more_than_once"]:
+        result.failures.append(
+            f"{db['claimed_more_than_once']} tasks have attempts > 1 (claimed more than once)"
+        )
+    if len(enqueued) < opts.tasks:
+        result.notes.append(
+            f"only {len(enqueued)} of {opts.tasks} tasks were enqueued within "
+            f"{opts.duration_seconds:g} s"
+        )
+    left = by_status.get("queued", 0)
+    if left:
+        result.notes.append(
+            f"{left} tasks were still queued when the claim phase ended: tasks/s is the rate "
+            "reached, not a completed drain"
+        )
+    claim_seconds = (st.last_done or ended) - started
+    pg_claims = client.delta(before, after, client.PG_CLAIMS)
+    result.numbers = {
+        "pollers": opts.pollers,
+        "runtimes": opts.runtimes,
+        "max_tasks": opts.max_tasks,
+        "wait_seconds": opts.wait_seconds,
+        "tasks_requested": opts.tasks,
+        "enqueued": len(enqueued),
+        "enqueue_seconds": round(enqueue_seconds, 3),
+        "enqueues_per_second": round(len(enqueued) / enqueue_seconds, 1)
+        if enqueue_seconds
+        else None,
+        "enqueue_p50_ms": ms(percentile(enqueue_tally.latencies, 50)),
+        "enqueue_p99_ms": ms(percentile(enqueue_tally.latencies, 99)),
+        "enqueue_gateway_cpu_percent": enqueue_watch.numbers()["gateway_cpu_percent"],
+        "completed": completed,
+        "delivered": len(st.delivered),
+        "claim_phase_seconds": round(claim_seconds, 3),
+        "tasks_per_second": round(completed / claim_seconds, 1)
+        if claim_seconds > 0 and (st.all_done.is_set() or not st.stop.is_set())
+        else None,  # not when the phase was aborted
+        "claim_to_done_p50_ms": ms(percentile(st.claim_to_done, 50)),
+        "claim_to_done_p99_ms": ms(percentile(st.claim_to_done, 99)),
+        "enqueue_to_done_p50_ms": ms(percentile(st.enqueue_to_done, 50)),
+        "enqueue_to_done_p99_ms": ms(percentile(st.enqueue_to_done, 99)),
+        "complete_p50_ms": ms(percentile(st.completes.latencies, 50)),
+        "complete_p99_ms": ms(percentile(st.completes.latencies, 99)),
+        "claim_requests": st.claims.responses,
+        "empty_claim_responses": st.empty_claims,
+        "pg_claims": pg_claims,
+        "pg_claims_per_task": ratio(pg_claims, completed),
+        "verdict_hits": client.delta(before, after, client.VERDICT_HIT),
+        "verdict_misses": client.delta(before, after, client.VERDICT_MISS),
+        "leases_returned": client.delta(before, after, client.LEASES_RETURNED),
+        "duplicates": len(delivered_twice) + len(completed_twice),
+        "errors": errors,
+        "postgres_by_status": by_status,
+        **(claim_watch.numbers() if claim_watch is not None else {}),
+    }
+    return result
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "empty-polls": empty_polls,
+    "claim-throughput": claim_throughput,
+}
