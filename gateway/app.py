@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 import orjson
@@ -14,6 +15,8 @@ from starlette.responses import Response
 from .routes import ROUTES
 from .runtime import Gateway
 from .settings import Settings
+
+log = logging.getLogger("gateway.http")
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
@@ -35,6 +38,23 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     )
 
 
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    """A bug, not bad input: log it with its traceback, answer problem+json 500."""
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    body = {
+        "type": "about:blank",
+        "title": "Internal error",
+        "status": 500,
+        "detail": "the gateway failed to handle this request; the error is in its log",
+        "code": "internal_error",
+    }
+    return Response(
+        orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE),
+        500,
+        media_type="application/problem+json",
+    )
+
+
 def create_app(settings: Settings | None = None) -> Starlette:
     """Build the app. Settings default to the environment's."""
     gateway = Gateway(settings or Settings.from_env())
@@ -48,7 +68,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
             await gateway.close()
 
     app = Starlette(
-        routes=ROUTES, lifespan=lifespan, exception_handlers={HTTPException: _http_exception}
+        routes=ROUTES,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
     )
     app.state.gateway = gateway
     return app

@@ -16,7 +16,6 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from .cache import VerdictCache, keys_for
 from .errors import CacheUnavailable, Draining, GatewayError, Overloaded, StoreUnavailable
@@ -255,7 +254,7 @@ class Claimer:
             waiter.in_flight = True
         try:
             async with self._admission():
-                rows = await self._store.claim(
+                rows, due_in = await self._store.claim(
                     runtime_id,
                     [w.req.worker_id for w in owners],
                     [float(w.req.lease_seconds) for w in owners],
@@ -268,7 +267,7 @@ class Claimer:
         await self._hand_out(runtime_id, waiters, owners, rows)
         if len(rows) == len(owners):
             return None  # every slot filled: there may be more work for newer waiters
-        return await self._record_empty(runtime_id, version)
+        return await self._record_empty(runtime_id, version, due_in)
 
     async def _hand_out(
         self, runtime_id: str, waiters: list[Waiter], owners: list[Waiter], rows: list[Row]
@@ -296,18 +295,14 @@ class Claimer:
             else:
                 await self.announce(runtime_id)
 
-    async def _record_empty(self, runtime_id: str, version: str | None) -> float:
+    async def _record_empty(
+        self, runtime_id: str, version: str | None, due_in: float | None
+    ) -> float:
         """The scan found fewer tasks than wanted: write the verdict under the version
         read before the scan (I2), never outliving the next due task (I4)."""
         ttl = self._settings.empty_ttl_seconds
-        try:
-            due = await self._store.next_due(runtime_id)
-        except StoreUnavailable:
-            return self._settings.degraded_poll_seconds
-        if due is not None:
-            ttl = min(ttl, (due - datetime.now(UTC)).total_seconds())
-            if ttl <= 0:
-                return 0.001
+        if due_in is not None:
+            ttl = min(ttl, due_in)
         if version is not None and self._cache is not None:
             with contextlib.suppress(CacheUnavailable):
                 await self._cache.write_empty(runtime_id, version, ttl)

@@ -57,6 +57,7 @@ class Janitor:
         self._metrics = metrics
         self._batch = settings.janitor_batch_size
         self._leadership: Leadership | None = None
+        self._repair_after = ""  # runtime id cursor: the repair walks every runtime in turn
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -118,23 +119,28 @@ class Janitor:
         self._metrics.tasks_purged.inc(report.purged)
 
     async def _repair(self, report: PassReport) -> None:
-        """Runtimes with claimable tasks whose verdict says empty lost a bump: bump them."""
+        """Runtimes with claimable tasks whose verdict says empty lost a bump: bump them.
+        Pages through every such runtime, a bounded number of pages per pass."""
         if self._cache is None or not self._settings.cache_enabled:
             return
-        runtimes = await self._store.claimable_runtimes(self._batch)
-        try:
-            stale = await self._cache.says_empty(runtimes)
-        except CacheUnavailable:
-            return  # nothing can be repaired while Redis is away; claims go to Postgres
-        for runtime_id in stale:
-            log.warning(
-                "runtime %s had claimable tasks behind an 'empty' verdict; bumped it "
-                "(a version bump was lost earlier)",
-                runtime_id,
-            )
-            self._metrics.repairs.inc()
-            await self._announce(runtime_id)
-        report.repaired = stale
+        for _ in range(MAX_BATCHES_PER_STEP):
+            runtimes = await self._store.claimable_runtimes(self._batch, self._repair_after)
+            self._repair_after = runtimes[-1] if len(runtimes) == self._batch else ""
+            try:
+                stale = await self._cache.says_empty(runtimes)
+            except CacheUnavailable:
+                return  # nothing to repair while Redis is away: claims go to Postgres
+            for runtime_id in stale:
+                log.warning(
+                    "runtime %s had claimable tasks behind an 'empty' verdict; bumped it "
+                    "(a version bump was lost earlier)",
+                    runtime_id,
+                )
+                self._metrics.repairs.inc()
+                await self._announce(runtime_id)
+            report.repaired.extend(stale)
+            if not self._repair_after:
+                return
 
     # -- the loop ----------------------------------------------------------------
 

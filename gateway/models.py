@@ -19,6 +19,8 @@ import orjson
 
 from .errors import BadRequest, NotFound, PayloadTooLarge, ValidationFailed
 
+# orjson writes NUL as \u0000; an escaped backslash before "u0000" is not a NUL.
+NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 RUNTIME_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 MAX_WORKER_ID = 200
 MAX_IDEMPOTENCY_KEY = 200
@@ -40,11 +42,16 @@ TASK_FIELDS = (
 LEASE_FIELDS = ("lease_id", "lease_expires_at", "worker_id", "cancel_requested")
 
 
+# Times a request may carry: well inside what both Python and Postgres can store.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+
+
 def format_time(value: datetime | None) -> str | None:
     """RFC 3339 UTC with microseconds and Z, so that times compare as strings."""
     if value is None:
         return None
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return value.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def parse_time(field: str, raw: Any) -> datetime:
@@ -58,6 +65,10 @@ def parse_time(field: str, raw: Any) -> datetime:
         ) from None
     if value.tzinfo is None:
         raise ValidationFailed(f"{field} must carry a time zone (Z or +hh:mm)", field=field)
+    if not EARLIEST <= value <= LATEST:
+        raise ValidationFailed(
+            f"{field} must lie between {EARLIEST.year} and {LATEST.year}", field=field
+        )
     return value
 
 
@@ -69,6 +80,10 @@ def task_json(row: Mapping[str, Any]) -> dict[str, Any]:
         out[key] = format_time(value) if isinstance(value, datetime) else value
     out["id"] = str(row["id"])
     status = row["status"]
+    expires_at = row["expires_at"]
+    if status == "queued" and expires_at is not None and expires_at <= datetime.now(UTC):
+        # Expired already; the janitor only records it (design: never handed out).
+        status = out["status"] = "expired"
     if status == "claimed":
         out["lease_id"] = str(row["lease_id"])
         out["lease_expires_at"] = format_time(row["lease_expires_at"])
@@ -147,7 +162,20 @@ def _string(body: Mapping[str, Any], field: str, max_len: int, required: bool) -
         raise ValidationFailed(f"{field} must be a non-empty string", field=field)
     if len(raw) > max_len:
         raise ValidationFailed(f"{field} must be at most {max_len} characters", field=field)
+    if "\x00" in raw:
+        raise ValidationFailed(f"{field} must not contain NUL characters", field=field)
     return raw
+
+
+def _json_text(field: str, value: Any, max_bytes: int) -> str:
+    """A JSON value serialized for storage, size-checked. Postgres jsonb cannot hold
+    the NUL character, so it is refused here rather than failing in the database."""
+    text = orjson.dumps(value).decode()
+    if len(text.encode()) > max_bytes:
+        raise PayloadTooLarge(f"{field} is larger than {max_bytes} bytes serialized", field=field)
+    if NUL_ESCAPE.search(text):
+        raise ValidationFailed(f"{field} must not contain NUL characters (\\u0000)", field=field)
+    return text
 
 
 @dataclass(frozen=True)
@@ -166,11 +194,7 @@ def parse_enqueue(
 ) -> EnqueueRequest:
     if "payload" not in body:
         raise ValidationFailed("payload is required (any JSON value)", field="payload")
-    payload_json = orjson.dumps(body["payload"]).decode()
-    if len(payload_json.encode()) > max_payload_bytes:
-        raise PayloadTooLarge(
-            f"payload is larger than {max_payload_bytes} bytes serialized", field="payload"
-        )
+    payload_json = _json_text("payload", body["payload"], max_payload_bytes)
     key = _string(body, "idempotency_key", MAX_IDEMPOTENCY_KEY, required=False)
     if header_key is not None:
         if not header_key or len(header_key) > MAX_IDEMPOTENCY_KEY:
@@ -271,7 +295,8 @@ def parse_fail(body: Mapping[str, Any]) -> FailRequest:
         raise ValidationFailed("retry must be true or false", field="retry")
     return FailRequest(
         lease_id=parse_lease_id(body),
-        error=error[:MAX_ERROR_CHARS],
+        # An error message is kept, not judged: NULs (which Postgres refuses) are replaced.
+        error=error[:MAX_ERROR_CHARS].replace("\x00", "\ufffd"),
         retry=retry,
         retry_after_seconds=_number(body, "retry_after_seconds", None, 0, 7 * 86400),
     )
@@ -280,10 +305,7 @@ def parse_fail(body: Mapping[str, Any]) -> FailRequest:
 def result_json(body: Mapping[str, Any], max_payload_bytes: int) -> str | None:
     if body.get("result") is None:
         return None
-    encoded = orjson.dumps(body["result"]).decode()
-    if len(encoded.encode()) > max_payload_bytes:
-        raise PayloadTooLarge(f"result is larger than {max_payload_bytes} bytes", field="result")
-    return encoded
+    return _json_text("result", body["result"], max_payload_bytes)
 
 
 MAX_BATCH = 1000
@@ -319,7 +341,10 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         created, task_id = raw.split("|")
-        return datetime.fromisoformat(created), uuid.UUID(task_id)
+        when = datetime.fromisoformat(created)
+        if when.tzinfo is None or not EARLIEST <= when <= LATEST:
+            raise ValueError(created)
+        return when, uuid.UUID(task_id)
     except (ValueError, UnicodeDecodeError):
         raise ValidationFailed(
             "cursor is not one this server returned as next_cursor", field="cursor"
@@ -338,7 +363,7 @@ def parse_list_query(params: Mapping[str, str]) -> ListQuery:
     if status is not None and status not in STATUSES:
         raise ValidationFailed(f"status must be one of {', '.join(STATUSES)}", field="status")
     raw_limit = params.get("limit", "100")
-    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 1000:
+    if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= 1000:
         raise ValidationFailed("limit must be an integer from 1 to 1000", field="limit")
     cursor = params.get("cursor")
     return ListQuery(status, int(raw_limit), decode_cursor(cursor) if cursor else None)

@@ -58,15 +58,17 @@ UPDATE tasks t
 RETURNING n.slot, t.*
 """
 
-# Earliest future run_at among a runtime's queued tasks: a verdict must not outlive it (I4).
+# Seconds until the earliest future run_at among a runtime's queued tasks: a verdict
+# must not outlive it (I4). Runs in the claim's transaction, so now() is the scan's
+# instant and no task can come due unseen between the two statements.
 NEXT_DUE = """
-SELECT min(run_at) FROM tasks
+SELECT extract(epoch FROM min(run_at) - now())::float8 FROM tasks
  WHERE runtime_id = $1 AND status = 'queued' AND run_at > now()
 """
 
 # Gives back leases that were never delivered (the waiter left mid-claim). The claim
 # did not reach anyone, so it does not count as an attempt.
-UNCLAIM = """
+UNCLAIM = f"""
 UPDATE tasks
    SET status = 'queued', attempts = greatest(attempts - 1, 0), lease_id = NULL,
        lease_expires_at = NULL, worker_id = NULL, updated_at = clock_timestamp()
@@ -160,17 +162,21 @@ MIGRATIONS_UNLOCK = "SELECT pg_advisory_unlock($1)"
 # matched back to request order. Items whose key already exists are skipped here and
 # looked up with GET_BY_IDEMPOTENCY_KEYS.
 ENQUEUE_BATCH = f"""
+WITH base AS (SELECT clock_timestamp() AS t)
 INSERT INTO tasks (id, runtime_id, priority, payload, max_attempts, run_at, expires_at,
                    idempotency_key, request_hash, created_at)
 SELECT i.id, $1, i.priority, i.payload::jsonb, i.max_attempts,
-       COALESCE(i.run_at, clock_timestamp()), i.expires_at, i.idempotency_key,
-       i.request_hash, clock_timestamp()
-  FROM unnest($2::uuid[], $3::int[], $4::text[], $5::int[], $6::timestamptz[],
+       COALESCE(i.run_at, base.t), i.expires_at, i.idempotency_key,
+       i.request_hash, base.t + (i.ord - 1) * interval '1 microsecond'
+  FROM base,
+       unnest($2::uuid[], $3::int[], $4::text[], $5::int[], $6::timestamptz[],
               $7::timestamptz[], $8::text[], $9::text[])
        WITH ORDINALITY
        AS i(id, priority, payload, max_attempts, run_at, expires_at, idempotency_key,
             request_hash, ord)
- ORDER BY i.ord
+ -- Keys in one order for every batch, so that two batches sharing keys wait for each
+ -- other instead of deadlocking; created_at keeps the request's order (FIFO).
+ ORDER BY i.idempotency_key NULLS LAST, i.ord
 ON CONFLICT (runtime_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING {TASK_COLUMNS}, request_hash
 """
@@ -189,6 +195,7 @@ UPDATE tasks
        finished_at = CASE WHEN status = 'queued' THEN clock_timestamp() ELSE finished_at END,
        updated_at = clock_timestamp()
  WHERE id = $1 AND status IN ('queued', 'claimed')
+   AND NOT (status = 'queued' AND expires_at IS NOT NULL AND expires_at <= clock_timestamp())
 RETURNING {TASK_COLUMNS}
 """
 
@@ -201,7 +208,9 @@ UPDATE tasks
        lease_id = NULL, lease_expires_at = NULL, worker_id = NULL,
        cancel_requested = false, finished_at = NULL, result = NULL,
        updated_at = clock_timestamp()
- WHERE id = $1 AND status IN ('dead', 'expired', 'cancelled')
+ WHERE id = $1
+   AND (status IN ('dead', 'expired', 'cancelled')
+        OR (status = 'queued' AND expires_at <= clock_timestamp()))
 RETURNING {TASK_COLUMNS}
 """
 
@@ -277,12 +286,15 @@ DELETE FROM tasks WHERE id IN (
 )
 """
 
-# Runtimes with a task claimable for at least a second: a loose index (skip) scan
-# over the claim index finds each queued runtime in one probe, then one probe of the
-# due index checks it has a due task. Cheap with many runtimes and many tasks.
+# One page of runtimes, after $2 in runtime_id order, with a task claimable for at
+# least a second: a loose index (skip) scan finds each queued runtime with one index
+# probe, then one probe checks it has a due, unexpired task. Cheap with many runtimes
+# and many tasks; the caller pages through all of them with the cursor.
 CLAIMABLE_RUNTIMES = """
 WITH RECURSIVE queued(runtime_id) AS (
-    (SELECT runtime_id FROM tasks WHERE status = 'queued' ORDER BY runtime_id LIMIT 1)
+    (SELECT runtime_id FROM tasks
+      WHERE status = 'queued' AND runtime_id > $2
+      ORDER BY runtime_id LIMIT 1)
     UNION ALL
     SELECT (SELECT t.runtime_id FROM tasks t
              WHERE t.status = 'queued' AND t.runtime_id > q.runtime_id
@@ -296,5 +308,6 @@ SELECT runtime_id FROM queued q
                 WHERE t.runtime_id = q.runtime_id AND t.status = 'queued'
                   AND t.run_at <= now() - interval '1 second'
                   AND (t.expires_at IS NULL OR t.expires_at > now()))
+ ORDER BY runtime_id
  LIMIT $1
 """

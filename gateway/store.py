@@ -127,19 +127,27 @@ class Store:
 
     async def claim(
         self, runtime_id: str, worker_ids: Sequence[str], lease_seconds: Sequence[float]
-    ) -> list[Row]:
-        """Lease up to len(worker_ids) tasks; row["slot"] (1-based) says whose each is."""
-        self._metrics.pg_claims.inc()
-        with self._metrics.claim_seconds.time():
-            rows = await self._run(
-                lambda c: c.fetch(q.CLAIM, runtime_id, list(worker_ids), list(lease_seconds))
-            )
-        self._metrics.tasks_claimed.inc(len(rows))
-        return sorted(rows, key=lambda r: r["slot"])
+    ) -> tuple[list[Row], float | None]:
+        """Lease up to len(worker_ids) tasks; row["slot"] (1-based) says whose each is.
 
-    async def next_due(self, runtime_id: str) -> datetime | None:
-        """The earliest future run_at among the runtime's queued tasks, if any."""
-        return await self._run(lambda c: c.fetchval(q.NEXT_DUE, runtime_id))
+        When fewer than wanted were found, also returns the seconds until the next
+        delayed task of the runtime comes due (None if none), measured from the scan's
+        own instant (same transaction), for the verdict's TTL (I4).
+        """
+        self._metrics.pg_claims.inc()
+
+        async def go(c: asyncpg.Connection) -> tuple[list[Row], float | None]:
+            async with c.transaction():
+                rows = await c.fetch(q.CLAIM, runtime_id, list(worker_ids), list(lease_seconds))
+                due_in = None
+                if len(rows) < len(worker_ids):
+                    due_in = await c.fetchval(q.NEXT_DUE, runtime_id)
+                return rows, due_in
+
+        with self._metrics.claim_seconds.time():
+            rows, due_in = await self._run(go)
+        self._metrics.tasks_claimed.inc(len(rows))
+        return sorted(rows, key=lambda r: r["slot"]), due_in
 
     async def unclaim(self, task_ids: Sequence[uuid.UUID]) -> list[Row]:
         """Give back leases that were never delivered; idempotent."""
@@ -306,8 +314,9 @@ class Store:
         )
         return int(status.split()[-1])
 
-    async def claimable_runtimes(self, limit: int) -> list[str]:
-        rows = await self._run(lambda c: c.fetch(q.CLAIMABLE_RUNTIMES, limit))
+    async def claimable_runtimes(self, limit: int, after: str = "") -> list[str]:
+        """Up to `limit` runtimes with a claimable task, in id order, after `after`."""
+        rows = await self._run(lambda c: c.fetch(q.CLAIMABLE_RUNTIMES, limit, after))
         return [r["runtime_id"] for r in rows]
 
     async def try_leadership(self, key: int) -> Leadership | None:

@@ -528,3 +528,9 @@ def test_enqueue_spelled_out_defaults_hash_like_omitted_ones() -> None:
     assert (
         enqueue({"payload": 1}).request_hash != enqueue({"payload": 1, "priority": 51}).request_hash
     )
+
+
+def test_format_time_pads_years_to_four_digits() -> None:
+    from datetime import UTC, datetime
+
+    assert models.format_time(datetime(999, 6, 1, tzinfo=UTC)) == "0999-06-01T00:00:00.000000Z"

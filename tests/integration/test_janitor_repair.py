@@ -1,0 +1,239 @@
+"""Verdict repair (I6): a version bump lost after the commit costs seconds, not a
+verdict TTL.
+
+A lost bump is made exactly: the task is inserted through `store.enqueue` without
+the `announce` that the enqueue route runs after the commit, on a runtime whose
+verdict already says empty. The verdict TTL is 60 s, so nothing but the janitor's
+repair can deliver the task within the bounds asserted here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from tests.harness import running_gateway
+from tests.integration.test_janitor_support import (
+    counter,
+    empty_verdict,
+    enqueue_without_bump,
+    execute,
+    first_pass_done,
+    janitor_settings,
+    migrate,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+
+EMPTY_TTL = 60.0
+
+
+@pytest.fixture
+async def db(fresh_database_url: str) -> str:
+    return await migrate(fresh_database_url)
+
+
+async def test_parked_poll_behind_a_lost_bump_gets_the_task_within_seconds(
+    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+) -> None:
+    cfg = janitor_settings(
+        db, redis_url, redis_prefix, janitor_interval_seconds=0.3, empty_ttl_seconds=EMPTY_TTL
+    )
+    async with running_gateway(cfg) as gw:
+        cache = gw.gateway.cache
+        await empty_verdict(gw, runtime_id)
+        task_id = await enqueue_without_bump(gw, runtime_id, {"job": "stranded"})
+        # The lost bump left a verdict that says empty while a task is claimable.
+        assert (await cache.read(runtime_id)).hit is True
+        repairs_before = counter(gw.gateway.metrics.repairs)
+
+        started = time.monotonic()
+        status, body = await gw.call(
+            "POST",
+            f"/v1/runtimes/{runtime_id}/claim",
+            {"worker_id": "w", "wait_seconds": 15, "lease_seconds": 30},
+        )
+        elapsed = time.monotonic() - started
+        assert status == 200, body
+        assert [t["id"] for t in body["tasks"]] == [task_id], f"after {elapsed:.2f}s: {body}"
+        assert elapsed < 3.0, f"the repair took {elapsed:.2f}s"
+        assert counter(gw.gateway.metrics.repairs) > repairs_before
+
+
+async def test_run_once_reports_the_repaired_runtime(
+    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+) -> None:
+    cfg = janitor_settings(db, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
+    async with running_gateway(cfg) as gw:
+        await first_pass_done(gw)
+        cache, janitor = gw.gateway.cache, gw.gateway.janitor
+        await empty_verdict(gw, runtime_id)
+        task_id = await enqueue_without_bump(gw, runtime_id, {"job": "stranded"})
+        await claimable_for_a_while(db, [task_id])
+        version = (await cache.read(runtime_id)).version
+        assert (await cache.read(runtime_id)).hit is True
+
+        report = await janitor.run_once()
+        assert report.repaired == [runtime_id], report
+        assert report.errors == []
+        assert counter(gw.gateway.metrics.repairs) == 1
+        after = await cache.read(runtime_id)
+        assert after.hit is False and after.version != version, "the repair bumps the version"
+        # Repaired once is enough: the verdict no longer says empty.
+        assert (await janitor.run_once()).repaired == []
+        [got] = await gw.claim(runtime_id, "w", wait_seconds=0)
+        assert got["id"] == task_id
+
+
+async def test_delayed_tasks_are_not_repaired_before_they_are_due(
+    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+) -> None:
+    """A runtime whose only queued task is not due yet is truly empty: its verdict is
+    right and must not be bumped. A runtime with a due task, in the same pass, is."""
+    delayed_rt, due_rt = f"{runtime_id}-delayed", f"{runtime_id}-due"
+    cfg = janitor_settings(db, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
+    async with running_gateway(cfg) as gw:
+        await first_pass_done(gw)
+        cache, janitor = gw.gateway.cache, gw.gateway.janitor
+        await empty_verdict(gw, delayed_rt)
+        await empty_verdict(gw, due_rt)
+        delayed_id = await enqueue_without_bump(gw, delayed_rt, {"job": 1}, delay_seconds=600)
+        due_id = await enqueue_without_bump(gw, due_rt, {"job": 2})
+        # Both rows were inserted a while ago; only one of them is due.
+        await claimable_for_a_while(db, [delayed_id, due_id])
+        delayed_version = (await cache.read(delayed_rt)).version
+
+        report = await janitor.run_once()
+        assert report.repaired == [due_rt], report
+        verdict = await cache.read(delayed_rt)
+        assert verdict.hit is True and verdict.version == delayed_version
+        assert counter(gw.gateway.metrics.repairs) == 1
+
+        # Once it comes due (and the verdict still says empty), it is repaired too.
+        await execute(
+            db,
+            "UPDATE tasks SET run_at = now() - interval '5 seconds' WHERE id = $1::uuid",
+            delayed_id,
+        )
+        assert (await janitor.run_once()).repaired == [delayed_rt]
+        [got] = await gw.claim(delayed_rt, "w", wait_seconds=0)
+        assert got["id"] == delayed_id
+
+
+async def test_expired_tasks_are_not_repaired(
+    db: str, redis_url: str, redis_prefix: str, runtime_id: str, monkeypatch: Any
+) -> None:
+    """A queued task past its expires_at is not claimable: no bump for it, even
+    while the expiry step has not marked it yet (here: it marks nothing)."""
+    cfg = janitor_settings(db, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
+    async with running_gateway(cfg) as gw:
+        await first_pass_done(gw)
+        await empty_verdict(gw, runtime_id)
+        task_id = await enqueue_without_bump(gw, runtime_id, {"job": 1}, ttl_seconds=3600)
+        await execute(
+            db,
+            "UPDATE tasks SET run_at = now() - interval '5 seconds', "
+            "expires_at = now() - interval '1 second' WHERE id = $1::uuid",
+            task_id,
+        )
+
+        async def expiry_not_yet(limit: int) -> int:
+            return 0
+
+        monkeypatch.setattr(gw.gateway.store, "expire_tasks", expiry_not_yet)
+        report = await gw.gateway.janitor.run_once()
+        assert report.repaired == [], report
+        assert (await gw.gateway.cache.read(runtime_id)).hit is True
+
+
+async def test_repair_reaches_runtimes_beyond_one_batch(
+    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+) -> None:
+    """Busy runtimes with a healthy backlog (their bumps were not lost) must not hide a
+    stranded one from the repair. Batch size 2, three busy runtimes sorted before the
+    stranded one: within a few passes the stranded runtime is repaired."""
+    cfg = janitor_settings(
+        db, redis_url, redis_prefix, janitor_batch_size=2, empty_ttl_seconds=EMPTY_TTL
+    )
+    async with running_gateway(cfg) as gw:
+        await first_pass_done(gw)
+        stranded = f"{runtime_id}-z-stranded"
+        busy = [f"{runtime_id}-a-busy{i}" for i in range(3)]
+        for rt in busy:
+            await gw.enqueue(rt, {"backlog": rt})  # announced as usual: no stale verdict
+        await empty_verdict(gw, stranded)
+        task_id = await enqueue_without_bump(gw, stranded, {"job": "stranded"})
+        await execute(db, "UPDATE tasks SET run_at = now() - interval '5 seconds'")
+        assert task_id
+
+        repaired: list[str] = []
+        for _ in range(5):
+            repaired += (await gw.gateway.janitor.run_once()).repaired
+        assert stranded in repaired, repaired
+
+
+async def claimable_for_a_while(db: str, task_ids: list[Any]) -> None:
+    """Move the rows' creation (and run_at, for due rows) a few seconds into the past:
+    the repair leaves alone tasks that became claimable less than a second ago, whose
+    bump may still be on its way. Delayed rows keep their future run_at."""
+    await execute(
+        db,
+        "UPDATE tasks SET created_at = created_at - interval '5 seconds', "
+        "run_at = CASE WHEN run_at <= now() THEN run_at - interval '5 seconds' ELSE run_at END "
+        "WHERE id = ANY($1::uuid[])",
+        [str(t) for t in task_ids],
+    )
+
+
+async def test_bump_lost_to_a_real_redis_fault_is_repaired(
+    db: str, redis_process: Any, runtime_id: str, redis_prefix: str
+) -> None:
+    """End to end with a real fault: Redis pauses writes (CLIENT PAUSE WRITE) while a
+    task is enqueued over HTTP. The enqueue still succeeds (I5), its bump times out
+    and is lost, and when Redis is back the verdict still says empty. The parked poll
+    gets the task from the repair, seconds later, not after the 60 s verdict TTL."""
+    cfg = janitor_settings(
+        db,
+        redis_process.url,
+        redis_prefix,
+        janitor_interval_seconds=0.3,
+        empty_ttl_seconds=EMPTY_TTL,
+    )
+    admin = aioredis.Redis.from_url(redis_process.url, socket_timeout=5)
+    try:
+        async with running_gateway(cfg) as gw:
+            metrics, cache = gw.gateway.metrics, gw.gateway.cache
+            await empty_verdict(gw, runtime_id)
+            polling = asyncio.create_task(
+                gw.call(
+                    "POST",
+                    f"/v1/runtimes/{runtime_id}/claim",
+                    {"worker_id": "w", "wait_seconds": 15, "lease_seconds": 30},
+                )
+            )
+            await wait_until(lambda: gw.gateway.claimer.parked(runtime_id) == 1, 2.0, "a poll")
+
+            await admin.execute_command("CLIENT", "PAUSE", "5000", "WRITE")
+            try:
+                started = time.monotonic()
+                task = await gw.enqueue(runtime_id, {"job": "enqueued during the fault"})
+                assert time.monotonic() - started < 2.0, "the enqueue waited on Redis"
+            finally:
+                await admin.execute_command("CLIENT", "UNPAUSE")
+            assert counter(metrics.bumps, "error") == 1, "the bump was not lost"
+            assert (await cache.read(runtime_id)).hit is True, "the verdict was not stale"
+            assert not polling.done()
+
+            status, body = await asyncio.wait_for(polling, 10)
+            elapsed = time.monotonic() - started
+            assert status == 200, body
+            assert [t["id"] for t in body["tasks"]] == [task["id"]], body
+            assert elapsed < 3.0, f"the stranded task took {elapsed:.2f}s"
+            assert counter(metrics.repairs) >= 1
+    finally:
+        await admin.aclose()

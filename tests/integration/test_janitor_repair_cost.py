@@ -1,0 +1,111 @@
+"""The repair pass's query stays cheap with many runtimes and many finished rows: it
+walks the claim index (a loose index scan) instead of reading the table.
+
+Runs on the session's shared database with runtime ids of its own, removed after.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from gateway import queries as q
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+RUNTIMES = 300
+ROWS_PER_RUNTIME = 50
+# How many of each runtime's rows are finished (completed, then one dead); of the
+# rest, the last is queued for later and the others are queued and due.
+FINISHED = {"mostly_finished": 48, "backlog": 10}
+
+
+@pytest.fixture(params=list(FINISHED))
+async def populated(
+    database_url: str, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[asyncpg.Connection, str, str]]:
+    shape = request.param
+    finished = FINISHED[shape]
+    prefix = "jcost" + secrets.token_hex(4)
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            """
+            INSERT INTO tasks (runtime_id, status, payload, attempts, run_at, created_at,
+                               finished_at)
+            SELECT $1 || '-' || lpad(r::text, 3, '0'),
+                   CASE WHEN k < $4 THEN 'completed'
+                        WHEN k = $4 THEN 'dead'
+                        ELSE 'queued' END,
+                   '{}'::jsonb,
+                   CASE WHEN k <= $4 THEN 1 ELSE 0 END,
+                   CASE WHEN k = $3 THEN now() + interval '1 hour'
+                        ELSE now() - interval '1 hour' END,
+                   now() - interval '2 hours' + k * interval '1 second',
+                   CASE WHEN k <= $4 THEN now() - interval '1 hour' END
+              FROM generate_series(1, $2::int) AS r, generate_series(1, $3::int) AS k
+            """,
+            prefix,
+            RUNTIMES,
+            ROWS_PER_RUNTIME,
+            finished,
+        )
+        await conn.execute("ANALYZE tasks")
+        yield conn, prefix, shape
+    finally:
+        await conn.execute("DELETE FROM tasks WHERE runtime_id LIKE $1", prefix + "-%")
+        await conn.close()
+
+
+def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+async def test_claimable_runtimes_uses_the_queued_indexes_not_the_table(
+    populated: tuple[asyncpg.Connection, str, str],
+) -> None:
+    """No Seq Scan on tasks, whatever the shape of the data; every scan of tasks goes
+    through one of the partial indexes over queued rows. With mostly finished rows
+    the planner probes the claim index (tasks_claim_idx); with a large backlog it may
+    use only the due index, which is as cheap."""
+    conn, prefix, shape = populated
+    raw = await conn.fetchval("EXPLAIN (FORMAT JSON) " + q.CLAIMABLE_RUNTIMES, 1000, "")
+    plan = json.loads(raw) if isinstance(raw, str) else raw
+    shown = json.dumps(plan, indent=1)
+    nodes = list(plan_nodes(plan[0]["Plan"]))
+    on_tasks = [n for n in nodes if n.get("Relation Name") == "tasks"]
+    assert on_tasks, shown
+    assert [n for n in on_tasks if n["Node Type"] == "Seq Scan"] == [], shown
+    indexes = {n.get("Index Name") for n in nodes if "Index Name" in n}
+    assert indexes <= {"tasks_claim_idx", "tasks_due_idx"}, (indexes, shown)
+    if shape == "mostly_finished":
+        assert "tasks_claim_idx" in indexes, shown
+
+    # And it answers right: every one of our runtimes has a due task.
+    found = sorted(
+        r["runtime_id"]
+        for r in await conn.fetch(q.CLAIMABLE_RUNTIMES, 100_000, "")
+        if r["runtime_id"].startswith(prefix + "-")
+    )
+    assert found == [f"{prefix}-{i:03d}" for i in range(1, RUNTIMES + 1)]
+
+
+async def test_claimable_runtimes_skips_runtimes_with_only_delayed_tasks(
+    populated: tuple[asyncpg.Connection, str, str],
+) -> None:
+    conn, prefix, _shape = populated
+    first = f"{prefix}-001"
+    await conn.execute(
+        "DELETE FROM tasks WHERE runtime_id = $1 AND status = 'queued' AND run_at <= now()",
+        first,
+    )
+    found = {r["runtime_id"] for r in await conn.fetch(q.CLAIMABLE_RUNTIMES, 100_000, "")}
+    assert first not in found
+    assert f"{prefix}-002" in found

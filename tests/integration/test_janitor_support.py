@@ -1,0 +1,134 @@
+"""Helpers shared by the janitor tests (tests/integration/test_janitor_*.py).
+
+This module holds no tests. The janitor works on the whole task table, not on one
+runtime, so most janitor tests run against a freshly migrated database of their own
+(`migrated_database`): a pass's counts (`PassReport.reclaimed`, `.expired`, `.purged`,
+`.repaired`) are then exact, and leadership (a per-database advisory lock) is not
+shared with other tests' gateways.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+
+from gateway.migrate import apply_migrations
+from gateway.models import parse_enqueue
+from gateway.settings import Settings
+from tests.harness import Instance, make_settings
+
+# A janitor interval long enough that the loop's first pass (run at start) is the only
+# background one during a test; the test then drives `run_once()` itself.
+JANITOR_OFF = 3600.0
+
+
+async def migrate(url: str) -> str:
+    """Apply the schema to an empty database; returns the URL."""
+    await apply_migrations(url, log=lambda _line: None)
+    return url
+
+
+def janitor_settings(database_url: str, redis_url: str, prefix: str, **overrides: Any) -> Settings:
+    """Gateway settings with the background janitor effectively off unless overridden."""
+    values: dict[str, Any] = {"janitor_interval_seconds": JANITOR_OFF}
+    values.update(overrides)
+    return make_settings(database_url, redis_url, prefix, **values)
+
+
+async def wait_until(
+    predicate: Callable[[], bool], within: float, what: str, interval: float = 0.01
+) -> float:
+    """Poll `predicate` until true, failing the test after `within` seconds; returns
+    the monotonic time it became true."""
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within:.1f}s waiting for {what}")
+        await asyncio.sleep(interval)
+    return time.monotonic()
+
+
+async def first_pass_done(inst: Instance) -> None:
+    """Wait until the background loop holds leadership and its first pass is over, so
+    that a test's own `run_once()` calls are the only passes that follow."""
+    janitor = inst.gateway.janitor
+    await wait_until(lambda: janitor.is_leader, 5.0, "the janitor to take leadership")
+    await asyncio.sleep(0.2)  # the first pass, on an empty table, takes milliseconds
+
+
+def counter(metric: Any, *labels: str) -> float:
+    """The current value of a prometheus counter or gauge."""
+    if labels:
+        metric = metric.labels(*labels)
+    return float(metric._value.get())
+
+
+async def execute(url: str, query: str, *args: Any) -> str:
+    conn = await asyncpg.connect(url)
+    try:
+        return await conn.execute(query, *args)
+    finally:
+        await conn.close()
+
+
+async def fetch(url: str, query: str, *args: Any) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(url)
+    try:
+        return list(await conn.fetch(query, *args))
+    finally:
+        await conn.close()
+
+
+async def row_of(url: str, task_id: str) -> asyncpg.Record:
+    rows = await fetch(url, "SELECT * FROM tasks WHERE id = $1::uuid", task_id)
+    assert len(rows) == 1, f"task {task_id} is gone"
+    return rows[0]
+
+
+async def wait_lapsed(url: str, task_ids: list[str], within: float = 5.0) -> None:
+    """Wait until Postgres sees every one of these leases as expired."""
+    deadline = time.monotonic() + within
+    while True:
+        rows = await fetch(
+            url,
+            "SELECT count(*) AS n FROM tasks WHERE id = ANY($1::uuid[]) "
+            "AND status = 'claimed' AND lease_expires_at < now()",
+            task_ids,
+        )
+        if rows[0]["n"] == len(task_ids):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"leases of {task_ids} did not lapse within {within}s")
+        await asyncio.sleep(0.05)
+
+
+async def call_ok(inst: Instance, method: str, path: str, body: Any = None) -> Any:
+    status, data = await inst.call(method, path, body)
+    assert status == 200, (status, data)
+    return data
+
+
+async def empty_verdict(inst: Instance, runtime: str, within: float = 3.0) -> None:
+    """Make the runtime's verdict say empty: a claim that waits 0 s on a runtime with
+    nothing claimable writes it. The answer can come back before the verdict is
+    written, so wait for the hit."""
+    assert await inst.claim(runtime, "verdict-maker", wait_seconds=0) == []
+    cache = inst.gateway.cache
+    deadline = time.monotonic() + within
+    while not (await cache.read(runtime)).hit:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no empty verdict for {runtime} within {within}s")
+        await asyncio.sleep(0.02)
+
+
+async def enqueue_without_bump(inst: Instance, runtime: str, payload: Any, **fields: Any) -> str:
+    """Insert a task the way the enqueue route does, minus `announce`: exactly what a
+    version bump lost to a Redis fault after the commit leaves behind. Returns its id."""
+    req = parse_enqueue({"payload": payload, **fields}, None, 1_000_000)
+    row, created = await inst.gateway.store.enqueue(runtime, req)
+    assert created
+    return str(row["id"])
