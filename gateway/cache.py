@@ -93,6 +93,10 @@ class CircuitBreaker:
         self._open_until = 0.0
 
     @property
+    def consecutive_failures(self) -> int:
+        return self._errors
+
+    @property
     def is_open(self) -> bool:
         return self._errors >= self.failures and self._clock() < self._open_until
 
@@ -153,6 +157,12 @@ class VerdictCache:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+    @property
+    def healthy(self) -> bool:
+        """False after a failed call, until one succeeds: bumps (and their wake-ups)
+        may be getting lost meanwhile."""
+        return self.breaker.consecutive_failures == 0
 
     def keys(self, runtime_id: str) -> Keys:
         return keys_for(self.prefix, runtime_id)

@@ -218,11 +218,18 @@ class Claimer:
         finally:
             state.pump = None
 
-    def _park_seconds(self, verdict_ttl: float | None) -> float:
-        """How long the pump sleeps without a wake-up. Without a healthy pub/sub
-        connection wake-ups may be lost, so it polls instead (I5)."""
+    def _park_seconds(self, state: RuntimeState, verdict_ttl: float | None) -> float:
+        """How long the pump sleeps without a wake-up. Wake-ups may be lost when this
+        runtime's subscription is not confirmed, or when Redis is failing (other
+        instances' bumps and publishes fail too): then it polls Postgres instead (I5)."""
         park = verdict_ttl if verdict_ttl is not None else self._settings.empty_ttl_seconds
-        if self._subscriber is None or not self._subscriber.healthy or self._cache is None:
+        reliable = (
+            self._subscriber is not None
+            and self._subscriber.confirmed(state.channel)
+            and self._cache is not None
+            and self._cache.healthy
+        )
+        if not reliable:
             park = min(park, self._settings.degraded_poll_seconds)
         return max(park, 0.001)
 
@@ -243,7 +250,7 @@ class Claimer:
                     for waiter in arrived:
                         waiter.checked = True
                         waiter.event.set()
-                    return self._park_seconds(verdict.ttl_seconds)
+                    return self._park_seconds(state, verdict.ttl_seconds)
                 version = verdict.version
         waiters = _unserved(state)
         if not waiters:
@@ -267,7 +274,7 @@ class Claimer:
         await self._hand_out(runtime_id, waiters, owners, rows)
         if len(rows) == len(owners):
             return None  # every slot filled: there may be more work for newer waiters
-        return await self._record_empty(runtime_id, version, due_in)
+        return await self._record_empty(state, version, due_in)
 
     async def _hand_out(
         self, runtime_id: str, waiters: list[Waiter], owners: list[Waiter], rows: list[Row]
@@ -296,7 +303,7 @@ class Claimer:
                 await self.announce(runtime_id)
 
     async def _record_empty(
-        self, runtime_id: str, version: str | None, due_in: float | None
+        self, state: RuntimeState, version: str | None, due_in: float | None
     ) -> float:
         """The scan found fewer tasks than wanted: write the verdict under the version
         read before the scan (I2), never outliving the next due task (I4)."""
@@ -305,8 +312,8 @@ class Claimer:
             ttl = min(ttl, due_in)
         if version is not None and self._cache is not None:
             with contextlib.suppress(CacheUnavailable):
-                await self._cache.write_empty(runtime_id, version, ttl)
-        return self._park_seconds(ttl)
+                await self._cache.write_empty(state.runtime_id, version, ttl)
+        return self._park_seconds(state, ttl)
 
     @contextlib.asynccontextmanager
     async def _admission(self) -> AsyncIterator[None]:

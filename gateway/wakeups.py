@@ -60,6 +60,12 @@ class Subscriber:
         """True while the connection is up and confirmed; parked polls may then rely on it."""
         return self._connected.is_set()
 
+    def confirmed(self, channel: str) -> bool:
+        """True when Redis has confirmed our subscription to `channel` on the live
+        connection: a wake-up published now will reach us."""
+        event = self._wanted.get(channel)
+        return self.healthy and event is not None and event.is_set()
+
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="gateway-pubsub")
 
@@ -78,16 +84,18 @@ class Subscriber:
         event = self._wanted.get(channel)
         if event is None:
             event = self._wanted[channel] = asyncio.Event()
-            if self._pubsub is not None:
-                try:
-                    await self._pubsub.subscribe(channel)
-                except Exception as exc:  # the reader notices and reconnects
-                    log.debug("subscribe to %s failed: %r", channel, exc)
         if event.is_set():
             return True
-        if not self.healthy:
-            # Down or reconnecting: do not make the poll wait. Its pump polls until the
-            # connection is back, and the reconnect then wakes every waiter.
+        if not self.healthy or self._pubsub is None:
+            # Down or reconnecting: do not make the poll wait. The reconnect subscribes
+            # every wanted channel; meanwhile the runtime's pump polls Postgres.
+            return False
+        try:
+            # Bounded: sending can hang on a server that accepts but never answers.
+            async with asyncio.timeout(self._timeout * 4):
+                await self._pubsub.subscribe(channel)
+        except Exception as exc:  # the reader notices and reconnects
+            log.debug("subscribe to %s failed: %r", channel, exc)
             return False
         try:
             async with asyncio.timeout(self._timeout * 4):
@@ -99,13 +107,15 @@ class Subscriber:
     async def unsubscribe(self, channel: str) -> None:
         if self._wanted.pop(channel, None) is not None and self._pubsub is not None:
             with contextlib.suppress(Exception):
-                await self._pubsub.unsubscribe(channel)
+                async with asyncio.timeout(self._timeout * 4):
+                    await self._pubsub.unsubscribe(channel)
 
     async def _close_pubsub(self) -> None:
         pubsub, self._pubsub = self._pubsub, None
         if pubsub is not None:
             with contextlib.suppress(Exception):
-                await pubsub.aclose()
+                async with asyncio.timeout(self._timeout * 4):
+                    await pubsub.aclose()
 
     async def _run(self) -> None:
         delay = 0.05
@@ -118,9 +128,14 @@ class Subscriber:
                 if self._connected.is_set():
                     log.warning("pub/sub connection lost (%r); reconnecting", exc)
                 self._metrics.subscriber_reconnects.inc()
+            was_connected = self._connected.is_set()
             self._connected.clear()
             for event in self._wanted.values():
                 event.clear()
+            if was_connected:
+                # Parked polls were relying on wake-ups that can no longer arrive: wake
+                # them so that they re-check and switch to polling Postgres (I5).
+                self._on_reset()
             await self._close_pubsub()
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
@@ -168,6 +183,7 @@ class Subscriber:
             if ping_outstanding and now - last_ping > max(self._timeout * 4, 1.0):
                 raise ConnectionError(f"no answer to PING within {now - last_ping:.1f}s")
             if not ping_outstanding and now - last_pong >= self._ping_interval:
-                await self._pubsub.ping()
+                async with asyncio.timeout(self._timeout * 4):
+                    await self._pubsub.ping()
                 last_ping = now
                 ping_outstanding = True
