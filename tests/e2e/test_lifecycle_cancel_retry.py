@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 import pytest_asyncio
 
-from tests.e2e.test_lifecycle_support import (
+from tests.e2e.lifecycle_support import (
     assert_problem,
     claim,
     claim_one,

@@ -8,7 +8,7 @@ import secrets
 import pytest
 import pytest_asyncio
 
-from tests.e2e.test_lifecycle_support import (
+from tests.e2e.lifecycle_support import (
     all_tasks,
     assert_problem,
     claim,

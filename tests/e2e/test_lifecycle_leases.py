@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 import pytest_asyncio
 
-from tests.e2e.test_lifecycle_support import (
+from tests.e2e.lifecycle_support import (
     RANDOM_LEASE,
     UNKNOWN_TASK,
     UUID_RE,

@@ -9,7 +9,7 @@ import time
 import pytest
 import pytest_asyncio
 
-from tests.e2e.test_lifecycle_support import (
+from tests.e2e.lifecycle_support import (
     STATUSES,
     UNKNOWN_TASK,
     all_tasks,

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import pytest_asyncio
 
-from tests.e2e.test_lifecycle_support import (
+from tests.e2e.lifecycle_support import (
     TIME_RE,
     UUID_RE,
     all_tasks,

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 
 from gateway.cache import keys_for
 from tests.harness import Instance, running_gateway
-from tests.integration.test_janitor_support import (
+from tests.integration.janitor_support import (
     first_pass_done,
     janitor_settings,
     migrate,

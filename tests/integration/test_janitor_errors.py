@@ -11,7 +11,7 @@ import pytest
 
 from gateway.errors import StoreUnavailable
 from tests.harness import Instance, running_gateway
-from tests.integration.test_janitor_support import (
+from tests.integration.janitor_support import (
     counter,
     empty_verdict,
     enqueue_without_bump,

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.janitor import LOCK_KEY
 from tests.harness import Instance, running_gateway
-from tests.integration.test_janitor_support import (
+from tests.integration.janitor_support import (
     counter,
     janitor_settings,
     migrate,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.harness import running_gateway
-from tests.integration.test_janitor_support import (
+from tests.integration.janitor_support import (
     call_ok,
     counter,
     first_pass_done,

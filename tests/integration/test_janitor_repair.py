@@ -17,7 +17,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.harness import running_gateway
-from tests.integration.test_janitor_support import (
+from tests.integration.janitor_support import (
     counter,
     empty_verdict,
     enqueue_without_bump,

@@ -15,7 +15,7 @@ import pytest
 
 from gateway import janitor as janitor_module
 from tests.harness import Instance, running_gateway
-from tests.integration.test_janitor_support import (
+from tests.integration.janitor_support import (
     call_ok,
     counter,
     execute,
