@@ -195,8 +195,7 @@ class Claimer:
             return
         del self._states[state.runtime_id]
         if self._subscriber is not None:
-            task = asyncio.ensure_future(self._subscriber.unsubscribe(state.channel))
-            task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+            self._subscriber.unsubscribe(state.channel)
 
     async def _pump(self, state: RuntimeState) -> None:
         try:

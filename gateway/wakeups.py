@@ -54,6 +54,7 @@ class Subscriber:
         self._connected = asyncio.Event()
         self._stopping = False
         self._ever_connected = False
+        self._background: set[asyncio.Future[None]] = set()
 
     @property
     def healthy(self) -> bool:
@@ -104,11 +105,20 @@ class Subscriber:
             return False
         return True
 
-    async def unsubscribe(self, channel: str) -> None:
-        if self._wanted.pop(channel, None) is not None and self._pubsub is not None:
+    def unsubscribe(self, channel: str) -> None:
+        """Stop wanting `channel` now; the UNSUBSCRIBE is sent in the background. If a
+        new poll wants it again before that lands, the reader subscribes once more."""
+        if self._wanted.pop(channel, None) is None or self._pubsub is None:
+            return
+        pubsub = self._pubsub
+
+        async def send() -> None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(self._timeout * 4):
-                    await self._pubsub.unsubscribe(channel)
+                    await pubsub.unsubscribe(channel)
+
+        self._background.add(task := asyncio.ensure_future(send()))
+        task.add_done_callback(self._background.discard)
 
     async def _close_pubsub(self) -> None:
         pubsub, self._pubsub = self._pubsub, None
@@ -137,8 +147,9 @@ class Subscriber:
                 # them so that they re-check and switch to polling Postgres (I5).
                 self._on_reset()
             await self._close_pubsub()
+            # Back off while it keeps failing; a connection that came up starts over.
+            delay = 0.05 if was_connected else min(delay * 2, 2.0)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
         # not reached while running; cancellation ends the loop
 
     async def _serve(self) -> None:
@@ -177,6 +188,12 @@ class Subscriber:
                             # Bumps may have been published while we were not
                             # subscribed: every waiter re-checks (I8).
                             self._on_reset()
+                elif kind == "unsubscribe" and channel in self._wanted:
+                    # An unsubscribe for a runtime that was forgotten raced a new poll
+                    # that wants it again: subscribe once more.
+                    self._wanted[channel].clear()
+                    async with asyncio.timeout(self._timeout * 4):
+                        await self._pubsub.subscribe(channel)
                 elif kind == "pong":
                     last_pong = now
                     ping_outstanding = False

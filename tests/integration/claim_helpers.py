@@ -1,0 +1,138 @@
+"""Helpers shared by the claim-path integration tests (tests/integration/test_claim_*.py).
+
+They read the app's own Prometheus counters, wait for a runtime's pollers to settle,
+time claim requests, and read task rows straight from Postgres.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from tests.harness import Instance
+
+
+def counter(metric: Any, *labels: str) -> float:
+    """The current value of a prometheus counter (or gauge), optionally by labels."""
+    if labels:
+        metric = metric.labels(*labels)
+    return float(metric._value.get())
+
+
+def pg_claims(inst: Instance) -> float:
+    return counter(inst.gateway.metrics.pg_claims)
+
+
+def verdict_hits(inst: Instance) -> float:
+    return counter(inst.gateway.metrics.verdict_checks, "hit")
+
+
+def activity(inst: Instance) -> tuple[float, ...]:
+    """Everything that moves while a pump is working: claims and verdict reads."""
+    checks = inst.gateway.metrics.verdict_checks
+    return (
+        pg_claims(inst),
+        counter(checks, "hit"),
+        counter(checks, "miss"),
+        counter(checks, "error"),
+    )
+
+
+async def wait_until(
+    predicate: Callable[[], bool], within: float, what: str, interval: float = 0.01
+) -> None:
+    """Poll `predicate` until it is true; fail the test after `within` seconds."""
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within:.1f}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+async def wait_quiet(inst: Instance, quiet: float = 0.3, within: float = 5.0) -> None:
+    """Wait until the instance's claim activity has not moved for `quiet` seconds:
+    every parked poll has been checked and the runtime's pump is asleep."""
+    deadline = time.monotonic() + within
+    last = activity(inst)
+    since = time.monotonic()
+    while time.monotonic() - since < quiet:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"claim activity did not settle within {within:.1f}s")
+        await asyncio.sleep(0.02)
+        now = activity(inst)
+        if now != last:
+            last, since = now, time.monotonic()
+
+
+async def wait_parked(inst: Instance, runtime: str, n: int, within: float = 5.0) -> None:
+    """Wait until `n` polls are parked for `runtime` on `inst` and the pump is idle."""
+    claimer = inst.gateway.claimer
+    await wait_until(lambda: claimer.parked(runtime) == n, within, f"{n} parked polls")
+    await wait_quiet(inst, within=within)
+    assert claimer.parked(runtime) == n
+
+
+@dataclass
+class Poll:
+    """One timed claim request."""
+
+    status: int
+    body: Any
+    started: float
+    answered: float
+
+    @property
+    def tasks(self) -> list[dict[str, Any]]:
+        assert self.status == 200, self.body
+        return list(self.body["tasks"])
+
+    @property
+    def elapsed(self) -> float:
+        return self.answered - self.started
+
+
+async def poll(inst: Instance, runtime: str, worker: str = "w", **fields: Any) -> Poll:
+    """POST /claim and time it (monotonic clock)."""
+    started = time.monotonic()
+    status, body = await inst.call(
+        "POST", f"/v1/runtimes/{runtime}/claim", {"worker_id": worker, **fields}
+    )
+    return Poll(status, body, started, time.monotonic())
+
+
+async def timed_enqueue(inst: Instance, runtime: str, payload: Any = None) -> tuple[dict, float]:
+    """Enqueue through the HTTP API; returns (task, monotonic time the request was sent)."""
+    sent = time.monotonic()
+    task = await inst.enqueue(runtime, payload)
+    return task, sent
+
+
+async def get_task(inst: Instance, task_id: str) -> dict[str, Any]:
+    status, body = await inst.call("GET", f"/v1/tasks/{task_id}")
+    assert status == 200, body
+    return dict(body)
+
+
+async def task_rows(database_url: str, runtime: str) -> list[asyncpg.Record]:
+    """Every task row of a runtime, straight from Postgres."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        return list(
+            await conn.fetch(
+                "SELECT id, status, attempts, lease_id FROM tasks WHERE runtime_id = $1", runtime
+            )
+        )
+    finally:
+        await conn.close()
+
+
+async def cancel_all(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel client requests (the server sees the disconnect) and wait for them."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
