@@ -72,9 +72,8 @@ async def test_claimable_runtimes_uses_the_queued_indexes_not_the_table(
     populated: tuple[asyncpg.Connection, str, str],
 ) -> None:
     """No Seq Scan on tasks, whatever the shape of the data; every scan of tasks goes
-    through one of the partial indexes over queued rows. With mostly finished rows
-    the planner probes the claim index (tasks_claim_idx); with a large backlog it may
-    use only the due index, which is as cheap."""
+    through one of the partial indexes over queued rows (tasks_claim_idx or
+    tasks_due_idx, equally cheap)."""
     conn, prefix, shape = populated
     raw = await conn.fetchval("EXPLAIN (FORMAT JSON) " + q.CLAIMABLE_RUNTIMES, 1000, "")
     plan = json.loads(raw) if isinstance(raw, str) else raw
@@ -84,9 +83,9 @@ async def test_claimable_runtimes_uses_the_queued_indexes_not_the_table(
     assert on_tasks, shown
     assert [n for n in on_tasks if n["Node Type"] == "Seq Scan"] == [], shown
     indexes = {n.get("Index Name") for n in nodes if "Index Name" in n}
-    assert indexes <= {"tasks_claim_idx", "tasks_due_idx"}, (indexes, shown)
-    if shape == "mostly_finished":
-        assert "tasks_claim_idx" in indexes, shown
+    # Both are partial indexes over queued rows led by runtime_id; which one the
+    # planner picks depends on the data and the Postgres version.
+    assert indexes and indexes <= {"tasks_claim_idx", "tasks_due_idx"}, (indexes, shown)
 
     # And it answers right: every one of our runtimes has a due task.
     found = sorted(
