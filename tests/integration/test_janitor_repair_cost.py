@@ -74,7 +74,7 @@ async def test_claimable_runtimes_uses_the_queued_indexes_not_the_table(
     """No Seq Scan on tasks, whatever the shape of the data; every scan of tasks goes
     through one of the partial indexes over queued rows (tasks_claim_idx or
     tasks_due_idx, equally cheap)."""
-    conn, prefix, shape = populated
+    conn, prefix, _shape = populated
     raw = await conn.fetchval("EXPLAIN (FORMAT JSON) " + q.CLAIMABLE_RUNTIMES, 1000, "")
     plan = json.loads(raw) if isinstance(raw, str) else raw
     shown = json.dumps(plan, indent=1)
