@@ -6,13 +6,13 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
-import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .routes import ROUTES
+from .errors import BadRequest, GatewayError, MethodNotAllowed, NotFound
+from .routes import ROUTES, problem_response
 from .runtime import Gateway
 from .settings import Settings
 
@@ -22,36 +22,16 @@ log = logging.getLogger("gateway.http")
 async def _http_exception(request: Request, exc: Exception) -> Response:
     """Unknown paths and methods answer problem+json like every other error."""
     assert isinstance(exc, HTTPException)
-    codes = {404: "not_found", 405: "method_not_allowed"}
-    body = {
-        "type": "about:blank",
-        "title": exc.detail,
-        "status": exc.status_code,
-        "detail": f"{request.method} {request.url.path}: {exc.detail}",
-        "code": codes.get(exc.status_code, "http_error"),
-    }
-    return Response(
-        orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE),
-        exc.status_code,
-        exc.headers,
-        media_type="application/problem+json",
-    )
+    kind = {404: NotFound, 405: MethodNotAllowed}.get(exc.status_code, BadRequest)
+    error = kind(f"{request.method} {request.url.path}: {exc.detail}")
+    return problem_response(error, exc.headers)
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
     """A bug, not bad input: log it with its traceback, answer problem+json 500."""
     log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    body = {
-        "type": "about:blank",
-        "title": "Internal error",
-        "status": 500,
-        "detail": "the gateway failed to handle this request; the error is in its log",
-        "code": "internal_error",
-    }
-    return Response(
-        orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE),
-        500,
-        media_type="application/problem+json",
+    return problem_response(
+        GatewayError("the gateway failed to handle this request; the error is in its log")
     )
 
 

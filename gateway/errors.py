@@ -60,6 +60,10 @@ class NotFound(GatewayError):
     code = "not_found"
 
 
+class MethodNotAllowed(GatewayError):
+    code = "method_not_allowed"
+
+
 class LeaseLost(GatewayError):
     """The lease_id given is not the task's current lease (I7)."""
 
@@ -106,6 +110,7 @@ PROBLEMS: dict[type[GatewayError], tuple[int, str]] = {
     Unauthorized: (401, "Unauthorized"),
     Forbidden: (403, "Forbidden"),
     NotFound: (404, "Not found"),
+    MethodNotAllowed: (405, "Method not allowed"),
     LeaseLost: (409, "Lease lost"),
     Conflict: (409, "Conflict"),
     PayloadTooLarge: (413, "Payload too large"),

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -35,15 +35,16 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
     )
 
 
-def problem_response(error: GatewayError) -> Response:
+def problem_response(error: GatewayError, headers: Mapping[str, str] | None = None) -> Response:
+    """RFC 9457 problem+json for any gateway error, status from errors.PROBLEMS."""
     status, body = problem_for(error)
-    headers = {}
+    out = dict(headers or {})
     if status == 429:
-        headers["Retry-After"] = str(body.get("retry_after_seconds", 1))
+        out["Retry-After"] = str(body.get("retry_after_seconds", 1))
     return Response(
         orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE),
         status,
-        headers,
+        out,
         media_type="application/problem+json",
     )
 

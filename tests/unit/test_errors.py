@@ -13,6 +13,7 @@ EXPECTED: list[tuple[type[GatewayError], int, str, str]] = [
     (errors.Unauthorized, 401, "unauthorized", "Unauthorized"),
     (errors.Forbidden, 403, "forbidden", "Forbidden"),
     (errors.NotFound, 404, "not_found", "Not found"),
+    (errors.MethodNotAllowed, 405, "method_not_allowed", "Method not allowed"),
     (errors.LeaseLost, 409, "lease_lost", "Lease lost"),
     (errors.Conflict, 409, "invalid_state", "Conflict"),
     (errors.PayloadTooLarge, 413, "payload_too_large", "Payload too large"),
