@@ -252,3 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     _setup_logging(args.log_level)
     raise SystemExit(args.func(args))
+
+
+if __name__ == "__main__":
+    main()
