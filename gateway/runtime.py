@@ -14,7 +14,6 @@ from .claim import Claimer
 from .errors import ConfigError, GatewayError
 from .janitor import Janitor
 from .metrics import Metrics
-from .migrate import schema_is_current
 from .settings import Settings
 from .store import Store
 from .wakeups import Subscriber
@@ -96,7 +95,7 @@ class Gateway:
         if self.claimer.draining:
             return ["shutting down"]
         try:
-            current = await self.store.run_with_connection(schema_is_current)
+            current = await self.store.schema_is_current()
         except GatewayError as exc:
             return [f"database: {exc.detail}"]
         if not current:

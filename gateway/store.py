@@ -17,6 +17,7 @@ import orjson
 from . import queries as q
 from .errors import Conflict, IdempotencyKeyReused, LeaseLost, NotFound, StoreUnavailable
 from .metrics import Metrics
+from .migrate import schema_is_current
 from .models import EnqueueRequest
 
 Row: TypeAlias = asyncpg.Record
@@ -82,12 +83,9 @@ class Store:
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
             raise StoreUnavailable(f"database error: {exc}") from exc
 
-    async def ping(self) -> None:
-        await self._run(lambda c: c.fetchval(q.PING))
-
-    async def run_with_connection(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
-        """Run `fn` on a pooled connection, with errors translated (for readiness checks)."""
-        return await self._run(fn)
+    async def schema_is_current(self) -> bool:
+        """True when every migration file has been applied (for readiness)."""
+        return await self._run(schema_is_current)
 
     async def enqueue(self, runtime_id: str, req: EnqueueRequest) -> tuple[Row, bool]:
         """Insert a task; returns (row, created). With an idempotency key already used,
