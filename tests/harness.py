@@ -86,12 +86,16 @@ async def running_gateway(settings: Settings) -> AsyncIterator[Instance]:
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     serving = asyncio.create_task(server.serve())
-    while not server.started:
-        if serving.done():
-            serving.result()
-        await asyncio.sleep(0.01)
+    async with asyncio.timeout(30):
+        while not server.started:
+            if serving.done():
+                serving.result()
+                raise RuntimeError("the gateway stopped during start-up; see the log above")
+            await asyncio.sleep(0.01)
     connector = aiohttp.TCPConnector(limit=500)
-    async with aiohttp.ClientSession(connector=connector) as http:
+    # No request in a test should take long: fail it clearly instead of hanging.
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         try:
             yield Instance(f"http://127.0.0.1:{port}", app.state.gateway, http)
         finally:
