@@ -6,14 +6,12 @@ import asyncio
 from datetime import UTC, datetime
 
 import pytest
-import pytest_asyncio
 
 from tests.e2e.lifecycle_support import (
     assert_problem,
     claim,
     claim_one,
     enqueue,
-    gateway,
     get_task,
     lease_op,
     now_rfc3339,
@@ -21,12 +19,6 @@ from tests.e2e.lifecycle_support import (
 )
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def gw(database_url, redis_url):
-    async with gateway(database_url, redis_url) as inst:
-        yield inst
 
 
 async def cancel(inst, task):

@@ -6,7 +6,6 @@ import asyncio
 import secrets
 
 import pytest
-import pytest_asyncio
 
 from tests.e2e.lifecycle_support import (
     all_tasks,
@@ -19,12 +18,6 @@ from tests.e2e.lifecycle_support import (
 )
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def gw(database_url, redis_url):
-    async with gateway(database_url, redis_url) as inst:
-        yield inst
 
 
 def tasks_path(rt: str) -> str:

@@ -7,7 +7,6 @@ import asyncio
 from datetime import UTC, datetime
 
 import pytest
-import pytest_asyncio
 
 from tests.e2e.lifecycle_support import (
     RANDOM_LEASE,
@@ -29,12 +28,6 @@ LEASE_FIELDS = ("lease_id", "lease_expires_at", "worker_id", "cancel_requested")
 
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def gw(database_url, redis_url):
-    async with gateway(database_url, redis_url) as inst:
-        yield inst
 
 
 def seconds_until(stamp: str) -> float:

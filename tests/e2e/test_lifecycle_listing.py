@@ -7,7 +7,6 @@ import base64
 import time
 
 import pytest
-import pytest_asyncio
 
 from tests.e2e.lifecycle_support import (
     STATUSES,
@@ -17,19 +16,12 @@ from tests.e2e.lifecycle_support import (
     claim,
     claim_one,
     enqueue,
-    gateway,
     lease_op,
     list_tasks,
     req,
 )
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def gw(database_url, redis_url):
-    async with gateway(database_url, redis_url) as inst:
-        yield inst
 
 
 async def stats(inst, rt):

@@ -28,12 +28,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def gw(database_url, redis_url):
-    async with gateway(database_url, redis_url) as inst:
-        yield inst
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def small_gw(database_url, redis_url):
     """Payloads up to 1000 bytes, request bodies up to 4096 bytes."""
     async with gateway(
