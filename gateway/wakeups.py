@@ -182,6 +182,10 @@ class Subscriber:
                         pending.discard(channel)
                         if not pending:
                             self._connected.set()
+                            late = [c for c, e in self._wanted.items() if not e.is_set()]
+                            if late:  # wanted while this connection was coming up
+                                async with asyncio.timeout(self._timeout * 4):
+                                    await self._pubsub.subscribe(*late)
                             if self._ever_connected:
                                 log.info("pub/sub connection restored; waking every waiter")
                             self._ever_connected = True
