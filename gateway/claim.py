@@ -288,10 +288,8 @@ class Claimer:
             mine = got.get(waiter)
             if mine and waiter.gone:
                 undelivered.extend(r["id"] for r in mine)
-            elif mine:
-                waiter.finish(rows=mine)
-            else:
-                waiter.event.set()
+                mine = None
+            waiter.finish(rows=mine)  # wakes it: served, or checked and still waiting
         if undelivered:
             # Their polls left while the claim ran: give the tasks back and wake the others.
             try:
