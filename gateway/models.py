@@ -80,10 +80,6 @@ def task_json(row: Mapping[str, Any]) -> dict[str, Any]:
         out[key] = format_time(value) if isinstance(value, datetime) else value
     out["id"] = str(row["id"])
     status = row["status"]
-    expires_at = row["expires_at"]
-    if status == "queued" and expires_at is not None and expires_at <= datetime.now(UTC):
-        # Expired already; the janitor only records it (design: never handed out).
-        status = out["status"] = "expired"
     if status == "claimed":
         out["lease_id"] = str(row["lease_id"])
         out["lease_expires_at"] = format_time(row["lease_expires_at"])

@@ -5,10 +5,16 @@ Hot-path statements (CLAIM, NEXT_DUE) have EXPLAIN tests that pin their index.
 
 from __future__ import annotations
 
-TASK_COLUMNS = """
-    id, runtime_id, status, priority, payload, attempts, max_attempts, run_at, expires_at,
-    created_at, updated_at, lease_id, lease_expires_at, worker_id, cancel_requested,
-    result, last_error
+# A queued task past its expires_at is expired already: the janitor only writes it
+# down later. Every read and filter goes through this, so none shows it as queued.
+EFFECTIVE_STATUS = (
+    "CASE WHEN status = 'queued' AND expires_at <= now() THEN 'expired' ELSE status END"
+)
+
+TASK_COLUMNS = f"""
+    id, runtime_id, {EFFECTIVE_STATUS} AS status, priority, payload, attempts, max_attempts,
+    run_at, expires_at, created_at, updated_at, lease_id, lease_expires_at, worker_id,
+    cancel_requested, result, last_error
 """
 
 ENQUEUE = f"""
@@ -194,8 +200,7 @@ UPDATE tasks
        cancel_requested = (status = 'claimed'),
        finished_at = CASE WHEN status = 'queued' THEN clock_timestamp() ELSE finished_at END,
        updated_at = clock_timestamp()
- WHERE id = $1 AND status IN ('queued', 'claimed')
-   AND NOT (status = 'queued' AND expires_at IS NOT NULL AND expires_at <= clock_timestamp())
+ WHERE id = $1 AND {EFFECTIVE_STATUS} IN ('queued', 'claimed')
 RETURNING {TASK_COLUMNS}
 """
 
@@ -208,9 +213,7 @@ UPDATE tasks
        lease_id = NULL, lease_expires_at = NULL, worker_id = NULL,
        cancel_requested = false, finished_at = NULL, result = NULL,
        updated_at = clock_timestamp()
- WHERE id = $1
-   AND (status IN ('dead', 'expired', 'cancelled')
-        OR (status = 'queued' AND expires_at <= clock_timestamp()))
+ WHERE id = $1 AND {EFFECTIVE_STATUS} IN ('dead', 'expired', 'cancelled')
 RETURNING {TASK_COLUMNS}
 """
 
@@ -218,19 +221,21 @@ RETURNING {TASK_COLUMNS}
 LIST_TASKS = f"""
 SELECT {TASK_COLUMNS} FROM tasks
  WHERE runtime_id = $1
-   AND ($2::text IS NULL OR status = $2)
+   AND ($2::text IS NULL OR {EFFECTIVE_STATUS} = $2)
    AND ($3::timestamptz IS NULL OR (created_at, id) > ($3, $4::uuid))
  ORDER BY created_at, id
  LIMIT $5
 """
 
-STATS_COUNTS = """
-SELECT status, count(*) AS n FROM tasks WHERE runtime_id = $1 GROUP BY status
+STATS_COUNTS = f"""
+SELECT {EFFECTIVE_STATUS} AS status, count(*) AS n FROM tasks WHERE runtime_id = $1 GROUP BY 1
 """
 
 OLDEST_QUEUED_AGE = """
 SELECT extract(epoch FROM clock_timestamp() - min(created_at))::float8
-  FROM tasks WHERE runtime_id = $1 AND status = 'queued' AND run_at <= now()
+  FROM tasks
+ WHERE runtime_id = $1 AND status = 'queued' AND run_at <= now()
+   AND (expires_at IS NULL OR expires_at > now())
 """
 
 # -- janitor --

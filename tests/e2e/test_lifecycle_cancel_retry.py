@@ -227,6 +227,23 @@ async def test_retry_expired_task_before_the_janitor_marked_it(gw, runtime_id):
     assert got["id"] == task["id"]
 
 
+async def test_an_expired_task_reads_as_expired_before_the_janitor_marked_it(gw, runtime_id):
+    task = await enqueue(gw, runtime_id, "x", ttl_seconds=1)
+    await wait_past(task["expires_at"])
+    assert (await get_task(gw, task["id"]))["status"] == "expired"
+    listed = await req(gw, "GET", f"/v1/runtimes/{runtime_id}/tasks?status=expired")
+    assert [t["id"] for t in listed.body["tasks"]] == [task["id"]]
+    assert [t["status"] for t in listed.body["tasks"]] == ["expired"]
+    queued = await req(gw, "GET", f"/v1/runtimes/{runtime_id}/tasks?status=queued")
+    assert queued.body["tasks"] == []
+    stats = await req(gw, "GET", f"/v1/runtimes/{runtime_id}/stats")
+    assert stats.body["counts"]["expired"] == 1 and stats.body["counts"]["queued"] == 0
+    assert stats.body["oldest_queued_age_seconds"] is None
+    refused = await cancel(gw, task)
+    assert_problem(refused, 409, "invalid_state")
+    assert "expired" in refused.body["detail"]
+
+
 async def test_retry_completed_queued_or_claimed_task_is_409(gw, runtime_id):
     done = await make_completed(gw, runtime_id)
     assert_problem(await retry(gw, done), 409, "invalid_state")
