@@ -17,7 +17,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from .cache import VerdictCache, keys_for
+from .cache import VerdictCache
 from .errors import CacheUnavailable, Draining, GatewayError, Overloaded, StoreUnavailable
 from .metrics import Metrics
 from .models import ClaimRequest
@@ -72,8 +72,8 @@ class Claimer:
     def __init__(
         self,
         store: Store,
-        cache: VerdictCache | None,
-        subscriber: Subscriber | None,
+        cache: VerdictCache,
+        subscriber: Subscriber,
         settings: Settings,
         metrics: Metrics,
     ) -> None:
@@ -104,11 +104,10 @@ class Claimer:
 
         A failed bump is logged and counted; the janitor's repair pass finds it (I6).
         """
-        if self._cache is not None:
-            try:
-                await self._cache.bump(runtime_id)
-            except CacheUnavailable as exc:
-                log.warning("version bump for runtime %s lost: %s", runtime_id, exc.detail)
+        try:
+            await self._cache.bump(runtime_id)
+        except CacheUnavailable as exc:
+            log.warning("version bump for runtime %s lost: %s", runtime_id, exc.detail)
         self.wake(runtime_id)
 
     def parked(self, runtime_id: str) -> int:
@@ -127,8 +126,7 @@ class Claimer:
         state = self._state(runtime_id)
         waiter = Waiter(req=req, deadline=loop.time() + req.wait_seconds)
         # Subscribe before the verdict is read (I8).
-        if self._subscriber is not None:
-            await self._subscriber.subscribe(state.channel)
+        await self._subscriber.subscribe(state.channel)
         state.waiters.append(waiter)
         self._metrics.parked_polls.inc()
         state.wake.set()
@@ -175,7 +173,7 @@ class Claimer:
     def _state(self, runtime_id: str) -> RuntimeState:
         state = self._states.get(runtime_id)
         if state is None:
-            channel = keys_for(self._settings.redis_prefix, runtime_id).wake
+            channel = self._cache.keys(runtime_id).wake
             state = self._states[runtime_id] = RuntimeState(runtime_id, channel)
         if state.linger is not None:
             state.linger.cancel()
@@ -194,8 +192,7 @@ class Claimer:
         if state.waiters or self._states.get(state.runtime_id) is not state:
             return
         del self._states[state.runtime_id]
-        if self._subscriber is not None:
-            self._subscriber.unsubscribe(state.channel)
+        self._subscriber.unsubscribe(state.channel)
 
     async def _pump(self, state: RuntimeState) -> None:
         try:
@@ -222,13 +219,7 @@ class Claimer:
         runtime's subscription is not confirmed, or when Redis is failing (other
         instances' bumps and publishes fail too): then it polls Postgres instead (I5)."""
         park = verdict_ttl if verdict_ttl is not None else self._settings.empty_ttl_seconds
-        reliable = (
-            self._subscriber is not None
-            and self._subscriber.confirmed(state.channel)
-            and self._cache is not None
-            and self._cache.healthy
-        )
-        if not reliable:
+        if not (self._subscriber.confirmed(state.channel) and self._cache.healthy):
             park = min(park, self._settings.degraded_poll_seconds)
         return max(park, 0.001)
 
@@ -237,7 +228,7 @@ class Claimer:
         None to run again at once."""
         runtime_id = state.runtime_id
         version: str | None = None
-        if self._cache is not None and self._settings.cache_enabled:
+        if self._settings.cache_enabled:
             arrived = list(state.waiters)
             try:
                 verdict = await self._cache.read(runtime_id)
@@ -307,7 +298,7 @@ class Claimer:
         ttl = self._settings.empty_ttl_seconds
         if due_in is not None:
             ttl = min(ttl, due_in)
-        if version is not None and self._cache is not None:
+        if version is not None:
             with contextlib.suppress(CacheUnavailable):
                 await self._cache.write_empty(state.runtime_id, version, ttl)
         return self._park_seconds(state, ttl)

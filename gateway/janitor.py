@@ -45,7 +45,7 @@ class Janitor:
     def __init__(
         self,
         store: Store,
-        cache: VerdictCache | None,
+        cache: VerdictCache,
         announce: Callable[[str], Awaitable[None]],
         settings: Settings,
         metrics: Metrics,
@@ -121,7 +121,7 @@ class Janitor:
     async def _repair(self, report: PassReport) -> None:
         """Runtimes with claimable tasks whose verdict says empty lost a bump: bump them.
         Pages through every such runtime, a bounded number of pages per pass."""
-        if self._cache is None or not self._settings.cache_enabled:
+        if not self._settings.cache_enabled:
             return
         for _ in range(MAX_BATCHES_PER_STEP):
             runtimes = await self._store.claimable_runtimes(self._batch, self._repair_after)

@@ -45,7 +45,8 @@ class Subscriber:
         self._metrics = metrics
         self._on_wake = on_wake
         self._on_reset = on_reset
-        self._timeout = timeout_seconds
+        # Bound on one pub/sub send or confirmation: a few Redis command budgets.
+        self._budget = timeout_seconds * 4
         self._ping_interval = ping_interval_seconds
         self._control = prefix + CONTROL_CHANNEL_SUFFIX
         self._wanted: dict[str, asyncio.Event] = {}  # channel -> confirmed
@@ -93,13 +94,13 @@ class Subscriber:
             return False
         try:
             # Bounded: sending can hang on a server that accepts but never answers.
-            async with asyncio.timeout(self._timeout * 4):
+            async with asyncio.timeout(self._budget):
                 await self._pubsub.subscribe(channel)
         except Exception as exc:  # the reader notices and reconnects
             log.debug("subscribe to %s failed: %r", channel, exc)
             return False
         try:
-            async with asyncio.timeout(self._timeout * 4):
+            async with asyncio.timeout(self._budget):
                 await event.wait()
         except TimeoutError:
             return False
@@ -114,7 +115,7 @@ class Subscriber:
 
         async def send() -> None:
             with contextlib.suppress(Exception):
-                async with asyncio.timeout(self._timeout * 4):
+                async with asyncio.timeout(self._budget):
                     await pubsub.unsubscribe(channel)
 
         self._background.add(task := asyncio.ensure_future(send()))
@@ -124,7 +125,7 @@ class Subscriber:
         pubsub, self._pubsub = self._pubsub, None
         if pubsub is not None:
             with contextlib.suppress(Exception):
-                async with asyncio.timeout(self._timeout * 4):
+                async with asyncio.timeout(self._budget):
                     await pubsub.aclose()
 
     async def _run(self) -> None:
@@ -156,7 +157,7 @@ class Subscriber:
         """One connection's life: subscribe everything, confirm, then read until it fails."""
         self._pubsub = self._client.pubsub()
         channels = [self._control, *self._wanted]
-        async with asyncio.timeout(self._timeout * 4):
+        async with asyncio.timeout(self._budget):
             await self._pubsub.subscribe(*channels)
         pending = set(channels)
         last_ping = last_pong = time.monotonic()
@@ -184,7 +185,7 @@ class Subscriber:
                             self._connected.set()
                             late = [c for c, e in self._wanted.items() if not e.is_set()]
                             if late:  # wanted while this connection was coming up
-                                async with asyncio.timeout(self._timeout * 4):
+                                async with asyncio.timeout(self._budget):
                                     await self._pubsub.subscribe(*late)
                             if self._ever_connected:
                                 log.info("pub/sub connection restored; waking every waiter")
@@ -196,15 +197,15 @@ class Subscriber:
                     # An unsubscribe for a runtime that was forgotten raced a new poll
                     # that wants it again: subscribe once more.
                     self._wanted[channel].clear()
-                    async with asyncio.timeout(self._timeout * 4):
+                    async with asyncio.timeout(self._budget):
                         await self._pubsub.subscribe(channel)
                 elif kind == "pong":
                     last_pong = now
                     ping_outstanding = False
-            if ping_outstanding and now - last_ping > max(self._timeout * 4, 1.0):
+            if ping_outstanding and now - last_ping > max(self._budget, 1.0):
                 raise ConnectionError(f"no answer to PING within {now - last_ping:.1f}s")
             if not ping_outstanding and now - last_pong >= self._ping_interval:
-                async with asyncio.timeout(self._timeout * 4):
+                async with asyncio.timeout(self._budget):
                     await self._pubsub.ping()
                 last_ping = now
                 ping_outstanding = True
