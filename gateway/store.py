@@ -21,6 +21,9 @@ from .migrate import schema_is_current
 from .models import EnqueueRequest
 
 Row: TypeAlias = asyncpg.Record
+# What the driver raises when Postgres is unreachable, slow or refuses a statement;
+# translated into StoreUnavailable here and nowhere else.
+DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
 T = TypeVar("T")
 
 
@@ -62,7 +65,7 @@ class Store:
                     "application_name": "claim-gateway",
                 },
             )
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+        except DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"cannot connect to Postgres: {exc}") from exc
 
     async def close(self) -> None:
@@ -80,7 +83,7 @@ class Store:
         try:
             async with self.pool.acquire() as conn:
                 return await fn(conn)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+        except DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"database error: {exc}") from exc
 
     async def schema_is_current(self) -> bool:
@@ -325,12 +328,12 @@ class Store:
             conn = await asyncpg.connect(
                 self._dsn, server_settings={"application_name": "claim-gateway-janitor"}
             )
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+        except DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"cannot connect to Postgres: {exc}") from exc
         try:
             if await conn.fetchval(q.JANITOR_TRY_LOCK, key):
                 return Leadership(conn)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except DRIVER_ERRORS as exc:
             await conn.close()
             raise StoreUnavailable(f"database error: {exc}") from exc
         await conn.close()
@@ -349,7 +352,7 @@ class Leadership:
             return False
         try:
             await self._conn.fetchval(q.PING, timeout=5)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+        except DRIVER_ERRORS:
             await self.release()
             return False
         return True

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -101,3 +102,34 @@ async def running_gateway(settings: Settings) -> AsyncIterator[Instance]:
         finally:
             server.should_exit = True
             await asyncio.wait_for(serving, 30)
+
+
+@contextlib.asynccontextmanager
+async def serve_process(
+    *args: str, env: dict[str, str], ready_within: float = 20
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+    """`gateway serve ARGS` as a real process on a free port, once /readyz answers 200.
+    Yields (process, base URL); kills it afterwards if the test did not stop it."""
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", "serve", "--port", str(port), *args,
+        env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as http, asyncio.timeout(ready_within):
+            while True:
+                if proc.returncode is not None:
+                    raise RuntimeError((await proc.stderr.read()).decode())  # type: ignore[union-attr]
+                try:
+                    async with http.get(base + "/readyz") as resp:
+                        if resp.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.1)
+        yield proc, base
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

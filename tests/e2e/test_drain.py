@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import time
 
 import aiohttp
 
-from tests.harness import TOKEN, free_port, make_settings, running_gateway
+from tests.harness import TOKEN, make_settings, running_gateway, serve_process
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -52,7 +51,6 @@ async def test_drain_answers_parked_polls_and_refuses_new_claims(
 async def test_sigterm_to_gateway_serve_drains_and_exits(
     database_url, redis_url, redis_prefix, runtime_id
 ):
-    port = free_port()
     env = {
         **os.environ,
         "DATABASE_URL": database_url,
@@ -60,47 +58,21 @@ async def test_sigterm_to_gateway_serve_drains_and_exits(
         "GATEWAY_ADMIN_TOKEN": TOKEN,
         "GATEWAY_REDIS_PREFIX": redis_prefix,
     }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway.cli",
-        "serve",
-        "--port",
-        str(port),
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        async with aiohttp.ClientSession() as http:
-            async with asyncio.timeout(20):
-                while True:
-                    try:
-                        async with http.get(base + "/readyz") as resp:
-                            if resp.status == 200:
-                                break
-                    except aiohttp.ClientError:
-                        pass
-                    await asyncio.sleep(0.1)
+    async with serve_process(env=env) as (proc, base), aiohttp.ClientSession() as http:
 
-            async def parked() -> tuple[int, dict]:
-                async with http.post(
-                    f"{base}/v1/runtimes/{runtime_id}/claim",
-                    json={"worker_id": "w", "wait_seconds": 30},
-                    headers=AUTH,
-                ) as resp:
-                    return resp.status, await resp.json()
+        async def parked() -> tuple[int, dict]:
+            async with http.post(
+                f"{base}/v1/runtimes/{runtime_id}/claim",
+                json={"worker_id": "w", "wait_seconds": 30},
+                headers=AUTH,
+            ) as resp:
+                return resp.status, await resp.json()
 
-            poll = asyncio.create_task(parked())
-            await asyncio.sleep(0.5)
-            started = time.monotonic()
-            proc.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(poll, 3) == (200, {"tasks": []})
-            code = await asyncio.wait_for(proc.wait(), 10)
-            assert time.monotonic() - started < 5
-            assert code == 0, (await proc.stderr.read()).decode()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        poll = asyncio.create_task(parked())
+        await asyncio.sleep(0.5)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(poll, 3) == (200, {"tasks": []})
+        code = await asyncio.wait_for(proc.wait(), 10)
+        assert time.monotonic() - started < 5
+        assert code == 0, (await proc.stderr.read()).decode()
