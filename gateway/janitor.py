@@ -15,6 +15,7 @@ import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from .background import stop_task
 from .cache import VerdictCache
 from .errors import CacheUnavailable, GatewayError
 from .metrics import Metrics
@@ -59,6 +60,7 @@ class Janitor:
         self._leadership: Leadership | None = None
         self._repair_after = ""  # runtime id cursor: the repair walks every runtime in turn
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     @property
     def is_leader(self) -> bool:
@@ -148,10 +150,10 @@ class Janitor:
         self._task = asyncio.create_task(self._loop(), name="gateway-janitor")
 
     async def stop(self) -> None:
+        """Stop the loop and give up leadership. Bounded: never holds up shutdown."""
+        self._stopping.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task, "janitor")
             self._task = None
         await self._resign()
 
@@ -163,7 +165,7 @@ class Janitor:
 
     async def _loop(self) -> None:
         interval = self._settings.janitor_interval_seconds
-        while True:
+        while not self._stopping.is_set():
             try:
                 if self._leadership is not None and not await self._leadership.held():
                     log.warning("janitor lost its database lock; will try to take it again")
@@ -181,4 +183,5 @@ class Janitor:
                 # Never let the loop die: a dead janitor strands tasks.
                 self._metrics.janitor_errors.inc()
                 log.exception("janitor pass failed; retrying in %.1fs", interval)
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), interval)

@@ -6,6 +6,7 @@ StoreUnavailable; nothing above this module sees a driver exception.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
@@ -68,10 +69,15 @@ class Store:
         except DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"cannot connect to Postgres: {exc}") from exc
 
-    async def close(self) -> None:
+    async def close(self, timeout_seconds: float = 10.0) -> None:
+        """Close the pool, waiting for borrowed connections at most `timeout_seconds`,
+        then closing the rest by force, so that shutdown stays inside its grace period."""
         if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
+            pool, self._pool = self._pool, None
+            try:
+                await asyncio.wait_for(pool.close(), timeout_seconds)
+            except TimeoutError:
+                pool.terminate()
 
     @property
     def pool(self) -> asyncpg.Pool:

@@ -18,6 +18,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from .background import stop_task
 from .cache import runtime_of_channel
 from .metrics import Metrics
 
@@ -74,9 +75,8 @@ class Subscriber:
     async def stop(self) -> None:
         self._stopping = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await stop_task(self._task, "pub/sub reader")
+            self._task = None
         await self._close_pubsub()
         await self._client.aclose()
 
@@ -162,7 +162,7 @@ class Subscriber:
         pending = set(channels)
         last_ping = last_pong = time.monotonic()
         ping_outstanding = False
-        while True:
+        while not self._stopping:
             message = await self._pubsub.get_message(timeout=min(0.5, self._ping_interval))
             now = time.monotonic()
             if message is not None:

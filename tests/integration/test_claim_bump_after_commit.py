@@ -85,7 +85,11 @@ async def test_a_change_that_makes_work_claimable_wakes_a_parked_poll(
     settings = make_settings(database_url, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
     # The change happens on one instance and the poll parks on the other, so the
     # wake-up has to travel through Redis.
-    async with running_gateway(settings) as a, running_gateway(settings) as b:
+    async with (
+        asyncio.timeout(45),  # a hang fails here, naming the step it hung in
+        running_gateway(settings) as a,
+        running_gateway(settings) as b,
+    ):
         # No janitor repair pass may stand in for a missing bump.
         await a.gateway.janitor.stop()
         await b.gateway.janitor.stop()
