@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
@@ -16,8 +15,6 @@ from .routes import ROUTES, problem_response
 from .runtime import Gateway
 from .settings import Settings
 
-log = logging.getLogger("gateway.http")
-
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
     """Unknown paths and methods answer problem+json like every other error."""
@@ -28,8 +25,8 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
-    """A bug, not bad input: log it with its traceback, answer problem+json 500."""
-    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    """An error outside any endpoint: answer problem+json 500. Not logged here: the
+    server logs it once when it reraises (endpoints log their own, see routes.api)."""
     return problem_response(
         GatewayError("the gateway failed to handle this request; the error is in its log")
     )

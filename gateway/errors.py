@@ -19,6 +19,10 @@ class GatewayError(Exception):
         self.detail = detail
         self.extra = extra
 
+    def headers(self) -> dict[str, str]:
+        """Response headers this error's answer must carry."""
+        return {}
+
 
 class ConfigError(GatewayError):
     """A setting is missing or out of range; raised at start-up."""
@@ -44,12 +48,31 @@ class IdempotencyKeyReused(ValidationFailed):
     code = "idempotency_key_reused"
 
 
+class RequestTimeout(GatewayError):
+    """The request's head and body did not arrive within GATEWAY_READ_TIMEOUT_SECONDS."""
+
+    code = "request_timeout"
+
+
 class PayloadTooLarge(GatewayError):
     code = "payload_too_large"
 
 
 class Unauthorized(GatewayError):
+    """No usable credentials. `invalid_token`: some were sent, and they are wrong."""
+
     code = "unauthorized"
+
+    def __init__(self, detail: str, invalid_token: bool = False) -> None:
+        super().__init__(detail)
+        self.invalid_token = invalid_token
+
+    def headers(self) -> dict[str, str]:
+        # RFC 6750 section 3: a 401 names the scheme, and says when a token was rejected.
+        challenge = 'Bearer realm="claim-gateway"'
+        if self.invalid_token:
+            challenge += ', error="invalid_token"'
+        return {"WWW-Authenticate": challenge}
 
 
 class Forbidden(GatewayError):
@@ -85,6 +108,9 @@ class Overloaded(GatewayError):
         super().__init__(detail, retry_after_seconds=retry_after_seconds)
         self.retry_after_seconds = retry_after_seconds
 
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_seconds)}
+
 
 class Draining(GatewayError):
     """The process is shutting down and takes no new claims."""
@@ -113,6 +139,7 @@ PROBLEMS: dict[type[GatewayError], tuple[int, str]] = {
     MethodNotAllowed: (405, "Method not allowed"),
     LeaseLost: (409, "Lease lost"),
     Conflict: (409, "Conflict"),
+    RequestTimeout: (408, "Request timeout"),
     PayloadTooLarge: (413, "Payload too large"),
     ValidationFailed: (422, "Validation failed"),
     Overloaded: (429, "Too many requests"),

@@ -84,6 +84,9 @@ RETURNING {TASK_COLUMNS}
 
 GET_TASK = f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1"
 
+# Whose task this is, for a token limited to some runtimes.
+TASK_RUNTIME = "SELECT runtime_id FROM tasks WHERE id = $1"
+
 HEARTBEAT = f"""
 UPDATE tasks
    SET lease_expires_at = clock_timestamp() + make_interval(secs => $3),

@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from . import models
-from .errors import GatewayError, PayloadTooLarge, problem_for
+from .auth import Principal, Scope
+from .errors import GatewayError, NotFound, PayloadTooLarge, problem_for
 from .metrics import CONTENT_TYPE
 from .runtime import Gateway
 
@@ -38,31 +41,72 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
 def problem_response(error: GatewayError, headers: Mapping[str, str] | None = None) -> Response:
     """RFC 9457 problem+json for any gateway error, status from errors.PROBLEMS."""
     status, body = problem_for(error)
-    out = dict(headers or {})
-    if status == 429:
-        out["Retry-After"] = str(body.get("retry_after_seconds", 1))
     return Response(
         orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE),
         status,
-        out,
+        {**(headers or {}), **error.headers()},
         media_type="application/problem+json",
     )
 
 
-def api(handler: Handler, *, authenticate: bool = True) -> Callable[[Request], Awaitable[Response]]:
-    """Wraps a handler: authentication, then the error table."""
+class Target(enum.Enum):
+    """What an endpoint's path names, and so what a token's runtime patterns must cover."""
 
-    @functools.wraps(handler)
-    async def endpoint(request: Request) -> Response:
+    NONE = "none"  # no runtime: operations, admin
+    RUNTIME = "runtime"  # {rt}: a foreign runtime is 403
+    TASK = "task"  # {task_id}: a foreign task is 404, as if it did not exist
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One operation of the API: the single place that says who may call what."""
+
+    method: str
+    path: str
+    handler: Handler
+    scope: Scope | None  # None: no authentication at all
+    target: Target = Target.NONE
+
+
+async def authorize(request: Request, gw: Gateway, endpoint: Endpoint) -> Principal | None:
+    """Authenticate and check scope and runtime coverage, or raise 401/403/404."""
+    if endpoint.scope is None:
+        return None
+    principal = await gw.auth.authenticate(request.headers.get("authorization"))
+    principal.require(endpoint.scope)
+    if endpoint.target is Target.RUNTIME:
+        runtime_id = models.check_runtime_id(request.path_params["rt"])
+        principal.require_runtime(runtime_id)
+    elif endpoint.target is Target.TASK and not principal.all_runtimes:
+        task_id = models.check_task_id(request.path_params["task_id"])
+        if not principal.covers(await gw.store.task_runtime(task_id)):
+            raise NotFound(f"no task with id {task_id}")
+    return principal
+
+
+def api(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
+    """The ASGI endpoint: authorization, the handler, and the error table. Unexpected
+    exceptions are logged here, once, and answered 500."""
+
+    @functools.wraps(endpoint.handler)
+    async def run(request: Request) -> Response:
         gw: Gateway = request.app.state.gateway
         try:
-            if authenticate:
-                gw.auth.check(request.headers.get("authorization"))
-            return await handler(request, gw)
+            request.state.principal = await authorize(request, gw, endpoint)
+            return await endpoint.handler(request, gw)
         except GatewayError as exc:
             return problem_response(exc)
+        except ClientDisconnect:
+            # The client left before its request was read: nobody is there to answer.
+            log.debug("client left during %s %s", request.method, request.url.path)
+            return Response(status_code=499)
+        except Exception:
+            log.exception("unhandled error on %s %s", request.method, request.url.path)
+            return problem_response(
+                GatewayError("the gateway failed to handle this request; the error is in its log")
+            )
 
-    return endpoint
+    return run
 
 
 async def read_json(request: Request, gw: Gateway) -> dict[str, Any]:
@@ -234,20 +278,22 @@ async def metrics(request: Request, gw: Gateway) -> Response:
     return Response(gw.metrics.render(), media_type=CONTENT_TYPE)
 
 
-ROUTES = [
-    Route("/v1/runtimes/{rt}/tasks", api(enqueue), methods=["POST"]),
-    Route("/v1/runtimes/{rt}/tasks", api(list_tasks), methods=["GET"]),
-    Route("/v1/runtimes/{rt}/tasks:batch", api(enqueue_batch), methods=["POST"]),
-    Route("/v1/runtimes/{rt}/stats", api(stats), methods=["GET"]),
-    Route("/v1/runtimes/{rt}/claim", api(claim), methods=["POST"]),
-    Route("/v1/tasks/{task_id}", api(get_task), methods=["GET"]),
-    Route("/v1/tasks/{task_id}/heartbeat", api(heartbeat), methods=["POST"]),
-    Route("/v1/tasks/{task_id}/complete", api(complete), methods=["POST"]),
-    Route("/v1/tasks/{task_id}/fail", api(fail), methods=["POST"]),
-    Route("/v1/tasks/{task_id}/release", api(release), methods=["POST"]),
-    Route("/v1/tasks/{task_id}/cancel", api(cancel), methods=["POST"]),
-    Route("/v1/tasks/{task_id}/retry", api(retry), methods=["POST"]),
-    Route("/healthz", api(healthz, authenticate=False), methods=["GET"]),
-    Route("/readyz", api(readyz, authenticate=False), methods=["GET"]),
-    Route("/metrics", api(metrics, authenticate=False), methods=["GET"]),
+ENDPOINTS = [
+    Endpoint("POST", "/v1/runtimes/{rt}/tasks", enqueue, Scope.ENQUEUE, Target.RUNTIME),
+    Endpoint("GET", "/v1/runtimes/{rt}/tasks", list_tasks, Scope.READ, Target.RUNTIME),
+    Endpoint("POST", "/v1/runtimes/{rt}/tasks:batch", enqueue_batch, Scope.ENQUEUE, Target.RUNTIME),
+    Endpoint("GET", "/v1/runtimes/{rt}/stats", stats, Scope.READ, Target.RUNTIME),
+    Endpoint("POST", "/v1/runtimes/{rt}/claim", claim, Scope.CLAIM, Target.RUNTIME),
+    Endpoint("GET", "/v1/tasks/{task_id}", get_task, Scope.READ, Target.TASK),
+    Endpoint("POST", "/v1/tasks/{task_id}/heartbeat", heartbeat, Scope.CLAIM, Target.TASK),
+    Endpoint("POST", "/v1/tasks/{task_id}/complete", complete, Scope.CLAIM, Target.TASK),
+    Endpoint("POST", "/v1/tasks/{task_id}/fail", fail, Scope.CLAIM, Target.TASK),
+    Endpoint("POST", "/v1/tasks/{task_id}/release", release, Scope.CLAIM, Target.TASK),
+    Endpoint("POST", "/v1/tasks/{task_id}/cancel", cancel, Scope.ENQUEUE, Target.TASK),
+    Endpoint("POST", "/v1/tasks/{task_id}/retry", retry, Scope.ENQUEUE, Target.TASK),
+    Endpoint("GET", "/healthz", healthz, None),
+    Endpoint("GET", "/readyz", readyz, None),
+    Endpoint("GET", "/metrics", metrics, None),
 ]
+
+ROUTES = [Route(e.path, api(e), methods=[e.method]) for e in ENDPOINTS]

@@ -14,6 +14,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .errors import ConfigError
 
+MIN_ADMIN_TOKEN_CHARS = 32
+MAX_JSON_DEPTH_LIMIT = 200
+
 
 def _mask_url(url: str | None) -> str | None:
     """Hide the password of a connection URL (in the user part or the query), for logs
@@ -63,6 +66,9 @@ class Settings:
     db_pool_max: int = 20
     db_statement_timeout_ms: int = 10_000
     shutdown_grace_seconds: float = 25.0
+    max_json_depth: int = 64
+    read_timeout_seconds: float = 30.0
+    max_parked_polls: int = 10_000
 
     def __repr__(self) -> str:
         shown = []
@@ -115,6 +121,10 @@ class Settings:
             "max_queued_claims": _integer(env, "GATEWAY_MAX_QUEUED_CLAIMS", 1000, 0, 1_000_000),
             "db_pool_max": _integer(env, "GATEWAY_DB_POOL_MAX", 20, 2, 1000),
             "shutdown_grace_seconds": _number(env, "GATEWAY_SHUTDOWN_GRACE_SECONDS", 25.0, 0, 3600),
+            # orjson writes at most ~254 levels: what is accepted must be answerable.
+            "max_json_depth": _integer(env, "GATEWAY_MAX_JSON_DEPTH", 64, 1, MAX_JSON_DEPTH_LIMIT),
+            "read_timeout_seconds": _number(env, "GATEWAY_READ_TIMEOUT_SECONDS", 30.0, 0.1, 3600),
+            "max_parked_polls": _integer(env, "GATEWAY_MAX_PARKED_POLLS", 10_000, 0, 10_000_000),
         }
         values.update(overrides)
         settings = cls(**values)  # type: ignore[arg-type]
@@ -129,6 +139,15 @@ class Settings:
             raise ConfigError(
                 "GATEWAY_ADMIN_TOKEN is not set. Set it to a long random secret, "
                 "or set GATEWAY_AUTH=off for local development only."
+            )
+        if self.auth_enabled and len(self.admin_token or "") < MIN_ADMIN_TOKEN_CHARS:
+            raise ConfigError(
+                f"GATEWAY_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN_CHARS} characters; "
+                "generate one with: python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
+        if not 1 <= self.max_json_depth <= MAX_JSON_DEPTH_LIMIT:
+            raise ConfigError(
+                f"GATEWAY_MAX_JSON_DEPTH must be between 1 and {MAX_JSON_DEPTH_LIMIT}"
             )
         if self.default_lease_seconds > 3600:
             raise ConfigError("GATEWAY_DEFAULT_LEASE_SECONDS must be at most 3600")

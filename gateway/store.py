@@ -168,6 +168,13 @@ class Store:
             raise NotFound(f"no task with id {task_id}")
         return row
 
+    async def task_runtime(self, task_id: uuid.UUID) -> str:
+        """The runtime a task belongs to, or NotFound."""
+        runtime_id = await self._run(lambda c: c.fetchval(q.TASK_RUNTIME, task_id))
+        if runtime_id is None:
+            raise NotFound(f"no task with id {task_id}")
+        return str(runtime_id)
+
     async def _lease_op(
         self,
         query: str,

@@ -18,7 +18,7 @@ from gateway.app import create_app
 from gateway.runtime import Gateway
 from gateway.settings import Settings
 
-TOKEN = "test-admin-token"
+TOKEN = "test-admin-token-0123456789abcdefghijklmnop"
 
 
 def free_port() -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.harness import make_settings, running_gateway
+from tests.harness import TOKEN, make_settings, running_gateway
 
 
 async def test_claims_beyond_the_queue_bound_get_429_with_retry_after(
@@ -38,7 +38,7 @@ async def test_claims_beyond_the_queue_bound_get_429_with_retry_after(
                 gw.http.post(
                     f"{gw.url}/v1/runtimes/{runtime_id}-{i}/claim",
                     json={"worker_id": "w"},
-                    headers={"Authorization": "Bearer test-admin-token"},
+                    headers={"Authorization": f"Bearer {TOKEN}"},
                 )
                 for i in range(6)
             )

@@ -16,6 +16,7 @@ EXPECTED: list[tuple[type[GatewayError], int, str, str]] = [
     (errors.MethodNotAllowed, 405, "method_not_allowed", "Method not allowed"),
     (errors.LeaseLost, 409, "lease_lost", "Lease lost"),
     (errors.Conflict, 409, "invalid_state", "Conflict"),
+    (errors.RequestTimeout, 408, "request_timeout", "Request timeout"),
     (errors.PayloadTooLarge, 413, "payload_too_large", "Payload too large"),
     (errors.ValidationFailed, 422, "validation_failed", "Validation failed"),
     (errors.IdempotencyKeyReused, 422, "idempotency_key_reused", "Validation failed"),
@@ -54,6 +55,17 @@ def test_overloaded_carries_retry_after() -> None:
     status, body = problem_for(errors.Overloaded("busy", retry_after_seconds=3))
     assert status == 429
     assert body["retry_after_seconds"] == 3
+
+
+def test_error_headers() -> None:
+    assert errors.Overloaded("busy", retry_after_seconds=3).headers() == {"Retry-After": "3"}
+    assert errors.Unauthorized("no header").headers() == {
+        "WWW-Authenticate": 'Bearer realm="claim-gateway"'
+    }
+    assert errors.Unauthorized("bad", invalid_token=True).headers() == {
+        "WWW-Authenticate": 'Bearer realm="claim-gateway", error="invalid_token"'
+    }
+    assert errors.NotFound("x").headers() == {}
 
 
 def test_unknown_gateway_error_is_500() -> None:

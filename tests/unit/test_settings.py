@@ -10,7 +10,7 @@ import pytest
 from gateway.errors import ConfigError
 from gateway.settings import Settings
 
-TOKEN = "adm-7f3c9e1d2b4a5968"
+TOKEN = "adm-7f3c9e1d2b4a5968-0123456789abcdef"
 BASE = {"GATEWAY_ADMIN_TOKEN": TOKEN}
 
 
@@ -146,6 +146,40 @@ def test_auth_on_without_token_refused(env: dict[str, str]) -> None:
     with pytest.raises(ConfigError) as info:
         Settings.from_env(env)
     assert "GATEWAY_ADMIN_TOKEN" in str(info.value)
+
+
+@pytest.mark.parametrize("short", ["x", "a" * 31])
+def test_short_admin_token_refused(short: str) -> None:
+    with pytest.raises(ConfigError, match="at least 32 characters") as info:
+        Settings.from_env({"GATEWAY_ADMIN_TOKEN": short})
+    assert short not in str(info.value)  # a secret is never echoed, even a bad one
+
+
+def test_admin_token_of_32_characters_accepted() -> None:
+    assert Settings.from_env({"GATEWAY_ADMIN_TOKEN": "a" * 32}).admin_token == "a" * 32
+
+
+def test_short_admin_token_is_fine_with_auth_off() -> None:
+    Settings.from_env({"GATEWAY_AUTH": "off", "GATEWAY_ADMIN_TOKEN": "x"})
+
+
+def test_new_limits_have_defaults_and_bounds() -> None:
+    s = from_env()
+    assert (s.max_json_depth, s.read_timeout_seconds, s.max_parked_polls) == (64, 30.0, 10_000)
+    s = from_env(
+        GATEWAY_MAX_JSON_DEPTH="10",
+        GATEWAY_READ_TIMEOUT_SECONDS="2.5",
+        GATEWAY_MAX_PARKED_POLLS="7",
+    )
+    assert (s.max_json_depth, s.read_timeout_seconds, s.max_parked_polls) == (10, 2.5, 7)
+    for name, bad in [
+        ("GATEWAY_MAX_JSON_DEPTH", "0"),
+        ("GATEWAY_MAX_JSON_DEPTH", "201"),
+        ("GATEWAY_READ_TIMEOUT_SECONDS", "0"),
+        ("GATEWAY_MAX_PARKED_POLLS", "-1"),
+    ]:
+        with pytest.raises(ConfigError, match=name):
+            from_env(**{name: bad})
 
 
 def test_cache_off_keeps_settings_valid() -> None:
