@@ -143,6 +143,5 @@ PG_CLAIMS = "gateway_postgres_claims_total"
 VERDICT_HIT = 'gateway_verdict_checks_total{outcome="hit"}'
 VERDICT_MISS = 'gateway_verdict_checks_total{outcome="miss"}'
 VERDICT_ERROR = 'gateway_verdict_checks_total{outcome="error"}'
-CLAIMS_REJECTED = "gateway_claims_rejected_total"
 LEASES_RETURNED = "gateway_leases_returned_total"
 REDIS_ERRORS = "gateway_redis_errors_total"

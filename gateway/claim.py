@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -85,6 +86,7 @@ class Claimer:
         self._states: dict[str, RuntimeState] = {}
         self._claim_slots = asyncio.Semaphore(settings.max_concurrent_claims)
         self._claims_queued = 0
+        self._long_polls = 0  # claims here with a wait: GATEWAY_MAX_PARKED_POLLS bounds them
         self.draining = False
 
     # -- wake-ups ------------------------------------------------------------
@@ -122,6 +124,28 @@ class Claimer:
         """Up to req.max_tasks leased rows, waiting up to req.wait_seconds for them."""
         if self.draining:
             raise Draining("this instance is shutting down; retry on another")
+        if req.wait_seconds and self._long_polls >= self._settings.max_parked_polls:
+            # Full: still hand out work that is there, but park no one more.
+            rows = await self.claim(runtime_id, dataclasses.replace(req, wait_seconds=0.0))
+            if not rows:
+                self._metrics.claims_rejected.labels("parked_polls").inc()
+                raise Overloaded(
+                    f"{self._settings.max_parked_polls} polls are already waiting on this "
+                    "instance (GATEWAY_MAX_PARKED_POLLS); retry shortly",
+                    retry_after_seconds=2,
+                )
+            return rows
+        if req.wait_seconds:
+            self._long_polls += 1
+            try:
+                return await self._claim(runtime_id, req, disconnected)
+            finally:
+                self._long_polls -= 1
+        return await self._claim(runtime_id, req, disconnected)
+
+    async def _claim(
+        self, runtime_id: str, req: ClaimRequest, disconnected: asyncio.Event | None
+    ) -> list[Row]:
         loop = asyncio.get_running_loop()
         state = self._state(runtime_id)
         waiter = Waiter(req=req, deadline=loop.time() + req.wait_seconds)
@@ -307,7 +331,7 @@ class Claimer:
     async def _admission(self) -> AsyncIterator[None]:
         """A global bound on Postgres claims in flight; beyond the queue limit, 429 (I9)."""
         if self._claim_slots.locked() and self._claims_queued >= self._settings.max_queued_claims:
-            self._metrics.claims_rejected.inc()
+            self._metrics.claims_rejected.labels("database_queue").inc()
             raise Overloaded("too many claims are waiting for the database; retry shortly")
         self._claims_queued += 1
         try:

@@ -57,7 +57,15 @@ class Metrics:
         )
         self.claims_rejected = Counter(
             "gateway_claims_rejected",
-            "Claims answered 429 because too many Postgres claims were queued.",
+            "Claims answered 429, by reason: database_queue (too many Postgres claims were "
+            "queued) or parked_polls (GATEWAY_MAX_PARKED_POLLS polls were already waiting).",
+            ["reason"],
+            registry=r,
+        )
+        self.tasks_unrenderable = Counter(
+            "gateway_tasks_unrenderable",
+            "Claimed tasks that could not be turned into a response; each was ended dead "
+            "with the reason in last_error, and the tasks claimed beside it were delivered.",
             registry=r,
         )
         self.wakeups = Counter(

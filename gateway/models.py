@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from . import exactjson
 from .errors import BadRequest, NotFound, PayloadTooLarge, ValidationFailed
 
 # orjson writes NUL as \u0000; an escaped backslash before "u0000" is not a NUL.
@@ -25,6 +26,9 @@ RUNTIME_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 MAX_WORKER_ID = 200
 MAX_IDEMPOTENCY_KEY = 200
 MAX_ERROR_CHARS = 10_000
+DEFAULT_MAX_DEPTH = 64  # GATEWAY_MAX_JSON_DEPTH
+# Levels a body may add around a payload: {"tasks": [{"payload": ...}]}.
+BODY_DEPTH_MARGIN = 3
 
 TASK_FIELDS = (
     "id",
@@ -92,6 +96,26 @@ def task_json(row: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def render_task(row: Mapping[str, Any]) -> orjson.Fragment:
+    """The task object as JSON, ready to embed in an answer. Raises whatever prevents
+    it: a caller decides what becomes of a task that cannot be shown."""
+    return orjson.Fragment(orjson.dumps(task_json(row)))
+
+
+def render_task_or_stub(row: Mapping[str, Any]) -> orjson.Fragment:
+    """render_task, or, for a row that cannot be shown whole, the task without its
+    payload and result and with `render_error` saying why: one bad row never fails
+    a read or a listing."""
+    try:
+        return render_task(row)
+    except Exception as exc:
+        stub = dict(row)
+        stub["payload"] = stub["result"] = None
+        out = task_json(stub)
+        out["render_error"] = f"this task cannot be shown: {exc}"
+        return orjson.Fragment(orjson.dumps(out))
+
+
 def check_runtime_id(runtime_id: str) -> str:
     if not RUNTIME_ID_RE.fullmatch(runtime_id):
         raise ValidationFailed(
@@ -109,17 +133,34 @@ def check_task_id(raw: str) -> uuid.UUID:
         raise NotFound(f"no task with id {raw!r}") from None
 
 
-def decode_body(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object; an empty body counts as {}."""
+def decode_body(raw: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> dict[str, Any]:
+    """The request body as a JSON object; an empty body counts as {}. Numbers are
+    kept exactly (see exactjson); a field nested far deeper than any payload may be
+    is refused here, naming it, and payload fields are held to `max_depth` later."""
     if not raw.strip():
         return {}
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    body = exactjson.loads(raw, max_depth + BODY_DEPTH_MARGIN)
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     return body
+
+
+def decode_json(raw: bytes, field: str, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
+    """A whole body that is one JSON value (a webhook's payload), numbers kept exactly;
+    `field` names it in errors."""
+    value = exactjson.loads(raw, max_depth + BODY_DEPTH_MARGIN)
+    _check_depth(field, value, max_depth)
+    return value
+
+
+def header_text(raw: str | None, field: str) -> str | None:
+    """A header value as UTF-8: the server hands headers over decoded as latin-1."""
+    if raw is None:
+        return None
+    try:
+        return raw.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        raise ValidationFailed(f"the {field} header must be UTF-8 text", field=field) from None
 
 
 def _int(body: Mapping[str, Any], field: str, default: int | None, low: int, high: int) -> int:
@@ -128,6 +169,8 @@ def _int(body: Mapping[str, Any], field: str, default: int | None, low: int, hig
         if default is None:
             raise ValidationFailed(f"{field} is required", field=field)
         raw = default
+    if isinstance(raw, exactjson.ExactNumber):  # beyond 64 bits, or not a whole number
+        raise ValidationFailed(f"{field} must be an integer from {low} to {high}", field=field)
     if isinstance(raw, bool) or not isinstance(raw, int | float) or raw != int(raw):
         raise ValidationFailed(f"{field} must be an integer", field=field)
     if not low <= raw <= high:
@@ -141,6 +184,8 @@ def _number(
     raw = body.get(field)
     if raw is None:
         return default
+    if isinstance(raw, exactjson.ExactNumber):
+        raw = float(raw)  # a duration need not be exact; inf is refused as out of range
     if isinstance(raw, bool) or not isinstance(raw, int | float):
         raise ValidationFailed(f"{field} must be a number", field=field)
     if not low <= raw <= high:
@@ -163,10 +208,23 @@ def _string(body: Mapping[str, Any], field: str, max_len: int, required: bool) -
     return raw
 
 
-def _json_text(field: str, value: Any, max_bytes: int) -> str:
-    """A JSON value serialized for storage, size-checked. Postgres jsonb cannot hold
-    the NUL character, so it is refused here rather than failing in the database."""
-    text = orjson.dumps(value).decode()
+def _check_depth(field: str, value: Any, max_depth: int) -> None:
+    if exactjson.depth(value, max_depth) > max_depth:
+        raise ValidationFailed(
+            f"{field} is nested more than {max_depth} levels deep (GATEWAY_MAX_JSON_DEPTH)",
+            field=field,
+        )
+
+
+def _json_text(field: str, value: Any, max_bytes: int, max_depth: int) -> str:
+    """A JSON value serialized for storage, depth- and size-checked, numbers exact.
+    Postgres jsonb cannot hold the NUL character, so it is refused here rather than
+    failing in the database."""
+    _check_depth(field, value, max_depth)
+    try:
+        text = exactjson.dumps(value).decode()
+    except ValueError as exc:
+        raise ValidationFailed(f"{field}: {exc}", field=field) from None
     if len(text.encode()) > max_bytes:
         raise PayloadTooLarge(f"{field} is larger than {max_bytes} bytes serialized", field=field)
     if NUL_ESCAPE.search(text):
@@ -186,11 +244,14 @@ class EnqueueRequest:
 
 
 def parse_enqueue(
-    body: Mapping[str, Any], header_key: str | None, max_payload_bytes: int
+    body: Mapping[str, Any],
+    header_key: str | None,
+    max_payload_bytes: int,
+    max_depth: int = DEFAULT_MAX_DEPTH,
 ) -> EnqueueRequest:
     if "payload" not in body:
         raise ValidationFailed("payload is required (any JSON value)", field="payload")
-    payload_json = _json_text("payload", body["payload"], max_payload_bytes)
+    payload_json = _json_text("payload", body["payload"], max_payload_bytes, max_depth)
     key = _string(body, "idempotency_key", MAX_IDEMPOTENCY_KEY, required=False)
     if header_key is not None:
         if not header_key or len(header_key) > MAX_IDEMPOTENCY_KEY:
@@ -232,9 +293,7 @@ def parse_enqueue(
         run_at=run_at,
         expires_at=expires_at,
         idempotency_key=key,
-        request_hash=hashlib.sha256(
-            orjson.dumps(fingerprint, option=orjson.OPT_SORT_KEYS)
-        ).hexdigest(),
+        request_hash=hashlib.sha256(exactjson.dumps(fingerprint, sort_keys=True)).hexdigest(),
     )
 
 
@@ -298,17 +357,21 @@ def parse_fail(body: Mapping[str, Any]) -> FailRequest:
     )
 
 
-def result_json(body: Mapping[str, Any], max_payload_bytes: int) -> str | None:
+def result_json(
+    body: Mapping[str, Any], max_payload_bytes: int, max_depth: int = DEFAULT_MAX_DEPTH
+) -> str | None:
     if body.get("result") is None:
         return None
-    return _json_text("result", body["result"], max_payload_bytes)
+    return _json_text("result", body["result"], max_payload_bytes, max_depth)
 
 
 MAX_BATCH = 1000
 STATUSES = ("queued", "claimed", "completed", "dead", "expired", "cancelled")
 
 
-def parse_batch(body: Mapping[str, Any], max_payload_bytes: int) -> list[EnqueueRequest]:
+def parse_batch(
+    body: Mapping[str, Any], max_payload_bytes: int, max_depth: int = DEFAULT_MAX_DEPTH
+) -> list[EnqueueRequest]:
     """Every item as parse_enqueue; an invalid one fails the batch, naming its index."""
     items = body.get("tasks")
     if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH:
@@ -318,7 +381,7 @@ def parse_batch(body: Mapping[str, Any], max_payload_bytes: int) -> list[Enqueue
         try:
             if not isinstance(item, dict):
                 raise ValidationFailed("each task must be a JSON object", field="")
-            out.append(parse_enqueue(item, None, max_payload_bytes))
+            out.append(parse_enqueue(item, None, max_payload_bytes, max_depth))
         except (ValidationFailed, PayloadTooLarge, BadRequest) as exc:
             inner = exc.extra.get("field")
             field = f"tasks[{index}].{inner}" if inner else f"tasks[{index}]"
@@ -359,7 +422,13 @@ def parse_list_query(params: Mapping[str, str]) -> ListQuery:
     if status is not None and status not in STATUSES:
         raise ValidationFailed(f"status must be one of {', '.join(STATUSES)}", field="status")
     raw_limit = params.get("limit", "100")
-    if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= 1000:
+    # Leading zeros off first: int() refuses over 4300 digits with an error of its own.
+    digits = raw_limit.lstrip("0") or "0"
+    if (
+        not (digits.isascii() and digits.isdigit())
+        or len(digits) > 4
+        or not 1 <= int(digits) <= 1000
+    ):
         raise ValidationFailed("limit must be an integer from 1 to 1000", field="limit")
     cursor = params.get("cursor")
-    return ListQuery(status, int(raw_limit), decode_cursor(cursor) if cursor else None)
+    return ListQuery(status, int(digits), decode_cursor(cursor) if cursor else None)

@@ -145,6 +145,15 @@ UPDATE tasks
 RETURNING {TASK_COLUMNS}
 """
 
+# A claimed task that cannot be delivered (its row cannot be turned into an answer):
+# ended dead under the lease that won it, so it is neither lost nor handed out forever.
+BURY = """
+UPDATE tasks
+   SET status = 'dead', last_error = $3, lease_expires_at = NULL,
+       finished_at = clock_timestamp(), updated_at = clock_timestamp()
+ WHERE id = $1 AND lease_id = $2 AND status = 'claimed'
+"""
+
 PING = "SELECT 1"
 
 # -- migrations (gateway.migrate) --

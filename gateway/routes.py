@@ -23,6 +23,7 @@ from .auth import Principal, Scope
 from .errors import GatewayError, NotFound, PayloadTooLarge, problem_for
 from .metrics import CONTENT_TYPE
 from .runtime import Gateway
+from .store import Row
 
 log = logging.getLogger("gateway.http")
 
@@ -113,7 +114,7 @@ async def read_json(request: Request, gw: Gateway) -> dict[str, Any]:
     """The body as a JSON object, refusing more than GATEWAY_MAX_BODY_BYTES (413)."""
     limit = gw.settings.max_body_bytes
     declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
+    if declared and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
         raise PayloadTooLarge(f"request body is larger than {limit} bytes")
     chunks = []
     size = 0
@@ -122,7 +123,7 @@ async def read_json(request: Request, gw: Gateway) -> dict[str, Any]:
         if size > limit:
             raise PayloadTooLarge(f"request body is larger than {limit} bytes")
         chunks.append(chunk)
-    return models.decode_body(b"".join(chunks))
+    return models.decode_body(b"".join(chunks), gw.settings.max_json_depth)
 
 
 # -- producers --------------------------------------------------------------
@@ -132,20 +133,25 @@ async def enqueue(request: Request, gw: Gateway) -> Response:
     runtime_id = models.check_runtime_id(request.path_params["rt"])
     body = await read_json(request, gw)
     req = models.parse_enqueue(
-        body, request.headers.get("idempotency-key"), gw.settings.max_payload_bytes
+        body,
+        models.header_text(request.headers.get("idempotency-key"), "idempotency_key"),
+        gw.settings.max_payload_bytes,
+        gw.settings.max_json_depth,
     )
     row, created = await gw.store.enqueue(runtime_id, req)
     if not created:
-        return json_response(models.task_json(row), 200, {"Idempotent-Replayed": "true"})
+        return json_response(models.render_task_or_stub(row), 200, {"Idempotent-Replayed": "true"})
     await gw.claimer.announce(runtime_id)
-    return json_response(models.task_json(row), 201)
+    return json_response(models.render_task_or_stub(row), 201)
 
 
 async def enqueue_batch(request: Request, gw: Gateway) -> Response:
     runtime_id = models.check_runtime_id(request.path_params["rt"])
-    reqs = models.parse_batch(await read_json(request, gw), gw.settings.max_payload_bytes)
+    reqs = models.parse_batch(
+        await read_json(request, gw), gw.settings.max_payload_bytes, gw.settings.max_json_depth
+    )
     rows, all_replayed = await gw.store.enqueue_batch(runtime_id, reqs)
-    body = {"tasks": [models.task_json(r) for r in rows]}
+    body = {"tasks": [models.render_task_or_stub(r) for r in rows]}
     if all_replayed:
         return json_response(body, 200, {"Idempotent-Replayed": "true"})
     await gw.claimer.announce(runtime_id)  # one bump for the whole batch
@@ -154,14 +160,14 @@ async def enqueue_batch(request: Request, gw: Gateway) -> Response:
 
 async def cancel(request: Request, gw: Gateway) -> Response:
     task_id = models.check_task_id(request.path_params["task_id"])
-    return json_response(models.task_json(await gw.store.cancel(task_id)))
+    return json_response(models.render_task_or_stub(await gw.store.cancel(task_id)))
 
 
 async def retry(request: Request, gw: Gateway) -> Response:
     task_id = models.check_task_id(request.path_params["task_id"])
     row = await gw.store.retry(task_id)
     await gw.claimer.announce(row["runtime_id"])
-    return json_response(models.task_json(row))
+    return json_response(models.render_task_or_stub(row))
 
 
 async def list_tasks(request: Request, gw: Gateway) -> Response:
@@ -172,7 +178,7 @@ async def list_tasks(request: Request, gw: Gateway) -> Response:
     rows = rows[: query.limit]
     return json_response(
         {
-            "tasks": [models.task_json(r) for r in rows],
+            "tasks": [models.render_task_or_stub(r) for r in rows],
             "next_cursor": models.encode_cursor(rows[-1]) if more else None,
         }
     )
@@ -216,7 +222,22 @@ async def claim(request: Request, gw: Gateway) -> Response:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await watcher
-    return json_response({"tasks": [models.task_json(r) for r in rows]})
+    return json_response({"tasks": await _deliverable(gw, rows)})
+
+
+async def _deliverable(gw: Gateway, rows: list[Row]) -> list[orjson.Fragment]:
+    """The claimed tasks as JSON. A task that cannot be shown is not left leased to
+    nobody: it is ended `dead` with the reason, and the others are still delivered."""
+    out = []
+    for row in rows:
+        try:
+            out.append(models.render_task(row))
+        except Exception as exc:
+            reason = f"the gateway could not turn this task into a response: {exc}"
+            log.error("task %s of runtime %s ended dead: %s", row["id"], row["runtime_id"], reason)
+            gw.metrics.tasks_unrenderable.inc()
+            await gw.store.bury(row["id"], row["lease_id"], reason)
+    return out
 
 
 async def heartbeat(request: Request, gw: Gateway) -> Response:
@@ -225,16 +246,16 @@ async def heartbeat(request: Request, gw: Gateway) -> Response:
     lease_id = models.parse_lease_id(body)
     seconds = models.parse_lease_seconds(body, gw.settings.default_lease_seconds)
     row = await gw.store.heartbeat(task_id, lease_id, seconds)
-    return json_response(models.task_json(row))
+    return json_response(models.render_task_or_stub(row))
 
 
 async def complete(request: Request, gw: Gateway) -> Response:
     task_id = models.check_task_id(request.path_params["task_id"])
     body = await read_json(request, gw)
     lease_id = models.parse_lease_id(body)
-    result = models.result_json(body, gw.settings.max_payload_bytes)
+    result = models.result_json(body, gw.settings.max_payload_bytes, gw.settings.max_json_depth)
     row = await gw.store.complete(task_id, lease_id, result)
-    return json_response(models.task_json(row))
+    return json_response(models.render_task_or_stub(row))
 
 
 async def fail(request: Request, gw: Gateway) -> Response:
@@ -243,7 +264,7 @@ async def fail(request: Request, gw: Gateway) -> Response:
     row = await gw.store.fail(task_id, req.lease_id, req.error, req.retry, req.retry_after_seconds)
     if row["status"] == "queued":
         await gw.claimer.announce(row["runtime_id"])
-    return json_response(models.task_json(row))
+    return json_response(models.render_task_or_stub(row))
 
 
 async def release(request: Request, gw: Gateway) -> Response:
@@ -252,12 +273,12 @@ async def release(request: Request, gw: Gateway) -> Response:
     row = await gw.store.release(task_id, lease_id)
     if row["status"] == "queued":
         await gw.claimer.announce(row["runtime_id"])
-    return json_response(models.task_json(row))
+    return json_response(models.render_task_or_stub(row))
 
 
 async def get_task(request: Request, gw: Gateway) -> Response:
     task_id = models.check_task_id(request.path_params["task_id"])
-    return json_response(models.task_json(await gw.store.get(task_id)))
+    return json_response(models.render_task_or_stub(await gw.store.get(task_id)))
 
 
 # -- operations -------------------------------------------------------------

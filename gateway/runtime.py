@@ -97,7 +97,9 @@ class Gateway:
         try:
             current = await self.store.schema_is_current()
         except GatewayError as exc:
-            return [f"database: {exc.detail}"]
+            # The answer is public: it names the component; the detail stays in the log.
+            log.warning("not ready: %s", exc.detail)
+            return ["database unavailable"]
         if not current:
             return ["database schema is not current: run `gateway migrate`"]
         return []

@@ -29,9 +29,11 @@ T = TypeVar("T")
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
-    # jsonb goes in as JSON text (already serialized and size-checked) and comes out parsed.
+    # jsonb goes in as JSON text (already serialized and checked) and comes out as the
+    # text Postgres wrote, embedded in answers verbatim: never re-parsed, so numbers
+    # stay exact and no stored value can fail to serialize.
     await conn.set_type_codec(
-        "jsonb", encoder=lambda text: text, decoder=orjson.loads, schema="pg_catalog"
+        "jsonb", encoder=lambda text: text, decoder=orjson.Fragment, schema="pg_catalog"
     )
 
 
@@ -161,6 +163,10 @@ class Store:
         rows = await self._run(lambda c: c.fetch(q.UNCLAIM, list(task_ids)))
         self._metrics.unclaimed.inc(len(rows))
         return rows
+
+    async def bury(self, task_id: uuid.UUID, lease_id: uuid.UUID, reason: str) -> None:
+        """End a claimed task `dead` with `reason`, if `lease_id` still holds it."""
+        await self._run(lambda c: c.execute(q.BURY, task_id, lease_id, reason))
 
     async def get(self, task_id: uuid.UUID) -> Row:
         row = await self._run(lambda c: c.fetchrow(q.GET_TASK, task_id))

@@ -1,0 +1,150 @@
+"""JSON that is kept exactly: what a client sends is what a daemon receives.
+
+orjson reads every number as a 64-bit integer or a double, so 18446744073709551616
+would silently become 1.8446744073709552e+19 and 0.10000000000000000001 become 0.1.
+Bodies that might hold such a number are parsed again with the standard library,
+which keeps each such number as its original text (`ExactNumber`); Postgres jsonb
+stores numbers as `numeric`, exactly, and the stored text is sent back verbatim
+(`orjson.Fragment`), never re-parsed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from decimal import Decimal
+from typing import Any
+
+import orjson
+
+from .errors import BadRequest, ValidationFailed
+
+# A run of 16 digits (dots allowed inside) or an exponent of 3 digits: the only
+# spellings a double may not carry exactly. Matches inside strings just take the
+# slower exact path.
+_RISKY = re.compile(rb"\d[\d.]{15}|[eE][+-]?\d{3}")
+_INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
+# Postgres numeric: at most 131072 digits before the point and 16383 after.
+_NUMERIC_MIN_EXPONENT, _NUMERIC_MAX_EXPONENT = -16383, 131071
+
+
+class ExactNumber:
+    """A JSON number kept as its text because no int or float holds it exactly."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"ExactNumber({self.text})"
+
+    @property
+    def storable(self) -> bool:
+        """True when Postgres numeric can hold it."""
+        exponent = Decimal(self.text).adjusted()
+        return _NUMERIC_MIN_EXPONENT <= exponent <= _NUMERIC_MAX_EXPONENT
+
+    def __float__(self) -> float:
+        return float(self.text)
+
+
+class UnstorableNumber(ValueError):
+    def __init__(self, number: ExactNumber) -> None:
+        shown = number.text if len(number.text) <= 40 else number.text[:37] + "..."
+        super().__init__(f"the number {shown} is beyond what the database can store")
+
+
+def _parse_int(text: str) -> int | ExactNumber:
+    # Length first: int() refuses more than 4300 digits with an error of its own.
+    if len(text) <= 20 and _INT64_MIN <= (value := int(text)) <= _UINT64_MAX:
+        return value
+    return ExactNumber(text)
+
+
+def _parse_float(text: str) -> float | ExactNumber:
+    value = float(text)
+    if value not in (float("inf"), float("-inf")) and Decimal(repr(value)) == Decimal(text):
+        return value
+    return ExactNumber(text)
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads(raw: bytes, max_depth: int) -> Any:
+    """Parse a request body, numbers kept exactly. BadRequest if it is not JSON;
+    ValidationFailed naming the top-level field (or `body`) nested deeper than
+    `max_depth`."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        # orjson refuses numbers beyond a double (1e400); they are valid JSON.
+        if "infinity" not in str(exc):
+            raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    else:
+        _check_depth(value, max_depth)  # before the recursive parser below runs
+        if not _RISKY.search(raw):
+            return value
+    try:
+        value = json.loads(
+            raw, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_refuse_constant
+        )
+    except RecursionError:
+        raise ValidationFailed(
+            "body is nested too deeply (GATEWAY_MAX_JSON_DEPTH)", field="body"
+        ) from None
+    except ValueError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    _check_depth(value, max_depth)
+    return value
+
+
+def _check_depth(value: Any, max_depth: int) -> None:
+    items = value.items() if isinstance(value, dict) else [("body", value)]
+    limit = max_depth if isinstance(value, dict) else max_depth + 1
+    for key, item in items:
+        if depth(item, limit) > limit:
+            raise ValidationFailed(
+                f"{key} is nested too deeply (GATEWAY_MAX_JSON_DEPTH)", field=str(key)[:100]
+            )
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, ExactNumber):
+        if not value.storable:
+            raise UnstorableNumber(value)
+        return orjson.Fragment(value.text)
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+def dumps(value: Any, *, sort_keys: bool = False) -> bytes:
+    """Serialize a parsed value, ExactNumbers verbatim. Raises ValueError (with a
+    message for the client) when it cannot be written or stored."""
+    try:
+        return orjson.dumps(
+            value, default=_default, option=orjson.OPT_SORT_KEYS if sort_keys else 0
+        )
+    except orjson.JSONEncodeError as exc:
+        cause = exc.__cause__
+        raise ValueError(str(cause) if isinstance(cause, UnstorableNumber) else str(exc)) from None
+
+
+def depth(value: Any, limit: int) -> int:
+    """Nesting depth of a parsed value (a scalar is 0, `[]` is 1), counted without
+    recursion; stops early and returns limit + 1 once deeper than `limit`."""
+    if not isinstance(value, dict | list):
+        return 0
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if level > deepest:
+            deepest = level
+            if deepest > limit:
+                return limit + 1
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, dict | list):
+                stack.append((child, level + 1))
+    return deepest
