@@ -297,3 +297,23 @@ async def _raw_header_enqueue(inst: Instance, runtime_id: str, key: bytes) -> tu
     answer = await reader.read()
     writer.close()
     return int(answer.split(b" ", 2)[1]), answer
+
+
+async def test_the_others_are_delivered_even_when_the_bad_task_cannot_be_ended(
+    gw, runtime_id, monkeypatch
+):
+    from gateway.errors import StoreUnavailable
+
+    innocent = await enqueue(gw, runtime_id, "ok")
+    poison = await enqueue(gw, runtime_id, {"poison": True}, priority=100)
+    _break_rendering(monkeypatch, {"poison": True})
+
+    async def bury_fails(*args: Any) -> None:
+        raise StoreUnavailable("database error: gone for a moment")
+
+    monkeypatch.setattr(gw.gateway.store, "bury", bury_fails)
+    got = await claim(gw, runtime_id, max_tasks=2)
+    assert [t["id"] for t in got] == [innocent["id"]]
+    monkeypatch.undo()
+    # Still leased under the claim that won it: the janitor takes it back when it lapses.
+    assert (await get_task(gw, poison["id"]))["status"] == "claimed"
