@@ -9,44 +9,23 @@ import contextlib
 import enum
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
-import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from . import models
 from .auth import Principal, Scope
-from .errors import GatewayError, NotFound, PayloadTooLarge, problem_for
+from .errors import GatewayError, NotFound
+from .httpio import json_response, problem_response, read_json
 from .metrics import CONTENT_TYPE
 from .runtime import Gateway
 
 log = logging.getLogger("gateway.http")
 
 Handler = Callable[[Request, Gateway], Awaitable[Response]]
-
-
-def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(
-        orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE),
-        status,
-        headers,
-        media_type="application/json",
-    )
-
-
-def problem_response(error: GatewayError, headers: Mapping[str, str] | None = None) -> Response:
-    """RFC 9457 problem+json for any gateway error, status from errors.PROBLEMS."""
-    status, body = problem_for(error)
-    return Response(
-        orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE),
-        status,
-        {**(headers or {}), **error.headers()},
-        media_type="application/problem+json",
-    )
 
 
 class Target(enum.Enum):
@@ -107,22 +86,6 @@ def api(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
             )
 
     return run
-
-
-async def read_json(request: Request, gw: Gateway) -> dict[str, Any]:
-    """The body as a JSON object, refusing more than GATEWAY_MAX_BODY_BYTES (413)."""
-    limit = gw.settings.max_body_bytes
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body is larger than {limit} bytes")
-    chunks = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body is larger than {limit} bytes")
-        chunks.append(chunk)
-    return models.decode_body(b"".join(chunks))
 
 
 # -- producers --------------------------------------------------------------
