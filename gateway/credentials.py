@@ -155,31 +155,34 @@ def principal_of(row: Mapping[str, Any]) -> Principal:
 
 
 def token_json(row: Mapping[str, Any], secret: str | None = None) -> dict[str, Any]:
-    """The API's token object; `token` (the secret) only when just created."""
+    """The API's token object. Just created (`secret` given): with `token`, the secret,
+    and without `revoked_at`; listed: with `revoked_at` (null while live)."""
     out: dict[str, Any] = {
         "id": str(row["id"]),
         "name": row["name"],
         "scopes": list(row["scopes"]),
         "runtimes": None if row["runtimes"] is None else list(row["runtimes"]),
-        "created_at": format_time(row["created_at"]),
-        "revoked_at": format_time(row["revoked_at"]),
     }
     if secret is not None:
         out["token"] = secret
+    out["created_at"] = format_time(row["created_at"])
+    if secret is None:
+        out["revoked_at"] = format_time(row["revoked_at"])
     return out
 
 
 def webhook_secret_json(row: Mapping[str, Any], secret: str | None = None) -> dict[str, Any]:
-    """The API's webhook secret object; `secret` only when just created."""
+    """The API's webhook secret object, shaped as token_json's, with `secret`."""
     out: dict[str, Any] = {
         "id": str(row["id"]),
         "name": row["name"],
         "runtimes": list(row["runtimes"]),
-        "created_at": format_time(row["created_at"]),
-        "revoked_at": format_time(row["revoked_at"]),
     }
     if secret is not None:
         out["secret"] = secret
+    out["created_at"] = format_time(row["created_at"])
+    if secret is None:
+        out["revoked_at"] = format_time(row["revoked_at"])
     return out
 
 
