@@ -4,7 +4,7 @@ reading a request body within GATEWAY_MAX_BODY_BYTES. No handler logic lives her
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.requests import Request
@@ -12,7 +12,9 @@ from starlette.responses import Response
 
 from . import models
 from .errors import GatewayError, PayloadTooLarge, problem_for
-from .runtime import Gateway
+
+if TYPE_CHECKING:  # runtime.py builds parts whose modules use these helpers
+    from .runtime import Gateway
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:

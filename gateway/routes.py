@@ -16,7 +16,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import models
+from . import admin, models, webhooks
 from .auth import Principal, Scope
 from .errors import GatewayError, NotFound
 from .httpio import json_response, problem_response, read_json
@@ -43,7 +43,8 @@ class Endpoint:
     method: str
     path: str
     handler: Handler
-    scope: Scope | None  # None: no authentication at all
+    # None: no bearer token. Public, or the handler authenticates (signed webhooks).
+    scope: Scope | None
     target: Target = Target.NONE
 
 
@@ -254,6 +255,19 @@ ENDPOINTS = [
     Endpoint("POST", "/v1/tasks/{task_id}/release", release, Scope.CLAIM, Target.TASK),
     Endpoint("POST", "/v1/tasks/{task_id}/cancel", cancel, Scope.ENQUEUE, Target.TASK),
     Endpoint("POST", "/v1/tasks/{task_id}/retry", retry, Scope.ENQUEUE, Target.TASK),
+    # No bearer token: the Standard Webhooks signature authenticates (webhooks.receive).
+    Endpoint("POST", "/v1/runtimes/{rt}/webhooks", webhooks.receive, None, Target.RUNTIME),
+    Endpoint("POST", "/v1/admin/tokens", admin.create_token, Scope.ADMIN),
+    Endpoint("GET", "/v1/admin/tokens", admin.list_tokens, Scope.ADMIN),
+    Endpoint("DELETE", "/v1/admin/tokens/{token_id}", admin.revoke_token, Scope.ADMIN),
+    Endpoint("POST", "/v1/admin/webhook-secrets", admin.create_webhook_secret, Scope.ADMIN),
+    Endpoint("GET", "/v1/admin/webhook-secrets", admin.list_webhook_secrets, Scope.ADMIN),
+    Endpoint(
+        "DELETE",
+        "/v1/admin/webhook-secrets/{secret_id}",
+        admin.revoke_webhook_secret,
+        Scope.ADMIN,
+    ),
     Endpoint("GET", "/healthz", healthz, None),
     Endpoint("GET", "/readyz", readyz, None),
     Endpoint("GET", "/metrics", metrics, None),

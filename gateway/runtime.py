@@ -18,6 +18,7 @@ from .metrics import Metrics
 from .settings import Settings
 from .store import Store
 from .wakeups import Subscriber
+from .webhooks import Verifier
 
 log = logging.getLogger("gateway")
 
@@ -42,6 +43,7 @@ class Gateway:
         )
         self.credentials = Credentials(self.store)
         self.auth = Authenticator(settings, self.credentials.principal_by_hash)
+        self.webhooks = Verifier(self.credentials.webhook_keys)
         timeout = settings.redis_timeout_seconds
         self.cache = VerdictCache(
             make_client(settings.redis_url, timeout),
