@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 import uuid
 
 import pytest
 
+from gateway.auth import TOKEN_CACHE_TTL_SECONDS
 from tests.e2e.credentials_support import make_secret, make_token, rows, unique
 from tests.e2e.lifecycle_support import assert_problem, enqueue, req
 
@@ -215,3 +218,26 @@ async def test_unknown_tokens_are_401_with_a_challenge(gw, runtime_id, header):
     )
     assert_problem(resp, 401, "unauthorized")
     assert resp.headers["WWW-Authenticate"] == 'Bearer realm="claim-gateway", error="invalid_token"'
+
+
+async def test_tokens_are_read_once_per_cache_period(gw, runtime_id, monkeypatch):
+    auth = gw.gateway.auth
+    token = (await make_token(gw, ["read"]))["token"]
+    loads: list[bytes] = []
+    real = auth._lookup
+
+    async def counting(secret_hash: bytes):
+        loads.append(secret_hash)
+        return await real(secret_hash)
+
+    monkeypatch.setattr(auth, "_lookup", counting)
+    auth.cache.clear()
+    started = time.monotonic()
+    path = f"/v1/runtimes/{runtime_id}/stats"
+    results = await asyncio.gather(*(req(gw, "GET", path, auth=token) for _ in range(20)))
+    assert [r.status for r in results] == [200] * 20
+    unknown = "gwt_" + "u" * 43
+    for _ in range(5):  # a miss is remembered too
+        assert (await req(gw, "GET", path, auth=unknown)).status == 401
+    # Two loads, unless this machine took longer than an entry's life for all of it.
+    assert len(loads) == 2 or time.monotonic() - started > TOKEN_CACHE_TTL_SECONDS

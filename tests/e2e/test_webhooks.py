@@ -251,3 +251,21 @@ async def test_a_delivery_wakes_a_parked_poll(gw, hooks, rt):
     assert resp.status == 201
     tasks = await asyncio.wait_for(poll, 5)
     assert [t["id"] for t in tasks] == [resp.body["id"]]
+
+
+async def test_secrets_are_read_once_per_runtime_per_cache_period(gw, hooks, rt, monkeypatch):
+    verifier = gw.gateway.webhooks
+    loads: list[str] = []
+    real = verifier._keys_for
+
+    async def counting(runtime_id: str) -> tuple[bytes, ...]:
+        loads.append(runtime_id)
+        return await real(runtime_id)
+
+    monkeypatch.setattr(verifier, "_keys_for", counting)
+    verifier.cache.clear()
+    results = await asyncio.gather(
+        *(deliver(gw, rt, {"n": n}, secret=hooks["secret"]) for n in range(20))
+    )
+    assert [r.status for r in results] == [201] * 20
+    assert loads == [rt]  # 20 concurrent deliveries, one read of Postgres
