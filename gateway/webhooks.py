@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -126,7 +127,7 @@ class Verifier:
         raise InvalidSignature(REFUSED)
 
 
-def query_fields(params: Any) -> dict[str, int | float]:
+def query_fields(params: QueryParams) -> dict[str, int | float]:
     """The enqueue options of the query string as numbers, for models.parse_enqueue to
     range-check; an unknown, repeated or non-numeric parameter is ValidationFailed."""
     out: dict[str, int | float] = {}

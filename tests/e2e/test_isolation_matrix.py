@@ -82,7 +82,7 @@ RECIPES: dict[tuple[str, str], Recipe] = {
     ("GET", "/v1/admin/tokens"): Recipe(),
     ("DELETE", "/v1/admin/tokens/{token_id}"): Recipe(expect=204),
     ("POST", "/v1/admin/webhook-secrets"): Recipe(
-        lambda w: {"name": unique("mint"), "runtimes": ["*"]}, expect=201
+        lambda w: {"name": unique("mint"), "runtimes": [unique("mint")]}, expect=201
     ),
     ("GET", "/v1/admin/webhook-secrets"): Recipe(),
     ("DELETE", "/v1/admin/webhook-secrets/{secret_id}"): Recipe(expect=204),
