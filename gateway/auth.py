@@ -2,17 +2,26 @@
 
 A request carries `Authorization: Bearer <token>`. The token resolves to a
 `Principal`: a set of scopes and, optionally, the runtime patterns it is limited to.
-`GATEWAY_ADMIN_TOKEN` is the bootstrap admin; `GATEWAY_AUTH=off` (local development
+`GATEWAY_ADMIN_TOKEN` is the bootstrap admin; every other token is looked up by the
+SHA-256 of its secret (gateway.credentials stores them), through a per-process cache
+whose entries live at most TOKEN_CACHE_TTL_SECONDS, so that a revoked token stops
+working on every instance within that time. `GATEWAY_AUTH=off` (local development
 only) makes every request an admin.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import hashlib
 import hmac
 import re
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Generic, TypeVar
 
 from .errors import Forbidden, Unauthorized
 from .settings import Settings
@@ -74,21 +83,115 @@ class Principal:
 
 ADMIN = Principal("admin", frozenset({Scope.ADMIN}))
 
+# Every issued token starts with this, so that a leaked one is recognisable (secret
+# scanners) and a bearer without it is refused without a database lookup.
+TOKEN_PREFIX = "gwt_"
+MAX_TOKEN_CHARS = 200
+# How long one process trusts what it read about a token, present or absent, in
+# seconds. A revocation reaches every instance within this (well inside 5 s).
+TOKEN_CACHE_TTL_SECONDS = 2.0
+TOKEN_CACHE_ENTRIES = 10_000
+
+
+def hash_token(secret: str) -> bytes:
+    """What the database keeps of a token: the SHA-256 of its secret (32 bytes). The
+    secret has 256 random bits, so a plain hash is enough; no salt or stretching."""
+    return hashlib.sha256(secret.encode()).digest()
+
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class LocalCache(Generic[K, V]):
+    """A small in-process cache of lookups, misses included: at most `max_entries`
+    (least recently used dropped first), each kept at most `ttl_seconds` from the
+    moment its load began. Concurrent lookups of one key share one load; a load that
+    fails is not cached. Owned by whoever builds it; holds no connection."""
+
+    def __init__(
+        self,
+        ttl_seconds: float,
+        max_entries: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl_seconds = ttl_seconds
+        self.max_entries = max_entries
+        self._clock = clock
+        self._entries: OrderedDict[K, tuple[float, V]] = OrderedDict()
+        self._loading: dict[K, asyncio.Future[V]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    async def get(self, key: K, load: Callable[[K], Awaitable[V]]) -> V:
+        """The cached value of `key`, or `load(key)`'s, which is then cached."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            if entry[0] > self._clock():
+                self._entries.move_to_end(key)
+                return entry[1]
+            del self._entries[key]
+        pending = self._loading.get(key)
+        if pending is None:
+            pending = asyncio.ensure_future(self._load(key, load))
+            # Retrieve a failure even if every waiter was cancelled meanwhile.
+            pending.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self._loading[key] = pending
+        # One waiter leaving must not cancel the load the others wait for.
+        return await asyncio.shield(pending)
+
+    async def _load(self, key: K, load: Callable[[K], Awaitable[V]]) -> V:
+        # The age counts from before the read, so a slow read cannot stretch it.
+        expires = self._clock() + self.ttl_seconds
+        try:
+            value = await load(key)
+        finally:
+            self._loading.pop(key, None)
+        self._entries[key] = (expires, value)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        """Forget every entry (a load under way still stores its answer)."""
+        self._entries.clear()
+
+
+# Resolves the hash of a token's secret to its principal, or None for no live token.
+TokenLookup = Callable[[bytes], Awaitable[Principal | None]]
+
 
 class Authenticator:
-    """Resolves the Authorization header to a Principal. Runs on every request."""
+    """Resolves the Authorization header to a Principal. Runs on every request.
+    `lookup` finds issued tokens (None: only the admin token is accepted)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, lookup: TokenLookup | None = None) -> None:
         self.enabled = settings.auth_enabled
         self._admin_token = (settings.admin_token or "").encode()
+        self._lookup = lookup
+        self.cache: LocalCache[bytes, Principal | None] = LocalCache(
+            TOKEN_CACHE_TTL_SECONDS, TOKEN_CACHE_ENTRIES
+        )
 
     async def authenticate(self, authorization: str | None) -> Principal:
-        """The caller, or Unauthorized (401)."""
+        """The caller, or Unauthorized (401); StoreUnavailable (503) when an issued
+        token must be looked up and the database cannot answer."""
         if not self.enabled:
             return ADMIN
         token = bearer_token(authorization)
         if hmac.compare_digest(token.encode(), self._admin_token):
             return ADMIN
+        if (
+            self._lookup is not None
+            and token.startswith(TOKEN_PREFIX)
+            and len(token) <= MAX_TOKEN_CHARS
+        ):
+            # Looked up by hash, so no comparison of secrets happens here at all.
+            principal = await self.cache.get(hash_token(token), self._lookup)
+            if principal is not None:
+                return principal
         raise Unauthorized("the bearer token is not valid", invalid_token=True)
 
 

@@ -1,4 +1,4 @@
-"""The `gateway` command: serve, migrate."""
+"""The `gateway` command: serve, migrate, token, webhook-secret."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -189,6 +190,106 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         return 2
 
 
+# -- credentials: token, webhook-secret ------------------------------------------------
+
+# The commands themselves are in cli_credentials; their options are here.
+CREDENTIALS_HELP = (
+    "Needs DATABASE_URL only. Exit codes: 0 done; 1 nothing matched, or the database "
+    "failed; 2 bad input (nothing is stored) or DATABASE_URL unset."
+)
+SCOPES_HELP = (
+    "enqueue: enqueue, batch, cancel, retry; claim: claim, heartbeat, complete, fail, "
+    "release; read: get, list, stats; admin: everything, including tokens and webhook secrets"
+)
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    from .cli_credentials import cmd_token as run  # imported when run, as serve's app
+
+    return run(args)
+
+
+def cmd_webhook_secret(args: argparse.Namespace) -> int:
+    from .cli_credentials import cmd_webhook_secret as run
+
+    return run(args)
+
+
+def _credential_actions(parser: argparse.ArgumentParser, noun: str) -> argparse.ArgumentParser:
+    """Adds list and revoke to `parser`; returns the create subparser for its options."""
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    create = actions.add_parser(
+        "create",
+        help=f"create a {noun}; print its secret alone on stdout, once",
+        description=f"Create a {noun} and print its secret alone on stdout; notes go to "
+        "stderr. The secret is never shown again.",
+    )
+    create.add_argument("--name", required=True, help=f"unique among live {noun}s")
+    listing = actions.add_parser(
+        "list",
+        help=f"list live {noun}s, never their secrets",
+        description=f"List live {noun}s, oldest first; --all adds revoked ones with the time "
+        "they were revoked. Secrets are never shown.",
+    )
+    listing.add_argument("--all", action="store_true", help=f"include revoked {noun}s")
+    listing.add_argument("--json", action="store_true", help="print JSON, as the admin API")
+    revoke = actions.add_parser(
+        "revoke",
+        help=f"revoke a {noun} by id or name",
+        description=f"Revoke a {noun} by id, or the live one with that name. Every gateway "
+        "instance refuses it within 2 s.",
+    )
+    revoke.add_argument("ref", metavar="ID_OR_NAME")
+    return create
+
+
+def _add_credential_commands(sub: Any) -> None:
+    token = sub.add_parser(
+        "token",
+        help="create, list and revoke scoped API tokens",
+        description="Scoped API tokens. Scopes: " + SCOPES_HELP + ". Runtime patterns limit "
+        "a token to some runtimes (* matches any run of characters); without any it covers "
+        "every runtime. Only the SHA-256 of a token's secret is stored. " + CREDENTIALS_HELP,
+    )
+    token.set_defaults(func=cmd_token)
+    create = _credential_actions(token, "token")
+    create.add_argument(
+        "--scopes", required=True, help="comma-separated, of enqueue, claim, read and admin"
+    )
+    create.add_argument(
+        "--runtime",
+        action="extend",
+        nargs="+",
+        metavar="PATTERN",
+        help="a runtime id or glob (ci-*) the token may act on; repeatable; default: every one",
+    )
+    create.add_argument(
+        "--json", action="store_true", help="print {id, name, scopes, runtimes, token, created_at}"
+    )
+
+    hook = sub.add_parser(
+        "webhook-secret",
+        help="create, list and revoke webhook signing secrets",
+        description="Secrets (whsec_...) that sign Standard Webhooks deliveries to POST "
+        "/v1/runtimes/{rt}/webhooks, each for one or more runtime patterns. The key is "
+        "stored in clear in the database, since verifying a signature needs it, and is "
+        "shown only at creation. " + CREDENTIALS_HELP,
+    )
+    hook.set_defaults(func=cmd_webhook_secret)
+    create = _credential_actions(hook, "webhook secret")
+    create.add_argument(
+        "--runtime",
+        action="extend",
+        nargs="+",
+        metavar="PATTERN",
+        required=True,
+        help="a runtime id or glob (ci-*) deliveries may enqueue into; repeatable",
+    )
+    create.add_argument(
+        "--json", action="store_true", help="print {id, name, runtimes, secret, created_at}"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gateway",
@@ -245,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="apply nothing; list pending migrations and exit 1 if there are any",
     )
     migrate.set_defaults(func=cmd_migrate)
+    _add_credential_commands(sub)
     return parser
 
 

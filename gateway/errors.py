@@ -75,6 +75,18 @@ class Unauthorized(GatewayError):
         return {"WWW-Authenticate": challenge}
 
 
+class InvalidSignature(Unauthorized):
+    """A webhook delivery whose Standard Webhooks signature is missing, stale or matches
+    no live secret covering its runtime."""
+
+    code = "invalid_signature"
+
+    def headers(self) -> dict[str, str]:
+        # A 401 must carry a challenge (RFC 9110 section 15.5.2); this one names the
+        # scheme expected here instead of Bearer.
+        return {"WWW-Authenticate": 'Webhook-Signature realm="claim-gateway"'}
+
+
 class Forbidden(GatewayError):
     code = "forbidden"
 
@@ -97,6 +109,12 @@ class Conflict(GatewayError):
     """The task is not in a state that allows the operation."""
 
     code = "invalid_state"
+
+
+class AlreadyExists(GatewayError):
+    """A live token or webhook secret already has this name."""
+
+    code = "already_exists"
 
 
 class Overloaded(GatewayError):
@@ -134,11 +152,13 @@ class CacheUnavailable(GatewayError):
 PROBLEMS: dict[type[GatewayError], tuple[int, str]] = {
     BadRequest: (400, "Bad request"),
     Unauthorized: (401, "Unauthorized"),
+    InvalidSignature: (401, "Unauthorized"),
     Forbidden: (403, "Forbidden"),
     NotFound: (404, "Not found"),
     MethodNotAllowed: (405, "Method not allowed"),
     LeaseLost: (409, "Lease lost"),
     Conflict: (409, "Conflict"),
+    AlreadyExists: (409, "Conflict"),
     RequestTimeout: (408, "Request timeout"),
     PayloadTooLarge: (413, "Payload too large"),
     ValidationFailed: (422, "Validation failed"),

@@ -9,18 +9,18 @@ import contextlib
 import enum
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import models
+from . import admin, models, webhooks
 from .auth import Principal, Scope
-from .errors import GatewayError, NotFound, PayloadTooLarge, problem_for
+from .errors import GatewayError, NotFound
+from .httpio import json_response, problem_response, read_json
 from .metrics import CONTENT_TYPE
 from .runtime import Gateway
 from .store import Row
@@ -28,26 +28,6 @@ from .store import Row
 log = logging.getLogger("gateway.http")
 
 Handler = Callable[[Request, Gateway], Awaitable[Response]]
-
-
-def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(
-        orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE),
-        status,
-        headers,
-        media_type="application/json",
-    )
-
-
-def problem_response(error: GatewayError, headers: Mapping[str, str] | None = None) -> Response:
-    """RFC 9457 problem+json for any gateway error, status from errors.PROBLEMS."""
-    status, body = problem_for(error)
-    return Response(
-        orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE),
-        status,
-        {**(headers or {}), **error.headers()},
-        media_type="application/problem+json",
-    )
 
 
 class Target(enum.Enum):
@@ -65,7 +45,8 @@ class Endpoint:
     method: str
     path: str
     handler: Handler
-    scope: Scope | None  # None: no authentication at all
+    # None: no bearer token. Public, or the handler authenticates (signed webhooks).
+    scope: Scope | None
     target: Target = Target.NONE
 
 
@@ -108,22 +89,6 @@ def api(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
             )
 
     return run
-
-
-async def read_json(request: Request, gw: Gateway) -> dict[str, Any]:
-    """The body as a JSON object, refusing more than GATEWAY_MAX_BODY_BYTES (413)."""
-    limit = gw.settings.max_body_bytes
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
-        raise PayloadTooLarge(f"request body is larger than {limit} bytes")
-    chunks = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body is larger than {limit} bytes")
-        chunks.append(chunk)
-    return models.decode_body(b"".join(chunks), gw.settings.max_json_depth)
 
 
 # -- producers --------------------------------------------------------------
@@ -316,6 +281,19 @@ ENDPOINTS = [
     Endpoint("POST", "/v1/tasks/{task_id}/release", release, Scope.CLAIM, Target.TASK),
     Endpoint("POST", "/v1/tasks/{task_id}/cancel", cancel, Scope.ENQUEUE, Target.TASK),
     Endpoint("POST", "/v1/tasks/{task_id}/retry", retry, Scope.ENQUEUE, Target.TASK),
+    # No bearer token: the Standard Webhooks signature authenticates (webhooks.receive).
+    Endpoint("POST", "/v1/runtimes/{rt}/webhooks", webhooks.receive, None, Target.RUNTIME),
+    Endpoint("POST", "/v1/admin/tokens", admin.create_token, Scope.ADMIN),
+    Endpoint("GET", "/v1/admin/tokens", admin.list_tokens, Scope.ADMIN),
+    Endpoint("DELETE", "/v1/admin/tokens/{token_id}", admin.revoke_token, Scope.ADMIN),
+    Endpoint("POST", "/v1/admin/webhook-secrets", admin.create_webhook_secret, Scope.ADMIN),
+    Endpoint("GET", "/v1/admin/webhook-secrets", admin.list_webhook_secrets, Scope.ADMIN),
+    Endpoint(
+        "DELETE",
+        "/v1/admin/webhook-secrets/{secret_id}",
+        admin.revoke_webhook_secret,
+        Scope.ADMIN,
+    ),
     Endpoint("GET", "/healthz", healthz, None),
     Endpoint("GET", "/readyz", readyz, None),
     Endpoint("GET", "/metrics", metrics, None),

@@ -11,19 +11,21 @@ import logging
 from .auth import Authenticator
 from .cache import CircuitBreaker, VerdictCache, make_client
 from .claim import Claimer
+from .credentials import Credentials
 from .errors import ConfigError, GatewayError
 from .janitor import Janitor
 from .metrics import Metrics
 from .settings import Settings
 from .store import Store
 from .wakeups import Subscriber
+from .webhooks import Verifier
 
 log = logging.getLogger("gateway")
 
 
 class Gateway:
-    """Owns the Postgres pool, the Redis clients, the pub/sub subscriber, the claimer
-    and the janitor."""
+    """Owns the Postgres pool, the Redis clients, the pub/sub subscriber, the claimer,
+    the janitor, and the short-lived caches of tokens and webhook secrets."""
 
     def __init__(self, settings: Settings) -> None:
         if not settings.database_url:
@@ -32,7 +34,6 @@ class Gateway:
             raise ConfigError("REDIS_URL is not set (or run `gateway serve --embedded`)")
         self.settings = settings
         self.metrics = Metrics()
-        self.auth = Authenticator(settings)
         self.store = Store(
             settings.database_url,
             self.metrics,
@@ -40,6 +41,9 @@ class Gateway:
             max_size=settings.db_pool_max,
             statement_timeout_ms=settings.db_statement_timeout_ms,
         )
+        self.credentials = Credentials(self.store)
+        self.auth = Authenticator(settings, self.credentials.principal_by_hash)
+        self.webhooks = Verifier(self.credentials.webhook_keys)
         timeout = settings.redis_timeout_seconds
         self.cache = VerdictCache(
             make_client(settings.redis_url, timeout),

@@ -94,6 +94,12 @@ class Store:
         except DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"database error: {exc}") from exc
 
+    async def run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """Run `fn` on a pooled connection, for storage modules that keep their own
+        statements (credentials). Driver errors become StoreUnavailable, as here;
+        a GatewayError that `fn` raises passes through unchanged."""
+        return await self._run(fn)
+
     async def schema_is_current(self) -> bool:
         """True when every migration file has been applied (for readiness)."""
         return await self._run(schema_is_current)

@@ -106,14 +106,20 @@ async def running_gateway(settings: Settings) -> AsyncIterator[Instance]:
 
 @contextlib.asynccontextmanager
 async def serve_process(
-    *args: str, env: dict[str, str], ready_within: float = 20
+    *args: str,
+    env: dict[str, str],
+    ready_within: float = 20,
+    log_level: str = "info",
+    stdout: int = asyncio.subprocess.DEVNULL,
 ) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
-    """`gateway serve ARGS` as a real process on a free port, once /readyz answers 200.
-    Yields (process, base URL); kills it afterwards if the test did not stop it."""
+    """`gateway --log-level LEVEL serve ARGS` as a real process on a free port, once
+    /readyz answers 200. Yields (process, base URL); kills it afterwards if the test did
+    not stop it. `stdout=PIPE` keeps what it prints there (uvicorn's access log)."""
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", "serve", "--port", str(port), *args,
-        env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        sys.executable, "-m", "gateway.cli", "--log-level", log_level,
+        "serve", "--port", str(port), *args,
+        env=env, stdout=stdout, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:

@@ -11,11 +11,13 @@ from gateway.errors import GatewayError, problem_for
 EXPECTED: list[tuple[type[GatewayError], int, str, str]] = [
     (errors.BadRequest, 400, "bad_request", "Bad request"),
     (errors.Unauthorized, 401, "unauthorized", "Unauthorized"),
+    (errors.InvalidSignature, 401, "invalid_signature", "Unauthorized"),
     (errors.Forbidden, 403, "forbidden", "Forbidden"),
     (errors.NotFound, 404, "not_found", "Not found"),
     (errors.MethodNotAllowed, 405, "method_not_allowed", "Method not allowed"),
     (errors.LeaseLost, 409, "lease_lost", "Lease lost"),
     (errors.Conflict, 409, "invalid_state", "Conflict"),
+    (errors.AlreadyExists, 409, "already_exists", "Conflict"),
     (errors.RequestTimeout, 408, "request_timeout", "Request timeout"),
     (errors.PayloadTooLarge, 413, "payload_too_large", "Payload too large"),
     (errors.ValidationFailed, 422, "validation_failed", "Validation failed"),
@@ -64,6 +66,9 @@ def test_error_headers() -> None:
     }
     assert errors.Unauthorized("bad", invalid_token=True).headers() == {
         "WWW-Authenticate": 'Bearer realm="claim-gateway", error="invalid_token"'
+    }
+    assert errors.InvalidSignature("bad").headers() == {
+        "WWW-Authenticate": 'Webhook-Signature realm="claim-gateway"'
     }
     assert errors.NotFound("x").headers() == {}
 

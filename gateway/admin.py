@@ -1,0 +1,76 @@
+"""Admin API handlers (scope admin): scoped tokens and webhook secrets.
+
+A secret appears once, in the 201 answer that creates it (marked no-store); listings
+never hold one. Revoking clears this instance's caches at once; other instances stop
+accepting the credential within their cache TTL (2 s).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from . import credentials
+from .errors import NotFound, ValidationFailed
+from .httpio import json_response, read_json
+
+if TYPE_CHECKING:
+    from .runtime import Gateway
+
+# A secret in an answer must not be kept by caches or proxies along the way.
+SECRET_HEADERS = {"Cache-Control": "no-store"}
+
+
+def _include_revoked(params: Mapping[str, str]) -> bool:
+    raw = params.get("include_revoked", "false").lower()
+    if raw not in ("true", "false", "1", "0"):
+        raise ValidationFailed("include_revoked must be true or false", field="include_revoked")
+    return raw in ("true", "1")
+
+
+def _path_id(request: Request, param: str, kind: str) -> uuid.UUID:
+    raw = request.path_params[param]
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise NotFound(f"no {kind} with id {raw!r}") from None
+
+
+async def create_token(request: Request, gw: Gateway) -> Response:
+    spec = credentials.parse_token_spec(await read_json(request, gw))
+    row, secret = await gw.credentials.create_token(spec)
+    return json_response(credentials.token_json(row, secret), 201, SECRET_HEADERS)
+
+
+async def list_tokens(request: Request, gw: Gateway) -> Response:
+    rows = await gw.credentials.list_tokens(_include_revoked(request.query_params))
+    return json_response({"tokens": [credentials.token_json(r) for r in rows]})
+
+
+async def revoke_token(request: Request, gw: Gateway) -> Response:
+    """204, also for a token revoked before; 404 for an unknown id."""
+    await gw.credentials.revoke_token(_path_id(request, "token_id", "token"))
+    gw.auth.cache.clear()
+    return Response(status_code=204)
+
+
+async def create_webhook_secret(request: Request, gw: Gateway) -> Response:
+    spec = credentials.parse_webhook_secret_spec(await read_json(request, gw))
+    row, secret = await gw.credentials.create_webhook_secret(spec)
+    return json_response(credentials.webhook_secret_json(row, secret), 201, SECRET_HEADERS)
+
+
+async def list_webhook_secrets(request: Request, gw: Gateway) -> Response:
+    rows = await gw.credentials.list_webhook_secrets(_include_revoked(request.query_params))
+    return json_response({"webhook_secrets": [credentials.webhook_secret_json(r) for r in rows]})
+
+
+async def revoke_webhook_secret(request: Request, gw: Gateway) -> Response:
+    """204, also for a secret revoked before; 404 for an unknown id."""
+    await gw.credentials.revoke_webhook_secret(_path_id(request, "secret_id", "webhook secret"))
+    gw.webhooks.cache.clear()
+    return Response(status_code=204)

@@ -1,0 +1,60 @@
+"""HTTP plumbing shared by every handler module: JSON and problem+json answers, and
+reading a request body within GATEWAY_MAX_BODY_BYTES. No handler logic lives here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from . import models
+from .errors import GatewayError, PayloadTooLarge, problem_for
+
+if TYPE_CHECKING:  # runtime.py builds parts whose modules use these helpers
+    from .runtime import Gateway
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE),
+        status,
+        headers,
+        media_type="application/json",
+    )
+
+
+def problem_response(error: GatewayError, headers: Mapping[str, str] | None = None) -> Response:
+    """RFC 9457 problem+json for any gateway error, status from errors.PROBLEMS."""
+    status, body = problem_for(error)
+    return Response(
+        orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE),
+        status,
+        {**(headers or {}), **error.headers()},
+        media_type="application/problem+json",
+    )
+
+
+async def read_body(request: Request, gw: Gateway) -> bytes:
+    """The raw body, refusing more than GATEWAY_MAX_BODY_BYTES (413) before reading it
+    all when Content-Length says so, and as soon as the stream passes the limit."""
+    limit = gw.settings.max_body_bytes
+    declared = request.headers.get("content-length")
+    # More than 18 digits is over any limit, and int() has a digit limit of its own.
+    if declared and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
+        raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json(request: Request, gw: Gateway) -> dict[str, Any]:
+    """The body as a JSON object (models.decode_body), within the body limit."""
+    return models.decode_body(await read_body(request, gw), gw.settings.max_json_depth)

@@ -1,0 +1,173 @@
+"""Signed enqueue: a Standard Webhooks delivery (standardwebhooks.com) becomes a task.
+
+`POST /v1/runtimes/{rt}/webhooks` carries no bearer token; its signature is the
+credential. The sender signs `"<webhook-id>.<webhook-timestamp>.<body>"` with HMAC-SHA256
+under the key of a `whsec_` secret and sends `webhook-signature: v1,<base64>` (several,
+space-separated, while it rotates secrets). Any live secret whose runtime patterns cover
+the path's runtime may match. The `webhook-id` is the task's idempotency key (as
+`webhook:<id>`), so a redelivery is a replay. Only the id, timestamp and body are
+signed: the path's runtime (within the secret's patterns) and the query parameters are
+the sender's configuration, not part of the signature.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from starlette.datastructures import QueryParams
+from starlette.requests import Request
+from starlette.responses import Response
+
+from . import models
+from .auth import LocalCache
+from .errors import BadRequest, InvalidSignature, ValidationFailed
+from .httpio import json_response, read_body
+
+if TYPE_CHECKING:  # runtime.py owns the Verifier
+    from .runtime import Gateway
+
+# How far webhook-timestamp may be from this clock, either way, in seconds (the spec's 5 min).
+TOLERANCE_SECONDS = 300
+# How long one process trusts the list of secrets covering a runtime, in seconds; a
+# revoked secret stops verifying on every instance within this.
+SECRET_CACHE_TTL_SECONDS = 2.0
+SECRET_CACHE_ENTRIES = 10_000
+# The enqueue options a delivery may set in the query string; validated by models.
+QUERY_FIELDS = ("priority", "delay_seconds", "ttl_seconds", "max_attempts")
+NUMBER_RE = re.compile(r"^-?[0-9]{1,15}(\.[0-9]{1,15})?$")
+TIMESTAMP_RE = re.compile(r"^[0-9]{1,15}$")
+
+REFUSED = "no webhook-signature matches a live webhook secret covering this runtime"
+# Deliveries' ids live beside producers' Idempotency-Keys on a runtime; the prefix keeps
+# a sender's id from ever meeting a producer's key.
+KEY_PREFIX = "webhook:"
+MAX_MSG_ID = models.MAX_IDEMPOTENCY_KEY - len(KEY_PREFIX)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """The signature headers of one delivery, checked for presence and freshness."""
+
+    msg_id: str
+    timestamp: str  # as sent: it is part of the signed content
+    signatures: tuple[bytes, ...]  # the decoded v1 signatures; others are ignored
+
+    def signed_content(self, body: bytes) -> bytes:
+        # Starlette decodes header bytes as latin-1; encoding back gives what was signed.
+        return b".".join((self.msg_id.encode("latin-1"), self.timestamp.encode("latin-1"), body))
+
+
+def parse_headers(headers: Mapping[str, str], now: float) -> Delivery:
+    """The delivery's signature headers, or InvalidSignature (401) when one is missing,
+    the timestamp is malformed or more than TOLERANCE_SECONDS from `now` (epoch s)."""
+    msg_id = headers.get("webhook-id", "")
+    timestamp = headers.get("webhook-timestamp", "")
+    signature = headers.get("webhook-signature", "")
+    if not (msg_id and timestamp and signature):
+        raise InvalidSignature(
+            "a signed delivery needs the webhook-id, webhook-timestamp and webhook-signature "
+            "headers (Standard Webhooks)"
+        )
+    if not TIMESTAMP_RE.fullmatch(timestamp):
+        raise InvalidSignature("webhook-timestamp must be whole seconds since the Unix epoch")
+    if abs(int(timestamp) - now) > TOLERANCE_SECONDS:
+        raise InvalidSignature(
+            f"webhook-timestamp is more than {TOLERANCE_SECONDS} s away from the gateway's "
+            "clock; sign each delivery (and each retry) with the current time"
+        )
+    signatures = []
+    for item in signature.split():
+        version, _, encoded = item.partition(",")
+        if version != "v1":
+            continue  # another scheme (v1a is asymmetric): not ours to judge
+        try:
+            signatures.append(base64.b64decode(encoded, validate=True))
+        except binascii.Error:
+            continue
+    return Delivery(msg_id, timestamp, tuple(signatures))
+
+
+class Verifier:
+    """Checks deliveries against the signing keys of the live secrets covering a
+    runtime, read through `keys_for` and cached per runtime for at most
+    SECRET_CACHE_TTL_SECONDS, so that webhook traffic rarely reads Postgres. Owned by
+    the Gateway."""
+
+    def __init__(
+        self,
+        keys_for: Callable[[str], Awaitable[tuple[bytes, ...]]],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._keys_for = keys_for
+        self.clock = clock
+        self.cache: LocalCache[str, tuple[bytes, ...]] = LocalCache(
+            SECRET_CACHE_TTL_SECONDS, SECRET_CACHE_ENTRIES
+        )
+
+    async def verify(self, runtime_id: str, delivery: Delivery, body: bytes) -> None:
+        """Returns when one signature matches one covering key; else InvalidSignature.
+        No secret covering the runtime gets the same answer as a wrong signature."""
+        if not delivery.signatures:
+            raise InvalidSignature(REFUSED)
+        keys = await self.cache.get(runtime_id, self._keys_for)
+        content = delivery.signed_content(body)
+        for key in keys:
+            expected = hmac.new(key, content, hashlib.sha256).digest()
+            for signature in delivery.signatures:
+                if hmac.compare_digest(expected, signature):
+                    return
+        raise InvalidSignature(REFUSED)
+
+
+def query_fields(params: QueryParams) -> dict[str, int | float]:
+    """The enqueue options of the query string as numbers, for models.parse_enqueue to
+    range-check; an unknown, repeated or non-numeric parameter is ValidationFailed."""
+    out: dict[str, int | float] = {}
+    for name, value in params.multi_items():
+        if name not in QUERY_FIELDS:
+            raise ValidationFailed(
+                f"unknown query parameter {name!r}; a delivery may set {', '.join(QUERY_FIELDS)}",
+                field=name,
+            )
+        if name in out:
+            raise ValidationFailed(f"query parameter {name} is given twice", field=name)
+        if not NUMBER_RE.fullmatch(value):
+            raise ValidationFailed(f"{name} must be a number, got {value!r}", field=name)
+        out[name] = float(value) if "." in value else int(value)
+    return out
+
+
+async def receive(request: Request, gw: Gateway) -> Response:
+    """Enqueue a signed delivery: its JSON body is the task's payload. 201 with the
+    task; 200 with Idempotent-Replayed for a redelivery of the same webhook-id; 401
+    for any signature problem; nothing is stored unless the signature matches."""
+    runtime_id = models.check_runtime_id(request.path_params["rt"])
+    # Cheap refusals first: no body is read and no secret looked up for them.
+    delivery = parse_headers(request.headers, gw.webhooks.clock())
+    raw = await read_body(request, gw)
+    await gw.webhooks.verify(runtime_id, delivery, raw)
+    if len(delivery.msg_id) > MAX_MSG_ID:
+        raise ValidationFailed(
+            f"webhook-id must be at most {MAX_MSG_ID} characters", field="webhook-id"
+        )
+    fields: dict[str, Any] = dict(query_fields(request.query_params))
+    if not raw.strip():
+        raise BadRequest("the delivery's body is empty; it must be a JSON value")
+    fields["payload"] = models.decode_json(raw, "payload", gw.settings.max_json_depth)
+    key = KEY_PREFIX + delivery.msg_id
+    req = models.parse_enqueue(
+        fields, key, gw.settings.max_payload_bytes, gw.settings.max_json_depth
+    )
+    row, created = await gw.store.enqueue(runtime_id, req)
+    if not created:
+        return json_response(models.render_task_or_stub(row), 200, {"Idempotent-Replayed": "true"})
+    await gw.claimer.announce(runtime_id)
+    return json_response(models.render_task_or_stub(row), 201)

@@ -1,0 +1,104 @@
+"""Helpers for the token, webhook and isolation tests: credentials made through the
+admin API, Standard Webhooks deliveries signed by the reference library, and table
+snapshots. Holds no tests."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+from standardwebhooks.webhooks import Webhook
+
+from tests.e2e.lifecycle_support import Resp, req
+from tests.harness import Instance
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(4)}"
+
+
+async def make_token(
+    inst: Instance, scopes: list[str], runtimes: list[str] | None = None, name: str | None = None
+) -> dict[str, Any]:
+    """A token made through the admin API: its JSON, with the secret in `token`."""
+    body: dict[str, Any] = {"name": name or unique("tok"), "scopes": scopes}
+    if runtimes is not None:
+        body["runtimes"] = runtimes
+    resp = await req(inst, "POST", "/v1/admin/tokens", body)
+    assert resp.status == 201, (resp.status, resp.body)
+    return resp.body
+
+
+async def make_secret(inst: Instance, runtimes: list[str]) -> dict[str, Any]:
+    """A webhook secret made through the admin API: its JSON, with `secret`."""
+    body = {"name": unique("whs"), "runtimes": runtimes}
+    resp = await req(inst, "POST", "/v1/admin/webhook-secrets", body)
+    assert resp.status == 201, (resp.status, resp.body)
+    return resp.body
+
+
+def sign(
+    secret: str, body: bytes, msg_id: str | None = None, when: datetime | None = None
+) -> dict[str, str]:
+    """Standard Webhooks headers for `body`, signed by the reference implementation."""
+    msg_id = msg_id or "msg_" + secrets.token_hex(8)
+    when = when or datetime.now(UTC)
+    return {
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(int(when.timestamp())),
+        "webhook-signature": Webhook(secret).sign(msg_id, when, body.decode()),
+    }
+
+
+def shifted(seconds: float) -> datetime:
+    return datetime.now(UTC) + timedelta(seconds=seconds)
+
+
+async def deliver(
+    inst: Instance,
+    runtime: str,
+    body: bytes | Any,
+    headers: dict[str, str] | None = None,
+    secret: str | None = None,
+    query: str = "",
+) -> Resp:
+    """POST a delivery to the runtime's webhook endpoint, without a bearer token. With
+    `secret`, the body is signed (fresh id, current time) unless `headers` say more."""
+    raw = body if isinstance(body, bytes) else orjson.dumps(body)
+    sent = sign(secret, raw) if secret else {}
+    sent.update(headers or {})
+    path = f"/v1/runtimes/{runtime}/webhooks{query}"
+    return await req(inst, "POST", path, raw=raw, headers=sent, auth=None)
+
+
+async def rows(inst: Instance, query: str, *args: Any) -> list[dict[str, Any]]:
+    """Rows straight from Postgres, through the instance's own pool; jsonb values (which
+    the pool hands over as orjson.Fragment, comparable only by identity) as their text."""
+    found = await inst.gateway.store.run(lambda c: c.fetch(query, *args))
+    return [
+        {k: orjson.dumps(v) if isinstance(v, orjson.Fragment) else v for k, v in r.items()}
+        for r in found
+    ]
+
+
+async def snapshot(inst: Instance) -> dict[str, list[dict[str, Any]]]:
+    """Every column of every row of the tasks and credentials tables."""
+    return {
+        table: await rows(inst, f"SELECT * FROM {table} ORDER BY id")
+        for table in ("tasks", "api_tokens", "webhook_secrets")
+    }
+
+
+async def within(seconds: float, check: Callable[[], Awaitable[bool]], every: float = 0.1) -> float:
+    """Seconds until `check()` holds; fails the test after `seconds`."""
+    started = time.monotonic()
+    while not await check():
+        if time.monotonic() - started > seconds:
+            raise AssertionError(f"still not true after {seconds} s")
+        await asyncio.sleep(every)
+    return time.monotonic() - started

@@ -1,0 +1,179 @@
+"""The authenticator and its per-process cache of token lookups, without a database."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.auth import (
+    ADMIN,
+    TOKEN_CACHE_TTL_SECONDS,
+    TOKEN_PREFIX,
+    Authenticator,
+    LocalCache,
+    Principal,
+    Scope,
+    hash_token,
+)
+from gateway.errors import StoreUnavailable, Unauthorized
+from gateway.settings import Settings
+
+ADMIN_TOKEN = "a" * 40
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Loader:
+    """Counts loads; answers from a dict, or raises when told to."""
+
+    def __init__(self, values: dict[str, str | None]) -> None:
+        self.values = values
+        self.calls: list[str] = []
+        self.fail = False
+
+    async def __call__(self, key: str) -> str | None:
+        self.calls.append(key)
+        await asyncio.sleep(0)
+        if self.fail:
+            raise StoreUnavailable("down")
+        return self.values.get(key)
+
+
+def test_the_token_cache_ttl_is_at_most_two_seconds() -> None:
+    assert 0 < TOKEN_CACHE_TTL_SECONDS <= 2.0
+
+
+async def test_hits_misses_and_expiry() -> None:
+    clock = Clock()
+    cache: LocalCache[str, str | None] = LocalCache(2.0, 10, clock)
+    load = Loader({"a": "A"})
+    assert await cache.get("a", load) == "A"
+    assert await cache.get("b", load) is None  # a miss is cached too
+    clock.now += 1.9
+    assert await cache.get("a", load) == "A"
+    assert await cache.get("b", load) is None
+    assert load.calls == ["a", "b"]
+    clock.now += 0.2  # 2.1 s after the loads
+    load.values = {"b": "B"}
+    assert await cache.get("a", load) is None
+    assert await cache.get("b", load) == "B"
+    assert load.calls == ["a", "b", "a", "b"]
+
+
+async def test_size_is_bounded_least_recently_used_first() -> None:
+    clock = Clock()
+    cache: LocalCache[str, str | None] = LocalCache(2.0, 3, clock)
+    load = Loader({})
+    for key in "abc":
+        await cache.get(key, load)
+    await cache.get("a", load)  # a is now the most recently used
+    await cache.get("d", load)
+    assert len(cache) == 3
+    load.calls.clear()
+    await cache.get("a", load)
+    await cache.get("b", load)  # dropped: reloaded
+    assert load.calls == ["b"]
+
+
+async def test_concurrent_lookups_share_one_load_and_failures_are_not_cached() -> None:
+    cache: LocalCache[str, str | None] = LocalCache(2.0, 10, Clock())
+    load = Loader({"a": "A"})
+    load.fail = True
+    results = await asyncio.gather(
+        *(cache.get("a", load) for _ in range(5)), return_exceptions=True
+    )
+    assert all(isinstance(r, StoreUnavailable) for r in results)
+    assert load.calls == ["a"]
+    load.fail = False
+    assert await cache.get("a", load) == "A"
+    assert load.calls == ["a", "a"]
+
+
+async def test_a_cancelled_waiter_does_not_cancel_the_shared_load() -> None:
+    cache: LocalCache[str, str] = LocalCache(2.0, 10, Clock())
+    gate = asyncio.Event()
+
+    async def slow(key: str) -> str:
+        await gate.wait()
+        return key.upper()
+
+    first = asyncio.create_task(cache.get("a", slow))
+    second = asyncio.create_task(cache.get("a", slow))
+    await asyncio.sleep(0)
+    first.cancel()
+    gate.set()
+    assert await second == "A"
+    with pytest.raises(asyncio.CancelledError):
+        await first
+
+
+async def test_expiry_counts_from_before_a_slow_load() -> None:
+    clock = Clock()
+    cache: LocalCache[str, str] = LocalCache(2.0, 10, clock)
+    calls = 0
+
+    async def slow(key: str) -> str:
+        nonlocal calls
+        calls += 1
+        clock.now += 1.5  # the read took 1.5 s
+        return key
+
+    await cache.get("a", slow)
+    clock.now += 0.6  # 2.1 s after the read began
+    await cache.get("a", slow)
+    assert calls == 2
+
+
+def settings(**kw: object) -> Settings:
+    return Settings(database_url="postgresql://x/y", redis_url="redis://x", **kw)  # type: ignore[arg-type]
+
+
+READER = Principal("reader", frozenset({Scope.READ}), ("ci-*",))
+
+
+async def test_authenticator_admin_issued_and_refused_tokens() -> None:
+    secret = TOKEN_PREFIX + "s" * 43
+    seen: list[bytes] = []
+
+    async def lookup(secret_hash: bytes) -> Principal | None:
+        seen.append(secret_hash)
+        return READER if secret_hash == hash_token(secret) else None
+
+    auth = Authenticator(settings(admin_token=ADMIN_TOKEN), lookup)
+    assert await auth.authenticate(f"Bearer {ADMIN_TOKEN}") is ADMIN
+    assert seen == []  # the admin token needs no lookup
+    assert await auth.authenticate(f"Bearer {secret}") == READER
+    assert await auth.authenticate(f"bearer {secret}") == READER  # cached
+    assert seen == [hash_token(secret)]
+    for header in (None, "", "Basic abc", f"Bearer {TOKEN_PREFIX}other", "Bearer no-prefix"):
+        with pytest.raises(Unauthorized):
+            await auth.authenticate(header)
+    # A bearer without the prefix is refused without asking the database.
+    assert seen == [hash_token(secret), hash_token(TOKEN_PREFIX + "other")]
+
+
+async def test_authenticator_without_lookup_knows_only_the_admin_token() -> None:
+    auth = Authenticator(settings(admin_token=ADMIN_TOKEN))
+    with pytest.raises(Unauthorized):
+        await auth.authenticate(f"Bearer {TOKEN_PREFIX}whatever")
+
+
+async def test_auth_off_makes_everyone_admin() -> None:
+    auth = Authenticator(settings(auth_enabled=False))
+    assert await auth.authenticate(None) is ADMIN
+
+
+def test_principal_scopes_and_globs() -> None:
+    assert READER.allows(Scope.READ) and not READER.allows(Scope.CLAIM)
+    assert READER.covers("ci-1") and READER.covers("ci-") and not READER.covers("xci-1")
+    assert ADMIN.allows(Scope.CLAIM) and ADMIN.covers("anything")
+    exact = Principal("x", frozenset({Scope.CLAIM}), ("a.b", "c_*_d"))
+    assert exact.covers("a.b") and not exact.covers("aXb")  # . is not a wildcard
+    assert exact.covers("c_1_d") and exact.covers("c__d") and not exact.covers("c_1")
