@@ -135,7 +135,7 @@ async def test_half_a_head_is_answered_408_and_closed(gw: Instance, conn: Conn) 
     started = time.monotonic()
     await conn.send(f"POST /v1/runtimes/rt/claim HTTP/1.1\r\nHost: gateway\r\n{AUTH}".encode())
     answer = await conn.answer(within=READ_TIMEOUT + MARGIN)
-    assert READ_TIMEOUT - 0.1 <= time.monotonic() - started < READ_TIMEOUT + MARGIN
+    assert READ_TIMEOUT / 2 <= time.monotonic() - started < READ_TIMEOUT + MARGIN
     assert_problem(answer, 408, "request_timeout")
     assert "GATEWAY_READ_TIMEOUT_SECONDS" in answer.json()["detail"]
     assert await conn.closed_by_server(within=1) == b""
@@ -166,7 +166,7 @@ async def test_a_head_and_half_a_body_is_answered_408_and_closed(
     started = time.monotonic()
     await conn.send(data[: len(data) - len(body) // 2])
     answer = await conn.answer(within=READ_TIMEOUT + MARGIN)
-    assert READ_TIMEOUT - 0.1 <= time.monotonic() - started < READ_TIMEOUT + MARGIN
+    assert READ_TIMEOUT / 2 <= time.monotonic() - started < READ_TIMEOUT + MARGIN
     assert_problem(answer, 408, "request_timeout")
     assert await conn.closed_by_server(within=1) == b""
 
@@ -176,7 +176,7 @@ async def test_a_connection_that_sends_nothing_is_closed(gw: Instance, conn: Con
     # Nothing was asked, so nothing is answered: a 408 here could be taken by a client
     # for the answer to a request it is just sending.
     assert await conn.closed_by_server(within=READ_TIMEOUT + MARGIN) == b""
-    assert time.monotonic() - started >= READ_TIMEOUT - 0.1
+    assert time.monotonic() - started >= READ_TIMEOUT / 2
 
 
 # -- oversized heads and bodies ----------------------------------------------
