@@ -31,7 +31,7 @@ from typing import Any, cast
 import orjson
 import uvicorn
 from starlette.applications import Starlette
-from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, ASGISendEvent, Scope
+from starlette.types import Message, Receive, Scope, Send
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
@@ -72,7 +72,10 @@ class _Transport:
 class GatewayHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a read deadline, a head limit and lingering
     closes (see the module docstring). Build a configured subclass with
-    `protocol_class()`; uvicorn makes one instance per connection."""
+    `protocol_class()`; uvicorn makes one instance per connection.
+
+    Written against uvicorn 0.54: it overrides the parser callbacks and reads the
+    attributes `app`, `scope`, `cycle`, `pipeline`, `flow` and `server_state`."""
 
     read_timeout_seconds: float = 30.0
     metrics: Metrics | None = None
@@ -160,10 +163,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     # -- the application -----------------------------------------------------
 
-    async def _app(
-        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
-    ) -> None:
-        async def send_closing(message: ASGISendEvent) -> None:
+    async def _app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_closing(message: Message) -> None:
             if message["type"] == "http.response.start" and scope is self._pending_body:
                 # Answered before its body arrived: the rest of it will not be read.
                 headers = [*message.get("headers", ()), (b"connection", b"close")]
