@@ -80,6 +80,7 @@ def _banner(host: str, port: int, settings: Settings, token_file: Path | None) -
 def cmd_serve(args: argparse.Namespace) -> int:
     from .app import create_app
     from .migrate import apply_migrations
+    from .server import server_config
 
     env = dict(os.environ)
     embedded = None
@@ -104,18 +105,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
             assert settings.database_url is not None
             asyncio.run(apply_migrations(settings.database_url))
         app = create_app(settings)
-        server = DrainingServer(
-            uvicorn.Config(
-                app,
-                host=args.host,
-                port=args.port,
-                log_level=args.log_level.lower(),
-                access_log=args.access_log,
-                timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
-                proxy_headers=False,
-            ),
-            on_exit_signal=app.state.gateway.claimer.drain,
+        config = server_config(
+            app,
+            settings,
+            args.host,
+            args.port,
+            log_level=args.log_level.lower(),
+            access_log=args.access_log,
         )
+        server = DrainingServer(config, on_exit_signal=app.state.gateway.claimer.drain)
         print(_banner(args.host, args.port, settings, token_file), file=sys.stderr, flush=True)
         server.run()
         return 0

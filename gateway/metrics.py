@@ -105,6 +105,15 @@ class Metrics:
         self.janitor_errors = Counter(
             "gateway_janitor_errors", "Janitor steps that failed (retried next pass).", registry=r
         )
+        self.connections_cut = Counter(
+            "gateway_connections_cut",
+            "Connections closed before their request had fully arrived, by reason: "
+            "read_timeout (not in full within GATEWAY_READ_TIMEOUT_SECONDS), head_too_large "
+            "(request line and headers over 64 KiB), body_unread (answered before the body "
+            "arrived, a 413 say; the rest of the body is not read).",
+            ["reason"],
+            registry=r,
+        )
         self.janitor_leader = Gauge(
             "gateway_janitor_leader", "1 while this instance runs the janitor.", registry=r
         )

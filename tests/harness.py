@@ -16,6 +16,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.runtime import Gateway
+from gateway.server import server_config
 from gateway.settings import Settings
 
 TOKEN = "test-admin-token-0123456789abcdefghijklmnop"
@@ -81,8 +82,8 @@ class Instance:
 async def running_gateway(settings: Settings) -> AsyncIterator[Instance]:
     port = free_port()
     app = create_app(settings)
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", loop="none"
+    config = server_config(
+        app, settings, "127.0.0.1", port, log_level="warning", lifespan="on", loop="none"
     )
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]

@@ -1,0 +1,299 @@
+"""The HTTP server: uvicorn, with a connection protocol that cuts hostile clients.
+
+uvicorn (0.54) bounds neither how long a client may take to send a request nor how
+large its head may be, and after an early answer (a 413, say) it goes on reading
+whatever body is still coming. `GatewayHttpProtocol` adds, per connection:
+
+- a request must arrive in full (head and body) within GATEWAY_READ_TIMEOUT_SECONDS,
+  counted from the connection's opening for its first request and from the first
+  byte for later ones; otherwise it is answered 408 and the connection closed. The
+  clock stops once the request has arrived: the time taken to answer (a long poll)
+  is never counted. Idle keep-alive connections stay uvicorn's business.
+- a head (request line and headers) over MAX_HEAD_BYTES is answered 431 and the
+  connection closed; no more than the limit of it is parsed.
+- an answer given before the request's body arrived carries `Connection: close`,
+  and the rest of the body is not read.
+
+Closing a socket while the client is still sending makes the kernel reset the
+connection, which can destroy the answer before the client reads it. So those closes
+send the answer, stop reading, shut down the sending side and wait LINGER_SECONDS
+before closing for good (RFC 9112, section 9.6; Go's net/http does the same). What
+the client sends meanwhile stays in the kernel's buffers and is never read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+from typing import Any, cast
+
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.types import Message, Receive, Scope, Send
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from .errors import RequestTimeout, problem_for
+from .metrics import Metrics
+from .settings import Settings
+
+log = logging.getLogger("gateway.server")
+
+MAX_HEAD_BYTES = 64 * 1024
+LINGER_SECONDS = 1.0
+
+
+class _Transport:
+    """The transport as uvicorn sees it: its `close()` goes through the protocol, which
+    half-closes first when the client may still be sending; writes after that are
+    dropped (the answer has been sent)."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: GatewayHttpProtocol) -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    def close(self) -> None:
+        self._protocol.close_softly()
+
+    def is_closing(self) -> bool:
+        return self._protocol.lingering or self._transport.is_closing()
+
+    def write(self, data: bytes) -> None:
+        if not self._protocol.lingering:
+            self._transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class GatewayHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a read deadline, a head limit and lingering
+    closes (see the module docstring). Build a configured subclass with
+    `protocol_class()`; uvicorn makes one instance per connection.
+
+    Written against uvicorn 0.54: it overrides the parser callbacks and reads the
+    attributes `app`, `scope`, `cycle`, `pipeline`, `flow` and `server_state`."""
+
+    read_timeout_seconds: float = 30.0
+    metrics: Metrics | None = None
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self._inner_app = self.app
+        self.app = self._app
+        self.lingering = False
+        self._raw: asyncio.Transport | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._linger: asyncio.TimerHandle | None = None
+        self._receiving = True  # a request is due or arriving, and its clock runs
+        self._got_bytes = False  # some of that request has arrived
+        self._head_bytes = 0  # of its head, so far
+        self._pending_body: object | None = None  # its scope once the head is in
+
+    # -- connection events ---------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._raw = transport
+        super().connection_made(cast(asyncio.Transport, _Transport(transport, self)))
+        self._start_request()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_clock()
+        if self._linger is not None:
+            self._linger.cancel()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.lingering:
+            return  # read before reading was paused: the rest of a refused request
+        if not self._receiving:
+            self._start_request()
+        self._got_bytes = True
+        while data:
+            if self._pending_body is not None:
+                super().data_received(data)
+                return
+            # Feed a head no further than the limit, so the parser never holds more;
+            # what follows the head in the same read is fed next, as body. (A head
+            # pipelined behind a body in one read is counted from the next read: at
+            # most one read, 256 KiB, more.)
+            room = MAX_HEAD_BYTES - self._head_bytes
+            piece, data = data[:room], data[room:]
+            self._head_bytes += len(piece)
+            super().data_received(piece)
+            if self.transport.is_closing():
+                return
+            if self._pending_body is None and self._head_bytes >= MAX_HEAD_BYTES:
+                self._cut("head_too_large")
+                return
+
+    # -- parser events -------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if not self._receiving:  # pipelined behind the previous request, in the same read
+            self._start_request()
+        self._got_bytes = True
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        self._pending_body = self.scope
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._stop_clock()
+        self._receiving = self._got_bytes = False
+        self._head_bytes = 0
+        self._pending_body = None
+
+    def handle_websocket_upgrade(self) -> None:
+        # The connection now belongs to uvicorn's WebSocket protocol and its limits.
+        self._stop_clock()
+        self._receiving = False
+        super().handle_websocket_upgrade()
+
+    # -- the application -----------------------------------------------------
+
+    async def _app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_closing(message: Message) -> None:
+            if message["type"] == "http.response.start" and scope is self._pending_body:
+                # Answered before its body arrived: the rest of it will not be read.
+                headers = [*message.get("headers", ()), (b"connection", b"close")]
+                message = {**message, "headers": headers}
+                if not self.lingering:  # not already cut
+                    self._count("body_unread")
+            await send(message)
+
+        await self._inner_app(scope, receive, send_closing)
+
+    # -- deadline and cuts ---------------------------------------------------
+
+    def _start_request(self) -> None:
+        self._receiving = True
+        self._stop_clock()
+        self._deadline = self.loop.call_later(self.read_timeout_seconds, self._read_timed_out)
+
+    def _stop_clock(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _read_timed_out(self) -> None:
+        self._deadline = None
+        if self.flow.read_paused:
+            # The server stopped reading (an earlier request is still being answered, or
+            # the body was not consumed yet): the client cannot be late. Look again later.
+            self._deadline = self.loop.call_later(self.read_timeout_seconds, self._read_timed_out)
+            return
+        self._cut("read_timeout")
+
+    def _may_answer(self) -> bool:
+        # uvicorn 0.54: `cycle` is the latest request's exchange (the previous one while
+        # a head is arriving); `pipeline` holds requests waiting for an earlier answer.
+        if self.pipeline:
+            return False
+        if self._pending_body is None:
+            return self.cycle is None or self.cycle.response_complete
+        return self.cycle is not None and not self.cycle.response_started
+
+    def _cut(self, reason: str) -> None:
+        """Close the connection of a request that broke a limit, answering it when no
+        other answer is under way; `reason` labels gateway_connections_cut_total."""
+        answer = self._answer(reason) if self._got_bytes and self._may_answer() else None
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            # As uvicorn 0.54 does when a client leaves: the application's receive()
+            # returns http.disconnect and its answer is dropped.
+            cycle.disconnected = True
+            cycle.message_event.set()
+        self._count(reason)
+        log.debug("closing the connection from %s: %s", _peer(self.client), reason)
+        if answer is not None and self._raw is not None:
+            self._raw.write(answer)
+        self.close_softly()
+
+    def _answer(self, reason: str) -> bytes:
+        if reason == "head_too_large":
+            status = 431
+            body: dict[str, Any] = {
+                "type": "about:blank",
+                "title": "Request header fields too large",
+                "status": status,
+                "detail": f"the request line and headers are larger than {MAX_HEAD_BYTES} "
+                "bytes; the connection is closed",
+                "code": "request_header_fields_too_large",
+            }
+        else:
+            status, body = problem_for(
+                RequestTimeout(
+                    f"the request did not arrive in full within {self.read_timeout_seconds:g} "
+                    "seconds (GATEWAY_READ_TIMEOUT_SECONDS); the connection is closed"
+                )
+            )
+        content = orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
+        lines = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}".encode()]
+        lines += [name + b": " + value for name, value in self.server_state.default_headers]
+        lines += [
+            b"content-type: application/problem+json",
+            b"content-length: %d" % len(content),
+            b"connection: close",
+        ]
+        return b"\r\n".join(lines) + b"\r\n\r\n" + content
+
+    def close_softly(self) -> None:
+        """Close, or, when part of a request may still be on its way, stop reading,
+        shut down the sending side, and close LINGER_SECONDS later."""
+        raw = self._raw
+        if raw is None:
+            return
+        unread = self._receiving and self._got_bytes
+        if self.lingering or raw.is_closing() or not unread or not raw.can_write_eof():
+            raw.close()
+            return
+        self.lingering = True
+        self._stop_clock()
+        self.flow.pause_reading()
+        raw.write_eof()
+        self._linger = self.loop.call_later(LINGER_SECONDS, raw.close)
+
+    def _count(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.connections_cut.labels(reason).inc()
+
+
+def _peer(client: tuple[str, int] | None) -> str:
+    return f"{client[0]}:{client[1]}" if client else "an unknown client"
+
+
+def protocol_class(settings: Settings, metrics: Metrics | None = None) -> type[GatewayHttpProtocol]:
+    """GatewayHttpProtocol bound to these settings (uvicorn builds the protocol from
+    the class, with no room for arguments of ours)."""
+    attrs = {"read_timeout_seconds": settings.read_timeout_seconds, "metrics": metrics}
+    return type("GatewayHttpProtocol", (GatewayHttpProtocol,), attrs)
+
+
+def server_config(
+    app: Starlette, settings: Settings, host: str, port: int, **options: Any
+) -> uvicorn.Config:
+    """uvicorn's configuration for a gateway app from `create_app`: the protocol above,
+    no trust in proxy headers, and in-flight requests given at most
+    GATEWAY_SHUTDOWN_GRACE_SECONDS at shutdown. `options` go to uvicorn.Config as they
+    are (log_level, access_log, loop, lifespan)."""
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http=protocol_class(settings, app.state.gateway.metrics),
+        proxy_headers=False,
+        timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
+        **options,
+    )
