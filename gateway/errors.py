@@ -54,6 +54,12 @@ class RequestTimeout(GatewayError):
     code = "request_timeout"
 
 
+class HeadersTooLarge(GatewayError):
+    """The request line and headers are over the server's head limit (64 KiB)."""
+
+    code = "request_header_fields_too_large"
+
+
 class PayloadTooLarge(GatewayError):
     code = "payload_too_large"
 
@@ -161,6 +167,7 @@ PROBLEMS: dict[type[GatewayError], tuple[int, str]] = {
     AlreadyExists: (409, "Conflict"),
     RequestTimeout: (408, "Request timeout"),
     PayloadTooLarge: (413, "Payload too large"),
+    HeadersTooLarge: (431, "Request header fields too large"),
     ValidationFailed: (422, "Validation failed"),
     Overloaded: (429, "Too many requests"),
     Draining: (503, "Shutting down"),

@@ -36,7 +36,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from .errors import RequestTimeout, problem_for
+from .errors import GatewayError, HeadersTooLarge, RequestTimeout, problem_for
 from .metrics import Metrics
 from .settings import Settings
 
@@ -222,23 +222,18 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self.close_softly()
 
     def _answer(self, reason: str) -> bytes:
+        error: GatewayError
         if reason == "head_too_large":
-            status = 431
-            body: dict[str, Any] = {
-                "type": "about:blank",
-                "title": "Request header fields too large",
-                "status": status,
-                "detail": f"the request line and headers are larger than {MAX_HEAD_BYTES} "
-                "bytes; the connection is closed",
-                "code": "request_header_fields_too_large",
-            }
-        else:
-            status, body = problem_for(
-                RequestTimeout(
-                    f"the request did not arrive in full within {self.read_timeout_seconds:g} "
-                    "seconds (GATEWAY_READ_TIMEOUT_SECONDS); the connection is closed"
-                )
+            error = HeadersTooLarge(
+                f"the request line and headers are larger than {MAX_HEAD_BYTES} bytes; "
+                "the connection is closed"
             )
+        else:
+            error = RequestTimeout(
+                f"the request did not arrive in full within {self.read_timeout_seconds:g} "
+                "seconds (GATEWAY_READ_TIMEOUT_SECONDS); the connection is closed"
+            )
+        status, body = problem_for(error)
         content = orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
         lines = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}".encode()]
         lines += [name + b": " + value for name, value in self.server_state.default_headers]

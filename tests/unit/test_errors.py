@@ -20,6 +20,12 @@ EXPECTED: list[tuple[type[GatewayError], int, str, str]] = [
     (errors.AlreadyExists, 409, "already_exists", "Conflict"),
     (errors.RequestTimeout, 408, "request_timeout", "Request timeout"),
     (errors.PayloadTooLarge, 413, "payload_too_large", "Payload too large"),
+    (
+        errors.HeadersTooLarge,
+        431,
+        "request_header_fields_too_large",
+        "Request header fields too large",
+    ),
     (errors.ValidationFailed, 422, "validation_failed", "Validation failed"),
     (errors.IdempotencyKeyReused, 422, "idempotency_key_reused", "Validation failed"),
     (errors.Overloaded, 429, "overloaded", "Too many requests"),
