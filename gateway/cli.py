@@ -46,8 +46,23 @@ def _dev_token(data_dir: Path) -> str:
     return token
 
 
-def _banner(host: str, port: int, settings: Settings, token_file: Path | None) -> str:
+def _banner(
+    host: str,
+    port: int,
+    settings: Settings,
+    token_file: Path | None,
+    embedded_database_url: str | None = None,
+) -> str:
     base = f"http://{host}:{port}"
+    database_line = (
+        [
+            f"  database:  {embedded_database_url}",
+            f"             (export DATABASE_URL={embedded_database_url} for `gateway token` "
+            "and `gateway webhook-secret`)",
+        ]
+        if embedded_database_url
+        else []
+    )
     if settings.auth_enabled:
         auth_line = (
             f"  token:     {token_file}  (export TOKEN=$(cat {token_file}))"
@@ -65,6 +80,7 @@ def _banner(host: str, port: int, settings: Settings, token_file: Path | None) -
             f"  api:       {base}",
             f"  health:    {base}/healthz  {base}/readyz  {base}/metrics",
             auth_line,
+            *database_line,
             "  try:",
             f'    curl -s {header}-d \'{{"payload": {{"hello": "world"}}}}\' '
             f"{base}/v1/runtimes/demo/tasks",
@@ -85,6 +101,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     embedded = None
     token_file: Path | None = None
+    embedded_database_url: str | None = None
     try:
         if args.embedded and not (env.get("DATABASE_URL") and env.get("REDIS_URL")):
             from .embedded import EmbeddedServers
@@ -93,7 +110,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             data_dir.mkdir(parents=True, exist_ok=True)
             embedded = EmbeddedServers(data_dir)
             if not env.get("DATABASE_URL"):
-                env["DATABASE_URL"] = embedded.start_postgres()
+                env["DATABASE_URL"] = embedded_database_url = embedded.start_postgres()
                 log.info("embedded Postgres data in %s", data_dir / "postgres")
             if not env.get("REDIS_URL"):
                 env["REDIS_URL"] = embedded.start_redis()
@@ -114,7 +131,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             access_log=args.access_log,
         )
         server = DrainingServer(config, on_exit_signal=app.state.gateway.claimer.drain)
-        print(_banner(args.host, args.port, settings, token_file), file=sys.stderr, flush=True)
+        banner = _banner(args.host, args.port, settings, token_file, embedded_database_url)
+        print(banner, file=sys.stderr, flush=True)
         server.run()
         return 0
     except GatewayError as exc:

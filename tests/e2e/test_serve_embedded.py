@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 
 import aiohttp
 import psutil
@@ -36,12 +37,48 @@ async def test_serve_embedded_starts_everything_and_ctrl_c_stops_it(tmp_path, ru
                 f"{base}/v1/runtimes/{runtime_id}/claim", json={"worker_id": "w"}
             ) as resp:
                 assert resp.status == 200 and len((await resp.json())["tasks"]) == 1
+            # The banner names the embedded database, for the token commands.
+            database_url = await _banner_database_url(proc)
+            claim_token = await _create_token(database_url, runtime_id, env)
+            scoped = {"Authorization": f"Bearer {claim_token}"}
+            async with http.post(
+                f"{base}/v1/runtimes/{runtime_id}/claim", json={"worker_id": "w"}, headers=scoped
+            ) as resp:
+                assert resp.status == 200, await resp.text()
+            async with http.post(
+                f"{base}/v1/runtimes/{runtime_id}-other/claim",
+                json={"worker_id": "w"},
+                headers=scoped,
+            ) as resp:
+                assert resp.status == 403
         pids = {p.pid for p in children} | _embedded_pids(data)
         proc.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(proc.wait(), 30) == 0
         async with asyncio.timeout(10):
             while any(_alive(pid) for pid in pids):
                 await asyncio.sleep(0.1)
+
+
+async def _banner_database_url(proc: asyncio.subprocess.Process) -> str:
+    assert proc.stderr is not None
+    async with asyncio.timeout(10):
+        while line := (await proc.stderr.readline()).decode():
+            if line.strip().startswith("database:"):
+                return line.split("database:", 1)[1].strip()
+    raise AssertionError("the banner names no database")
+
+
+async def _create_token(database_url: str, runtime_id: str, env: dict[str, str]) -> str:
+    made = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", "token", "create", "--name", "daemons",
+        "--scopes", "claim", "--runtime", runtime_id,
+        env={**env, "DATABASE_URL": database_url},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(30):
+        out, err = await made.communicate()
+    assert made.returncode == 0, err
+    return out.decode().strip()
 
 
 def _embedded_pids(data) -> set[int]:
