@@ -57,7 +57,7 @@ def _banner(
     database_line = (
         [
             f"  database:  {embedded_database_url}",
-            f"             (export DATABASE_URL={embedded_database_url} for `gateway token` "
+            f"             (export DATABASE_URL='{embedded_database_url}' for `gateway token` "
             "and `gateway webhook-secret`)",
         ]
         if embedded_database_url
