@@ -534,3 +534,87 @@ def test_format_time_pads_years_to_four_digits() -> None:
     from datetime import UTC, datetime
 
     assert models.format_time(datetime(999, 6, 1, tzinfo=UTC)) == "0999-06-01T00:00:00.000000Z"
+
+
+# --- the documented rules are the enforced rules ------------------------------------------
+
+WAIT, LEASE_DEFAULT = 60.0, 45
+PARSERS: dict[str, tuple[Callable[[dict[str, Any]], Any], dict[str, Any]]] = {
+    "EnqueueRequest": (lambda b: enqueue(b), {"payload": 1}),
+    "EnqueueBatchRequest": (
+        lambda b: models.parse_batch(b, MAX_PAYLOAD),
+        {"tasks": [{"payload": 1}]},
+    ),
+    "ClaimRequest": (lambda b: claim(b, WAIT, LEASE_DEFAULT), {"worker_id": "w"}),
+    "HeartbeatRequest": (
+        lambda b: (models.parse_lease_id(b), models.parse_lease_seconds(b, LEASE_DEFAULT)),
+        {"lease_id": LEASE},
+    ),
+    "CompleteRequest": (
+        lambda b: (models.parse_lease_id(b), models.result_json(b, MAX_PAYLOAD)),
+        {"lease_id": LEASE},
+    ),
+    "FailRequest": (models.parse_fail, {"lease_id": LEASE, "error": "e"}),
+    "ReleaseRequest": (models.parse_lease_id, {"lease_id": LEASE}),
+}
+LIMITS = {
+    "max_wait_seconds": WAIT,
+    "default_lease_seconds": LEASE_DEFAULT,
+    "max_payload_bytes": MAX_PAYLOAD,
+    "max_json_depth": models.DEFAULT_MAX_DEPTH,
+}
+
+
+def documented_cases() -> list[tuple[str, str, Any, bool]]:
+    """(body, field, value, accepted) for each documented bound of each body field."""
+    from gateway import bodies
+
+    specs = [v for v in vars(bodies).values() if isinstance(v, bodies.Body) and v.name in PARSERS]
+    assert {s.name for s in specs} == set(PARSERS)
+    out = []
+    for spec in specs:
+        for name, prop in spec.json_schema(LIMITS)["properties"].items():
+            step = 1 if "integer" in prop.get("type", "") else 0.5
+            if "minimum" in prop:
+                out += [(spec.name, name, prop["minimum"], True)]
+                out += [(spec.name, name, prop["minimum"] - step, False)]
+            if "maximum" in prop:
+                out += [(spec.name, name, prop["maximum"], True)]
+                out += [(spec.name, name, prop["maximum"] + step, False)]
+            if "maxLength" in prop and "format" not in prop:
+                out += [(spec.name, name, "k" * prop["maxLength"], True)]
+                out += [(spec.name, name, "k" * (prop["maxLength"] + 1), False)]
+            if "maxItems" in prop:
+                out += [(spec.name, name, [{"payload": 1}] * prop["maxItems"], True)]
+                out += [(spec.name, name, [{"payload": 1}] * (prop["maxItems"] + 1), False)]
+                out += [(spec.name, name, [], prop["minItems"] == 0)]
+            if name in spec.json_schema(LIMITS).get("required", []):
+                out += [(spec.name, name, None, False)]
+    return out
+
+
+@pytest.mark.parametrize(("body", "field", "value", "accepted"), documented_cases())
+def test_documented_bounds_are_enforced(body: str, field: str, value: Any, accepted: bool) -> None:
+    parse, base = PARSERS[body]
+    sent = {**base, field: value} if value is not None else {k: base[k] for k in base if k != field}
+    if accepted:
+        parse(sent)
+    else:
+        fails_on(field, parse, sent)
+
+
+def test_documented_defaults_are_applied() -> None:
+    req = claim({"worker_id": "w"}, WAIT, LEASE_DEFAULT)
+    schema = models.CLAIM_BODY.json_schema(LIMITS)["properties"]
+    assert (req.max_tasks, req.wait_seconds, req.lease_seconds) == (
+        schema["max_tasks"]["default"],
+        schema["wait_seconds"]["default"],
+        schema["lease_seconds"]["default"],
+    )
+    task = models.ENQUEUE_BODY.json_schema(LIMITS)["properties"]
+    req = enqueue({"payload": 1})
+    assert (req.priority, req.max_attempts) == (
+        task["priority"]["default"],
+        task["max_attempts"]["default"],
+    )
+    assert models.parse_fail({"lease_id": LEASE, "error": "e"}).retry is True

@@ -1,0 +1,221 @@
+"""The OpenAPI document: valid OpenAPI 3.1, every endpoint documented, every problem
+code listed, the app's settings in its bounds."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import pytest
+from openapi_spec_validator import validate
+
+from gateway import docs, errors, models, openapi
+from gateway.auth import Scope
+from gateway.routes import ENDPOINTS, Endpoint, healthz
+from gateway.settings import Settings
+
+
+def build(**overrides: Any) -> dict[str, Any]:
+    settings = Settings(database_url="postgresql://", redis_url="redis://", auth_enabled=False)
+    return openapi.build(ENDPOINTS, dataclasses.replace(settings, **overrides))
+
+
+DOC = build()
+OPERATIONS = [(e, DOC["paths"][e.path][e.method.lower()]) for e in ENDPOINTS]
+
+
+def ids(value: Any) -> str:
+    return f"{value.method} {value.path}" if isinstance(value, Endpoint) else ""
+
+
+def schema_of(ref: dict[str, Any]) -> dict[str, Any]:
+    name = ref["$ref"].rsplit("/", 1)[1]
+    schema: dict[str, Any] = DOC["components"]["schemas"][name]
+    return schema
+
+
+def test_the_document_is_valid_openapi_3_1() -> None:
+    assert DOC["openapi"] == "3.1.0"
+    validate(DOC)
+
+
+def test_every_endpoint_is_documented() -> None:
+    """A new Endpoint needs a Doc: an operationId, a summary and its success answers."""
+    for endpoint in ENDPOINTS:
+        where = f"{endpoint.method} {endpoint.path}"
+        assert endpoint.doc is not None, f"{where} has no doc=docs.Doc(...)"
+        assert endpoint.doc.operation_id and endpoint.doc.summary, where
+        assert any(200 <= r.status < 300 for r in endpoint.doc.replies), where
+    operation_ids = [e.doc.operation_id for e in ENDPOINTS if e.doc]
+    assert len(set(operation_ids)) == len(operation_ids)
+
+
+def test_an_undocumented_endpoint_fails_the_build() -> None:
+    bare = Endpoint("GET", "/v1/new", healthz, Scope.ADMIN)
+    with pytest.raises(ValueError, match="GET /v1/new has no Doc"):
+        openapi.build([*ENDPOINTS, bare], Settings(auth_enabled=False))
+
+
+def test_an_undocumented_path_parameter_fails_the_build() -> None:
+    odd = Endpoint("GET", "/v1/things/{thing}", healthz, None, doc=docs.HEALTHZ)
+    with pytest.raises(ValueError, match="thing"):
+        openapi.build([odd], Settings(auth_enabled=False))
+
+
+def test_every_endpoint_appears_with_its_method() -> None:
+    documented = {(m.upper(), p) for p, item in DOC["paths"].items() for m in item}
+    assert documented == {(e.method, e.path) for e in ENDPOINTS}
+    assert ("GET", "/openapi.json") in documented
+
+
+@pytest.mark.parametrize(("endpoint", "operation"), OPERATIONS, ids=ids)
+def test_security_and_scope(endpoint: Endpoint, operation: dict[str, Any]) -> None:
+    if endpoint.scope is None:
+        assert operation["security"] == []
+        assert "No authentication" in operation["description"]
+        assert "401" not in operation["responses"]
+    else:
+        assert operation["security"] == [{"bearer": []}]
+        assert f"`{endpoint.scope}` scope" in operation["description"]
+        assert "WWW-Authenticate" in operation["responses"]["401"]["headers"]
+    assert DOC["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
+
+
+def test_every_problem_code_appears() -> None:
+    codes = DOC["components"]["schemas"]["Problem"]["properties"]["code"]["enum"]
+    defined = {
+        v.code
+        for v in vars(errors).values()
+        if isinstance(v, type) and issubclass(v, errors.GatewayError)
+    }
+    assert set(codes) == defined
+    assert {"lease_lost", "invalid_state", "idempotency_key_reused", "internal_error"} <= defined
+
+
+@pytest.mark.parametrize(("endpoint", "operation"), OPERATIONS, ids=ids)
+def test_error_answers_are_problems_with_their_codes(
+    endpoint: Endpoint, operation: dict[str, Any]
+) -> None:
+    problems = 0
+    for status, response in operation["responses"].items():
+        content = response["content"].get("application/problem+json")
+        if content is None:
+            continue
+        problems += 1
+        schema = content["schema"]
+        assert schema["allOf"] == [{"$ref": "#/components/schemas/Problem"}]
+        assert schema["properties"]["status"] == {"const": int(status)}
+        for code in schema["properties"]["code"]["enum"]:
+            cls = next(c for c in openapi.error_classes() if c.code == code)
+            assert openapi.status_of(cls) == int(status)
+            assert f"`{code}`" in response["description"]
+    assert problems and "500" in operation["responses"]
+
+
+def responses(path: str, method: str = "post") -> dict[str, Any]:
+    answers: dict[str, Any] = DOC["paths"][path][method]["responses"]
+    return answers
+
+
+def codes(path: str, status: str, method: str = "post") -> set[str]:
+    schema = responses(path, method)[status]["content"]["application/problem+json"]["schema"]
+    return set(schema["properties"]["code"]["enum"])
+
+
+def test_what_each_operation_can_answer() -> None:
+    assert set(responses("/v1/runtimes/{rt}/claim")) == {
+        "200", "400", "401", "403", "404", "408", "413", "422", "429", "500", "503",
+    }  # fmt: skip
+    assert codes("/v1/runtimes/{rt}/claim", "503") == {"draining", "store_unavailable"}
+    assert responses("/v1/runtimes/{rt}/claim")["429"]["headers"]["Retry-After"]["required"]
+    assert codes("/v1/runtimes/{rt}/tasks", "422") == {
+        "validation_failed",
+        "idempotency_key_reused",
+    }
+    assert codes("/v1/tasks/{task_id}/complete", "409") == {"lease_lost"}
+    assert codes("/v1/tasks/{task_id}/retry", "409") == {"invalid_state"}
+    assert set(responses("/v1/tasks/{task_id}", "get")) == {
+        "200",
+        "401",
+        "403",
+        "404",
+        "500",
+        "503",
+    }
+    assert set(responses("/healthz", "get")) == {"200", "500"}
+    ready = responses("/readyz", "get")["503"]["content"]
+    assert ready == {"application/json": {"schema": {"$ref": "#/components/schemas/NotReady"}}}
+    assert "text/plain" in responses("/metrics", "get")["200"]["content"]
+
+
+def test_enqueue_documents_the_replay_header_and_the_idempotency_key_header() -> None:
+    operation = DOC["paths"]["/v1/runtimes/{rt}/tasks"]["post"]
+    assert operation["responses"]["200"]["headers"]["Idempotent-Replayed"]["schema"] == {
+        "const": "true"
+    }
+    assert "headers" not in operation["responses"]["201"]
+    (header,) = [p for p in operation["parameters"] if p["in"] == "header"]
+    assert header["name"] == "Idempotency-Key" and header["schema"]["maxLength"] == 200
+
+
+def test_path_parameters() -> None:
+    for path, item in DOC["paths"].items():
+        for operation in item.values():
+            params = {p["name"]: p for p in operation.get("parameters", []) if p["in"] == "path"}
+            assert set(params) == set(re.findall(r"{(\w+)}", path))
+            if "rt" in params:
+                assert params["rt"]["schema"]["pattern"] == models.RUNTIME_ID_RE.pattern
+            if "task_id" in params:
+                assert params["task_id"]["schema"]["format"] == "uuid"
+
+
+def test_settings_bounds_show_up() -> None:
+    doc = build(
+        max_wait_seconds=5, default_lease_seconds=42, max_payload_bytes=1234, max_json_depth=7
+    )
+    schemas = doc["components"]["schemas"]
+    claim = schemas["ClaimRequest"]["properties"]
+    assert claim["wait_seconds"]["maximum"] == 5
+    assert "GATEWAY_MAX_WAIT_SECONDS" in claim["wait_seconds"]["description"]
+    assert claim["lease_seconds"]["default"] == 42
+    assert schemas["HeartbeatRequest"]["properties"]["lease_seconds"]["default"] == 42
+    payload = schemas["EnqueueRequest"]["properties"]["payload"]["description"]
+    assert "1234 bytes" in payload and "7 levels" in payload
+    item = schemas["EnqueueBatchRequest"]["properties"]["tasks"]["items"]
+    assert "1234 bytes" in item["properties"]["payload"]["description"]
+    assert (
+        build()["components"]["schemas"]["ClaimRequest"]["properties"]["wait_seconds"]["maximum"]
+        == Settings().max_wait_seconds
+    )
+
+
+def test_request_bodies_come_from_the_field_specs() -> None:
+    schemas = DOC["components"]["schemas"]
+    enqueue = schemas["EnqueueRequest"]
+    assert enqueue["required"] == ["payload"]
+    assert enqueue["properties"]["priority"]["minimum"] == 0
+    assert enqueue["properties"]["priority"]["maximum"] == 1000
+    assert enqueue["properties"]["priority"]["default"] == 50
+    assert enqueue["properties"]["run_at"]["format"] == "date-time"
+    batch = schemas["EnqueueBatchRequest"]["properties"]["tasks"]
+    assert (batch["minItems"], batch["maxItems"]) == (1, models.MAX_BATCH)
+    assert schemas["FailRequest"]["required"] == ["lease_id", "error"]
+    listing = DOC["paths"]["/v1/runtimes/{rt}/tasks"]["get"]["parameters"]
+    status = next(p for p in listing if p["name"] == "status")
+    assert status["schema"]["enum"] == list(models.STATUSES)
+    for endpoint, operation in OPERATIONS:
+        assert endpoint.doc is not None
+        if endpoint.doc.body is None:
+            assert "requestBody" not in operation
+        else:
+            assert schema_of(operation["requestBody"]["content"]["application/json"]["schema"])
+
+
+def test_the_task_schema_lists_every_field_the_api_returns() -> None:
+    task = DOC["components"]["schemas"]["Task"]
+    assert set(task["required"]) == set(models.TASK_FIELDS)
+    shown = set(models.TASK_FIELDS) | set(models.LEASE_FIELDS)
+    assert shown | {"result", "last_error", "render_error"} == set(task["properties"])
+    assert task["properties"]["status"]["enum"] == list(models.STATUSES)
+    assert task["additionalProperties"] is False
