@@ -159,6 +159,9 @@ def test_listing_and_stats(served: Served) -> None:
 def test_refusals(served: Served) -> None:
     c = Client(served)
     assert c.call("POST", ENQUEUE, data=b"{").status_code == 400
+    # Regression: was 503 store_unavailable (the lone surrogate reached Postgres).
+    surrogate = b'{"big": 1e400, "worker_id": "\\ud800"}'
+    assert c.call("POST", CLAIM, data=surrogate).status_code == 400
     assert c.call("POST", ENQUEUE, {"payload": "x" * 2000}).status_code == 413
     assert c.call("POST", ENQUEUE, {"payload": 1, "pad": "x" * 200_000}).status_code == 413
     assert c.call("POST", ENQUEUE, {"payload": 1}, rt="not%20an%20id").status_code == 422
