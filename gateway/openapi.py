@@ -146,7 +146,9 @@ def _operation(
     if parameters:
         out["parameters"] = parameters
     if doc.body is not None:
-        schemas[doc.body.name] = doc.body.json_schema(_limits(doc.body.settings(), settings))
+        body = doc.body.json_schema(_limits(doc.body.settings(), settings))
+        if schemas.setdefault(doc.body.name, body) != body or doc.body.name in SCHEMAS:
+            raise ValueError(f"two different schemas are named {doc.body.name}")
         out["requestBody"] = {
             "required": doc.body.required,
             "content": {

@@ -12,7 +12,8 @@ from openapi_spec_validator import validate
 
 from gateway import docs, errors, models, openapi
 from gateway.auth import Scope
-from gateway.routes import ENDPOINTS, Endpoint, healthz
+from gateway.routes import ENDPOINTS, Endpoint, Target, healthz
+from gateway.schema import RawBody
 from gateway.settings import Settings
 
 
@@ -219,3 +220,35 @@ def test_the_task_schema_lists_every_field_the_api_returns() -> None:
     assert shown | {"result", "last_error", "render_error"} == set(task["properties"])
     assert task["properties"]["status"]["enum"] == list(models.STATUSES)
     assert task["additionalProperties"] is False
+
+
+def test_a_route_can_declare_a_raw_body_and_its_own_path_parameters() -> None:
+    """What a webhook taking any JSON at /v1/runtimes/{rt}/webhooks/{source} would use."""
+    webhook = docs.Doc(
+        "receiveWebhook",
+        "Receive a signed webhook",
+        (docs.Reply(202, "Accepted.", {"type": "object"}),),
+        body=RawBody("WebhookPayload", "The event, any JSON, exactly as signed.", {}),
+        path_params=(docs.Param("source", "Who sends it.", {"type": "string"}),),
+        errors=(errors.Forbidden,),
+    )
+    endpoint = Endpoint(
+        "POST", "/v1/runtimes/{rt}/webhooks/{source}", healthz, None, Target.RUNTIME, webhook
+    )
+    doc = openapi.build([endpoint], Settings(auth_enabled=False))
+    validate(doc)
+    operation = doc["paths"][endpoint.path]["post"]
+    assert [p["name"] for p in operation["parameters"]] == ["rt", "source"]
+    assert doc["components"]["schemas"]["WebhookPayload"] == {
+        "description": "The event, any JSON, exactly as signed."
+    }
+    assert {"202", "400", "403", "404", "408", "413", "422", "500"} == set(operation["responses"])
+
+
+def test_two_bodies_may_not_share_a_name() -> None:
+    other = dataclasses.replace(
+        docs.CLAIM, body=dataclasses.replace(docs.HEARTBEAT.body, name="ClaimRequest")
+    )
+    clash = Endpoint("POST", "/v1/other", healthz, None, doc=other)
+    with pytest.raises(ValueError, match="ClaimRequest"):
+        openapi.build([*ENDPOINTS, clash], Settings(auth_enabled=False))
