@@ -177,7 +177,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "status": {"type": "integer", "minimum": 400, "maximum": 599},
             "detail": {"type": "string"},
             "code": {"type": "string"},  # openapi.py fills in the enum from errors.py
-            "field": {"type": "string", "description": "The field at fault: tasks[i].name."},
+            "field": {
+                "type": "string",
+                "description": "The field at fault: `priority`, `tasks[2].payload`.",
+            },
             "index": {**_COUNT, "description": "The batch item at fault."},
             "task_id": _UUID,
             "task_status": {"enum": list(bodies.STATUSES)},
