@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from openapi_spec_validator import validate
 
-from gateway import docs, errors, models, openapi
+from gateway import bodies, docs, errors, models, openapi
 from gateway.auth import Scope
+from gateway.errors import ValidationFailed
 from gateway.routes import ENDPOINTS, Endpoint, Target, healthz
 from gateway.schema import RawBody
 from gateway.settings import Settings
@@ -252,3 +254,90 @@ def test_two_bodies_may_not_share_a_name() -> None:
     clash = Endpoint("POST", "/v1/other", healthz, None, doc=other)
     with pytest.raises(ValueError, match="ClaimRequest"):
         openapi.build([*ENDPOINTS, clash], Settings(auth_enabled=False))
+
+
+# --- the documented rules are the enforced rules ------------------------------------------
+
+MAX_PAYLOAD = 1_048_576
+LEASE = "11111111-2222-4333-8444-555555555555"
+
+WAIT, LEASE_DEFAULT = 60.0, 45
+PARSERS: dict[str, tuple[Callable[[dict[str, Any]], Any], dict[str, Any]]] = {
+    "EnqueueRequest": (lambda b: models.parse_enqueue(b, None, MAX_PAYLOAD), {"payload": 1}),
+    "EnqueueBatchRequest": (
+        lambda b: models.parse_batch(b, MAX_PAYLOAD),
+        {"tasks": [{"payload": 1}]},
+    ),
+    "ClaimRequest": (lambda b: models.parse_claim(b, WAIT, LEASE_DEFAULT), {"worker_id": "w"}),
+    "HeartbeatRequest": (
+        lambda b: (models.parse_lease_id(b), models.parse_lease_seconds(b, LEASE_DEFAULT)),
+        {"lease_id": LEASE},
+    ),
+    "CompleteRequest": (
+        lambda b: (models.parse_lease_id(b), models.result_json(b, MAX_PAYLOAD)),
+        {"lease_id": LEASE},
+    ),
+    "FailRequest": (models.parse_fail, {"lease_id": LEASE, "error": "e"}),
+    "ReleaseRequest": (models.parse_lease_id, {"lease_id": LEASE}),
+}
+LIMITS = {
+    "max_wait_seconds": WAIT,
+    "default_lease_seconds": LEASE_DEFAULT,
+    "max_payload_bytes": MAX_PAYLOAD,
+    "max_json_depth": models.DEFAULT_MAX_DEPTH,
+}
+
+
+def documented_cases() -> list[tuple[str, str, Any, bool]]:
+    """(body, field, value, accepted) for each documented bound of each body field."""
+    specs = [v for v in vars(bodies).values() if isinstance(v, bodies.Body) and v.name in PARSERS]
+    assert {s.name for s in specs} == set(PARSERS)
+    out = []
+    for spec in specs:
+        for name, prop in spec.json_schema(LIMITS)["properties"].items():
+            step = 1 if "integer" in prop.get("type", "") else 0.5
+            if "minimum" in prop:
+                out += [(spec.name, name, prop["minimum"], True)]
+                out += [(spec.name, name, prop["minimum"] - step, False)]
+            if "maximum" in prop:
+                out += [(spec.name, name, prop["maximum"], True)]
+                out += [(spec.name, name, prop["maximum"] + step, False)]
+            if "maxLength" in prop and "format" not in prop:
+                out += [(spec.name, name, "k" * prop["maxLength"], True)]
+                out += [(spec.name, name, "k" * (prop["maxLength"] + 1), False)]
+            if "maxItems" in prop:
+                out += [(spec.name, name, [{"payload": 1}] * prop["maxItems"], True)]
+                out += [(spec.name, name, [{"payload": 1}] * (prop["maxItems"] + 1), False)]
+                out += [(spec.name, name, [], prop["minItems"] == 0)]
+            if name in spec.json_schema(LIMITS).get("required", []):
+                out += [(spec.name, name, None, False)]
+    return out
+
+
+@pytest.mark.parametrize(("body", "field", "value", "accepted"), documented_cases())
+def test_documented_bounds_are_enforced(body: str, field: str, value: Any, accepted: bool) -> None:
+    parse, base = PARSERS[body]
+    sent = {**base, field: value} if value is not None else {k: base[k] for k in base if k != field}
+    if accepted:
+        parse(sent)
+    else:
+        with pytest.raises(ValidationFailed) as info:
+            parse(sent)
+        assert info.value.extra["field"] == field
+
+
+def test_documented_defaults_are_applied() -> None:
+    req = models.parse_claim({"worker_id": "w"}, WAIT, LEASE_DEFAULT)
+    schema = models.CLAIM_BODY.json_schema(LIMITS)["properties"]
+    assert (req.max_tasks, req.wait_seconds, req.lease_seconds) == (
+        schema["max_tasks"]["default"],
+        schema["wait_seconds"]["default"],
+        schema["lease_seconds"]["default"],
+    )
+    task = models.ENQUEUE_BODY.json_schema(LIMITS)["properties"]
+    req = models.parse_enqueue({"payload": 1}, None, MAX_PAYLOAD)
+    assert (req.priority, req.max_attempts) == (
+        task["priority"]["default"],
+        task["max_attempts"]["default"],
+    )
+    assert models.parse_fail({"lease_id": LEASE, "error": "e"}).retry is True
