@@ -24,6 +24,8 @@ from .errors import BadRequest, ValidationFailed
 # slower exact path.
 _RISKY = re.compile(rb"\d[\d.]{15}|[eE][+-]?\d{3}")
 _INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
+# A UTF-16 surrogate left alone by the standard library's parser ("\ud800").
+_SURROGATE = re.compile("[\\ud800-\\udfff]")
 # Postgres numeric: at most 131072 digits before the point and 16383 after.
 _NUMERIC_MIN_EXPONENT, _NUMERIC_MAX_EXPONENT = -16383, 131071
 
@@ -97,8 +99,31 @@ def loads(raw: bytes, max_depth: int) -> Any:
         ) from None
     except ValueError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if _has_lone_surrogate(value):
+        # orjson refuses these on the fast path; so must this one, or a lone surrogate
+        # would reach Postgres, which cannot encode it.
+        raise BadRequest(
+            "request body is not valid JSON: a string holds a lone surrogate (\\ud800-\\udfff)"
+        )
     _check_depth(value, max_depth)
     return value
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """True when a string or key anywhere in the value holds a lone UTF-16 surrogate
+    (a pair is read as the one character it encodes). Walked without recursion."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            if _SURROGATE.search(node):
+                return True
+        elif isinstance(node, dict):
+            stack.extend(node)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
 
 
 def _check_depth(value: Any, max_depth: int) -> None:

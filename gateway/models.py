@@ -18,14 +18,28 @@ from typing import Any
 import orjson
 
 from . import exactjson
+from .bodies import (
+    BATCH_BODY,
+    CLAIM_BODY,
+    COMPLETE_BODY,
+    ENQUEUE_BODY,
+    FAIL_BODY,
+    IDEMPOTENCY_KEY_HEADER,
+    JSON_DEPTH,
+    LEASE_ID,
+    LEASE_SECONDS,
+    LIST_QUERY,
+    MAX_ERROR_CHARS,
+    PAYLOAD_BYTES,
+)
+from .bodies import MAX_BATCH as MAX_BATCH  # re-exported: callers know them as models.*
+from .bodies import MAX_IDEMPOTENCY_KEY as MAX_IDEMPOTENCY_KEY
+from .bodies import MAX_WORKER_ID as MAX_WORKER_ID
+from .bodies import STATUSES as STATUSES
 from .errors import BadRequest, NotFound, PayloadTooLarge, ValidationFailed
+from .schema import EARLIEST, LATEST, check_depth
 
-# orjson writes NUL as \u0000; an escaped backslash before "u0000" is not a NUL.
-NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 RUNTIME_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-MAX_WORKER_ID = 200
-MAX_IDEMPOTENCY_KEY = 200
-MAX_ERROR_CHARS = 10_000
 DEFAULT_MAX_DEPTH = 64  # GATEWAY_MAX_JSON_DEPTH
 # Levels a body may add around a payload: {"tasks": [{"payload": ...}]}.
 BODY_DEPTH_MARGIN = 3
@@ -46,34 +60,11 @@ TASK_FIELDS = (
 LEASE_FIELDS = ("lease_id", "lease_expires_at", "worker_id", "cancel_requested")
 
 
-# Times a request may carry: well inside what both Python and Postgres can store.
-EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
-LATEST = datetime(9000, 1, 1, tzinfo=UTC)
-
-
 def format_time(value: datetime | None) -> str | None:
     """RFC 3339 UTC with microseconds and Z, so that times compare as strings."""
     if value is None:
         return None
     return value.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
-
-
-def parse_time(field: str, raw: Any) -> datetime:
-    if not isinstance(raw, str):
-        raise ValidationFailed(f"{field} must be an RFC 3339 time string", field=field)
-    try:
-        value = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        raise ValidationFailed(
-            f"{field} must be an RFC 3339 time such as 2026-11-25T21:02:03Z", field=field
-        ) from None
-    if value.tzinfo is None:
-        raise ValidationFailed(f"{field} must carry a time zone (Z or +hh:mm)", field=field)
-    if not EARLIEST <= value <= LATEST:
-        raise ValidationFailed(
-            f"{field} must lie between {EARLIEST.year} and {LATEST.year}", field=field
-        )
-    return value
 
 
 def task_json(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -149,7 +140,7 @@ def decode_json(raw: bytes, field: str, max_depth: int = DEFAULT_MAX_DEPTH) -> A
     """A whole body that is one JSON value (a webhook's payload), numbers kept exactly;
     `field` names it in errors."""
     value = exactjson.loads(raw, max_depth + BODY_DEPTH_MARGIN)
-    _check_depth(field, value, max_depth)
+    check_depth(field, value, max_depth)
     return value
 
 
@@ -163,73 +154,8 @@ def header_text(raw: str | None, field: str) -> str | None:
         raise ValidationFailed(f"the {field} header must be UTF-8 text", field=field) from None
 
 
-def _int(body: Mapping[str, Any], field: str, default: int | None, low: int, high: int) -> int:
-    raw = body.get(field, default)
-    if raw is None:
-        if default is None:
-            raise ValidationFailed(f"{field} is required", field=field)
-        raw = default
-    if isinstance(raw, exactjson.ExactNumber):  # beyond 64 bits, or not a whole number
-        raise ValidationFailed(f"{field} must be an integer from {low} to {high}", field=field)
-    if isinstance(raw, bool) or not isinstance(raw, int | float) or raw != int(raw):
-        raise ValidationFailed(f"{field} must be an integer", field=field)
-    if not low <= raw <= high:
-        raise ValidationFailed(f"{field} must be between {low} and {high}", field=field)
-    return int(raw)
-
-
-def _number(
-    body: Mapping[str, Any], field: str, default: float | None, low: float, high: float
-) -> float | None:
-    raw = body.get(field)
-    if raw is None:
-        return default
-    if isinstance(raw, exactjson.ExactNumber):
-        raw = float(raw)  # a duration need not be exact; inf is refused as out of range
-    if isinstance(raw, bool) or not isinstance(raw, int | float):
-        raise ValidationFailed(f"{field} must be a number", field=field)
-    if not low <= raw <= high:
-        raise ValidationFailed(f"{field} must be between {low:g} and {high:g}", field=field)
-    return float(raw)
-
-
-def _string(body: Mapping[str, Any], field: str, max_len: int, required: bool) -> str | None:
-    raw = body.get(field)
-    if raw is None:
-        if required:
-            raise ValidationFailed(f"{field} is required", field=field)
-        return None
-    if not isinstance(raw, str) or not raw:
-        raise ValidationFailed(f"{field} must be a non-empty string", field=field)
-    if len(raw) > max_len:
-        raise ValidationFailed(f"{field} must be at most {max_len} characters", field=field)
-    if "\x00" in raw:
-        raise ValidationFailed(f"{field} must not contain NUL characters", field=field)
-    return raw
-
-
-def _check_depth(field: str, value: Any, max_depth: int) -> None:
-    if exactjson.depth(value, max_depth) > max_depth:
-        raise ValidationFailed(
-            f"{field} is nested more than {max_depth} levels deep (GATEWAY_MAX_JSON_DEPTH)",
-            field=field,
-        )
-
-
-def _json_text(field: str, value: Any, max_bytes: int, max_depth: int) -> str:
-    """A JSON value serialized for storage, depth- and size-checked, numbers exact.
-    Postgres jsonb cannot hold the NUL character, so it is refused here rather than
-    failing in the database."""
-    _check_depth(field, value, max_depth)
-    try:
-        text = exactjson.dumps(value).decode()
-    except ValueError as exc:
-        raise ValidationFailed(f"{field}: {exc}", field=field) from None
-    if len(text.encode()) > max_bytes:
-        raise PayloadTooLarge(f"{field} is larger than {max_bytes} bytes serialized", field=field)
-    if NUL_ESCAPE.search(text):
-        raise ValidationFailed(f"{field} must not contain NUL characters (\\u0000)", field=field)
-    return text
+def _payload_limits(max_payload_bytes: int, max_depth: int) -> dict[str, int]:
+    return {PAYLOAD_BYTES.name: max_payload_bytes, JSON_DEPTH.name: max_depth}
 
 
 @dataclass(frozen=True)
@@ -249,34 +175,33 @@ def parse_enqueue(
     max_payload_bytes: int,
     max_depth: int = DEFAULT_MAX_DEPTH,
 ) -> EnqueueRequest:
-    if "payload" not in body:
-        raise ValidationFailed("payload is required (any JSON value)", field="payload")
-    payload_json = _json_text("payload", body["payload"], max_payload_bytes, max_depth)
-    key = _string(body, "idempotency_key", MAX_IDEMPOTENCY_KEY, required=False)
+    spec, limits = ENQUEUE_BODY, _payload_limits(max_payload_bytes, max_depth)
+    payload_json = spec["payload"].read(body, limits)
+    key = spec["idempotency_key"].read(body, limits)
     if header_key is not None:
-        if not header_key or len(header_key) > MAX_IDEMPOTENCY_KEY:
+        longest = IDEMPOTENCY_KEY_HEADER.max_length
+        if not header_key or len(header_key) > (longest or 0):
             raise ValidationFailed(
-                f"Idempotency-Key header must be 1-{MAX_IDEMPOTENCY_KEY} characters",
-                field="idempotency_key",
+                f"Idempotency-Key header must be 1-{longest} characters", field="idempotency_key"
             )
         if key is not None and key != header_key:
             raise BadRequest("idempotency_key in the body and the Idempotency-Key header differ")
         key = header_key
     now = datetime.now(UTC)
-    if body.get("delay_seconds") is not None and body.get("run_at") is not None:
-        raise ValidationFailed("give delay_seconds or run_at, not both", field="run_at")
+    spec.check_exclusive(body)
     run_at = None
-    delay = _number(body, "delay_seconds", None, 0, 365 * 86400)
+    delay = spec["delay_seconds"].read(body, limits)
     if delay:
         run_at = now + timedelta(seconds=delay)
-    if body.get("run_at") is not None:
-        run_at = parse_time("run_at", body["run_at"])
-    ttl = _number(body, "ttl_seconds", None, 1, 365 * 86400)
+    explicit_run_at = spec["run_at"].read(body, limits)
+    if explicit_run_at is not None:
+        run_at = explicit_run_at
+    ttl = spec["ttl_seconds"].read(body, limits)
     expires_at = None
     if ttl is not None:
         expires_at = (run_at or now) + timedelta(seconds=ttl)
-    priority = _int(body, "priority", 50, 0, 1000)
-    max_attempts = _int(body, "max_attempts", 5, 1, 100)
+    priority = spec["priority"].read(body, limits)
+    max_attempts = spec["max_attempts"].read(body, limits)
     # Hash the request as understood, so a retry that spells out a default still matches.
     fingerprint = [
         body["payload"],
@@ -308,29 +233,26 @@ class ClaimRequest:
 def parse_claim(
     body: Mapping[str, Any], max_wait_seconds: float, default_lease_seconds: int
 ) -> ClaimRequest:
-    worker_id = _string(body, "worker_id", MAX_WORKER_ID, required=True)
-    assert worker_id is not None
-    wait = _number(body, "wait_seconds", 0.0, 0, max_wait_seconds)
+    spec = CLAIM_BODY
+    limits = {"max_wait_seconds": max_wait_seconds, "default_lease_seconds": default_lease_seconds}
+    worker_id = spec["worker_id"].read(body, limits)
+    wait = spec["wait_seconds"].read(body, limits)
     return ClaimRequest(
         worker_id=worker_id,
-        max_tasks=_int(body, "max_tasks", 1, 1, 100),
+        max_tasks=spec["max_tasks"].read(body, limits),
         wait_seconds=wait or 0.0,
-        lease_seconds=_int(body, "lease_seconds", default_lease_seconds, 1, 3600),
+        lease_seconds=spec["lease_seconds"].read(body, limits),
     )
 
 
 def parse_lease_id(body: Mapping[str, Any]) -> uuid.UUID:
-    raw = _string(body, "lease_id", 64, required=True)
-    try:
-        return uuid.UUID(raw)
-    except ValueError:
-        raise ValidationFailed(
-            "lease_id must be the lease_id a claim returned", field="lease_id"
-        ) from None
+    lease_id: uuid.UUID = LEASE_ID.read(body, {})
+    return lease_id
 
 
 def parse_lease_seconds(body: Mapping[str, Any], default: int) -> int:
-    return _int(body, "lease_seconds", default, 1, 3600)
+    seconds: int = LEASE_SECONDS.read(body, {"default_lease_seconds": default})
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -342,40 +264,32 @@ class FailRequest:
 
 
 def parse_fail(body: Mapping[str, Any]) -> FailRequest:
-    error = body.get("error")
-    if not isinstance(error, str):
-        raise ValidationFailed("error is required: a string describing the failure", field="error")
-    retry = body.get("retry", True)
-    if not isinstance(retry, bool):
-        raise ValidationFailed("retry must be true or false", field="retry")
+    spec = FAIL_BODY
+    error = spec["error"].read(body, {})
+    retry = spec["retry"].read(body, {})
     return FailRequest(
         lease_id=parse_lease_id(body),
         # An error message is kept, not judged: NULs (which Postgres refuses) are replaced.
         error=error[:MAX_ERROR_CHARS].replace("\x00", "\ufffd"),
         retry=retry,
-        retry_after_seconds=_number(body, "retry_after_seconds", None, 0, 7 * 86400),
+        retry_after_seconds=spec["retry_after_seconds"].read(body, {}),
     )
 
 
 def result_json(
     body: Mapping[str, Any], max_payload_bytes: int, max_depth: int = DEFAULT_MAX_DEPTH
 ) -> str | None:
-    if body.get("result") is None:
-        return None
-    return _json_text("result", body["result"], max_payload_bytes, max_depth)
-
-
-MAX_BATCH = 1000
-STATUSES = ("queued", "claimed", "completed", "dead", "expired", "cancelled")
+    result: str | None = COMPLETE_BODY["result"].read(
+        body, _payload_limits(max_payload_bytes, max_depth)
+    )
+    return result
 
 
 def parse_batch(
     body: Mapping[str, Any], max_payload_bytes: int, max_depth: int = DEFAULT_MAX_DEPTH
 ) -> list[EnqueueRequest]:
     """Every item as parse_enqueue; an invalid one fails the batch, naming its index."""
-    items = body.get("tasks")
-    if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH:
-        raise ValidationFailed(f"tasks must be a list of 1 to {MAX_BATCH} tasks", field="tasks")
+    items = BATCH_BODY["tasks"].read(body, {})
     out = []
     for index, item in enumerate(items):
         try:
@@ -418,17 +332,22 @@ class ListQuery:
 
 
 def parse_list_query(params: Mapping[str, str]) -> ListQuery:
+    """The listing's query (LIST_QUERY): strings, so read here rather than by the fields."""
+    statuses = LIST_QUERY["status"].enum
     status = params.get("status") or None
-    if status is not None and status not in STATUSES:
-        raise ValidationFailed(f"status must be one of {', '.join(STATUSES)}", field="status")
-    raw_limit = params.get("limit", "100")
+    if status is not None and status not in statuses:
+        raise ValidationFailed(f"status must be one of {', '.join(statuses)}", field="status")
+    limit = LIST_QUERY["limit"]
+    low, high = limit.minimum, limit.maximum
+    assert isinstance(low, int) and isinstance(high, int)
+    raw_limit = params.get("limit", str(limit.default))
     # Leading zeros off first: int() refuses over 4300 digits with an error of its own.
     digits = raw_limit.lstrip("0") or "0"
     if (
         not (digits.isascii() and digits.isdigit())
-        or len(digits) > 4
-        or not 1 <= int(digits) <= 1000
+        or len(digits) > len(str(high))
+        or not low <= int(digits) <= high
     ):
-        raise ValidationFailed("limit must be an integer from 1 to 1000", field="limit")
+        raise ValidationFailed(f"limit must be an integer from {low} to {high}", field="limit")
     cursor = params.get("cursor")
     return ListQuery(status, int(digits), decode_cursor(cursor) if cursor else None)

@@ -17,7 +17,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import admin, models, webhooks
+from . import admin, admin_docs, docs, models, openapi, webhooks
 from .auth import Principal, Scope
 from .errors import GatewayError, NotFound
 from .httpio import json_response, problem_response, read_json
@@ -48,6 +48,7 @@ class Endpoint:
     # None: no bearer token. Public, or the handler authenticates (signed webhooks).
     scope: Scope | None
     target: Target = Target.NONE
+    doc: docs.Doc | None = None  # required in practice: tests/unit/test_openapi.py checks
 
 
 async def authorize(request: Request, gw: Gateway, endpoint: Endpoint) -> Principal | None:
@@ -268,35 +269,89 @@ async def metrics(request: Request, gw: Gateway) -> Response:
     return Response(gw.metrics.render(), media_type=CONTENT_TYPE)
 
 
+async def openapi_document(request: Request, gw: Gateway) -> Response:
+    """The OpenAPI document, built once per app: it depends on the app's settings."""
+    state = request.app.state
+    if getattr(state, "openapi", None) is None:
+        state.openapi = orjson.dumps(openapi.build(ENDPOINTS, gw.settings))
+    return Response(state.openapi, media_type="application/json")
+
+
 ENDPOINTS = [
-    Endpoint("POST", "/v1/runtimes/{rt}/tasks", enqueue, Scope.ENQUEUE, Target.RUNTIME),
-    Endpoint("GET", "/v1/runtimes/{rt}/tasks", list_tasks, Scope.READ, Target.RUNTIME),
-    Endpoint("POST", "/v1/runtimes/{rt}/tasks:batch", enqueue_batch, Scope.ENQUEUE, Target.RUNTIME),
-    Endpoint("GET", "/v1/runtimes/{rt}/stats", stats, Scope.READ, Target.RUNTIME),
-    Endpoint("POST", "/v1/runtimes/{rt}/claim", claim, Scope.CLAIM, Target.RUNTIME),
-    Endpoint("GET", "/v1/tasks/{task_id}", get_task, Scope.READ, Target.TASK),
-    Endpoint("POST", "/v1/tasks/{task_id}/heartbeat", heartbeat, Scope.CLAIM, Target.TASK),
-    Endpoint("POST", "/v1/tasks/{task_id}/complete", complete, Scope.CLAIM, Target.TASK),
-    Endpoint("POST", "/v1/tasks/{task_id}/fail", fail, Scope.CLAIM, Target.TASK),
-    Endpoint("POST", "/v1/tasks/{task_id}/release", release, Scope.CLAIM, Target.TASK),
-    Endpoint("POST", "/v1/tasks/{task_id}/cancel", cancel, Scope.ENQUEUE, Target.TASK),
-    Endpoint("POST", "/v1/tasks/{task_id}/retry", retry, Scope.ENQUEUE, Target.TASK),
+    Endpoint(
+        "POST", "/v1/runtimes/{rt}/tasks", enqueue, Scope.ENQUEUE, Target.RUNTIME, docs.ENQUEUE
+    ),
+    Endpoint(
+        "GET", "/v1/runtimes/{rt}/tasks", list_tasks, Scope.READ, Target.RUNTIME, docs.LIST_TASKS
+    ),
+    Endpoint(
+        "POST",
+        "/v1/runtimes/{rt}/tasks:batch",
+        enqueue_batch,
+        Scope.ENQUEUE,
+        Target.RUNTIME,
+        docs.ENQUEUE_BATCH,
+    ),
+    Endpoint("GET", "/v1/runtimes/{rt}/stats", stats, Scope.READ, Target.RUNTIME, docs.STATS),
+    Endpoint("POST", "/v1/runtimes/{rt}/claim", claim, Scope.CLAIM, Target.RUNTIME, docs.CLAIM),
+    Endpoint("GET", "/v1/tasks/{task_id}", get_task, Scope.READ, Target.TASK, docs.GET_TASK),
+    Endpoint(
+        "POST", "/v1/tasks/{task_id}/heartbeat", heartbeat, Scope.CLAIM, Target.TASK, docs.HEARTBEAT
+    ),
+    Endpoint(
+        "POST", "/v1/tasks/{task_id}/complete", complete, Scope.CLAIM, Target.TASK, docs.COMPLETE
+    ),
+    Endpoint("POST", "/v1/tasks/{task_id}/fail", fail, Scope.CLAIM, Target.TASK, docs.FAIL),
+    Endpoint(
+        "POST", "/v1/tasks/{task_id}/release", release, Scope.CLAIM, Target.TASK, docs.RELEASE
+    ),
+    Endpoint("POST", "/v1/tasks/{task_id}/cancel", cancel, Scope.ENQUEUE, Target.TASK, docs.CANCEL),
+    Endpoint("POST", "/v1/tasks/{task_id}/retry", retry, Scope.ENQUEUE, Target.TASK, docs.RETRY),
     # No bearer token: the Standard Webhooks signature authenticates (webhooks.receive).
-    Endpoint("POST", "/v1/runtimes/{rt}/webhooks", webhooks.receive, None, Target.RUNTIME),
-    Endpoint("POST", "/v1/admin/tokens", admin.create_token, Scope.ADMIN),
-    Endpoint("GET", "/v1/admin/tokens", admin.list_tokens, Scope.ADMIN),
-    Endpoint("DELETE", "/v1/admin/tokens/{token_id}", admin.revoke_token, Scope.ADMIN),
-    Endpoint("POST", "/v1/admin/webhook-secrets", admin.create_webhook_secret, Scope.ADMIN),
-    Endpoint("GET", "/v1/admin/webhook-secrets", admin.list_webhook_secrets, Scope.ADMIN),
+    Endpoint(
+        "POST",
+        "/v1/runtimes/{rt}/webhooks",
+        webhooks.receive,
+        None,
+        Target.RUNTIME,
+        admin_docs.RECEIVE_WEBHOOK,
+    ),
+    Endpoint(
+        "POST", "/v1/admin/tokens", admin.create_token, Scope.ADMIN, doc=admin_docs.CREATE_TOKEN
+    ),
+    Endpoint("GET", "/v1/admin/tokens", admin.list_tokens, Scope.ADMIN, doc=admin_docs.LIST_TOKENS),
+    Endpoint(
+        "DELETE",
+        "/v1/admin/tokens/{token_id}",
+        admin.revoke_token,
+        Scope.ADMIN,
+        doc=admin_docs.REVOKE_TOKEN,
+    ),
+    Endpoint(
+        "POST",
+        "/v1/admin/webhook-secrets",
+        admin.create_webhook_secret,
+        Scope.ADMIN,
+        doc=admin_docs.CREATE_WEBHOOK_SECRET,
+    ),
+    Endpoint(
+        "GET",
+        "/v1/admin/webhook-secrets",
+        admin.list_webhook_secrets,
+        Scope.ADMIN,
+        doc=admin_docs.LIST_WEBHOOK_SECRETS,
+    ),
     Endpoint(
         "DELETE",
         "/v1/admin/webhook-secrets/{secret_id}",
         admin.revoke_webhook_secret,
         Scope.ADMIN,
+        doc=admin_docs.REVOKE_WEBHOOK_SECRET,
     ),
-    Endpoint("GET", "/healthz", healthz, None),
-    Endpoint("GET", "/readyz", readyz, None),
-    Endpoint("GET", "/metrics", metrics, None),
+    Endpoint("GET", "/healthz", healthz, None, doc=docs.HEALTHZ),
+    Endpoint("GET", "/readyz", readyz, None, doc=docs.READYZ),
+    Endpoint("GET", "/metrics", metrics, None, doc=docs.METRICS),
+    Endpoint("GET", "/openapi.json", openapi_document, None, doc=docs.OPENAPI),
 ]
 
 ROUTES = [Route(e.path, api(e), methods=[e.method]) for e in ENDPOINTS]

@@ -87,7 +87,7 @@ RECIPES: dict[tuple[str, str], Recipe] = {
     ("GET", "/v1/admin/webhook-secrets"): Recipe(),
     ("DELETE", "/v1/admin/webhook-secrets/{secret_id}"): Recipe(expect=204),
 }
-PUBLIC = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics")}
+PUBLIC = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/openapi.json")}
 SIGNED = {("POST", "/v1/runtimes/{rt}/webhooks")}
 
 

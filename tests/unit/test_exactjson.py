@@ -78,3 +78,26 @@ def test_too_deep_bodies_name_the_field_before_any_recursive_parse() -> None:
     with pytest.raises(ValidationFailed) as info:
         exactjson.loads(raw, 64)
     assert info.value.extra["field"] == "payload"
+
+
+# Regression: when orjson stopped first at a number beyond a double (1e400), the exact
+# path let a lone surrogate through, which orjson refuses; as a worker_id it reached
+# Postgres and the claim was answered 503 store_unavailable.
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"n": 1e400, "worker_id": "\\ud800"}',
+        b'{"n": 1e400, "a": ["x", {"b": "\\udfff"}]}',
+        b'{"n": -1e400, "\\udc00": 1}',
+    ],
+)
+def test_lone_surrogates_are_not_json_on_either_path(raw: bytes) -> None:
+    with pytest.raises(BadRequest, match="surrogate"):
+        exactjson.loads(raw, 64)
+    with pytest.raises(BadRequest, match="surrogate"):
+        exactjson.loads(raw.replace(b"1e400", b"1"), 64)
+
+
+def test_a_surrogate_pair_is_one_character_on_either_path() -> None:
+    assert exactjson.loads(b'{"n": 1e400, "s": "\\ud83d\\ude00"}', 64)["s"] == "\U0001f600"
+    assert exactjson.loads(b'{"s": "\\ud83d\\ude00"}', 64)["s"] == "\U0001f600"

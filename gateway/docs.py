@@ -1,0 +1,322 @@
+"""What the API answers, and each operation's documentation.
+
+The JSON Schemas of every answer body are written here, once. Request bodies are not:
+they come from the field specs in bodies.py. Each Endpoint in routes.py carries one of
+the `Doc`s below; openapi.py turns them into the OpenAPI document.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import bodies
+from .errors import Conflict, Draining, GatewayError, IdempotencyKeyReused, LeaseLost, Overloaded
+from .models import LEASE_FIELDS, RUNTIME_ID_RE, TASK_FIELDS
+from .schema import Body, Field, RawBody
+
+
+@dataclass(frozen=True)
+class Param:
+    """A path parameter or a response header."""
+
+    name: str
+    description: str
+    schema: Mapping[str, Any]
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A success answer (or any answer that is not problem+json)."""
+
+    status: int
+    description: str
+    schema: str | Mapping[str, Any] | None  # a name in SCHEMAS, a JSON Schema, or no body
+    media_type: str = "application/json"
+    headers: tuple[Param, ...] = ()
+
+
+@dataclass(frozen=True)
+class Doc:
+    """An operation's documentation. The error answers are derived from the endpoint
+    (authentication, path, body) plus `errors`, the ones its handler raises itself."""
+
+    operation_id: str
+    summary: str
+    replies: tuple[Reply, ...]
+    description: str = ""
+    tag: str = "operations"
+    body: Body | RawBody | None = None
+    query: Body | None = None
+    headers: tuple[Field, ...] = ()  # request headers
+    path_params: tuple[Param, ...] = ()  # beyond the shared ones, see openapi.PATH_PARAMS
+    errors: tuple[type[GatewayError], ...] = ()
+
+
+# -- answer bodies ------------------------------------------------------------------------
+
+_UUID = {"type": "string", "format": "uuid"}
+_TIME = {
+    "type": "string",
+    "format": "date-time",
+    "pattern": r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$",
+    "description": "RFC 3339 UTC with microseconds and a Z: times compare as strings.",
+}
+_COUNT = {"type": "integer", "minimum": 0}
+
+
+def _tasks(extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    properties = {"tasks": {"type": "array", "items": {"$ref": "#/components/schemas/Task"}}}
+    properties.update(extra or {})
+    return {
+        "type": "object",
+        "required": list(properties),
+        "properties": properties,
+        "additionalProperties": False,
+    }
+
+
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "Task": {
+        "type": "object",
+        "description": "A task. While claimed it also shows its lease; once completed its "
+        "result; after a failure the last error.",
+        "required": list(TASK_FIELDS),
+        "properties": {
+            "id": _UUID,
+            "runtime_id": {"type": "string", "pattern": RUNTIME_ID_RE.pattern},
+            "status": {"enum": list(bodies.STATUSES)},
+            "priority": bodies.ENQUEUE_BODY["priority"].json_schema({}, nullable=False),
+            "payload": {"description": "As enqueued, exactly; null in a stub."},
+            "attempts": {**_COUNT, "description": "Claims so far."},
+            "max_attempts": bodies.ENQUEUE_BODY["max_attempts"].json_schema({}, nullable=False),
+            "run_at": _TIME,
+            "expires_at": {**_TIME, "type": ["string", "null"]},
+            "created_at": _TIME,
+            "updated_at": _TIME,
+            "lease_id": {**_UUID, "description": "Present while claimed."},
+            "lease_expires_at": _TIME,
+            "worker_id": {"type": "string", "description": "Who holds the lease."},
+            "cancel_requested": {
+                "type": "boolean",
+                "description": "Cancelled while claimed: it ends cancelled when reported.",
+            },
+            "result": {"description": "Present once completed: what complete sent, or null."},
+            "last_error": {"type": "string", "description": "The last failure's error."},
+            "render_error": {
+                "type": "string",
+                "description": "Present only on a stub: a stored task that cannot be shown "
+                "whole, given without its payload and result, says why here.",
+            },
+        },
+        "additionalProperties": False,
+        "allOf": [
+            {
+                "if": {"properties": {"status": {"const": "claimed"}}},
+                "then": {"required": list(LEASE_FIELDS)},
+                "else": {"not": {"anyOf": [{"required": [name]} for name in LEASE_FIELDS]}},
+            },
+            {
+                "if": {"properties": {"status": {"const": "completed"}}},
+                "then": {"required": ["result"]},
+                "else": {"not": {"required": ["result"]}},
+            },
+        ],
+    },
+    "TaskList": _tasks(),
+    "TaskPage": _tasks({"next_cursor": {"type": ["string", "null"]}}),
+    "Stats": {
+        "type": "object",
+        "required": ["runtime_id", "counts", "oldest_queued_age_seconds", "parked_pollers"],
+        "properties": {
+            "runtime_id": {"type": "string"},
+            "counts": {
+                "type": "object",
+                "required": list(bodies.STATUSES),
+                "properties": {status: _COUNT for status in bodies.STATUSES},
+                "additionalProperties": False,
+            },
+            "oldest_queued_age_seconds": {
+                "type": ["number", "null"],
+                "description": "Age of the oldest queued task that is due; null if none.",
+            },
+            "parked_pollers": {**_COUNT, "description": "Claims waiting on this instance."},
+        },
+        "additionalProperties": False,
+    },
+    "Health": {
+        "type": "object",
+        "required": ["status"],
+        "properties": {"status": {"const": "ok"}},
+        "additionalProperties": False,
+    },
+    "Ready": {
+        "type": "object",
+        "required": ["status"],
+        "properties": {"status": {"const": "ready"}},
+        "additionalProperties": False,
+    },
+    "NotReady": {
+        "type": "object",
+        "required": ["status", "problems"],
+        "properties": {
+            "status": {"const": "not ready"},
+            "problems": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        },
+        "additionalProperties": False,
+    },
+    "Problem": {
+        "type": "object",
+        "description": "RFC 9457 problem details; `code` is the machine-readable reason.",
+        "required": ["type", "title", "status", "detail", "code"],
+        "properties": {
+            "type": {"type": "string"},
+            "title": {"type": "string"},
+            "status": {"type": "integer", "minimum": 400, "maximum": 599},
+            "detail": {"type": "string"},
+            "code": {"type": "string"},  # openapi.py fills in the enum from errors.py
+            "field": {
+                "type": "string",
+                "description": "The field at fault: `priority`, `tasks[2].payload`.",
+            },
+            "index": {**_COUNT, "description": "The batch item at fault."},
+            "task_id": _UUID,
+            "task_status": {"enum": list(bodies.STATUSES)},
+            "retry_after_seconds": _COUNT,
+        },
+        "additionalProperties": False,
+    },
+}
+
+# -- operations ---------------------------------------------------------------------------
+
+TASK = "Task"
+REPLAYED = Param(
+    "Idempotent-Replayed",
+    "`true`: the idempotency key was seen with this same request; nothing new was stored.",
+    {"const": "true"},
+    required=True,
+)
+
+ENQUEUE = Doc(
+    "enqueueTask",
+    "Enqueue a task",
+    (
+        Reply(201, "Stored; a waiting daemon is woken.", TASK),
+        Reply(200, "A repeated idempotency key with the same request.", TASK, headers=(REPLAYED,)),
+    ),
+    "The key may come in the body or the Idempotency-Key header; reusing it with "
+    "another request is `422 idempotency_key_reused`.",
+    tag="producers",
+    body=bodies.ENQUEUE_BODY,
+    headers=(bodies.IDEMPOTENCY_KEY_HEADER,),
+    errors=(IdempotencyKeyReused,),
+)
+ENQUEUE_BATCH = Doc(
+    "enqueueTasks",
+    "Enqueue a batch of tasks, all or nothing",
+    (
+        Reply(201, "Stored, in request order.", "TaskList"),
+        Reply(200, "Every item was an idempotent replay.", "TaskList", headers=(REPLAYED,)),
+    ),
+    "One bad item is `422` naming `tasks[i]` (`field` and `index`), and nothing is stored.",
+    tag="producers",
+    body=bodies.BATCH_BODY,
+    errors=(IdempotencyKeyReused,),
+)
+LIST_TASKS = Doc(
+    "listTasks",
+    "List a runtime's tasks, oldest first",
+    (Reply(200, "A page; next_cursor is null on the last one.", "TaskPage"),),
+    tag="producers",
+    query=bodies.LIST_QUERY,
+)
+STATS = Doc(
+    "runtimeStats",
+    "Count a runtime's tasks by status",
+    (Reply(200, "Counts for every status.", "Stats"),),
+    tag="producers",
+)
+CANCEL = Doc(
+    "cancelTask",
+    "Cancel a task",
+    (Reply(200, "Queued: now cancelled. Claimed: cancel_requested until reported.", TASK),),
+    "Cancelling a cancelled task answers it again; a finished one is `409 invalid_state`.",
+    tag="producers",
+    errors=(Conflict,),
+)
+RETRY = Doc(
+    "retryTask",
+    "Queue a dead, expired or cancelled task again",
+    (Reply(200, "Queued at once, attempts reset.", TASK),),
+    tag="producers",
+    errors=(Conflict,),
+)
+GET_TASK = Doc("getTask", "Get a task", (Reply(200, "The task.", TASK),), tag="producers")
+CLAIM = Doc(
+    "claimTasks",
+    "Claim tasks, waiting for work if there is none",
+    (Reply(200, "Leased tasks; empty when the wait ran out.", "TaskList"),),
+    "Overloaded is `429` with Retry-After; a shutting-down instance is `503 draining`.",
+    tag="daemons",
+    body=bodies.CLAIM_BODY,
+    errors=(Overloaded, Draining),
+)
+_LEASE_LOST = "A lease that is no longer the task's current one is `409 lease_lost`."
+HEARTBEAT = Doc(
+    "heartbeatTask",
+    "Extend a lease",
+    (Reply(200, "The task; cancel_requested says whether to stop.", TASK),),
+    _LEASE_LOST,
+    tag="daemons",
+    body=bodies.HEARTBEAT_BODY,
+    errors=(LeaseLost,),
+)
+COMPLETE = Doc(
+    "completeTask",
+    "Report a task done",
+    (Reply(200, "The finished task; repeating it with the same lease answers it again.", TASK),),
+    _LEASE_LOST,
+    tag="daemons",
+    body=bodies.COMPLETE_BODY,
+    errors=(LeaseLost,),
+)
+FAIL = Doc(
+    "failTask",
+    "Report a task failed",
+    (Reply(200, "Queued again after a backoff, or dead at max_attempts.", TASK),),
+    _LEASE_LOST,
+    tag="daemons",
+    body=bodies.FAIL_BODY,
+    errors=(LeaseLost,),
+)
+RELEASE = Doc(
+    "releaseTask",
+    "Give a task back",
+    (Reply(200, "Queued again at once.", TASK),),
+    _LEASE_LOST,
+    tag="daemons",
+    body=bodies.RELEASE_BODY,
+    errors=(LeaseLost,),
+)
+HEALTHZ = Doc("healthz", "Liveness", (Reply(200, "The process answers.", "Health"),))
+READYZ = Doc(
+    "readyz",
+    "Readiness",
+    (
+        Reply(200, "Database reachable, schema current, not shutting down.", "Ready"),
+        Reply(503, "Not ready; the problems name the components.", "NotReady"),
+    ),
+)
+METRICS = Doc(
+    "metrics",
+    "Prometheus metrics",
+    (Reply(200, "The Prometheus text format.", {"type": "string"}, "text/plain"),),
+)
+OPENAPI = Doc(
+    "openapi",
+    "This document",
+    (Reply(200, "OpenAPI 3.1.", {"type": "object"}),),
+)

@@ -1,0 +1,348 @@
+"""The OpenAPI document: valid OpenAPI 3.1, every endpoint documented, every problem
+code listed, the app's settings in its bounds."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from openapi_spec_validator import validate
+
+from gateway import bodies, docs, errors, models, openapi
+from gateway.auth import Scope
+from gateway.errors import ValidationFailed
+from gateway.routes import ENDPOINTS, Endpoint, Target, healthz
+from gateway.schema import RawBody
+from gateway.settings import Settings
+
+
+def build(**overrides: Any) -> dict[str, Any]:
+    settings = Settings(database_url="postgresql://", redis_url="redis://", auth_enabled=False)
+    return openapi.build(ENDPOINTS, dataclasses.replace(settings, **overrides))
+
+
+DOC = build()
+OPERATIONS = [(e, DOC["paths"][e.path][e.method.lower()]) for e in ENDPOINTS]
+
+
+def ids(value: Any) -> str:
+    return f"{value.method} {value.path}" if isinstance(value, Endpoint) else ""
+
+
+def schema_of(ref: dict[str, Any]) -> dict[str, Any]:
+    name = ref["$ref"].rsplit("/", 1)[1]
+    schema: dict[str, Any] = DOC["components"]["schemas"][name]
+    return schema
+
+
+def test_the_document_is_valid_openapi_3_1() -> None:
+    assert DOC["openapi"] == "3.1.0"
+    validate(DOC)
+
+
+def test_every_endpoint_is_documented() -> None:
+    """A new Endpoint needs a Doc: an operationId, a summary and its success answers."""
+    for endpoint in ENDPOINTS:
+        where = f"{endpoint.method} {endpoint.path}"
+        assert endpoint.doc is not None, f"{where} has no doc=docs.Doc(...)"
+        assert endpoint.doc.operation_id and endpoint.doc.summary, where
+        assert any(200 <= r.status < 300 for r in endpoint.doc.replies), where
+    operation_ids = [e.doc.operation_id for e in ENDPOINTS if e.doc]
+    assert len(set(operation_ids)) == len(operation_ids)
+
+
+def test_an_undocumented_endpoint_fails_the_build() -> None:
+    bare = Endpoint("GET", "/v1/new", healthz, Scope.ADMIN)
+    with pytest.raises(ValueError, match="GET /v1/new has no Doc"):
+        openapi.build([*ENDPOINTS, bare], Settings(auth_enabled=False))
+
+
+def test_an_undocumented_path_parameter_fails_the_build() -> None:
+    odd = Endpoint("GET", "/v1/things/{thing}", healthz, None, doc=docs.HEALTHZ)
+    with pytest.raises(ValueError, match="thing"):
+        openapi.build([odd], Settings(auth_enabled=False))
+
+
+def test_every_endpoint_appears_with_its_method() -> None:
+    documented = {(m.upper(), p) for p, item in DOC["paths"].items() for m in item}
+    assert documented == {(e.method, e.path) for e in ENDPOINTS}
+    assert ("GET", "/openapi.json") in documented
+
+
+@pytest.mark.parametrize(("endpoint", "operation"), OPERATIONS, ids=ids)
+def test_security_and_scope(endpoint: Endpoint, operation: dict[str, Any]) -> None:
+    assert endpoint.doc is not None
+    if endpoint.scope is None and errors.InvalidSignature in endpoint.doc.errors:
+        assert operation["security"] == []
+        assert "No bearer token" in operation["description"]
+        assert "WWW-Authenticate" in operation["responses"]["401"]["headers"]
+    elif endpoint.scope is None:
+        assert operation["security"] == []
+        assert "No authentication" in operation["description"]
+        assert "401" not in operation["responses"]
+    else:
+        assert operation["security"] == [{"bearer": []}]
+        assert f"`{endpoint.scope}` scope" in operation["description"]
+        assert "WWW-Authenticate" in operation["responses"]["401"]["headers"]
+    assert DOC["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
+
+
+def test_every_problem_code_appears() -> None:
+    codes = DOC["components"]["schemas"]["Problem"]["properties"]["code"]["enum"]
+    defined = {
+        v.code
+        for v in vars(errors).values()
+        if isinstance(v, type) and issubclass(v, errors.GatewayError)
+    }
+    assert set(codes) == defined
+    assert {"lease_lost", "invalid_state", "idempotency_key_reused", "internal_error"} <= defined
+
+
+@pytest.mark.parametrize(("endpoint", "operation"), OPERATIONS, ids=ids)
+def test_error_answers_are_problems_with_their_codes(
+    endpoint: Endpoint, operation: dict[str, Any]
+) -> None:
+    problems = 0
+    for status, response in operation["responses"].items():
+        content = response.get("content", {}).get("application/problem+json")
+        if content is None:
+            continue
+        problems += 1
+        schema = content["schema"]
+        assert schema["allOf"] == [{"$ref": "#/components/schemas/Problem"}]
+        assert schema["properties"]["status"] == {"const": int(status)}
+        for code in schema["properties"]["code"]["enum"]:
+            cls = next(c for c in openapi.error_classes() if c.code == code)
+            assert openapi.status_of(cls) == int(status)
+            assert f"`{code}`" in response["description"]
+    assert problems and "500" in operation["responses"]
+
+
+def responses(path: str, method: str = "post") -> dict[str, Any]:
+    answers: dict[str, Any] = DOC["paths"][path][method]["responses"]
+    return answers
+
+
+def codes(path: str, status: str, method: str = "post") -> set[str]:
+    schema = responses(path, method)[status]["content"]["application/problem+json"]["schema"]
+    return set(schema["properties"]["code"]["enum"])
+
+
+def test_what_each_operation_can_answer() -> None:
+    assert set(responses("/v1/runtimes/{rt}/claim")) == {
+        "200", "400", "401", "403", "404", "408", "413", "422", "429", "500", "503",
+    }  # fmt: skip
+    assert codes("/v1/runtimes/{rt}/claim", "503") == {"draining", "store_unavailable"}
+    assert responses("/v1/runtimes/{rt}/claim")["429"]["headers"]["Retry-After"]["required"]
+    assert codes("/v1/runtimes/{rt}/tasks", "422") == {
+        "validation_failed",
+        "idempotency_key_reused",
+    }
+    assert codes("/v1/tasks/{task_id}/complete", "409") == {"lease_lost"}
+    assert codes("/v1/tasks/{task_id}/retry", "409") == {"invalid_state"}
+    assert set(responses("/v1/tasks/{task_id}", "get")) == {
+        "200",
+        "401",
+        "403",
+        "404",
+        "500",
+        "503",
+    }
+    assert set(responses("/healthz", "get")) == {"200", "500"}
+    ready = responses("/readyz", "get")["503"]["content"]
+    assert ready == {"application/json": {"schema": {"$ref": "#/components/schemas/NotReady"}}}
+    assert "text/plain" in responses("/metrics", "get")["200"]["content"]
+
+
+def test_enqueue_documents_the_replay_header_and_the_idempotency_key_header() -> None:
+    operation = DOC["paths"]["/v1/runtimes/{rt}/tasks"]["post"]
+    assert operation["responses"]["200"]["headers"]["Idempotent-Replayed"]["schema"] == {
+        "const": "true"
+    }
+    assert "headers" not in operation["responses"]["201"]
+    (header,) = [p for p in operation["parameters"] if p["in"] == "header"]
+    assert header["name"] == "Idempotency-Key" and header["schema"]["maxLength"] == 200
+
+
+def test_path_parameters() -> None:
+    for path, item in DOC["paths"].items():
+        for operation in item.values():
+            params = {p["name"]: p for p in operation.get("parameters", []) if p["in"] == "path"}
+            assert set(params) == set(re.findall(r"{(\w+)}", path))
+            if "rt" in params:
+                assert params["rt"]["schema"]["pattern"] == models.RUNTIME_ID_RE.pattern
+            if "task_id" in params:
+                assert params["task_id"]["schema"]["format"] == "uuid"
+
+
+def test_settings_bounds_show_up() -> None:
+    doc = build(
+        max_wait_seconds=5, default_lease_seconds=42, max_payload_bytes=1234, max_json_depth=7
+    )
+    schemas = doc["components"]["schemas"]
+    claim = schemas["ClaimRequest"]["properties"]
+    assert claim["wait_seconds"]["maximum"] == 5
+    assert "GATEWAY_MAX_WAIT_SECONDS" in claim["wait_seconds"]["description"]
+    assert claim["lease_seconds"]["default"] == 42
+    assert schemas["HeartbeatRequest"]["properties"]["lease_seconds"]["default"] == 42
+    payload = schemas["EnqueueRequest"]["properties"]["payload"]["description"]
+    assert "1234 bytes" in payload and "7 levels" in payload
+    item = schemas["EnqueueBatchRequest"]["properties"]["tasks"]["items"]
+    assert "1234 bytes" in item["properties"]["payload"]["description"]
+    assert (
+        build()["components"]["schemas"]["ClaimRequest"]["properties"]["wait_seconds"]["maximum"]
+        == Settings().max_wait_seconds
+    )
+
+
+def test_request_bodies_come_from_the_field_specs() -> None:
+    schemas = DOC["components"]["schemas"]
+    enqueue = schemas["EnqueueRequest"]
+    assert enqueue["required"] == ["payload"]
+    assert enqueue["properties"]["priority"]["minimum"] == 0
+    assert enqueue["properties"]["priority"]["maximum"] == 1000
+    assert enqueue["properties"]["priority"]["default"] == 50
+    assert enqueue["properties"]["run_at"]["format"] == "date-time"
+    batch = schemas["EnqueueBatchRequest"]["properties"]["tasks"]
+    assert (batch["minItems"], batch["maxItems"]) == (1, models.MAX_BATCH)
+    assert schemas["FailRequest"]["required"] == ["lease_id", "error"]
+    listing = DOC["paths"]["/v1/runtimes/{rt}/tasks"]["get"]["parameters"]
+    status = next(p for p in listing if p["name"] == "status")
+    assert status["schema"]["enum"] == list(models.STATUSES)
+    for endpoint, operation in OPERATIONS:
+        assert endpoint.doc is not None
+        if endpoint.doc.body is None:
+            assert "requestBody" not in operation
+        else:
+            assert schema_of(operation["requestBody"]["content"]["application/json"]["schema"])
+
+
+def test_the_task_schema_lists_every_field_the_api_returns() -> None:
+    task = DOC["components"]["schemas"]["Task"]
+    assert set(task["required"]) == set(models.TASK_FIELDS)
+    shown = set(models.TASK_FIELDS) | set(models.LEASE_FIELDS)
+    assert shown | {"result", "last_error", "render_error"} == set(task["properties"])
+    assert task["properties"]["status"]["enum"] == list(models.STATUSES)
+    assert task["additionalProperties"] is False
+
+
+def test_a_route_can_declare_a_raw_body_and_its_own_path_parameters() -> None:
+    """What a webhook taking any JSON at /v1/runtimes/{rt}/webhooks/{source} would use."""
+    webhook = docs.Doc(
+        "receiveWebhook",
+        "Receive a signed webhook",
+        (docs.Reply(202, "Accepted.", {"type": "object"}),),
+        body=RawBody("WebhookPayload", "The event, any JSON, exactly as signed.", {}),
+        path_params=(docs.Param("source", "Who sends it.", {"type": "string"}),),
+        errors=(errors.Forbidden,),
+    )
+    endpoint = Endpoint(
+        "POST", "/v1/runtimes/{rt}/webhooks/{source}", healthz, None, Target.RUNTIME, webhook
+    )
+    doc = openapi.build([endpoint], Settings(auth_enabled=False))
+    validate(doc)
+    operation = doc["paths"][endpoint.path]["post"]
+    assert [p["name"] for p in operation["parameters"]] == ["rt", "source"]
+    assert doc["components"]["schemas"]["WebhookPayload"] == {
+        "description": "The event, any JSON, exactly as signed."
+    }
+    assert {"202", "400", "403", "404", "408", "413", "422", "500"} == set(operation["responses"])
+
+
+def test_two_bodies_may_not_share_a_name() -> None:
+    other = dataclasses.replace(
+        docs.CLAIM, body=dataclasses.replace(docs.HEARTBEAT.body, name="ClaimRequest")
+    )
+    clash = Endpoint("POST", "/v1/other", healthz, None, doc=other)
+    with pytest.raises(ValueError, match="ClaimRequest"):
+        openapi.build([*ENDPOINTS, clash], Settings(auth_enabled=False))
+
+
+# --- the documented rules are the enforced rules ------------------------------------------
+
+MAX_PAYLOAD = 1_048_576
+LEASE = "11111111-2222-4333-8444-555555555555"
+
+WAIT, LEASE_DEFAULT = 60.0, 45
+PARSERS: dict[str, tuple[Callable[[dict[str, Any]], Any], dict[str, Any]]] = {
+    "EnqueueRequest": (lambda b: models.parse_enqueue(b, None, MAX_PAYLOAD), {"payload": 1}),
+    "EnqueueBatchRequest": (
+        lambda b: models.parse_batch(b, MAX_PAYLOAD),
+        {"tasks": [{"payload": 1}]},
+    ),
+    "ClaimRequest": (lambda b: models.parse_claim(b, WAIT, LEASE_DEFAULT), {"worker_id": "w"}),
+    "HeartbeatRequest": (
+        lambda b: (models.parse_lease_id(b), models.parse_lease_seconds(b, LEASE_DEFAULT)),
+        {"lease_id": LEASE},
+    ),
+    "CompleteRequest": (
+        lambda b: (models.parse_lease_id(b), models.result_json(b, MAX_PAYLOAD)),
+        {"lease_id": LEASE},
+    ),
+    "FailRequest": (models.parse_fail, {"lease_id": LEASE, "error": "e"}),
+    "ReleaseRequest": (models.parse_lease_id, {"lease_id": LEASE}),
+}
+LIMITS = {
+    "max_wait_seconds": WAIT,
+    "default_lease_seconds": LEASE_DEFAULT,
+    "max_payload_bytes": MAX_PAYLOAD,
+    "max_json_depth": models.DEFAULT_MAX_DEPTH,
+}
+
+
+def documented_cases() -> list[tuple[str, str, Any, bool]]:
+    """(body, field, value, accepted) for each documented bound of each body field."""
+    specs = [v for v in vars(bodies).values() if isinstance(v, bodies.Body) and v.name in PARSERS]
+    assert {s.name for s in specs} == set(PARSERS)
+    out = []
+    for spec in specs:
+        for name, prop in spec.json_schema(LIMITS)["properties"].items():
+            step = 1 if "integer" in prop.get("type", "") else 0.5
+            if "minimum" in prop:
+                out += [(spec.name, name, prop["minimum"], True)]
+                out += [(spec.name, name, prop["minimum"] - step, False)]
+            if "maximum" in prop:
+                out += [(spec.name, name, prop["maximum"], True)]
+                out += [(spec.name, name, prop["maximum"] + step, False)]
+            if "maxLength" in prop and "format" not in prop:
+                out += [(spec.name, name, "k" * prop["maxLength"], True)]
+                out += [(spec.name, name, "k" * (prop["maxLength"] + 1), False)]
+            if "maxItems" in prop:
+                out += [(spec.name, name, [{"payload": 1}] * prop["maxItems"], True)]
+                out += [(spec.name, name, [{"payload": 1}] * (prop["maxItems"] + 1), False)]
+                out += [(spec.name, name, [], prop["minItems"] == 0)]
+            if name in spec.json_schema(LIMITS).get("required", []):
+                out += [(spec.name, name, None, False)]
+    return out
+
+
+@pytest.mark.parametrize(("body", "field", "value", "accepted"), documented_cases())
+def test_documented_bounds_are_enforced(body: str, field: str, value: Any, accepted: bool) -> None:
+    parse, base = PARSERS[body]
+    sent = {**base, field: value} if value is not None else {k: base[k] for k in base if k != field}
+    if accepted:
+        parse(sent)
+    else:
+        with pytest.raises(ValidationFailed) as info:
+            parse(sent)
+        assert info.value.extra["field"] == field
+
+
+def test_documented_defaults_are_applied() -> None:
+    req = models.parse_claim({"worker_id": "w"}, WAIT, LEASE_DEFAULT)
+    schema = models.CLAIM_BODY.json_schema(LIMITS)["properties"]
+    assert (req.max_tasks, req.wait_seconds, req.lease_seconds) == (
+        schema["max_tasks"]["default"],
+        schema["wait_seconds"]["default"],
+        schema["lease_seconds"]["default"],
+    )
+    task = models.ENQUEUE_BODY.json_schema(LIMITS)["properties"]
+    req = models.parse_enqueue({"payload": 1}, None, MAX_PAYLOAD)
+    assert (req.priority, req.max_attempts) == (
+        task["priority"]["default"],
+        task["max_attempts"]["default"],
+    )
+    assert models.parse_fail({"lease_id": LEASE, "error": "e"}).retry is True
