@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import orjson
@@ -26,8 +26,24 @@ _RISKY = re.compile(rb"\d[\d.]{15}|[eE][+-]?\d{3}")
 _INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
 # A UTF-16 surrogate left alone by the standard library's parser ("\ud800").
 _SURROGATE = re.compile("[\\ud800-\\udfff]")
-# Postgres numeric: at most 131072 digits before the point and 16383 after.
-_NUMERIC_MIN_EXPONENT, _NUMERIC_MAX_EXPONENT = -16383, 131071
+# Postgres writes numbers out in full (1e300 as 301 digits): a longer number could
+# turn a small request into a huge answer, and Python's int() refuses over 4300 digits,
+# so such a number could not be read back by a Python daemon either.
+MAX_NUMBER_CHARS = 4300
+_EXPONENT = re.compile(r"\d[eE]")
+
+
+def written_length(text: str) -> int | None:
+    """Characters Postgres's numeric writes for the JSON number `text` (never an
+    exponent), or None for what is not a finite number."""
+    try:
+        sign, digits, exponent = Decimal(text).as_tuple()
+    except InvalidOperation:  # an exponent beyond what Decimal holds
+        return None
+    if not isinstance(exponent, int):  # NaN or infinity
+        return None
+    scale = max(0, -exponent)
+    return sign + max(1, len(digits) + exponent) + (1 + scale if scale else 0)
 
 
 class ExactNumber:
@@ -43,9 +59,9 @@ class ExactNumber:
 
     @property
     def storable(self) -> bool:
-        """True when Postgres numeric can hold it."""
-        exponent = Decimal(self.text).adjusted()
-        return _NUMERIC_MIN_EXPONENT <= exponent <= _NUMERIC_MAX_EXPONENT
+        """True when it is written out in at most MAX_NUMBER_CHARS characters."""
+        length = written_length(self.text)
+        return length is not None and length <= MAX_NUMBER_CHARS
 
     def __float__(self) -> float:
         return float(self.text)
@@ -54,7 +70,7 @@ class ExactNumber:
 class UnstorableNumber(ValueError):
     def __init__(self, number: ExactNumber) -> None:
         shown = number.text if len(number.text) <= 40 else number.text[:37] + "..."
-        super().__init__(f"the number {shown} is beyond what the database can store")
+        super().__init__(f"the number {shown} is longer than {MAX_NUMBER_CHARS} digits written out")
 
 
 def _parse_int(text: str) -> int | ExactNumber:
@@ -66,9 +82,35 @@ def _parse_int(text: str) -> int | ExactNumber:
 
 def _parse_float(text: str) -> float | ExactNumber:
     value = float(text)
-    if value not in (float("inf"), float("-inf")) and Decimal(repr(value)) == Decimal(text):
-        return value
+    if value in (float("inf"), float("-inf")) or (value == 0.0 and _EXPONENT.search(text)):
+        return ExactNumber(text)  # beyond a double, or an underflow to zero
+    try:
+        if Decimal(repr(value)) == Decimal(text):
+            return value
+    except InvalidOperation:
+        pass
     return ExactNumber(text)
+
+
+def expansion(text: str, value: Any) -> int:
+    """How many characters longer `value` (serialized as `text`) comes back from
+    Postgres, which writes every number out in full. 0 when no number in `text` has an
+    exponent (the usual case, found without walking the value)."""
+    if not _EXPONENT.search(text):
+        return 0
+    extra = 0
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, float | ExactNumber):
+            spelled = node.text if isinstance(node, ExactNumber) else repr(node)
+            if "e" in spelled or "E" in spelled:
+                extra += max(0, (written_length(spelled) or 0) - len(spelled))
+    return extra
 
 
 def _refuse_constant(name: str) -> None:

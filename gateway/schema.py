@@ -323,8 +323,12 @@ def json_text(field: str, value: Any, max_bytes: int, max_depth: int) -> str:
         text = exactjson.dumps(value).decode()
     except ValueError as exc:
         raise ValidationFailed(f"{field}: {exc}", field=field) from None
-    if len(text.encode()) > max_bytes:
-        raise PayloadTooLarge(f"{field} is larger than {max_bytes} bytes serialized", field=field)
+    # Counted as it will be answered: Postgres writes 1e300 out as 301 digits.
+    if len(text.encode()) + exactjson.expansion(text, value) > max_bytes:
+        raise PayloadTooLarge(
+            f"{field} is larger than {max_bytes} bytes serialized (numbers written out)",
+            field=field,
+        )
     if NUL_ESCAPE.search(text):
         raise ValidationFailed(f"{field} must not contain NUL characters (\\u0000)", field=field)
     return text

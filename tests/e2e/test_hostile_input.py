@@ -225,12 +225,40 @@ async def test_idempotency_tells_numbers_apart_beyond_double_precision(gw, runti
     assert status == 422 and problem["code"] == "idempotency_key_reused", problem
 
 
-@pytest.mark.parametrize("number", ["1e999999", "-1e-99999"])
+@pytest.mark.parametrize(
+    "number",
+    [
+        "1e999999",
+        "-1e-99999",
+        "9e131071",  # 9 bytes sent, 131,072 digits answered
+        "1e-99999999999999999999",
+        "1e" + "9" * 5000,
+        "0." + "1" * 20_000,
+        "1" * 4301,
+    ],
+)
 async def test_numbers_the_database_cannot_hold_are_refused(gw, runtime_id, number):
     raw = f'{{"payload": [{number}]}}'.encode()
     resp = await req(gw, "POST", f"/v1/runtimes/{runtime_id}/tasks", raw=raw)
     assert_problem(resp, 422, "validation_failed", field="payload")
     assert await all_tasks(gw, runtime_id) == []
+
+
+async def test_the_payload_limit_counts_numbers_as_they_are_answered(
+    database_url, redis_url, runtime_id
+):
+    """Postgres writes 1e300 out as 301 digits: the limit holds for what comes back."""
+    async with gateway(database_url, redis_url, max_payload_bytes=1000) as small:
+        path = f"/v1/runtimes/{runtime_id}/tasks"
+        ok = await req(small, "POST", path, raw=b'{"payload": [1e300, 1e300, 1e300]}')
+        assert ok.status == 201, ok.body
+        answered = await small.http.get(
+            small.url + f"/v1/tasks/{ok.body['id']}", headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+        text = await answered.read()
+        assert len(orjson.dumps(orjson.loads(text)["payload"])) <= 1000
+        over = await req(small, "POST", path, raw=b'{"payload": [1e300, 1e300, 1e300, 1e300]}')
+        assert_problem(over, 413, "payload_too_large", field="payload")
 
 
 async def test_an_oversized_number_in_a_field_is_a_422_naming_it(gw, runtime_id):

@@ -45,10 +45,12 @@ def test_a_long_digit_string_is_only_a_string() -> None:
 
 
 def test_huge_integer_text_does_not_hit_pythons_digit_limit() -> None:
-    digits = "9" * 5000
-    value = exactjson.loads(f"[{digits}]".encode(), 64)
+    longest = "9" * exactjson.MAX_NUMBER_CHARS
+    value = exactjson.loads(f"[{longest}]".encode(), 64)
     assert isinstance(value[0], exactjson.ExactNumber)
-    assert exactjson.dumps(value).decode() == f"[{digits}]"
+    assert exactjson.dumps(value).decode() == f"[{longest}]"
+    with pytest.raises(ValueError, match="digits written out"):
+        exactjson.dumps(exactjson.loads(f"[{longest}9]".encode(), 64))
 
 
 @pytest.mark.parametrize("raw", [b"[NaN]", b"[Infinity, 1e400]", b"{", b"[1e400,]"])
@@ -59,7 +61,7 @@ def test_invalid_json_is_bad_request(raw: bytes) -> None:
 
 def test_numbers_beyond_postgres_numeric_cannot_be_written() -> None:
     value = exactjson.loads(b"[1e200000]", 64)
-    with pytest.raises(ValueError, match="beyond what the database can store"):
+    with pytest.raises(ValueError, match="longer than 4300 digits written out"):
         exactjson.dumps(value)
 
 
@@ -101,3 +103,29 @@ def test_lone_surrogates_are_not_json_on_either_path(raw: bytes) -> None:
 def test_a_surrogate_pair_is_one_character_on_either_path() -> None:
     assert exactjson.loads(b'{"n": 1e400, "s": "\\ud83d\\ude00"}', 64)["s"] == "\U0001f600"
     assert exactjson.loads(b'{"s": "\\ud83d\\ude00"}', 64)["s"] == "\U0001f600"
+
+
+@pytest.mark.parametrize(
+    ("text", "length"),
+    [("1e300", 301), ("1.5e-7", 10), ("-1e-5", 8), ("9e131071", 131072), ("12.50", 5)],
+)
+def test_written_length_is_what_postgres_writes(text: str, length: int) -> None:
+    assert exactjson.written_length(text) == length
+
+
+def test_expansion_counts_numbers_postgres_writes_out() -> None:
+    raw = b'[1e300, 2, "1e300 in a string", 1.5]'
+    value = exactjson.loads(raw, 64)
+    text = exactjson.dumps(value).decode()
+    assert exactjson.expansion(text, value) == 301 - len(repr(1e300))
+    plain = exactjson.loads(b'["1e300", 15, 2.5]', 64)
+    assert exactjson.expansion(exactjson.dumps(plain).decode(), plain) == 0
+
+
+@pytest.mark.parametrize(
+    "number", ["1e-99999999999999999999", "1e99999999999999999999", "0." + "1" * 5000, "9e4300"]
+)
+def test_numbers_too_long_written_out_cannot_be_written(number: str) -> None:
+    value = exactjson.loads(f"[{number}]".encode(), 64)
+    with pytest.raises(ValueError, match="digits written out"):
+        exactjson.dumps(value)
