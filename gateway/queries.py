@@ -390,7 +390,7 @@ RETURNING {WEBHOOK_SECRET_COLUMNS}
 
 # The keys of live secrets with a pattern covering runtime $1. A pattern's * becomes
 # LIKE's %, and its _ (a plain character in runtime ids) is escaped; patterns cannot
-# hold % or \ (auth.RUNTIME_PATTERN_RE), so this matches exactly what auth.pattern_regex
+# hold % or \ (auth.RUNTIME_PATTERN_RE), so this matches exactly what auth.glob_match
 # matches. The table is small (one row per sender): a scan of the live rows is fine.
 WEBHOOK_KEYS_FOR_RUNTIME = """
 SELECT signing_key FROM webhook_secrets

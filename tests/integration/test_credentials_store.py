@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from gateway.auth import Principal, Scope, hash_token, pattern_regex
+from gateway.auth import Principal, Scope, glob_match, hash_token
 from gateway.credentials import (
     Credentials,
     TokenSpec,
@@ -143,9 +143,8 @@ async def test_sql_globs_match_exactly_what_principals_match(creds, pattern):
     row, text = await creds.create_webhook_secret(WebhookSecretSpec(unique("glob"), (pattern,)))
     key = base64.b64decode(text.removeprefix("whsec_"))
     try:
-        regex = pattern_regex((pattern,))
         for runtime in RUNTIMES:
-            expected = regex.fullmatch(runtime) is not None
+            expected = glob_match(pattern, runtime)
             assert (key in await creds.webhook_keys(runtime)) is expected, (pattern, runtime)
     finally:
         await creds.revoke_webhook_secret(row["id"])

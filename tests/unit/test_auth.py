@@ -14,6 +14,7 @@ from gateway.auth import (
     LocalCache,
     Principal,
     Scope,
+    glob_match,
     hash_token,
 )
 from gateway.errors import StoreUnavailable, Unauthorized
@@ -177,3 +178,30 @@ def test_principal_scopes_and_globs() -> None:
     exact = Principal("x", frozenset({Scope.CLAIM}), ("a.b", "c_*_d"))
     assert exact.covers("a.b") and not exact.covers("aXb")  # . is not a wildcard
     assert exact.covers("c_1_d") and exact.covers("c__d") and not exact.covers("c_1")
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["*", "ci-*", "*-prod", "a*b*c", "a**b", "*a*", "exact", "a:*:z", "*-*-*", "x*x*x*x"],
+)
+def test_glob_match_agrees_with_fnmatch(pattern: str) -> None:
+    """fnmatch is the reference for globs (it backtracks; glob_match must not)."""
+    import fnmatch
+    import random
+
+    rng = random.Random(pattern)
+    alphabet = "abcxz-:."
+    candidates = ["", "a", "ab", "abc", "ci-1", "eu-prod", "a:1:z", "exact", "xxxx", "a-b-c"]
+    candidates += ["".join(rng.choices(alphabet, k=rng.randint(0, 12))) for _ in range(300)]
+    for runtime in candidates:
+        assert glob_match(pattern, runtime) == fnmatch.fnmatchcase(runtime, pattern), runtime
+
+
+def test_glob_match_does_not_backtrack_on_hostile_patterns() -> None:
+    """A pattern like *-*-*-*-*-*-*-x against 127 dashes took a regex minutes; it must
+    answer at once (pytest-timeout fails this test otherwise)."""
+    pattern = "*-" * 20 + "x"
+    assert not glob_match(pattern, "a" + "-" * 127)
+    principal = Principal("t", frozenset({Scope.READ}), (pattern,))
+    for _ in range(1000):
+        assert not principal.covers("a" + "-" * 127)
