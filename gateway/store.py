@@ -7,6 +7,7 @@ StoreUnavailable; nothing above this module sees a driver exception.
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
@@ -26,6 +27,8 @@ Row: TypeAlias = asyncpg.Record
 # translated into StoreUnavailable here and nowhere else.
 DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
 T = TypeVar("T")
+UNAVAILABLE = "the database failed or could not be reached; the error is in the gateway's log"
+log = logging.getLogger("gateway.store")
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -92,7 +95,10 @@ class Store:
             async with self.pool.acquire() as conn:
                 return await fn(conn)
         except DRIVER_ERRORS as exc:
-            raise StoreUnavailable(f"database error: {exc}") from exc
+            # The driver's text can name hosts, databases, or other callers' values (a
+            # batched claim's worker ids): it goes to the log, never to the client.
+            log.warning("database error: %s: %s", type(exc).__name__, exc)
+            raise StoreUnavailable(UNAVAILABLE) from exc
 
     async def run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         """Run `fn` on a pooled connection, for storage modules that keep their own
