@@ -49,5 +49,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
     )
+    # A trailing slash is a 404 like any unknown path: Starlette's redirect would echo
+    # the request's Host header back in its Location.
+    app.router.redirect_slashes = False
     app.state.gateway = gateway
     return app

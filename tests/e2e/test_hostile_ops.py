@@ -189,3 +189,11 @@ async def test_serve_refuses_a_short_admin_token(database_url, redis_url):
         _, err = await proc.communicate()
     assert proc.returncode == 2
     assert b"GATEWAY_ADMIN_TOKEN must be at least 32 characters" in err, err
+
+
+async def test_a_trailing_slash_is_a_404_problem_not_a_redirect(gw, runtime_id):
+    resp = await req(
+        gw, "GET", f"/v1/runtimes/{runtime_id}/tasks/", headers={"Host": "evil.example"}
+    )
+    assert_problem(resp, 404, "not_found")
+    assert "Location" not in resp.headers
