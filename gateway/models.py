@@ -87,24 +87,34 @@ def task_json(row: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def task_bytes(row: Mapping[str, Any]) -> bytes:
+    """The task object as JSON bytes. Raises whatever prevents it: a caller decides
+    what becomes of a task that cannot be shown."""
+    return orjson.dumps(task_json(row))
+
+
 def render_task(row: Mapping[str, Any]) -> orjson.Fragment:
-    """The task object as JSON, ready to embed in an answer. Raises whatever prevents
-    it: a caller decides what becomes of a task that cannot be shown."""
-    return orjson.Fragment(orjson.dumps(task_json(row)))
+    """task_bytes, ready to embed in an answer."""
+    return orjson.Fragment(task_bytes(row))
 
 
-def render_task_or_stub(row: Mapping[str, Any]) -> orjson.Fragment:
-    """render_task, or, for a row that cannot be shown whole, the task without its
+def task_bytes_or_stub(row: Mapping[str, Any]) -> bytes:
+    """task_bytes, or, for a row that cannot be shown whole, the task without its
     payload and result and with `render_error` saying why: one bad row never fails
     a read or a listing."""
     try:
-        return render_task(row)
+        return task_bytes(row)
     except Exception as exc:
         stub = dict(row)
         stub["payload"] = stub["result"] = None
         out = task_json(stub)
         out["render_error"] = f"this task cannot be shown: {exc}"
-        return orjson.Fragment(orjson.dumps(out))
+        return orjson.dumps(out)
+
+
+def render_task_or_stub(row: Mapping[str, Any]) -> orjson.Fragment:
+    """task_bytes_or_stub, ready to embed in an answer."""
+    return orjson.Fragment(task_bytes_or_stub(row))
 
 
 def check_runtime_id(runtime_id: str) -> str:

@@ -136,18 +136,38 @@ async def retry(request: Request, gw: Gateway) -> Response:
     return json_response(models.render_task_or_stub(row))
 
 
+# A listing page stops early, with a next_cursor, once its tasks pass this many bytes:
+# 1000 tasks of 1 MiB payloads would otherwise make one answer of a gigabyte.
+LIST_PAGE_BYTES = 8 * 1024 * 1024
+LIST_FIRST_ROWS = 10  # read before the tasks' sizes are known; later reads follow them
+
+
 async def list_tasks(request: Request, gw: Gateway) -> Response:
+    """A page of tasks, oldest first: `limit` tasks, or fewer once LIST_PAGE_BYTES is
+    passed. Rows are read a few at a time, so memory follows the page, not the limit."""
     runtime_id = models.check_runtime_id(request.path_params["rt"])
     query = models.parse_list_query(request.query_params)
-    rows = await gw.store.list_tasks(runtime_id, query.status, query.limit + 1, query.after)
-    more = len(rows) > query.limit
-    rows = rows[: query.limit]
-    return json_response(
-        {
-            "tasks": [models.render_task_or_stub(r) for r in rows],
-            "next_cursor": models.encode_cursor(rows[-1]) if more else None,
-        }
-    )
+    page: list[orjson.Fragment] = []
+    size, after, last = 0, query.after, None
+    want = min(query.limit, LIST_FIRST_ROWS)
+    while True:
+        rows = await gw.store.list_tasks(runtime_id, query.status, want + 1, after)
+        taken = 0
+        for row in rows[:want]:
+            task = models.task_bytes_or_stub(row)
+            page.append(orjson.Fragment(task))
+            size, last, taken = size + len(task), row, taken + 1
+            if size >= LIST_PAGE_BYTES:
+                break
+        more = taken < len(rows)  # the extra row was read, or the budget cut the read
+        if not more or len(page) >= query.limit or size >= LIST_PAGE_BYTES:
+            break
+        assert last is not None
+        after = (last["created_at"], last["id"])
+        average = max(size // len(page), 1)
+        want = max(1, min(query.limit - len(page), (LIST_PAGE_BYTES - size) // average))
+    cursor = models.encode_cursor(last) if more and last is not None else None
+    return json_response({"tasks": page, "next_cursor": cursor})
 
 
 async def stats(request: Request, gw: Gateway) -> Response:

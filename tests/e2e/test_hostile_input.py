@@ -141,14 +141,14 @@ async def test_stored_deep_payloads_and_results_are_still_delivered(gw, runtime_
 
 def _break_rendering(monkeypatch, poison: Any) -> None:
     """Any failure to turn a row into JSON, whatever its cause."""
-    real = models.render_task
+    real = models.task_bytes
 
     def render(row):
         if orjson.loads(orjson.dumps(row["payload"])) == poison:
             raise ValueError("this row cannot be written")
         return real(row)
 
-    monkeypatch.setattr(models, "render_task", render)
+    monkeypatch.setattr(models, "task_bytes", render)
 
 
 async def test_an_unrenderable_claimed_task_ends_dead_and_the_others_are_delivered(
@@ -345,3 +345,32 @@ async def test_the_others_are_delivered_even_when_the_bad_task_cannot_be_ended(
     monkeypatch.undo()
     # Still leased under the claim that won it: the janitor takes it back when it lapses.
     assert (await get_task(gw, poison["id"]))["status"] == "claimed"
+
+
+# -- listings are bounded in bytes, not only in tasks -----------------------------------
+
+
+async def test_a_listing_page_stops_at_its_byte_budget_and_the_cursor_continues(
+    gw, runtime_id, monkeypatch
+):
+    from gateway import routes
+
+    monkeypatch.setattr(routes, "LIST_PAGE_BYTES", 10_000)
+    made = [await enqueue(gw, runtime_id, "x" * 3000) for _ in range(10)]
+    pages, cursor = [], None
+    for _ in range(20):
+        query = "?limit=1000" + (f"&cursor={cursor}" if cursor else "")
+        resp = await list_tasks(gw, runtime_id, query)
+        assert resp.status == 200, resp.body
+        pages.append([t["id"] for t in resp.body["tasks"]])
+        assert len(orjson.dumps(resp.body)) < 10_000 + 4_000  # one task may cross the line
+        cursor = resp.body["next_cursor"]
+        if cursor is None:
+            break
+    assert [i for page in pages for i in page] == [t["id"] for t in made]
+    assert len(pages) >= 3 and all(pages)
+    # A small limit is still a limit, and a single large task still makes a page.
+    monkeypatch.setattr(routes, "LIST_PAGE_BYTES", 100)
+    one = await list_tasks(gw, runtime_id, "?limit=5")
+    assert [t["id"] for t in one.body["tasks"]] == [made[0]["id"]]
+    assert one.body["next_cursor"] is not None

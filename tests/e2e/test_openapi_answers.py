@@ -130,14 +130,14 @@ def test_every_task_state(served: Served, monkeypatch: pytest.MonkeyPatch) -> No
     assert c.call("GET", TASK, task=expiring["id"]).json()["status"] == "expired"
 
     poison = c.enqueue(payload={"poison": True})
-    real = models.render_task
+    real = models.task_bytes
 
     def render(row: Any) -> Any:
         if row["id"] == models.check_task_id(poison["id"]):
             raise ValueError("this row cannot be written")
         return real(row)
 
-    monkeypatch.setattr(models, "render_task", render)
+    monkeypatch.setattr(models, "task_bytes", render)
     stub = c.call("GET", TASK, task=poison["id"]).json()
     assert stub["render_error"] and stub["payload"] is None
 
