@@ -307,12 +307,18 @@ class Claimer:
             waiter.finish(rows=mine)  # wakes it: served, or checked and still waiting
         if undelivered:
             # Their polls left while the claim ran: give the tasks back and wake the others.
-            try:
-                await self._store.unclaim(undelivered)
-            except StoreUnavailable:
-                log.warning("could not give back %d undelivered leases", len(undelivered))
-            else:
-                await self.announce(runtime_id)
+            await self.give_back(runtime_id, undelivered)
+
+    async def give_back(self, runtime_id: str, task_ids: list[uuid.UUID]) -> None:
+        """Return leases that never reached their poll (it left) to the queue, not as an
+        attempt, and wake the runtime's other polls. On a database error the leases
+        lapse instead and the janitor takes them back."""
+        try:
+            await self._store.unclaim(task_ids)
+        except StoreUnavailable:
+            log.warning("could not give back %d undelivered leases", len(task_ids))
+        else:
+            await self.announce(runtime_id)
 
     async def _record_empty(
         self, state: RuntimeState, version: str | None, due_in: float | None

@@ -208,6 +208,10 @@ async def claim(request: Request, gw: Gateway) -> Response:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await watcher
+    if rows and (gone.is_set() or await request.is_disconnected()):
+        # The client left while its tasks were being leased: nobody would receive them.
+        await gw.claimer.give_back(runtime_id, [row["id"] for row in rows])
+        return Response(status_code=499)
     return json_response({"tasks": await _deliverable(gw, rows)})
 
 
