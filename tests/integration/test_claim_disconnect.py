@@ -6,12 +6,20 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import pytest
 
 from tests.harness import TOKEN, make_settings, running_gateway
 
 
+@pytest.mark.parametrize(
+    "wait",
+    # A parked poll's watcher sees it leave; without a wait there is no watcher, and the
+    # handler checks once the rows are in.
+    [{"wait_seconds": 5}, {}],
+    ids=["long-poll", "no-wait"],
+)
 async def test_tasks_claimed_for_a_departed_poll_go_back_to_the_queue(
-    database_url, redis_url, redis_prefix, runtime_id, monkeypatch
+    database_url, redis_url, redis_prefix, runtime_id, monkeypatch, wait
 ):
     async with running_gateway(make_settings(database_url, redis_url, redis_prefix)) as gw:
         task = await gw.enqueue(runtime_id, "job")
@@ -30,7 +38,7 @@ async def test_tasks_claimed_for_a_departed_poll_go_back_to_the_queue(
             request = asyncio.create_task(
                 http.post(
                     f"{gw.url}/v1/runtimes/{runtime_id}/claim",
-                    json={"worker_id": "leaver", "wait_seconds": 5},
+                    json={"worker_id": "leaver", **wait},
                     headers={"Authorization": f"Bearer {TOKEN}"},
                 )
             )
@@ -47,39 +55,4 @@ async def test_tasks_claimed_for_a_departed_poll_go_back_to_the_queue(
         assert row["attempts"] == 0 and "lease_id" not in row, row
         assert gw.gateway.metrics.unclaimed._value.get() == 1
         [again] = await gw.claim(runtime_id, "stayer", wait_seconds=2)
-        assert again["id"] == task["id"] and again["attempts"] == 1
-
-
-async def test_a_claim_without_a_wait_whose_client_left_gives_its_tasks_back(
-    database_url, redis_url, redis_prefix, runtime_id, monkeypatch
-):
-    """wait_seconds 0 has no disconnect watcher: the handler checks once the rows are in."""
-    async with running_gateway(make_settings(database_url, redis_url, redis_prefix)) as gw:
-        task = await gw.enqueue(runtime_id, "job")
-        store = gw.gateway.store
-        original = store.claim
-        leased = asyncio.Event()
-
-        async def slow_claim(*args, **kwargs):
-            result = await original(*args, **kwargs)
-            leased.set()
-            await asyncio.sleep(0.5)
-            return result
-
-        monkeypatch.setattr(store, "claim", slow_claim)
-        async with aiohttp.ClientSession() as http:
-            request = asyncio.create_task(
-                http.post(
-                    f"{gw.url}/v1/runtimes/{runtime_id}/claim",
-                    json={"worker_id": "leaver"},
-                    headers={"Authorization": f"Bearer {TOKEN}"},
-                )
-            )
-            await asyncio.wait_for(leased.wait(), 5)
-            request.cancel()
-        monkeypatch.setattr(store, "claim", original)
-        async with asyncio.timeout(5):
-            while (await gw.call("GET", f"/v1/tasks/{task['id']}"))[1]["status"] != "queued":
-                await asyncio.sleep(0.05)
-        [again] = await gw.claim(runtime_id, "stayer")
         assert again["id"] == task["id"] and again["attempts"] == 1
