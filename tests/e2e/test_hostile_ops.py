@@ -15,7 +15,7 @@ import pytest
 
 from gateway.errors import StoreUnavailable
 from tests.e2e.lifecycle_support import assert_problem, claim, enqueue, gateway, req
-from tests.harness import TOKEN
+from tests.harness import TOKEN, free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -182,11 +182,16 @@ async def test_serve_refuses_a_short_admin_token(database_url, redis_url):
         "GATEWAY_ADMIN_TOKEN": "x",
     }
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", "serve", "--port", "1",
+        sys.executable, "-m", "gateway.cli", "serve", "--port", str(free_port()),
         env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    async with asyncio.timeout(30):
-        _, err = await proc.communicate()
+    try:
+        async with asyncio.timeout(30):
+            _, err = await proc.communicate()
+    finally:
+        if proc.returncode is None:  # it started after all: stop it, then fail
+            proc.kill()
+            await proc.wait()
     assert proc.returncode == 2
     assert b"GATEWAY_ADMIN_TOKEN must be at least 32 characters" in err, err
 
