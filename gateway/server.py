@@ -33,7 +33,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.types import Message, Receive, Scope, Send
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
 from .errors import GatewayError, HeadersTooLarge, RequestTimeout, problem_for
@@ -74,8 +74,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     closes (see the module docstring). Build a configured subclass with
     `protocol_class()`; uvicorn makes one instance per connection.
 
-    Written against uvicorn 0.54: it overrides the parser callbacks and reads the
-    attributes `app`, `scope`, `cycle`, `pipeline`, `flow` and `server_state`."""
+    Written against uvicorn 0.54: it overrides the parser callbacks, reads the
+    attributes `app`, `scope`, `cycle`, `pipeline`, `flow` and `server_state`, and marks
+    request cycles gone as uvicorn does (`disconnected`, `message_event`)."""
 
     read_timeout_seconds: float = 30.0
     metrics: Metrics | None = None
@@ -98,6 +99,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._got_bytes = False  # some of that request has arrived
         self._head_bytes = 0  # of its head, so far
         self._pending_body: object | None = None  # its scope once the head is in
+        self._cycles: list[RequestResponseCycle] = []  # requests not yet fully answered
 
     # -- connection events ---------------------------------------------------
 
@@ -110,6 +112,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._stop_clock()
         if self._linger is not None:
             self._linger.cancel()
+        self._leave()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -147,6 +150,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         self._pending_body = self.scope
+        if self.cycle is not None and self.cycle not in self._cycles:
+            self._cycles = [c for c in self._cycles if not c.response_complete]
+            self._cycles.append(self.cycle)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -209,17 +215,23 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         """Close the connection of a request that broke a limit, answering it when no
         other answer is under way; `reason` labels gateway_connections_cut_total."""
         answer = self._answer(reason) if self._got_bytes and self._may_answer() else None
-        cycle = self.cycle
-        if cycle is not None and not cycle.response_complete:
-            # As uvicorn 0.54 does when a client leaves: the application's receive()
-            # returns http.disconnect and its answer is dropped.
-            cycle.disconnected = True
-            cycle.message_event.set()
+        self._leave()
         self._count(reason)
         log.debug("closing the connection from %s: %s", _peer(self.client), reason)
         if answer is not None and self._raw is not None:
             self._raw.write(answer)
         self.close_softly()
+
+    def _leave(self) -> None:
+        """Tell every request of this connection not yet answered that its client left:
+        its receive() returns http.disconnect and its answer is dropped. uvicorn 0.54
+        tells only the latest (`cycle`), so a long poll with a request pipelined behind
+        it would never learn that its client is gone."""
+        for cycle in self._cycles:
+            if not cycle.response_complete:
+                cycle.disconnected = True  # as uvicorn's connection_lost does
+            cycle.message_event.set()
+        self._cycles = []
 
     def _answer(self, reason: str) -> bytes:
         error: GatewayError
