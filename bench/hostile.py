@@ -2,7 +2,7 @@
 
 Starts `gateway serve` as a separate process on a fresh database (servers are found
 as for `python -m bench`: flags, BENCH_* then TEST_* URLs, else embedded), then runs
-four phases, one after the other, over loopback:
+five phases, one after the other, over loopback:
 
 - bodies: --clients clients each start a 2 GB request body and send junk until the
   gateway cuts them; half announce it (Content-Length), half stream it chunked.
@@ -11,11 +11,18 @@ four phases, one after the other, over loopback:
 - slow: --slow connections each trickle a head, one header line every 0.5 s. Every
   one must be answered 408 within GATEWAY_READ_TIMEOUT_SECONDS plus --margin-seconds.
 - all at once: the three above together.
+- unread answers: three waves of --unread clients, one every
+  GATEWAY_READ_TIMEOUT_SECONDS plus --margin-seconds, each ask for a 2.7 MB listing
+  through a small receive window; none reads until the last wave has waited that
+  long. Every answer must have been cut short by then, and the memory of a wave
+  reused by the next rather than added to it.
 
 The gateway's resident memory (VmRSS in /proc/<pid>/status) is sampled every 20 ms.
 Exits 1 when a client was not refused as expected, the gateway's RSS grew more than
---rss-growth-mib over its baseline, its cut counters disagree, it stopped answering,
-or it logged errors; 0 otherwise. Every phase has a hard deadline.
+--rss-growth-mib over its baseline (for unread answers: when the clients start
+reading, since building the answers takes memory first), its cut counters disagree,
+it stopped answering, or it logged errors; 0 otherwise. Every phase has a hard
+deadline.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import os
 import resource
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -55,6 +63,14 @@ CHUNK_BYTES = 64 * 1024
 TRICKLE_SECONDS = 0.5
 PHASE_SECONDS = 60.0  # a phase's hard limit, on top of the read timeout
 MIB = 1024 * 1024
+ANSWER_RUNTIME = "hostile-answers"
+ANSWER_TASKS = 3  # the large answer: a listing of that many tasks with ANSWER_PAYLOAD
+ANSWER_PAYLOAD = "p" * 900_000
+UNREAD_WAVES = 3
+RCVBUF_BYTES = 8192
+# Loopback's 64 KiB segments let the kernel hold up to 4 MB of an answer per socket;
+# with a real network's segments it holds about 100 KiB, and the rest waits in the gateway.
+MSS_BYTES = 1400
 
 
 class ServeProcess(GatewayProcess):
@@ -109,6 +125,7 @@ class Phase:
     seconds: float = 0.0
     slowest_answer_seconds: float = 0.0
     most_sent: int = 0  # bytes one client got out before it was cut
+    held_rss: int = 0  # unread answers: RSS when the clients start reading
 
     @property
     def clients(self) -> int:
@@ -207,6 +224,54 @@ async def _slow_client(port: int, phase: Phase) -> None:
         writer.close()
 
 
+def _answer_size(data: bytes) -> int | None:
+    """The full length of the answer that `data` begins, once its head is in."""
+    end = data.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    for line in data[:end].split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return end + 4 + int(value)
+    return None
+
+
+async def _unread_client(port: int, token: str, phase: Phase, ask: float, read: float) -> None:
+    """Ask for the large listing `ask` seconds from now through a small receive
+    window, read nothing until `read` seconds from now, then read what is left:
+    "cut" if the answer ends early."""
+    loop = asyncio.get_running_loop()
+    read_at = loop.time() + read
+    await asyncio.sleep(ask)
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, MSS_BYTES)
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, ("127.0.0.1", port))
+            path = f"/v1/runtimes/{ANSWER_RUNTIME}/tasks"
+            await loop.sock_sendall(sock, _head("GET", path, token, ""))
+        except OSError as exc:
+            phase.outcomes[f"connect: {type(exc).__name__}"] += 1
+            return
+        await asyncio.sleep(read_at - loop.time())
+        data = bytearray()
+        size = None
+        with contextlib.suppress(ConnectionError, OSError):
+            while size is None or len(data) < size:
+                chunk = await loop.sock_recv(sock, CHUNK_BYTES)
+                if not chunk:
+                    break
+                data += chunk
+                size = size or _answer_size(data)
+        phase.outcomes["whole" if size is not None and len(data) >= size else "cut"] += 1
+
+
+async def _held_rss(rss: RssSampler, phase: Phase, after: float) -> None:
+    await asyncio.sleep(after)
+    phase.held_rss = rss.read()
+
+
 # -- the run -----------------------------------------------------------------
 
 
@@ -262,6 +327,10 @@ async def _measure(args: argparse.Namespace, gw: GatewayProcess, pid: int) -> tu
     timeout = aiohttp.ClientTimeout(total=10)
     headers = {"Authorization": f"Bearer {gw.token}"}
     async with aiohttp.ClientSession(timeout=timeout, headers=headers) as http:
+        listing = f"{gw.url}/v1/runtimes/{ANSWER_RUNTIME}/tasks"
+        for _ in range(ANSWER_TASKS):
+            async with http.post(listing, json={"payload": ANSWER_PAYLOAD}) as resp:
+                resp.raise_for_status()
         # Warm up what a normal request touches, so that the baseline includes it.
         for _ in range(20):
             async with http.post(gw.url + "/v1/runtimes/warm/tasks", json={"payload": 1}):
@@ -270,6 +339,8 @@ async def _measure(args: argparse.Namespace, gw: GatewayProcess, pid: int) -> tu
                 gw.url + "/v1/runtimes/warm/claim", json={"worker_id": "w", "max_tasks": 1}
             ):
                 pass
+        async with http.get(listing) as resp:
+            await resp.read()
         await asyncio.sleep(1)
         rss = RssSampler(pid)
         baseline = rss.reset()
@@ -287,17 +358,30 @@ async def _measure(args: argparse.Namespace, gw: GatewayProcess, pid: int) -> tu
         def slow(phase: Phase) -> list[Coroutine[Any, Any, None]]:
             return [_slow_client(port, phase) for _ in range(args.slow)]
 
+        wait = args.read_timeout_seconds + args.margin_seconds
+
+        def unread(phase: Phase) -> list[Coroutine[Any, Any, None]]:
+            last = UNREAD_WAVES * wait
+            clients = [
+                _unread_client(port, token, phase, wave * wait, last)
+                for wave in range(UNREAD_WAVES)
+                for _ in range(args.unread)
+            ]
+            return [*clients, _held_rss(rss, phase, last - 0.1)]
+
         everything = Counter({"413": n, "431": n, "408": args.slow})
         phases = [
             (Phase("bodies (2 GB)", Counter({"413": n})), [bodies]),
             (Phase("heads (2 MB)", Counter({"431": n})), [heads]),
             (Phase("slow heads", Counter({"408": args.slow})), [slow]),
             (Phase("all at once", everything), [bodies, heads, slow]),
+            (Phase("unread answers", Counter({"cut": UNREAD_WAVES * args.unread})), [unread]),
         ]
         try:
             for phase, makers in phases:
                 clients = [c for make in makers for c in make(phase)]
-                await _run_phase(phase, rss, clients, args.read_timeout_seconds + PHASE_SECONDS)
+                waits = UNREAD_WAVES * wait if unread in makers else args.read_timeout_seconds
+                await _run_phase(phase, rss, clients, waits + PHASE_SECONDS)
         finally:
             rss.stop()
         after = rss.read()
@@ -312,9 +396,10 @@ async def _measure(args: argparse.Namespace, gw: GatewayProcess, pid: int) -> tu
     for p, _ in phases:
         if p.outcomes != p.expected:
             failures.append(f"{p.name}: expected {dict(p.expected)}, got {dict(p.outcomes)}")
-        if p.peak_rss - baseline > args.rss_growth_mib * MIB:
+        grown = (p.held_rss or p.peak_rss) - baseline
+        if grown > args.rss_growth_mib * MIB:
             failures.append(
-                f"{p.name}: RSS grew {(p.peak_rss - baseline) / MIB:.1f} MiB, "
+                f"{p.name}: RSS grew {grown / MIB:.1f} MiB, "
                 f"more than --rss-growth-mib {args.rss_growth_mib:g}"
             )
         if p.most_sent >= BODY_BYTES:
@@ -327,7 +412,12 @@ async def _measure(args: argparse.Namespace, gw: GatewayProcess, pid: int) -> tu
             )
     if not alive:
         failures.append("the gateway stopped answering GET /healthz")
-    want = {"body_unread": 2 * n, "head_too_large": 2 * n, "read_timeout": 2 * args.slow}
+    want = {
+        "body_unread": 2 * n,
+        "head_too_large": 2 * n,
+        "read_timeout": 2 * args.slow,
+        "write_timeout": UNREAD_WAVES * args.unread,
+    }
     if alive and {k: int(cuts.get(k, 0)) for k in want} != want:
         failures.append(f"gateway_connections_cut_total is {cuts}, expected {want}")
     failures += [f"the gateway logged: {line.strip()}" for line in gateway_log_problems(gw)]
@@ -347,7 +437,14 @@ async def _measure(args: argparse.Namespace, gw: GatewayProcess, pid: int) -> tu
             f"{(p.peak_rss - baseline) / MIB:>+8.1f}{p.slowest_answer_seconds:>11.1f}"
             f"{p.most_sent / MIB:>15.1f}{p.seconds:>8.1f}"
         )
-    out += [f"{'after':<31}{after / MIB:>10.1f}", "", f"gateway_connections_cut_total: {cuts}"]
+    unread_phase = phases[-1][0]
+    out += [
+        f"{'after':<31}{after / MIB:>10.1f}",
+        "",
+        f"unread answers: RSS {unread_phase.held_rss / MIB:.1f} MiB "
+        f"({(unread_phase.held_rss - baseline) / MIB:+.1f}) when the clients start reading",
+        f"gateway_connections_cut_total: {cuts}",
+    ]
     out += [f"FAIL  {f}" for f in failures] or [
         f"ok: every client refused as expected, RSS growth within {args.rss_growth_mib:g} MiB"
     ]
@@ -386,6 +483,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--slow", type=int, default=1000, metavar="N", help="connections trickling a head (1000)"
+    )
+    p.add_argument(
+        "--unread",
+        type=int,
+        default=10,
+        metavar="N",
+        help="clients per wave asking for a 2.7 MB answer and not reading it (10)",
     )
     p.add_argument(
         "--read-timeout-seconds",
@@ -438,9 +542,12 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
-    if args.clients < 2 or args.slow < 1 or args.read_timeout_seconds < 0.1:
-        p.error("--clients must be at least 2, --slow at least 1, the read timeout at least 0.1")
-    _raise_file_limit(args.slow + 4 * args.clients + 256)
+    if args.clients < 2 or args.slow < 1 or args.unread < 0 or args.read_timeout_seconds < 0.1:
+        p.error(
+            "--clients must be at least 2, --slow at least 1, --unread at least 0, "
+            "the read timeout at least 0.1"
+        )
+    _raise_file_limit(args.slow + 4 * args.clients + 2 * UNREAD_WAVES * args.unread + 256)
     started = time.monotonic()
     workdir = args.log_dir or Path(tempfile.mkdtemp(prefix="gateway-hostile-"))
     workdir.mkdir(parents=True, exist_ok=True)

@@ -107,10 +107,11 @@ class Metrics:
         )
         self.connections_cut = Counter(
             "gateway_connections_cut",
-            "Connections closed before their request had fully arrived, by reason: "
-            "read_timeout (not in full within GATEWAY_READ_TIMEOUT_SECONDS), head_too_large "
-            "(request line and headers over 64 KiB), body_unread (answered before the body "
-            "arrived, a 413 say; the rest of the body is not read).",
+            "Connections the gateway cut, by reason: read_timeout (a request not in full "
+            "within GATEWAY_READ_TIMEOUT_SECONDS), head_too_large (request line and headers "
+            "over 64 KiB), body_unread (answered before the body arrived, a 413 say; the rest "
+            "of the body is not read), write_timeout (an answer waiting for its client, of "
+            "which less than 16 KiB left in GATEWAY_READ_TIMEOUT_SECONDS; it is dropped).",
             ["reason"],
             registry=r,
         )

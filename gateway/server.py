@@ -13,6 +13,11 @@ whatever body is still coming. `GatewayHttpProtocol` adds, per connection:
   connection closed; no more than the limit of it is parsed.
 - an answer given before the request's body arrived carries `Connection: close`,
   and the rest of the body is not read.
+- an answer must keep moving: while it waits in the gateway's buffer for a client
+  that does not take it (the transport paused writing, or a close waits for it to
+  drain), at least MIN_DRAIN_BYTES of it must leave per GATEWAY_READ_TIMEOUT_SECONDS,
+  or the connection is aborted and the answer dropped. So that setting bounds both
+  directions: a client that never reads cannot hold its answer's memory.
 
 Closing a socket while the client is still sending makes the kernel reset the
 connection, which can destroy the answer before the client reads it. So those closes
@@ -33,7 +38,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.types import Message, Receive, Scope, Send
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
 from .errors import GatewayError, HeadersTooLarge, RequestTimeout, problem_for
@@ -44,6 +49,10 @@ log = logging.getLogger("gateway.server")
 
 MAX_HEAD_BYTES = 64 * 1024
 LINGER_SECONDS = 1.0
+# What an answer waiting for its client must lose per GATEWAY_READ_TIMEOUT_SECONDS
+# (asyncio's low-water mark). Any progress at all would let a client hold a large answer
+# for days, taking a kilobyte now and then.
+MIN_DRAIN_BYTES = 16 * 1024
 
 
 class _Transport:
@@ -70,12 +79,14 @@ class _Transport:
 
 
 class GatewayHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a read deadline, a head limit and lingering
-    closes (see the module docstring). Build a configured subclass with
+    """uvicorn's httptools protocol with read and write deadlines, a head limit and
+    lingering closes (see the module docstring). Build a configured subclass with
     `protocol_class()`; uvicorn makes one instance per connection.
 
-    Written against uvicorn 0.54: it overrides the parser callbacks and reads the
-    attributes `app`, `scope`, `cycle`, `pipeline`, `flow` and `server_state`."""
+    Written against uvicorn 0.54: it overrides the parser callbacks, reads the
+    attributes `app`, `scope`, `cycle`, `pipeline`, `flow` and `server_state`, and marks
+    request cycles gone as uvicorn's connection_lost does (`response_complete`,
+    `disconnected`, `message_event`)."""
 
     read_timeout_seconds: float = 30.0
     metrics: Metrics | None = None
@@ -98,6 +109,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._got_bytes = False  # some of that request has arrived
         self._head_bytes = 0  # of its head, so far
         self._pending_body: object | None = None  # its scope once the head is in
+        self._cycles: list[RequestResponseCycle] = []  # requests not yet fully answered
+        self._write_paused = False  # the transport's buffer is over its high-water mark
+        self._write_deadline: asyncio.TimerHandle | None = None
+        self._unsent = 0  # bytes in the transport's buffer when that clock started
 
     # -- connection events ---------------------------------------------------
 
@@ -108,9 +123,22 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_clock()
+        self._stop_write_clock()
         if self._linger is not None:
             self._linger.cancel()
+        self._leave()
+        self._raw = None  # gone: nothing left to close, write or time
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._write_paused = True
+        self._start_write_clock()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._write_paused = False
+        self._start_write_clock()
 
     def data_received(self, data: bytes) -> None:
         if self.lingering:
@@ -147,6 +175,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         self._pending_body = self.scope
+        if self.cycle is not None and self.cycle not in self._cycles:
+            self._cycles = [c for c in self._cycles if not c.response_complete]
+            self._cycles.append(self.cycle)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -196,6 +227,38 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             return
         self._cut("read_timeout")
 
+    def _start_write_clock(self) -> None:
+        """(Re)start the write deadline if an answer waits in the buffer for the client:
+        writes are paused, or a close waits for the buffer to drain."""
+        self._stop_write_clock()
+        raw = self._raw
+        if raw is None:
+            return
+        self._unsent = raw.get_write_buffer_size()
+        if self._unsent and (self._write_paused or raw.is_closing()):
+            self._write_deadline = self.loop.call_later(
+                self.read_timeout_seconds, self._write_timed_out
+            )
+
+    def _stop_write_clock(self) -> None:
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None
+
+    def _write_timed_out(self) -> None:
+        self._write_deadline = None
+        raw = self._raw
+        assert raw is not None
+        if self._unsent - raw.get_write_buffer_size() >= min(MIN_DRAIN_BYTES, self._unsent):
+            # A single large answer resumes writing only once nearly all of it is sent:
+            # a slow client that reads steadily shows here, by what left the buffer.
+            self._start_write_clock()
+            return
+        self._leave()
+        self._count("write_timeout")
+        log.debug("aborting the connection from %s: write_timeout", _peer(self.client))
+        raw.abort()  # drops the buffer, and the answer with it
+
     def _may_answer(self) -> bool:
         # uvicorn 0.54: `cycle` is the latest request's exchange (the previous one while
         # a head is arriving); `pipeline` holds requests waiting for an earlier answer.
@@ -209,17 +272,23 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         """Close the connection of a request that broke a limit, answering it when no
         other answer is under way; `reason` labels gateway_connections_cut_total."""
         answer = self._answer(reason) if self._got_bytes and self._may_answer() else None
-        cycle = self.cycle
-        if cycle is not None and not cycle.response_complete:
-            # As uvicorn 0.54 does when a client leaves: the application's receive()
-            # returns http.disconnect and its answer is dropped.
-            cycle.disconnected = True
-            cycle.message_event.set()
+        self._leave()
         self._count(reason)
         log.debug("closing the connection from %s: %s", _peer(self.client), reason)
         if answer is not None and self._raw is not None:
             self._raw.write(answer)
         self.close_softly()
+
+    def _leave(self) -> None:
+        """Tell every request of this connection not yet answered that its client left:
+        its receive() returns http.disconnect and its answer is dropped. uvicorn 0.54
+        tells only the latest (`cycle`), so a long poll with a request pipelined behind
+        it would never learn that its client is gone."""
+        for cycle in self._cycles:
+            if not cycle.response_complete:
+                cycle.disconnected = True  # as uvicorn's connection_lost does
+            cycle.message_event.set()
+        self._cycles = []
 
     def _answer(self, reason: str) -> bytes:
         error: GatewayError
@@ -253,12 +322,14 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         unread = self._receiving and self._got_bytes
         if self.lingering or raw.is_closing() or not unread or not raw.can_write_eof():
             raw.close()
+            if self._write_deadline is None:
+                self._start_write_clock()  # the close waits for what is still unsent
             return
         self.lingering = True
         self._stop_clock()
         self.flow.pause_reading()
         raw.write_eof()
-        self._linger = self.loop.call_later(LINGER_SECONDS, raw.close)
+        self._linger = self.loop.call_later(LINGER_SECONDS, self.close_softly)
 
     def _count(self, reason: str) -> None:
         if self.metrics is not None:
