@@ -76,7 +76,7 @@ class Verdict:
 
     version: str
     hit: bool
-    ttl_seconds: float | None  # remaining life of the empty verdict, on a hit
+    ttl_seconds: float | None  # remaining life of the empty verdict (> 0) on a hit, else None
 
 
 class CircuitBreaker:
@@ -200,9 +200,12 @@ class VerdictCache:
                 await self._client.set(k.version, f"{new_epoch()}:0", nx=True, ex=self._version_ttl)
                 created = await self._client.get(k.version)
                 return Verdict(version=str(created), hit=False, ttl_seconds=None)
-            hit = empty == version
-            ttl = pttl / 1000.0 if hit and pttl and pttl > 0 else None
-            return Verdict(version=version, hit=hit, ttl_seconds=ttl)
+            # A verdict whose life is spent (PTTL 0: it lapses within the millisecond)
+            # or unknown (-1: no expiry, -2: gone since the MGET) is no hit: a poll
+            # parks for the verdict's life, and must not sleep past a task coming due
+            # on a guess (I4).
+            hit = empty == version and isinstance(pttl, int) and pttl > 0
+            return Verdict(version=version, hit=hit, ttl_seconds=pttl / 1000.0 if hit else None)
 
         verdict = await self._call("verdict read", go)
         self._metrics.verdict_checks.labels("hit" if verdict.hit else "miss").inc()

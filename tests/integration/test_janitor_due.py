@@ -101,3 +101,29 @@ async def test_task_coming_due_while_the_empty_scan_finishes_is_not_missed(
         tasks, answered = await asyncio.wait_for(timed_poll(gw, runtime_id, wait=4), 10)
         assert [t["id"] for t in tasks] == [task["id"]], "the poll ran out empty"
         assert answered - due < 1.5, f"handed out {answered - due:.2f}s after its run_at"
+
+
+async def test_a_verdict_whose_life_is_unknown_never_parks_a_poll_past_a_due_task(
+    db: str,
+    redis_url: str,
+    redis_prefix: str,
+    runtime_id: str,
+    redis_client: aioredis.Redis,
+) -> None:
+    """A verdict read as a hit whose remaining life is unknown (here: no expiry at all,
+    as a hand-written or older key has; PTTL -1) or spent (PTTL 0) used to park the
+    poll for the whole empty TTL, 60 s here, hiding a task that came due meanwhile.
+    It is no hit: the poll asks Postgres, and the verdict it writes lives no longer
+    than the task's delay (I4)."""
+    keys = keys_for(redis_prefix, runtime_id)
+    cfg = janitor_settings(db, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
+    async with running_gateway(cfg) as gw:
+        await first_pass_done(gw)
+        task = await gw.enqueue(runtime_id, {"job": "later"}, delay_seconds=1.0)
+        due = due_in_monotonic(task)
+        version = await redis_client.get(keys.version)
+        assert version is not None
+        await redis_client.set(keys.empty, version)  # an "empty" verdict with no expiry
+        tasks, answered = await asyncio.wait_for(timed_poll(gw, runtime_id, wait=10), 15)
+        assert [t["id"] for t in tasks] == [task["id"]], "the poll ran out empty"
+        assert answered - due < 1.0, f"handed out {answered - due:.2f}s after its run_at"

@@ -508,3 +508,58 @@ async def test_hanging_redis_is_bounded_by_the_budget(metrics: Metrics) -> None:
         assert time.monotonic() - started < 1.0
     assert sample(metrics, "gateway_redis_errors_total") == 3
     assert cache.breaker.is_open
+
+
+class _Pipe:
+    """A pipeline answering MGET and PTTL with fixed values."""
+
+    def __init__(self, answer: list[Any]) -> None:
+        self._answer = answer
+
+    async def __aenter__(self) -> _Pipe:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    def mget(self, *args: Any) -> None:
+        return None
+
+    def pttl(self, *args: Any) -> None:
+        return None
+
+    async def execute(self) -> list[Any]:
+        return self._answer
+
+
+class _Fixed:
+    def __init__(self, answer: list[Any]) -> None:
+        self._answer = answer
+
+    def pipeline(self, transaction: bool = True) -> _Pipe:
+        return _Pipe(self._answer)
+
+    def register_script(self, script: str) -> None:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("pttl", "hit"),
+    [(0, False), (-1, False), (-2, False), (None, False), (1, True), (30_000, True)],
+    ids=["spent", "no-expiry", "gone", "unknown", "1ms", "30s"],
+)
+async def test_a_hit_needs_a_life_to_park_for(metrics: Metrics, pttl: Any, hit: bool) -> None:
+    """The pump wakes when a verdict lapses, when Redis may still hold it with PTTL 0:
+    such a read (or one whose life is unknown) is a miss, never a hit that parks the
+    poll for the whole empty TTL past a task coming due (I4)."""
+    cache = VerdictCache(
+        _Fixed([["e:1", "e:1"], pttl]),  # type: ignore[arg-type]
+        PREFIX,
+        metrics,
+        timeout_seconds=0.25,
+        version_ttl_seconds=VERSION_TTL,
+        breaker=CircuitBreaker(3, 5.0),
+    )
+    verdict = await cache.read("rt")
+    assert verdict.hit is hit
+    assert verdict.ttl_seconds == (pttl / 1000 if hit else None)
