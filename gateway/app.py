@@ -11,7 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .errors import BadRequest, GatewayError, MethodNotAllowed, NotFound
-from .routes import ROUTES, problem_response
+from .httpio import problem_response
+from .routes import ROUTES
 from .runtime import Gateway
 from .settings import Settings
 

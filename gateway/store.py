@@ -172,7 +172,7 @@ class Store:
 
     async def unclaim(self, task_ids: Sequence[uuid.UUID]) -> list[Row]:
         """Give back leases that were never delivered; idempotent."""
-        rows = await self._run(lambda c: c.fetch(q.UNCLAIM, list(task_ids)))
+        rows: list[Row] = await self._run(lambda c: c.fetch(q.UNCLAIM, list(task_ids)))
         self._metrics.unclaimed.inc(len(rows))
         return rows
 
