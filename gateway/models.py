@@ -12,7 +12,7 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -173,8 +173,9 @@ class EnqueueRequest:
     payload_json: str
     priority: int
     max_attempts: int
-    run_at: datetime | None
-    expires_at: datetime | None
+    run_at: datetime | None  # as given; else now (Postgres's clock) plus delay_seconds
+    delay_seconds: float | None
+    ttl_seconds: float | None  # expires this long after run_at
     idempotency_key: str | None
     request_hash: str  # what a replay with the same key must match
 
@@ -197,19 +198,10 @@ def parse_enqueue(
         if key is not None and key != header_key:
             raise BadRequest("idempotency_key in the body and the Idempotency-Key header differ")
         key = header_key
-    now = datetime.now(UTC)
     spec.check_exclusive(body)
-    run_at = None
     delay = spec["delay_seconds"].read(body, limits)
-    if delay:
-        run_at = now + timedelta(seconds=delay)
-    explicit_run_at = spec["run_at"].read(body, limits)
-    if explicit_run_at is not None:
-        run_at = explicit_run_at
+    run_at = spec["run_at"].read(body, limits)
     ttl = spec["ttl_seconds"].read(body, limits)
-    expires_at = None
-    if ttl is not None:
-        expires_at = (run_at or now) + timedelta(seconds=ttl)
     priority = spec["priority"].read(body, limits)
     max_attempts = spec["max_attempts"].read(body, limits)
     # Hash the request as understood, so a retry that spells out a default still matches.
@@ -226,7 +218,8 @@ def parse_enqueue(
         priority=priority,
         max_attempts=max_attempts,
         run_at=run_at,
-        expires_at=expires_at,
+        delay_seconds=delay or None,
+        ttl_seconds=ttl,
         idempotency_key=key,
         request_hash=hashlib.sha256(exactjson.dumps(fingerprint, sort_keys=True)).hexdigest(),
     )

@@ -17,10 +17,17 @@ TASK_COLUMNS = f"""
     cancel_requested, result, last_error
 """
 
+# run_at and expires_at come from Postgres's clock, as created_at, leases and backoff
+# do: delay_seconds ($6) and ttl_seconds ($7) count from the insert, not from the
+# gateway's clock. An explicit run_at ($5) wins over a delay (the parser allows one).
 ENQUEUE = f"""
+WITH due AS (
+    SELECT COALESCE($5::timestamptz,
+                    clock_timestamp() + make_interval(secs => COALESCE($6::float8, 0))) AS t
+)
 INSERT INTO tasks (runtime_id, priority, payload, max_attempts, run_at, expires_at,
                    idempotency_key, request_hash)
-VALUES ($1, $2, $3, $4, COALESCE($5, clock_timestamp()), $6, $7, $8)
+SELECT $1, $2, $3, $4, due.t, due.t + make_interval(secs => $7::float8), $8, $9 FROM due
 ON CONFLICT (runtime_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING {TASK_COLUMNS}, request_hash
 """
@@ -183,15 +190,17 @@ ENQUEUE_BATCH = f"""
 WITH base AS (SELECT clock_timestamp() AS t)
 INSERT INTO tasks (id, runtime_id, priority, payload, max_attempts, run_at, expires_at,
                    idempotency_key, request_hash, created_at)
-SELECT i.id, $1, i.priority, i.payload::jsonb, i.max_attempts,
-       COALESCE(i.run_at, base.t), i.expires_at, i.idempotency_key,
+SELECT i.id, $1, i.priority, i.payload::jsonb, i.max_attempts, d.run_at,
+       d.run_at + make_interval(secs => i.ttl), i.idempotency_key,
        i.request_hash, base.t + (i.ord - 1) * interval '1 microsecond'
   FROM base,
        unnest($2::uuid[], $3::int[], $4::text[], $5::int[], $6::timestamptz[],
-              $7::timestamptz[], $8::text[], $9::text[])
+              $7::float8[], $8::float8[], $9::text[], $10::text[])
        WITH ORDINALITY
-       AS i(id, priority, payload, max_attempts, run_at, expires_at, idempotency_key,
-            request_hash, ord)
+       AS i(id, priority, payload, max_attempts, run_at, delay, ttl, idempotency_key,
+            request_hash, ord),
+       LATERAL (SELECT COALESCE(i.run_at, base.t + make_interval(secs => COALESCE(i.delay, 0)))
+                       AS run_at) d
  -- Keys in one order for every batch, so that two batches sharing keys wait for each
  -- other instead of deadlocking; created_at keeps the request's order (FIFO).
  ORDER BY i.idempotency_key NULLS LAST, i.ord

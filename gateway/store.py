@@ -124,7 +124,8 @@ class Store:
                 req.payload_json,
                 req.max_attempts,
                 req.run_at,
-                req.expires_at,
+                req.delay_seconds,
+                req.ttl_seconds,
                 req.idempotency_key,
                 req.request_hash if req.idempotency_key else None,
             )
@@ -253,7 +254,8 @@ class Store:
                     [r.payload_json for r in reqs],
                     [r.max_attempts for r in reqs],
                     [r.run_at for r in reqs],
-                    [r.expires_at for r in reqs],
+                    [r.delay_seconds for r in reqs],
+                    [r.ttl_seconds for r in reqs],
                     [r.idempotency_key for r in reqs],
                     [r.request_hash if r.idempotency_key else None for r in reqs],
                 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -231,7 +232,8 @@ async def test_delay_seconds_holds_task_until_due(gw, runtime_id):
     assert task["status"] == "queued"
     run_at = datetime.fromisoformat(task["run_at"])
     created = datetime.fromisoformat(task["created_at"])
-    assert timedelta(seconds=0.9) <= run_at - created <= timedelta(seconds=1.5), task
+    # One clock (Postgres's) for both: exact to within the statement's own duration.
+    assert timedelta(seconds=0.99) <= run_at - created <= timedelta(seconds=1.01), task
     assert await claim(gw, runtime_id, wait_seconds=0) == []
     assert await claim(gw, runtime_id, wait_seconds=0.2) == []
     started = time.monotonic()
@@ -240,6 +242,30 @@ async def test_delay_seconds_holds_task_until_due(gw, runtime_id):
     assert [t["id"] for t in got] == [task["id"]]
     assert waited < 2.5, waited
     assert now_rfc3339() >= task["run_at"]
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["single", "batch"])
+async def test_delay_and_ttl_count_on_the_database_clock(gw, runtime_id, batch):
+    fields: dict[str, Any] = {"payload": 1, "delay_seconds": 100, "ttl_seconds": 30}
+    explicit: dict[str, Any] = {"payload": 2, "run_at": "2030-01-01T00:00:00Z", "ttl_seconds": 30}
+    if batch:
+        resp = await req(
+            gw, "POST", f"/v1/runtimes/{runtime_id}/tasks:batch", {"tasks": [fields, explicit]}
+        )
+        assert resp.status == 201, resp.body
+        delayed, fixed = resp.body["tasks"]
+    else:
+        delayed = await enqueue(gw, runtime_id, **fields)
+        fixed = await enqueue(gw, runtime_id, **explicit)
+
+    def at(value: str) -> datetime:
+        return datetime.fromisoformat(value)
+
+    assert at(delayed["expires_at"]) - at(delayed["run_at"]) == timedelta(seconds=30)
+    gap = at(delayed["run_at"]) - at(delayed["created_at"])
+    assert timedelta(seconds=99.99) <= gap <= timedelta(seconds=100.01), delayed
+    assert fixed["run_at"] == "2030-01-01T00:00:00.000000Z"
+    assert fixed["expires_at"] == "2030-01-01T00:00:30.000000Z"
 
 
 async def test_run_at_in_the_past_is_claimable_at_once(gw, runtime_id):
@@ -265,7 +291,7 @@ async def test_ttl_expired_task_is_never_handed_out_even_before_the_janitor(gw, 
     created = datetime.fromisoformat(task["created_at"])
     expires = datetime.fromisoformat(task["expires_at"])
     assert TIME_RE.match(task["expires_at"])
-    assert timedelta(seconds=0.9) <= expires - created <= timedelta(seconds=1.5), task
+    assert timedelta(seconds=0.99) <= expires - created <= timedelta(seconds=1.01), task
     keeper = await enqueue(gw, runtime_id, "no ttl", priority=0)
     await asyncio.sleep(max(0.0, (expires - datetime.now(UTC)).total_seconds()) + 0.1)
     got = await claim(gw, runtime_id, max_tasks=5)

@@ -42,7 +42,7 @@ def test_enqueue_defaults() -> None:
     assert req.priority == 50
     assert req.max_attempts == 5
     assert req.run_at is None
-    assert req.expires_at is None
+    assert req.delay_seconds is None and req.ttl_seconds is None
     assert req.idempotency_key is None
     assert len(req.request_hash) == 64
 
@@ -90,16 +90,15 @@ def test_enqueue_delay_and_run_at_together_refused() -> None:
     assert info.value.extra.get("field") in ("delay_seconds", "run_at")
 
 
-def test_enqueue_delay_sets_run_at() -> None:
-    before = datetime.now(UTC)
+def test_enqueue_delay_is_kept_for_the_database_clock() -> None:
+    # run_at is worked out by Postgres, on the clock created_at and leases use.
     req = enqueue({"payload": 1, "delay_seconds": 90})
-    after = datetime.now(UTC)
-    assert req.run_at is not None
-    assert before + timedelta(seconds=90) <= req.run_at <= after + timedelta(seconds=90)
+    assert (req.delay_seconds, req.run_at) == (90, None)
 
 
-def test_enqueue_zero_delay_is_no_run_at() -> None:
-    assert enqueue({"payload": 1, "delay_seconds": 0}).run_at is None
+def test_enqueue_zero_delay_is_no_delay() -> None:
+    req = enqueue({"payload": 1, "delay_seconds": 0})
+    assert (req.delay_seconds, req.run_at) == (None, None)
 
 
 @pytest.mark.parametrize("value", [-1, 365 * 86400 + 1, "5", True])
@@ -129,23 +128,11 @@ def test_enqueue_run_at_needs_a_zoned_time_string(raw: Any) -> None:
     fails_on("run_at", enqueue, {"payload": 1, "run_at": raw})
 
 
-def test_enqueue_ttl_sets_expires_at_from_now() -> None:
-    before = datetime.now(UTC)
+def test_enqueue_ttl_is_kept_for_the_database_clock() -> None:
     req = enqueue({"payload": 1, "ttl_seconds": 60})
-    after = datetime.now(UTC)
-    assert req.expires_at is not None
-    assert before + timedelta(seconds=60) <= req.expires_at <= after + timedelta(seconds=60)
-
-
-def test_enqueue_ttl_counts_from_run_at() -> None:
+    assert (req.ttl_seconds, req.run_at, req.delay_seconds) == (60, None, None)
     req = enqueue({"payload": 1, "run_at": "2030-01-01T00:00:00Z", "ttl_seconds": 30})
-    assert req.expires_at == datetime(2030, 1, 1, 0, 0, 30, tzinfo=UTC)
-
-
-def test_enqueue_ttl_counts_from_delayed_run_at() -> None:
-    req = enqueue({"payload": 1, "delay_seconds": 100, "ttl_seconds": 30})
-    assert req.run_at is not None and req.expires_at is not None
-    assert req.expires_at - req.run_at == timedelta(seconds=30)
+    assert req.ttl_seconds == 30 and req.run_at == datetime(2030, 1, 1, tzinfo=UTC)
 
 
 @pytest.mark.parametrize("value", [0, 0.5, -1, 365 * 86400 + 1, "60", False])
