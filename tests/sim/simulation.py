@@ -273,8 +273,8 @@ class World:
                         f"{task.claimable_since:.4f} hidden from a poll parked since "
                         f"{p.start:.4f} for {t - since:.4f}s (bound {bound}s)"
                     )
-        # Stop at the first few: one bug makes many.
-        del self.violations[5:]
+        # The first few, once each: one bug makes many.
+        self.violations[:] = list(dict.fromkeys(self.violations))[:5]
 
 
 @dataclass
