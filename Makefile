@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint format bench clean
+.PHONY: run test lint format bench simulate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(BIN)/ruff format gateway tests bench
 	$(BIN)/ruff check --fix gateway tests bench
+
+## simulate: many seeded claim-path schedules on virtual time (SIM_SCHEDULES, SIM_SEED to replay one)
+simulate: $(STAMP)
+	SIM_SCHEDULES=$${SIM_SCHEDULES:-20000} $(BIN)/python -m pytest tests/sim -q -p no:cacheprovider
 
 ## bench: the benchmark harness (see bench/README.md)
 bench: $(STAMP)

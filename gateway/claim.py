@@ -18,13 +18,11 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from .cache import VerdictCache
 from .errors import CacheUnavailable, Draining, GatewayError, Overloaded, StoreUnavailable
 from .metrics import Metrics
 from .models import ClaimRequest
+from .ports import ClaimCache, ClaimStore, Row, WakeChannels
 from .settings import Settings
-from .store import Row, Store
-from .wakeups import Subscriber
 
 log = logging.getLogger("gateway.claim")
 
@@ -72,9 +70,9 @@ class Claimer:
 
     def __init__(
         self,
-        store: Store,
-        cache: VerdictCache,
-        subscriber: Subscriber,
+        store: ClaimStore,
+        cache: ClaimCache,
+        subscriber: WakeChannels,
         settings: Settings,
         metrics: Metrics,
     ) -> None:

@@ -1,0 +1,329 @@
+"""A seeded random schedule of operations, run through the real Claimer and the real
+VerdictCache over the fakes on virtual time, with the design's invariants checked
+after every step. `run_seed(seed)` is deterministic: a failing seed replays."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.cache import CircuitBreaker, VerdictCache
+from gateway.claim import Claimer
+from gateway.errors import CacheUnavailable, GatewayError
+from gateway.metrics import Metrics
+from gateway.models import ClaimRequest
+from gateway.settings import Settings
+
+from . import vloop
+from .fakes import FakeRedis, FakeStore, FakeWakeChannels, now
+
+RUNTIMES = ("rt-a", "rt-b", "rt-c")
+SETTINGS = Settings()  # the defaults: 30 s verdicts, 1 s degraded polls, janitor every 5 s
+STORE_LATENCY = 0.02  # per statement, at most
+# A poll is answered by its deadline plus one claim in flight.
+ANSWER_MARGIN = 3 * STORE_LATENCY + 0.05
+# Undisturbed (no Redis or pub/sub failure lately), a claimable task reaches a parked
+# poll within a few claims: a bump's wake-up, a claim already running, the next one,
+# and the verdict's millisecond rounding.
+TIGHT_BOUND = 0.25
+# After a pub/sub outage, FLUSHALL or eviction (Redis answering), the janitor's repair
+# pass (I6) and degraded polling are the backstops: the next pass or the one after,
+# plus an open breaker and a degraded poll.
+LOOSE_BOUND = (
+    2 * SETTINGS.janitor_interval_seconds
+    + SETTINGS.breaker_open_seconds
+    + SETTINGS.degraded_poll_seconds
+    + 1.0
+)
+
+# While Redis keeps failing the repair pass cannot run either, and a pump parked on a
+# hit read before the failures does not learn of them: a bump lost on another
+# instance then hides a task for the rest of that verdict's life (empty_ttl_seconds).
+REDIS_OUTAGE_BOUND = SETTINGS.empty_ttl_seconds + SETTINGS.degraded_poll_seconds + 1.0
+
+_METRICS = Metrics()  # counters only; shared so that thousands of runs stay cheap
+
+
+def generate(seed: int, steps: int = 40) -> list[tuple[Any, ...]]:
+    """The schedule: a list of operations, each a tuple, from the seed alone."""
+    rng = random.Random(seed)
+    # Some schedules are calm (no failures at all), so the tight bound gets checked a lot.
+    profile = rng.random()
+    calm = profile < 0.4
+    # Others see their runtimes' commits happen on other instances, with pub/sub
+    # outages instead of Redis failures: wake-ups then arrive only through pub/sub.
+    remote = profile > 0.8
+    ops: list[tuple[Any, ...]] = []
+    for _ in range(steps):
+        rt = rng.choice(RUNTIMES)
+        roll = rng.random()
+        if calm and 0.55 <= roll < 0.73:
+            roll = rng.random() * 0.55
+        elif remote and 0.55 <= roll < 0.69:
+            roll = 0.7
+        if roll < 0.22:
+            delay = 0.0 if rng.random() < 0.5 else round(rng.uniform(0.0, 40.0), 4)
+            via = "other" if remote else rng.choice(("here", "other"))
+            ops.append(("enqueue", rt, delay, rng.choice((0, 0, 1)), via))
+        elif roll < 0.45:
+            wait = 0.0 if rng.random() < 0.15 else round(rng.uniform(0.5, 60.0), 3)
+            gone = round(rng.uniform(0.0, 5.0), 3) if rng.random() < 0.1 else None
+            ops.append(("poll", rt, rng.choice((1, 1, 2, 3)), wait, rng.choice((5, 60)), gone))
+        elif roll < 0.55:
+            retry_in = rng.choice((None, 0.0, 2.5, 12.0))
+            via = "other" if remote else rng.choice(("here", "other"))
+            ops.append(("finish", rng.randrange(1000), retry_in, via))
+        elif roll < 0.62:
+            ops.append(("redis_fault", rng.choice(("before", "after")), rng.choice((1, 1, 2, 4))))
+        elif roll < 0.65:
+            ops.append(("flushall",))
+        elif roll < 0.69:
+            ops.append(("evict", rt, rng.choice(("version", "empty"))))
+        elif roll < 0.73:
+            ops.append(
+                ("pubsub_outage", round(rng.uniform(0.0, 3.0), 3), round(rng.uniform(0.05, 5.0), 3))
+            )
+        else:
+            ops.append(
+                ("sleep", round(rng.expovariate(1.0) * (10.0 if rng.random() < 0.1 else 1.0), 4))
+            )
+    return ops
+
+
+@dataclass
+class Poll:
+    runtime_id: str
+    start: float
+    deadline: float
+    done: float | None = None
+    rows: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class Held:
+    task_id: uuid.UUID
+    lease_id: uuid.UUID
+    expires_at: float
+    done: bool = False
+
+
+class World:
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed ^ 0x5EED)
+        self.settings = SETTINGS
+        self.store = FakeStore(self.rng, STORE_LATENCY)
+        self.channels = FakeWakeChannels(self.settings.redis_prefix)
+        self.redis = FakeRedis(self.rng, self.channels.publish)
+        loop = asyncio.get_running_loop()
+        self.cache = VerdictCache(
+            self.redis,  # type: ignore[arg-type]
+            self.settings.redis_prefix,
+            _METRICS,
+            timeout_seconds=self.settings.redis_timeout_seconds,
+            version_ttl_seconds=self.settings.version_ttl_seconds,
+            breaker=CircuitBreaker(
+                self.settings.breaker_failures, self.settings.breaker_open_seconds, loop.time
+            ),
+        )
+        self.claimer = Claimer(self.store, self.cache, self.channels, self.settings, _METRICS)
+        self.channels.on_wake = self.claimer.wake
+        self.channels.on_reset = self.claimer.wake_all
+        self.polls: list[Poll] = []
+        self.held: list[Held] = []
+        self.violations: list[str] = []
+        self.disturbed_at = -1e9  # last pub/sub outage, FLUSHALL or eviction
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    # -- what the app does around the Claimer --------------------------------
+
+    async def announce(self, runtime_id: str, via: str = "here") -> None:
+        """After a commit (I1). Via "other": the commit happened on another instance,
+        whose bump reaches this one only through Redis (no local wake)."""
+        if via == "here":
+            await self.claimer.announce(runtime_id)
+        else:
+            with contextlib.suppress(CacheUnavailable):
+                await self.cache.bump(runtime_id)
+
+    async def janitor(self) -> None:
+        """Lease reclaim and verdict repair, as gateway/janitor.py does them."""
+        while True:
+            await asyncio.sleep(self.settings.janitor_interval_seconds)
+            # The janitor's leader is usually another instance.
+            for runtime_id in self.store.reclaim_leases():
+                await self.announce(runtime_id, "other")
+            claimable = sorted({t.runtime_id for t in self.store.claimable()})
+            try:
+                stale = await self.cache.says_empty(claimable)
+            except CacheUnavailable:
+                continue
+            for runtime_id in stale:
+                await self.announce(runtime_id, "other")
+
+    async def poll(
+        self, rt: str, max_tasks: int, wait: float, lease: int, gone: float | None
+    ) -> None:
+        p = Poll(rt, now(), now() + wait)
+        self.polls.append(p)
+        disconnected = asyncio.Event() if gone is not None else None
+        if disconnected is not None:
+            asyncio.get_running_loop().call_later(gone or 0.0, disconnected.set)
+        req = ClaimRequest(
+            worker_id="w", max_tasks=max_tasks, wait_seconds=wait, lease_seconds=lease
+        )
+        try:
+            rows = await self.claimer.claim(rt, req, disconnected)
+        except GatewayError as exc:
+            self.violations.append(f"poll on {rt} failed: {exc!r}")
+            rows = []
+        self.check(when="answer")
+        p.done = now()
+        if disconnected is not None and disconnected.is_set() and rows:
+            await self.claimer.give_back(rt, [r["id"] for r in rows])  # as routes.py does
+            return
+        p.rows = rows
+        for row in rows:
+            task = self.store.tasks[row["id"]]
+            self.held.append(Held(task.id, row["lease_id"], task.lease_expires_at))
+        self.check(when="delivery")
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    # -- the schedule --------------------------------------------------------
+
+    async def step(self, op: tuple[Any, ...]) -> None:
+        kind = op[0]
+        if kind == "enqueue":
+            _, rt, delay, priority, via = op
+            self.store.enqueue(rt, delay, priority)
+            await self.announce(rt, via)
+        elif kind == "poll":
+            self.spawn(self.poll(*op[1:]))
+            await asyncio.sleep(0)
+        elif kind == "finish":
+            _, k, retry_in, via = op
+            live = [h for h in self.held if not h.done]
+            if live:
+                h = live[k % len(live)]
+                h.done = True
+                if self.store.finish(h.task_id, h.lease_id, retry_in) and retry_in is not None:
+                    await self.announce(self.store.tasks[h.task_id].runtime_id, via)
+        elif kind == "redis_fault":
+            _, when, n = op
+            self.redis.faults.extend([when] * n)
+        elif kind == "flushall":
+            self.redis.flushall()
+            self.disturbed_at = now()
+        elif kind == "evict":
+            _, rt, which = op
+            self.redis.evict(getattr(self.cache.keys(rt), which))
+            self.disturbed_at = now()
+        elif kind == "pubsub_outage":
+            _, notice_after, down_for = op
+            self.channels.outage(notice_after, down_for)
+            self.disturbed_at = now() + notice_after + down_for
+        elif kind == "sleep":
+            await asyncio.sleep(op[1])
+        else:
+            raise AssertionError(op)
+
+    # -- invariants ----------------------------------------------------------
+
+    def check(self, when: str) -> None:
+        t = now()
+        # Queued faults may wait long for a round trip (the breaker skips Redis): a
+        # Redis failure counts from when one actually happened.
+        failed_at = self.redis.last_fault_at
+        # I7: a task is held by at most one live lease.
+        holders: dict[uuid.UUID, int] = {}
+        for h in self.held:
+            if not h.done and t < h.expires_at:
+                holders[h.task_id] = holders.get(h.task_id, 0) + 1
+        for task_id, n in holders.items():
+            if n > 1:
+                self.violations.append(f"t={t:.4f} task {task_id} held by {n} live leases")
+        for p in self.polls:
+            if p.done is not None:
+                continue
+            # Every parked poll is answered by its deadline (plus a claim in flight).
+            if t > p.deadline + ANSWER_MARGIN:
+                self.violations.append(
+                    f"t={t:.4f} poll on {p.runtime_id} (started {p.start:.4f}) unanswered "
+                    f"{t - p.deadline:.4f}s past its deadline"
+                )
+            # No claimable task hidden from a parked poll beyond the bound.
+            for task in self.store.claimable(p.runtime_id):
+                since = max(task.claimable_since, p.start)
+                if since <= failed_at + REDIS_OUTAGE_BOUND:
+                    bound = REDIS_OUTAGE_BOUND
+                elif since <= self.disturbed_at + LOOSE_BOUND:
+                    bound = LOOSE_BOUND
+                else:
+                    bound = TIGHT_BOUND
+                if t - since > bound and min(t, p.deadline) - since > bound:
+                    self.violations.append(
+                        f"t={t:.4f} ({when}) task {task.id} on {p.runtime_id} claimable since "
+                        f"{task.claimable_since:.4f} hidden from a poll parked since "
+                        f"{p.start:.4f} for {t - since:.4f}s (bound {bound}s)"
+                    )
+        # The first few, once each: one bug makes many.
+        self.violations[:] = list(dict.fromkeys(self.violations))[:5]
+
+
+@dataclass
+class Outcome:
+    seed: int
+    ops: list[tuple[Any, ...]]
+    violations: list[str]
+    claims: int
+    delivered: int
+    virtual_seconds: float
+
+    def replay(self) -> str:
+        lines = [f"seed {self.seed}: replay with SIM_SEED={self.seed}", *self.violations, "ops:"]
+        lines += [f"  {i:3d} {op!r}" for i, op in enumerate(self.ops)]
+        return "\n".join(lines)
+
+
+async def _run(seed: int, ops: list[tuple[Any, ...]]) -> Outcome:
+    world = World(seed)
+    janitor = asyncio.ensure_future(world.janitor())
+    for op in ops:
+        await world.step(op)
+        world.check(when=op[0])
+        if world.violations:
+            break
+    # Let every poll reach its deadline, checking along the way.
+    while not world.violations and any(p.done is None for p in world.polls):
+        await asyncio.sleep(0.5)
+        world.check(when="drain")
+        if now() > max(p.deadline for p in world.polls) + 60:
+            world.violations.append(f"t={now():.4f} polls still unanswered a minute late")
+    janitor.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await janitor
+    world.claimer.drain()
+    return Outcome(
+        seed,
+        ops,
+        world.violations,
+        world.store.claims,
+        sum(len(p.rows) for p in world.polls),
+        now(),
+    )
+
+
+def run_seed(seed: int, steps: int = 40) -> Outcome:
+    ops = generate(seed, steps)
+    outcome: Outcome = vloop.run(_run(seed, ops))
+    return outcome
+
+
+__all__ = ["Outcome", "generate", "run_seed"]
