@@ -45,7 +45,16 @@ class Real:
 
     async def add(self, runtime_id: str, delay: float = 0.0, priority: int = 0) -> uuid.UUID:
         run_at = datetime.now(UTC) + timedelta(seconds=delay) if delay else None
-        req = EnqueueRequest("{}", priority, 3, run_at, None, None, "")
+        req = EnqueueRequest(
+            payload_json="{}",
+            priority=priority,
+            max_attempts=3,
+            run_at=run_at,
+            delay_seconds=None,
+            ttl_seconds=None,
+            idempotency_key=None,
+            request_hash="",
+        )
         row, _ = await self.store.enqueue(runtime_id, req)
         return uuid.UUID(str(row["id"]))
 
