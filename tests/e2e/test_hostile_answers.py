@@ -21,6 +21,7 @@ import pytest_asyncio
 
 from tests.e2e.test_hostile_connections import MARGIN, READ_TIMEOUT, Conn, cuts, request
 from tests.harness import TOKEN, Instance, make_settings, running_gateway, serve_process
+from tests.support.metrics import sample
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -62,10 +63,6 @@ def server_logs() -> Iterator[Records]:
     yield handler
     for logger in loggers:
         logger.removeHandler(handler)
-
-
-def sample(gw: Instance, name: str, labels: dict[str, str] | None = None) -> float:
-    return gw.gateway.metrics.registry.get_sample_value(name, labels or {}) or 0.0
 
 
 async def parked_becomes(gw: Instance, runtime_id: str, count: int, within: float) -> None:

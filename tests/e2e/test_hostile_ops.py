@@ -14,8 +14,16 @@ from urllib.parse import urlsplit
 import pytest
 
 from gateway.errors import StoreUnavailable
-from tests.e2e.lifecycle_support import assert_problem, claim, enqueue, gateway, req
-from tests.harness import TOKEN, free_port
+from tests.e2e.lifecycle_support import (
+    assert_problem,
+    claim,
+    enqueue,
+    gateway,
+)
+from tests.harness import TOKEN
+from tests.support.http import req
+from tests.support.metrics import sample
+from tests.support.net import free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -81,10 +89,7 @@ async def test_polls_beyond_the_parked_limit_get_429_and_parked_ones_are_unaffec
         async with asyncio.timeout(5):
             served = await asyncio.gather(*blockers)
         assert sorted(t[0]["id"] for t in served) == sorted([third["id"], fourth["id"]])
-        rejected = gw.gateway.metrics.registry.get_sample_value(
-            "gateway_claims_rejected_total", {"reason": "parked_polls"}
-        )
-        assert rejected == 1
+        assert sample(gw, "gateway_claims_rejected_total", reason="parked_polls") == 1
 
 
 async def test_at_the_limit_a_waiting_claim_still_gets_work_that_is_there(

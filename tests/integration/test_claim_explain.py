@@ -66,15 +66,6 @@ SELECT $1, n % 3 * 50, jsonb_build_object('n', n),
 
 
 @pytest.fixture
-async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    connection = await asyncpg.connect(database_url)
-    try:
-        yield connection
-    finally:
-        await connection.close()
-
-
-@pytest.fixture
 async def filled(conn: asyncpg.Connection) -> AsyncIterator[str]:
     """Fills the table inside a transaction that is rolled back afterwards; yields the
     runtime id prefix."""

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from tests.harness import Instance, make_settings, running_gateway
-from tests.integration.claim_helpers import get_task, task_rows
+from tests.integration.claim_helpers import task_rows
+from tests.support.http import get_task
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
