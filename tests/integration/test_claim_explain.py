@@ -21,7 +21,7 @@ import pytest
 
 from gateway import queries as q
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.integration
 
 RUNTIMES = 200
 ROWS = 20_000

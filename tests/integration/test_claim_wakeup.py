@@ -22,7 +22,7 @@ from tests.integration.claim_helpers import (
 from tests.support.metrics import sample
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.integration
 
 # A verdict TTL far beyond every bound below: a lost wake-up cannot hide behind it.
 TTL = 30

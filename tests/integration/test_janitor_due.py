@@ -24,7 +24,7 @@ from tests.integration.janitor_support import (
     janitor_settings,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+pytestmark = pytest.mark.integration
 
 EMPTY_TTL = 60.0
 

@@ -22,7 +22,7 @@ from tests.support.databases import execute
 from tests.support.metrics import sample
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+pytestmark = pytest.mark.integration
 
 
 async def one_of_each(gw: Instance, db: str, rt: str) -> dict[str, str]:

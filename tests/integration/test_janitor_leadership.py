@@ -17,7 +17,7 @@ from tests.integration.janitor_support import janitor_settings
 from tests.support.metrics import sample
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+pytestmark = pytest.mark.integration
 
 INTERVAL = 0.2
 

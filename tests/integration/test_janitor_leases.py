@@ -24,7 +24,7 @@ from tests.integration.janitor_support import (
 from tests.support.http import call_ok
 from tests.support.metrics import sample
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+pytestmark = pytest.mark.integration
 
 
 async def test_lapsed_lease_is_reclaimed_claimed_again_and_the_old_lease_refused(

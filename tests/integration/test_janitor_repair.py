@@ -27,7 +27,7 @@ from tests.support.databases import execute
 from tests.support.metrics import sample
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+pytestmark = pytest.mark.integration
 
 EMPTY_TTL = 60.0
 

@@ -24,7 +24,7 @@ from tests.support.databases import execute, fetch
 from tests.support.http import call_ok
 from tests.support.metrics import sample
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+pytestmark = pytest.mark.integration
 
 
 async def age(db: str, task_id: str, interval: str) -> None:
