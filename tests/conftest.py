@@ -24,6 +24,8 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
+from tests.support.net import free_port
+
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
@@ -143,12 +145,6 @@ def runtime_id() -> str:
     return "rt-" + secrets.token_hex(6)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def redis_server_binary() -> str:
     found = shutil.which("redis-server") or shutil.which("valkey-server")
     if found:
@@ -210,7 +206,7 @@ class RedisProcess:
 @pytest.fixture
 def redis_process(tmp_path: Path) -> Iterator[RedisProcess]:
     """A private redis-server on a free loopback port, stopped by pid after the test."""
-    server = RedisProcess(port=_free_port(), workdir=tmp_path)
+    server = RedisProcess(port=free_port(), workdir=tmp_path)
     server.start()
     yield server
     server.stop()

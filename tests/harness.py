@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -18,14 +17,9 @@ from gateway.app import create_app
 from gateway.runtime import Gateway
 from gateway.server import server_config
 from gateway.settings import Settings
+from tests.support.net import free_port
 
 TOKEN = "test-admin-token-0123456789abcdefghijklmnop"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def make_settings(database_url: str, redis_url: str, prefix: str, **overrides: Any) -> Settings:

@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 from standardwebhooks.webhooks import Webhook
 
-from tests.e2e.lifecycle_support import Resp, req
 from tests.harness import Instance
+from tests.support.http import Resp, req
 
 
 def unique(prefix: str) -> str:

@@ -14,14 +14,13 @@ import contextlib
 import re
 import secrets
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
-import orjson
 
-from tests.harness import TOKEN, Instance, make_settings, running_gateway
+from tests.harness import Instance, make_settings, running_gateway
+from tests.support.http import Resp, req
 
 # RFC 3339 UTC with microseconds and a Z, as design section 5 requires.
 TIME_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
@@ -46,53 +45,6 @@ async def gateway(database_url: str, redis_url: str, **overrides: Any) -> AsyncI
         connector = aiohttp.TCPConnector(limit=500, force_close=True)
         async with aiohttp.ClientSession(connector=connector) as http:
             yield Instance(gw.url, gw.gateway, http)
-
-
-@dataclass
-class Resp:
-    status: int
-    headers: Any  # multidict of the response headers
-    body: Any
-
-    @property
-    def content_type(self) -> str:
-        return str(self.headers.get("Content-Type", "")).split(";")[0].strip()
-
-
-_NOTHING = object()
-
-
-async def req(
-    inst: Instance,
-    method: str,
-    path: str,
-    body: Any = _NOTHING,
-    *,
-    raw: Any = None,
-    headers: dict[str, str] | None = None,
-    auth: str | None = TOKEN,
-) -> Resp:
-    """One HTTP request with status, headers and the decoded JSON body. `raw` sends
-    bytes (or an async iterator, chunked) instead of JSON; `auth=None` sends no
-    Authorization header."""
-    sent: dict[str, str] = {}
-    if auth is not None:
-        sent["Authorization"] = f"Bearer {auth}"
-    kwargs: dict[str, Any] = {}
-    if raw is not None:
-        kwargs["data"] = raw
-        sent["Content-Type"] = "application/json"
-    elif body is not _NOTHING:
-        kwargs["data"] = orjson.dumps(body)
-        sent["Content-Type"] = "application/json"
-    sent.update(headers or {})
-    async with inst.http.request(method, inst.url + path, headers=sent, **kwargs) as resp:
-        text = await resp.read()
-        try:
-            body = orjson.loads(text) if text else None
-        except orjson.JSONDecodeError:
-            body = text.decode(errors="replace")  # kept for the assertion message
-        return Resp(resp.status, resp.headers, body)
 
 
 def assert_problem(
@@ -144,12 +96,6 @@ async def claim_one(inst: Instance, rt: str, **fields: Any) -> dict[str, Any]:
     tasks = await claim(inst, rt, **fields)
     assert len(tasks) == 1, tasks
     return tasks[0]
-
-
-async def get_task(inst: Instance, task_id: str) -> dict[str, Any]:
-    resp = await req(inst, "GET", f"/v1/tasks/{task_id}")
-    assert resp.status == 200, (resp.status, resp.body)
-    return resp.body
 
 
 async def lease_op(

@@ -15,8 +15,12 @@ import pytest
 from gateway.auth import TOKEN_CACHE_TTL_SECONDS
 from gateway.webhooks import SECRET_CACHE_TTL_SECONDS
 from tests.e2e.credentials_support import deliver, make_secret, make_token, sign, unique, within
-from tests.e2e.lifecycle_support import all_tasks, gateway, req
+from tests.e2e.lifecycle_support import (
+    all_tasks,
+    gateway,
+)
 from tests.harness import TOKEN, serve_process
+from tests.support.http import req
 
 pytestmark = pytest.mark.integration
 

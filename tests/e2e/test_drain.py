@@ -11,6 +11,7 @@ import time
 import aiohttp
 
 from tests.harness import TOKEN, make_settings, running_gateway, serve_process
+from tests.support.waiting import wait_until
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -29,9 +30,7 @@ async def test_drain_answers_parked_polls_and_refuses_new_claims(
             )
             for i in range(5)
         ]
-        async with asyncio.timeout(5):
-            while gw.gateway.claimer.parked(runtime_id) < 5:
-                await asyncio.sleep(0.01)
+        await wait_until(lambda: gw.gateway.claimer.parked(runtime_id) >= 5, 5, "5 parked polls")
         started = time.monotonic()
         gw.gateway.claimer.drain()  # what SIGTERM calls
         answers = await asyncio.wait_for(asyncio.gather(*polls), 2)

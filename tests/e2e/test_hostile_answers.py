@@ -21,6 +21,8 @@ import pytest_asyncio
 
 from tests.e2e.test_hostile_connections import MARGIN, READ_TIMEOUT, Conn, cuts, request
 from tests.harness import TOKEN, Instance, make_settings, running_gateway, serve_process
+from tests.support.metrics import sample
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -64,14 +66,11 @@ def server_logs() -> Iterator[Records]:
         logger.removeHandler(handler)
 
 
-def sample(gw: Instance, name: str, labels: dict[str, str] | None = None) -> float:
-    return gw.gateway.metrics.registry.get_sample_value(name, labels or {}) or 0.0
-
-
 async def parked_becomes(gw: Instance, runtime_id: str, count: int, within: float) -> None:
-    async with asyncio.timeout(within):
-        while gw.gateway.claimer.parked(runtime_id) != count:
-            await asyncio.sleep(0.02)
+    claimer = gw.gateway.claimer
+    await wait_until(
+        lambda: claimer.parked(runtime_id) == count, within, f"{count} parked polls", 0.02
+    )
 
 
 # -- a long poll with a request pipelined behind it ----------------------------------
@@ -167,9 +166,12 @@ async def test_an_answer_the_client_does_not_read_is_dropped_after_the_read_time
     sock = await get_unread(gw.url, path)
     try:
         started = time.monotonic()
-        async with asyncio.timeout(READ_TIMEOUT + MARGIN):
-            while cuts(gw, "write_timeout") == before:
-                await asyncio.sleep(0.02)
+        await wait_until(
+            lambda: cuts(gw, "write_timeout") != before,
+            READ_TIMEOUT + MARGIN,
+            "the unread answer to be cut",
+            0.02,
+        )
         assert time.monotonic() - started >= READ_TIMEOUT / 2
         assert cuts(gw, "write_timeout") == before + 1
         # What the kernels had taken still arrives, then the end: not the whole answer.

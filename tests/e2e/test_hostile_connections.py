@@ -18,6 +18,7 @@ import pytest_asyncio
 
 from gateway.server import LINGER_SECONDS, MAX_HEAD_BYTES
 from tests.harness import TOKEN, Instance, make_settings, running_gateway, serve_process
+from tests.support.metrics import sample
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -112,10 +113,7 @@ def request(method: str, path: str, body: bytes = b"", extra: str = "") -> bytes
 
 
 def cuts(gw: Instance, reason: str) -> float:
-    value = gw.gateway.metrics.registry.get_sample_value(
-        "gateway_connections_cut_total", {"reason": reason}
-    )
-    return value or 0.0
+    return sample(gw, "gateway_connections_cut_total", reason=reason)
 
 
 def assert_problem(answer: Answer, status: int, code: str) -> None:

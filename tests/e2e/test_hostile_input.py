@@ -21,12 +21,12 @@ from tests.e2e.lifecycle_support import (
     claim_one,
     enqueue,
     gateway,
-    get_task,
     lease_op,
     list_tasks,
-    req,
 )
 from tests.harness import TOKEN, Instance
+from tests.support.http import get_task, req
+from tests.support.metrics import sample
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -157,12 +157,12 @@ async def test_an_unrenderable_claimed_task_ends_dead_and_the_others_are_deliver
     innocent = [await enqueue(gw, runtime_id, f"ok-{i}") for i in range(2)]
     poison = await enqueue(gw, runtime_id, {"poison": True}, priority=100)
     metric = "gateway_tasks_unrenderable_total"
-    before = gw.gateway.metrics.registry.get_sample_value(metric) or 0
+    before = sample(gw, metric)
     _break_rendering(monkeypatch, {"poison": True})
 
     got = await claim(gw, runtime_id, max_tasks=3)
     assert sorted(t["id"] for t in got) == sorted(t["id"] for t in innocent)
-    assert gw.gateway.metrics.registry.get_sample_value(metric) == before + 1
+    assert sample(gw, metric) == before + 1
 
     # A read never fails because of it: the task is shown without its payload.
     shown = await get_task(gw, poison["id"])

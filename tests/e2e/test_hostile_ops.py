@@ -14,8 +14,17 @@ from urllib.parse import urlsplit
 import pytest
 
 from gateway.errors import StoreUnavailable
-from tests.e2e.lifecycle_support import assert_problem, claim, enqueue, gateway, req
-from tests.harness import TOKEN, free_port
+from tests.e2e.lifecycle_support import (
+    assert_problem,
+    claim,
+    enqueue,
+    gateway,
+)
+from tests.harness import TOKEN
+from tests.support.http import req
+from tests.support.metrics import sample
+from tests.support.net import free_port
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -53,9 +62,7 @@ async def test_polls_beyond_the_parked_limit_get_429_and_parked_ones_are_unaffec
         parked = [
             asyncio.create_task(claim(gw, runtime_id, f"p{i}", wait_seconds=10)) for i in range(2)
         ]
-        async with asyncio.timeout(5):
-            while gw.gateway.claimer.parked(runtime_id) < 2:
-                await asyncio.sleep(0.01)
+        await wait_until(lambda: gw.gateway.claimer.parked(runtime_id) >= 2, 5, "2 parked polls")
         path = f"/v1/runtimes/{runtime_id}/claim"
         over = await req(gw, "POST", path, {"worker_id": "late", "wait_seconds": 10})
         assert_problem(over, 429, "overloaded")
@@ -72,19 +79,14 @@ async def test_polls_beyond_the_parked_limit_get_429_and_parked_ones_are_unaffec
         blockers = [
             asyncio.create_task(claim(gw, runtime_id, f"q{i}", wait_seconds=10)) for i in range(2)
         ]
-        async with asyncio.timeout(5):
-            while gw.gateway.claimer.parked(runtime_id) < 2:
-                await asyncio.sleep(0.01)
+        await wait_until(lambda: gw.gateway.claimer.parked(runtime_id) >= 2, 5, "2 parked polls")
         # Enqueued behind the parked polls' backs: they would take it, so give them theirs.
         third = await enqueue(gw, runtime_id, "c")
         fourth = await enqueue(gw, runtime_id, "d")
         async with asyncio.timeout(5):
             served = await asyncio.gather(*blockers)
         assert sorted(t[0]["id"] for t in served) == sorted([third["id"], fourth["id"]])
-        rejected = gw.gateway.metrics.registry.get_sample_value(
-            "gateway_claims_rejected_total", {"reason": "parked_polls"}
-        )
-        assert rejected == 1
+        assert sample(gw, "gateway_claims_rejected_total", reason="parked_polls") == 1
 
 
 async def test_at_the_limit_a_waiting_claim_still_gets_work_that_is_there(
@@ -93,9 +95,7 @@ async def test_at_the_limit_a_waiting_claim_still_gets_work_that_is_there(
     async with gateway(database_url, redis_url, max_parked_polls=1) as gw:
         other = runtime_id + "-idle"
         parked = asyncio.create_task(claim(gw, other, "p", wait_seconds=10))
-        async with asyncio.timeout(5):
-            while gw.gateway.claimer.parked(other) < 1:
-                await asyncio.sleep(0.01)
+        await wait_until(lambda: gw.gateway.claimer.parked(other) >= 1, 5, "a parked poll")
         task = await enqueue(gw, runtime_id, "ready")
         got = await claim(gw, runtime_id, "w", wait_seconds=10)
         assert [t["id"] for t in got] == [task["id"]]

@@ -26,7 +26,12 @@ import pytest_asyncio
 from gateway.auth import Scope
 from gateway.routes import ENDPOINTS, Endpoint, Target
 from tests.e2e.credentials_support import deliver, make_secret, make_token, snapshot, unique
-from tests.e2e.lifecycle_support import assert_problem, claim_one, enqueue, req
+from tests.e2e.lifecycle_support import (
+    assert_problem,
+    claim_one,
+    enqueue,
+)
+from tests.support.http import req
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 

@@ -12,11 +12,10 @@ from tests.e2e.lifecycle_support import (
     claim,
     claim_one,
     enqueue,
-    get_task,
     lease_op,
     now_rfc3339,
-    req,
 )
+from tests.support.http import get_task, req
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -14,8 +14,8 @@ from tests.e2e.lifecycle_support import (
     claim_one,
     gateway,
     lease_op,
-    req,
 )
+from tests.support.http import req
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

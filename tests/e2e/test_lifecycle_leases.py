@@ -18,11 +18,10 @@ from tests.e2e.lifecycle_support import (
     claim_one,
     enqueue,
     gateway,
-    get_task,
     lease_op,
     now_rfc3339,
-    req,
 )
+from tests.support.http import get_task, req
 
 LEASE_FIELDS = ("lease_id", "lease_expires_at", "worker_id", "cancel_requested")
 

@@ -18,8 +18,8 @@ from tests.e2e.lifecycle_support import (
     enqueue,
     lease_op,
     list_tasks,
-    req,
 )
+from tests.support.http import req
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

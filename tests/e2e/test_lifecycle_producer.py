@@ -20,10 +20,9 @@ from tests.e2e.lifecycle_support import (
     claim_one,
     enqueue,
     gateway,
-    get_task,
     now_rfc3339,
-    req,
 )
+from tests.support.http import get_task, req
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -11,7 +11,11 @@ import pytest
 
 from gateway.auth import TOKEN_CACHE_TTL_SECONDS
 from tests.e2e.credentials_support import make_secret, make_token, rows, unique
-from tests.e2e.lifecycle_support import assert_problem, enqueue, req
+from tests.e2e.lifecycle_support import (
+    assert_problem,
+    enqueue,
+)
+from tests.support.http import req
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 

@@ -13,7 +13,13 @@ import pytest
 import pytest_asyncio
 
 from tests.e2e.credentials_support import deliver, make_secret, rows, shifted, sign, unique
-from tests.e2e.lifecycle_support import all_tasks, assert_problem, claim, claim_one, req
+from tests.e2e.lifecycle_support import (
+    all_tasks,
+    assert_problem,
+    claim,
+    claim_one,
+)
+from tests.support.http import req
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 

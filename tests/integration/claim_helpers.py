@@ -8,50 +8,34 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
 from tests.harness import Instance
-
-
-def counter(metric: Any, *labels: str) -> float:
-    """The current value of a prometheus counter (or gauge), optionally by labels."""
-    if labels:
-        metric = metric.labels(*labels)
-    return float(metric._value.get())
+from tests.support.databases import fetch
+from tests.support.metrics import sample
+from tests.support.waiting import wait_until
 
 
 def pg_claims(inst: Instance) -> float:
-    return counter(inst.gateway.metrics.pg_claims)
+    return sample(inst, "gateway_postgres_claims_total")
 
 
 def verdict_hits(inst: Instance) -> float:
-    return counter(inst.gateway.metrics.verdict_checks, "hit")
+    return sample(inst, "gateway_verdict_checks_total", outcome="hit")
 
 
 def activity(inst: Instance) -> tuple[float, ...]:
     """Everything that moves while a pump is working: claims and verdict reads."""
-    checks = inst.gateway.metrics.verdict_checks
     return (
         pg_claims(inst),
-        counter(checks, "hit"),
-        counter(checks, "miss"),
-        counter(checks, "error"),
+        *(
+            sample(inst, "gateway_verdict_checks_total", outcome=o)
+            for o in ("hit", "miss", "error")
+        ),
     )
-
-
-async def wait_until(
-    predicate: Callable[[], bool], within: float, what: str, interval: float = 0.01
-) -> None:
-    """Poll `predicate` until it is true; fail the test after `within` seconds."""
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:.1f}s waiting for {what}")
-        await asyncio.sleep(interval)
 
 
 async def wait_quiet(inst: Instance, quiet: float = 0.3, within: float = 5.0) -> None:
@@ -112,23 +96,13 @@ async def timed_enqueue(inst: Instance, runtime: str, payload: Any = None) -> tu
     return task, sent
 
 
-async def get_task(inst: Instance, task_id: str) -> dict[str, Any]:
-    status, body = await inst.call("GET", f"/v1/tasks/{task_id}")
-    assert status == 200, body
-    return dict(body)
-
-
 async def task_rows(database_url: str, runtime: str) -> list[asyncpg.Record]:
     """Every task row of a runtime, straight from Postgres."""
-    conn = await asyncpg.connect(database_url)
-    try:
-        return list(
-            await conn.fetch(
-                "SELECT id, status, attempts, lease_id FROM tasks WHERE runtime_id = $1", runtime
-            )
-        )
-    finally:
-        await conn.close()
+    return await fetch(
+        database_url,
+        "SELECT id, status, attempts, lease_id FROM tasks WHERE runtime_id = $1",
+        runtime,
+    )
 
 
 async def cancel_all(tasks: list[asyncio.Task[Any]]) -> None:

@@ -2,34 +2,28 @@
 
 This module holds no tests. The janitor works on the whole task table, not on one
 runtime, so most janitor tests run against a freshly migrated database of their own
-(`migrated_database`): a pass's counts (`PassReport.reclaimed`, `.expired`, `.purged`,
-`.repaired`) are then exact, and leadership (a per-database advisory lock) is not
-shared with other tests' gateways.
+(the `db` fixture of tests/integration/conftest.py): a pass's counts
+(`PassReport.reclaimed`, `.expired`, `.purged`, `.repaired`) are then exact, and
+leadership (a per-database advisory lock) is not shared with other tests' gateways.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import Any
 
 import asyncpg
 
-from gateway.migrate import apply_migrations
 from gateway.models import parse_enqueue
 from gateway.settings import Settings
 from tests.harness import Instance, make_settings
+from tests.support.databases import fetch
+from tests.support.waiting import wait_until
 
 # A janitor interval long enough that the loop's first pass (run at start) is the only
 # background one during a test; the test then drives `run_once()` itself.
 JANITOR_OFF = 3600.0
-
-
-async def migrate(url: str) -> str:
-    """Apply the schema to an empty database; returns the URL."""
-    await apply_migrations(url, log=lambda _line: None)
-    return url
 
 
 def janitor_settings(database_url: str, redis_url: str, prefix: str, **overrides: Any) -> Settings:
@@ -39,48 +33,12 @@ def janitor_settings(database_url: str, redis_url: str, prefix: str, **overrides
     return make_settings(database_url, redis_url, prefix, **values)
 
 
-async def wait_until(
-    predicate: Callable[[], bool], within: float, what: str, interval: float = 0.01
-) -> float:
-    """Poll `predicate` until true, failing the test after `within` seconds; returns
-    the monotonic time it became true."""
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:.1f}s waiting for {what}")
-        await asyncio.sleep(interval)
-    return time.monotonic()
-
-
 async def first_pass_done(inst: Instance) -> None:
     """Wait until the background loop holds leadership and its first pass is over, so
     that a test's own `run_once()` calls are the only passes that follow."""
     janitor = inst.gateway.janitor
     await wait_until(lambda: janitor.is_leader, 5.0, "the janitor to take leadership")
     await asyncio.sleep(0.2)  # the first pass, on an empty table, takes milliseconds
-
-
-def counter(metric: Any, *labels: str) -> float:
-    """The current value of a prometheus counter or gauge."""
-    if labels:
-        metric = metric.labels(*labels)
-    return float(metric._value.get())
-
-
-async def execute(url: str, query: str, *args: Any) -> str:
-    conn = await asyncpg.connect(url)
-    try:
-        return await conn.execute(query, *args)
-    finally:
-        await conn.close()
-
-
-async def fetch(url: str, query: str, *args: Any) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(url)
-    try:
-        return list(await conn.fetch(query, *args))
-    finally:
-        await conn.close()
 
 
 async def row_of(url: str, task_id: str) -> asyncpg.Record:
@@ -104,12 +62,6 @@ async def wait_lapsed(url: str, task_ids: list[str], within: float = 5.0) -> Non
         if time.monotonic() > deadline:
             raise AssertionError(f"leases of {task_ids} did not lapse within {within}s")
         await asyncio.sleep(0.05)
-
-
-async def call_ok(inst: Instance, method: str, path: str, body: Any = None) -> Any:
-    status, data = await inst.call(method, path, body)
-    assert status == 200, (status, data)
-    return data
 
 
 async def empty_verdict(inst: Instance, runtime: str, within: float = 3.0) -> None:

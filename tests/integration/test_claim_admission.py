@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from tests.harness import TOKEN, make_settings, running_gateway
+from tests.support.metrics import sample
 
 
 async def test_claims_beyond_the_queue_bound_get_429_with_retry_after(
@@ -53,9 +54,4 @@ async def test_claims_beyond_the_queue_bound_get_429_with_retry_after(
         for resp in answers:
             resp.release()
         assert most == 1
-        assert (
-            gw.gateway.metrics.registry.get_sample_value(
-                "gateway_claims_rejected_total", {"reason": "database_queue"}
-            )
-            == 4
-        )
+        assert sample(gw, "gateway_claims_rejected_total", reason="database_queue") == 4

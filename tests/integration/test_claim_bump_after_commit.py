@@ -86,7 +86,7 @@ async def test_a_change_that_makes_work_claimable_wakes_a_parked_poll(
     # The change happens on one instance and the poll parks on the other, so the
     # wake-up has to travel through Redis.
     async with (
-        asyncio.timeout(45),  # a hang fails here, naming the step it hung in
+        asyncio.timeout(25),  # a hang fails here, naming the step, before the 30 s timeout
         running_gateway(settings) as a,
         running_gateway(settings) as b,
     ):

@@ -21,7 +21,7 @@ import pytest
 
 from gateway import queries as q
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.integration
 
 RUNTIMES = 200
 ROWS = 20_000
@@ -63,15 +63,6 @@ SELECT $1, n % 3 * 50, jsonb_build_object('n', n),
        now() - make_interval(secs => $2 - n)
   FROM generate_series(0, $2 - 1) AS n
 """
-
-
-@pytest.fixture
-async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    connection = await asyncpg.connect(database_url)
-    try:
-        yield connection
-    finally:
-        await connection.close()
 
 
 @pytest.fixture

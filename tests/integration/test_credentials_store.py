@@ -32,13 +32,6 @@ async def creds(database_url: str) -> AsyncIterator[Credentials]:
     await store.close()
 
 
-@pytest.fixture
-async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    connection = await asyncpg.connect(database_url)
-    yield connection
-    await connection.close()
-
-
 def unique(prefix: str = "t") -> str:
     return f"{prefix}-{secrets.token_hex(4)}"
 

@@ -22,17 +22,11 @@ from tests.harness import Instance, running_gateway
 from tests.integration.janitor_support import (
     first_pass_done,
     janitor_settings,
-    migrate,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+pytestmark = pytest.mark.integration
 
 EMPTY_TTL = 60.0
-
-
-@pytest.fixture
-async def db(fresh_database_url: str) -> str:
-    return await migrate(fresh_database_url)
 
 
 def due_in_monotonic(task: dict[str, Any]) -> float:

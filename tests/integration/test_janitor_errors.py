@@ -12,23 +12,17 @@ import pytest
 from gateway.errors import StoreUnavailable
 from tests.harness import Instance, running_gateway
 from tests.integration.janitor_support import (
-    counter,
     empty_verdict,
     enqueue_without_bump,
-    execute,
     first_pass_done,
     janitor_settings,
-    migrate,
     row_of,
-    wait_until,
 )
+from tests.support.databases import execute
+from tests.support.metrics import sample
+from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
-
-
-@pytest.fixture
-async def db(fresh_database_url: str) -> str:
-    return await migrate(fresh_database_url)
+pytestmark = pytest.mark.integration
 
 
 async def one_of_each(gw: Instance, db: str, rt: str) -> dict[str, str]:
@@ -89,7 +83,7 @@ async def test_a_failing_step_does_not_stop_the_others(
         monkeypatch.setattr(gw.gateway.store, STEPS[broken], boom)
         report = await gw.gateway.janitor.run_once()
         assert report.errors == [f"{broken}: boom"], report
-        assert counter(gw.gateway.metrics.janitor_errors) == 1
+        assert sample(gw, "gateway_janitor_errors_total") == 1
 
         works = {name: name != broken for name in STEPS}
         assert report.reclaimed == (1 if works["lease reclaim"] else 0), report
@@ -129,10 +123,10 @@ async def test_the_loop_survives_an_unexpected_exception(
                 raise RuntimeError("an unexpected bug in a pass")
             return await original()
 
-        errors_before = counter(gw.gateway.metrics.janitor_errors)
+        errors_before = sample(gw, "gateway_janitor_errors_total")
         monkeypatch.setattr(janitor, "run_once", flaky)
         await wait_until(lambda: len(calls) >= 1, 2.0, "a pass that raises")
-        assert counter(gw.gateway.metrics.janitor_errors) == errors_before + 1
+        assert sample(gw, "gateway_janitor_errors_total") == errors_before + 1
 
         # Later passes still happen, and still work: a lease lapsing now is reclaimed.
         await gw.enqueue(runtime_id, {"job": 1})
@@ -148,7 +142,7 @@ async def test_the_loop_survives_an_unexpected_exception(
         while (await row_of(db, held["id"]))["status"] != "queued":
             assert time.monotonic() < deadline, "the loop stopped reclaiming"
             await asyncio.sleep(0.05)
-        assert counter(gw.gateway.metrics.leases_reclaimed, "queued") == 1
+        assert sample(gw, "gateway_leases_reclaimed_total", outcome="queued") == 1
 
 
 async def test_a_pass_without_redis_still_does_the_postgres_work(
@@ -170,4 +164,4 @@ async def test_a_pass_without_redis_still_does_the_postgres_work(
         assert (report.reclaimed, report.expired, report.purged) == (1, 1, 1), report
         assert report.repaired == []
         assert (await row_of(db, ids["lease"]))["status"] == "queued"
-        assert counter(gw.gateway.metrics.bumps, "error") >= 1
+        assert sample(gw, "gateway_version_bumps_total", outcome="error") >= 1

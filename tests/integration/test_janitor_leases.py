@@ -16,21 +16,15 @@ import pytest
 
 from tests.harness import running_gateway
 from tests.integration.janitor_support import (
-    call_ok,
-    counter,
     first_pass_done,
     janitor_settings,
-    migrate,
     row_of,
     wait_lapsed,
 )
+from tests.support.http import call_ok
+from tests.support.metrics import sample
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
-
-
-@pytest.fixture
-async def db(fresh_database_url: str) -> str:
-    return await migrate(fresh_database_url)
+pytestmark = pytest.mark.integration
 
 
 async def test_lapsed_lease_is_reclaimed_claimed_again_and_the_old_lease_refused(
@@ -53,7 +47,7 @@ async def test_lapsed_lease_is_reclaimed_claimed_again_and_the_old_lease_refused
         assert row["lease_id"] is None and row["worker_id"] is None
         assert row["last_error"] == "lease expired"
         assert row["attempts"] == 1
-        assert counter(gw.gateway.metrics.leases_reclaimed, "queued") == 1
+        assert sample(gw, "gateway_leases_reclaimed_total", outcome="queued") == 1
 
         # The reclaim bumped the version, so the claim goes to Postgres and gets it.
         [second] = await gw.claim(runtime_id, "daemon-2", wait_seconds=0, lease_seconds=30)
@@ -102,8 +96,8 @@ async def test_lapsed_lease_on_the_last_attempt_goes_dead(
         assert row["status"] == "dead"
         assert row["last_error"] == "lease expired"
         assert row["finished_at"] is not None
-        assert counter(gw.gateway.metrics.leases_reclaimed, "dead") == 1
-        assert counter(gw.gateway.metrics.leases_reclaimed, "queued") == 0
+        assert sample(gw, "gateway_leases_reclaimed_total", outcome="dead") == 1
+        assert sample(gw, "gateway_leases_reclaimed_total", outcome="queued") == 0
 
         assert await gw.claim(runtime_id, "daemon-2", wait_seconds=0) == []
         status, problem = await gw.complete(held)
@@ -125,7 +119,7 @@ async def test_lapsed_lease_with_a_cancel_requested_ends_cancelled(
         report = await gw.gateway.janitor.run_once()
         assert report.reclaimed == 1, report
         assert (await row_of(db, task["id"]))["status"] == "cancelled"
-        assert counter(gw.gateway.metrics.leases_reclaimed, "cancelled") == 1
+        assert sample(gw, "gateway_leases_reclaimed_total", outcome="cancelled") == 1
         assert await gw.claim(runtime_id, "daemon-2", wait_seconds=0) == []
         status, problem = await gw.complete(held)
         assert status == 409 and problem["code"] == "lease_lost", problem
@@ -213,7 +207,7 @@ async def test_reclaim_wakes_a_parked_poll(
         assert answered - lease_expiry < 2.0, (
             f"parked poll answered {answered - lease_expiry:.2f}s after the lease expired"
         )
-        assert counter(gw.gateway.metrics.leases_reclaimed, "queued") == 1
+        assert sample(gw, "gateway_leases_reclaimed_total", outcome="queued") == 1
 
 
 async def test_late_holder_loses_to_the_new_holder_even_when_racing(

@@ -18,24 +18,18 @@ import redis.asyncio as aioredis
 
 from tests.harness import running_gateway
 from tests.integration.janitor_support import (
-    counter,
     empty_verdict,
     enqueue_without_bump,
-    execute,
     first_pass_done,
     janitor_settings,
-    migrate,
-    wait_until,
 )
+from tests.support.databases import execute
+from tests.support.metrics import sample
+from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+pytestmark = pytest.mark.integration
 
 EMPTY_TTL = 60.0
-
-
-@pytest.fixture
-async def db(fresh_database_url: str) -> str:
-    return await migrate(fresh_database_url)
 
 
 async def test_parked_poll_behind_a_lost_bump_gets_the_task_within_seconds(
@@ -50,7 +44,7 @@ async def test_parked_poll_behind_a_lost_bump_gets_the_task_within_seconds(
         task_id = await enqueue_without_bump(gw, runtime_id, {"job": "stranded"})
         # The lost bump left a verdict that says empty while a task is claimable.
         assert (await cache.read(runtime_id)).hit is True
-        repairs_before = counter(gw.gateway.metrics.repairs)
+        repairs_before = sample(gw, "gateway_verdict_repairs_total")
 
         started = time.monotonic()
         status, body = await gw.call(
@@ -62,7 +56,7 @@ async def test_parked_poll_behind_a_lost_bump_gets_the_task_within_seconds(
         assert status == 200, body
         assert [t["id"] for t in body["tasks"]] == [task_id], f"after {elapsed:.2f}s: {body}"
         assert elapsed < 3.0, f"the repair took {elapsed:.2f}s"
-        assert counter(gw.gateway.metrics.repairs) > repairs_before
+        assert sample(gw, "gateway_verdict_repairs_total") > repairs_before
 
 
 async def test_run_once_reports_the_repaired_runtime(
@@ -81,7 +75,7 @@ async def test_run_once_reports_the_repaired_runtime(
         report = await janitor.run_once()
         assert report.repaired == [runtime_id], report
         assert report.errors == []
-        assert counter(gw.gateway.metrics.repairs) == 1
+        assert sample(gw, "gateway_verdict_repairs_total") == 1
         after = await cache.read(runtime_id)
         assert after.hit is False and after.version != version, "the repair bumps the version"
         # Repaired once is enough: the verdict no longer says empty.
@@ -112,7 +106,7 @@ async def test_delayed_tasks_are_not_repaired_before_they_are_due(
         assert report.repaired == [due_rt], report
         verdict = await cache.read(delayed_rt)
         assert verdict.hit is True and verdict.version == delayed_version
-        assert counter(gw.gateway.metrics.repairs) == 1
+        assert sample(gw, "gateway_verdict_repairs_total") == 1
 
         # Once it comes due (and the verdict still says empty), it is repaired too.
         await execute(
@@ -207,7 +201,7 @@ async def test_bump_lost_to_a_real_redis_fault_is_repaired(
     admin = aioredis.Redis.from_url(redis_process.url, socket_timeout=5)
     try:
         async with running_gateway(cfg) as gw:
-            metrics, cache = gw.gateway.metrics, gw.gateway.cache
+            cache = gw.gateway.cache
             await empty_verdict(gw, runtime_id)
             polling = asyncio.create_task(
                 gw.call(
@@ -225,7 +219,9 @@ async def test_bump_lost_to_a_real_redis_fault_is_repaired(
                 assert time.monotonic() - started < 2.0, "the enqueue waited on Redis"
             finally:
                 await admin.execute_command("CLIENT", "UNPAUSE")
-            assert counter(metrics.bumps, "error") == 1, "the bump was not lost"
+            assert sample(gw, "gateway_version_bumps_total", outcome="error") == 1, (
+                "the bump was not lost"
+            )
             assert (await cache.read(runtime_id)).hit is True, "the verdict was not stale"
             assert not polling.done()
 
@@ -234,6 +230,6 @@ async def test_bump_lost_to_a_real_redis_fault_is_repaired(
             assert status == 200, body
             assert [t["id"] for t in body["tasks"]] == [task["id"]], body
             assert elapsed < 3.0, f"the stranded task took {elapsed:.2f}s"
-            assert counter(metrics.repairs) >= 1
+            assert sample(gw, "gateway_verdict_repairs_total") >= 1
     finally:
         await admin.aclose()

@@ -16,7 +16,7 @@ import pytest
 
 from gateway import queries as q
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.integration
 
 RUNTIMES = 300
 ROWS_PER_RUNTIME = 50

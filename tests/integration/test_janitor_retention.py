@@ -16,22 +16,15 @@ import pytest
 from gateway import janitor as janitor_module
 from tests.harness import Instance, running_gateway
 from tests.integration.janitor_support import (
-    call_ok,
-    counter,
-    execute,
-    fetch,
     first_pass_done,
     janitor_settings,
-    migrate,
     row_of,
 )
+from tests.support.databases import execute, fetch
+from tests.support.http import call_ok
+from tests.support.metrics import sample
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
-
-
-@pytest.fixture
-async def db(fresh_database_url: str) -> str:
-    return await migrate(fresh_database_url)
+pytestmark = pytest.mark.integration
 
 
 async def age(db: str, task_id: str, interval: str) -> None:
@@ -75,7 +68,7 @@ async def test_queued_tasks_past_their_ttl_expire_and_are_never_claimed(
         report = await gw.gateway.janitor.run_once()
         assert report.expired == 2, report
         assert report.errors == []
-        assert counter(gw.gateway.metrics.tasks_expired) == 2
+        assert sample(gw, "gateway_tasks_expired_total") == 2
         for t in doomed:
             row = await row_of(db, t["id"])
             assert row["status"] == "expired"
@@ -189,7 +182,7 @@ async def test_retention_deletes_exactly_the_old_finished_rows(
         report = await gw.gateway.janitor.run_once()
         assert report.purged == 4, report
         assert report.errors == []
-        assert counter(gw.gateway.metrics.tasks_purged) == 4
+        assert sample(gw, "gateway_tasks_purged_total") == 4
         left = {
             r["id"]: r["status"]
             for r in await fetch(

@@ -13,6 +13,7 @@ import pytest
 from gateway.cache import CircuitBreaker, VerdictCache, keys_for, runtime_of_channel
 from gateway.errors import CacheUnavailable
 from gateway.metrics import Metrics
+from tests.support.metrics import sample
 
 PREFIX = "gw"
 VERSION_TTL = 3600
@@ -27,11 +28,6 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
-
-
-def sample(metrics: Metrics, name: str, **labels: str) -> float:
-    value = metrics.registry.get_sample_value(name, labels or None)
-    return 0.0 if value is None else value
 
 
 def split(version: str) -> tuple[str, int]:

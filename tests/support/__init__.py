@@ -1,0 +1,10 @@
+"""Helpers shared across the test packages, one copy of each, by concept:
+
+- `net`: free loopback ports;
+- `waiting`: polling until a condition holds, with a deadline;
+- `http`: requests to a running gateway and their answers;
+- `databases`: migrating a database and one-off queries on it;
+- `metrics`: reading a gateway's Prometheus samples.
+
+This package holds no tests and no fixtures; fixtures live in the conftest.py files.
+"""
