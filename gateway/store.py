@@ -367,8 +367,13 @@ class Store:
             if await conn.fetchval(q.JANITOR_TRY_LOCK, key):
                 return Leadership(conn)
         except DRIVER_ERRORS as exc:
-            await conn.close()
+            conn.terminate()
             raise StoreUnavailable(f"database error: {exc}") from exc
+        except BaseException:
+            # Cancelled (the janitor stopping): a connection left open would keep the
+            # lock it may have just taken until the garbage collector found it.
+            conn.terminate()
+            raise
         await conn.close()
         return None
 
