@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import aiohttp
 import orjson
@@ -21,6 +20,7 @@ import pytest_asyncio
 
 from tests.e2e.test_hostile_connections import MARGIN, READ_TIMEOUT, Conn, cuts, request
 from tests.harness import TOKEN, Instance, make_settings, running_gateway, serve_process
+from tests.support.logs import Records
 from tests.support.metrics import sample
 from tests.support.waiting import wait_until
 
@@ -39,31 +39,6 @@ async def gw(database_url: str, redis_url: str) -> AsyncIterator[Instance]:
     )
     async with running_gateway(settings) as inst:
         yield inst
-
-
-class Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def errors(self) -> list[str]:
-        return [r.getMessage() for r in self.records if r.levelno >= logging.ERROR or r.exc_info]
-
-
-@pytest.fixture
-def server_logs() -> Iterator[Records]:
-    """Every record of the gateway's and uvicorn's loggers (uvicorn's do not propagate
-    to the root logger, so caplog would miss them)."""
-    handler = Records()
-    loggers = [logging.getLogger(name) for name in ("gateway", "uvicorn", "uvicorn.error")]
-    for logger in loggers:
-        logger.addHandler(handler)
-    yield handler
-    for logger in loggers:
-        logger.removeHandler(handler)
 
 
 async def parked_becomes(gw: Instance, runtime_id: str, count: int, within: float) -> None:

@@ -8,7 +8,6 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
@@ -27,29 +26,6 @@ from tests.support.net import free_port
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-
-class Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-@pytest.fixture
-def server_logs() -> Iterator[Records]:
-    """Every record of the gateway's and uvicorn's loggers. uvicorn's do not reach the
-    root logger (its logging config stops propagation), so pytest's caplog would miss
-    them."""
-    handler = Records()
-    loggers = [logging.getLogger(name) for name in ("gateway", "uvicorn", "uvicorn.error")]
-    for logger in loggers:
-        logger.addHandler(handler)
-    yield handler
-    for logger in loggers:
-        logger.removeHandler(handler)
 
 
 # -- defect 6: parked polls are bounded ------------------------------------------------
