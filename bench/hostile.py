@@ -224,8 +224,9 @@ async def _slow_client(port: int, phase: Phase) -> None:
         writer.close()
 
 
-def _answer_size(data: bytes) -> int | None:
-    """The full length of the answer that `data` begins, once its head is in."""
+def answer_size(data: bytes) -> int | None:
+    """The full length of the HTTP answer that `data` begins, once its head is in (the
+    gateway always sends Content-Length; an answer without one is an error)."""
     end = data.find(b"\r\n\r\n")
     if end < 0:
         return None
@@ -233,7 +234,7 @@ def _answer_size(data: bytes) -> int | None:
         name, _, value = line.partition(b":")
         if name.strip().lower() == b"content-length":
             return end + 4 + int(value)
-    return None
+    raise AssertionError(f"an answer without Content-Length: {data[:end]!r}")
 
 
 async def _unread_client(port: int, token: str, phase: Phase, ask: float, read: float) -> None:
@@ -263,7 +264,7 @@ async def _unread_client(port: int, token: str, phase: Phase, ask: float, read: 
                 if not chunk:
                     break
                 data += chunk
-                size = size or _answer_size(data)
+                size = size or answer_size(data)
         phase.outcomes["whole" if size is not None and len(data) >= size else "cut"] += 1
 
 

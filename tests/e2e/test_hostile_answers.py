@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -18,8 +17,16 @@ import orjson
 import pytest
 import pytest_asyncio
 
-from tests.e2e.test_hostile_connections import MARGIN, READ_TIMEOUT, Conn, cuts, request
-from tests.harness import TOKEN, Instance, make_settings, running_gateway, serve_process
+from tests.e2e.connection_support import (
+    MARGIN,
+    READ_TIMEOUT,
+    Conn,
+    answer_size,
+    cuts,
+    request,
+    short_deadline_gateway,
+)
+from tests.harness import TOKEN, Instance, serve_process
 from tests.support.logs import Records
 from tests.support.metrics import sample
 from tests.support.waiting import wait_until
@@ -29,15 +36,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def gw(database_url: str, redis_url: str) -> AsyncIterator[Instance]:
-    prefix = "gwt" + secrets.token_hex(4)
-    settings = make_settings(
-        database_url,
-        redis_url,
-        prefix,
-        read_timeout_seconds=READ_TIMEOUT,
-        janitor_interval_seconds=3600,
-    )
-    async with running_gateway(settings) as inst:
+    async with short_deadline_gateway(database_url, redis_url) as inst:
         yield inst
 
 
@@ -119,18 +118,6 @@ async def receive(sock: socket.socket, count: int) -> bytes:
             break
         data += chunk
     return bytes(data)
-
-
-def answer_size(data: bytes) -> int | None:
-    """The full length of the HTTP answer that `data` begins, once its head is in."""
-    end = data.find(b"\r\n\r\n")
-    if end < 0:
-        return None
-    for line in data[:end].split(b"\r\n"):
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            return end + 4 + int(value)
-    raise AssertionError(data[:end])
 
 
 async def test_an_answer_the_client_does_not_read_is_dropped_after_the_read_timeout(
