@@ -506,37 +506,14 @@ async def test_hanging_redis_is_bounded_by_the_budget(metrics: Metrics) -> None:
     assert cache.breaker.is_open
 
 
-class _Pipe:
-    """A pipeline answering MGET and PTTL with fixed values."""
+class _Answers(_Hang):
+    """A Redis client whose pipeline answers MGET and PTTL with fixed values."""
 
     def __init__(self, answer: list[Any]) -> None:
         self._answer = answer
 
-    async def __aenter__(self) -> _Pipe:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
-
-    def mget(self, *args: Any) -> None:
-        return None
-
-    def pttl(self, *args: Any) -> None:
-        return None
-
-    async def execute(self) -> list[Any]:
+    async def execute(self) -> Any:
         return self._answer
-
-
-class _Fixed:
-    def __init__(self, answer: list[Any]) -> None:
-        self._answer = answer
-
-    def pipeline(self, transaction: bool = True) -> _Pipe:
-        return _Pipe(self._answer)
-
-    def register_script(self, script: str) -> None:
-        return None
 
 
 @pytest.mark.parametrize(
@@ -549,7 +526,7 @@ async def test_a_hit_needs_a_life_to_park_for(metrics: Metrics, pttl: Any, hit: 
     such a read (or one whose life is unknown) is a miss, never a hit that parks the
     poll for the whole empty TTL past a task coming due (I4)."""
     cache = VerdictCache(
-        _Fixed([["e:1", "e:1"], pttl]),  # type: ignore[arg-type]
+        _Answers([["e:1", "e:1"], pttl]),  # type: ignore[arg-type]
         PREFIX,
         metrics,
         timeout_seconds=0.25,
