@@ -37,7 +37,7 @@ from .bodies import MAX_IDEMPOTENCY_KEY as MAX_IDEMPOTENCY_KEY
 from .bodies import MAX_WORKER_ID as MAX_WORKER_ID
 from .bodies import STATUSES as STATUSES
 from .errors import BadRequest, NotFound, PayloadTooLarge, ValidationFailed
-from .schema import EARLIEST, LATEST, check_depth
+from .schema import EARLIEST, LATEST
 
 RUNTIME_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 DEFAULT_MAX_DEPTH = 64  # GATEWAY_MAX_JSON_DEPTH
@@ -146,12 +146,10 @@ def decode_body(raw: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> dict[str, Any
     return body
 
 
-def decode_json(raw: bytes, field: str, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
-    """A whole body that is one JSON value (a webhook's payload), numbers kept exactly;
-    `field` names it in errors."""
-    value = exactjson.loads(raw, max_depth + BODY_DEPTH_MARGIN)
-    check_depth(field, value, max_depth)
-    return value
+def decode_json(raw: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
+    """A whole body that is one JSON value (a webhook's payload), numbers kept exactly.
+    Only bounded here; the field it becomes holds it to `max_depth`, naming itself."""
+    return exactjson.loads(raw, max_depth + BODY_DEPTH_MARGIN)
 
 
 def header_text(raw: str | None, field: str) -> str | None:

@@ -161,7 +161,7 @@ async def receive(request: Request, gw: Gateway) -> Response:
     fields: dict[str, Any] = dict(query_fields(request.query_params))
     if not raw.strip():
         raise BadRequest("the delivery's body is empty; it must be a JSON value")
-    fields["payload"] = models.decode_json(raw, "payload", gw.settings.max_json_depth)
+    fields["payload"] = models.decode_json(raw, gw.settings.max_json_depth)
     key = KEY_PREFIX + delivery.msg_id
     req = models.parse_enqueue(
         fields, key, gw.settings.max_payload_bytes, gw.settings.max_json_depth
