@@ -10,8 +10,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .errors import BadRequest, GatewayError, MethodNotAllowed, NotFound
-from .httpio import problem_response
+from .errors import BadRequest, MethodNotAllowed, NotFound
+from .httpio import internal_error_response, problem_response
 from .routes import ROUTES
 from .runtime import Gateway
 from .settings import Settings
@@ -28,9 +28,7 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 async def _unexpected(request: Request, exc: Exception) -> Response:
     """An error outside any endpoint: answer problem+json 500. Not logged here: the
     server logs it once when it reraises (endpoints log their own, see routes.api)."""
-    return problem_response(
-        GatewayError("the gateway failed to handle this request; the error is in its log")
-    )
+    return internal_error_response()
 
 
 def create_app(settings: Settings | None = None) -> Starlette:

@@ -26,6 +26,17 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
     )
 
 
+def internal_error_response() -> Response:
+    """The 500 answer to an unexpected exception; the detail goes to the log only."""
+    return problem_response(
+        GatewayError("the gateway failed to handle this request; the error is in its log")
+    )
+
+
+# The status nginx logs for a client that left: nobody receives this answer.
+CLIENT_LEFT = 499
+
+
 def problem_response(error: GatewayError, headers: Mapping[str, str] | None = None) -> Response:
     """RFC 9457 problem+json for any gateway error, status from errors.PROBLEMS."""
     status, body = problem_for(error)

@@ -20,7 +20,13 @@ from starlette.routing import Route
 from . import admin, admin_docs, docs, models, openapi, webhooks
 from .auth import Principal, Scope
 from .errors import GatewayError, NotFound
-from .httpio import json_response, problem_response, read_json
+from .httpio import (
+    CLIENT_LEFT,
+    internal_error_response,
+    json_response,
+    problem_response,
+    read_json,
+)
 from .metrics import CONTENT_TYPE
 from .runtime import Gateway
 from .store import Row
@@ -82,12 +88,10 @@ def api(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
         except ClientDisconnect:
             # The client left before its request was read: nobody is there to answer.
             log.debug("client left during %s %s", request.method, request.url.path)
-            return Response(status_code=499)
+            return Response(status_code=CLIENT_LEFT)
         except Exception:
             log.exception("unhandled error on %s %s", request.method, request.url.path)
-            return problem_response(
-                GatewayError("the gateway failed to handle this request; the error is in its log")
-            )
+            return internal_error_response()
 
     return run
 
@@ -211,7 +215,7 @@ async def claim(request: Request, gw: Gateway) -> Response:
     if rows and (gone.is_set() or await request.is_disconnected()):
         # The client left while its tasks were being leased: nobody would receive them.
         await gw.claimer.give_back(runtime_id, [row["id"] for row in rows])
-        return Response(status_code=499)
+        return Response(status_code=CLIENT_LEFT)
     return json_response({"tasks": await _deliverable(gw, rows)})
 
 
