@@ -118,9 +118,10 @@ def _refuse_constant(name: str) -> None:
 
 
 def loads(raw: bytes, max_depth: int) -> Any:
-    """Parse a request body, numbers kept exactly. BadRequest if it is not JSON;
-    ValidationFailed naming the top-level field (or `body`) nested deeper than
-    `max_depth`."""
+    """Parse a request body, numbers kept exactly. BadRequest if it is not JSON.
+    Before the standard library's recursive parser runs, ValidationFailed names the
+    top-level field (or `body`) nested deeper than `max_depth`; otherwise depth is left
+    to the fields that store JSON, so a body is not walked twice."""
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -128,9 +129,9 @@ def loads(raw: bytes, max_depth: int) -> Any:
         if "infinity" not in str(exc):
             raise BadRequest(f"request body is not valid JSON: {exc}") from None
     else:
-        _check_depth(value, max_depth)  # before the recursive parser below runs
         if not _RISKY.search(raw):
             return value
+        _check_depth(value, max_depth)  # before the recursive parser below runs
     try:
         value = json.loads(
             raw, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_refuse_constant

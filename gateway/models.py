@@ -136,8 +136,8 @@ def check_task_id(raw: str) -> uuid.UUID:
 
 def decode_body(raw: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> dict[str, Any]:
     """The request body as a JSON object; an empty body counts as {}. Numbers are
-    kept exactly (see exactjson); a field nested far deeper than any payload may be
-    is refused here, naming it, and payload fields are held to `max_depth` later."""
+    kept exactly (see exactjson); the fields that store JSON (payload, result) are
+    held to `max_depth` when they are read."""
     if not raw.strip():
         return {}
     body = exactjson.loads(raw, max_depth + BODY_DEPTH_MARGIN)
