@@ -146,13 +146,16 @@ class VerdictCache:
         timeout_seconds: float,
         version_ttl_seconds: int,
         breaker: CircuitBreaker,
+        on_trouble: Callable[[], None] | None = None,
     ) -> None:
+        """`on_trouble` is called when a call fails after the last one succeeded."""
         self._client = client
         self.prefix = prefix
         self._metrics = metrics
         self._timeout = timeout_seconds
         self._version_ttl = version_ttl_seconds
         self.breaker = breaker
+        self._on_trouble = on_trouble
         self._bump = client.register_script(BUMP_SCRIPT)
 
     async def close(self) -> None:
@@ -176,9 +179,12 @@ class VerdictCache:
             async with asyncio.timeout(self._timeout * 3):
                 result = await fn()
         except (RedisError, OSError, TimeoutError) as exc:
+            was_healthy = self.healthy
             self.breaker.record_failure()
             self._metrics.redis_errors.inc()
             self._metrics.breaker_open.set(1 if self.breaker.is_open else 0)
+            if was_healthy and self._on_trouble is not None:
+                self._on_trouble()
             raise CacheUnavailable(f"Redis {what} failed: {exc!r}") from exc
         self.breaker.record_success()
         self._metrics.breaker_open.set(0)

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import random
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -75,12 +76,14 @@ class Claimer:
         subscriber: WakeChannels,
         settings: Settings,
         metrics: Metrics,
+        rng: random.Random | None = None,
     ) -> None:
         self._store = store
         self._cache = cache
         self._subscriber = subscriber
         self._settings = settings
         self._metrics = metrics
+        self._rng = rng or random.Random()
         self._states: dict[str, RuntimeState] = {}
         self._claim_slots = asyncio.Semaphore(settings.max_concurrent_claims)
         self._claims_queued = 0
@@ -98,6 +101,29 @@ class Claimer:
     def wake_all(self) -> None:
         for state in self._states.values():
             state.wake.set()
+
+    def redis_trouble(self) -> None:
+        """Redis failed a call after working. Bumps may be getting lost now, here and on
+        other instances, and a pump parked on an empty verdict would trust it for the
+        rest of its life (up to GATEWAY_EMPTY_TTL_SECONDS). Make every pump re-check
+        within one degraded poll interval, spread over it so that they do not all claim
+        at once; while Redis stays unhealthy they then poll Postgres (I5)."""
+        loop = asyncio.get_running_loop()
+        spread = self._settings.degraded_poll_seconds
+        for state in self._states.values():
+            if state.waiters:
+                loop.call_later(self._rng.uniform(0.0, spread), state.wake.set)
+
+    async def watch_redis(self) -> None:
+        """Runs for the process's life (the lifespan owns it). While polls are parked,
+        ping Redis once per degraded poll interval when nothing else has called it, so
+        that a failure of the command path alone is noticed (and redis_trouble runs)
+        even by an instance whose pumps all sleep on verdicts. The pub/sub connection
+        has its own PING."""
+        while True:
+            await asyncio.sleep(self._settings.degraded_poll_seconds)
+            if self._long_polls and self._cache.healthy:
+                await self._cache.ping()
 
     async def announce(self, runtime_id: str) -> None:
         """Call after a commit that made tasks claimable (I1): bump, publish, wake locally.

@@ -59,6 +59,10 @@ class ClaimCache(Protocol):
         """Invalidate the verdict and publish a wake-up; after commit (I1)."""
         ...
 
+    async def ping(self) -> bool:
+        """One round trip; False (never an error) when Redis did not answer."""
+        ...
+
 
 class WakeChannels(Protocol):
     """The process's pub/sub subscriptions (Subscriber). Wake-ups themselves arrive

@@ -6,9 +6,11 @@ through `request.app.state.gateway`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from .auth import Authenticator
+from .background import stop_task
 from .cache import CircuitBreaker, VerdictCache, make_client
 from .claim import Claimer
 from .credentials import Credentials
@@ -52,6 +54,7 @@ class Gateway:
             timeout_seconds=timeout,
             version_ttl_seconds=settings.version_ttl_seconds,
             breaker=CircuitBreaker(settings.breaker_failures, settings.breaker_open_seconds),
+            on_trouble=self._on_redis_trouble,
         )
         # The subscriber's reads block for long stretches by design: no socket timeout;
         # its own PINGs detect a dead connection. Raw bytes: redis-py mis-parses a
@@ -65,6 +68,7 @@ class Gateway:
             timeout_seconds=timeout,
         )
         self.claimer = Claimer(self.store, self.cache, self.subscriber, settings, self.metrics)
+        self._redis_watch: asyncio.Task[None] | None = None
         self.janitor = Janitor(
             self.store, self.cache, self.claimer.announce, settings, self.metrics
         )
@@ -74,6 +78,9 @@ class Gateway:
 
     def _on_reset(self) -> None:
         self.claimer.wake_all()
+
+    def _on_redis_trouble(self) -> None:
+        self.claimer.redis_trouble()
 
     async def open(self) -> None:
         if not self.settings.auth_enabled:
@@ -86,10 +93,13 @@ class Gateway:
         if not await self.cache.ping():
             log.warning("Redis is not reachable; claims go to Postgres until it is back")
         await self.janitor.start()
+        self._redis_watch = asyncio.create_task(self.claimer.watch_redis(), name="redis-watch")
 
     async def close(self) -> None:
         self.claimer.drain()
         await self.janitor.stop()
+        if self._redis_watch is not None:
+            await stop_task(self._redis_watch, "Redis watch")
         await self.subscriber.stop()
         await self.cache.close()
         await self.store.close()

@@ -159,6 +159,9 @@ class FakeRedis:
         self.data: dict[str, tuple[str, float | None]] = {}  # key -> (value, expires at)
         self.faults: list[str] = []
         self.last_fault_at = -1e9  # when an injected failure last happened
+        # A sustained outage of the command path (pub/sub unaffected): every round trip
+        # until then fails, and the queued faults wait.
+        self.down_until = -1e9
 
     # state
 
@@ -218,6 +221,8 @@ class FakeRedis:
 
     async def round_trip(self, effect: Callable[[], T]) -> T:
         await asyncio.sleep(self._rng.uniform(0.0, 0.002))
+        if now() < self.down_until:
+            raise RedisConnectionError("injected: Redis is down")
         fault = self.faults.pop(0) if self.faults else None
         if fault is not None:
             self.last_fault_at = now()

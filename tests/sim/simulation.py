@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import random
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,10 +41,16 @@ LOOSE_BOUND = (
     + 1.0
 )
 
-# While Redis keeps failing the repair pass cannot run either, and a pump parked on a
-# hit read before the failures does not learn of them: a bump lost on another
-# instance then hides a task for the rest of that verdict's life (empty_ttl_seconds).
-REDIS_OUTAGE_BOUND = SETTINGS.empty_ttl_seconds + SETTINGS.degraded_poll_seconds + 1.0
+# While Redis fails, bumps are lost and the repair pass cannot run either; a pump that
+# sees a failure re-checks within a degraded poll and then polls Postgres. Once Redis
+# answers again, the repair pass finds what is left within LOOSE_BOUND: the bound after
+# Redis failures counts from the last one.
+
+# During a sustained outage of Redis commands (pub/sub still up), once every pump has
+# noticed it (the watch's ping, then a spread re-check), polls find tasks by polling
+# Postgres: a degraded poll interval, plus one claim.
+DOWN_SETTLE = 3 * SETTINGS.degraded_poll_seconds + SETTINGS.redis_timeout_seconds * 3
+DOWN_BOUND = SETTINGS.degraded_poll_seconds + 3 * STORE_LATENCY + 0.05
 
 _METRICS = Metrics()  # counters only; shared so that thousands of runs stay cheap
 
@@ -77,8 +84,10 @@ def generate(seed: int, steps: int = 40) -> list[tuple[Any, ...]]:
             retry_in = rng.choice((None, 0.0, 2.5, 12.0))
             via = "other" if remote else rng.choice(("here", "other"))
             ops.append(("finish", rng.randrange(1000), retry_in, via))
-        elif roll < 0.62:
+        elif roll < 0.60:
             ops.append(("redis_fault", rng.choice(("before", "after")), rng.choice((1, 1, 2, 4))))
+        elif roll < 0.62:
+            ops.append(("redis_down", round(rng.uniform(1.0, 40.0), 3)))
         elif roll < 0.65:
             ops.append(("flushall",))
         elif roll < 0.69:
@@ -118,25 +127,36 @@ class World:
         self.store = FakeStore(self.rng, STORE_LATENCY)
         self.channels = FakeWakeChannels(self.settings.redis_prefix)
         self.redis = FakeRedis(self.rng, self.channels.publish)
-        loop = asyncio.get_running_loop()
-        self.cache = VerdictCache(
-            self.redis,  # type: ignore[arg-type]
-            self.settings.redis_prefix,
-            _METRICS,
-            timeout_seconds=self.settings.redis_timeout_seconds,
-            version_ttl_seconds=self.settings.version_ttl_seconds,
-            breaker=CircuitBreaker(
-                self.settings.breaker_failures, self.settings.breaker_open_seconds, loop.time
-            ),
+        # This instance's cache, and the other instances' (their own breaker, the same
+        # Redis): their producers' bumps and the janitor's leader go through that one.
+        self.cache = self._cache(on_trouble=lambda: self.claimer.redis_trouble())
+        self.others = self._cache()
+        self.claimer = Claimer(
+            self.store, self.cache, self.channels, self.settings, _METRICS, random.Random(seed)
         )
-        self.claimer = Claimer(self.store, self.cache, self.channels, self.settings, _METRICS)
         self.channels.on_wake = self.claimer.wake
         self.channels.on_reset = self.claimer.wake_all
         self.polls: list[Poll] = []
         self.held: list[Held] = []
         self.violations: list[str] = []
         self.disturbed_at = -1e9  # last pub/sub outage, FLUSHALL or eviction
+        self.down = (-1e9, -1e9)  # the last sustained Redis outage: (start, end)
         self.tasks: set[asyncio.Task[None]] = set()
+
+    def _cache(self, on_trouble: Callable[[], None] | None = None) -> VerdictCache:
+        return VerdictCache(
+            self.redis,  # type: ignore[arg-type]
+            self.settings.redis_prefix,
+            _METRICS,
+            timeout_seconds=self.settings.redis_timeout_seconds,
+            version_ttl_seconds=self.settings.version_ttl_seconds,
+            breaker=CircuitBreaker(
+                self.settings.breaker_failures,
+                self.settings.breaker_open_seconds,
+                asyncio.get_running_loop().time,
+            ),
+            on_trouble=on_trouble,
+        )
 
     # -- what the app does around the Claimer --------------------------------
 
@@ -147,7 +167,7 @@ class World:
             await self.claimer.announce(runtime_id)
         else:
             with contextlib.suppress(CacheUnavailable):
-                await self.cache.bump(runtime_id)
+                await self.others.bump(runtime_id)
 
     async def janitor(self) -> None:
         """Lease reclaim and verdict repair, as gateway/janitor.py does them."""
@@ -158,7 +178,7 @@ class World:
                 await self.announce(runtime_id, "other")
             claimable = sorted({t.runtime_id for t in self.store.claimable()})
             try:
-                stale = await self.cache.says_empty(claimable)
+                stale = await self.others.says_empty(claimable)
             except CacheUnavailable:
                 continue
             for runtime_id in stale:
@@ -218,6 +238,9 @@ class World:
         elif kind == "redis_fault":
             _, when, n = op
             self.redis.faults.extend([when] * n)
+        elif kind == "redis_down":
+            self.redis.down_until = now() + op[1]
+            self.down = (now(), now() + op[1])
         elif kind == "flushall":
             self.redis.flushall()
             self.disturbed_at = now()
@@ -240,7 +263,9 @@ class World:
         t = now()
         # Queued faults may wait long for a round trip (the breaker skips Redis): a
         # Redis failure counts from when one actually happened.
-        failed_at = self.redis.last_fault_at
+        # The breaker keeps skipping Redis for a while after an outage, so its end
+        # counts as a failure too.
+        failed_at = max(self.redis.last_fault_at, min(t, self.down[1]))
         # I7: a task is held by at most one live lease.
         holders: dict[uuid.UUID, int] = {}
         for h in self.held:
@@ -261,8 +286,11 @@ class World:
             # No claimable task hidden from a parked poll beyond the bound.
             for task in self.store.claimable(p.runtime_id):
                 since = max(task.claimable_since, p.start)
-                if since <= failed_at + REDIS_OUTAGE_BOUND:
-                    bound = REDIS_OUTAGE_BOUND
+                down_from, down_to = self.down
+                if down_from + DOWN_SETTLE <= since < down_to:
+                    bound = DOWN_BOUND  # Postgres polling must find it, Redis or not
+                elif since <= failed_at + LOOSE_BOUND:
+                    since, bound = max(since, failed_at), LOOSE_BOUND
                 elif since <= self.disturbed_at + LOOSE_BOUND:
                     bound = LOOSE_BOUND
                 else:
@@ -295,6 +323,7 @@ class Outcome:
 async def _run(seed: int, ops: list[tuple[Any, ...]]) -> Outcome:
     world = World(seed)
     janitor = asyncio.ensure_future(world.janitor())
+    watch = asyncio.ensure_future(world.claimer.watch_redis())
     for op in ops:
         await world.step(op)
         world.check(when=op[0])
@@ -306,9 +335,10 @@ async def _run(seed: int, ops: list[tuple[Any, ...]]) -> Outcome:
         world.check(when="drain")
         if now() > max(p.deadline for p in world.polls) + 60:
             world.violations.append(f"t={now():.4f} polls still unanswered a minute late")
-    janitor.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await janitor
+    for background in (janitor, watch):
+        background.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await background
     world.claimer.drain()
     return Outcome(
         seed,
