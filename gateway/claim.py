@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from .errors import CacheUnavailable, Draining, GatewayError, Overloaded, StoreUnavailable
 from .metrics import Metrics
 from .models import ClaimRequest
-from .ports import ClaimCache, ClaimStore, Row, WakeChannels
+from .ports import ClaimCache, ClaimStore, WakeChannels
+from .rows import Leased
 from .settings import Settings
 
 log = logging.getLogger("gateway.claim")
@@ -36,14 +37,14 @@ class Waiter:
 
     req: ClaimRequest
     deadline: float  # loop time
-    rows: list[Row] | None = None
+    rows: list[Leased] | None = None
     error: GatewayError | None = None
     checked: bool = False  # a full verdict check or claim ran since it arrived
     in_flight: bool = False  # has slots in the Postgres claim running now
     gone: bool = False  # its client disconnected; it must receive nothing
     event: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def finish(self, rows: list[Row] | None = None, error: GatewayError | None = None) -> None:
+    def finish(self, rows: list[Leased] | None = None, error: GatewayError | None = None) -> None:
         if rows is not None:
             self.rows = rows
         if error is not None:
@@ -144,7 +145,7 @@ class Claimer:
 
     async def claim(
         self, runtime_id: str, req: ClaimRequest, disconnected: asyncio.Event | None = None
-    ) -> list[Row]:
+    ) -> list[Leased]:
         """Up to req.max_tasks leased rows, waiting up to req.wait_seconds for them."""
         if self.draining:
             raise Draining("this instance is shutting down; retry on another")
@@ -169,7 +170,7 @@ class Claimer:
 
     async def _claim(
         self, runtime_id: str, req: ClaimRequest, disconnected: asyncio.Event | None
-    ) -> list[Row]:
+    ) -> list[Leased]:
         loop = asyncio.get_running_loop()
         state = self._state(runtime_id)
         waiter = Waiter(req=req, deadline=loop.time() + req.wait_seconds)
@@ -315,18 +316,18 @@ class Claimer:
         return await self._record_empty(state, version, due_in)
 
     async def _hand_out(
-        self, runtime_id: str, waiters: list[Waiter], owners: list[Waiter], rows: list[Row]
+        self, runtime_id: str, waiters: list[Waiter], owners: list[Waiter], rows: list[Leased]
     ) -> None:
-        got: dict[Waiter, list[Row]] = {}
+        got: dict[Waiter, list[Leased]] = {}
         for row in rows:
-            got.setdefault(owners[row["slot"] - 1], []).append(row)
+            got.setdefault(owners[row.slot - 1], []).append(row)
         undelivered: list[uuid.UUID] = []
         for waiter in waiters:
             waiter.in_flight = False
             waiter.checked = True
             mine = got.get(waiter)
             if mine and waiter.gone:
-                undelivered.extend(r["id"] for r in mine)
+                undelivered.extend(r.task.id for r in mine)
                 mine = None
             waiter.finish(rows=mine)  # wakes it: served, or checked and still waiting
         if undelivered:

@@ -89,9 +89,9 @@ class Janitor:
         for _ in range(MAX_BATCHES_PER_STEP):
             rows = await self._store.reclaim_leases(self._batch)
             for row in rows:
-                self._metrics.leases_reclaimed.labels(row["status"]).inc()
-                if row["status"] == "queued":
-                    runtimes.add(row["runtime_id"])
+                self._metrics.leases_reclaimed.labels(row.status).inc()
+                if row.status == "queued":
+                    runtimes.add(row.runtime_id)
             report.reclaimed += len(rows)
             if len(rows) < self._batch:
                 break

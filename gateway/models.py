@@ -11,7 +11,7 @@ import hashlib
 import re
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,6 +37,7 @@ from .bodies import MAX_IDEMPOTENCY_KEY as MAX_IDEMPOTENCY_KEY
 from .bodies import MAX_WORKER_ID as MAX_WORKER_ID
 from .bodies import STATUSES as STATUSES
 from .errors import BadRequest, NotFound, PayloadTooLarge, ValidationFailed
+from .rows import TaskRow
 from .schema import EARLIEST, LATEST
 
 RUNTIME_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
@@ -67,52 +68,49 @@ def format_time(value: datetime | None) -> str | None:
     return value.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
-def task_json(row: Mapping[str, Any]) -> dict[str, Any]:
+def task_json(row: TaskRow) -> dict[str, Any]:
     """The API's task object from a tasks row."""
     out: dict[str, Any] = {}
     for key in TASK_FIELDS:
-        value = row[key]
+        value = getattr(row, key)
         out[key] = format_time(value) if isinstance(value, datetime) else value
-    out["id"] = str(row["id"])
-    status = row["status"]
-    if status == "claimed":
-        out["lease_id"] = str(row["lease_id"])
-        out["lease_expires_at"] = format_time(row["lease_expires_at"])
-        out["worker_id"] = row["worker_id"]
-        out["cancel_requested"] = row["cancel_requested"]
-    if status == "completed":
-        out["result"] = row["result"]
-    if row["last_error"] is not None:
-        out["last_error"] = row["last_error"]
+    out["id"] = str(row.id)
+    if row.status == "claimed":
+        out["lease_id"] = str(row.lease_id)
+        out["lease_expires_at"] = format_time(row.lease_expires_at)
+        out["worker_id"] = row.worker_id
+        out["cancel_requested"] = row.cancel_requested
+    if row.status == "completed":
+        out["result"] = row.result
+    if row.last_error is not None:
+        out["last_error"] = row.last_error
     return out
 
 
-def task_bytes(row: Mapping[str, Any]) -> bytes:
+def task_bytes(row: TaskRow) -> bytes:
     """The task object as JSON bytes. Raises whatever prevents it: a caller decides
     what becomes of a task that cannot be shown."""
     return orjson.dumps(task_json(row))
 
 
-def render_task(row: Mapping[str, Any]) -> orjson.Fragment:
+def render_task(row: TaskRow) -> orjson.Fragment:
     """task_bytes, ready to embed in an answer."""
     return orjson.Fragment(task_bytes(row))
 
 
-def task_bytes_or_stub(row: Mapping[str, Any]) -> bytes:
+def task_bytes_or_stub(row: TaskRow) -> bytes:
     """task_bytes, or, for a row that cannot be shown whole, the task without its
     payload and result and with `render_error` saying why: one bad row never fails
     a read or a listing."""
     try:
         return task_bytes(row)
     except Exception as exc:
-        stub = dict(row)
-        stub["payload"] = stub["result"] = None
-        out = task_json(stub)
+        out = task_json(replace(row, payload=None, result=None))
         out["render_error"] = f"this task cannot be shown: {exc}"
         return orjson.dumps(out)
 
 
-def render_task_or_stub(row: Mapping[str, Any]) -> orjson.Fragment:
+def render_task_or_stub(row: TaskRow) -> orjson.Fragment:
     """task_bytes_or_stub, ready to embed in an answer."""
     return orjson.Fragment(task_bytes_or_stub(row))
 
@@ -306,8 +304,8 @@ def parse_batch(
     return out
 
 
-def encode_cursor(row: Mapping[str, Any]) -> str:
-    raw = f"{row['created_at'].astimezone(UTC).isoformat()}|{row['id']}"
+def encode_cursor(row: TaskRow) -> str:
+    raw = f"{row.created_at.astimezone(UTC).isoformat()}|{row.id}"
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 

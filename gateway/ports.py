@@ -8,14 +8,11 @@ in-memory fakes with a virtual clock (tests/sim/).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, TypeAlias
+from collections.abc import Sequence
+from typing import Protocol
 
 from .cache import Keys, Verdict
-
-# A leased task as the claim statement returns it: at least "id" and "slot" (1-based,
-# whose slot it fills); routes turn it into task JSON.
-Row: TypeAlias = Mapping[str, Any]
+from .rows import Leased
 
 
 class ClaimStore(Protocol):
@@ -23,14 +20,15 @@ class ClaimStore(Protocol):
 
     async def claim(
         self, runtime_id: str, worker_ids: Sequence[str], lease_seconds: Sequence[float]
-    ) -> tuple[list[Row], float | None]:
+    ) -> tuple[list[Leased], float | None]:
         """Lease up to len(worker_ids) claimable tasks, oldest slot first; rows sorted
         by slot. When fewer were found, also the seconds until the runtime's next
         delayed task comes due (None if none), for the verdict's TTL (I4)."""
         ...
 
-    async def unclaim(self, task_ids: Sequence[uuid.UUID]) -> Sequence[Row]:
-        """Give back leases that were never delivered, not as an attempt; idempotent."""
+    async def unclaim(self, task_ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
+        """Give back leases that were never delivered, not as an attempt; idempotent.
+        Returns the ids given back."""
         ...
 
 

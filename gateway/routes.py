@@ -28,8 +28,8 @@ from .httpio import (
     read_json,
 )
 from .metrics import CONTENT_TYPE
+from .rows import Leased
 from .runtime import Gateway
-from .store import Row
 
 log = logging.getLogger("gateway.http")
 
@@ -136,7 +136,7 @@ async def cancel(request: Request, gw: Gateway) -> Response:
 async def retry(request: Request, gw: Gateway) -> Response:
     task_id = models.check_task_id(request.path_params["task_id"])
     row = await gw.store.retry(task_id)
-    await gw.claimer.announce(row["runtime_id"])
+    await gw.claimer.announce(row.runtime_id)
     return json_response(models.render_task_or_stub(row))
 
 
@@ -167,7 +167,7 @@ async def list_tasks(request: Request, gw: Gateway) -> Response:
         if not more or len(page) >= query.limit or size >= LIST_PAGE_BYTES:
             break
         assert last is not None
-        after = (last["created_at"], last["id"])
+        after = (last.created_at, last.id)
         average = max(size // len(page), 1)
         want = max(1, min(query.limit - len(page), (LIST_PAGE_BYTES - size) // average))
     cursor = models.encode_cursor(last) if more and last is not None else None
@@ -214,27 +214,29 @@ async def claim(request: Request, gw: Gateway) -> Response:
                 await watcher
     if rows and (gone.is_set() or await request.is_disconnected()):
         # The client left while its tasks were being leased: nobody would receive them.
-        await gw.claimer.give_back(runtime_id, [row["id"] for row in rows])
+        await gw.claimer.give_back(runtime_id, [row.task.id for row in rows])
         return Response(status_code=CLIENT_LEFT)
     return json_response({"tasks": await _deliverable(gw, rows)})
 
 
-async def _deliverable(gw: Gateway, rows: list[Row]) -> list[orjson.Fragment]:
+async def _deliverable(gw: Gateway, rows: list[Leased]) -> list[orjson.Fragment]:
     """The claimed tasks as JSON. A task that cannot be shown is not left leased to
     nobody: it is ended `dead` with the reason, and the others are still delivered."""
     out = []
     for row in rows:
+        task = row.task
         try:
-            out.append(models.render_task(row))
+            out.append(models.render_task(task))
         except Exception as exc:
             reason = f"the gateway could not turn this task into a response: {exc}"
-            log.error("task %s of runtime %s ended dead: %s", row["id"], row["runtime_id"], reason)
+            log.error("task %s of runtime %s ended dead: %s", task.id, task.runtime_id, reason)
             gw.metrics.tasks_unrenderable.inc()
+            assert task.lease_id is not None  # a claimed row carries its lease
             try:
-                await gw.store.bury(row["id"], row["lease_id"], reason)
+                await gw.store.bury(task.id, task.lease_id, reason)
             except GatewayError as bury_error:
                 # Its lease lapses and the janitor takes it back; at max_attempts it dies.
-                log.warning("could not end task %s: %s", row["id"], bury_error.detail)
+                log.warning("could not end task %s: %s", task.id, bury_error.detail)
     return out
 
 
@@ -260,8 +262,8 @@ async def fail(request: Request, gw: Gateway) -> Response:
     task_id = models.check_task_id(request.path_params["task_id"])
     req = models.parse_fail(await read_json(request, gw))
     row = await gw.store.fail(task_id, req.lease_id, req.error, req.retry, req.retry_after_seconds)
-    if row["status"] == "queued":
-        await gw.claimer.announce(row["runtime_id"])
+    if row.status == "queued":
+        await gw.claimer.announce(row.runtime_id)
     return json_response(models.render_task_or_stub(row))
 
 
@@ -269,8 +271,8 @@ async def release(request: Request, gw: Gateway) -> Response:
     task_id = models.check_task_id(request.path_params["task_id"])
     lease_id = models.parse_lease_id(await read_json(request, gw))
     row = await gw.store.release(task_id, lease_id)
-    if row["status"] == "queued":
-        await gw.claimer.announce(row["runtime_id"])
+    if row.status == "queued":
+        await gw.claimer.announce(row.runtime_id)
     return json_response(models.render_task_or_stub(row))
 
 

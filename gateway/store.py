@@ -21,7 +21,9 @@ from .errors import Conflict, IdempotencyKeyReused, LeaseLost, NotFound, StoreUn
 from .metrics import Metrics
 from .migrate import schema_is_current
 from .models import EnqueueRequest
+from .rows import Leased, Reclaimed, TaskRow
 
+# Records of the credential tables (credentials.py); task rows go up as TaskRow.
 Row: TypeAlias = asyncpg.Record
 # What the driver raises when Postgres is unreachable, slow or refuses a statement;
 # translated into StoreUnavailable here and nowhere else.
@@ -110,7 +112,7 @@ class Store:
         """True when every migration file has been applied (for readiness)."""
         return await self._run(schema_is_current)
 
-    async def enqueue(self, runtime_id: str, req: EnqueueRequest) -> tuple[Row, bool]:
+    async def enqueue(self, runtime_id: str, req: EnqueueRequest) -> tuple[TaskRow, bool]:
         """Insert a task; returns (row, created). With an idempotency key already used,
         returns the existing task (created=False) if the request matches, else raises
         ValidationFailed(code idempotency_key_reused). Concurrent first requests with
@@ -145,12 +147,12 @@ class Store:
             )
         if created:
             self._metrics.tasks_enqueued.inc()
-        return row, created
+        return TaskRow.of(row), created
 
     async def claim(
         self, runtime_id: str, worker_ids: Sequence[str], lease_seconds: Sequence[float]
-    ) -> tuple[list[Row], float | None]:
-        """Lease up to len(worker_ids) tasks; row["slot"] (1-based) says whose each is.
+    ) -> tuple[list[Leased], float | None]:
+        """Lease up to len(worker_ids) tasks, sorted by slot (1-based: whose each is).
 
         When fewer than wanted were found, also returns the seconds until the next
         delayed task of the runtime comes due (None if none), measured from the scan's
@@ -169,23 +171,25 @@ class Store:
         with self._metrics.claim_seconds.time():
             rows, due_in = await self._run(go)
         self._metrics.tasks_claimed.inc(len(rows))
-        return sorted(rows, key=lambda r: r["slot"]), due_in
+        leased = [Leased(r["slot"], TaskRow.of(r)) for r in rows]
+        return sorted(leased, key=lambda x: x.slot), due_in
 
-    async def unclaim(self, task_ids: Sequence[uuid.UUID]) -> list[Row]:
-        """Give back leases that were never delivered; idempotent."""
+    async def unclaim(self, task_ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
+        """Give back leases that were never delivered; idempotent. Returns the ids of
+        the tasks given back."""
         rows: list[Row] = await self._run(lambda c: c.fetch(q.UNCLAIM, list(task_ids)))
         self._metrics.unclaimed.inc(len(rows))
-        return rows
+        return [r["id"] for r in rows]
 
     async def bury(self, task_id: uuid.UUID, lease_id: uuid.UUID, reason: str) -> None:
         """End a claimed task `dead` with `reason`, if `lease_id` still holds it."""
         await self._run(lambda c: c.execute(q.BURY, task_id, lease_id, reason))
 
-    async def get(self, task_id: uuid.UUID) -> Row:
+    async def get(self, task_id: uuid.UUID) -> TaskRow:
         row = await self._run(lambda c: c.fetchrow(q.GET_TASK, task_id))
         if row is None:
             raise NotFound(f"no task with id {task_id}")
-        return row
+        return TaskRow.of(row)
 
     async def task_runtime(self, task_id: uuid.UUID) -> str:
         """The runtime a task belongs to, or NotFound."""
@@ -201,23 +205,27 @@ class Store:
         lease_id: uuid.UUID,
         *args: Any,
         replay_statuses: tuple[str, ...] = (),
-    ) -> Row:
+    ) -> TaskRow:
         row = await self._run(lambda c: c.fetchrow(query, task_id, lease_id, *args))
         if row is not None:
-            return row
+            return TaskRow.of(row)
         current = await self.get(task_id)
-        if current["status"] in replay_statuses and current["lease_id"] == lease_id:
+        if current.status in replay_statuses and current.lease_id == lease_id:
             return current
         raise LeaseLost(
-            f"lease {lease_id} does not hold task {task_id} (status {current['status']}); "
+            f"lease {lease_id} does not hold task {task_id} (status {current.status}); "
             "it expired and the task was claimed again, or it was already reported",
-            task_status=current["status"],
+            task_status=current.status,
         )
 
-    async def heartbeat(self, task_id: uuid.UUID, lease_id: uuid.UUID, lease_seconds: int) -> Row:
+    async def heartbeat(
+        self, task_id: uuid.UUID, lease_id: uuid.UUID, lease_seconds: int
+    ) -> TaskRow:
         return await self._lease_op(q.HEARTBEAT, task_id, lease_id, float(lease_seconds))
 
-    async def complete(self, task_id: uuid.UUID, lease_id: uuid.UUID, result: str | None) -> Row:
+    async def complete(
+        self, task_id: uuid.UUID, lease_id: uuid.UUID, result: str | None
+    ) -> TaskRow:
         """Idempotent for the same lease: a repeat returns the finished task."""
         return await self._lease_op(
             q.COMPLETE, task_id, lease_id, result, replay_statuses=("completed", "cancelled")
@@ -230,21 +238,21 @@ class Store:
         error: str,
         retry: bool,
         retry_after_seconds: float | None,
-    ) -> Row:
+    ) -> TaskRow:
         return await self._lease_op(q.FAIL, task_id, lease_id, error, retry, retry_after_seconds)
 
-    async def release(self, task_id: uuid.UUID, lease_id: uuid.UUID) -> Row:
+    async def release(self, task_id: uuid.UUID, lease_id: uuid.UUID) -> TaskRow:
         return await self._lease_op(q.RELEASE, task_id, lease_id)
 
     async def enqueue_batch(
         self, runtime_id: str, reqs: Sequence[EnqueueRequest]
-    ) -> tuple[list[Row], bool]:
+    ) -> tuple[list[TaskRow], bool]:
         """Insert a batch in one transaction, all or nothing. Returns the rows in request
         order and whether every item was an idempotent replay. A key reused with a
         different request fails the whole batch, naming the item's index."""
         ids = [uuid.uuid4() for _ in reqs]
 
-        async def go(c: asyncpg.Connection) -> tuple[list[Row], bool]:
+        async def go(c: asyncpg.Connection) -> tuple[list[TaskRow], bool]:
             async with c.transaction():
                 inserted = await c.fetch(
                     q.ENQUEUE_BATCH,
@@ -265,7 +273,7 @@ class Store:
                 if len(by_id) < len(reqs) and keys:
                     for row in await c.fetch(q.GET_BY_IDEMPOTENCY_KEYS, runtime_id, keys):
                         existing[row["idempotency_key"]] = row
-                out: list[Row] = []
+                out: list[TaskRow] = []
                 for index, (task_id, req) in enumerate(zip(ids, reqs, strict=True)):
                     row = by_id.get(task_id) or existing.get(req.idempotency_key or "")
                     if row is None:
@@ -277,36 +285,36 @@ class Store:
                             field=f"tasks[{index}].idempotency_key",
                             index=index,
                         )
-                    out.append(row)
+                    out.append(TaskRow.of(row))
                 return out, not by_id
 
         rows, all_replayed = await self._run(go)
-        created = sum(1 for row, task_id in zip(rows, ids, strict=True) if row["id"] == task_id)
+        created = sum(1 for row, task_id in zip(rows, ids, strict=True) if row.id == task_id)
         self._metrics.tasks_enqueued.inc(created)
         return rows, all_replayed
 
-    async def cancel(self, task_id: uuid.UUID) -> Row:
+    async def cancel(self, task_id: uuid.UUID) -> TaskRow:
         """Idempotent: cancelling a cancelled task returns it."""
         row = await self._run(lambda c: c.fetchrow(q.CANCEL, task_id))
         if row is not None:
-            return row
+            return TaskRow.of(row)
         current = await self.get(task_id)
-        if current["status"] == "cancelled":
+        if current.status == "cancelled":
             return current
         raise Conflict(
-            f"task {task_id} is {current['status']}; only queued or claimed tasks can be cancelled",
-            task_status=current["status"],
+            f"task {task_id} is {current.status}; only queued or claimed tasks can be cancelled",
+            task_status=current.status,
         )
 
-    async def retry(self, task_id: uuid.UUID) -> Row:
+    async def retry(self, task_id: uuid.UUID) -> TaskRow:
         row = await self._run(lambda c: c.fetchrow(q.RETRY, task_id))
         if row is not None:
-            return row
+            return TaskRow.of(row)
         current = await self.get(task_id)
         raise Conflict(
-            f"task {task_id} is {current['status']}; only dead, expired or cancelled tasks "
+            f"task {task_id} is {current.status}; only dead, expired or cancelled tasks "
             "can be retried",
-            task_status=current["status"],
+            task_status=current.status,
         )
 
     async def list_tasks(
@@ -315,11 +323,12 @@ class Store:
         status: str | None,
         limit: int,
         after: tuple[datetime, uuid.UUID] | None,
-    ) -> list[Row]:
+    ) -> list[TaskRow]:
         created, task_id = after if after else (None, None)
-        return await self._run(
+        rows = await self._run(
             lambda c: c.fetch(q.LIST_TASKS, runtime_id, status, created, task_id, limit)
         )
+        return [TaskRow.of(r) for r in rows]
 
     async def stats(self, runtime_id: str) -> tuple[dict[str, int], float | None]:
         """(count per status, age in seconds of the oldest due queued task)."""
@@ -332,9 +341,10 @@ class Store:
 
     # -- janitor ---------------------------------------------------------------
 
-    async def reclaim_leases(self, limit: int) -> list[Row]:
-        """One batch of lapsed leases back to the queue; rows carry runtime_id, status."""
-        return await self._run(lambda c: c.fetch(q.RECLAIM_LEASES, limit))
+    async def reclaim_leases(self, limit: int) -> list[Reclaimed]:
+        """One batch of lapsed leases back to the queue."""
+        rows = await self._run(lambda c: c.fetch(q.RECLAIM_LEASES, limit))
+        return [Reclaimed(r["runtime_id"], r["status"]) for r in rows]
 
     async def expire_tasks(self, limit: int) -> int:
         """One batch of queued tasks past expires_at marked expired; returns the count."""

@@ -144,7 +144,7 @@ def _break_rendering(monkeypatch, poison: Any) -> None:
     real = models.task_bytes
 
     def render(row):
-        if orjson.loads(orjson.dumps(row["payload"])) == poison:
+        if orjson.loads(orjson.dumps(row.payload)) == poison:
             raise ValueError("this row cannot be written")
         return real(row)
 

@@ -133,7 +133,7 @@ def test_every_task_state(served: Served, monkeypatch: pytest.MonkeyPatch) -> No
     real = models.task_bytes
 
     def render(row: Any) -> Any:
-        if row["id"] == models.check_task_id(poison["id"]):
+        if row.id == models.check_task_id(poison["id"]):
             raise ValueError("this row cannot be written")
         return real(row)
 

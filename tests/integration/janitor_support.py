@@ -83,4 +83,4 @@ async def enqueue_without_bump(inst: Instance, runtime: str, payload: Any, **fie
     req = parse_enqueue({"payload": payload, **fields}, None, 1_000_000)
     row, created = await inst.gateway.store.enqueue(runtime, req)
     assert created
-    return str(row["id"])
+    return str(row.id)

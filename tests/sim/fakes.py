@@ -13,12 +13,13 @@ import re
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.cache import runtime_of_channel
-from gateway.ports import Row
+from gateway.rows import Leased, TaskRow
 
 T = TypeVar("T")
 
@@ -42,6 +43,14 @@ class FakeTask:
     lease_expires_at: float = 0.0
     attempts: int = 0
     claimable_since: float = 0.0  # when it last became queued and due (for the checks)
+
+    def row(self) -> TaskRow:
+        """As the store hands it up; virtual seconds become times after the epoch."""
+        at = [datetime.fromtimestamp(x, UTC) for x in (self.run_at, self.lease_expires_at)]
+        return TaskRow(
+            self.id, self.runtime_id, self.status, self.priority, None, self.attempts, 3,
+            at[0], None, at[0], at[0], self.lease_id, at[1], "w", False, None, None,
+        )  # fmt: skip
 
 
 class FakeStore:
@@ -81,18 +90,18 @@ class FakeStore:
 
     async def claim(
         self, runtime_id: str, worker_ids: Sequence[str], lease_seconds: Sequence[float]
-    ) -> tuple[list[Row], float | None]:
+    ) -> tuple[list[Leased], float | None]:
         self.claims += 1
         await asyncio.sleep(self._latency())
         t = now()
         picked = sorted(self.claimable(runtime_id), key=lambda x: (-x.priority, x.seq))
-        rows: list[Row] = []
+        rows: list[Leased] = []
         for slot, task in enumerate(picked[: len(worker_ids)], start=1):
             task.status = "claimed"
             task.attempts += 1
             task.lease_id = self._uuid()
             task.lease_expires_at = t + lease_seconds[slot - 1]
-            rows.append({"id": task.id, "slot": slot, "lease_id": task.lease_id})
+            rows.append(Leased(slot, task.row()))
         due_in = None
         if len(rows) < len(worker_ids):
             later = [
@@ -104,16 +113,16 @@ class FakeStore:
         await asyncio.sleep(self._latency())  # commit and answer: time passes
         return rows, due_in
 
-    async def unclaim(self, task_ids: Sequence[uuid.UUID]) -> list[Row]:
+    async def unclaim(self, task_ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
         await asyncio.sleep(self._latency())
-        out: list[Row] = []
+        out: list[uuid.UUID] = []
         for task_id in task_ids:
             task = self.tasks[task_id]
             if task.status == "claimed":
                 task.status, task.lease_id = "queued", None
                 task.attempts = max(task.attempts - 1, 0)
                 task.claimable_since = max(now(), task.run_at)
-                out.append({"id": task.id})
+                out.append(task.id)
         return out
 
     def finish(self, task_id: uuid.UUID, lease_id: uuid.UUID, retry_in: float | None) -> bool:

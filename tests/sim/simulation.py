@@ -203,12 +203,12 @@ class World:
         self.check(when="answer")
         p.done = now()
         if disconnected is not None and disconnected.is_set() and rows:
-            await self.claimer.give_back(rt, [r["id"] for r in rows])  # as routes.py does
+            await self.claimer.give_back(rt, [r.task.id for r in rows])  # as routes.py does
             return
         p.rows = rows
         for row in rows:
-            task = self.store.tasks[row["id"]]
-            self.held.append(Held(task.id, row["lease_id"], task.lease_expires_at))
+            task = self.store.tasks[row.task.id]
+            self.held.append(Held(task.id, row.task.lease_id, task.lease_expires_at))
         self.check(when="delivery")
 
     def spawn(self, coro: Any) -> None:

@@ -13,7 +13,8 @@ import pytest
 
 from gateway.metrics import Metrics
 from gateway.models import EnqueueRequest
-from gateway.ports import ClaimStore, Row
+from gateway.ports import ClaimStore
+from gateway.rows import Leased
 from gateway.store import Store
 
 from .fakes import FakeStore
@@ -32,10 +33,10 @@ class Fake:
 
     async def claim(
         self, runtime_id: str, worker_ids: Sequence[str], lease_seconds: Sequence[float]
-    ) -> tuple[list[Row], float | None]:
+    ) -> tuple[list[Leased], float | None]:
         return await self.store.claim(runtime_id, worker_ids, lease_seconds)
 
-    async def unclaim(self, task_ids: Sequence[uuid.UUID]) -> list[Row]:
+    async def unclaim(self, task_ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
         return await self.store.unclaim(task_ids)
 
 
@@ -56,14 +57,14 @@ class Real:
             request_hash="",
         )
         row, _ = await self.store.enqueue(runtime_id, req)
-        return uuid.UUID(str(row["id"]))
+        return row.id
 
     async def claim(
         self, runtime_id: str, worker_ids: Sequence[str], lease_seconds: Sequence[float]
-    ) -> tuple[list[Row], float | None]:
+    ) -> tuple[list[Leased], float | None]:
         return await self.store.claim(runtime_id, worker_ids, lease_seconds)
 
-    async def unclaim(self, task_ids: Sequence[uuid.UUID]) -> list[Row]:
+    async def unclaim(self, task_ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
         return await self.store.unclaim(task_ids)
 
 
@@ -89,8 +90,8 @@ async def subject(which: str | None) -> AsyncIterator[Any]:
         await store.close()
 
 
-def ids(rows: list[Row]) -> list[uuid.UUID]:
-    return [uuid.UUID(str(r["id"])) for r in rows]
+def ids(rows: list[Leased]) -> list[uuid.UUID]:
+    return [r.task.id for r in rows]
 
 
 async def test_priority_then_fifo_one_task_per_slot(subject: Subject, runtime_id: str) -> None:
@@ -99,7 +100,7 @@ async def test_priority_then_fifo_one_task_per_slot(subject: Subject, runtime_id
     low2 = await subject.add(runtime_id)
     rows, due_in = await subject.claim(runtime_id, ["w1", "w2"], [30.0, 30.0])
     assert ids(rows) == [high, low1]
-    assert [r["slot"] for r in rows] == [1, 2]
+    assert [r.slot for r in rows] == [1, 2]
     assert due_in is None  # every slot filled: not asked
     rows, _ = await subject.claim(runtime_id, ["w1", "w2"], [30.0, 30.0])
     assert ids(rows) == [low2]  # a claimed task is not claimed again
@@ -119,7 +120,7 @@ async def test_unclaim_returns_leases_once(subject: Subject, runtime_id: str) ->
     task = await subject.add(runtime_id)
     rows, _ = await subject.claim(runtime_id, ["w"], [30.0])
     assert ids(rows) == [task]
-    assert ids(list(await subject.unclaim([task]))) == [task]
-    assert list(await subject.unclaim([task])) == []
+    assert await subject.unclaim([task]) == [task]
+    assert await subject.unclaim([task]) == []
     rows, _ = await subject.claim(runtime_id, ["w"], [30.0])
     assert ids(rows) == [task]

@@ -11,6 +11,7 @@ import pytest
 
 from gateway import models
 from gateway.errors import BadRequest, NotFound, PayloadTooLarge, ValidationFailed
+from gateway.rows import TaskRow
 
 MAX_PAYLOAD = 1_048_576
 LEASE = str(uuid.uuid4())
@@ -439,7 +440,7 @@ def test_format_time_strings_sort_in_time_order() -> None:
     assert all(s is not None and s.endswith("Z") and len(s) == 27 for s in strings)
 
 
-def _row(**over: Any) -> dict[str, Any]:
+def _row(**over: Any) -> TaskRow:
     now = datetime(2026, 1, 1, tzinfo=UTC)
     row: dict[str, Any] = {
         "id": uuid.UUID(LEASE),
@@ -461,7 +462,7 @@ def _row(**over: Any) -> dict[str, Any]:
         "last_error": None,
     }
     row.update(over)
-    return row
+    return TaskRow.of(row)
 
 
 def test_task_json_queued() -> None:
