@@ -245,6 +245,19 @@ class VerdictCache:
         self._metrics.bumps.labels("ok").inc()
         return version
 
+    async def wake(self, runtime_ids: list[str]) -> None:
+        """Publish a wake-up to each runtime's pollers, without a bump; one round trip.
+        For the janitor's repair pass: a publish can be lost while the bump landed."""
+
+        async def go() -> None:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for runtime_id in runtime_ids:
+                    pipe.publish(self.keys(runtime_id).wake, runtime_id)
+                await pipe.execute()
+
+        if runtime_ids:
+            await self._call("wake-up publish", go)
+
     async def says_empty(self, runtime_ids: list[str]) -> list[str]:
         """Of these runtimes, those whose verdict is a hit (empty == version); one round
         trip. For the janitor's repair pass (I6)."""

@@ -37,6 +37,7 @@ class PassReport:
     expired: int = 0
     purged: int = 0
     repaired: list[str] = field(default_factory=list)
+    woken: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
 
@@ -121,8 +122,11 @@ class Janitor:
         self._metrics.tasks_purged.inc(report.purged)
 
     async def _repair(self, report: PassReport) -> None:
-        """Runtimes with claimable tasks whose verdict says empty lost a bump: bump them.
-        Pages through every such runtime, a bounded number of pages per pass."""
+        """Runtimes with tasks claimable for over a second are repaired. Those whose
+        verdict says empty lost a bump: bump them. The others get a wake-up publish: if
+        a poll is parked on them, it missed one (a publish lost while the bump landed),
+        and it re-checks; if none is, nobody listens. Pages through every such runtime,
+        a bounded number of pages per pass."""
         if not self._settings.cache_enabled:
             return
         for _ in range(MAX_BATCHES_PER_STEP):
@@ -141,6 +145,14 @@ class Janitor:
                 self._metrics.repairs.inc()
                 await self._announce(runtime_id)
             report.repaired.extend(stale)
+            bumped = set(stale)
+            waking = [runtime_id for runtime_id in runtimes if runtime_id not in bumped]
+            try:
+                await self._cache.wake(waking)
+            except CacheUnavailable:
+                return
+            self._metrics.repair_wakeups.inc(len(waking))
+            report.woken.extend(waking)
             if not self._repair_after:
                 return
 

@@ -90,6 +90,12 @@ class Metrics:
             "bumped. Each one means a version bump was lost somewhere.",
             registry=r,
         )
+        self.repair_wakeups = Counter(
+            "gateway_janitor_wakeups",
+            "Wake-ups the janitor published to runtimes whose tasks had been claimable for "
+            "over a second, so that a poll that missed a wake-up re-checks.",
+            registry=r,
+        )
         self.leases_reclaimed = Counter(
             "gateway_leases_reclaimed",
             "Expired leases the janitor took back, by outcome: queued, dead or cancelled.",

@@ -233,3 +233,34 @@ async def test_bump_lost_to_a_real_redis_fault_is_repaired(
             assert sample(gw, "gateway_verdict_repairs_total") >= 1
     finally:
         await admin.aclose()
+
+
+async def test_a_parked_poll_that_missed_a_publish_is_woken_by_the_repair_pass(
+    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+) -> None:
+    """The bump landed (the verdict no longer says empty) but its publish never reached
+    the poll parked on the old verdict: only the repair pass's wake-up reaches it."""
+    cfg = janitor_settings(db, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
+    async with running_gateway(cfg) as gw:
+        await first_pass_done(gw)
+        cache, janitor = gw.gateway.cache, gw.gateway.janitor
+        await empty_verdict(gw, runtime_id)
+        waiting = asyncio.create_task(gw.claim(runtime_id, "parked", wait_seconds=20))
+        await wait_until(lambda: gw.gateway.claimer.parked(runtime_id) == 1, 3, "poll parked")
+        task_id = await enqueue_without_bump(gw, runtime_id, {"job": "missed"})
+        await claimable_for_a_while(db, [task_id])
+        # The bump, without its publish: the version moves on, nobody is told.
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            await client.set(cache.keys(runtime_id).version, "lost-publish:1")
+        finally:
+            await client.aclose()
+        assert (await cache.read(runtime_id)).hit is False
+        await asyncio.sleep(0.5)
+        assert not waiting.done(), "nothing but the repair pass should wake the poll"
+
+        report = await janitor.run_once()
+        assert report.repaired == [] and report.woken == [runtime_id], report
+        got = await asyncio.wait_for(waiting, 3.0)
+        assert [t["id"] for t in got] == [task_id]
+        assert sample(gw, "gateway_janitor_wakeups_total") == 1

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.cache import runtime_of_channel
+from gateway.errors import StoreUnavailable
 from gateway.rows import Leased, TaskRow
 
 T = TypeVar("T")
@@ -63,6 +64,10 @@ class FakeStore:
         self.tasks: dict[uuid.UUID, FakeTask] = {}
         self._seq = 0
         self.claims = 0
+        # Injected failures of claim statements, one per claim: "before" fails with no
+        # effect, "after" commits and then loses the answer (the leases hold nobody).
+        self.faults: list[str] = []
+        self.last_fault_at = -1e9
 
     def _latency(self) -> float:
         return self._rng.uniform(0.0, self._max_latency)
@@ -93,6 +98,11 @@ class FakeStore:
     ) -> tuple[list[Leased], float | None]:
         self.claims += 1
         await asyncio.sleep(self._latency())
+        fault = self.faults.pop(0) if self.faults else None
+        if fault is not None:
+            self.last_fault_at = now()
+        if fault == "before":
+            raise StoreUnavailable("injected: the claim failed")
         t = now()
         picked = sorted(self.claimable(runtime_id), key=lambda x: (-x.priority, x.seq))
         rows: list[Leased] = []
@@ -111,6 +121,8 @@ class FakeStore:
             ]
             due_in = min(later) - t if later else None
         await asyncio.sleep(self._latency())  # commit and answer: time passes
+        if fault == "after":
+            raise StoreUnavailable("injected: the connection died after the commit")
         return rows, due_in
 
     async def unclaim(self, task_ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
@@ -323,6 +335,8 @@ class FakeWakeChannels:
         self.alive = True  # the connection works
         self.up = True  # we believe it does
         self.outage_until = 0.0
+        self.lose = 0  # publishes still to lose on the live connection (Redis says sent)
+        self.lost_at = -1e9  # when one was last lost that way
 
     async def subscribe(self, channel: str) -> bool:
         if self.wanted.get(channel):
@@ -345,20 +359,26 @@ class FakeWakeChannels:
     def publish(self, channel: str, message: str) -> int:
         if not self.alive or not self.wanted.get(channel):
             return 0
+        if self.lose:
+            self.lose -= 1
+            self.lost_at = now()
+            return 1
         runtime_id = runtime_of_channel(self._prefix, channel)
         if runtime_id is not None:
             asyncio.get_running_loop().call_soon(self.on_wake, runtime_id)
         return 1
 
-    def outage(self, notice_after: float, down_for: float) -> None:
-        """The connection dies now, is noticed later, and is replaced after that."""
+    def outage(self, notice_after: float, down_for: float) -> bool:
+        """The connection dies now, is noticed later, and is replaced after that. False
+        (and nothing happens) while one is under way."""
         if not self.alive:
-            return
+            return False
         loop = asyncio.get_running_loop()
         self.alive = False
         self.outage_until = now() + notice_after + down_for
         loop.call_later(notice_after, self._noticed)
         loop.call_later(notice_after + down_for, self._restored)
+        return True
 
     def _noticed(self) -> None:
         self.up = False

@@ -9,12 +9,12 @@ import contextlib
 import random
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.cache import CircuitBreaker, VerdictCache
 from gateway.claim import Claimer
-from gateway.errors import CacheUnavailable, GatewayError
+from gateway.errors import CacheUnavailable, GatewayError, Overloaded, StoreUnavailable
 from gateway.metrics import Metrics
 from gateway.models import ClaimRequest
 from gateway.settings import Settings
@@ -41,10 +41,16 @@ LOOSE_BOUND = (
     + 1.0
 )
 
+# During a pub/sub outage: once it is noticed, every waiter re-checks and then polls.
+PUBSUB_BOUND = SETTINGS.degraded_poll_seconds + TIGHT_BOUND
+
 # While Redis fails, bumps are lost and the repair pass cannot run either; a pump that
 # sees a failure re-checks within a degraded poll and then polls Postgres. Once Redis
-# answers again, the repair pass finds what is left within LOOSE_BOUND: the bound after
-# Redis failures counts from the last one.
+# answers again, the repair pass finds what is left within LOOSE_BOUND, counted from the
+# last failure (or lost publish). A poll may stay parked on a verdict whose life does not
+# know of a delayed task enqueued then (I4 needs the wake-up), so this holds for tasks
+# coming due within a verdict's life after the loss.
+AFTER_LOSS = SETTINGS.empty_ttl_seconds + LOOSE_BOUND
 
 # During a sustained outage of Redis commands (pub/sub still up), once every pump has
 # noticed it (the watch's ping, then a spread re-check), polls find tasks by polling
@@ -65,13 +71,16 @@ def generate(seed: int, steps: int = 40) -> list[tuple[Any, ...]]:
     # outages instead of Redis failures: wake-ups then arrive only through pub/sub.
     remote = profile > 0.8
     ops: list[tuple[Any, ...]] = []
+    # Some run with room for one Postgres claim and one queued (I9): others are refused.
+    if rng.random() < 0.15:
+        ops.append(("crowded",))
     for _ in range(steps):
         rt = rng.choice(RUNTIMES)
         roll = rng.random()
         if calm and 0.55 <= roll < 0.73:
             roll = rng.random() * 0.55
         elif remote and 0.55 <= roll < 0.69:
-            roll = 0.7
+            roll = rng.choice((0.70, 0.72))  # a lost publish or a pub/sub outage
         if roll < 0.22:
             delay = 0.0 if rng.random() < 0.5 else round(rng.uniform(0.0, 40.0), 4)
             via = "other" if remote else rng.choice(("here", "other"))
@@ -84,6 +93,8 @@ def generate(seed: int, steps: int = 40) -> list[tuple[Any, ...]]:
             retry_in = rng.choice((None, 0.0, 2.5, 12.0))
             via = "other" if remote else rng.choice(("here", "other"))
             ops.append(("finish", rng.randrange(1000), retry_in, via))
+        elif roll < 0.585:
+            ops.append(("pg_fault", rng.choice(("before", "after")), rng.choice((1, 1, 3))))
         elif roll < 0.60:
             ops.append(("redis_fault", rng.choice(("before", "after")), rng.choice((1, 1, 2, 4))))
         elif roll < 0.62:
@@ -92,6 +103,8 @@ def generate(seed: int, steps: int = 40) -> list[tuple[Any, ...]]:
             ops.append(("flushall",))
         elif roll < 0.69:
             ops.append(("evict", rt, rng.choice(("version", "empty"))))
+        elif roll < 0.71:
+            ops.append(("lose_publishes", rng.choice((1, 1, 2, 5))))
         elif roll < 0.73:
             ops.append(
                 ("pubsub_outage", round(rng.uniform(0.0, 3.0), 3), round(rng.uniform(0.05, 5.0), 3))
@@ -121,9 +134,12 @@ class Held:
 
 
 class World:
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, crowded: bool = False) -> None:
         self.rng = random.Random(seed ^ 0x5EED)
         self.settings = SETTINGS
+        self.crowded = crowded
+        if crowded:
+            self.settings = replace(SETTINGS, max_concurrent_claims=1, max_queued_claims=1)
         self.store = FakeStore(self.rng, STORE_LATENCY)
         self.channels = FakeWakeChannels(self.settings.redis_prefix)
         self.redis = FakeRedis(self.rng, self.channels.publish)
@@ -139,7 +155,8 @@ class World:
         self.polls: list[Poll] = []
         self.held: list[Held] = []
         self.violations: list[str] = []
-        self.disturbed_at = -1e9  # last pub/sub outage, FLUSHALL or eviction
+        self.disturbed_at = -1e9  # last FLUSHALL or eviction
+        self.outages: list[tuple[float, float, float]] = []  # pub/sub: begun, noticed, back
         self.down = (-1e9, -1e9)  # the last sustained Redis outage: (start, end)
         self.tasks: set[asyncio.Task[None]] = set()
 
@@ -183,6 +200,8 @@ class World:
                 continue
             for runtime_id in stale:
                 await self.announce(runtime_id, "other")
+            with contextlib.suppress(CacheUnavailable):
+                await self.others.wake([r for r in claimable if r not in stale])
 
     async def poll(
         self, rt: str, max_tasks: int, wait: float, lease: int, gone: float | None
@@ -197,6 +216,16 @@ class World:
         )
         try:
             rows = await self.claimer.claim(rt, req, disconnected)
+        except (StoreUnavailable, Overloaded) as exc:
+            # Answered with an error (503, 429): allowed only for what was put in.
+            expected = (
+                self.store.last_fault_at >= p.start
+                if isinstance(exc, StoreUnavailable)
+                else self.crowded
+            )
+            if not expected:
+                self.violations.append(f"poll on {rt} failed: {exc!r}")
+            rows = []
         except GatewayError as exc:
             self.violations.append(f"poll on {rt} failed: {exc!r}")
             rows = []
@@ -238,6 +267,11 @@ class World:
         elif kind == "redis_fault":
             _, when, n = op
             self.redis.faults.extend([when] * n)
+        elif kind == "crowded":
+            pass  # read by World's constructor
+        elif kind == "pg_fault":
+            _, when, n = op
+            self.store.faults.extend([when] * n)
         elif kind == "redis_down":
             self.redis.down_until = now() + op[1]
             self.down = (now(), now() + op[1])
@@ -248,10 +282,13 @@ class World:
             _, rt, which = op
             self.redis.evict(getattr(self.cache.keys(rt), which))
             self.disturbed_at = now()
+        elif kind == "lose_publishes":
+            self.channels.lose += op[1]
         elif kind == "pubsub_outage":
             _, notice_after, down_for = op
-            self.channels.outage(notice_after, down_for)
-            self.disturbed_at = now() + notice_after + down_for
+            t = now()
+            if self.channels.outage(notice_after, down_for):
+                self.outages.append((t, t + notice_after, t + notice_after + down_for))
         elif kind == "sleep":
             await asyncio.sleep(op[1])
         else:
@@ -264,8 +301,8 @@ class World:
         # Queued faults may wait long for a round trip (the breaker skips Redis): a
         # Redis failure counts from when one actually happened.
         # The breaker keeps skipping Redis for a while after an outage, so its end
-        # counts as a failure too.
-        failed_at = max(self.redis.last_fault_at, min(t, self.down[1]))
+        # counts as a failure too, and so does a publish lost on a live connection.
+        failed_at = max(self.redis.last_fault_at, min(t, self.down[1]), self.channels.lost_at)
         # I7: a task is held by at most one live lease.
         holders: dict[uuid.UUID, int] = {}
         for h in self.held:
@@ -274,6 +311,12 @@ class World:
         for task_id, n in holders.items():
             if n > 1:
                 self.violations.append(f"t={t:.4f} task {task_id} held by {n} live leases")
+        # A lease nobody holds (its answer was lost) lapses and the janitor takes the
+        # task back: none stays claimed past its lease and a janitor interval.
+        for task in self.store.tasks.values():
+            stranded = t - task.lease_expires_at - self.settings.janitor_interval_seconds
+            if task.status == "claimed" and stranded > ANSWER_MARGIN:
+                self.violations.append(f"t={t:.4f} task {task.id} stranded {stranded:.4f}s")
         for p in self.polls:
             if p.done is not None:
                 continue
@@ -289,10 +332,14 @@ class World:
                 down_from, down_to = self.down
                 if down_from + DOWN_SETTLE <= since < down_to:
                     bound = DOWN_BOUND  # Postgres polling must find it, Redis or not
-                elif since <= failed_at + LOOSE_BOUND:
+                elif since <= failed_at + AFTER_LOSS:
                     since, bound = max(since, failed_at), LOOSE_BOUND
                 elif since <= self.disturbed_at + LOOSE_BOUND:
                     bound = LOOSE_BOUND
+                elif outage := next((o for o in self.outages if o[0] <= since < o[2]), None):
+                    # Wake-ups published before the loss was noticed are gone; noticing
+                    # wakes every waiter (I8), and until the connection is back they poll.
+                    since, bound = max(since, outage[1]), PUBSUB_BOUND
                 else:
                     bound = TIGHT_BOUND
                 if t - since > bound and min(t, p.deadline) - since > bound:
@@ -321,7 +368,7 @@ class Outcome:
 
 
 async def _run(seed: int, ops: list[tuple[Any, ...]]) -> Outcome:
-    world = World(seed)
+    world = World(seed, crowded=bool(ops) and ops[0] == ("crowded",))
     janitor = asyncio.ensure_future(world.janitor())
     watch = asyncio.ensure_future(world.claimer.watch_redis())
     for op in ops:

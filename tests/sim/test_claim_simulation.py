@@ -16,7 +16,7 @@ import pytest
 
 from .simulation import run_seed
 
-SCHEDULES = int(os.environ.get("SIM_SCHEDULES", "500"))
+SCHEDULES = int(os.environ.get("SIM_SCHEDULES", "2000"))
 FIRST = int(os.environ.get("SIM_FIRST_SEED", "0"))
 BATCHES = 10
 
