@@ -44,6 +44,7 @@ Handler = Callable[[Task], Awaitable[Any]]
 ERROR_CHARS = 4000
 # A report (complete, fail, release) is retried this long at most after a failure.
 REPORT_RETRY_SECONDS = 30.0
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Transport(Protocol):
@@ -190,8 +191,13 @@ class Worker:
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT call stop(); call from inside the running loop."""
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in SIGNALS:
             loop.add_signal_handler(sig, self.stop)
+
+    def remove_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in SIGNALS:
+            loop.remove_signal_handler(sig)
 
     async def run(self) -> None:
         """Claims and runs tasks until stop(); returns once every task is reported."""
