@@ -42,6 +42,7 @@ log = logging.getLogger("gateway_client.worker")
 Handler = Callable[[Task], Awaitable[Any]]
 # The gateway keeps 10,000 characters of an error; a tail of the traceback is enough.
 ERROR_CHARS = 4000
+GATEWAY_ERROR_CHARS = 10_000
 # A report (complete, fail, release) is retried this long at most after a failure.
 REPORT_RETRY_SECONDS = 30.0
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -129,8 +130,8 @@ class WorkerOptions:
 
 def format_error(exc: BaseException, limit: int = ERROR_CHARS) -> str:
     """`Type: message`, then the end of the traceback, within `limit` characters."""
-    if isinstance(exc, TaskFailed):
-        return exc.error[-limit:]
+    if isinstance(exc, TaskFailed):  # the handler chose its text: keep its head
+        return exc.error[:GATEWAY_ERROR_CHARS]
     head = f"{type(exc).__qualname__}: {exc}"[: limit // 2]
     trace = "".join(traceback.format_exception(exc))
     room = limit - len(head) - 1
