@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -31,18 +32,25 @@ def db(fresh_database_url: str) -> Iterator[str]:
     yield fresh_database_url
 
 
+def client_env(url: str, token: str) -> dict[str, str]:
+    """The commands find the gateway by GATEWAY_URL and GATEWAY_TOKEN, and the packages
+    in this checkout whether or not it is installed."""
+    path = [str(ROOT), str(ROOT / "clients" / "python"), os.environ.get("PYTHONPATH", "")]
+    return {
+        **os.environ,
+        "GATEWAY_URL": url,
+        "GATEWAY_TOKEN": token,
+        "PYTHONPATH": os.pathsep.join(p for p in path if p),
+    }
+
+
 @contextlib.asynccontextmanager
 async def work(
     url: str, runtime: str, *options: str, log: Path | None = None
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     """`gateway work RUNTIME OPTIONS -- python work_task.py`, its log in `log` (a pipe
     nobody reads could fill and block it); killed afterwards if alive."""
-    env = {
-        **os.environ,
-        "GATEWAY_URL": url,
-        "GATEWAY_TOKEN": TOKEN,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "clients" / "python")]),
-    }
+    env = client_env(url, TOKEN)
     with _opened(log) as out:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway.cli", "work", runtime, "--wait-seconds", "1",
@@ -194,3 +202,43 @@ async def test_sigterm_lets_the_running_command_finish_and_exits_0(
         stats = await client.stats(runtime_id)
         assert stats.counts["claimed"] == 0
         assert "outcome=completed" in log and "stopping: no more claims" in log
+
+
+async def enqueue_cli(
+    url: str, *args: str, stdin: bytes = b"", token: str = TOKEN
+) -> tuple[int, str, str]:
+    """`gateway enqueue ARGS`: (exit code, stdout, stderr). Asynchronous, since the gateway
+    answering it runs on this test's event loop."""
+    env = client_env(url, token)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", "enqueue", *args,
+        env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(stdin), 20)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_enqueue_takes_json_a_file_or_stdin(
+    database_url, redis_url, redis_prefix, runtime_id, tmp_path
+):
+    payload_file = tmp_path / "payload.json"
+    payload_file.write_text('{"from": "file"}')
+    async with running_gateway(make_settings(database_url, redis_url, redis_prefix)) as gw:
+        code, out, err = await enqueue_cli(
+            gw.url, runtime_id, "--payload", '{"n": 18446744073709551616}', "--priority", "70",
+            "--delay-seconds", "60", "--idempotency-key", "k",
+        )  # fmt: skip
+        assert code == 0, err
+        task = json.loads(out)
+        assert task["payload"] == {"n": 18446744073709551616} and task["priority"] == 70
+        assert task["run_at"] > task["created_at"]
+        code, out, _ = await enqueue_cli(gw.url, runtime_id, "--payload", f"@{payload_file}")
+        assert json.loads(out)["payload"] == {"from": "file"}
+        code, out, _ = await enqueue_cli(gw.url, runtime_id, "--payload", "-", stdin=b"[1, 2]")
+        assert json.loads(out)["payload"] == [1, 2]
+        code, out, err = await enqueue_cli(gw.url, runtime_id, "--payload", "{nope")
+        assert code == 2 and "--payload" in err and not out
+        code, out, err = await enqueue_cli(gw.url, runtime_id, "--payload", "1", token="bad")
+        assert code == 1 and "unauthorized" in err and not out
