@@ -4,7 +4,8 @@ concurrency, one after the other.
 
     python -m bench.http_clients [--concurrency 50] [--duration-seconds 5]
 
-Servers as for `python -m bench` (BENCH_* or TEST_* URLs, else embedded).
+Servers as for `python -m bench` (BENCH_* or TEST_* URLs, else embedded). httpx is
+not a dependency of the project: install it to run this.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
-import httpx
 
 from .infra import GatewayProcess, check_servers, fresh_database, resolve_servers
 
@@ -57,6 +57,8 @@ async def measure(opts: argparse.Namespace) -> None:
 
 
 async def compare(gw: GatewayProcess, opts: argparse.Namespace) -> None:
+    import httpx  # not a dependency of the project: `pip install httpx` to measure it
+
     url = gw.url + "/v1/runtimes/http-bench/claim"
     body = b'{"worker_id": "bench", "wait_seconds": 0}'
     headers = {"Authorization": f"Bearer {gw.token}", "Content-Type": "application/json"}
