@@ -22,9 +22,10 @@ from .errors import (
     Unauthorized,
     ValidationFailed,
 )
+from .failure import TaskFailed
 from .models import NewTask, Page, Stats, Task
 from .sync import Client
-from .worker import Outcome, TaskFailed, Worker, WorkerOptions
+from .worker import Outcome, Worker, WorkerOptions
 
 __version__ = "0.1.0"
 

@@ -19,8 +19,8 @@ import signal
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .failure import TaskFailed
 from .models import Task
-from .worker import TaskFailed
 
 STDERR_TAIL_BYTES = 4096
 # The gateway's default GATEWAY_MAX_PAYLOAD_BYTES, which bounds a result too.

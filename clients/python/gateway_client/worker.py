@@ -27,7 +27,6 @@ import os
 import signal
 import socket
 import time
-import traceback
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -35,14 +34,12 @@ from typing import Any, Protocol
 
 from .backoff import Backoff
 from .errors import GatewayError, LeaseLost, NotFound
+from .failure import TaskFailed, format_error
 from .models import Task
 
 log = logging.getLogger("gateway_client.worker")
 
 Handler = Callable[[Task], Awaitable[Any]]
-# The gateway keeps 10,000 characters of an error; a tail of the traceback is enough.
-ERROR_CHARS = 4000
-GATEWAY_ERROR_CHARS = 10_000
 # A report (complete, fail, release) is retried this long at most after a failure.
 REPORT_RETRY_SECONDS = 30.0
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -80,19 +77,6 @@ class Transport(Protocol):
     async def release(self, task_id: str, lease_id: str) -> Task: ...
 
 
-class TaskFailed(Exception):
-    """Raised by a handler to fail its task with exactly this error text (no traceback);
-    `retry=False` sends it to `dead` at once."""
-
-    def __init__(
-        self, error: str, *, retry: bool = True, retry_after_seconds: float | None = None
-    ) -> None:
-        super().__init__(error)
-        self.error = error
-        self.retry = retry
-        self.retry_after_seconds = retry_after_seconds
-
-
 class Outcome(enum.StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
@@ -116,6 +100,9 @@ def default_worker_id() -> str:
 
 @dataclass
 class WorkerOptions:
+    """`concurrency` handlers at once; leases of `lease_seconds`; long polls of
+    `wait_seconds`; `grace_seconds` for running handlers after stop()."""
+
     concurrency: int = 1
     lease_seconds: int = 60
     max_tasks_per_poll: int = 10
@@ -126,16 +113,6 @@ class WorkerOptions:
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.max_tasks_per_poll < 1 or self.lease_seconds < 1:
             raise ValueError("concurrency, max_tasks_per_poll and lease_seconds must be >= 1")
-
-
-def format_error(exc: BaseException, limit: int = ERROR_CHARS) -> str:
-    """`Type: message`, then the end of the traceback, within `limit` characters."""
-    if isinstance(exc, TaskFailed):  # the handler chose its text: keep its head
-        return exc.error[:GATEWAY_ERROR_CHARS]
-    head = f"{type(exc).__qualname__}: {exc}"[: limit // 2]
-    trace = "".join(traceback.format_exception(exc))
-    room = limit - len(head) - 1
-    return head + "\n" + trace[-room:] if room > 0 else head
 
 
 @dataclass
