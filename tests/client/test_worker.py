@@ -277,3 +277,16 @@ async def test_a_lost_lease_on_report_is_not_retried():
     await run_until(w, lambda: fake.named("complete"))
     assert len(fake.named("complete")) == 1 and task.id in fake.lost
     assert w.outcomes == {Outcome.LEASE_LOST: 1}
+
+
+async def test_empty_answers_that_come_early_do_not_spin_the_loop():
+    fake = FakeGateway()  # no tasks, and wait_seconds 0: every answer is empty at once
+    w = worker(fake, lambda t: asyncio.sleep(0), wait_seconds=0)
+    job = asyncio.create_task(w.run())
+    await asyncio.sleep(1.2)
+    fake.add("late")
+    await asyncio.sleep(1.2)
+    w.stop()
+    await asyncio.wait_for(job, 5)
+    assert 2 <= len(fake.named("claim")) <= 6  # a pause of 0.5-1 s after each
+    assert len(fake.named("complete")) == 1

@@ -24,6 +24,7 @@ import enum
 import functools
 import logging
 import os
+import random
 import signal
 import socket
 import time
@@ -43,6 +44,8 @@ Handler = Callable[[Task], Awaitable[Any]]
 # A report (complete, fail, release) is retried this long at most after a failure.
 REPORT_RETRY_SECONDS = 30.0
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# After an empty answer that came early; a long poll's empty answer is claimed again at once.
+IDLE_PAUSE_SECONDS = 1.0
 
 
 class Transport(Protocol):
@@ -195,6 +198,7 @@ class Worker:
                 self._slot_freed.clear()
                 await self._until_stopped(self._slot_freed.wait())
                 continue
+            asked = time.monotonic()
             claim = asyncio.ensure_future(
                 self.transport.claim(
                     self.runtime,
@@ -225,6 +229,12 @@ class Worker:
             self._backoff.reset()
             for task in tasks:
                 self._start(task)
+            early = opts.wait_seconds == 0 or time.monotonic() - asked < opts.wait_seconds / 2
+            if not tasks and early:
+                # Nothing, and sooner than the long poll should take (wait_seconds 0, or a
+                # gateway shutting down answers at once): pause rather than spin.
+                pause = IDLE_PAUSE_SECONDS * random.uniform(0.5, 1.0)
+                await self._until_stopped(asyncio.sleep(pause))
 
     async def _until_stopped(self, aw: Awaitable[Any]) -> bool:
         """Waits for `aw` or stop(), whichever comes first; True if `aw` finished."""
