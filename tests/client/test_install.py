@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import venv
 from pathlib import Path
 
@@ -48,3 +49,17 @@ def test_the_client_installs_without_the_server_dependencies(tmp_path: Path) -> 
         [env_dir / "bin" / "gateway-client", "work", "--help"], capture_output=True, text=True
     )
     assert usage.returncode == 0 and "--concurrency" in usage.stdout, usage.stderr
+
+
+def test_the_gateway_command_loads_no_server_package_for_work_and_enqueue() -> None:
+    """`gateway work` and `gateway enqueue` run where only the client's packages are:
+    building the parser and starting either imports none of the server's drivers."""
+    check = (
+        "import sys; import gateway.cli as c; c.build_parser(); "
+        "import gateway_client.command, gateway_client.worker; "
+        "print(' '.join(m for m in ('asyncpg', 'redis', 'starlette', 'uvicorn') "
+        "if m in sys.modules))"
+    )
+    found = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == "", f"imported: {found.stdout}"

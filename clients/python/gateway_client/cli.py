@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import sys
 from typing import Any
 
@@ -144,6 +145,9 @@ def cmd_work(args: argparse.Namespace) -> int:
         print(
             "work: give the command after --, e.g. gateway work demo -- ./run.sh", file=sys.stderr
         )
+        return 2
+    if shutil.which(command[0]) is None:
+        print(f"work: {command[0]}: command not found", file=sys.stderr)
         return 2
     try:
         options = WorkerOptions(
