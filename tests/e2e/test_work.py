@@ -184,6 +184,38 @@ async def test_a_cancelled_task_s_command_is_ended(
             assert await asyncio.wait_for(proc.wait(), 10) == 0
 
 
+async def test_a_lost_lease_ends_the_command_and_reports_nothing(
+    db, redis_url, redis_prefix, runtime_id, tmp_path
+):
+    """The worker is frozen past its lease; the task goes to another daemon. Thawed, its
+    next heartbeat is refused: its command is ended, and the new holder is left alone."""
+    settings = make_settings(db, redis_url, redis_prefix, janitor_interval_seconds=0.2)
+    pidfile = tmp_path / "pid"
+    async with running_gateway(settings) as gw, AsyncClient(gw.url, TOKEN) as client:
+        task = await client.enqueue(runtime_id, {"pidfile": str(pidfile), "sleep": 30})
+        log = tmp_path / "work.log"
+        async with work(gw.url, runtime_id, "--lease-seconds", "1", log=log) as proc:
+            pid = await read_pid(pidfile)
+            proc.send_signal(signal.SIGSTOP)
+            try:
+                taken: list = []
+                for _ in range(100):  # the lease lapses, the janitor queues the task again
+                    taken = await client.claim(runtime_id, "other", lease_seconds=60)
+                    if taken:
+                        break
+                    await asyncio.sleep(0.1)
+                assert [t.id for t in taken] == [task.id] and taken[0].attempts == 2
+            finally:
+                proc.send_signal(signal.SIGCONT)
+            await wait_until(lambda: not alive(pid), 5, "the command to be gone")
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 10) == 0
+        held = await client.get(task.id)
+        assert held.status == "claimed" and held.worker_id == "other"
+        assert held.lease_id == taken[0].lease_id and held.attempts == 2
+        assert "outcome=lease_lost" in log.read_text()
+
+
 async def test_sigterm_lets_the_running_command_finish_and_exits_0(
     db, redis_url, redis_prefix, runtime_id, tmp_path
 ):
