@@ -69,6 +69,9 @@ def _banner(
     else:
         auth_line = "  auth:      OFF (GATEWAY_AUTH=off) - local development only"
         header = ""
+    # `gateway work` finds the gateway and its token through the environment.
+    worker_env = "" if base == "http://127.0.0.1:8080" else f"GATEWAY_URL={base} "
+    worker_env += "GATEWAY_TOKEN=$TOKEN " if settings.auth_enabled else ""
     return "\n".join(
         [
             "",
@@ -82,6 +85,7 @@ def _banner(
             f"{base}/v1/runtimes/demo/tasks",
             f'    curl -s {header}-d \'{{"worker_id": "me", "wait_seconds": 5}}\' '
             f"{base}/v1/runtimes/demo/claim",
+            f"    {worker_env}gateway work demo -- python3 examples/hello.py   (a worker)",
             "  Ctrl-C stops the gateway"
             + (" and the embedded servers." if token_file is not None else "."),
             "",
