@@ -75,8 +75,6 @@ class AsyncClient:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._connections),
                 headers=headers,
-                # Numbers are parsed by Python's json: integers exactly, others as floats.
-                json_serialize=json.dumps,
             )
         return self._session
 
