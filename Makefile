@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+LINT_PATHS := gateway tests bench clients/python examples
 
 .PHONY: run test lint format bench simulate clean
 
@@ -22,13 +23,13 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check gateway tests bench
-	$(BIN)/ruff format --check gateway tests bench
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
 	$(BIN)/mypy
 
 format: $(STAMP)
-	$(BIN)/ruff format gateway tests bench
-	$(BIN)/ruff check --fix gateway tests bench
+	$(BIN)/ruff format $(LINT_PATHS)
+	$(BIN)/ruff check --fix $(LINT_PATHS)
 
 ## simulate: many seeded claim-path schedules on virtual time (SIM_SCHEDULES, SIM_SEED to replay one)
 simulate: $(STAMP)

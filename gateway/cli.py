@@ -1,22 +1,19 @@
-"""The `gateway` command: serve, migrate, token, webhook-secret."""
+"""The `gateway` command: serve, migrate, token, webhook-secret, and the client's work
+and enqueue. Server modules are imported when their command runs, so that `work` and
+`enqueue` load no more than the client does."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import secrets
-import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-import uvicorn
+from gateway_client import cli as client_cli
 
 from .errors import GatewayError
 from .settings import Settings
@@ -24,7 +21,6 @@ from .settings import Settings
 log = logging.getLogger("gateway")
 
 DEFAULT_DATA_DIR = ".gateway"
-HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _setup_logging(level: str) -> None:
@@ -73,6 +69,9 @@ def _banner(
     else:
         auth_line = "  auth:      OFF (GATEWAY_AUTH=off) - local development only"
         header = ""
+    # `gateway work` finds the gateway and its token through the environment.
+    worker_env = "" if base == "http://127.0.0.1:8080" else f"GATEWAY_URL={base} "
+    worker_env += "GATEWAY_TOKEN=$TOKEN " if settings.auth_enabled else ""
     return "\n".join(
         [
             "",
@@ -86,6 +85,7 @@ def _banner(
             f"{base}/v1/runtimes/demo/tasks",
             f'    curl -s {header}-d \'{{"worker_id": "me", "wait_seconds": 5}}\' '
             f"{base}/v1/runtimes/demo/claim",
+            f"    {worker_env}gateway work demo -- python3 examples/hello.py   (a worker)",
             "  Ctrl-C stops the gateway"
             + (" and the embedded servers." if token_file is not None else "."),
             "",
@@ -96,7 +96,7 @@ def _banner(
 def cmd_serve(args: argparse.Namespace) -> int:
     from .app import create_app
     from .migrate import apply_migrations
-    from .server import server_config
+    from .server import DrainingServer, server_config
 
     env = dict(os.environ)
     embedded = None
@@ -141,33 +141,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         if embedded is not None:
             embedded.stop()
-
-
-class DrainingServer(uvicorn.Server):
-    """uvicorn waits for open requests before the lifespan shutdown runs, so parked
-    polls would hold up SIGTERM for their whole wait: drain them at the signal (I10)."""
-
-    def __init__(self, config: uvicorn.Config, on_exit_signal: Callable[[], None]) -> None:
-        super().__init__(config)
-        self._on_exit_signal = on_exit_signal
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self._on_exit_signal()
-        super().handle_exit(sig, frame)
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        # uvicorn re-raises the signal once it has stopped, which would kill the process
-        # before the embedded servers are stopped; handle it and return instead.
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -363,11 +336,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     migrate.set_defaults(func=cmd_migrate)
     _add_credential_commands(sub)
+    client_cli.add_commands(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    args = client_cli.parse_args(build_parser(), argv)
     _setup_logging(args.log_level)
     raise SystemExit(args.func(args))
 

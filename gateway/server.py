@@ -29,8 +29,13 @@ the client sends meanwhile stays in the kernel's buffers and is never read.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http
 import logging
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any, cast
 
 import orjson
@@ -363,3 +368,33 @@ def server_config(
         timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
         **options,
     )
+
+
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn waits for open requests before the lifespan shutdown runs, so parked
+    polls would hold up SIGTERM for their whole wait: drain them at the signal (I10)."""
+
+    def __init__(self, config: uvicorn.Config, on_exit_signal: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit_signal = on_exit_signal
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._on_exit_signal()
+        super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn re-raises the signal once it has stopped, which would kill the process
+        # before the embedded servers are stopped; handle it and return instead.
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

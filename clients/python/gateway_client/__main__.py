@@ -1,0 +1,5 @@
+"""`python -m gateway_client work|enqueue ...`"""
+
+from .cli import main
+
+main()

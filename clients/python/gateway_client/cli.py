@@ -1,0 +1,199 @@
+"""`work` and `enqueue`: the client's commands, in `gateway` (the server's command) and
+in `gateway-client` (this distribution's). Only the standard library is imported
+until a command runs, so that building the parser costs nothing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+from typing import Any
+
+CONNECTION_HELP = (
+    "The gateway is GATEWAY_URL (default http://127.0.0.1:8080) and the bearer token "
+    "GATEWAY_TOKEN, unless --url / --token say otherwise."
+)
+
+
+def _connection_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", help="the gateway's base URL (default: $GATEWAY_URL)")
+    parser.add_argument("--token", help="bearer token (default: $GATEWAY_TOKEN)")
+
+
+def add_commands(sub: Any) -> None:
+    """Adds `work` and `enqueue` to an argparse subparsers object."""
+    work = sub.add_parser(
+        "work",
+        help="run a command for each task of a runtime",
+        description="Long-poll RUNTIME and run CMD once per task, in a process group of its "
+        "own: the payload as JSON on stdin, GATEWAY_TASK_ID, GATEWAY_TASK_ATTEMPT and "
+        "GATEWAY_RUNTIME in its environment. Exit 0 completes the task with stdout (its "
+        'JSON, else {"stdout": ...}); another exit fails it with the exit code and the '
+        "last 4 KiB of stderr. A cancelled task's process group gets SIGTERM, then SIGKILL. "
+        "SIGTERM or SIGINT: claim no more, let running commands finish within "
+        "--grace-seconds, then release what still runs; a second signal releases at once. "
+        + CONNECTION_HELP,
+    )
+    work.add_argument("runtime", metavar="RUNTIME")
+    work.add_argument("--concurrency", type=int, default=1, help="commands at once (%(default)s)")
+    work.add_argument(
+        "--lease-seconds", type=int, default=60, help="lease length, heartbeated every third"
+    )
+    work.add_argument(
+        "--max-tasks-per-poll", type=int, default=10, help="most tasks one claim asks for"
+    )
+    work.add_argument(
+        "--grace-seconds", type=float, default=30.0, help="shutdown wait for commands"
+    )
+    work.add_argument(
+        "--wait-seconds", type=float, default=20.0, help="long poll length (%(default)s)"
+    )
+    work.add_argument("--worker-id", help="default: HOSTNAME-PID")
+    work.add_argument(
+        "--max-result-bytes",
+        type=int,
+        default=1024 * 1024,
+        help="stdout kept as the result; the gateway's GATEWAY_MAX_PAYLOAD_BYTES",
+    )
+    _connection_options(work)
+    # Filled from what follows `--` (see parse_args): CMD's own options stay CMD's.
+    work.add_argument("argv", nargs="*", metavar="-- CMD ARGS", help="the command to run")
+    work.set_defaults(func=cmd_work)
+
+    enqueue = sub.add_parser(
+        "enqueue",
+        help="enqueue one task and print it as JSON",
+        description="Enqueue a task for RUNTIME and print the task as JSON. " + CONNECTION_HELP,
+    )
+    enqueue.add_argument("runtime", metavar="RUNTIME")
+    enqueue.add_argument("--payload", required=True, help="JSON; @FILE reads a file, - reads stdin")
+    enqueue.add_argument("--priority", type=int, help="0-1000, higher first (50)")
+    enqueue.add_argument("--delay-seconds", type=float, help="not claimable before then")
+    enqueue.add_argument("--idempotency-key", help="a repeat with this key is not stored twice")
+    _connection_options(enqueue)
+    enqueue.set_defaults(func=cmd_enqueue)
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parses what comes before the first `--`; what follows is `work`'s command, so
+    that `gateway work rt --concurrency 4 -- cmd --concurrency 9` means what it says."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" not in argv:
+        return parser.parse_args(argv)
+    cut = argv.index("--")
+    args = parser.parse_args(argv[:cut])
+    if getattr(args, "func", None) is not cmd_work:
+        parser.error("only `work` takes a command after --")
+    args.argv = [*args.argv, *argv[cut + 1 :]]
+    return args
+
+
+def read_payload(value: str) -> Any:
+    """`--payload`: JSON text, @FILE or - (stdin)."""
+    if value == "-":
+        text = sys.stdin.read()
+    elif value.startswith("@"):
+        with open(value[1:], encoding="utf-8") as f:
+            text = f.read()
+    else:
+        text = value
+    return json.loads(text)
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .client import AsyncClient
+    from .errors import GatewayError
+
+    try:
+        payload = read_payload(args.payload)
+    except (OSError, ValueError) as exc:
+        print(f"enqueue: --payload: {exc}", file=sys.stderr)
+        return 2
+
+    async def enqueue() -> dict[str, Any]:
+        async with AsyncClient(args.url, args.token) as client:
+            task = await client.enqueue(
+                args.runtime,
+                payload,
+                priority=args.priority,
+                delay_seconds=args.delay_seconds,
+                idempotency_key=args.idempotency_key,
+            )
+            return task.raw
+
+    try:
+        print(json.dumps(asyncio.run(enqueue())))
+    except GatewayError as exc:
+        print(f"enqueue: {exc.code}: {exc.detail}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_work(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .client import AsyncClient
+    from .command import CommandHandler
+    from .worker import Worker, WorkerOptions
+
+    command = args.argv
+    if not command:
+        print(
+            "work: give the command after --, e.g. gateway work demo -- ./run.sh", file=sys.stderr
+        )
+        return 2
+    if shutil.which(command[0]) is None:
+        print(f"work: {command[0]}: command not found", file=sys.stderr)
+        return 2
+    try:
+        options = WorkerOptions(
+            concurrency=args.concurrency,
+            lease_seconds=args.lease_seconds,
+            max_tasks_per_poll=args.max_tasks_per_poll,
+            grace_seconds=args.grace_seconds,
+            wait_seconds=args.wait_seconds,
+            **({"worker_id": args.worker_id} if args.worker_id else {}),
+        )
+    except ValueError as exc:
+        print(f"work: {exc}", file=sys.stderr)
+        return 2
+    handler = CommandHandler(command, max_result_bytes=args.max_result_bytes)
+
+    async def work() -> None:
+        # Every claim may be parked at once, plus the calls of running tasks.
+        async with AsyncClient(args.url, args.token, connections=options.concurrency + 4) as gw:
+            worker = Worker(gw, args.runtime, handler, options)
+            worker.install_signal_handlers()
+            logging.getLogger("gateway_client").info(
+                "runtime=%s worker=%s concurrency=%d working: %s",
+                args.runtime,
+                options.worker_id,
+                options.concurrency,
+                " ".join(command),
+            )
+            await worker.run()
+
+    asyncio.run(work())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`gateway-client work|enqueue ...`, for an install of the client alone."""
+    parser = argparse.ArgumentParser(prog="gateway-client", description=__doc__)
+    parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    add_commands(parser.add_subparsers(dest="command_name", metavar="COMMAND", required=True))
+    args = parse_args(parser, argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    raise SystemExit(args.func(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""The async client: one method per endpoint of the gateway's API, over one aiohttp
+session whose connections are reused across calls.
+
+Configuration comes from arguments, else GATEWAY_URL (default http://127.0.0.1:8080)
+and GATEWAY_TOKEN.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Iterable, Mapping
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+
+from .errors import GatewayError, TransportError, error_from_answer
+from .models import NewTask, Page, Stats, Task
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+# Any call but a long poll; a database under load can take a few seconds.
+DEFAULT_TIMEOUT_SECONDS = 30.0
+# A long poll may take its whole wait_seconds: its timeout is that plus this margin.
+LONG_POLL_MARGIN_SECONDS = 10.0
+DEFAULT_CONNECTIONS = 100
+
+
+def config_from_env(url: str | None = None, token: str | None = None) -> tuple[str, str | None]:
+    """The arguments, else GATEWAY_URL / GATEWAY_TOKEN, else the defaults."""
+    base = url or os.environ.get("GATEWAY_URL") or DEFAULT_URL
+    return base.rstrip("/"), token or os.environ.get("GATEWAY_TOKEN") or None
+
+
+class AsyncClient:
+    """Talks to one gateway. Use it as `async with AsyncClient() as gw:`, or call
+    `close()`; the session is opened on the first call, inside the running loop."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        long_poll_margin_seconds: float = LONG_POLL_MARGIN_SECONDS,
+        connections: int = DEFAULT_CONNECTIONS,
+    ) -> None:
+        self.url, self.token = config_from_env(url, token)
+        self.timeout_seconds = timeout_seconds
+        self.long_poll_margin_seconds = long_poll_margin_seconds
+        self._connections = connections
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            headers = {"User-Agent": "claim-gateway-client/0.1"}
+            if self.token:
+                headers["Authorization"] = f"Bearer {self.token}"
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._connections),
+                headers=headers,
+            )
+        return self._session
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout_seconds: float | None = None,
+    ) -> tuple[int, Any, Mapping[str, str]]:
+        """One call: (status, decoded JSON body, headers); raises the GatewayError
+        subclass of an error answer, or TransportError when no answer came."""
+        session = self._open()
+        timeout = aiohttp.ClientTimeout(total=timeout_seconds or self.timeout_seconds)
+        data = None if body is None else json.dumps(body).encode()
+        send_headers = {"Content-Type": "application/json"} if data is not None else {}
+        send_headers.update(headers or {})
+        try:
+            async with session.request(
+                method,
+                self.url + path,
+                data=data,
+                params=params,
+                headers=send_headers,
+                timeout=timeout,
+            ) as resp:
+                raw = await resp.read()
+                status, answer_headers = resp.status, resp.headers
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise TransportError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        try:
+            decoded = json.loads(raw) if raw else None
+        except ValueError:
+            decoded = raw.decode("utf-8", "replace")
+        if status >= 400:
+            raise error_from_answer(status, decoded, answer_headers)
+        return status, decoded, answer_headers
+
+    async def _task(self, method: str, path: str, body: Any = None) -> Task:
+        _, data, _ = await self.request(method, path, body)
+        return Task.from_json(data)
+
+    # -- producers ---------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        runtime: str,
+        payload: Any,
+        *,
+        priority: int | None = None,
+        idempotency_key: str | None = None,
+        delay_seconds: float | None = None,
+        run_at: str | None = None,
+        ttl_seconds: float | None = None,
+        max_attempts: int | None = None,
+    ) -> Task:
+        """A new task (or, for a repeated idempotency key, the one already stored)."""
+        new = NewTask(
+            payload, priority, idempotency_key, delay_seconds, run_at, ttl_seconds, max_attempts
+        )
+        return await self._task("POST", f"/v1/runtimes/{runtime}/tasks", new.to_json())
+
+    async def enqueue_batch(self, runtime: str, tasks: Iterable[NewTask]) -> list[Task]:
+        """1-1000 tasks, all or nothing; answered in the order given."""
+        body = {"tasks": [t.to_json() for t in tasks]}
+        _, data, _ = await self.request("POST", f"/v1/runtimes/{runtime}/tasks:batch", body)
+        return [Task.from_json(t) for t in data["tasks"]]
+
+    async def cancel(self, task_id: str) -> Task:
+        return await self._task("POST", f"/v1/tasks/{task_id}/cancel")
+
+    async def retry(self, task_id: str) -> Task:
+        return await self._task("POST", f"/v1/tasks/{task_id}/retry")
+
+    # -- daemons -----------------------------------------------------------------
+
+    async def claim(
+        self,
+        runtime: str,
+        worker_id: str,
+        *,
+        max_tasks: int = 1,
+        wait_seconds: float = 0,
+        lease_seconds: int | None = None,
+    ) -> list[Task]:
+        """Up to `max_tasks` tasks, each with a lease; waits up to `wait_seconds` for
+        work, so its timeout is that plus `long_poll_margin_seconds`."""
+        body: dict[str, Any] = {
+            "worker_id": worker_id,
+            "max_tasks": max_tasks,
+            "wait_seconds": wait_seconds,
+        }
+        if lease_seconds is not None:
+            body["lease_seconds"] = lease_seconds
+        _, data, _ = await self.request(
+            "POST",
+            f"/v1/runtimes/{runtime}/claim",
+            body,
+            timeout_seconds=wait_seconds + self.long_poll_margin_seconds,
+        )
+        return [Task.from_json(t) for t in data["tasks"]]
+
+    async def heartbeat(
+        self, task_id: str, lease_id: str, lease_seconds: int | None = None
+    ) -> Task:
+        """Extends the lease; the answer's `cancel_requested` says whether to stop."""
+        body: dict[str, Any] = {"lease_id": lease_id}
+        if lease_seconds is not None:
+            body["lease_seconds"] = lease_seconds
+        return await self._task("POST", f"/v1/tasks/{task_id}/heartbeat", body)
+
+    async def complete(self, task_id: str, lease_id: str, result: Any = None) -> Task:
+        body: dict[str, Any] = {"lease_id": lease_id}
+        if result is not None:
+            body["result"] = result
+        return await self._task("POST", f"/v1/tasks/{task_id}/complete", body)
+
+    async def fail(
+        self,
+        task_id: str,
+        lease_id: str,
+        error: str,
+        *,
+        retry: bool = True,
+        retry_after_seconds: float | None = None,
+    ) -> Task:
+        """Queued again after a backoff (or `retry_after_seconds`), or `dead`."""
+        body: dict[str, Any] = {"lease_id": lease_id, "error": error, "retry": retry}
+        if retry_after_seconds is not None:
+            body["retry_after_seconds"] = retry_after_seconds
+        return await self._task("POST", f"/v1/tasks/{task_id}/fail", body)
+
+    async def release(self, task_id: str, lease_id: str) -> Task:
+        """Queued again at once (or `cancelled`, when a cancel was requested)."""
+        return await self._task("POST", f"/v1/tasks/{task_id}/release", {"lease_id": lease_id})
+
+    # -- reading -----------------------------------------------------------------
+
+    async def get(self, task_id: str) -> Task:
+        return await self._task("GET", f"/v1/tasks/{task_id}")
+
+    async def list_tasks(
+        self,
+        runtime: str,
+        *,
+        status: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page:
+        """One page, oldest first; pass its `next_cursor` back for the next."""
+        params = {
+            k: str(v)
+            for k, v in (("status", status), ("limit", limit), ("cursor", cursor))
+            if v is not None
+        }
+        _, data, _ = await self.request("GET", f"/v1/runtimes/{runtime}/tasks", params=params)
+        return Page([Task.from_json(t) for t in data["tasks"]], data.get("next_cursor"))
+
+    async def iter_tasks(
+        self, runtime: str, *, status: str | None = None, page_size: int | None = None
+    ) -> AsyncIterator[Task]:
+        """Every task of the runtime (with that status), following the cursors."""
+        cursor: str | None = None
+        while True:
+            page = await self.list_tasks(runtime, status=status, limit=page_size, cursor=cursor)
+            for task in page.tasks:
+                yield task
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    async def stats(self, runtime: str) -> Stats:
+        _, data, _ = await self.request("GET", f"/v1/runtimes/{runtime}/stats")
+        return Stats.from_json(data)
+
+
+__all__ = ["AsyncClient", "GatewayError", "config_from_env"]

@@ -1,0 +1,103 @@
+"""A blocking wrapper for scripts: the async client on an event loop of its own.
+
+    with Client() as gw:
+        task = gw.enqueue("demo", {"n": 1})
+        print(gw.get(task.id).status)
+
+Not for use inside a running event loop (use AsyncClient there), nor from several
+threads at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine, Iterable, Iterator
+from types import TracebackType
+from typing import Any, TypeVar
+
+from .client import DEFAULT_TIMEOUT_SECONDS, AsyncClient
+from .models import NewTask, Page, Stats, Task
+
+T = TypeVar("T")
+
+
+class Client:
+    """Every method of AsyncClient, blocking. Close it (or use `with`) when done."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+    ) -> None:
+        self._runner = asyncio.Runner()
+        self.aio = AsyncClient(url, token, timeout_seconds=timeout_seconds)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self._run(self.aio.close())
+        finally:
+            self._runner.close()
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._runner.run(coro)
+
+    def enqueue(self, runtime: str, payload: Any, **fields: Any) -> Task:
+        """Fields as AsyncClient.enqueue: priority, idempotency_key, delay_seconds, ..."""
+        return self._run(self.aio.enqueue(runtime, payload, **fields))
+
+    def enqueue_batch(self, runtime: str, tasks: Iterable[NewTask]) -> list[Task]:
+        return self._run(self.aio.enqueue_batch(runtime, tasks))
+
+    def claim(self, runtime: str, worker_id: str, **fields: Any) -> list[Task]:
+        return self._run(self.aio.claim(runtime, worker_id, **fields))
+
+    def heartbeat(self, task_id: str, lease_id: str, lease_seconds: int | None = None) -> Task:
+        return self._run(self.aio.heartbeat(task_id, lease_id, lease_seconds))
+
+    def complete(self, task_id: str, lease_id: str, result: Any = None) -> Task:
+        return self._run(self.aio.complete(task_id, lease_id, result))
+
+    def fail(self, task_id: str, lease_id: str, error: str, **fields: Any) -> Task:
+        return self._run(self.aio.fail(task_id, lease_id, error, **fields))
+
+    def release(self, task_id: str, lease_id: str) -> Task:
+        return self._run(self.aio.release(task_id, lease_id))
+
+    def cancel(self, task_id: str) -> Task:
+        return self._run(self.aio.cancel(task_id))
+
+    def retry(self, task_id: str) -> Task:
+        return self._run(self.aio.retry(task_id))
+
+    def get(self, task_id: str) -> Task:
+        return self._run(self.aio.get(task_id))
+
+    def list_tasks(self, runtime: str, **query: Any) -> Page:
+        return self._run(self.aio.list_tasks(runtime, **query))
+
+    def iter_tasks(
+        self, runtime: str, *, status: str | None = None, page_size: int | None = None
+    ) -> Iterator[Task]:
+        cursor: str | None = None
+        while True:
+            page = self.list_tasks(runtime, status=status, limit=page_size, cursor=cursor)
+            yield from page.tasks
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def stats(self, runtime: str) -> Stats:
+        return self._run(self.aio.stats(runtime))

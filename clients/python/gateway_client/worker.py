@@ -1,0 +1,401 @@
+"""The worker loop: long-poll one runtime, run up to `concurrency` handlers at once,
+heartbeat each lease, and report each outcome.
+
+- A claim asks only for free slots (`max_tasks` = free slots, at most
+  `max_tasks_per_poll`), and only when a slot is free.
+- Each lease is heartbeated about every third of its length. A heartbeat answering
+  `cancel_requested` cancels the handler and releases the task, which the gateway then
+  ends `cancelled`; `lease_lost` cancels the handler and reports nothing, since the
+  task may already be another daemon's.
+- A handler's return value completes the task; its exception fails it (type, message
+  and the end of the traceback, bounded), retryable unless it is `TaskFailed(retry=False)`.
+- Errors and network failures back off with full jitter, at least as long as a
+  `Retry-After` says; the loop never spins.
+- `stop()` (SIGTERM, SIGINT) stops claiming at once and lets running handlers finish
+  within `grace_seconds`; what still runs then is cancelled and released. A second
+  `stop()` does that at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import functools
+import logging
+import os
+import random
+import signal
+import socket
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .backoff import Backoff
+from .errors import GatewayError, LeaseLost, NotFound
+from .failure import TaskFailed, format_error
+from .models import Task
+
+log = logging.getLogger("gateway_client.worker")
+
+Handler = Callable[[Task], Awaitable[Any]]
+# A report (complete, fail, release) is retried this long at most after a failure.
+REPORT_RETRY_SECONDS = 30.0
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# After an empty answer that came early; a long poll's empty answer is claimed again at once.
+IDLE_PAUSE_SECONDS = 1.0
+
+
+class Transport(Protocol):
+    """The calls the loop makes; AsyncClient has them, tests pass a fake."""
+
+    async def claim(
+        self,
+        runtime: str,
+        worker_id: str,
+        *,
+        max_tasks: int = 1,
+        wait_seconds: float = 0,
+        lease_seconds: int | None = None,
+    ) -> list[Task]: ...
+
+    async def heartbeat(
+        self, task_id: str, lease_id: str, lease_seconds: int | None = None
+    ) -> Task: ...
+
+    async def complete(self, task_id: str, lease_id: str, result: Any = None) -> Task: ...
+
+    async def fail(
+        self,
+        task_id: str,
+        lease_id: str,
+        error: str,
+        *,
+        retry: bool = True,
+        retry_after_seconds: float | None = None,
+    ) -> Task: ...
+
+    async def release(self, task_id: str, lease_id: str) -> Task: ...
+
+
+class Outcome(enum.StrEnum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"  # a cancel was requested; the task was released to end it
+    RELEASED = "released"  # still running at shutdown; queued again
+    LEASE_LOST = "lease_lost"  # nothing reported
+    UNREPORTED = "unreported"  # the report kept failing; the lease will lapse
+
+
+class Interrupt(enum.Enum):
+    """Why a handler was cancelled."""
+
+    CANCEL_REQUESTED = "cancel_requested"
+    LEASE_LOST = "lease_lost"
+    SHUTDOWN = "shutdown"
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass
+class WorkerOptions:
+    """`concurrency` handlers at once; leases of `lease_seconds`; long polls of
+    `wait_seconds`; `grace_seconds` for running handlers after stop()."""
+
+    concurrency: int = 1
+    lease_seconds: int = 60
+    max_tasks_per_poll: int = 10
+    wait_seconds: float = 20.0  # long poll; the gateway's cap is GATEWAY_MAX_WAIT_SECONDS
+    grace_seconds: float = 30.0
+    worker_id: str = field(default_factory=default_worker_id)
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1 or self.max_tasks_per_poll < 1 or self.lease_seconds < 1:
+            raise ValueError("concurrency, max_tasks_per_poll and lease_seconds must be >= 1")
+
+
+@dataclass
+class _Running:
+    task: Task
+    handler: asyncio.Task[Any]
+    started: float
+    interrupt: Interrupt | None = None
+
+
+class Worker:
+    """Runs `handler` for each task claimed from `runtime` until stopped."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        runtime: str,
+        handler: Handler,
+        options: WorkerOptions | None = None,
+        *,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.transport = transport
+        self.runtime = runtime
+        self.handler = handler
+        self.options = options or WorkerOptions()
+        self.outcomes: Counter[Outcome] = Counter()
+        self._backoff = backoff or Backoff()
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._runs: dict[str, _Running] = {}
+        self._stopping = asyncio.Event()
+        self._forced = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def stop(self) -> None:
+        """First call: claim no more, let handlers finish within grace_seconds.
+        Second call: cancel and release what still runs, at once."""
+        if self._stopping.is_set():
+            log.warning("runtime=%s stopping now: releasing %d task(s)", self.runtime, self.running)
+            self._forced.set()
+        else:
+            log.info(
+                "runtime=%s stopping: no more claims; waiting up to %gs for %d task(s)",
+                self.runtime,
+                self.options.grace_seconds,
+                self.running,
+            )
+            self._stopping.set()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT call stop(); call from inside the running loop."""
+        loop = asyncio.get_running_loop()
+        for sig in SIGNALS:
+            loop.add_signal_handler(sig, self.stop)
+
+    def remove_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in SIGNALS:
+            loop.remove_signal_handler(sig)
+
+    async def run(self) -> None:
+        """Claims and runs tasks until stop(); returns once every task is reported."""
+        try:
+            await self._claim_loop()
+        finally:
+            self._stopping.set()
+            await self._drain()
+
+    # -- claiming ----------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        opts = self.options
+        while not self._stopping.is_set():
+            free = opts.concurrency - len(self._running)
+            if free <= 0:
+                self._slot_freed.clear()
+                await self._until_stopped(self._slot_freed.wait())
+                continue
+            asked = time.monotonic()
+            claim = asyncio.ensure_future(
+                self.transport.claim(
+                    self.runtime,
+                    opts.worker_id,
+                    max_tasks=min(free, opts.max_tasks_per_poll),
+                    wait_seconds=opts.wait_seconds,
+                    lease_seconds=opts.lease_seconds,
+                )
+            )
+            if not await self._until_stopped(claim):
+                # Leaving a parked poll: the gateway gives back whatever it was leasing.
+                claim.cancel()
+                with contextlib.suppress(BaseException):
+                    await claim
+                return
+            try:
+                tasks = claim.result()
+            except Exception as exc:
+                delay = self._backoff.next_delay(getattr(exc, "retry_after_seconds", None))
+                log.warning(
+                    "runtime=%s claim failed (%s); retrying in %.2fs",
+                    self.runtime,
+                    _describe(exc),
+                    delay,
+                )
+                await self._until_stopped(asyncio.sleep(delay))
+                continue
+            self._backoff.reset()
+            for task in tasks:
+                self._start(task)
+            early = opts.wait_seconds == 0 or time.monotonic() - asked < opts.wait_seconds / 2
+            if not tasks and early:
+                # Nothing, and sooner than the long poll should take (wait_seconds 0, or a
+                # gateway shutting down answers at once): pause rather than spin.
+                pause = IDLE_PAUSE_SECONDS * random.uniform(0.5, 1.0)
+                await self._until_stopped(asyncio.sleep(pause))
+
+    async def _until_stopped(self, aw: Awaitable[Any]) -> bool:
+        """Waits for `aw` or stop(), whichever comes first; True if `aw` finished."""
+        job = asyncio.ensure_future(aw)
+        stopped = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({job, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if not job.done():
+            job.cancel()
+            return False
+        return True
+
+    def _start(self, task: Task) -> None:
+        run = _Running(task, asyncio.create_task(self._call(task)), time.monotonic())
+        job = asyncio.create_task(self._process(run), name=f"task-{task.id}")
+        self._running[task.id] = job
+        self._runs[task.id] = run
+
+        def finished(_: asyncio.Task[None]) -> None:
+            self._running.pop(task.id, None)
+            self._runs.pop(task.id, None)
+            self._slot_freed.set()
+
+        job.add_done_callback(finished)
+
+    # -- one task ----------------------------------------------------------------
+
+    async def _process(self, run: _Running) -> None:
+        task = run.task
+        beat = asyncio.create_task(self._heartbeat(run))
+        try:
+            await asyncio.wait({run.handler})
+        finally:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+            if not run.handler.done():  # this job itself was cancelled: no report
+                run.handler.cancel()
+                with contextlib.suppress(BaseException):
+                    await run.handler
+        outcome, status = await self._report(run)
+        self.outcomes[outcome] += 1
+        duration = time.monotonic() - run.started
+        log.info(
+            "task=%s runtime=%s attempt=%d duration_seconds=%.3f outcome=%s status=%s",
+            task.id,
+            task.runtime_id,
+            task.attempts,
+            duration,
+            outcome,
+            status,
+            extra={
+                "task_id": task.id,
+                "runtime": task.runtime_id,
+                "attempt": task.attempts,
+                "duration_seconds": duration,
+                "outcome": str(outcome),
+            },
+        )
+
+    async def _call(self, task: Task) -> Any:
+        return await self.handler(task)
+
+    def _interrupt(self, run: _Running, why: Interrupt) -> None:
+        if run.interrupt is None:
+            run.interrupt = why
+        run.handler.cancel()
+
+    async def _heartbeat(self, run: _Running) -> None:
+        """Extends the lease every third of its length; cancels the handler on a
+        requested cancel or a lost lease. Failed heartbeats are retried sooner."""
+        lease = self.options.lease_seconds
+        interval = lease / 3
+        backoff = Backoff(base_seconds=min(0.5, interval / 4), cap_seconds=interval)
+        delay = interval
+        assert run.task.lease_id is not None
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                answer = await self.transport.heartbeat(run.task.id, run.task.lease_id, lease)
+            except (LeaseLost, NotFound):
+                self._interrupt(run, Interrupt.LEASE_LOST)
+                return
+            except Exception as exc:
+                delay = backoff.next_delay(getattr(exc, "retry_after_seconds", None))
+                log.warning("task=%s heartbeat failed (%s)", run.task.id, _describe(exc))
+                continue
+            backoff.reset()
+            delay = interval
+            if answer.cancel_requested:
+                self._interrupt(run, Interrupt.CANCEL_REQUESTED)
+                return
+
+    def _outcome(self, run: _Running) -> tuple[Outcome, Callable[[], Awaitable[Task]]]:
+        """What to tell the gateway about a finished handler, and the call that does."""
+        task, handler, tr = run.task, run.handler, self.transport
+        lease_id = task.lease_id or ""
+        if handler.cancelled():
+            # A released task with a cancel requested ends `cancelled` (docs/design.md 4).
+            cancelled = run.interrupt is Interrupt.CANCEL_REQUESTED
+            return (
+                Outcome.CANCELLED if cancelled else Outcome.RELEASED,
+                functools.partial(tr.release, task.id, lease_id),
+            )
+        exc = handler.exception()
+        if exc is None:
+            return Outcome.COMPLETED, functools.partial(
+                tr.complete, task.id, lease_id, handler.result()
+            )
+        failed = exc if isinstance(exc, TaskFailed) else TaskFailed(format_error(exc))
+        return Outcome.FAILED, functools.partial(
+            tr.fail,
+            task.id,
+            lease_id,
+            format_error(failed),
+            retry=failed.retry,
+            retry_after_seconds=failed.retry_after_seconds,
+        )
+
+    async def _report(self, run: _Running) -> tuple[Outcome, str]:
+        """Tells the gateway how the task ended, retrying transient errors for a while.
+        A lost lease is not reported: the task may be another daemon's by now."""
+        if run.interrupt is Interrupt.LEASE_LOST:
+            return Outcome.LEASE_LOST, "-"
+        outcome, call = self._outcome(run)
+        backoff = Backoff(base_seconds=0.2, cap_seconds=5.0)
+        deadline = time.monotonic() + REPORT_RETRY_SECONDS
+        while True:
+            try:
+                answer = await call()
+                return outcome, answer.status
+            except (LeaseLost, NotFound):
+                return Outcome.LEASE_LOST, "-"
+            except GatewayError as exc:
+                if not exc.retryable or time.monotonic() > deadline or self._forced.is_set():
+                    log.error("task=%s %s not reported: %s", run.task.id, outcome, _describe(exc))
+                    return Outcome.UNREPORTED, "-"
+                await asyncio.sleep(backoff.next_delay(exc.retry_after_seconds))
+
+    # -- stopping ----------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        """Waits for running handlers until grace_seconds pass or stop() comes again,
+        then cancels what still runs; each of those is released."""
+        if self._running:
+            everything = asyncio.ensure_future(asyncio.wait(set(self._running.values())))
+            forced = asyncio.ensure_future(self._forced.wait())
+            await asyncio.wait(
+                {everything, forced},
+                timeout=self.options.grace_seconds,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            forced.cancel()
+            everything.cancel()
+        for run in list(self._runs.values()):
+            self._interrupt(run, Interrupt.SHUTDOWN)
+        while self._running:
+            await asyncio.gather(*self._running.values(), return_exceptions=True)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

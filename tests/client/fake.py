@@ -1,0 +1,121 @@
+"""An in-memory gateway for the worker loop's unit tests: a queue, leases, cancels,
+scripted failures, and a record of every call with its (monotonic) time."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gateway_client import LeaseLost, Task
+
+_ids = itertools.count(1)
+
+
+def make_task(payload: Any = None, runtime: str = "rt") -> Task:
+    n = next(_ids)
+    return Task(
+        id=f"task-{n}",
+        runtime_id=runtime,
+        status="queued",
+        priority=50,
+        payload=payload,
+        attempts=0,
+        max_attempts=5,
+    )
+
+
+@dataclass
+class Call:
+    name: str
+    at: float
+    args: dict[str, Any]
+
+
+@dataclass
+class FakeGateway:
+    queue: list[Task] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list)
+    claim_errors: list[Exception] = field(default_factory=list)
+    heartbeat_errors: list[Exception] = field(default_factory=list)
+    cancelled: set[str] = field(default_factory=set)
+    lost: set[str] = field(default_factory=set)
+    leases: dict[str, str] = field(default_factory=dict)
+
+    def add(self, *payloads: Any) -> list[Task]:
+        tasks = [make_task(p) for p in payloads]
+        self.queue.extend(tasks)
+        return tasks
+
+    def named(self, name: str) -> list[Call]:
+        return [c for c in self.calls if c.name == name]
+
+    def _record(self, name: str, **args: Any) -> None:
+        self.calls.append(Call(name, time.monotonic(), args))
+
+    async def claim(
+        self,
+        runtime: str,
+        worker_id: str,
+        *,
+        max_tasks: int = 1,
+        wait_seconds: float = 0,
+        lease_seconds: int | None = None,
+    ) -> list[Task]:
+        self._record("claim", max_tasks=max_tasks, wait_seconds=wait_seconds)
+        if self.claim_errors:
+            raise self.claim_errors.pop(0)
+        deadline = time.monotonic() + wait_seconds
+        while not self.queue and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        out = []
+        for task in self.queue[:max_tasks]:
+            lease = f"lease-{next(_ids)}"
+            self.leases[task.id] = lease
+            out.append(replace(task, status="claimed", lease_id=lease, attempts=task.attempts + 1))
+        del self.queue[:max_tasks]
+        return out
+
+    def _check(self, task_id: str, lease_id: str) -> None:
+        if task_id in self.lost or self.leases.get(task_id) != lease_id:
+            raise LeaseLost("lease lost", status=409)
+
+    async def heartbeat(
+        self, task_id: str, lease_id: str, lease_seconds: int | None = None
+    ) -> Task:
+        self._record("heartbeat", task_id=task_id)
+        if self.heartbeat_errors:
+            raise self.heartbeat_errors.pop(0)
+        self._check(task_id, lease_id)
+        task = replace(make_task(), id=task_id, status="claimed", lease_id=lease_id)
+        return replace(task, cancel_requested=task_id in self.cancelled)
+
+    async def _finish(
+        self, name: str, task_id: str, lease_id: str, status: str, **args: Any
+    ) -> Task:
+        self._record(name, task_id=task_id, **args)
+        self._check(task_id, lease_id)
+        del self.leases[task_id]
+        return replace(make_task(), id=task_id, status=status)
+
+    async def complete(self, task_id: str, lease_id: str, result: Any = None) -> Task:
+        status = "cancelled" if task_id in self.cancelled else "completed"
+        return await self._finish("complete", task_id, lease_id, status, result=result)
+
+    async def fail(
+        self,
+        task_id: str,
+        lease_id: str,
+        error: str,
+        *,
+        retry: bool = True,
+        retry_after_seconds: float | None = None,
+    ) -> Task:
+        status = "queued" if retry else "dead"
+        return await self._finish("fail", task_id, lease_id, status, error=error, retry=retry)
+
+    async def release(self, task_id: str, lease_id: str) -> Task:
+        status = "cancelled" if task_id in self.cancelled else "queued"
+        return await self._finish("release", task_id, lease_id, status)

@@ -1,0 +1,93 @@
+"""The command runner alone: what becomes the result or the error, and how a cancelled
+command's whole process group is ended."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway_client import Task, TaskFailed
+from gateway_client.command import CommandHandler
+from tests.client.fake import make_task
+
+
+def task(payload: object = None) -> Task:
+    return make_task(payload)
+
+
+async def test_stdout_json_is_the_result_and_the_payload_arrives_on_stdin():
+    run = CommandHandler(
+        ["python3", "-c", "import sys, json; print(json.dumps(json.load(sys.stdin)))"]
+    )
+    assert await run(task({"a": [1, 2.5, None]})) == {"a": [1, 2.5, None]}
+
+
+async def test_other_stdout_is_wrapped_and_bounded():
+    assert await CommandHandler(["sh", "-c", "echo hi"])(task()) == {"stdout": "hi\n"}
+    big = await CommandHandler(["sh", "-c", "yes 'é' | head -c 100000"], max_result_bytes=1000)(
+        task()
+    )
+    assert big["truncated"] is True and len(json.dumps(big).encode()) <= 1000
+    assert big["stdout"].startswith("é\né\n")
+
+
+async def test_environment_names_the_task_and_withholds_the_token():
+    env = {**os.environ, "GATEWAY_TOKEN": "secret"}
+    script = 'echo "$GATEWAY_TASK_ID $GATEWAY_TASK_ATTEMPT $GATEWAY_RUNTIME ${GATEWAY_TOKEN:-none}"'
+    t = task()
+    out = await CommandHandler(["sh", "-c", script], env=env)(t)
+    assert out == {"stdout": f"{t.id} 0 rt none\n"}
+
+
+async def test_a_failing_command_fails_with_its_exit_code_and_stderr_tail():
+    script = "head -c 10000 /dev/zero | tr '\\0' x >&2; echo END >&2; exit 4"
+    with pytest.raises(TaskFailed) as failed:
+        await CommandHandler(["sh", "-c", script])(task())
+    error = failed.value.error
+    assert error.startswith("exit code 4\n") and error.endswith("END\n")
+    assert len(error) == len("exit code 4\n") + 4096
+
+
+async def test_a_cancelled_command_s_group_is_terminated(tmp_path: Path):
+    pids = tmp_path / "pids"
+    # A child of the command, in the same group, must go too.
+    script = f"sleep 30 & echo $! > {pids}; echo $$ >> {pids}; wait"
+    job = asyncio.create_task(CommandHandler(["sh", "-c", script])(task()))
+    while not (pids.exists() and len(pids.read_text().split()) == 2):
+        await asyncio.sleep(0.02)
+    job.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await job
+    for pid in map(int, pids.read_text().split()):
+        await _gone(pid)
+
+
+async def test_a_command_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path):
+    ready = tmp_path / "ready"
+    script = f"trap '' TERM; touch {ready}; sleep 30 & wait; sleep 30"
+    handler = CommandHandler(["sh", "-c", script], term_grace_seconds=0.5)
+    job = asyncio.create_task(handler(task()))
+    while not ready.exists():
+        await asyncio.sleep(0.02)
+    begun = time.monotonic()
+    job.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await job
+    assert 0.4 < time.monotonic() - begun < 3
+
+
+async def _gone(pid: int, within: float = 3.0) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        # An orphaned child is reaped by init a moment after it dies.
+        assert time.monotonic() < deadline, f"pid {pid} still alive"
+        await asyncio.sleep(0.02)

@@ -1,0 +1,276 @@
+"""`gateway work` as a real process against a real gateway: many tasks through a
+concurrent worker, a worker killed mid-task, a cancel while the command runs, and the
+drain on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import pytest
+
+from gateway.migrate import apply_migrations
+from gateway_client import AsyncClient, NewTask
+from tests.harness import TOKEN, make_settings, running_gateway
+from tests.support.waiting import wait_until
+
+TASK = str(Path(__file__).with_name("work_task.py"))
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def db(fresh_database_url: str) -> Iterator[str]:
+    """A migrated database of the test's own, so that its janitor is the only one."""
+    asyncio.run(apply_migrations(fresh_database_url))
+    yield fresh_database_url
+
+
+def client_env(url: str, token: str) -> dict[str, str]:
+    """The commands find the gateway by GATEWAY_URL and GATEWAY_TOKEN, and the packages
+    in this checkout whether or not it is installed."""
+    path = [str(ROOT), str(ROOT / "clients" / "python"), os.environ.get("PYTHONPATH", "")]
+    return {
+        **os.environ,
+        "GATEWAY_URL": url,
+        "GATEWAY_TOKEN": token,
+        "PYTHONPATH": os.pathsep.join(p for p in path if p),
+    }
+
+
+@contextlib.asynccontextmanager
+async def work(
+    url: str, runtime: str, *options: str, log: Path | None = None
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`gateway work RUNTIME OPTIONS -- python work_task.py`, its log in `log` (a pipe
+    nobody reads could fill and block it); killed afterwards if alive."""
+    env = client_env(url, TOKEN)
+    with _opened(log) as out:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.cli", "work", runtime, "--wait-seconds", "1",
+            *options, "--", sys.executable, TASK,
+            env=env, stderr=out,
+        )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _opened(log: Path | None) -> BinaryIO:
+    return open(log or os.devnull, "ab")
+
+
+def pid_in(path: Path) -> int | None:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):  # not there yet, or half written
+        return None
+
+
+async def read_pid(path: Path, within: float = 10) -> int:
+    await wait_until(lambda: pid_in(path) is not None, within, f"a pid in {path}")
+    pid = pid_in(path)
+    assert pid is not None
+    return pid
+
+
+@pytest.mark.timeout(60)
+async def test_two_hundred_tasks_each_completed_once(db, redis_url, redis_prefix, runtime_id):
+    settings = make_settings(db, redis_url, redis_prefix)
+    async with running_gateway(settings) as gw, AsyncClient(gw.url, TOKEN) as client:
+        tasks = await client.enqueue_batch(
+            runtime_id,
+            [
+                NewTask({"n": n, "fail": n % 10 == 0}, max_attempts=1 if n % 10 == 0 else 5)
+                for n in range(200)
+            ],
+        )
+        async with work(gw.url, runtime_id, "--concurrency", "8") as proc:
+            counts: dict[str, int] = {}
+
+            async def poll() -> None:
+                while counts.get("completed", 0) + counts.get("dead", 0) < 200:
+                    counts.update((await client.stats(runtime_id)).counts)
+                    await asyncio.sleep(0.2)
+
+            await asyncio.wait_for(poll(), 40)
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 10) == 0
+        by_id = {t.id: t async for t in client.iter_tasks(runtime_id)}
+    assert len(by_id) == 200
+    for sent in tasks:
+        task = by_id[sent.id]
+        n = sent.payload["n"]
+        assert task.attempts == 1, task
+        if n % 10 == 0:
+            assert task.status == "dead"
+            assert task.last_error is not None
+            assert task.last_error.startswith("exit code 7\n")
+            assert task.last_error.endswith(f"failed on purpose: {n}")
+            assert len(task.last_error) <= 4096 + len("exit code 7\n")
+        else:
+            assert task.status == "completed"
+            assert task.result["n"] == n and task.result["task_id"] == task.id
+            assert task.result["runtime"] == runtime_id and task.result["token_withheld"]
+
+
+async def test_a_killed_worker_s_task_is_done_by_the_next(
+    db, redis_url, redis_prefix, runtime_id, tmp_path
+):
+    settings = make_settings(db, redis_url, redis_prefix, janitor_interval_seconds=0.2)
+    pidfile = tmp_path / "pid"
+    async with running_gateway(settings) as gw, AsyncClient(gw.url, TOKEN) as client:
+        task = await client.enqueue(
+            runtime_id, {"n": 1, "pidfile": str(pidfile), "sleep": 30, "sleep_on_attempt": 1}
+        )
+        async with work(gw.url, runtime_id, "--lease-seconds", "1") as first:
+            orphan = await read_pid(pidfile)
+            first.kill()
+            await first.wait()
+        try:
+            async with work(gw.url, runtime_id, "--lease-seconds", "1") as second:
+                await wait_until(lambda: second.returncode is None, 1, "start")
+                done = None
+                for _ in range(100):
+                    done = await client.get(task.id)
+                    if done.status == "completed":
+                        break
+                    await asyncio.sleep(0.1)
+                second.send_signal(signal.SIGTERM)
+                assert await asyncio.wait_for(second.wait(), 10) == 0
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(orphan, signal.SIGKILL)  # the killed worker could not end its command
+    assert done is not None and done.status == "completed", done
+    assert done.attempts == 2 and done.result["attempt"] == 2
+
+
+async def test_a_cancelled_task_s_command_is_ended(
+    db, redis_url, redis_prefix, runtime_id, tmp_path
+):
+    settings = make_settings(db, redis_url, redis_prefix)
+    pidfile = tmp_path / "pid"
+    async with running_gateway(settings) as gw, AsyncClient(gw.url, TOKEN) as client:
+        task = await client.enqueue(runtime_id, {"pidfile": str(pidfile), "sleep": 30})
+        async with work(gw.url, runtime_id, "--lease-seconds", "3") as proc:
+            pid = await read_pid(pidfile)
+            assert (await client.cancel(task.id)).cancel_requested
+            # The next heartbeat (a third of 3 s) sees the cancel; SIGTERM ends the command.
+            await wait_until(lambda: not alive(pid), 5, "the command to be gone")
+            for _ in range(50):
+                if (await client.get(task.id)).status == "cancelled":
+                    break
+                await asyncio.sleep(0.1)
+            assert (await client.get(task.id)).status == "cancelled"
+            assert proc.returncode is None  # the worker goes on
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 10) == 0
+
+
+async def test_a_lost_lease_ends_the_command_and_reports_nothing(
+    db, redis_url, redis_prefix, runtime_id, tmp_path
+):
+    """The worker is frozen past its lease; the task goes to another daemon. Thawed, its
+    next heartbeat is refused: its command is ended, and the new holder is left alone."""
+    settings = make_settings(db, redis_url, redis_prefix, janitor_interval_seconds=0.2)
+    pidfile = tmp_path / "pid"
+    async with running_gateway(settings) as gw, AsyncClient(gw.url, TOKEN) as client:
+        task = await client.enqueue(runtime_id, {"pidfile": str(pidfile), "sleep": 30})
+        log = tmp_path / "work.log"
+        async with work(gw.url, runtime_id, "--lease-seconds", "1", log=log) as proc:
+            pid = await read_pid(pidfile)
+            proc.send_signal(signal.SIGSTOP)
+            try:
+                taken: list = []
+                for _ in range(100):  # the lease lapses, the janitor queues the task again
+                    taken = await client.claim(runtime_id, "other", lease_seconds=60)
+                    if taken:
+                        break
+                    await asyncio.sleep(0.1)
+                assert [t.id for t in taken] == [task.id] and taken[0].attempts == 2
+            finally:
+                proc.send_signal(signal.SIGCONT)
+            await wait_until(lambda: not alive(pid), 5, "the command to be gone")
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 10) == 0
+        held = await client.get(task.id)
+        assert held.status == "claimed" and held.worker_id == "other"
+        assert held.lease_id == taken[0].lease_id and held.attempts == 2
+        assert "outcome=lease_lost" in log.read_text()
+
+
+async def test_sigterm_lets_the_running_command_finish_and_exits_0(
+    db, redis_url, redis_prefix, runtime_id, tmp_path
+):
+    settings = make_settings(db, redis_url, redis_prefix)
+    pidfile = tmp_path / "pid"
+    async with running_gateway(settings) as gw, AsyncClient(gw.url, TOKEN) as client:
+        task = await client.enqueue(runtime_id, {"n": 5, "pidfile": str(pidfile), "sleep": 1})
+        later = await client.enqueue(runtime_id, {"n": 6})
+        async with work(gw.url, runtime_id, log=tmp_path / "work.log") as proc:
+            await read_pid(pidfile)
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 10) == 0
+        log = (tmp_path / "work.log").read_text()
+        assert (await client.get(task.id)).status == "completed", log
+        assert (await client.get(later.id)).status == "queued"  # never claimed
+        stats = await client.stats(runtime_id)
+        assert stats.counts["claimed"] == 0
+        assert "outcome=completed" in log and "stopping: no more claims" in log
+
+
+async def enqueue_cli(
+    url: str, *args: str, stdin: bytes = b"", token: str = TOKEN
+) -> tuple[int, str, str]:
+    """`gateway enqueue ARGS`: (exit code, stdout, stderr). Asynchronous, since the gateway
+    answering it runs on this test's event loop."""
+    env = client_env(url, token)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", "enqueue", *args,
+        env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(stdin), 20)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_enqueue_takes_json_a_file_or_stdin(
+    database_url, redis_url, redis_prefix, runtime_id, tmp_path
+):
+    payload_file = tmp_path / "payload.json"
+    payload_file.write_text('{"from": "file"}')
+    async with running_gateway(make_settings(database_url, redis_url, redis_prefix)) as gw:
+        code, out, err = await enqueue_cli(
+            gw.url, runtime_id, "--payload", '{"n": 18446744073709551616}', "--priority", "70",
+            "--delay-seconds", "60", "--idempotency-key", "k",
+        )  # fmt: skip
+        assert code == 0, err
+        task = json.loads(out)
+        assert task["payload"] == {"n": 18446744073709551616} and task["priority"] == 70
+        assert task["run_at"] > task["created_at"]
+        code, out, _ = await enqueue_cli(gw.url, runtime_id, "--payload", f"@{payload_file}")
+        assert json.loads(out)["payload"] == {"from": "file"}
+        code, out, _ = await enqueue_cli(gw.url, runtime_id, "--payload", "-", stdin=b"[1, 2]")
+        assert json.loads(out)["payload"] == [1, 2]
+        code, out, err = await enqueue_cli(gw.url, runtime_id, "--payload", "{nope")
+        assert code == 2 and "--payload" in err and not out
+        code, out, err = await enqueue_cli(gw.url, runtime_id, "--payload", "1", token="bad")
+        assert code == 1 and "unauthorized" in err and not out
