@@ -1,0 +1,157 @@
+"""The matrix's rows: each fault is injected, held for `hold_seconds`, then healed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import asyncpg
+import redis.asyncio as aioredis
+
+from tests.faults.rig import Rig
+
+Step = Callable[[Rig], Awaitable[None]]
+LEADER_METRIC = "gateway_janitor_leader"
+BACKEND_KILL_EVERY_SECONDS = 0.3
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    inject: Step
+    heal: Step
+    hold_seconds: float = 2.0
+    proxy: bool = False  # the second gateway reaches Redis through a blackhole proxy
+    private_postgres: bool = False  # the row restarts Postgres
+
+
+async def _nothing(_rig: Rig) -> None:
+    return None
+
+
+async def _redis_command(rig: Rig, *args: str) -> None:
+    client = aioredis.Redis.from_url(rig.redis.url, socket_timeout=5)
+    try:
+        await client.execute_command(*args)
+    finally:
+        await client.aclose()
+
+
+async def _redis_kill(rig: Rig) -> None:
+    rig.redis.kill()
+
+
+async def _redis_start(rig: Rig) -> None:
+    await asyncio.to_thread(rig.redis.start)
+
+
+async def _flushall(rig: Rig) -> None:
+    await _redis_command(rig, "FLUSHALL")
+
+
+async def _evict(rig: Rig) -> None:
+    # Below what an empty server uses: every write evicts keys, versions included.
+    await _redis_command(rig, "CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+    await _redis_command(rig, "CONFIG", "SET", "maxmemory", "1")
+
+
+async def _unevict(rig: Rig) -> None:
+    await _redis_command(rig, "CONFIG", "SET", "maxmemory", "0")
+
+
+async def _redis_stop(rig: Rig) -> None:
+    rig.redis.signal(signal.SIGSTOP)
+
+
+async def _redis_cont(rig: Rig) -> None:
+    rig.redis.signal(signal.SIGCONT)
+
+
+async def _kill_pubsub(rig: Rig) -> None:
+    await _redis_command(rig, "CLIENT", "KILL", "TYPE", "pubsub")
+
+
+async def _terminate_backends(rig: Rig) -> None:
+    """Every gateway backend in the row's own database, again and again, so that some
+    are cut in the middle of a claim."""
+
+    async def loop() -> None:
+        while True:
+            with contextlib.suppress(OSError, asyncpg.PostgresError):
+                await rig.sql(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            await asyncio.sleep(BACKEND_KILL_EVERY_SECONDS)
+
+    rig.background.append(asyncio.create_task(loop()))
+
+
+async def _stop_background(rig: Rig) -> None:
+    for task in rig.background:
+        task.cancel()
+    await asyncio.gather(*rig.background, return_exceptions=True)
+    rig.background.clear()
+
+
+async def _postgres_stop(rig: Rig) -> None:
+    assert rig.postgres is not None
+    await asyncio.to_thread(rig.postgres.stop, "immediate")
+
+
+async def _postgres_start(rig: Rig) -> None:
+    assert rig.postgres is not None
+    await asyncio.to_thread(rig.postgres.start)
+
+
+async def _kill_first_gateway(rig: Rig) -> None:
+    await rig.gateways[0].kill()
+
+
+async def _restart_killed(rig: Rig) -> None:
+    for gateway in rig.gateways:
+        if gateway.process is None:
+            await gateway.start()
+
+
+async def _kill_janitor_leader(rig: Rig) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for gateway in rig.gateways:
+            if await gateway.metric(LEADER_METRIC) == 1.0:
+                await gateway.kill()
+                return
+        await asyncio.sleep(0.1)
+    raise RuntimeError("no gateway reported itself the janitor's leader")
+
+
+async def _blackhole(rig: Rig) -> None:
+    assert rig.proxy is not None
+    rig.proxy.blackhole()
+
+
+async def _unblackhole(rig: Rig) -> None:
+    assert rig.proxy is not None
+    rig.proxy.heal()
+
+
+FAULTS = {
+    f.name: f
+    for f in (
+        Fault("Redis SIGKILL + restart", _redis_kill, _redis_start),
+        Fault("Redis FLUSHALL", _flushall, _nothing, hold_seconds=0.0),
+        Fault("version keys evicted (maxmemory 1 B, allkeys-lru)", _evict, _unevict),
+        Fault("Redis paused 2 s (SIGSTOP) > 250 ms budget", _redis_stop, _redis_cont),
+        Fault("pub/sub connection killed", _kill_pubsub, _nothing, hold_seconds=0.0),
+        Fault("Postgres backends terminated mid-claim", _terminate_backends, _stop_background),
+        Fault("Postgres restarted", _postgres_stop, _postgres_start, private_postgres=True),
+        Fault("one gateway SIGKILLed mid-claim", _kill_first_gateway, _restart_killed),
+        Fault("janitor leader SIGKILLed", _kill_janitor_leader, _restart_killed),
+        Fault("gateway-Redis path blackholed 3 s", _blackhole, _unblackhole, 3.0, proxy=True),
+    )
+}
+SHORT = ("Redis SIGKILL + restart", "pub/sub connection killed", "one gateway SIGKILLed mid-claim")
