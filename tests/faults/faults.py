@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -17,6 +18,7 @@ from tests.faults.rig import Rig
 Step = Callable[[Rig], Awaitable[None]]
 LEADER_METRIC = "gateway_janitor_leader"
 BACKEND_KILL_EVERY_SECONDS = 0.3
+MID_CLAIM_WATCH_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -108,8 +110,49 @@ async def _postgres_start(rig: Rig) -> None:
     await asyncio.to_thread(rig.postgres.start)
 
 
+def _local_ports(pid: int) -> list[int]:
+    """The local TCP ports of process `pid`'s connections (its Postgres backends'
+    client_port)."""
+    import psutil
+
+    try:
+        return [c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.raddr]
+    except psutil.Error:
+        return []
+
+
+async def _kill_mid_claim(rig: Rig, index: int) -> None:
+    """SIGKILL gateway `index` as soon as one of its claim transactions is seen ending
+    in pg_stat_activity (rows leased, the answer maybe not yet written; mostly the
+    answer still wins the race); after MID_CLAIM_WATCH_SECONDS without that, anyway."""
+    gateway = rig.gateways[index]
+    assert gateway.process is not None
+    conn = await asyncpg.connect(rig.database_url, timeout=10)
+    try:
+        deadline = time.monotonic() + MID_CLAIM_WATCH_SECONDS
+        backend = None
+        for round_ in itertools.count():
+            if time.monotonic() > deadline:
+                break
+            if backend is None:
+                if round_ % 50 == 0:  # its pool opens connections as it needs them
+                    ports = _local_ports(gateway.process.pid)
+                backend = await conn.fetchval(
+                    "SELECT pid FROM pg_stat_activity WHERE client_port = ANY($1::int[]) "
+                    "AND state <> 'idle' AND query LIKE '%FOR UPDATE SKIP LOCKED%'",
+                    ports,
+                )
+            elif await conn.fetchval(
+                "SELECT state = 'idle' FROM pg_stat_activity WHERE pid = $1", backend
+            ):
+                break  # committed (or rolled back): the rows are leased, the answer not sent
+    finally:
+        await conn.close()
+    await gateway.kill()
+
+
 async def _kill_first_gateway(rig: Rig) -> None:
-    await rig.gateways[0].kill()
+    await _kill_mid_claim(rig, 0)
 
 
 async def _restart_killed(rig: Rig) -> None:
@@ -121,9 +164,9 @@ async def _restart_killed(rig: Rig) -> None:
 async def _kill_janitor_leader(rig: Rig) -> None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        for gateway in rig.gateways:
+        for index, gateway in enumerate(rig.gateways):
             if await gateway.metric(LEADER_METRIC) == 1.0:
-                await gateway.kill()
+                await _kill_mid_claim(rig, index)
                 return
         await asyncio.sleep(0.1)
     raise RuntimeError("no gateway reported itself the janitor's leader")

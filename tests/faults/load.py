@@ -1,7 +1,8 @@
 """Steady load over the gateways, recording everything the clients saw.
 
 Producers enqueue round-robin over the runtimes and the gateways at a fixed rate;
-workers (per gateway and runtime) long-poll and complete what they get at once. An
+workers (per gateway and runtime) long-poll and complete what they get at once, but
+for a few tasks they drop, as a dead daemon would. An
 answer with no usable outcome (timeout, connection error, 5xx) is recorded as unknown.
 All times are `time.time()` seconds, as the checker wants.
 """
@@ -29,8 +30,12 @@ RETRY_PAUSE_SECONDS = 0.2
 class LoadShape:
     """Rates in tasks/s, durations in seconds."""
 
-    runtimes: tuple[str, ...]
+    runtimes: tuple[str, ...]  # the last one is sparse: its pollers mostly park on a verdict
     enqueue_rate: float = 40.0
+    sparse_every: int = 30  # one enqueue in this many goes to the sparse runtime
+    # While producing, one task in this many is held and never completed, as by a
+    # daemon that died: its lease must run out and the janitor hand the task on.
+    abandon_every: int = 25
     workers_per_runtime: int = 2  # on each gateway
     wait_seconds: float = 2.0
     lease_seconds: int = 3
@@ -48,10 +53,10 @@ class Load:
     shape: LoadShape
     history: History = field(default_factory=History)
     statuses: Counter[int] = field(default_factory=Counter)
-    deliveries: list[float] = field(default_factory=list)  # answers that carried tasks
     _producing: asyncio.Event = field(default_factory=asyncio.Event)
     _working: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _handed: itertools.count[int] = field(default_factory=itertools.count)
     _http: aiohttp.ClientSession | None = None
 
     @property
@@ -122,13 +127,15 @@ class Load:
         await asyncio.gather(*pending, return_exceptions=True)
 
     async def _enqueue(self, n: int, room: asyncio.Semaphore) -> None:
-        runtime = self.shape.runtimes[n % len(self.shape.runtimes)]
+        busy = self.shape.runtimes[:-1]
+        sparse = n % self.shape.sparse_every == 0
+        runtime = self.shape.runtimes[-1] if sparse else busy[n % len(busy)]
         # max_attempts high: a lease lost to a fault must come back, not end dead.
         body = {"payload": {"n": n}, "max_attempts": 100}
         sent = time.time()
         try:
             got = await self._post(
-                n // len(self.shape.runtimes), f"/v1/runtimes/{runtime}/tasks", body,
+                n // len(busy), f"/v1/runtimes/{runtime}/tasks", body,
                 self.shape.request_seconds,
             )  # fmt: skip
             if got is not None and got[0] == 201:
@@ -163,9 +170,9 @@ class Load:
             tasks = got[1]["tasks"]
             leases = tuple(Lease(t["id"], t["lease_id"]) for t in tasks)
             self.history.claims.append(Claim(runtime, sent, answered, shape.lease_seconds, leases))
-            if tasks:
-                self.deliveries.append(answered)
             for task in tasks:
+                if self._producing.is_set() and next(self._handed) % shape.abandon_every == 0:
+                    continue
                 await self._complete(gateway, runtime, task)
 
     async def _complete(self, gateway: int, runtime: str, task: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from tests.faults.checker import Row, Verdict, check
+from tests.faults.checker import History, Row, Verdict, check
 from tests.faults.faults import FAULTS, Fault
 from tests.faults.load import Load, LoadShape
 from tests.faults.rig import JANITOR_INTERVAL_SECONDS, REPAIR_BOUND_SECONDS, Rig, rig
@@ -34,8 +34,9 @@ class RowResult:
     fault: str
     tasks: int
     verdict: Verdict
-    recovery_seconds: float | None  # heal -> first task delivered; None: nothing came
+    recovery_seconds: float | None  # see recovery(); None: nothing delivered after the heal
     server_errors: int
+    released: int  # tasks handed out more than once (a lease lost to the fault, reclaimed)
     seconds: float
 
     @property
@@ -57,15 +58,15 @@ def log(message: str) -> None:
     print(f"[faults] {message}", file=sys.stderr, flush=True)
 
 
-async def _read_rows(rig: Rig) -> tuple[list[Row], float]:
+async def _read_rows(rig: Rig) -> tuple[list[Row], float, int]:
     records = await rig.sql(
-        "SELECT id::text AS id, runtime_id, status, "
+        "SELECT id::text AS id, runtime_id, status, attempts, "
         "extract(epoch FROM lease_expires_at)::float8 AS lease_end, "
         "extract(epoch FROM clock_timestamp())::float8 AS now FROM tasks"
     )
     rows = [Row(r["id"], r["runtime_id"], r["status"], r["lease_end"]) for r in records]
     now = records[0]["now"] if records else time.time()
-    return rows, now
+    return rows, now, sum(1 for r in records if r["attempts"] > 1)
 
 
 async def _drain(rig: Rig, seconds: float) -> None:
@@ -84,7 +85,7 @@ async def _drain(rig: Rig, seconds: float) -> None:
 async def run_row(fault: Fault, admin_url: str | None, timing: Timing) -> RowResult:
     started = time.monotonic()
     slug = re.sub(r"[^a-z0-9]+", "-", fault.name.lower()).strip("-")[:40]
-    shape = LoadShape(runtimes=tuple(f"{slug}-{i}" for i in range(3)))
+    shape = LoadShape(runtimes=(f"{slug}-0", f"{slug}-1", f"{slug}-2", f"{slug}-sparse"))
     async with rig(admin_url, private_postgres=fault.private_postgres, proxy=fault.proxy) as r:
         load = Load(r.urls, r.token, shape)
         await load.start()
@@ -99,17 +100,32 @@ async def run_row(fault: Fault, admin_url: str | None, timing: Timing) -> RowRes
             await _drain(r, timing.drain)
         finally:
             await load.stop()
-        rows, checked_at = await _read_rows(r)
+        rows, checked_at, released = await _read_rows(r)
     verdict = check(
         load.history, rows, checked_at=checked_at,
         janitor_interval=JANITOR_INTERVAL_SECONDS, repair_bound=REPAIR_BOUND_SECONDS,
     )  # fmt: skip
-    after = [t for t in load.deliveries if t >= healed]
     tasks = len({row.task_id for row in rows} | {e.task_id for e in load.history.enqueues})
     return RowResult(
-        fault.name, tasks, verdict, min(after) - healed if after else None,
-        load.server_errors, time.monotonic() - started,
+        fault.name, tasks, verdict, recovery(load.history, healed),
+        load.server_errors, released, time.monotonic() - started,
     )  # fmt: skip
+
+
+def recovery(history: History, healed: float) -> float | None:
+    """The longest a task waited after the heal (s): from the later of the heal and its
+    enqueue's answer to the first answer that handed it out, over the tasks first handed
+    out after the heal. None when no task was handed out after the heal."""
+    first: dict[str, float] = {}
+    for claim in history.claims:
+        for lease in claim.leases:
+            first[lease.task_id] = min(first.get(lease.task_id, claim.answered), claim.answered)
+    waits = [
+        first[e.task_id] - max(e.answered, healed)
+        for e in history.enqueues
+        if first.get(e.task_id, 0.0) >= healed
+    ]
+    return max(waits) if waits else None
 
 
 async def run_matrix(
@@ -126,15 +142,16 @@ async def run_matrix(
 
 def table(results: list[RowResult]) -> str:
     lines = [
-        "| fault | tasks | lost | duplicated | stale-empty | worst recovery | 5xx |",
-        "|---|---|---|---|---|---|---|",
+        "| fault | tasks | lost | duplicated | stale-empty | worst recovery | 5xx | re-leased |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         v = r.verdict
-        recovery = f"{r.recovery_seconds:.2f} s" if r.recovery_seconds is not None else "none"
+        waited = f"{r.recovery_seconds:.2f} s" if r.recovery_seconds is not None else "none"
         lines.append(
             f"| {r.fault} | {r.tasks} | {len(v.lost) + len(v.unresolved)} | "
-            f"{len(v.duplicated)} | {len(v.stale_empty)} | {recovery} | {r.server_errors} |"
+            f"{len(v.duplicated)} | {len(v.stale_empty)} | {waited} | {r.server_errors} | "
+            f"{r.released} |"
         )
     return "\n".join(lines)
 
