@@ -11,9 +11,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import asyncpg
+import psutil
 import redis.asyncio as aioredis
 
-from tests.faults.rig import Rig
+from tests.faults.rig import JANITOR_INTERVAL_SECONDS, Rig
+from tests.faults.servers import log
 
 Step = Callable[[Rig], Awaitable[None]]
 LEADER_METRIC = "gateway_janitor_leader"
@@ -113,8 +115,6 @@ async def _postgres_start(rig: Rig) -> None:
 def _local_ports(pid: int) -> list[int]:
     """The local TCP ports of process `pid`'s connections (its Postgres backends'
     client_port)."""
-    import psutil
-
     try:
         return [c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.raddr]
     except psutil.Error:
@@ -130,7 +130,7 @@ async def _kill_mid_claim(rig: Rig, index: int) -> None:
     conn = await asyncpg.connect(rig.database_url, timeout=10)
     try:
         deadline = time.monotonic() + MID_CLAIM_WATCH_SECONDS
-        backend = None
+        backend, ended = None, False
         for round_ in itertools.count():
             if time.monotonic() > deadline:
                 break
@@ -145,10 +145,13 @@ async def _kill_mid_claim(rig: Rig, index: int) -> None:
             elif await conn.fetchval(
                 "SELECT state = 'idle' FROM pg_stat_activity WHERE pid = $1", backend
             ):
+                ended = True
                 break  # committed (or rolled back): the rows are leased, the answer not sent
     finally:
         await conn.close()
     await gateway.kill()
+    seen = "as one of its claims ended" if ended else "without seeing a claim end"
+    log(f"SIGKILLed gateway {index} {seen}")
 
 
 async def _kill_first_gateway(rig: Rig) -> None:
@@ -172,6 +175,18 @@ async def _kill_janitor_leader(rig: Rig) -> None:
     raise RuntimeError("no gateway reported itself the janitor's leader")
 
 
+async def _takeover_then_restart(rig: Rig) -> None:
+    """The surviving gateway must take the janitor's lock (within a few intervals),
+    then the killed one comes back."""
+    deadline = time.monotonic() + 10 * JANITOR_INTERVAL_SECONDS + 5
+    survivors = [g for g in rig.gateways if g.process is not None]
+    while not [g for g in survivors if await g.metric(LEADER_METRIC) == 1.0]:
+        if time.monotonic() > deadline:
+            raise RuntimeError("no surviving gateway took over the janitor")
+        await asyncio.sleep(0.1)
+    await _restart_killed(rig)
+
+
 async def _blackhole(rig: Rig) -> None:
     assert rig.proxy is not None
     rig.proxy.blackhole()
@@ -193,7 +208,7 @@ FAULTS = {
         Fault("Postgres backends terminated mid-claim", _terminate_backends, _stop_background),
         Fault("Postgres restarted", _postgres_stop, _postgres_start, private_postgres=True),
         Fault("one gateway SIGKILLed mid-claim", _kill_first_gateway, _restart_killed),
-        Fault("janitor leader SIGKILLed", _kill_janitor_leader, _restart_killed),
+        Fault("janitor leader SIGKILLed", _kill_janitor_leader, _takeover_then_restart),
         Fault("gateway-Redis path blackholed 3 s", _blackhole, _unblackhole, 3.0, proxy=True),
     )
 }

@@ -24,6 +24,7 @@ from tests.faults.checker import Claim, Complete, Enqueue, History, Lease, Unkno
 
 MAX_IN_FLIGHT_ENQUEUES = 50
 RETRY_PAUSE_SECONDS = 0.2
+NOT_SENT = 0  # the status _post gives a request that never reached a gateway
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,8 @@ class Load:
     async def _post(
         self, gateway: int, path: str, body: Any, seconds: float
     ) -> tuple[int, Any] | None:
-        """(status, body), or None for no usable answer (recorded by the caller)."""
+        """(status, body); (NOT_SENT, None) when no connection could be made, so the
+        request surely did nothing; None for no usable answer (it may have taken effect)."""
         assert self._http is not None
         urls = self.urls()
         try:
@@ -109,6 +111,8 @@ class Load:
                 if resp.status >= 500:
                     return None
                 return resp.status, orjson.loads(raw) if raw else None
+        except aiohttp.ClientConnectorError:
+            return NOT_SENT, None
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
             return None
 
@@ -164,7 +168,7 @@ class Load:
                 self.history.unknown.append(Unknown("claim", runtime, sent, answered))
                 await asyncio.sleep(RETRY_PAUSE_SECONDS)
                 continue
-            if got[0] != 200:  # 429 and the like: nothing was handed out
+            if got[0] != 200:  # refused, 429 and the like: nothing was handed out
                 await asyncio.sleep(RETRY_PAUSE_SECONDS)
                 continue
             tasks = got[1]["tasks"]
@@ -185,13 +189,14 @@ class Load:
             got = await self._post(
                 gateway, path, {"lease_id": task["lease_id"]}, self.shape.request_seconds
             )
-            if got is not None:
+            if got is None:
+                self.history.unknown.append(Unknown("complete", runtime, sent, time.time()))
+            elif got[0] != NOT_SENT:
                 if got[0] == 200:
                     self.history.completes.append(
                         Complete(task["id"], task["lease_id"], sent, time.time())
                     )
                 return  # 409: the lease was lost and the task handed on; not ours now
-            self.history.unknown.append(Unknown("complete", runtime, sent, time.time()))
             if time.time() > give_up:
                 return
             gateway += 1  # the other instance, in case this one is down

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import sys
 import time
 from dataclasses import dataclass
 
@@ -18,6 +17,7 @@ from tests.faults.checker import History, Row, Verdict, check
 from tests.faults.faults import FAULTS, Fault
 from tests.faults.load import Load, LoadShape
 from tests.faults.rig import JANITOR_INTERVAL_SECONDS, REPAIR_BOUND_SECONDS, Rig, rig
+from tests.faults.servers import log
 
 
 @dataclass(frozen=True)
@@ -52,10 +52,6 @@ class RowResult:
         if self.recovery_seconds is None:
             lines.append("no task was delivered after the fault was healed")
         return lines
-
-
-def log(message: str) -> None:
-    print(f"[faults] {message}", file=sys.stderr, flush=True)
 
 
 async def _read_rows(rig: Rig) -> tuple[list[Row], float, int]:

@@ -23,6 +23,11 @@ from tests.support.net import free_port
 READY_SECONDS = 20.0
 
 
+def log(message: str) -> None:
+    """Progress goes to stderr, so that stdout holds only the table."""
+    print(f"[faults] {message}", file=sys.stderr, flush=True)
+
+
 def _redis_binary() -> str:
     found = shutil.which("redis-server") or shutil.which("valkey-server")
     if found:
