@@ -21,6 +21,7 @@ Step = Callable[[Rig], Awaitable[None]]
 LEADER_METRIC = "gateway_janitor_leader"
 BACKEND_KILL_EVERY_SECONDS = 0.3
 MID_CLAIM_WATCH_SECONDS = 5.0
+REDIS_ERRORS = "gateway_redis_errors_total"
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,9 @@ class Fault:
     hold_seconds: float = 2.0
     proxy: bool = False  # the second gateway reaches Redis through a blackhole proxy
     private_postgres: bool = False  # the row restarts Postgres
+    # A gateway counter (summed over both) that must grow across the fault, so that a
+    # fault that silently did nothing cannot pass as a clean row.
+    proof: str | None = None
 
 
 async def _nothing(_rig: Rig) -> None:
@@ -200,16 +204,39 @@ async def _unblackhole(rig: Rig) -> None:
 FAULTS = {
     f.name: f
     for f in (
-        Fault("Redis SIGKILL + restart", _redis_kill, _redis_start),
+        Fault("Redis SIGKILL + restart", _redis_kill, _redis_start, proof=REDIS_ERRORS),
         Fault("Redis FLUSHALL", _flushall, _nothing, hold_seconds=0.0),
-        Fault("version keys evicted (maxmemory 1 B, allkeys-lru)", _evict, _unevict),
-        Fault("Redis paused 2 s (SIGSTOP) > 250 ms budget", _redis_stop, _redis_cont),
-        Fault("pub/sub connection killed", _kill_pubsub, _nothing, hold_seconds=0.0),
+        Fault(
+            "version keys evicted (maxmemory 1 B, allkeys-lru)",
+            _evict,
+            _unevict,
+            proof=REDIS_ERRORS,  # writes past maxmemory are refused (OOM)
+        ),
+        Fault(
+            "Redis paused 2 s (SIGSTOP) > 250 ms budget",
+            _redis_stop,
+            _redis_cont,
+            proof=REDIS_ERRORS,
+        ),
+        Fault(
+            "pub/sub connection killed",
+            _kill_pubsub,
+            _nothing,
+            hold_seconds=0.0,
+            proof="gateway_pubsub_reconnects_total",
+        ),
         Fault("Postgres backends terminated mid-claim", _terminate_backends, _stop_background),
         Fault("Postgres restarted", _postgres_stop, _postgres_start, private_postgres=True),
         Fault("one gateway SIGKILLed mid-claim", _kill_first_gateway, _restart_killed),
         Fault("janitor leader SIGKILLed", _kill_janitor_leader, _takeover_then_restart),
-        Fault("gateway-Redis path blackholed 3 s", _blackhole, _unblackhole, 3.0, proxy=True),
+        Fault(
+            "gateway-Redis path blackholed 3 s",
+            _blackhole,
+            _unblackhole,
+            3.0,
+            proxy=True,
+            proof=REDIS_ERRORS,
+        ),
     )
 }
 SHORT = ("Redis SIGKILL + restart", "pub/sub connection killed", "one gateway SIGKILLed mid-claim")

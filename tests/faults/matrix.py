@@ -37,11 +37,17 @@ class RowResult:
     recovery_seconds: float | None  # see recovery(); None: nothing delivered after the heal
     server_errors: int
     released: int  # tasks handed out more than once (a lease lost to the fault, reclaimed)
+    unproven: str  # why the fault may have had no effect, or ''
     seconds: float
 
     @property
     def clean(self) -> bool:
-        return self.verdict.clean and self.tasks > 0 and self.recovery_seconds is not None
+        return (
+            self.verdict.clean
+            and self.tasks > 0
+            and self.recovery_seconds is not None
+            and not self.unproven
+        )
 
     def problems(self) -> list[str]:
         v = self.verdict
@@ -51,6 +57,8 @@ class RowResult:
         lines += v.stale_empty
         if self.recovery_seconds is None:
             lines.append("no task was delivered after the fault was healed")
+        if self.unproven:
+            lines.append(self.unproven)
         return lines
 
 
@@ -63,6 +71,11 @@ async def _read_rows(rig: Rig) -> tuple[list[Row], float, int]:
     rows = [Row(r["id"], r["runtime_id"], r["status"], r["lease_end"]) for r in records]
     now = records[0]["now"] if records else time.time()
     return rows, now, sum(1 for r in records if r["attempts"] > 1)
+
+
+async def _counter(rig: Rig, name: str) -> float:
+    """Counter `name` summed over the gateways that answer."""
+    return sum([await g.metric(name) or 0.0 for g in rig.gateways])
 
 
 async def _drain(rig: Rig, seconds: float) -> None:
@@ -87,11 +100,15 @@ async def run_row(fault: Fault, admin_url: str | None, timing: Timing) -> RowRes
         await load.start()
         try:
             await asyncio.sleep(timing.warmup)
+            before = await _counter(r, fault.proof) if fault.proof else 0.0
             await fault.inject(r)
             await asyncio.sleep(fault.hold_seconds)
             await fault.heal(r)
             healed = time.time()
             await asyncio.sleep(timing.after)
+            unproven = ""
+            if fault.proof and await _counter(r, fault.proof) <= before:
+                unproven = f"{fault.proof} did not grow: the fault left no trace"
             await load.stop_producing()
             await _drain(r, timing.drain)
         finally:
@@ -104,7 +121,7 @@ async def run_row(fault: Fault, admin_url: str | None, timing: Timing) -> RowRes
     tasks = len({row.task_id for row in rows} | {e.task_id for e in load.history.enqueues})
     return RowResult(
         fault.name, tasks, verdict, recovery(load.history, healed),
-        load.server_errors, released, time.monotonic() - started,
+        load.server_errors, released, unproven, time.monotonic() - started,
     )  # fmt: skip
 
 

@@ -193,7 +193,8 @@ class GatewayProcess:
         self.process = None
 
     async def metric(self, name: str) -> float | None:
-        """One unlabelled sample from /metrics, or None when it cannot be read."""
+        """The sum of the samples called `name` on /metrics (over every label set), or
+        None when it cannot be read or has none."""
         try:
             async with (
                 aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http,
@@ -202,7 +203,9 @@ class GatewayProcess:
                 text = await resp.text()
         except (aiohttp.ClientError, TimeoutError):
             return None
-        for line in text.splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-        return None
+        found = [
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith((name + " ", name + "{"))
+        ]
+        return sum(found) if found else None
