@@ -147,7 +147,13 @@ async def run_matrix(
     results = []
     for name in names:
         log(f"{name} ...")
-        result = await run_row(FAULTS[name], admin_url, timing or Timing())
+        started = time.monotonic()
+        try:
+            result = await run_row(FAULTS[name], admin_url, timing or Timing())
+        except Exception as exc:  # one broken row must not hide the others' figures
+            log(f"{name}: the row failed: {exc!r}")
+            seconds = time.monotonic() - started
+            result = RowResult(name, 0, Verdict(), None, 0, 0, f"row failed: {exc!r}", seconds)
         log(f"{name}: {'clean' if result.clean else 'NOT CLEAN'} in {result.seconds:.1f}s")
         results.append(result)
     return results
