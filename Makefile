@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LINT_PATHS := gateway tests bench clients/python examples
 
-.PHONY: run test lint format bench simulate clean
+.PHONY: run test lint format bench simulate faults clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ simulate: $(STAMP)
 ## bench: the benchmark harness (see bench/README.md)
 bench: $(STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+## faults: the fault matrix: two gateway processes over private servers, one fault per row, every task checked (FAULTS_ROWS to pick rows)
+faults: $(STAMP)
+	$(BIN)/python -m tests.faults
 
 clean:
 	rm -rf $(VENV) .gateway .pytest_cache .mypy_cache .ruff_cache

@@ -134,6 +134,21 @@ def make_client(url: str, timeout_seconds: float, **extra: object) -> aioredis.R
     return aioredis.Redis.from_url(url, **options)  # type: ignore[arg-type]
 
 
+def make_pubsub_client(url: str, timeout_seconds: float) -> aioredis.Redis:
+    """The pub/sub subscriber's client: no socket timeout (its reads block for long
+    stretches by design; its own PINGs find a dead connection), raw bytes (redis-py
+    mis-parses a subscribed PONG when it decodes responses), and no retry.
+
+    With a retry, redis-py's pub/sub reconnects and subscribes again inside the failed
+    read and returns as if nothing happened: the subscriber would never learn of the
+    gap, nor wake its waiters for the wake-ups lost in it (I8).
+    """
+    return make_client(
+        url, timeout_seconds, socket_timeout=None, decode_responses=False,
+        retry=Retry(NoBackoff(), 0),
+    )  # fmt: skip
+
+
 class VerdictCache:
     """Versions, verdicts and wake-up publishes for every runtime. Owns its client."""
 

@@ -11,7 +11,7 @@ import logging
 
 from .auth import Authenticator
 from .background import stop_task
-from .cache import CircuitBreaker, VerdictCache, make_client
+from .cache import CircuitBreaker, VerdictCache, make_client, make_pubsub_client
 from .claim import Claimer
 from .credentials import Credentials
 from .errors import ConfigError, GatewayError
@@ -56,11 +56,8 @@ class Gateway:
             breaker=CircuitBreaker(settings.breaker_failures, settings.breaker_open_seconds),
             on_trouble=self._on_redis_trouble,
         )
-        # The subscriber's reads block for long stretches by design: no socket timeout;
-        # its own PINGs detect a dead connection. Raw bytes: redis-py mis-parses a
-        # subscribed PONG when it decodes responses.
         self.subscriber = Subscriber(
-            make_client(settings.redis_url, timeout, socket_timeout=None, decode_responses=False),
+            make_pubsub_client(settings.redis_url, timeout),
             settings.redis_prefix,
             self.metrics,
             on_wake=self._on_wake,

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.cache import keys_for, make_client
+from gateway.cache import keys_for, make_client, make_pubsub_client
 from gateway.metrics import Metrics
 from gateway.wakeups import Subscriber
+from tests.support.metrics import sample
 
 
 async def test_forgetting_and_wanting_a_channel_again_keeps_it_subscribed(redis_url, redis_prefix):
     woken: list[str] = []
     sub = Subscriber(
-        make_client(redis_url, 0.25, socket_timeout=None, decode_responses=False),
+        make_pubsub_client(redis_url, 0.25),
         redis_prefix,
         Metrics(),
         on_wake=woken.append,
@@ -44,4 +45,36 @@ async def test_forgetting_and_wanting_a_channel_again_keeps_it_subscribed(redis_
         assert woken[0] == "rt"
     finally:
         await publisher.aclose()
+        await sub.stop()
+
+
+async def test_a_connection_the_server_drops_wakes_every_waiter(redis_process, redis_prefix):
+    """Dropped by Redis (CLIENT KILL, an idle timeout, a proxy) while Redis stays up:
+    redis-py's pub/sub would reconnect and subscribe again inside the read it may retry,
+    so the subscriber never learned of the gap and woke nobody, and a wake-up published
+    in the gap was lost to every parked poll (I8). Found by the fault matrix."""
+    resets: list[float] = []
+    metrics = Metrics()
+    sub = Subscriber(
+        make_pubsub_client(redis_process.url, 0.25),
+        redis_prefix,
+        metrics,
+        on_wake=lambda _runtime: None,
+        on_reset=lambda: resets.append(asyncio.get_running_loop().time()),
+        timeout_seconds=0.25,
+    )
+    await sub.start()
+    admin = make_client(redis_process.url, 0.25)
+    try:
+        async with asyncio.timeout(5):
+            while not sub.healthy:
+                await asyncio.sleep(0.01)
+        before = len(resets)
+        assert await admin.client_kill_filter(_type="pubsub") == 1
+        async with asyncio.timeout(5):
+            while len(resets) == before or not sub.healthy:
+                await asyncio.sleep(0.01)
+        assert sample(metrics, "gateway_pubsub_reconnects_total") >= 1
+    finally:
+        await admin.aclose()
         await sub.stop()

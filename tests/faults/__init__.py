@@ -1,0 +1,9 @@
+"""The fault matrix against real servers: steady load over two gateway processes, one
+fault per row (injected, healed), then every task checked against Postgres.
+
+`checker` is the pure classification, `servers` the private Redis, Postgres and
+gateway processes, `proxy` a loopback TCP proxy that can blackhole, `rig` one row's
+set of them, `load` the producers and workers that record what they saw, `faults` the
+rows, `matrix` the run and its table. `python -m tests.faults` (`make faults`) runs
+every row.
+"""

@@ -1,0 +1,192 @@
+"""The fault matrix's checker: a pure function over what the clients saw (a `History`)
+and the tasks table at the end (`Row`s), sorting every task into completed once, lost,
+duplicated or unresolved, and every empty claim answer into fine or stale-empty.
+
+Times are wall-clock seconds (`time.time()`), the clock Postgres uses on the same
+machine. Every verdict is conservative: a request's effect happened somewhere between
+its send and its answer, and an operation with no answer (timeout, connection error,
+5xx) may or may not have taken effect, so it is only ever used to excuse, never to
+accuse.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Enqueue:
+    """A `201` to an enqueue: the task was committed claimable by `answered`."""
+
+    task_id: str
+    runtime: str
+    answered: float
+
+
+@dataclass(frozen=True)
+class Lease:
+    task_id: str
+    lease_id: str
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A `200` to a claim; `leases` empty means an empty answer."""
+
+    runtime: str
+    sent: float
+    answered: float
+    lease_seconds: float
+    leases: tuple[Lease, ...] = ()
+
+
+@dataclass(frozen=True)
+class Complete:
+    """A `200` to a complete of `lease_id`, sent at `sent`."""
+
+    task_id: str
+    lease_id: str
+    sent: float
+    answered: float
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """A request with no usable answer (timeout, connection error, 5xx): it may have
+    taken effect at any time in [sent, gave_up]. `kind` is enqueue, claim or complete."""
+
+    kind: str
+    runtime: str
+    sent: float
+    gave_up: float
+
+
+@dataclass
+class History:
+    enqueues: list[Enqueue] = field(default_factory=list)
+    claims: list[Claim] = field(default_factory=list)
+    completes: list[Complete] = field(default_factory=list)
+    unknown: list[Unknown] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the tasks table at check time; `lease_expires_at` in epoch seconds."""
+
+    task_id: str
+    runtime: str
+    status: str
+    lease_expires_at: float | None = None
+
+
+@dataclass
+class Verdict:
+    """Task ids per category, and the empty claim answers found stale, with why."""
+
+    completed_once: set[str] = field(default_factory=set)
+    lost: dict[str, str] = field(default_factory=dict)
+    duplicated: dict[str, str] = field(default_factory=dict)
+    unresolved: dict[str, str] = field(default_factory=dict)
+    stale_empty: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not (self.lost or self.duplicated or self.unresolved or self.stale_empty)
+
+
+def check(
+    history: History,
+    rows: list[Row],
+    *,
+    checked_at: float,
+    janitor_interval: float,
+    repair_bound: float,
+) -> Verdict:
+    """Sort every task of `rows` (and every task an answered enqueue names) into one
+    category; list the stale-empty answers. `checked_at` is when `rows` were read;
+    `repair_bound` is how long (s) a committed claimable task may stay hidden."""
+    verdict = Verdict()
+    by_id = {row.task_id: row for row in rows}
+    leases: dict[str, list[tuple[Claim, Lease]]] = defaultdict(list)
+    for claim in history.claims:
+        for lease in claim.leases:
+            leases[lease.task_id].append((claim, lease))
+    completes: dict[str, list[Complete]] = defaultdict(list)
+    for done in history.completes:
+        completes[done.task_id].append(done)
+
+    for task_id in sorted(set(by_id) | {e.task_id for e in history.enqueues}):
+        why = _duplicated(leases[task_id], completes[task_id])
+        row = by_id.get(task_id)
+        if why:
+            verdict.duplicated[task_id] = why
+        elif row is None:
+            verdict.lost[task_id] = "enqueue answered 201 but the row is gone"
+        elif row.status == "completed":
+            verdict.completed_once.add(task_id)
+        elif row.status == "claimed":
+            expires = row.lease_expires_at or 0.0
+            if expires + janitor_interval < checked_at:
+                verdict.lost[task_id] = f"stuck claimed {checked_at - expires:.1f}s past its lease"
+            else:
+                verdict.unresolved[task_id] = "claimed, its lease still running at check time"
+        else:
+            verdict.lost[task_id] = f"ended {row.status}, never completed"
+
+    verdict.stale_empty = _stale_empty(history, leases, repair_bound)
+    return verdict
+
+
+def _duplicated(held: list[tuple[Claim, Lease]], done: list[Complete]) -> str:
+    """Why this task was held twice at once or completed twice, or ''."""
+    if len({c.lease_id for c in done}) > 1:
+        return "completed under two different leases"
+    # A lease is surely live from its claim's answer until the earlier of its complete
+    # being sent and the earliest moment it could have run out (granted no sooner than
+    # the claim was sent).
+    spans: list[tuple[float, float, str]] = []
+    for claim, lease in held:
+        end = claim.sent + claim.lease_seconds
+        for c in done:
+            if c.lease_id == lease.lease_id:
+                end = min(end, c.sent)
+        spans.append((claim.answered, end, lease.lease_id))
+    spans.sort()
+    for i, (start_a, end_a, id_a) in enumerate(spans):
+        for start_b, end_b, id_b in spans[i + 1 :]:
+            if id_b != id_a and max(start_a, start_b) < min(end_a, end_b):
+                return f"leases {id_a} and {id_b} both live at {start_b:.3f}"
+    return ""
+
+
+def _stale_empty(
+    history: History, leases: dict[str, list[tuple[Claim, Lease]]], bound: float
+) -> list[str]:
+    """Empty answers given while a task of the runtime had surely been claimable for
+    longer than `bound`. A task is surely claimable from its enqueue's answer until the
+    first claim that could have taken it was sent: one that returned it, or one with no
+    answer on its runtime."""
+    lost_claims: dict[str, list[Unknown]] = defaultdict(list)
+    for u in history.unknown:
+        if u.kind == "claim":
+            lost_claims[u.runtime].append(u)
+    windows: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+    for e in history.enqueues:
+        until = min((c.sent for c, _ in leases[e.task_id]), default=float("inf"))
+        for u in lost_claims[e.runtime]:
+            if u.gave_up > e.answered:
+                until = min(until, max(u.sent, e.answered))
+        windows[e.runtime].append((e.answered, until, e.task_id))
+    found = []
+    for claim in history.claims:
+        if claim.leases:
+            continue
+        for since, until, task_id in windows[claim.runtime]:
+            if claim.answered - since > bound and until > claim.answered:
+                found.append(
+                    f"claim on {claim.runtime} answered empty at {claim.answered:.3f} while "
+                    f"task {task_id} had been claimable for {claim.answered - since:.1f}s"
+                )
+                break
+    return found

