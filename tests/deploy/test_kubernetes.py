@@ -146,6 +146,16 @@ def test_probes_are_public_get_routes_of_the_app(name: str) -> None:
     assert paths["livenessProbe"] == "/healthz"
 
 
+@overlays
+def test_server_keeps_idle_connections_longer_than_common_proxies(name: str) -> None:
+    # ingress-nginx (upstream-keepalive-timeout) and AWS ALB keep idle upstream
+    # connections 60 s; a server that closes first makes the proxy answer 502 at times.
+    args = server(render(name))["args"]
+    assert args[0] == "serve"
+    assert int(args[args.index("--keep-alive-seconds") + 1]) > 60
+    assert args[args.index("--host") + 1] == "0.0.0.0"
+
+
 @all_renders
 def test_pods_run_locked_down(name: str) -> None:
     for where, spec in pod_specs(render(name)):
