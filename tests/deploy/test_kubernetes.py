@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from gateway.metrics import Metrics
-from gateway.routes import ENDPOINTS
+from gateway.routes import ENDPOINTS, ROUTES
 from gateway.settings import ENV_NAMES, Settings
 from tests.conftest import IN_CI
 
@@ -133,7 +133,9 @@ def test_grace_period_outlasts_prestop_max_wait_and_drain(name: str) -> None:
 
 @overlays
 def test_probes_are_public_get_routes_of_the_app(name: str) -> None:
-    public_gets = {e.path for e in ENDPOINTS if e.method == "GET" and e.scope is None}
+    # The app's own route table, and of it what answers without a token.
+    routed_gets = {r.path for r in ROUTES if "GET" in (r.methods or ())}
+    public_gets = {e.path for e in ENDPOINTS if e.scope is None} & routed_gets
     container = server(render(name))
     port_names = {p["name"] for p in container["ports"]}
     paths = {}
@@ -158,6 +160,9 @@ def test_server_keeps_idle_connections_longer_than_common_proxies(name: str) -> 
     assert keep_alive > 60
     assert keep_alive > settings_of(objects).max_wait_seconds + 10
     assert args[args.index("--host") + 1] == "0.0.0.0"
+    assert [int(args[args.index("--port") + 1])] == [
+        p["containerPort"] for p in server(objects)["ports"]
+    ]
 
 
 @all_renders
