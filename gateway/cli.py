@@ -129,6 +129,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             args.port,
             log_level=args.log_level.lower(),
             access_log=args.access_log,
+            timeout_keep_alive=args.keep_alive_seconds,
         )
         server = DrainingServer(config, on_exit_signal=app.state.gateway.claimer.drain)
         banner = _banner(args.host, args.port, settings, token_file, embedded_database_url)
@@ -317,6 +318,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--access-log", action="store_true", help="log every request (off by default)"
+    )
+    serve.add_argument(
+        "--keep-alive-seconds",
+        type=int,
+        default=5,
+        metavar="S",
+        help="close a client's idle keep-alive connection after S seconds (%(default)s); "
+        "behind a proxy or load balancer, make it longer than the proxy's idle timeout "
+        "for its upstream connections, so that the proxy always closes first",
     )
     serve.set_defaults(func=cmd_serve)
 

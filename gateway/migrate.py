@@ -118,16 +118,20 @@ def load_migrations(directory: Path | None = None) -> list[Migration]:
 
 
 async def pending_migrations(
-    conn: asyncpg.Connection, directory: Path | None = None
+    conn: asyncpg.Connection, directory: Path | None = None, *, newer_applied_ok: bool = False
 ) -> list[Migration]:
-    """Files not yet applied; refuses edited or missing files that were applied."""
+    """Files not yet applied; refuses edited or missing files that were applied. With
+    `newer_applied_ok`, migrations numbered above every file (a newer release's) pass."""
     migrations = load_migrations(directory)
     applied: dict[int, asyncpg.Record] = {}
     if await conn.fetchval(q.MIGRATIONS_TABLE_EXISTS):
         applied = {row["version"]: row for row in await conn.fetch(q.MIGRATIONS_SELECT_APPLIED)}
     files = {m.version: m for m in migrations}
+    newest = max(files, default=0)
     for version, row in applied.items():
         migration = files.get(version)
+        if migration is None and newer_applied_ok and version > newest:
+            continue
         if migration is None:
             raise MigrationError(
                 f"migration {row['name']} (number {version}) was applied to this database but "
@@ -190,8 +194,12 @@ async def apply_migrations(
 
 
 async def schema_is_current(conn: asyncpg.Connection, directory: Path | None = None) -> bool:
-    """True when every file is applied unchanged; False otherwise (never raises on that)."""
+    """True when every file is applied unchanged; False otherwise (never raises on that).
+
+    Migrations of a newer release do not count against it: a release migrates before it
+    rolls out, and the running (or rolled-back-to) release must stay ready meanwhile.
+    Forward-only migrations keep the previous release working for that reason."""
     try:
-        return not await pending_migrations(conn, directory)
+        return not await pending_migrations(conn, directory, newer_applied_ok=True)
     except MigrationError:
         return False

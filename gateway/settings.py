@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -16,6 +16,36 @@ from .errors import ConfigError
 
 MIN_ADMIN_TOKEN_CHARS = 32
 MAX_JSON_DEPTH_LIMIT = 200
+
+# Every environment variable `Settings.from_env` reads, and no other: it refuses to
+# read a name missing here, so deployment checks can trust this list.
+ENV_NAMES = frozenset(
+    {
+        "DATABASE_URL",
+        "REDIS_URL",
+        "GATEWAY_ADMIN_TOKEN",
+        "GATEWAY_AUTH",
+        "GATEWAY_CACHE",
+        "GATEWAY_REDIS_PREFIX",
+        "GATEWAY_EMPTY_TTL_SECONDS",
+        "GATEWAY_VERSION_TTL_SECONDS",
+        "GATEWAY_REDIS_TIMEOUT_MS",
+        "GATEWAY_MAX_WAIT_SECONDS",
+        "GATEWAY_DEFAULT_LEASE_SECONDS",
+        "GATEWAY_MAX_PAYLOAD_BYTES",
+        "GATEWAY_MAX_BODY_BYTES",
+        "GATEWAY_JANITOR_INTERVAL_SECONDS",
+        "GATEWAY_RETENTION_SECONDS",
+        "GATEWAY_DEAD_RETENTION_SECONDS",
+        "GATEWAY_MAX_CONCURRENT_CLAIMS",
+        "GATEWAY_MAX_QUEUED_CLAIMS",
+        "GATEWAY_DB_POOL_MAX",
+        "GATEWAY_SHUTDOWN_GRACE_SECONDS",
+        "GATEWAY_MAX_JSON_DEPTH",
+        "GATEWAY_READ_TIMEOUT_SECONDS",
+        "GATEWAY_MAX_PARKED_POLLS",
+    }
+)
 
 
 def _mask_url(url: str | None) -> str | None:
@@ -91,7 +121,7 @@ class Settings:
 
         Raises ConfigError naming the first bad variable.
         """
-        env = os.environ if env is None else env
+        env = _Listed(os.environ if env is None else env)
         values: dict[str, object] = {
             "database_url": env.get("DATABASE_URL") or None,
             "redis_url": env.get("REDIS_URL") or None,
@@ -153,6 +183,24 @@ class Settings:
             raise ConfigError("GATEWAY_DEFAULT_LEASE_SECONDS must be at most 3600")
         if self.db_pool_min > self.db_pool_max:
             raise ConfigError(f"GATEWAY_DB_POOL_MAX must be at least {self.db_pool_min}")
+
+
+class _Listed(Mapping[str, str]):
+    """The environment, readable only by the names in ENV_NAMES."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self._env = env
+
+    def __getitem__(self, name: str) -> str:
+        if name not in ENV_NAMES:
+            raise AssertionError(f"{name} is read by Settings.from_env but not in ENV_NAMES")
+        return self._env[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name in self._env if name in ENV_NAMES)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:

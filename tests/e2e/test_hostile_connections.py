@@ -235,3 +235,25 @@ async def test_gateway_serve_cuts_slow_and_oversized_requests(
         finally:
             slow.close()
             big.close()
+
+
+async def test_gateway_serve_keep_alive_is_set_by_its_option(
+    database_url: str, redis_url: str, redis_prefix: str
+) -> None:
+    # Behind a load balancer the gateway must keep idle connections longer than the
+    # balancer does (deploy/README.md); here shorter, to see it act within a test.
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "GATEWAY_ADMIN_TOKEN": TOKEN,
+        "GATEWAY_REDIS_PREFIX": redis_prefix,
+    }
+    async with serve_process("--keep-alive-seconds", "1", env=env) as (_proc, base):
+        conn = await Conn.open(base)
+        try:
+            await conn.send(request("GET", "/healthz"))
+            assert (await conn.answer(within=MARGIN)).status == 200
+            assert await conn.closed_by_server(within=1 + MARGIN) == b""
+        finally:
+            conn.close()

@@ -149,6 +149,21 @@ async def test_applied_file_missing_refused(
     assert await schema_is_current(conn, tmp_path) is False
 
 
+async def test_newer_release_migrations_keep_the_running_release_ready(
+    fresh_database_url: str, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    # A deployment migrates before its rollout: the pods still running the previous
+    # release (and a rollback to it) must stay ready with the newer schema.
+    write(tmp_path, "0001_first.sql", "CREATE TABLE first (id int);")
+    newer = write(tmp_path, "0002_second.sql", "CREATE TABLE second (id int);")
+    await apply_migrations(fresh_database_url, tmp_path)
+    newer.unlink()
+    assert await schema_is_current(conn, tmp_path) is True
+    # `gateway migrate` of the older release still says what is odd about the database.
+    with pytest.raises(MigrationError, match=r"0002_second\.sql .* file is missing"):
+        await pending_migrations(conn, tmp_path)
+
+
 async def test_no_transaction_file_runs_outside_a_transaction(
     fresh_database_url: str, conn: asyncpg.Connection, tmp_path: Path
 ) -> None:
