@@ -44,6 +44,7 @@ ENV_NAMES = frozenset(
         "GATEWAY_MAX_JSON_DEPTH",
         "GATEWAY_READ_TIMEOUT_SECONDS",
         "GATEWAY_MAX_PARKED_POLLS",
+        "GATEWAY_DEGRADED_POLL_SECONDS",
     }
 )
 
@@ -155,6 +156,7 @@ class Settings:
             "max_json_depth": _integer(env, "GATEWAY_MAX_JSON_DEPTH", 64, 1, MAX_JSON_DEPTH_LIMIT),
             "read_timeout_seconds": _number(env, "GATEWAY_READ_TIMEOUT_SECONDS", 30.0, 0.1, 3600),
             "max_parked_polls": _integer(env, "GATEWAY_MAX_PARKED_POLLS", 10_000, 0, 10_000_000),
+            "degraded_poll_seconds": _number(env, "GATEWAY_DEGRADED_POLL_SECONDS", 1.0, 0.05, 60),
         }
         values.update(overrides)
         settings = cls(**values)  # type: ignore[arg-type]

@@ -90,6 +90,7 @@ NUMERIC: list[tuple[str, str, str, Any]] = [
     ("GATEWAY_MAX_QUEUED_CLAIMS", "max_queued_claims", "0", 0),
     ("GATEWAY_DB_POOL_MAX", "db_pool_max", "50", 50),
     ("GATEWAY_SHUTDOWN_GRACE_SECONDS", "shutdown_grace_seconds", "3", 3.0),
+    ("GATEWAY_DEGRADED_POLL_SECONDS", "degraded_poll_seconds", "0.25", 0.25),
 ]
 NUMERIC_NAMES = [n[0] for n in NUMERIC]
 
