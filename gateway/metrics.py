@@ -124,6 +124,14 @@ class Metrics:
         self.janitor_leader = Gauge(
             "gateway_janitor_leader", "1 while this instance runs the janitor.", registry=r
         )
+        self.http_requests = Counter(
+            "gateway_http_requests",
+            "HTTP requests answered, by route template (`unmatched` when no endpoint's "
+            "path matched), method and status class (2xx, 4xx, 5xx; 499, client left, is "
+            "4xx). A long poll counts once, when it is answered.",
+            ["route", "method", "status_class"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
