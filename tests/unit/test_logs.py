@@ -12,6 +12,7 @@ import pytest
 from gateway import logs
 from gateway.access import status_class
 from gateway.errors import ConfigError
+from gateway.metrics import wait_buckets
 from gateway.settings import Settings
 
 TIME_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
@@ -96,6 +97,13 @@ def test_log_format_defaults_to_text_and_is_validated() -> None:
         Settings.from_env({**base, "GATEWAY_LOG_FORMAT": "yaml"})
     assert logs.format_from_env("yaml") == "text"
     assert logs.format_from_env(" json ") == "json"
+
+
+def test_long_poll_buckets_run_past_the_maximum_wait() -> None:
+    for cap in (0.0, 1.0, 60.0, 3600.0):
+        buckets = wait_buckets(cap)
+        assert list(buckets) == sorted(set(buckets))
+        assert max(cap, 0.01) in buckets and buckets[-1] > max(cap, 0.01)
 
 
 @pytest.mark.parametrize(
