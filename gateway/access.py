@@ -64,6 +64,16 @@ def access_line(
         )
 
 
+def server_answer(metrics: Metrics | None, head: object, status: int, seconds: float) -> str:
+    """For an answer the server writes itself (408, 431): log and count it, and return
+    its request id. `head` is the request's scope when its head was parsed."""
+    scope: Scope = head if isinstance(head, dict) else {}
+    request_id = logs.request_id_from(_header(scope, REQUEST_ID_HEADER))
+    method = str(scope.get("method", "-"))
+    access_line(metrics, method, UNMATCHED, status, seconds, request_id)
+    return request_id
+
+
 def _header(scope: Scope, name: bytes) -> bytes | None:
     for key, value in scope.get("headers", ()):
         if key.lower() == name:

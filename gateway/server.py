@@ -46,8 +46,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
-from . import logs
-from .access import REQUEST_ID_HEADER, UNMATCHED, access_line
+from .access import REQUEST_ID_HEADER, server_answer
 from .errors import GatewayError, HeadersTooLarge, RequestTimeout, problem_for
 from .metrics import Metrics
 from .settings import Settings
@@ -314,12 +313,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         status, body = problem_for(error)
         content = orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
         # The app never saw this request: its request id and access line are made here.
-        head = self._pending_body if isinstance(self._pending_body, dict) else {}
-        sent_id = next((v for k, v in head.get("headers", ()) if k == REQUEST_ID_HEADER), None)
-        request_id = logs.request_id_from(sent_id)
-        method = str(head.get("method", "-"))
         seconds = self.loop.time() - self._request_started
-        access_line(self.metrics, method, UNMATCHED, status, seconds, request_id)
+        request_id = server_answer(self.metrics, self._pending_body, status, seconds)
         lines = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}".encode()]
         lines += [name + b": " + value for name, value in self.server_state.default_headers]
         lines += [

@@ -1,16 +1,20 @@
 """Every answer carries X-Request-ID, the client's when sane, including errors and the
 answers the server writes itself (408, 431); each request is counted once by route
-template and status class, and its access line carries the same id."""
+template and status class, and its access line carries the same id, as does every line
+logged while serving it."""
 
 from __future__ import annotations
 
 import logging
 import re
+import uuid
 from collections.abc import AsyncIterator, Iterator
 
+import orjson
 import pytest
 import pytest_asyncio
 
+from gateway.logs import JsonFormatter
 from gateway.server import MAX_HEAD_BYTES
 from tests.e2e.connection_support import (
     MARGIN,
@@ -120,3 +124,38 @@ async def test_the_servers_own_408_keeps_the_clients_id(gw: Instance, conn: Conn
     answer = await conn.answer(READ_TIMEOUT + MARGIN)
     assert answer.status == 408 and answer.headers["x-request-id"] == "slow-1"
     assert requests(gw, "unmatched", "POST", "4xx") == before + 1
+
+
+class JsonLines(logging.Handler):
+    """Formats each record as `gateway serve` would, at once, in the logging call's
+    context: where the request id lives."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.setFormatter(JsonFormatter())
+        self.lines: list[dict] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(orjson.loads(self.format(record)))
+
+
+async def test_a_500_and_its_traceback_line_carry_the_request_id(
+    gw: Instance, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(task_id: uuid.UUID) -> None:
+        raise RuntimeError("the store broke")
+
+    monkeypatch.setattr(gw.gateway.store, "get", broken)
+    handler = JsonLines()
+    logger = logging.getLogger("gateway")
+    logger.addHandler(handler)
+    try:
+        path = f"/v1/tasks/{uuid.uuid4()}"
+        await conn.send(request("GET", path, extra="X-Request-ID: fail-1\r\n"))
+        answer = await conn.answer(MARGIN)
+    finally:
+        logger.removeHandler(handler)
+    assert answer.status == 500 and answer.headers["x-request-id"] == "fail-1"
+    [line] = [line for line in handler.lines if line["logger"] == "gateway.http"]
+    assert line["request_id"] == "fail-1" and line["level"] == "ERROR"
+    assert "RuntimeError: the store broke" in line["exception"]
