@@ -119,6 +119,12 @@ def configure(log_format: str, level: str) -> None:
             logger.removeHandler(old)
         logger.propagate = True
     logging.captureWarnings(True)  # warnings.warn() would print plain text to stderr
+    if log_format == "json":
+        sys.excepthook = _log_uncaught  # a crash's traceback is one JSON line too
+
+
+def _log_uncaught(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+    logging.getLogger("gateway").critical("uncaught exception", exc_info=(kind, value, tb))
 
 
 def format_from_env(value: str | None) -> str:

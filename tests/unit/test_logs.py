@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import subprocess
 import sys
 
 import orjson
@@ -111,3 +112,15 @@ def test_long_poll_buckets_run_past_the_maximum_wait() -> None:
 )
 def test_status_classes(status: int, label: str) -> None:
     assert status_class(status) == label
+
+
+def test_in_json_warnings_and_a_crash_are_json_lines_too() -> None:
+    code = (
+        "import warnings; from gateway.logs import configure; configure('json', 'info'); "
+        "warnings.warn('careful'); raise ValueError('crashed')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 1 and done.stdout == ""
+    lines = [orjson.loads(line) for line in done.stderr.splitlines()]
+    assert [line["level"] for line in lines] == ["WARNING", "CRITICAL"]
+    assert "ValueError: crashed" in lines[1]["exception"]
