@@ -111,8 +111,8 @@ class Metrics:
             "gateway_claim_delay_seconds",
             "Time from a task becoming claimable (its run_at, or created_at when later) to "
             "the start of the lease that claimed it, in seconds, both times from Postgres's "
-            "clock. A task released or reclaimed keeps its run_at, so its next claim counts "
-            "from there.",
+            "clock. Release, lease expiry, retry and fail set a new run_at, so a task's "
+            "next claim counts from there.",
             buckets=DELAY_BUCKETS,
             registry=r,
         )
