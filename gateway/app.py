@@ -10,6 +10,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .access import RequestLog
 from .errors import BadRequest, MethodNotAllowed, NotFound
 from .httpio import internal_error_response, problem_response
 from .routes import ROUTES
@@ -51,5 +52,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     # A trailing slash is a 404 like any unknown path: Starlette's redirect would echo
     # the request's Host header back in its Location.
     app.router.redirect_slashes = False
+    # Inside Starlette's error middleware, so that its 500s carry a request id too.
+    app.add_middleware(RequestLog, metrics=gateway.metrics)
     app.state.gateway = gateway
     return app

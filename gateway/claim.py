@@ -19,6 +19,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from . import logs
 from .errors import CacheUnavailable, Draining, GatewayError, Overloaded, StoreUnavailable
 from .metrics import Metrics
 from .models import ClaimRequest
@@ -60,6 +61,9 @@ class RuntimeState:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     pump: asyncio.Task[None] | None = None
     linger: asyncio.TimerHandle | None = None
+    # A wake-up (pub/sub, or a bump here) arrived since the pump's last cycle began;
+    # a new poll's arrival also sets `wake`, but is not a wake-up.
+    woken: bool = False
 
 
 def _unserved(state: RuntimeState) -> list[Waiter]:
@@ -97,6 +101,7 @@ class Claimer:
         """Make the runtime's pump re-check now (a bump was seen, here or via pub/sub)."""
         state = self._states.get(runtime_id)
         if state is not None:
+            state.woken = True
             state.wake.set()
 
     def wake_all(self) -> None:
@@ -162,10 +167,13 @@ class Claimer:
             return rows
         if req.wait_seconds:
             self._long_polls += 1
+            arrived = asyncio.get_running_loop().time()
             try:
                 return await self._claim(runtime_id, req, disconnected)
             finally:
                 self._long_polls -= 1
+                waited = asyncio.get_running_loop().time() - arrived
+                self._metrics.long_poll_wait.observe(waited)
         return await self._claim(runtime_id, req, disconnected)
 
     async def _claim(
@@ -244,10 +252,12 @@ class Claimer:
         self._subscriber.unsubscribe(state.channel)
 
     async def _pump(self, state: RuntimeState) -> None:
+        logs.detach()  # started by one poll's request, it serves them all
         try:
             while _unserved(state) and not self.draining:
                 state.wake.clear()
-                park = await self._cycle(state)
+                woken, state.woken = state.woken, False
+                park = await self._cycle(state, woken)
                 if park is None:
                     # Run again at once, but first let served waiters leave: a cycle
                     # need not await anything (cache off, breaker open).
@@ -272,9 +282,9 @@ class Claimer:
             park = min(park, self._settings.degraded_poll_seconds)
         return max(park, 0.001)
 
-    async def _cycle(self, state: RuntimeState) -> float | None:
+    async def _cycle(self, state: RuntimeState, woken: bool = False) -> float | None:
         """One verdict check and, on a miss, one claim. Returns how long to park, or
-        None to run again at once."""
+        None to run again at once. `woken`: a wake-up started this cycle."""
         runtime_id = state.runtime_id
         version: str | None = None
         if self._settings.cache_enabled:
@@ -310,25 +320,34 @@ class Claimer:
                 waiter.in_flight = False
                 waiter.finish(error=exc)
             return self._settings.degraded_poll_seconds
-        await self._hand_out(runtime_id, waiters, owners, rows)
+        await self._hand_out(runtime_id, waiters, owners, rows, woken)
         if len(rows) == len(owners):
             return None  # every slot filled: there may be more work for newer waiters
         return await self._record_empty(state, version, due_in)
 
     async def _hand_out(
-        self, runtime_id: str, waiters: list[Waiter], owners: list[Waiter], rows: list[Leased]
+        self,
+        runtime_id: str,
+        waiters: list[Waiter],
+        owners: list[Waiter],
+        rows: list[Leased],
+        woken: bool = False,
     ) -> None:
         got: dict[Waiter, list[Leased]] = {}
         for row in rows:
-            got.setdefault(owners[row.slot - 1], []).append(row)
+            owner = owners[row.slot - 1]
+            got.setdefault(owner, []).append(row)
+            self._metrics.observe_claim_delay(row.task, owner.req.lease_seconds)
         undelivered: list[uuid.UUID] = []
         for waiter in waiters:
             waiter.in_flight = False
-            waiter.checked = True
+            parked, waiter.checked = waiter.checked, True
             mine = got.get(waiter)
             if mine and waiter.gone:
                 undelivered.extend(r.task.id for r in mine)
                 mine = None
+            if mine and parked and woken:
+                self._metrics.wakeups_delivered.inc()
             waiter.finish(rows=mine)  # wakes it: served, or checked and still waiting
         if undelivered:
             # Their polls left while the claim ran: give the tasks back and wake the others.

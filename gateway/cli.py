@@ -23,7 +23,14 @@ log = logging.getLogger("gateway")
 DEFAULT_DATA_DIR = ".gateway"
 
 
-def _setup_logging(level: str) -> None:
+def _setup_logging(level: str, serving: bool) -> None:
+    """`gateway serve` logs in GATEWAY_LOG_FORMAT, uvicorn's lines included; the other
+    commands print for people, and log as text."""
+    if serving:
+        from .logs import configure, format_from_env
+
+        configure(format_from_env(os.environ.get("GATEWAY_LOG_FORMAT")), level)
+        return
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
@@ -122,22 +129,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
             assert settings.database_url is not None
             asyncio.run(apply_migrations(settings.database_url))
         app = create_app(settings)
+        # log_config=None: uvicorn's loggers keep propagating to the handler that
+        # _setup_logging installed, in GATEWAY_LOG_FORMAT.
         config = server_config(
             app,
             settings,
             args.host,
             args.port,
             log_level=args.log_level.lower(),
-            access_log=args.access_log,
             timeout_keep_alive=args.keep_alive_seconds,
+            log_config=None,
         )
+        if not args.access_log:
+            logging.getLogger("gateway.access").setLevel(logging.WARNING)
         server = DrainingServer(config, on_exit_signal=app.state.gateway.claimer.drain)
         banner = _banner(args.host, args.port, settings, token_file, embedded_database_url)
-        print(banner, file=sys.stderr, flush=True)
+        if settings.log_format == "json":
+            log.info(banner.strip())  # one JSON line like every other
+        else:
+            print(banner, file=sys.stderr, flush=True)
         server.run()
         return 0
     except GatewayError as exc:
-        print(f"gateway: {exc.detail}", file=sys.stderr)
+        if os.environ.get("GATEWAY_LOG_FORMAT", "").strip().lower() == "json":
+            log.error("gateway: %s", exc.detail)
+        else:
+            print(f"gateway: {exc.detail}", file=sys.stderr)
         return 2
     finally:
         if embedded is not None:
@@ -317,7 +334,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--migrate", action="store_true", help="apply pending migrations before serving"
     )
     serve.add_argument(
-        "--access-log", action="store_true", help="log every request (off by default)"
+        "--access-log",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="log one line per request (logger gateway.access; on by default)",
     )
     serve.add_argument(
         "--keep-alive-seconds",
@@ -352,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = client_cli.parse_args(build_parser(), argv)
-    _setup_logging(args.log_level)
+    _setup_logging(args.log_level, serving=args.func is cmd_serve)
     raise SystemExit(args.func(args))
 
 

@@ -1,4 +1,5 @@
-"""The janitor: lease reclaim, TTL expiry, retention and verdict repair (I6).
+"""The janitor: lease reclaim, TTL expiry, retention, verdict repair (I6) and the
+queue-depth gauges.
 
 One instance at a time does the work: leadership is a Postgres advisory lock held on
 a dedicated connection, so when the leader dies another instance takes over at its
@@ -19,6 +20,7 @@ from .background import stop_task
 from .cache import VerdictCache
 from .errors import CacheUnavailable, GatewayError
 from .metrics import Metrics
+from .models import STATUSES
 from .settings import Settings
 from .store import Leadership, Store
 
@@ -76,6 +78,7 @@ class Janitor:
             ("expiry", self._expire),
             ("retention", self._purge),
             ("verdict repair", self._repair),
+            ("queue depth", self._gauge_depth),
         ):
             try:
                 await step(report)
@@ -156,6 +159,13 @@ class Janitor:
             if not self._repair_after:
                 return
 
+    async def _gauge_depth(self, report: PassReport) -> None:
+        """The queue-depth gauges, from one query per pass (a scrape runs none)."""
+        counts, oldest = await self._store.queue_depth()
+        for status in STATUSES:
+            self._metrics.tasks_by_status.labels(status).set(counts.get(status, 0))
+        self._metrics.oldest_queued_age.set(oldest or 0.0)
+
     # -- the loop ----------------------------------------------------------------
 
     async def start(self) -> None:
@@ -174,6 +184,9 @@ class Janitor:
             await self._leadership.release()
             self._leadership = None
             self._metrics.janitor_leader.set(0)
+            # The new leader exports them now: stale copies here would add up wrong.
+            self._metrics.tasks_by_status.clear()
+            self._metrics.oldest_queued_age.set(0)
 
     async def _loop(self) -> None:
         interval = self._settings.janitor_interval_seconds

@@ -4,16 +4,34 @@ apps in one process (as in the tests) count separately.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from .rows import TaskRow
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# Enqueue-to-claim delay, in seconds: from a few milliseconds (a poll was parked) to
+# an hour (a backlog).
+DELAY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+_WAIT_STEPS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 120, 300, 600, 1800)
+
+
+def wait_buckets(max_wait_seconds: float) -> tuple[float, ...]:
+    """Long-poll buckets, in seconds: the steps below the cap, the cap itself (most
+    empty polls end there), and two past it, for polls that overran it (a claim in
+    flight at the deadline, a slow answer)."""
+    cap = max(max_wait_seconds, 0.01)
+    below = [step for step in _WAIT_STEPS if step < cap]
+    return (*below, cap, cap * 1.1 + 1, cap * 2 + 5)
 
 
 class Metrics:
     """The gateway's counters. Names are stable: dashboards depend on them."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_wait_seconds: float = 60.0) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.verdict_checks = Counter(
@@ -68,9 +86,34 @@ class Metrics:
             "with the reason in last_error, and the tasks claimed beside it were delivered.",
             registry=r,
         )
-        self.wakeups = Counter(
-            "gateway_wakeups",
-            "Wake-up messages received on the pub/sub connection.",
+        self.wakeups_received = Counter(
+            "gateway_wakeups_received",
+            "Wake-up messages received on the pub/sub connection (one per message, whether "
+            "or not a poll of its runtime is parked here).",
+            registry=r,
+        )
+        self.wakeups_delivered = Counter(
+            "gateway_wakeups_delivered",
+            "Parked polls answered with tasks by the claim that a wake-up started. A parked "
+            "poll is one that had already found no work; a wake-up is a pub/sub message or "
+            "a bump made by this process. Compare with gateway_wakeups_received_total.",
+            registry=r,
+        )
+        self.long_poll_wait = Histogram(
+            "gateway_long_poll_wait_seconds",
+            "Time a claim with wait_seconds > 0 spent in the gateway, from its arrival to "
+            "its answer (tasks, an empty list when the wait ran out, or an error), in "
+            "seconds. The buckets run past GATEWAY_MAX_WAIT_SECONDS.",
+            buckets=wait_buckets(max_wait_seconds),
+            registry=r,
+        )
+        self.claim_delay = Histogram(
+            "gateway_claim_delay_seconds",
+            "Time from a task becoming claimable (its run_at, or created_at when later) to "
+            "the start of the lease that claimed it, in seconds, both times from Postgres's "
+            "clock. Release, lease expiry, retry and fail set a new run_at, so a task's "
+            "next claim counts from there.",
+            buckets=DELAY_BUCKETS,
             registry=r,
         )
         self.subscriber_reconnects = Counter(
@@ -124,6 +167,38 @@ class Metrics:
         self.janitor_leader = Gauge(
             "gateway_janitor_leader", "1 while this instance runs the janitor.", registry=r
         )
+        self.tasks_by_status = Gauge(
+            "gateway_tasks_stored",
+            "Tasks stored, by status, counted by the janitor's leader once per "
+            "GATEWAY_JANITOR_INTERVAL_SECONDS (only the leader has samples: aggregate with max).",
+            ["status"],
+            registry=r,
+        )
+        self.oldest_queued_age = Gauge(
+            "gateway_oldest_queued_age_seconds",
+            "Age in seconds of the oldest claimable queued task, counted from its run_at "
+            "(or created_at when later); 0 when none. Set by the janitor's leader with "
+            "gateway_tasks_stored.",
+            registry=r,
+        )
+        self.http_requests = Counter(
+            "gateway_http_requests",
+            "HTTP requests answered, by route template (`unmatched` when no endpoint's "
+            "path matched), method and status class (2xx, 4xx, 5xx; 499, client left, is "
+            "4xx). A long poll counts once, when it is answered.",
+            ["route", "method", "status_class"],
+            registry=r,
+        )
+
+    def observe_claim_delay(self, task: TaskRow, lease_seconds: float) -> None:
+        """Enqueue-to-claim delay of a task just leased, Postgres's clock against
+        Postgres's: the lease began `lease_seconds` before the lease_expires_at the claim
+        wrote."""
+        if task.lease_expires_at is None:
+            return
+        leased_at = task.lease_expires_at - timedelta(seconds=lease_seconds)
+        delay = (leased_at - max(task.run_at, task.created_at)).total_seconds()
+        self.claim_delay.observe(max(delay, 0.0))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -38,6 +38,14 @@ ERROR_HEADERS = {
     ),
 }
 PROBLEM_TYPE = "application/problem+json"
+# Every answer carries it (gateway/access.py); the request's own is kept when sane.
+REQUEST_ID = Param(
+    "X-Request-ID",
+    "The request's id, in every log line written while serving it: the request's own "
+    "X-Request-ID when it is 1-128 of A-Z a-z 0-9 . _ : -, otherwise a generated one.",
+    {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
+    True,
+)
 
 
 class Documented(Protocol):
@@ -118,7 +126,8 @@ def build(endpoints: Iterable[Documented], settings: Settings) -> dict[str, Any]
             "version": __version__,
             "description": "Daemons long-poll for tasks from a Postgres task table. Every "
             "error is application/problem+json with a machine-readable `code`; an unknown "
-            "path is 404 and a method a path does not have is 405, both as problem+json.",
+            "path is 404 and a method a path does not have is 405, both as problem+json. "
+            "Every answer carries an X-Request-ID header.",
         },
         "paths": paths,
         "components": {
@@ -169,6 +178,8 @@ def _operation(
             for name in _error_headers(cls):
                 default = Param(name, "", {"type": "string"}, required=True)
                 _header(responses, status, ERROR_HEADERS.get(name, default))
+    for code in responses:
+        _header(responses, int(code), REQUEST_ID)
     out["responses"] = dict(sorted(responses.items()))
     return out
 

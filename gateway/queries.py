@@ -261,6 +261,18 @@ SELECT extract(epoch FROM clock_timestamp() - min(created_at))::float8
 
 # -- janitor --
 
+# The janitor leader's gauges, once per pass: tasks per stored status, and the age of
+# the oldest claimable queued task (from run_at, or created_at when later). One scan
+# of the table; never run per scrape.
+QUEUE_DEPTH = """
+SELECT status, count(*) AS n,
+       extract(epoch FROM clock_timestamp() - min(greatest(run_at, created_at))
+               FILTER (WHERE status = 'queued' AND run_at <= now()
+                         AND (expires_at IS NULL OR expires_at > now())))::float8 AS oldest
+  FROM tasks
+ GROUP BY status
+"""
+
 JANITOR_TRY_LOCK = "SELECT pg_try_advisory_lock($1)"
 
 # Expired leases go back to the queue (or die at max_attempts), oldest first, in

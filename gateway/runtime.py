@@ -35,7 +35,7 @@ class Gateway:
         if not settings.redis_url:
             raise ConfigError("REDIS_URL is not set (or run `gateway serve --embedded`)")
         self.settings = settings
-        self.metrics = Metrics()
+        self.metrics = Metrics(settings.max_wait_seconds)
         self.store = Store(
             settings.database_url,
             self.metrics,

@@ -46,6 +46,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
+from .access import REQUEST_ID_HEADER, server_answer
 from .errors import GatewayError, HeadersTooLarge, RequestTimeout, problem_for
 from .metrics import Metrics
 from .settings import Settings
@@ -118,6 +119,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._write_paused = False  # the transport's buffer is over its high-water mark
         self._write_deadline: asyncio.TimerHandle | None = None
         self._unsent = 0  # bytes in the transport's buffer when that clock started
+        self._request_started = 0.0  # loop time its read clock started
 
     # -- connection events ---------------------------------------------------
 
@@ -215,6 +217,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def _start_request(self) -> None:
         self._receiving = True
+        self._request_started = self.loop.time()
         self._stop_clock()
         self._deadline = self.loop.call_later(self.read_timeout_seconds, self._read_timed_out)
 
@@ -309,11 +312,15 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             )
         status, body = problem_for(error)
         content = orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
+        # The app never saw this request: its request id and access line are made here.
+        seconds = self.loop.time() - self._request_started
+        request_id = server_answer(self.metrics, self._pending_body, status, seconds)
         lines = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}".encode()]
         lines += [name + b": " + value for name, value in self.server_state.default_headers]
         lines += [
             b"content-type: application/problem+json",
             b"content-length: %d" % len(content),
+            REQUEST_ID_HEADER + b": " + request_id.encode(),
             b"connection: close",
         ]
         return b"\r\n".join(lines) + b"\r\n\r\n" + content
@@ -356,15 +363,17 @@ def server_config(
     app: Starlette, settings: Settings, host: str, port: int, **options: Any
 ) -> uvicorn.Config:
     """uvicorn's configuration for a gateway app from `create_app`: the protocol above,
-    no trust in proxy headers, and in-flight requests given at most
+    no trust in proxy headers, no access log of uvicorn's (the app writes its own,
+    gateway/access.py), and in-flight requests given at most
     GATEWAY_SHUTDOWN_GRACE_SECONDS at shutdown. `options` go to uvicorn.Config as they
-    are (log_level, access_log, loop, lifespan)."""
+    are (log_level, log_config, loop, lifespan)."""
     return uvicorn.Config(
         app,
         host=host,
         port=port,
         http=protocol_class(settings, app.state.gateway.metrics),
         proxy_headers=False,
+        access_log=False,
         timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
         **options,
     )

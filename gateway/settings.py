@@ -15,6 +15,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from .errors import ConfigError
 
 MIN_ADMIN_TOKEN_CHARS = 32
+LOG_FORMATS = ("text", "json")
 MAX_JSON_DEPTH_LIMIT = 200
 
 # Every environment variable `Settings.from_env` reads, and no other: it refuses to
@@ -45,6 +46,7 @@ ENV_NAMES = frozenset(
         "GATEWAY_READ_TIMEOUT_SECONDS",
         "GATEWAY_MAX_PARKED_POLLS",
         "GATEWAY_DEGRADED_POLL_SECONDS",
+        "GATEWAY_LOG_FORMAT",
     }
 )
 
@@ -100,6 +102,7 @@ class Settings:
     max_json_depth: int = 64
     read_timeout_seconds: float = 30.0
     max_parked_polls: int = 10_000
+    log_format: str = "text"  # text for people, json (one object a line) for collectors
 
     def __repr__(self) -> str:
         shown = []
@@ -157,6 +160,7 @@ class Settings:
             "read_timeout_seconds": _number(env, "GATEWAY_READ_TIMEOUT_SECONDS", 30.0, 0.1, 3600),
             "max_parked_polls": _integer(env, "GATEWAY_MAX_PARKED_POLLS", 10_000, 0, 10_000_000),
             "degraded_poll_seconds": _number(env, "GATEWAY_DEGRADED_POLL_SECONDS", 1.0, 0.05, 60),
+            "log_format": _choice(env, "GATEWAY_LOG_FORMAT", LOG_FORMATS, "text"),
         }
         values.update(overrides)
         settings = cls(**values)  # type: ignore[arg-type]
@@ -183,6 +187,8 @@ class Settings:
             )
         if self.default_lease_seconds > 3600:
             raise ConfigError("GATEWAY_DEFAULT_LEASE_SECONDS must be at most 3600")
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"GATEWAY_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}")
         if self.db_pool_min > self.db_pool_max:
             raise ConfigError(f"GATEWAY_DB_POOL_MAX must be at least {self.db_pool_min}")
 
@@ -215,6 +221,16 @@ def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
     if value in ("off", "false", "0", "no"):
         return False
     raise ConfigError(f"{name} must be 'on' or 'off', got {raw!r}")
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    value = raw.strip().lower()
+    if value not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {raw!r}")
+    return value
 
 
 def _number(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:

@@ -358,6 +358,13 @@ class Store:
         )
         return int(status.split()[-1])
 
+    async def queue_depth(self) -> tuple[dict[str, int], float | None]:
+        """(tasks per stored status, age in seconds of the oldest claimable queued task
+        or None), in one statement."""
+        rows = await self._run(lambda c: c.fetch(q.QUEUE_DEPTH))
+        oldest = [r["oldest"] for r in rows if r["oldest"] is not None]
+        return {r["status"]: r["n"] for r in rows}, max(oldest, default=None)
+
     async def claimable_runtimes(self, limit: int, after: str = "") -> list[str]:
         """Up to `limit` runtimes with a claimable task, in id order, after `after`."""
         rows = await self._run(lambda c: c.fetch(q.CLAIMABLE_RUNTIMES, limit, after))

@@ -173,7 +173,7 @@ class Subscriber:
                 if kind == "message":
                     runtime = runtime_of_channel(self._prefix, channel)
                     if runtime is not None:
-                        self._metrics.wakeups.inc()
+                        self._metrics.wakeups_received.inc()
                         self._on_wake(runtime)
                 elif kind == "subscribe":
                     event = self._wanted.get(channel)

@@ -164,6 +164,6 @@ async def test_no_secret_reaches_the_log(database_url, redis_url, redis_prefix, 
         proc.terminate()
         text = b"".join(await asyncio.wait_for(logs, 30)).decode()
         await proc.wait()
-    assert f"/v1/runtimes/{runtime_id}/stats" in text  # the access log did record the calls
+    assert "GET /v1/runtimes/{rt}/stats 200" in text  # the access log did record the calls
     for needle in (token, secret, secret.removeprefix("whsec_"), TOKEN):
         assert needle not in text

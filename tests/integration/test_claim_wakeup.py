@@ -100,14 +100,14 @@ async def test_one_enqueue_one_postgres_claim_for_fifty_parked_polls(
         try:
             await wait_parked(a, runtime_id, 50)
             claims = pg_claims(a)
-            wakeups = sample(a, "gateway_wakeups_total")
+            wakeups = sample(a, "gateway_wakeups_received_total")
             task, sent = await timed_enqueue(b, runtime_id, "one")
             done, _ = await asyncio.wait(polls, timeout=3, return_when=asyncio.FIRST_COMPLETED)
             assert len(done) == 1, "the task should have reached a parked poll"
             [answer] = [p.result() for p in done]
             assert [t["id"] for t in answer.tasks] == [task["id"]]
             assert answer.answered - sent < 1.0
-            assert sample(a, "gateway_wakeups_total") > wakeups, "woken by pub/sub"
+            assert sample(a, "gateway_wakeups_received_total") > wakeups, "woken by pub/sub"
             await wait_quiet(a)
             assert pg_claims(a) - claims <= 2, f"{pg_claims(a) - claims} claims for one task"
             assert sum(p.done() for p in polls) == 1

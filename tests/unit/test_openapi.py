@@ -162,7 +162,7 @@ def test_enqueue_documents_the_replay_header_and_the_idempotency_key_header() ->
     assert operation["responses"]["200"]["headers"]["Idempotent-Replayed"]["schema"] == {
         "const": "true"
     }
-    assert "headers" not in operation["responses"]["201"]
+    assert set(operation["responses"]["201"]["headers"]) == {"X-Request-ID"}
     (header,) = [p for p in operation["parameters"] if p["in"] == "header"]
     assert header["name"] == "Idempotency-Key" and header["schema"]["maxLength"] == 200
 
@@ -346,3 +346,11 @@ def test_documented_defaults_are_applied() -> None:
         task["max_attempts"]["default"],
     )
     assert models.parse_fail({"lease_id": LEASE, "error": "e"}).retry is True
+
+
+def test_every_answer_documents_its_request_id() -> None:
+    for path, item in DOC["paths"].items():
+        for method, operation in item.items():
+            for status, response in operation["responses"].items():
+                header = response["headers"]["X-Request-ID"]
+                assert header["required"], (method, path, status)

@@ -1,0 +1,126 @@
+"""Log formats, request ids and the settings that choose them (gateway/logs.py)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import sys
+
+import orjson
+import pytest
+
+from gateway import logs
+from gateway.access import status_class
+from gateway.errors import ConfigError
+from gateway.metrics import wait_buckets
+from gateway.settings import Settings
+
+TIME_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
+
+
+def record(message: str = "hello %s", *args: object, **extra: object) -> logging.LogRecord:
+    rec = logging.LogRecord("gateway.test", logging.WARNING, __file__, 1, message, args, None)
+    for key, value in extra.items():
+        setattr(rec, key, value)
+    return rec
+
+
+def test_a_json_line_has_the_documented_fields() -> None:
+    line = orjson.loads(logs.JsonFormatter().format(record("hello %s", "there")))
+    assert TIME_RE.match(line.pop("time"))
+    assert line == {"level": "WARNING", "logger": "gateway.test", "message": "hello there"}
+
+
+def test_a_json_line_carries_the_request_id_and_extra_fields() -> None:
+    token = logs.REQUEST_ID.set("abc-123")
+    try:
+        line = orjson.loads(logs.JsonFormatter().format(record(route="/healthz", status=200)))
+    finally:
+        logs.REQUEST_ID.reset(token)
+    assert line["request_id"] == "abc-123"
+    assert (line["route"], line["status"]) == ("/healthz", 200)
+
+
+def test_a_json_line_holds_the_exception_on_one_line() -> None:
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        rec = record()
+        rec.exc_info = sys.exc_info()
+    text = logs.JsonFormatter().format(rec)
+    assert "\n" not in text
+    line = orjson.loads(text)
+    assert "Traceback" in line["exception"] and "ValueError: boom" in line["exception"]
+
+
+def test_uvicorns_coloured_copy_of_a_message_is_dropped() -> None:
+    line = orjson.loads(logs.JsonFormatter().format(record(color_message="\x1b[36mhi")))
+    assert "color_message" not in line
+
+
+def test_a_text_line_ends_with_the_request_id_while_serving() -> None:
+    assert "request_id" not in logs.TextFormatter().format(record())
+    token = logs.REQUEST_ID.set("r1")
+    try:
+        assert logs.TextFormatter().format(record()).endswith("hello %s request_id=r1")
+    finally:
+        logs.REQUEST_ID.reset(token)
+
+
+@pytest.mark.parametrize("sent", ["abc", "A.b_c:d-9", "x" * 128, b"from-bytes"])
+def test_a_sane_request_id_is_kept(sent: str | bytes) -> None:
+    expected = sent.decode() if isinstance(sent, bytes) else sent
+    assert logs.request_id_from(sent) == expected
+
+
+@pytest.mark.parametrize("sent", [None, "", "x" * 129, "has space", 'q"uote', "a\nb", "é"])
+def test_anything_else_gets_a_fresh_request_id(sent: str | None) -> None:
+    made = logs.request_id_from(sent)
+    assert re.fullmatch(r"[0-9a-f]{32}", made)
+    assert made != logs.request_id_from(sent)
+
+
+def test_detach_forgets_the_request_id() -> None:
+    token = logs.REQUEST_ID.set("r1")
+    try:
+        logs.detach()
+        assert logs.REQUEST_ID.get() is None
+    finally:
+        logs.REQUEST_ID.reset(token)
+
+
+def test_log_format_defaults_to_text_and_is_validated() -> None:
+    base = {"GATEWAY_AUTH": "off"}
+    assert Settings.from_env(base).log_format == "text"
+    assert Settings.from_env({**base, "GATEWAY_LOG_FORMAT": "JSON"}).log_format == "json"
+    with pytest.raises(ConfigError, match="GATEWAY_LOG_FORMAT"):
+        Settings.from_env({**base, "GATEWAY_LOG_FORMAT": "yaml"})
+    assert logs.format_from_env("yaml") == "text"
+    assert logs.format_from_env(" json ") == "json"
+
+
+def test_long_poll_buckets_run_past_the_maximum_wait() -> None:
+    for cap in (0.0, 1.0, 60.0, 3600.0):
+        buckets = wait_buckets(cap)
+        assert list(buckets) == sorted(set(buckets))
+        assert max(cap, 0.01) in buckets and buckets[-1] > max(cap, 0.01)
+
+
+@pytest.mark.parametrize(
+    ("status", "label"), [(200, "2xx"), (201, "2xx"), (404, "4xx"), (499, "4xx"), (503, "5xx")]
+)
+def test_status_classes(status: int, label: str) -> None:
+    assert status_class(status) == label
+
+
+def test_in_json_warnings_and_a_crash_are_json_lines_too() -> None:
+    code = (
+        "import warnings; from gateway.logs import configure; configure('json', 'info'); "
+        "warnings.warn('careful'); raise ValueError('crashed')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 1 and done.stdout == ""
+    lines = [orjson.loads(line) for line in done.stderr.splitlines()]
+    assert [line["level"] for line in lines] == ["WARNING", "CRITICAL"]
+    assert "ValueError: crashed" in lines[1]["exception"]
