@@ -1,0 +1,317 @@
+"""The state machine: random API calls, clock moves and Redis faults against one real
+gateway, each checked against the model (model.py) as it is answered.
+
+Hypothesis drives sync rules; the gateway, its HTTP session and the test's own
+Postgres and Redis connections live on one event loop that the test holds, and each
+rule runs its coroutine to completion there. Each example has runtimes of its own and
+deletes its tasks at teardown, so every example starts from an empty table (the
+janitor's counts are database-wide).
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections import Counter
+from datetime import datetime
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from tests.support.http import Resp, req
+
+from . import interventions as act
+from .interventions import Env
+from .model import Model, Task, fingerprint
+
+# Far enough that no example's wall time reaches them: only the test moves time.
+DELAY = 3600
+TTL = 7200
+LEASE = 600
+
+RUNTIME = st.integers(0, 1)
+KEYS = st.none() | st.sampled_from(["k1", "k2", "k3"])
+BODIES = st.fixed_dictionaries(
+    {"payload": st.integers(0, 2)},
+    optional={
+        "priority": st.sampled_from([0, 50, 100]),
+        "delay_seconds": st.sampled_from([0, DELAY]),
+        "ttl_seconds": st.just(TTL),
+        "max_attempts": st.integers(1, 3),
+    },
+)
+
+
+def seconds_between(later: str, earlier: str) -> float:
+    return (datetime.fromisoformat(later) - datetime.fromisoformat(earlier)).total_seconds()
+
+
+class GatewayMachine(RuleBasedStateMachine):
+    def __init__(self, env: Env) -> None:
+        super().__init__()
+        self.env = env
+        tag = secrets.token_hex(4)
+        self.runtimes = [f"model-{tag}-a", f"model-{tag}-b"]
+        self.model = Model(self.runtimes)
+        self.bodies: dict[str, dict[str, Any]] = {}  # task id -> the body that made it
+
+    # -- plumbing ------------------------------------------------------------
+
+    def call(self, method: str, path: str, body: Any = None, **headers: str) -> Resp:
+        if body is None:
+            return self.env.run(req(self.env.inst, method, path, headers=headers))
+        return self.env.run(req(self.env.inst, method, path, body, headers=headers))
+
+    def check_task(self, shown: dict[str, Any], task: Task) -> None:
+        """The API's task object agrees with the model's task."""
+        want = {
+            "id": task.id,
+            "runtime_id": task.runtime,
+            "status": task.shown,
+            "attempts": task.attempts,
+            "priority": task.priority,
+            "max_attempts": task.max_attempts,
+        }
+        got = {k: shown.get(k) for k in want}
+        assert got == want, (got, want)
+        if task.shown == "claimed":
+            assert shown["lease_id"] == task.lease, (shown, task)
+            assert shown["cancel_requested"] == task.cancel_requested, (shown, task)
+        else:
+            assert "lease_id" not in shown, shown
+
+    def check_lease_answer(self, resp: Resp, task_id: str, outcome: str) -> None:
+        if outcome == "lost":
+            assert resp.status == 409, (resp.status, resp.body)
+            assert resp.body["code"] == "lease_lost", resp.body
+        else:
+            assert resp.status == 200, (resp.status, resp.body)
+            self.check_task(resp.body, self.model.tasks[task_id])
+
+    def pick_lease(self, data: st.DataObject) -> tuple[str, str]:
+        """A lease that holds its task now, any lease ever handed out, or one nobody
+        was given (which holds nothing, I7)."""
+        held = [(t.id, t.lease) for t in self.model.where(lambda t: t.status == "claimed")]
+        choice = st.sampled_from(self.model.leases)
+        if held:
+            choice = st.sampled_from(held) | choice
+        foreign = st.sampled_from(sorted(self.model.tasks)).map(lambda i: (i, str(uuid.uuid4())))
+        task_id, lease = data.draw(choice | foreign, label="lease")
+        assert lease is not None
+        return task_id, lease
+
+    def pick_task(self, data: st.DataObject, predicate: Any = None) -> Task:
+        found = self.model.where(predicate or (lambda t: True))
+        return data.draw(st.sampled_from(sorted(found, key=lambda t: t.seq)), label="task")
+
+    # -- producers -----------------------------------------------------------
+
+    def _enqueue(self, rt: int, body: dict[str, Any], key: str | None, in_header: bool) -> None:
+        runtime = self.runtimes[rt]
+        sent, headers = dict(body), {}
+        if key is not None and in_header:
+            headers["Idempotency-Key"] = key
+        elif key is not None:
+            sent["idempotency_key"] = key
+        resp = self.call("POST", f"/v1/runtimes/{runtime}/tasks", sent, **headers)
+        known = self.model.known_key(runtime, key)
+        if known is None:
+            assert resp.status == 201, (resp.status, resp.body)
+            task = self.model.add(runtime, resp.body["id"], body, key)
+            self.bodies[task.id] = body
+        elif known.fingerprint == fingerprint(body):
+            assert resp.status == 200, (resp.status, resp.body)
+            assert resp.headers.get("Idempotent-Replayed") == "true", resp.headers
+            task = known
+        else:
+            assert resp.status == 422, (resp.status, resp.body)
+            assert resp.body["code"] == "idempotency_key_reused", resp.body
+            return
+        self.check_task(resp.body, task)
+
+    @rule(rt=RUNTIME, body=BODIES, key=KEYS, in_header=st.booleans())
+    def enqueue(self, rt: int, body: dict[str, Any], key: str | None, in_header: bool) -> None:
+        self._enqueue(rt, body, key, in_header)
+
+    @precondition(lambda self: self.model.keys)
+    @rule(data=st.data(), same=st.booleans(), in_header=st.booleans())
+    def replay(self, data: st.DataObject, same: bool, in_header: bool) -> None:
+        """A key sent again: with the same request (a replay) or another (refused)."""
+        (runtime, key), task_id = data.draw(st.sampled_from(sorted(self.model.keys.items())))
+        body = dict(self.bodies[task_id])
+        if not same:
+            body["payload"] = body["payload"] + 10
+        elif body.get("priority", 50) == 50 and data.draw(st.booleans(), label="respell"):
+            # A default spelled out or left out is the same request.
+            if body.pop("priority", None) is None:
+                body["priority"] = 50
+        self._enqueue(self.runtimes.index(runtime), body, key, in_header)
+
+    @rule(
+        rt=RUNTIME,
+        items=st.lists(st.tuples(BODIES, KEYS), min_size=1, max_size=3).filter(
+            lambda items: len([k for _, k in items if k]) == len({k for _, k in items if k})
+        ),
+    )
+    def enqueue_batch(self, rt: int, items: list[tuple[dict[str, Any], str | None]]) -> None:
+        runtime = self.runtimes[rt]
+        sent = [dict(body, **({"idempotency_key": key} if key else {})) for body, key in items]
+        resp = self.call("POST", f"/v1/runtimes/{runtime}/tasks:batch", {"tasks": sent})
+        known = [self.model.known_key(runtime, key) for _, key in items]
+        if any(
+            t and t.fingerprint != fingerprint(b) for t, (b, _) in zip(known, items, strict=True)
+        ):
+            assert resp.status == 422, (resp.status, resp.body)
+            assert resp.body["code"] == "idempotency_key_reused", resp.body
+            return  # all or nothing: the new items are not stored either
+        if all(known):
+            assert resp.status == 200, (resp.status, resp.body)
+            assert resp.headers.get("Idempotent-Replayed") == "true", resp.headers
+        else:
+            assert resp.status == 201, (resp.status, resp.body)
+        shown = resp.body["tasks"]
+        assert len(shown) == len(items), shown
+        for got, task, (body, key) in zip(shown, known, items, strict=True):
+            if task is None:
+                task = self.model.add(runtime, got["id"], body, key)
+                self.bodies[task.id] = body
+            self.check_task(got, task)
+
+    # -- daemons -------------------------------------------------------------
+
+    @rule(rt=RUNTIME, max_tasks=st.integers(1, 3), wait=st.sampled_from([0, 0.05]))
+    def claim(self, rt: int, max_tasks: int, wait: float) -> None:
+        runtime = self.runtimes[rt]
+        expected = self.model.expected_claim(runtime, max_tasks)
+        body = {"worker_id": "w", "max_tasks": max_tasks, "wait_seconds": wait}
+        resp = self.call("POST", f"/v1/runtimes/{runtime}/claim", dict(body, lease_seconds=LEASE))
+        assert resp.status == 200, (resp.status, resp.body)
+        got = [t["id"] for t in resp.body["tasks"]]
+        if not (got == [] and self.model.stale[runtime]):
+            # Only a verdict that a lost bump left behind may hide due tasks, and then
+            # it hides them all; otherwise exactly the first due tasks by priority,
+            # then age: never one with a lease, one not yet due, or one expired.
+            assert got == expected, (got, expected, self.model.claimable(runtime))
+        if got:
+            self.model.stale[runtime] = False  # this claim went to Postgres
+        for shown in resp.body["tasks"]:
+            self.model.claimed(shown["id"], shown["lease_id"])
+            self.check_task(shown, self.model.tasks[shown["id"]])
+
+    @precondition(lambda self: self.model.leases)
+    @rule(data=st.data(), lease_seconds=st.sampled_from([LEASE, 2 * LEASE]))
+    def heartbeat(self, data: st.DataObject, lease_seconds: int) -> None:
+        task_id, lease = self.pick_lease(data)
+        body = {"lease_id": lease, "lease_seconds": lease_seconds}
+        resp = self.call("POST", f"/v1/tasks/{task_id}/heartbeat", body)
+        self.check_lease_answer(resp, task_id, self.model.heartbeat(task_id, lease).outcome)
+
+    @precondition(lambda self: self.model.leases)
+    @rule(data=st.data())
+    def complete(self, data: st.DataObject) -> None:
+        task_id, lease = self.pick_lease(data)
+        resp = self.call("POST", f"/v1/tasks/{task_id}/complete", {"lease_id": lease, "result": 1})
+        self.check_lease_answer(resp, task_id, self.model.complete(task_id, lease).outcome)
+
+    @precondition(lambda self: self.model.leases)
+    @rule(data=st.data(), retry=st.booleans(), after=st.sampled_from([0, DELAY, None]))
+    def fail(self, data: st.DataObject, retry: bool, after: float | None) -> None:
+        task_id, lease = self.pick_lease(data)
+        body: dict[str, Any] = {"lease_id": lease, "error": "boom", "retry": retry}
+        if after is not None:
+            body["retry_after_seconds"] = after
+        attempts = self.model.tasks[task_id].attempts
+        answer = self.model.fail(task_id, lease, retry, after)
+        resp = self.call("POST", f"/v1/tasks/{task_id}/fail", body)
+        self.check_lease_answer(resp, task_id, answer.outcome)
+        requeued = answer.outcome == "ok" and self.model.tasks[task_id].status == "queued"
+        if requeued and after is None:
+            # Exponential backoff with jitter: 2^attempts s, times 0.5 to 1.
+            backoff = seconds_between(resp.body["run_at"], resp.body["updated_at"])
+            assert 0.5 * 2**attempts - 0.01 <= backoff <= 2**attempts + 0.01, resp.body
+            # Its due time is seconds away: put it out of reach, as the model says.
+            self.env.run(act.postpone(self.env, task_id, DELAY))
+
+    @precondition(lambda self: self.model.leases)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        task_id, lease = self.pick_lease(data)
+        resp = self.call("POST", f"/v1/tasks/{task_id}/release", {"lease_id": lease})
+        self.check_lease_answer(resp, task_id, self.model.release(task_id, lease).outcome)
+
+    # -- operators -----------------------------------------------------------
+
+    @precondition(lambda self: self.model.tasks)
+    @rule(data=st.data(), op=st.sampled_from(["cancel", "retry"]))
+    def operator(self, data: st.DataObject, op: str) -> None:
+        task = self.pick_task(data)
+        resp = self.call("POST", f"/v1/tasks/{task.id}/{op}")
+        expected = self.model.cancel(task.id) if op == "cancel" else self.model.retry(task.id)
+        self._check_operator_answer(resp, task, expected)
+
+    def _check_operator_answer(self, resp: Resp, task: Task, status: int) -> None:
+        assert resp.status == status, (resp.status, resp.body, task)
+        if status == 200:
+            self.check_task(resp.body, task)
+        else:
+            assert resp.body["code"] == "invalid_state", resp.body
+
+    # -- time and faults ------------------------------------------------------
+
+    @rule(data=st.data())
+    def time_passes(self, data: st.DataObject) -> None:
+        """Beyond a due time, a lease, a TTL (on one task), or every verdict's life."""
+        moves = [name for name, (applies, _) in act.TASK_MOVES.items() if self.model.where(applies)]
+        move = data.draw(st.sampled_from([*moves, "verdicts lapse"]), label="move")
+        if move == "verdicts lapse":
+            self.env.run(act.verdicts_lapse(self.env, self.model))
+            return
+        applies, apply = act.TASK_MOVES[move]
+        self.env.run(apply(self.env, self.model, self.pick_task(data, applies)))
+
+    @rule(rt=RUNTIME, fault=st.sampled_from(sorted(act.FAULTS)))
+    def redis_fault(self, rt: int, fault: str) -> None:
+        self.env.run(act.FAULTS[fault](self.env, self.model, self.runtimes[rt]))
+
+    @rule()
+    def janitor(self) -> None:
+        stale_runtimes = {rt for rt, stale in self.model.stale.items() if stale}
+        must_repair = {
+            rt for rt in stale_runtimes if any(t.surely_due_for_repair() for t in self.model.of(rt))
+        }
+        report = self.env.run(self.env.inst.gateway.janitor.run_once())
+        reclaimed, bumped = self.model.janitor_reclaim()
+        assert report.errors == [], report
+        assert report.reclaimed == reclaimed, (report, reclaimed)
+        repaired = set(report.repaired)
+        # Only a verdict hiding due tasks is repaired, and every one whose task has
+        # been due long enough is (I6); the reclaim's own bumps came first.
+        assert repaired <= stale_runtimes - bumped, (repaired, stale_runtimes, bumped)
+        assert must_repair - bumped <= repaired, (must_repair, repaired)
+        for runtime in repaired:
+            self.model.stale[runtime] = False
+
+    # -- what must hold after every step --------------------------------------
+
+    @invariant()
+    def tasks_are_as_modelled(self) -> None:
+        for runtime in self.runtimes:
+            resp = self.call("GET", f"/v1/runtimes/{runtime}/tasks?limit=1000")
+            assert resp.status == 200, (resp.status, resp.body)
+            shown = resp.body["tasks"]
+            mine = sorted(self.model.of(runtime), key=lambda t: t.seq)
+            assert [t["id"] for t in shown] == [t.id for t in mine]  # oldest first
+            for got, task in zip(shown, mine, strict=True):
+                self.check_task(got, task)
+
+    @invariant()
+    def stats_are_as_modelled(self) -> None:
+        for runtime in self.runtimes:
+            resp = self.call("GET", f"/v1/runtimes/{runtime}/stats")
+            assert resp.status == 200, (resp.status, resp.body)
+            counts = {s: n for s, n in resp.body["counts"].items() if n}
+            assert counts == dict(Counter(t.shown for t in self.model.of(runtime)))
+
+    def teardown(self) -> None:
+        self.env.run(act.forget(self.env, self.model))
