@@ -85,6 +85,18 @@ async def verdicts_lapse(env: Env, model: Model) -> None:
         model.stale[runtime] = False
 
 
+async def janitor_interval(env: Env, model: Model) -> None:
+    """The few seconds between janitor passes go by for the tasks due now (the rest
+    are far from any deadline): each has been due for longer than the repair's 1 s."""
+    await env.db.execute(
+        "UPDATE tasks SET run_at = run_at - interval '2 seconds' "
+        "WHERE runtime_id = ANY($1::text[]) AND status = 'queued' AND run_at <= now()",
+        model.runtimes,
+    )
+    for task in model.where(lambda t: t.status == "queued" and t.due):
+        task.due_since = LONG_AGO
+
+
 async def postpone(env: Env, task_id: str, seconds: float) -> None:
     """A backoff of a few seconds put out of the test's reach, as the model says."""
     await env.db.execute(
@@ -122,9 +134,6 @@ async def flush(env: Env, model: Model, runtime: str) -> None:
         await env.redis.delete(*doomed)
     for each in model.runtimes:
         model.stale[each] = False
-
-
-FAULTS = {"lost bump": lost_bump, "lost version": lost_version, "flush": flush}
 
 
 async def forget(env: Env, model: Model) -> None:

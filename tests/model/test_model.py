@@ -2,9 +2,11 @@
 faults against a real gateway over real Postgres and Redis, and after every step
 checks what the API shows against a pure-Python model (see machine.py and model.py).
 
-`make test` runs a few examples from a fixed seed; MODEL_EXAMPLES and MODEL_STEPS
-raise the counts, and then the seed is random (`make model`). A failure prints the
-steps that reproduce it, shrunk.
+`make test` runs a few examples from a fixed seed and reports a failure as found, so
+that it stays inside the test's 30 s; MODEL_SHRINK=1 shrinks it to the fewest steps
+(that can take minutes). MODEL_EXAMPLES and MODEL_STEPS raise the counts, and then
+the seed is random and failures are shrunk (`make model`). A failure prints its
+steps and a `@reproduce_failure` line that replays it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import AsyncIterator, Iterator
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from tests.harness import make_settings, running_gateway
@@ -26,10 +28,13 @@ from tests.support.databases import migrate
 from .interventions import Env
 from .machine import GatewayMachine
 
-EXAMPLES = int(os.environ.get("MODEL_EXAMPLES", "30"))
+EXAMPLES = int(os.environ.get("MODEL_EXAMPLES", "20"))
 STEPS = int(os.environ.get("MODEL_STEPS", "30"))
 # The default run is the same every time; a run asking for more explores afresh.
 FIXED_SEED = "MODEL_EXAMPLES" not in os.environ and "MODEL_STEPS" not in os.environ
+# Hypothesis gives up shrinking after five minutes.
+SHRINK = os.environ.get("MODEL_SHRINK", "0" if FIXED_SEED else "1") == "1"
+PHASES = tuple(Phase) if SHRINK else tuple(p for p in Phase if p is not Phase.shrink)
 
 MODEL_SETTINGS = settings(
     max_examples=EXAMPLES,
@@ -37,6 +42,7 @@ MODEL_SETTINGS = settings(
     deadline=None,
     database=None,  # no example store on disk: the suite stays reproducible
     derandomize=FIXED_SEED,
+    phases=PHASES,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
@@ -75,7 +81,7 @@ def held_environment(database_url: str, redis_url: str) -> Iterator[Env]:
         loop.close()
 
 
-@pytest.mark.timeout(max(30, EXAMPLES * STEPS))
+@pytest.mark.timeout(30 if FIXED_SEED and not SHRINK else EXAMPLES * STEPS + 600)
 def test_the_gateway_behaves_as_the_model(fresh_database_url: str, redis_url: str) -> None:
     with held_environment(fresh_database_url, redis_url) as env:
         run_state_machine_as_test(lambda: GatewayMachine(env), settings=MODEL_SETTINGS)
