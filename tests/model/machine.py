@@ -10,6 +10,7 @@ janitor's counts are database-wide).
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections import Counter
 from datetime import datetime
@@ -25,6 +26,7 @@ from hypothesis.stateful import (
 )
 
 from tests.support.http import Resp, req
+from tests.support.waiting import wait_until
 
 from . import interventions as act
 from .interventions import Env
@@ -45,6 +47,12 @@ BODIES = st.fixed_dictionaries(
         "ttl_seconds": st.just(TTL),
         "max_attempts": st.integers(1, 3),
     },
+)
+
+
+DUE_BODIES = st.fixed_dictionaries(
+    {"payload": st.integers(0, 2)},
+    optional={"priority": st.sampled_from([0, 50, 100]), "max_attempts": st.integers(1, 3)},
 )
 
 
@@ -96,11 +104,12 @@ class GatewayMachine(RuleBasedStateMachine):
 
     def pick_lease(self, data: st.DataObject) -> tuple[str, str]:
         """Most often a lease that holds its task now; else one its task has moved on
-        from, any lease ever handed out, or one nobody was given (I7)."""
+        from (reported, or lapsed and reclaimed), or one nobody was given (I7). Lists
+        are in creation order, never by the server's random ids, so a run replays."""
         claimed = self.model.where(lambda t: t.status == "claimed")
         held = [(t.id, t.lease) for t in claimed]
         moved_on = [(i, lease) for i, lease in self.model.leases if (i, lease) not in held]
-        targets = sorted(t.id for t in claimed) or sorted(self.model.tasks)
+        targets = [t.id for t in claimed] or list(self.model.tasks)
         choices = [st.sampled_from(held)] * 2 if held else []
         choices += [st.sampled_from(moved_on)] if moved_on else []
         choices += [st.tuples(st.sampled_from(targets), st.uuids().map(str))]
@@ -203,8 +212,7 @@ class GatewayMachine(RuleBasedStateMachine):
         expected = self.model.expected_claim(runtime, max_tasks)
         body = {"worker_id": "w", "max_tasks": max_tasks, "wait_seconds": wait}
         resp = self.call("POST", f"/v1/runtimes/{runtime}/claim", dict(body, lease_seconds=LEASE))
-        assert resp.status == 200, (resp.status, resp.body)
-        got = [t["id"] for t in resp.body["tasks"]]
+        got = self._claimed(resp)
         if not (got == [] and self.model.stale[runtime]):
             # Only a verdict that a lost bump left behind may hide due tasks, and then
             # it hides them all; otherwise exactly the first due tasks by priority,
@@ -212,9 +220,41 @@ class GatewayMachine(RuleBasedStateMachine):
             assert got == expected, (got, expected, self.model.claimable(runtime))
         if got:
             self.model.stale[runtime] = False  # this claim went to Postgres
+
+    def _claimed(self, resp: Resp) -> list[str]:
+        """The ids a claim answered, each now held under the lease it came with."""
+        assert resp.status == 200, (resp.status, resp.body)
         for shown in resp.body["tasks"]:
             self.model.claimed(shown["id"], shown["lease_id"])
             self.check_task(shown, self.model.tasks[shown["id"]])
+        return [t["id"] for t in resp.body["tasks"]]
+
+    def _idle(self) -> list[str]:
+        return [rt for rt in self.runtimes if not self.model.claimable(rt)]
+
+    @precondition(lambda self: self._idle())
+    @rule(data=st.data(), body=DUE_BODIES)
+    def wake_a_parked_claim(self, data: st.DataObject, body: dict[str, Any]) -> None:
+        """A claim parked on a runtime with nothing due gets the task enqueued meanwhile,
+        through the bump and its wake-up (I1, I8), whatever the verdict said."""
+        runtime = data.draw(st.sampled_from(self._idle()), label="runtime")
+        claim, enqueue = self.env.run(self._enqueue_under_a_parked_claim(runtime, body))
+        assert enqueue.status == 201, (enqueue.status, enqueue.body)
+        task = self.model.add(runtime, enqueue.body["id"], body, None)
+        assert self._claimed(claim) == [task.id]
+
+    async def _enqueue_under_a_parked_claim(
+        self, runtime: str, body: dict[str, Any]
+    ) -> tuple[Resp, Resp]:
+        inst = self.env.inst
+        poll = {"worker_id": "w", "wait_seconds": 5, "lease_seconds": LEASE}
+        claim = asyncio.ensure_future(req(inst, "POST", f"/v1/runtimes/{runtime}/claim", poll))
+        try:
+            await wait_until(lambda: inst.gateway.claimer.parked(runtime) > 0, 5, "a parked claim")
+            enqueue = await req(inst, "POST", f"/v1/runtimes/{runtime}/tasks", body)
+            return await claim, enqueue
+        finally:
+            claim.cancel()  # a no-op once answered; a failed step leaves no request behind
 
     @precondition(lambda self: self.model.leases)
     @rule(data=st.data(), lease_seconds=st.sampled_from([LEASE, 2 * LEASE]))
