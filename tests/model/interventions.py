@@ -19,7 +19,9 @@ from tests.harness import Instance
 
 from .model import LONG_AGO, Model, Task
 
-VERDICT_TTL_MS = 30_000  # the gateway's GATEWAY_EMPTY_TTL_SECONDS default
+# A lost bump's verdict outlives any example, so that only the test ends it (a bump, a
+# repair, `verdicts_lapse`), never the wall clock halfway through a check.
+STALE_VERDICT_TTL_MS = 600_000
 
 
 @dataclass
@@ -115,7 +117,7 @@ async def lost_bump(env: Env, model: Model, runtime: str) -> None:
     keys = env.keys(runtime)
     version = await env.redis.get(keys.version)
     if version is not None:
-        await env.redis.set(keys.empty, version, px=VERDICT_TTL_MS)
+        await env.redis.set(keys.empty, version, px=STALE_VERDICT_TTL_MS)
         model.stale[runtime] = True
 
 

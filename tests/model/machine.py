@@ -94,8 +94,8 @@ class GatewayMachine(RuleBasedStateMachine):
         else:
             assert "lease_id" not in shown, shown
 
-    def check_lease_answer(self, resp: Resp, task_id: str, outcome: str) -> None:
-        if outcome == "lost":
+    def check_lease_answer(self, resp: Resp, task_id: str, held: bool) -> None:
+        if not held:
             assert resp.status == 409, (resp.status, resp.body)
             assert resp.body["code"] == "lease_lost", resp.body
         else:
@@ -262,14 +262,14 @@ class GatewayMachine(RuleBasedStateMachine):
         task_id, lease = self.pick_lease(data)
         body = {"lease_id": lease, "lease_seconds": lease_seconds}
         resp = self.call("POST", f"/v1/tasks/{task_id}/heartbeat", body)
-        self.check_lease_answer(resp, task_id, self.model.heartbeat(task_id, lease).outcome)
+        self.check_lease_answer(resp, task_id, self.model.heartbeat(task_id, lease))
 
     @precondition(lambda self: self.model.leases)
     @rule(data=st.data())
     def complete(self, data: st.DataObject) -> None:
         task_id, lease = self.pick_lease(data)
         resp = self.call("POST", f"/v1/tasks/{task_id}/complete", {"lease_id": lease, "result": 1})
-        self.check_lease_answer(resp, task_id, self.model.complete(task_id, lease).outcome)
+        self.check_lease_answer(resp, task_id, self.model.complete(task_id, lease))
 
     @precondition(lambda self: self.model.leases)
     @rule(data=st.data(), retry=st.booleans(), after=st.sampled_from([0, DELAY, None]))
@@ -279,10 +279,10 @@ class GatewayMachine(RuleBasedStateMachine):
         if after is not None:
             body["retry_after_seconds"] = after
         attempts = self.model.tasks[task_id].attempts
-        answer = self.model.fail(task_id, lease, retry, after)
+        held = self.model.fail(task_id, lease, retry, after)
         resp = self.call("POST", f"/v1/tasks/{task_id}/fail", body)
-        self.check_lease_answer(resp, task_id, answer.outcome)
-        requeued = answer.outcome == "ok" and self.model.tasks[task_id].status == "queued"
+        self.check_lease_answer(resp, task_id, held)
+        requeued = held and self.model.tasks[task_id].status == "queued"
         if requeued and after is None:
             # Exponential backoff with jitter: 2^attempts s, times 0.5 to 1.
             backoff = seconds_between(resp.body["run_at"], resp.body["updated_at"])
@@ -295,7 +295,7 @@ class GatewayMachine(RuleBasedStateMachine):
     def release(self, data: st.DataObject) -> None:
         task_id, lease = self.pick_lease(data)
         resp = self.call("POST", f"/v1/tasks/{task_id}/release", {"lease_id": lease})
-        self.check_lease_answer(resp, task_id, self.model.release(task_id, lease).outcome)
+        self.check_lease_answer(resp, task_id, self.model.release(task_id, lease))
 
     # -- operators -----------------------------------------------------------
 

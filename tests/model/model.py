@@ -2,8 +2,8 @@
 
 It knows no clock: time passes only when the test moves a row's timestamps into the
 past, so every task is either due or not, every lease live or lapsed, and every TTL
-running or passed. Each method applies one answered request and returns what the
-gateway must have said; the state machine compares.
+running or passed. Each method applies one request and returns what the gateway must
+answer; the state machine compares.
 """
 
 from __future__ import annotations
@@ -64,14 +64,6 @@ def fingerprint(body: dict[str, Any]) -> tuple[Any, ...]:
         body.get("delay_seconds") or 0,
         body.get("ttl_seconds"),
     )
-
-
-@dataclass
-class LeaseAnswer:
-    """What a lease operation must answer: `ok` (200) or `lost` (409 lease_lost)."""
-
-    outcome: str
-    status: str | None = None  # the task's shown status after it, when ok
 
 
 class Model:
@@ -138,26 +130,28 @@ class Model:
     def _holds(self, task: Task, lease: str) -> bool:
         return task.status == "claimed" and task.lease == lease
 
-    def heartbeat(self, task_id: str, lease: str) -> LeaseAnswer:
+    # Each lease report returns whether it must succeed (200), else 409 lease_lost.
+
+    def heartbeat(self, task_id: str, lease: str) -> bool:
         task = self.tasks[task_id]
         if not self._holds(task, lease):
-            return LeaseAnswer("lost")
+            return False
         task.lapsed = False  # a lapsed lease nobody replaced is still honoured
-        return LeaseAnswer("ok", task.shown)
+        return True
 
-    def complete(self, task_id: str, lease: str) -> LeaseAnswer:
+    def complete(self, task_id: str, lease: str) -> bool:
         task = self.tasks[task_id]
         if self._holds(task, lease):
             task.status = "cancelled" if task.cancel_requested else "completed"
-            return LeaseAnswer("ok", task.shown)
+            return True
         if task.status in ("completed", "cancelled") and task.lease == lease:
-            return LeaseAnswer("ok", task.shown)  # a repeat with the same lease
-        return LeaseAnswer("lost")
+            return True  # a repeat with the same lease
+        return False
 
-    def fail(self, task_id: str, lease: str, retry: bool, retry_after: float | None) -> LeaseAnswer:
+    def fail(self, task_id: str, lease: str, retry: bool, retry_after: float | None) -> bool:
         task = self.tasks[task_id]
         if not self._holds(task, lease):
-            return LeaseAnswer("lost")
+            return False
         if task.cancel_requested:
             task.status = "cancelled"
         elif retry and task.attempts < task.max_attempts:
@@ -165,18 +159,18 @@ class Model:
             self.stale[task.runtime] = False
         else:
             task.status = "dead"
-        return LeaseAnswer("ok", task.shown)
+        return True
 
-    def release(self, task_id: str, lease: str) -> LeaseAnswer:
+    def release(self, task_id: str, lease: str) -> bool:
         task = self.tasks[task_id]
         if not self._holds(task, lease):
-            return LeaseAnswer("lost")
+            return False
         if task.cancel_requested:
             task.status = "cancelled"
         else:
             task.requeue()
             self.stale[task.runtime] = False
-        return LeaseAnswer("ok", task.shown)
+        return True
 
     # -- operators -----------------------------------------------------------
 
