@@ -38,6 +38,7 @@ TTL = 7200
 LEASE = 600
 
 RUNTIME = st.integers(0, 1)
+WORKERS = st.sampled_from(["w1", "w2"])
 KEYS = st.none() | st.sampled_from(["k1", "k2", "k3"])
 BODIES = st.fixed_dictionaries(
     {"payload": st.integers(0, 2)},
@@ -88,11 +89,22 @@ class GatewayMachine(RuleBasedStateMachine):
         }
         got = {k: shown.get(k) for k in want}
         assert got == want, (got, want)
+        assert shown.get("last_error") == task.last_error, (shown, task)
+        assert shown.get("result") == (task.result if task.shown == "completed" else None)
         if task.shown == "claimed":
-            assert shown["lease_id"] == task.lease, (shown, task)
-            assert shown["cancel_requested"] == task.cancel_requested, (shown, task)
+            held = {k: shown[k] for k in ("lease_id", "worker_id", "cancel_requested")}
+            assert held == {
+                "lease_id": task.lease,
+                "worker_id": task.worker,
+                "cancel_requested": task.cancel_requested,
+            }, (shown, task)
         else:
             assert "lease_id" not in shown, shown
+
+    def check_granted(self, shown: dict[str, Any], lease_seconds: int) -> None:
+        """A claim or heartbeat's lease runs lease_seconds from that statement."""
+        granted = seconds_between(shown["lease_expires_at"], shown["updated_at"])
+        assert abs(granted - lease_seconds) < 0.05, (granted, lease_seconds, shown)
 
     def check_lease_answer(self, resp: Resp, task_id: str, held: bool) -> None:
         if not held:
@@ -206,13 +218,13 @@ class GatewayMachine(RuleBasedStateMachine):
 
     # -- daemons -------------------------------------------------------------
 
-    @rule(rt=RUNTIME, max_tasks=st.integers(1, 3), wait=st.sampled_from([0, 0.05]))
-    def claim(self, rt: int, max_tasks: int, wait: float) -> None:
+    @rule(rt=RUNTIME, max_tasks=st.integers(1, 3), wait=st.sampled_from([0, 0.05]), worker=WORKERS)
+    def claim(self, rt: int, max_tasks: int, wait: float, worker: str = "w1") -> None:
         runtime = self.runtimes[rt]
         expected = self.model.expected_claim(runtime, max_tasks)
-        body = {"worker_id": "w", "max_tasks": max_tasks, "wait_seconds": wait}
+        body = {"worker_id": worker, "max_tasks": max_tasks, "wait_seconds": wait}
         resp = self.call("POST", f"/v1/runtimes/{runtime}/claim", dict(body, lease_seconds=LEASE))
-        got = self._claimed(resp)
+        got = self._claimed(resp, worker)
         if not (got == [] and self.model.stale[runtime]):
             # Only a verdict that a lost bump left behind may hide due tasks, and then
             # it hides them all; otherwise exactly the first due tasks by priority,
@@ -221,12 +233,13 @@ class GatewayMachine(RuleBasedStateMachine):
         if got:
             self.model.stale[runtime] = False  # this claim went to Postgres
 
-    def _claimed(self, resp: Resp) -> list[str]:
+    def _claimed(self, resp: Resp, worker: str) -> list[str]:
         """The ids a claim answered, each now held under the lease it came with."""
         assert resp.status == 200, (resp.status, resp.body)
         for shown in resp.body["tasks"]:
-            self.model.claimed(shown["id"], shown["lease_id"])
+            self.model.claimed(shown["id"], shown["lease_id"], worker)
             self.check_task(shown, self.model.tasks[shown["id"]])
+            self.check_granted(shown, LEASE)
         return [t["id"] for t in resp.body["tasks"]]
 
     def _idle(self) -> list[str]:
@@ -241,13 +254,13 @@ class GatewayMachine(RuleBasedStateMachine):
         claim, enqueue = self.env.run(self._enqueue_under_a_parked_claim(runtime, body))
         assert enqueue.status == 201, (enqueue.status, enqueue.body)
         task = self.model.add(runtime, enqueue.body["id"], body, None)
-        assert self._claimed(claim) == [task.id]
+        assert self._claimed(claim, "parked") == [task.id]
 
     async def _enqueue_under_a_parked_claim(
         self, runtime: str, body: dict[str, Any]
     ) -> tuple[Resp, Resp]:
         inst = self.env.inst
-        poll = {"worker_id": "w", "wait_seconds": 5, "lease_seconds": LEASE}
+        poll = {"worker_id": "parked", "wait_seconds": 5, "lease_seconds": LEASE}
         claim = asyncio.ensure_future(req(inst, "POST", f"/v1/runtimes/{runtime}/claim", poll))
         try:
             await wait_until(lambda: inst.gateway.claimer.parked(runtime) > 0, 5, "a parked claim")
@@ -262,24 +275,29 @@ class GatewayMachine(RuleBasedStateMachine):
         task_id, lease = self.pick_lease(data)
         body = {"lease_id": lease, "lease_seconds": lease_seconds}
         resp = self.call("POST", f"/v1/tasks/{task_id}/heartbeat", body)
-        self.check_lease_answer(resp, task_id, self.model.heartbeat(task_id, lease))
+        held = self.model.heartbeat(task_id, lease)
+        self.check_lease_answer(resp, task_id, held)
+        if held:
+            self.check_granted(resp.body, lease_seconds)
 
     @precondition(lambda self: self.model.leases)
-    @rule(data=st.data())
-    def complete(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), result=st.integers(0, 2))
+    def complete(self, data: st.DataObject, result: int) -> None:
         task_id, lease = self.pick_lease(data)
-        resp = self.call("POST", f"/v1/tasks/{task_id}/complete", {"lease_id": lease, "result": 1})
-        self.check_lease_answer(resp, task_id, self.model.complete(task_id, lease))
+        body = {"lease_id": lease, "result": result}
+        resp = self.call("POST", f"/v1/tasks/{task_id}/complete", body)
+        self.check_lease_answer(resp, task_id, self.model.complete(task_id, lease, result))
 
     @precondition(lambda self: self.model.leases)
     @rule(data=st.data(), retry=st.booleans(), after=st.sampled_from([0, DELAY, None]))
     def fail(self, data: st.DataObject, retry: bool, after: float | None) -> None:
         task_id, lease = self.pick_lease(data)
-        body: dict[str, Any] = {"lease_id": lease, "error": "boom", "retry": retry}
+        error = f"boom {len(self.model.leases)}"
+        body: dict[str, Any] = {"lease_id": lease, "error": error, "retry": retry}
         if after is not None:
             body["retry_after_seconds"] = after
         attempts = self.model.tasks[task_id].attempts
-        held = self.model.fail(task_id, lease, retry, after)
+        held = self.model.fail(task_id, lease, error, retry, after)
         resp = self.call("POST", f"/v1/tasks/{task_id}/fail", body)
         self.check_lease_answer(resp, task_id, held)
         requeued = held and self.model.tasks[task_id].status == "queued"

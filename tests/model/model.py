@@ -36,6 +36,9 @@ class Task:
     lease: str | None = None  # the row's lease_id, kept after some final reports
     lapsed: bool = False
     cancel_requested: bool = False
+    worker: str | None = None
+    result: Any = None  # shown while completed
+    last_error: str | None = None
 
     @property
     def shown(self) -> str:
@@ -120,9 +123,9 @@ class Model:
 
     # -- daemons -------------------------------------------------------------
 
-    def claimed(self, task_id: str, lease: str) -> None:
+    def claimed(self, task_id: str, lease: str, worker: str) -> None:
         task = self.tasks[task_id]
-        task.status, task.lease, task.lapsed = "claimed", lease, False
+        task.status, task.lease, task.lapsed, task.worker = "claimed", lease, False, worker
         task.attempts += 1
         task.cancel_requested = False
         self.leases.append((task_id, lease))
@@ -139,19 +142,23 @@ class Model:
         task.lapsed = False  # a lapsed lease nobody replaced is still honoured
         return True
 
-    def complete(self, task_id: str, lease: str) -> bool:
+    def complete(self, task_id: str, lease: str, result: Any) -> bool:
         task = self.tasks[task_id]
         if self._holds(task, lease):
             task.status = "cancelled" if task.cancel_requested else "completed"
+            task.result = result
             return True
         if task.status in ("completed", "cancelled") and task.lease == lease:
             return True  # a repeat with the same lease
         return False
 
-    def fail(self, task_id: str, lease: str, retry: bool, retry_after: float | None) -> bool:
+    def fail(
+        self, task_id: str, lease: str, error: str, retry: bool, retry_after: float | None
+    ) -> bool:
         task = self.tasks[task_id]
         if not self._holds(task, lease):
             return False
+        task.last_error = error
         if task.cancel_requested:
             task.status = "cancelled"
         elif retry and task.attempts < task.max_attempts:
@@ -190,7 +197,7 @@ class Model:
         if task.shown not in ("dead", "expired", "cancelled"):
             return 409
         task.requeue()
-        task.attempts, task.cancel_requested = 0, False
+        task.attempts, task.cancel_requested, task.result = 0, False, None
         if task.ttl_passed:  # an expiry already past is dropped
             task.has_ttl = task.ttl_passed = False
         self.stale[task.runtime] = False
@@ -203,6 +210,7 @@ class Model:
         count, bumped = 0, set()
         for task in self.where(lambda t: t.status == "claimed" and t.lapsed):
             count += 1
+            task.last_error = task.last_error or "lease expired"
             if task.cancel_requested or task.attempts >= task.max_attempts:
                 # Ended for good; the reclaim clears the lease whatever the outcome.
                 task.lease, task.lapsed = None, False
