@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import asyncpg
 import pytest
@@ -65,6 +66,12 @@ async def environment(database_url: str, redis_url: str) -> AsyncIterator[Env]:
         await db.close()
 
 
+async def cancel_all(tasks: set[asyncio.Task[Any]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 @contextlib.contextmanager
 def held_environment(database_url: str, redis_url: str) -> Iterator[Env]:
     """The environment on an event loop of its own, kept open across Hypothesis'
@@ -79,10 +86,7 @@ def held_environment(database_url: str, redis_url: str) -> Iterator[Env]:
         loop.run_until_complete(stack.aclose())
         # As asyncio.run does: a claim pump still parked on a verdict of a runtime the
         # claimer has forgotten outlives the gateway's drain; end it here.
-        left = asyncio.all_tasks(loop)
-        for task in left:
-            task.cancel()
-        loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+        loop.run_until_complete(cancel_all(asyncio.all_tasks(loop)))
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
 
