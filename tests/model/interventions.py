@@ -122,9 +122,15 @@ async def lost_bump(env: Env, model: Model, runtime: str) -> None:
 
 
 async def lost_version(env: Env, model: Model, runtime: str) -> None:
-    """An evicted or reset version key: the next read starts a new epoch, so no old
-    verdict can match again (I3)."""
-    await env.redis.delete(env.keys(runtime).version)
+    """The version key lost (evicted, or a restart from an old snapshot) while a verdict
+    from its epoch's early life survives. The next read or bump starts a new epoch, so
+    that verdict never matches again (I3), however the counter starts over."""
+    keys = env.keys(runtime)
+    version = await env.redis.get(keys.version)
+    await env.redis.delete(keys.version)
+    if version is not None:
+        epoch = version.rpartition(":")[0]
+        await env.redis.set(keys.empty, f"{epoch}:1", px=STALE_VERDICT_TTL_MS)
     model.stale[runtime] = False
 
 
