@@ -84,8 +84,7 @@ def held_environment(database_url: str, redis_url: str) -> Iterator[Env]:
         yield loop.run_until_complete(stack.enter_async_context(env))
     finally:
         loop.run_until_complete(stack.aclose())
-        # As asyncio.run does: a claim pump still parked on a verdict of a runtime the
-        # claimer has forgotten outlives the gateway's drain; end it here.
+        # As asyncio.run does: end whatever the gateway left running.
         loop.run_until_complete(cancel_all(asyncio.all_tasks(loop)))
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
