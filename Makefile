@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LINT_PATHS := gateway tests bench clients/python examples
 
-.PHONY: run test lint format bench simulate faults clean
+.PHONY: run test lint format bench simulate faults model clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ format: $(STAMP)
 ## simulate: many seeded claim-path schedules on virtual time (SIM_SCHEDULES, SIM_SEED to replay one)
 simulate: $(STAMP)
 	SIM_SCHEDULES=$${SIM_SCHEDULES:-20000} $(BIN)/python -m pytest tests/sim -q -p no:cacheprovider
+
+## model: the stateful model test with many more examples (MODEL_EXAMPLES, MODEL_STEPS), random seeds
+model: $(STAMP)
+	MODEL_EXAMPLES=$${MODEL_EXAMPLES:-500} MODEL_STEPS=$${MODEL_STEPS:-50} $(BIN)/python -m pytest tests/model -q -p no:cacheprovider
 
 ## bench: the benchmark harness (see bench/README.md)
 bench: $(STAMP)

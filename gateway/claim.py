@@ -241,9 +241,13 @@ class Claimer:
         with contextlib.suppress(ValueError):
             state.waiters.remove(waiter)
             self._metrics.parked_polls.dec()
-        if not state.waiters and state.linger is None:
-            loop = asyncio.get_running_loop()
-            state.linger = loop.call_later(LINGER_SECONDS, self._forget, state)
+        if not state.waiters:
+            # The pump serves no one now: wake it to stop, rather than let it sleep out
+            # a verdict's life, beyond the drain's reach once the runtime is forgotten.
+            state.wake.set()
+            if state.linger is None:
+                loop = asyncio.get_running_loop()
+                state.linger = loop.call_later(LINGER_SECONDS, self._forget, state)
 
     def _forget(self, state: RuntimeState) -> None:
         if state.waiters or self._states.get(state.runtime_id) is not state:
