@@ -172,9 +172,7 @@ def check(
     return verdict
 
 
-def _duplicated(
-    held: list[tuple[Claim, Lease]], done: list[Complete], failed: list[Fail]
-) -> str:
+def _duplicated(held: list[tuple[Claim, Lease]], done: list[Complete], failed: list[Fail]) -> str:
     """Why this task was held twice at once or completed twice, or ''. A fail ends its
     lease as a complete does, but completes nothing: the task may be claimed again."""
     if len({c.lease_id for c in done}) > 1:
