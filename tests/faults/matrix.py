@@ -79,11 +79,14 @@ async def _counter(rig: Rig, name: str) -> float:
 
 
 async def _drain(rig: Rig, seconds: float) -> None:
-    """Until no task is left unfinished, or `seconds` passed."""
+    """Until no task is left unfinished (completed, or cancelled by its producer), or
+    `seconds` passed."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
-            left = await rig.sql("SELECT 1 FROM tasks WHERE status <> 'completed' LIMIT 1")
+            left = await rig.sql(
+                "SELECT 1 FROM tasks WHERE status NOT IN ('completed', 'cancelled') LIMIT 1"
+            )
         except OSError:
             left = [None]
         if not left:
