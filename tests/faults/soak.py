@@ -61,7 +61,10 @@ class Bounds:
     rss_mib_per_minute: float = 1.0  # each gateway's least-squares RSS slope
     pg_spread: int = 6  # max - min Postgres backends of the run's database
     redis_spread: int = 6  # max - min of Redis's connected_clients
-    oldest_due_seconds: float = 5.0  # over the whole run: age since a queued task came due
+    # Over the whole run: how long a queued task has been due. The checker's bound for
+    # a claimable task hidden from a poll (two janitor passes, the breaker, one
+    # degraded poll, plus 1 s); a janitor or pollers falling behind grow it for good.
+    oldest_due_seconds: float = REPAIR_BOUND_SECONDS
 
 
 @dataclass(frozen=True)
