@@ -75,6 +75,9 @@ class Sample:
     redis_clients: int  # Redis's connected_clients, the sampler's own included
     oldest_due_seconds: float  # the oldest queued task's age since its run_at; 0 if none
     finished: int  # tasks completed or cancelled so far
+    # The oldest due task's attempts and last error, to tell a fresh task from a retry
+    # after a fail or one the janitor handed on; '' when none is due.
+    oldest_due_kind: str = ""
 
 
 def slope_per_minute(points: list[tuple[float, float]]) -> float:
@@ -162,7 +165,10 @@ class Sampler:
             " (SELECT coalesce(extract(epoch FROM now() - min(run_at)), 0)::float8 FROM tasks"
             "   WHERE status = 'queued' AND run_at <= now()) AS due,"
             " (SELECT count(*) FROM tasks WHERE status IN ('completed', 'cancelled'))::int"
-            "   AS finished"
+            "   AS finished,"
+            " (SELECT 'attempts ' || attempts || ', ' || coalesce(last_error, 'no error')"
+            "   FROM tasks WHERE status = 'queued' AND run_at <= now()"
+            "  ORDER BY run_at LIMIT 1) AS due_kind"
         )
         assert row is not None
         clients = -1  # Redis down at that moment
@@ -171,7 +177,9 @@ class Sampler:
             clients = int((await client.info("clients"))["connected_clients"])
         await client.aclose()
         at = time.monotonic() - self.started
-        return Sample(at, tuple(rss), row["pg"], clients, row["due"], row["finished"])
+        return Sample(
+            at, tuple(rss), row["pg"], clients, row["due"], row["finished"], row["due_kind"] or ""
+        )
 
     async def run(self) -> None:
         conn = await asyncpg.connect(self.rig.database_url, timeout=10)
@@ -180,9 +188,10 @@ class Sampler:
                 sample = await self.take(conn)
                 self.samples.append(sample)
                 rss = " ".join(f"{r:.1f}" for r in sample.rss_mib)
+                kind = sample.oldest_due_kind or "none"
                 log(f"t={sample.at:5.0f}s rss {rss} MiB, pg {sample.pg_connections}, "
-                    f"redis {sample.redis_clients}, due {sample.oldest_due_seconds:.1f}s, "
-                    f"finished {sample.finished}")  # fmt: skip
+                    f"redis {sample.redis_clients}, due {sample.oldest_due_seconds:.1f}s "
+                    f"({kind}), finished {sample.finished}")  # fmt: skip
                 await asyncio.sleep(SAMPLE_EVERY_SECONDS)
         finally:
             await conn.close()
@@ -280,14 +289,15 @@ def report(result: SoakResult, bounds: Bounds) -> str:
         f"{result.released} | counted |",
         f"| gateway Redis errors across the Redis kill | {result.redis_errors:.0f} | > 0 |",
         "",
-        "| t (s) | RSS (MiB) | Postgres conns | Redis clients | oldest due (s) | finished |",
-        "|---|---|---|---|---|---|",
+        "| t (s) | RSS (MiB) | Postgres conns | Redis clients | oldest due (s) | finished |"
+        " oldest due task |",
+        "|---|---|---|---|---|---|---|",
     ]
     for s in result.samples:
         rss = " / ".join(f"{r:.1f}" for r in s.rss_mib)
         lines.append(
             f"| {s.at:.0f} | {rss} | {s.pg_connections} | {s.redis_clients} | "
-            f"{s.oldest_due_seconds:.1f} | {s.finished} |"
+            f"{s.oldest_due_seconds:.1f} | {s.finished} | {s.oldest_due_kind} |"
         )
     lines += ["", *(f"- {p}" for p in problems[:30])]
     return "\n".join(lines)
