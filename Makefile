@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LINT_PATHS := gateway tests bench clients/python examples
 
-.PHONY: run test lint format bench simulate faults model clean
+.PHONY: run test lint format bench simulate faults model soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ bench: $(STAMP)
 ## faults: the fault matrix: two gateway processes over private servers, one fault per row, every task checked (FAULTS_ROWS to pick rows)
 faults: $(STAMP)
 	$(BIN)/python -m tests.faults
+
+MINUTES ?= 10
+## soak: MINUTES (10) of mixed load over two gateways and 500 runtimes, Redis killed part way; checks leaks, connections, the janitor and every task
+soak: $(STAMP)
+	SOAK_MINUTES=$(MINUTES) $(BIN)/python -m tests.faults.soak
 
 clean:
 	rm -rf $(VENV) .gateway .pytest_cache .mypy_cache .ruff_cache

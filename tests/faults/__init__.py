@@ -5,5 +5,5 @@ fault per row (injected, healed), then every task checked against Postgres.
 gateway processes, `proxy` a loopback TCP proxy that can blackhole, `rig` one row's
 set of them, `load` the producers and workers that record what they saw, `faults` the
 rows, `matrix` the run and its table. `python -m tests.faults` (`make faults`) runs
-every row.
+every row; `soak` (`make soak`) runs the same rig, load and checker for minutes.
 """

@@ -1,6 +1,7 @@
 """The fault matrix's checker: a pure function over what the clients saw (a `History`)
-and the tasks table at the end (`Row`s), sorting every task into completed once, lost,
-duplicated or unresolved, and every empty claim answer into fine or stale-empty.
+and the tasks table at the end (`Row`s), sorting every task into completed once,
+cancelled, lost, duplicated or unresolved, and every empty claim answer into fine or
+stale-empty.
 
 Times are wall-clock seconds (`time.time()`), the clock Postgres uses on the same
 machine. Every verdict is conservative: a request's effect happened somewhere between
@@ -52,14 +53,36 @@ class Complete:
 
 
 @dataclass(frozen=True)
+class Fail:
+    """A `200` to a fail (or a release) of `lease_id`, sent at `sent`: that lease ended
+    there, the task not completed (it is queued again, or dead, or cancelled)."""
+
+    task_id: str
+    lease_id: str
+    sent: float
+    answered: float
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """A `200` to the producer's cancel of `task_id`: the task may end `cancelled`."""
+
+    task_id: str
+    sent: float
+    answered: float
+
+
+@dataclass(frozen=True)
 class Unknown:
     """A request with no usable answer (timeout, connection error, 5xx): it may have
-    taken effect at any time in [sent, gave_up]. `kind` is enqueue, claim or complete."""
+    taken effect at any time in [sent, gave_up]. `kind` is enqueue, claim, complete,
+    fail or cancel; `task_id` names the task of a cancel (else '')."""
 
     kind: str
     runtime: str
     sent: float
     gave_up: float
+    task_id: str = ""
 
 
 @dataclass
@@ -67,6 +90,8 @@ class History:
     enqueues: list[Enqueue] = field(default_factory=list)
     claims: list[Claim] = field(default_factory=list)
     completes: list[Complete] = field(default_factory=list)
+    fails: list[Fail] = field(default_factory=list)
+    cancels: list[Cancel] = field(default_factory=list)
     unknown: list[Unknown] = field(default_factory=list)
 
 
@@ -85,6 +110,7 @@ class Verdict:
     """Task ids per category, and the empty claim answers found stale, with why."""
 
     completed_once: set[str] = field(default_factory=set)
+    cancelled: set[str] = field(default_factory=set)  # ended cancelled by a cancel sent
     lost: dict[str, str] = field(default_factory=dict)
     duplicated: dict[str, str] = field(default_factory=dict)
     unresolved: dict[str, str] = field(default_factory=dict)
@@ -115,9 +141,15 @@ def check(
     completes: dict[str, list[Complete]] = defaultdict(list)
     for done in history.completes:
         completes[done.task_id].append(done)
+    fails: dict[str, list[Fail]] = defaultdict(list)
+    for failed in history.fails:
+        fails[failed.task_id].append(failed)
+    # A cancel with no answer may have taken effect too: it excuses a cancelled row.
+    cancel_sent = {c.task_id for c in history.cancels}
+    cancel_sent |= {u.task_id for u in history.unknown if u.kind == "cancel"}
 
     for task_id in sorted(set(by_id) | {e.task_id for e in history.enqueues}):
-        why = _duplicated(leases[task_id], completes[task_id])
+        why = _duplicated(leases[task_id], completes[task_id], fails[task_id])
         row = by_id.get(task_id)
         if why:
             verdict.duplicated[task_id] = why
@@ -125,6 +157,8 @@ def check(
             verdict.lost[task_id] = "enqueue answered 201 but the row is gone"
         elif row.status == "completed":
             verdict.completed_once.add(task_id)
+        elif row.status == "cancelled" and task_id in cancel_sent:
+            verdict.cancelled.add(task_id)
         elif row.status == "claimed":
             expires = row.lease_expires_at or 0.0
             if expires + janitor_interval < checked_at:
@@ -138,19 +172,21 @@ def check(
     return verdict
 
 
-def _duplicated(held: list[tuple[Claim, Lease]], done: list[Complete]) -> str:
-    """Why this task was held twice at once or completed twice, or ''."""
+def _duplicated(held: list[tuple[Claim, Lease]], done: list[Complete], failed: list[Fail]) -> str:
+    """Why this task was held twice at once or completed twice, or ''. A fail ends its
+    lease as a complete does, but completes nothing: the task may be claimed again."""
     if len({c.lease_id for c in done}) > 1:
         return "completed under two different leases"
-    # A lease is surely live from its claim's answer until the earlier of its complete
-    # being sent and the earliest moment it could have run out (granted no sooner than
-    # the claim was sent).
+    # A lease is surely live from its claim's answer until the earliest of its complete
+    # or fail being sent and the earliest moment it could have run out (granted no
+    # sooner than the claim was sent).
+    ends = [(c.lease_id, c.sent) for c in done] + [(f.lease_id, f.sent) for f in failed]
     spans: list[tuple[float, float, str]] = []
     for claim, lease in held:
         end = claim.sent + claim.lease_seconds
-        for c in done:
-            if c.lease_id == lease.lease_id:
-                end = min(end, c.sent)
+        for lease_id, sent in ends:
+            if lease_id == lease.lease_id:
+                end = min(end, sent)
         spans.append((claim.answered, end, lease.lease_id))
     spans.sort()
     for i, (start_a, end_a, id_a) in enumerate(spans):
@@ -165,15 +201,21 @@ def _stale_empty(
 ) -> list[str]:
     """Empty answers given while a task of the runtime had surely been claimable for
     longer than `bound`. A task is surely claimable from its enqueue's answer until the
-    first claim that could have taken it was sent: one that returned it, or one with no
-    answer on its runtime."""
+    first claim that could have taken it was sent (one that returned it, or one with no
+    answer on its runtime), or a cancel of it was sent."""
     lost_claims: dict[str, list[Unknown]] = defaultdict(list)
+    cancelled_at: dict[str, float] = {}
     for u in history.unknown:
         if u.kind == "claim":
             lost_claims[u.runtime].append(u)
+        elif u.kind == "cancel":
+            cancelled_at[u.task_id] = min(cancelled_at.get(u.task_id, u.sent), u.sent)
+    for c in history.cancels:
+        cancelled_at[c.task_id] = min(cancelled_at.get(c.task_id, c.sent), c.sent)
     windows: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
     for e in history.enqueues:
         until = min((c.sent for c, _ in leases[e.task_id]), default=float("inf"))
+        until = min(until, cancelled_at.get(e.task_id, until))
         for u in lost_claims[e.runtime]:
             if u.gave_up > e.answered:
                 until = min(until, max(u.sent, e.answered))

@@ -1,8 +1,9 @@
 """Steady load over the gateways, recording everything the clients saw.
 
-Producers enqueue round-robin over the runtimes and the gateways at a fixed rate;
-workers (per gateway and runtime) long-poll and complete what they get at once, but
-for a few tasks they drop, as a dead daemon would. An
+Producers enqueue round-robin over the runtimes and the gateways at a fixed rate, and
+may cancel some of what they enqueued; workers (per gateway and runtime) long-poll and
+complete what they get at once, but for a few tasks they drop, as a dead daemon would,
+and may fail some with a retry (the task comes back and is completed later). An
 answer with no usable outcome (timeout, connection error, 5xx) is recorded as unknown.
 All times are `time.time()` seconds, as the checker wants.
 """
@@ -20,7 +21,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from tests.faults.checker import Claim, Complete, Enqueue, History, Lease, Unknown
+from tests.faults.checker import Cancel, Claim, Complete, Enqueue, Fail, History, Lease, Unknown
 
 MAX_IN_FLIGHT_ENQUEUES = 50
 RETRY_PAUSE_SECONDS = 0.2
@@ -39,9 +40,20 @@ class LoadShape:
     abandon_every: int = 25
     workers_per_runtime: int = 2  # on each gateway
     wait_seconds: float = 2.0
+    # The sparse runtime's pollers park for long, as real daemons do, so that a poll
+    # left parked on a verdict across a fault shows (stale-empty, or a long recovery).
+    sparse_wait_seconds: float = 20.0
     lease_seconds: int = 3
     max_tasks: int = 2
     request_seconds: float = 4.0  # client budget beyond the long poll's wait
+    connections: int = 500  # the client's connection limit: room for every parked poll
+    # One task in this many is failed with a retry on its first attempt (0: none); it
+    # comes back after `retry_after_seconds` and is completed then.
+    fail_every: int = 0
+    retry_after_seconds: float = 1.0
+    # One enqueue in this many is cancelled by its producer (0: none), between 0 and
+    # 0.45 s after its 201: some while queued, some while held, most after their complete.
+    cancel_every: int = 0
 
 
 @dataclass
@@ -58,6 +70,7 @@ class Load:
     _working: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _handed: itertools.count[int] = field(default_factory=itertools.count)
+    _claiming: set[asyncio.Task[Any]] = field(default_factory=set)  # workers inside a poll
     _http: aiohttp.ClientSession | None = None
 
     @property
@@ -65,7 +78,7 @@ class Load:
         return sum(n for status, n in self.statuses.items() if status >= 500)
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=500, force_close=False)
+        connector = aiohttp.TCPConnector(limit=self.shape.connections, force_close=False)
         self._http = aiohttp.ClientSession(connector=connector)
         self._producing.set()
         self._working.set()
@@ -79,10 +92,18 @@ class Load:
         self._producing.clear()
         await asyncio.wait_for(self._tasks[0], self.shape.request_seconds + 5)
 
+    def wait_for(self, runtime: str) -> float:
+        """The long poll's wait (s) of `runtime`'s workers."""
+        sparse = runtime == self.shape.runtimes[-1]
+        return self.shape.sparse_wait_seconds if sparse else self.shape.wait_seconds
+
     async def stop(self) -> None:
-        """Workers finish what they hold, then stop; bounded by one long poll."""
+        """Workers finish what they hold, then stop. A parked poll is abandoned at once
+        (recorded as a claim with no answer), so that long waits do not stretch a row."""
         self._producing.clear()
         self._working.clear()
+        for worker in list(self._claiming):
+            worker.cancel()
         budget = self.shape.wait_seconds + 3 * self.shape.request_seconds + 5
         _done, pending = await asyncio.wait(self._tasks, timeout=budget)
         for task in pending:
@@ -144,25 +165,46 @@ class Load:
             )  # fmt: skip
             if got is not None and got[0] == 201:
                 self.history.enqueues.append(Enqueue(got[1]["id"], runtime, time.time()))
+                every = self.shape.cancel_every
+                if every and n % every == 1:
+                    await asyncio.sleep((n // every) % 10 / 20)  # 0 to 0.45 s
+                    await self._cancel(n, runtime, got[1]["id"])
             elif got is None:
                 self.history.unknown.append(Unknown("enqueue", runtime, sent, time.time()))
         finally:
             room.release()
 
+    async def _cancel(self, n: int, runtime: str, task_id: str) -> None:
+        sent = time.time()
+        got = await self._post(n, f"/v1/tasks/{task_id}/cancel", {}, self.shape.request_seconds)
+        if got is None:
+            self.history.unknown.append(Unknown("cancel", runtime, sent, time.time(), task_id))
+        elif got[0] == 200:
+            self.history.cancels.append(Cancel(task_id, sent, time.time()))
+
     async def _work(self, gateway: int, runtime: str) -> None:
         shape = self.shape
+        wait = self.wait_for(runtime)
         body = {
             "worker_id": f"w{gateway}-{runtime}",
             "max_tasks": shape.max_tasks,
-            "wait_seconds": shape.wait_seconds,
+            "wait_seconds": wait,
             "lease_seconds": shape.lease_seconds,
         }
+        me = asyncio.current_task()
+        assert me is not None
         while self._working.is_set():
             sent = time.time()
-            got = await self._post(
-                gateway, f"/v1/runtimes/{runtime}/claim", body,
-                shape.wait_seconds + shape.request_seconds,
-            )  # fmt: skip
+            self._claiming.add(me)
+            try:
+                got = await self._post(
+                    gateway, f"/v1/runtimes/{runtime}/claim", body, wait + shape.request_seconds
+                )
+            except asyncio.CancelledError:  # stop(): it may have leased and been given back
+                self.history.unknown.append(Unknown("claim", runtime, sent, time.time()))
+                raise
+            finally:
+                self._claiming.discard(me)
             answered = time.time()
             if got is None:
                 self.history.unknown.append(Unknown("claim", runtime, sent, answered))
@@ -175,27 +217,32 @@ class Load:
             leases = tuple(Lease(t["id"], t["lease_id"]) for t in tasks)
             self.history.claims.append(Claim(runtime, sent, answered, shape.lease_seconds, leases))
             for task in tasks:
-                if self._producing.is_set() and next(self._handed) % shape.abandon_every == 0:
+                handed = next(self._handed)
+                if self._producing.is_set() and handed % shape.abandon_every == 0:
                     continue
-                await self._complete(gateway, runtime, task)
+                fail = shape.fail_every and task["attempts"] == 1 and handed % shape.fail_every == 1
+                await self._finish(gateway, runtime, task, "fail" if fail else "complete")
 
-    async def _complete(self, gateway: int, runtime: str, task: dict[str, Any]) -> None:
-        """Complete, repeating it (same lease: idempotent) while the answer is unknown
-        and the lease may still be honoured."""
+    async def _finish(self, gateway: int, runtime: str, task: dict[str, Any], kind: str) -> None:
+        """Complete (or fail with a retry), repeating it with the same lease while the
+        answer is unknown and the lease may still be honoured."""
         give_up = time.time() + self.shape.lease_seconds
-        path = f"/v1/tasks/{task['id']}/complete"
+        path = f"/v1/tasks/{task['id']}/{kind}"
+        body: dict[str, Any] = {"lease_id": task["lease_id"]}
+        if kind == "fail":
+            body.update(error="failed on purpose", retry=True,
+                        retry_after_seconds=self.shape.retry_after_seconds)  # fmt: skip
         while True:
             sent = time.time()
-            got = await self._post(
-                gateway, path, {"lease_id": task["lease_id"]}, self.shape.request_seconds
-            )
+            got = await self._post(gateway, path, body, self.shape.request_seconds)
             if got is None:
-                self.history.unknown.append(Unknown("complete", runtime, sent, time.time()))
+                self.history.unknown.append(Unknown(kind, runtime, sent, time.time()))
             elif got[0] != NOT_SENT:
-                if got[0] == 200:
-                    self.history.completes.append(
-                        Complete(task["id"], task["lease_id"], sent, time.time())
-                    )
+                if got[0] == 200 and kind == "complete":
+                    done = Complete(task["id"], task["lease_id"], sent, time.time())
+                    self.history.completes.append(done)
+                elif got[0] == 200:
+                    self.history.fails.append(Fail(task["id"], task["lease_id"], sent, time.time()))
                 return  # 409: the lease was lost and the task handed on; not ours now
             if time.time() > give_up:
                 return

@@ -62,7 +62,7 @@ class RowResult:
         return lines
 
 
-async def _read_rows(rig: Rig) -> tuple[list[Row], float, int]:
+async def read_rows(rig: Rig) -> tuple[list[Row], float, int]:
     records = await rig.sql(
         "SELECT id::text AS id, runtime_id, status, attempts, "
         "extract(epoch FROM lease_expires_at)::float8 AS lease_end, "
@@ -73,17 +73,20 @@ async def _read_rows(rig: Rig) -> tuple[list[Row], float, int]:
     return rows, now, sum(1 for r in records if r["attempts"] > 1)
 
 
-async def _counter(rig: Rig, name: str) -> float:
+async def counter(rig: Rig, name: str) -> float:
     """Counter `name` summed over the gateways that answer."""
     return sum([await g.metric(name) or 0.0 for g in rig.gateways])
 
 
-async def _drain(rig: Rig, seconds: float) -> None:
-    """Until no task is left unfinished, or `seconds` passed."""
+async def drain(rig: Rig, seconds: float) -> None:
+    """Until no task is left unfinished (completed, or cancelled by its producer), or
+    `seconds` passed."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
-            left = await rig.sql("SELECT 1 FROM tasks WHERE status <> 'completed' LIMIT 1")
+            left = await rig.sql(
+                "SELECT 1 FROM tasks WHERE status NOT IN ('completed', 'cancelled') LIMIT 1"
+            )
         except OSError:
             left = [None]
         if not left:
@@ -100,20 +103,20 @@ async def run_row(fault: Fault, admin_url: str | None, timing: Timing) -> RowRes
         await load.start()
         try:
             await asyncio.sleep(timing.warmup)
-            before = await _counter(r, fault.proof) if fault.proof else 0.0
+            before = await counter(r, fault.proof) if fault.proof else 0.0
             await fault.inject(r)
             await asyncio.sleep(fault.hold_seconds)
             await fault.heal(r)
             healed = time.time()
             await asyncio.sleep(timing.after)
             unproven = ""
-            if fault.proof and await _counter(r, fault.proof) <= before:
+            if fault.proof and await counter(r, fault.proof) <= before:
                 unproven = f"{fault.proof} did not grow: the fault left no trace"
             await load.stop_producing()
-            await _drain(r, timing.drain)
+            await drain(r, timing.drain)
         finally:
             await load.stop()
-        rows, checked_at, released = await _read_rows(r)
+        rows, checked_at, released = await read_rows(r)
     verdict = check(
         load.history, rows, checked_at=checked_at,
         janitor_interval=JANITOR_INTERVAL_SECONDS, repair_bound=REPAIR_BOUND_SECONDS,

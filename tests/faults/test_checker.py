@@ -4,9 +4,11 @@ a checker that cannot fail checks nothing."""
 from __future__ import annotations
 
 from tests.faults.checker import (
+    Cancel,
     Claim,
     Complete,
     Enqueue,
+    Fail,
     History,
     Lease,
     Row,
@@ -129,3 +131,64 @@ def test_a_claim_with_no_answer_excuses_a_later_empty_answer() -> None:
     history.claims.append(Claim(RT, 8.0, 10.0, 10.0))
     verdict = _check(history, [Row("t1", RT, "completed")])
     assert verdict.clean, verdict
+
+
+def _failed_then_reclaimed() -> History:
+    """t1 claimed at 1 (10 s lease), failed with retry at 2, claimed again at 4 while
+    the first lease's time has not run out, completed under the second lease."""
+    return History(
+        enqueues=[Enqueue("t1", RT, 0.0)],
+        claims=[
+            Claim(RT, 0.9, 1.0, 10.0, (Lease("t1", "l1"),)),
+            Claim(RT, 3.9, 4.0, 10.0, (Lease("t1", "l2"),)),
+        ],
+        fails=[Fail("t1", "l1", 2.0, 2.1)],
+        completes=[Complete("t1", "l2", 4.5, 4.6)],
+    )
+
+
+def test_a_failed_then_reclaimed_task_is_not_duplicated() -> None:
+    verdict = _check(_failed_then_reclaimed(), [Row("t1", RT, "completed")])
+    assert verdict.clean and verdict.completed_once == {"t1"}, verdict
+
+
+def test_without_its_fail_the_same_history_is_two_live_leases() -> None:
+    history = _failed_then_reclaimed()
+    history.fails.clear()
+    verdict = _check(history, [Row("t1", RT, "completed")])
+    assert set(verdict.duplicated) == {"t1"}, verdict
+
+
+def test_a_failed_task_never_completed_is_lost() -> None:
+    history = _failed_then_reclaimed()
+    history.completes.clear()
+    history.claims.pop()
+    verdict = _check(history, [Row("t1", RT, "queued")])
+    assert set(verdict.lost) == {"t1"}, verdict
+
+
+def test_a_task_cancelled_by_a_cancel_answered_200_is_cancelled_not_lost() -> None:
+    history = History(enqueues=[Enqueue("t1", RT, 0.0)], cancels=[Cancel("t1", 0.5, 0.6)])
+    # Empty answers long after: the cancel ended its claimable window, so none is stale.
+    history.claims.append(Claim(RT, 8.0, 10.0, 10.0))
+    verdict = _check(history, [Row("t1", RT, "cancelled")])
+    assert verdict.clean and verdict.cancelled == {"t1"}, verdict
+
+
+def test_a_cancelled_task_whose_complete_won_is_completed() -> None:
+    history = _delivered()
+    history.cancels.append(Cancel("t1", 1.15, 1.3))
+    verdict = _check(history, [Row("t1", RT, "completed")])
+    assert verdict.clean and verdict.completed_once == {"t1"}, verdict
+
+
+def test_a_cancel_with_no_answer_excuses_a_cancelled_row() -> None:
+    history = History(enqueues=[Enqueue("t1", RT, 0.0)])
+    history.unknown.append(Unknown("cancel", RT, 0.5, 4.5, task_id="t1"))
+    verdict = _check(history, [Row("t1", RT, "cancelled")])
+    assert verdict.clean and verdict.cancelled == {"t1"}, verdict
+
+
+def test_a_cancelled_row_nobody_cancelled_is_lost() -> None:
+    verdict = _check(History(enqueues=[Enqueue("t1", RT, 0.0)]), [Row("t1", RT, "cancelled")])
+    assert set(verdict.lost) == {"t1"}, verdict
