@@ -163,6 +163,14 @@ UPDATE tasks
 
 PING = "SELECT 1"
 
+# Every transaction the gateway opens starts with this, one simple query: the statement
+# timeout holds for this transaction only and costs no round trip of its own. A startup
+# parameter is refused by PgBouncer, and a session SET would stay on a server
+# connection that a transaction pooler shares with other clients.
+BEGIN_WITH_TIMEOUT = "BEGIN; SET LOCAL statement_timeout = {timeout_ms:d}"
+COMMIT = "COMMIT"
+ROLLBACK = "ROLLBACK"
+
 # -- migrations (gateway.migrate) --
 
 MIGRATIONS_CREATE_TABLE = """
