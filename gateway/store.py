@@ -415,7 +415,7 @@ class Store:
             raise StoreUnavailable(f"cannot connect to Postgres: {exc}") from exc
         try:
             if await conn.fetchval(q.JANITOR_TRY_LOCK, key):
-                return Leadership(conn)
+                return Leadership(conn, key)
         except DRIVER_ERRORS as exc:
             conn.terminate()
             raise StoreUnavailable(f"database error: {exc}") from exc
@@ -429,18 +429,27 @@ class Store:
 
 
 class Leadership:
-    """A held advisory lock. `held()` checks the connection still lives; `release()`
-    resigns (idempotent)."""
+    """A held advisory lock. `held()` checks the connection still lives and its backend
+    still holds the lock; `release()` resigns (idempotent)."""
 
-    def __init__(self, conn: asyncpg.Connection) -> None:
+    def __init__(self, conn: asyncpg.Connection, key: int) -> None:
         self._conn = conn
+        self._key = key
 
     async def held(self) -> bool:
         if self._conn.is_closed():
             return False
         try:
-            await self._conn.fetchval(q.PING, timeout=5)
+            holds = await self._conn.fetchval(q.JANITOR_HOLDS_LOCK, self._key, timeout=5)
         except DRIVER_ERRORS:
+            await self.release()
+            return False
+        if not holds:
+            log.error(
+                "the janitor's advisory lock is not held by its own connection: the lock "
+                "URL goes through a transaction pooler; set GATEWAY_DIRECT_DATABASE_URL "
+                "to a URL that reaches Postgres directly"
+            )
             await self.release()
             return False
         return True
