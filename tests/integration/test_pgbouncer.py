@@ -357,3 +357,17 @@ async def test_a_direct_lock_is_held_until_its_session_lets_go(database_url: str
         assert await leadership.held() is False
     finally:
         await leadership.release()
+
+
+def test_migrate_takes_its_lock_over_the_direct_url(
+    fresh_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`gateway migrate` prefers GATEWAY_DIRECT_DATABASE_URL: DATABASE_URL (here a port
+    where nothing listens, standing for the pooler) is not used."""
+    from gateway.cli import build_parser, cmd_migrate
+    from tests.support.net import free_port
+
+    monkeypatch.setenv("DATABASE_URL", f"postgresql://postgres@127.0.0.1:{free_port()}/x")
+    monkeypatch.setenv("GATEWAY_DIRECT_DATABASE_URL", fresh_database_url)
+    assert cmd_migrate(build_parser().parse_args(["migrate"])) == 0
+    assert cmd_migrate(build_parser().parse_args(["migrate", "--check"])) == 0
