@@ -234,7 +234,7 @@ async def _active(direct: str, marker: str) -> int:
 async def test_the_statement_timeout_stops_statements_on_the_server(
     database_url: str, pgbouncer: PgBouncer, through: str
 ) -> None:
-    """GATEWAY's statement timeout (here 300 ms) without a startup parameter: a
+    """The gateway's statement timeout (here 300 ms) without a startup parameter: a
     transaction's statement is stopped by Postgres (SET LOCAL in its BEGIN), a statement
     of its own by the driver's cancel; either way nothing keeps running on the server,
     and the setting does not outlive its transaction."""
