@@ -126,8 +126,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 token_file = data_dir / "dev-token"
         settings = Settings.from_env(env)
         if args.migrate or embedded is not None:
-            assert settings.database_url is not None
-            asyncio.run(apply_migrations(settings.database_url))
+            assert settings.lock_database_url is not None
+            asyncio.run(apply_migrations(settings.lock_database_url))
         app = create_app(settings)
         # log_config=None: uvicorn's loggers keep propagating to the handler that
         # _setup_logging installed, in GATEWAY_LOG_FORMAT.
@@ -166,7 +166,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
     from .migrate import apply_migrations, pending_migrations
 
-    url = os.environ.get("DATABASE_URL")
+    # The migration lock is a session advisory lock: it needs a connection that no
+    # transaction pooler shares, so the direct URL wins when set.
+    url = os.environ.get("GATEWAY_DIRECT_DATABASE_URL") or os.environ.get("DATABASE_URL")
     if not url:
         print("gateway migrate: DATABASE_URL is not set", file=sys.stderr)
         return 2
@@ -354,9 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
         "migrate",
         help="apply database migrations",
         description=(
-            "Apply pending migrations to DATABASE_URL, in order, each recorded with its "
-            "checksum. Safe to run from several pods at once (an advisory lock serializes "
-            "them). Refuses edited or duplicate migration files."
+            "Apply pending migrations to GATEWAY_DIRECT_DATABASE_URL if set, else "
+            "DATABASE_URL, in order, each recorded with its checksum. Safe to run from "
+            "several pods at once (a session advisory lock serializes them, so never "
+            "through a transaction pooler). Refuses edited or duplicate migration files."
         ),
     )
     migrate.add_argument(

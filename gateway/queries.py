@@ -161,7 +161,13 @@ UPDATE tasks
  WHERE id = $1 AND lease_id = $2 AND status = 'claimed'
 """
 
-PING = "SELECT 1"
+# Every transaction the gateway opens starts with this, one simple query: the statement
+# timeout holds for this transaction only and costs no round trip of its own. A startup
+# parameter is refused by PgBouncer, and a session SET would stay on a server
+# connection that a transaction pooler shares with other clients.
+BEGIN_WITH_TIMEOUT = "BEGIN; SET LOCAL statement_timeout = {timeout_ms:d}"
+COMMIT = "COMMIT"
+ROLLBACK = "ROLLBACK"
 
 # -- migrations (gateway.migrate) --
 
@@ -274,6 +280,21 @@ SELECT status, count(*) AS n,
 """
 
 JANITOR_TRY_LOCK = "SELECT pg_try_advisory_lock($1)"
+
+# Whether the backend answering still holds the lock (a bigint key is stored as classid
+# = high 32 bits, objid = low 32 bits, objsubid = 1). On a direct connection it is the
+# backend that took it; through a transaction pooler it may be another one, or the lock
+# may have been released by another client's reset on the server connection holding it.
+JANITOR_HOLDS_LOCK = """
+SELECT EXISTS (
+    SELECT 1 FROM pg_locks
+     WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid()
+       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND classid = ($1::bigint >> 32)::oid
+       AND objid = ($1::bigint & 4294967295)::oid
+       AND objsubid = 1
+)
+"""
 
 # Expired leases go back to the queue (or die at max_attempts), oldest first, in
 # bounded batches. The old lease_id stays on the row for the error message, but

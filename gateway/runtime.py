@@ -42,6 +42,8 @@ class Gateway:
             min_size=settings.db_pool_min,
             max_size=settings.db_pool_max,
             statement_timeout_ms=settings.db_statement_timeout_ms,
+            statement_cache_size=settings.db_statement_cache_size,
+            lock_dsn=settings.lock_database_url,
         )
         self.credentials = Credentials(self.store)
         self.auth = Authenticator(settings, self.credentials.principal_by_hash)

@@ -23,6 +23,7 @@ MAX_JSON_DEPTH_LIMIT = 200
 ENV_NAMES = frozenset(
     {
         "DATABASE_URL",
+        "GATEWAY_DIRECT_DATABASE_URL",
         "REDIS_URL",
         "GATEWAY_ADMIN_TOKEN",
         "GATEWAY_AUTH",
@@ -41,6 +42,7 @@ ENV_NAMES = frozenset(
         "GATEWAY_MAX_CONCURRENT_CLAIMS",
         "GATEWAY_MAX_QUEUED_CLAIMS",
         "GATEWAY_DB_POOL_MAX",
+        "GATEWAY_DB_STATEMENT_CACHE_SIZE",
         "GATEWAY_SHUTDOWN_GRACE_SECONDS",
         "GATEWAY_MAX_JSON_DEPTH",
         "GATEWAY_READ_TIMEOUT_SECONDS",
@@ -74,6 +76,9 @@ class Settings:
     """Validated configuration. Build it with `Settings.from_env()`."""
 
     database_url: str | None = field(default=None)
+    # A connection that bypasses any pooler, for the session advisory locks (janitor
+    # leadership, migrations); None: DATABASE_URL is direct.
+    direct_database_url: str | None = field(default=None)
     redis_url: str | None = field(default=None)
     admin_token: str | None = field(default=None, repr=False)
     auth_enabled: bool = True
@@ -98,6 +103,8 @@ class Settings:
     db_pool_min: int = 2
     db_pool_max: int = 20
     db_statement_timeout_ms: int = 10_000
+    # asyncpg's prepared statement cache; 0 behind a transaction pooler (PgBouncer).
+    db_statement_cache_size: int = 100
     shutdown_grace_seconds: float = 25.0
     max_json_depth: int = 64
     read_timeout_seconds: float = 30.0
@@ -110,10 +117,15 @@ class Settings:
             value = getattr(self, f.name)
             if f.name == "admin_token":
                 value = "***" if value else None
-            elif f.name in ("database_url", "redis_url"):
+            elif f.name in ("database_url", "direct_database_url", "redis_url"):
                 value = _mask_url(value)
             shown.append(f"{f.name}={value!r}")
         return f"Settings({', '.join(shown)})"
+
+    @property
+    def lock_database_url(self) -> str | None:
+        """Where session advisory locks are taken: never through a transaction pooler."""
+        return self.direct_database_url or self.database_url
 
     @property
     def redis_timeout_seconds(self) -> float:
@@ -128,6 +140,7 @@ class Settings:
         env = _Listed(os.environ if env is None else env)
         values: dict[str, object] = {
             "database_url": env.get("DATABASE_URL") or None,
+            "direct_database_url": env.get("GATEWAY_DIRECT_DATABASE_URL") or None,
             "redis_url": env.get("REDIS_URL") or None,
             "admin_token": env.get("GATEWAY_ADMIN_TOKEN") or None,
             "auth_enabled": _switch(env, "GATEWAY_AUTH", True),
@@ -154,6 +167,9 @@ class Settings:
             "max_concurrent_claims": _integer(env, "GATEWAY_MAX_CONCURRENT_CLAIMS", 16, 1, 10_000),
             "max_queued_claims": _integer(env, "GATEWAY_MAX_QUEUED_CLAIMS", 1000, 0, 1_000_000),
             "db_pool_max": _integer(env, "GATEWAY_DB_POOL_MAX", 20, 2, 1000),
+            "db_statement_cache_size": _integer(
+                env, "GATEWAY_DB_STATEMENT_CACHE_SIZE", 100, 0, 100_000
+            ),
             "shutdown_grace_seconds": _number(env, "GATEWAY_SHUTDOWN_GRACE_SECONDS", 25.0, 0, 3600),
             # orjson writes at most ~254 levels: what is accepted must be answerable.
             "max_json_depth": _integer(env, "GATEWAY_MAX_JSON_DEPTH", 64, 1, MAX_JSON_DEPTH_LIMIT),
@@ -189,6 +205,14 @@ class Settings:
             raise ConfigError("GATEWAY_DEFAULT_LEASE_SECONDS must be at most 3600")
         if self.log_format not in LOG_FORMATS:
             raise ConfigError(f"GATEWAY_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}")
+        if self.direct_database_url and urlsplit(self.direct_database_url).scheme not in (
+            "postgres",
+            "postgresql",
+        ):
+            raise ConfigError(
+                "GATEWAY_DIRECT_DATABASE_URL must be a postgresql:// URL that reaches "
+                "Postgres without a pooler"
+            )
         if self.db_pool_min > self.db_pool_max:
             raise ConfigError(f"GATEWAY_DB_POOL_MAX must be at least {self.db_pool_min}")
 

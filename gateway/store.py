@@ -7,9 +7,10 @@ StoreUnavailable; nothing above this module sees a driver exception.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeAlias, TypeVar
 
@@ -30,6 +31,13 @@ Row: TypeAlias = asyncpg.Record
 DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
 T = TypeVar("T")
 UNAVAILABLE = "the database failed or could not be reached; the error is in the gateway's log"
+# What a transaction pooler (PgBouncer, pool_mode = transaction) does to asyncpg's named
+# prepared statements: each lives on one server connection, and the next transaction
+# may run on another.
+PREPARED_STATEMENT_ERRORS = (
+    asyncpg.InvalidSQLStatementNameError,
+    asyncpg.DuplicatePreparedStatementError,
+)
 log = logging.getLogger("gateway.store")
 
 
@@ -53,25 +61,33 @@ class Store:
         min_size: int = 2,
         max_size: int = 20,
         statement_timeout_ms: int = 10_000,
+        statement_cache_size: int = 100,
+        lock_dsn: str | None = None,
     ) -> None:
         self._dsn = dsn
+        self._lock_dsn = lock_dsn or dsn
         self._metrics = metrics
         self._min_size = min_size
         self._max_size = max_size
         self._statement_timeout_ms = statement_timeout_ms
+        self._statement_cache_size = statement_cache_size
+        self._begin = q.BEGIN_WITH_TIMEOUT.format(timeout_ms=statement_timeout_ms)
         self._pool: asyncpg.Pool | None = None
 
     async def open(self) -> None:
+        # No statement_timeout among the startup parameters: PgBouncer refuses the
+        # connection. A transaction sets it with SET LOCAL (`_transaction`); a statement
+        # of its own is bounded by the driver's timeout, which cancels it on the server
+        # (PgBouncer forwards the cancel to the server connection running it).
         try:
             self._pool = await asyncpg.create_pool(
                 self._dsn,
                 min_size=self._min_size,
                 max_size=self._max_size,
                 init=_init_connection,
-                server_settings={
-                    "statement_timeout": str(self._statement_timeout_ms),
-                    "application_name": "claim-gateway",
-                },
+                statement_cache_size=self._statement_cache_size,
+                command_timeout=self._statement_timeout_ms / 1000,
+                server_settings={"application_name": "claim-gateway"},
             )
         except DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"cannot connect to Postgres: {exc}") from exc
@@ -100,7 +116,28 @@ class Store:
             # The driver's text can name hosts, databases, or other callers' values (a
             # batched claim's worker ids): it goes to the log, never to the client.
             log.warning("database error: %s: %s", type(exc).__name__, exc)
+            if isinstance(exc, PREPARED_STATEMENT_ERRORS) and self._statement_cache_size:
+                log.error(
+                    "prepared statements are lost between transactions: DATABASE_URL "
+                    "goes through a transaction pooler; set GATEWAY_DB_STATEMENT_CACHE_SIZE=0"
+                )
             raise StoreUnavailable(UNAVAILABLE) from exc
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self, conn: asyncpg.Connection) -> AsyncIterator[None]:
+        """A transaction whose statements stop after the statement timeout. Its BEGIN
+        carries the SET LOCAL, so it costs no more round trips than asyncpg's own."""
+        await conn.execute(self._begin)
+        try:
+            yield
+        except BaseException:
+            # Also on cancellation: a connection back in the pool must not be left
+            # inside a transaction. If even the ROLLBACK fails, the pool's reset on
+            # release rolls back or discards the connection.
+            with contextlib.suppress(*DRIVER_ERRORS):
+                await conn.execute(q.ROLLBACK)
+            raise
+        await conn.execute(q.COMMIT)
 
     async def run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         """Run `fn` on a pooled connection, for storage modules that keep their own
@@ -161,7 +198,7 @@ class Store:
         self._metrics.pg_claims.inc()
 
         async def go(c: asyncpg.Connection) -> tuple[list[Row], float | None]:
-            async with c.transaction():
+            async with self._transaction(c):
                 rows = await c.fetch(q.CLAIM, runtime_id, list(worker_ids), list(lease_seconds))
                 due_in = None
                 if len(rows) < len(worker_ids):
@@ -253,7 +290,7 @@ class Store:
         ids = [uuid.uuid4() for _ in reqs]
 
         async def go(c: asyncpg.Connection) -> tuple[list[TaskRow], bool]:
-            async with c.transaction():
+            async with self._transaction(c):
                 inserted = await c.fetch(
                     q.ENQUEUE_BATCH,
                     runtime_id,
@@ -373,16 +410,19 @@ class Store:
     async def try_leadership(self, key: int) -> Leadership | None:
         """Advisory lock `key` on a dedicated connection, or None if another process
         holds it. The lock lives as long as that connection: if this process dies,
-        Postgres releases it and another instance takes over."""
+        Postgres releases it and another instance takes over. The connection goes to
+        the lock URL (GATEWAY_DIRECT_DATABASE_URL when set): through a transaction
+        pooler a session lock would sit on a server connection others share."""
         try:
             conn = await asyncpg.connect(
-                self._dsn, server_settings={"application_name": "claim-gateway-janitor"}
+                self._lock_dsn,
+                server_settings={"application_name": "claim-gateway-janitor"},
             )
         except DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"cannot connect to Postgres: {exc}") from exc
         try:
             if await conn.fetchval(q.JANITOR_TRY_LOCK, key):
-                return Leadership(conn)
+                return Leadership(conn, key)
         except DRIVER_ERRORS as exc:
             conn.terminate()
             raise StoreUnavailable(f"database error: {exc}") from exc
@@ -396,18 +436,27 @@ class Store:
 
 
 class Leadership:
-    """A held advisory lock. `held()` checks the connection still lives; `release()`
-    resigns (idempotent)."""
+    """A held advisory lock. `held()` checks the connection still lives and its backend
+    still holds the lock; `release()` resigns (idempotent)."""
 
-    def __init__(self, conn: asyncpg.Connection) -> None:
+    def __init__(self, conn: asyncpg.Connection, key: int) -> None:
         self._conn = conn
+        self._key = key
 
     async def held(self) -> bool:
         if self._conn.is_closed():
             return False
         try:
-            await self._conn.fetchval(q.PING, timeout=5)
+            holds = await self._conn.fetchval(q.JANITOR_HOLDS_LOCK, self._key, timeout=5)
         except DRIVER_ERRORS:
+            await self.release()
+            return False
+        if not holds:
+            log.error(
+                "the janitor's advisory lock is not held by its own connection: the lock "
+                "URL goes through a transaction pooler; set GATEWAY_DIRECT_DATABASE_URL "
+                "to a URL that reaches Postgres directly"
+            )
             await self.release()
             return False
         return True

@@ -25,6 +25,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.support.net import free_port
+from tests.support.pgbouncer import PgBouncer, pgbouncer_binary
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -111,6 +112,24 @@ def database_url(pg_admin_url: str) -> Iterator[str]:
     asyncio.run(apply_migrations(url))
     yield url
     asyncio.run(_drop_database(pg_admin_url, name))
+
+
+@pytest.fixture
+def pgbouncer(pg_admin_url: str) -> Iterator[PgBouncer]:
+    """A PgBouncer of the test's own in transaction pooling mode, in front of the test
+    Postgres (every database), on a free loopback port; stopped by pid afterwards."""
+    binary = pgbouncer_binary()
+    if binary is None:
+        if IN_CI:
+            pytest.fail(
+                "pgbouncer is not installed, and CI=true forbids skipping (.ci/run installs it)",
+                pytrace=False,
+            )
+        pytest.skip("pgbouncer is not installed (Debian: apt-get install pgbouncer)")
+    bouncer = PgBouncer(binary, pg_admin_url)
+    bouncer.start()
+    yield bouncer
+    bouncer.stop()
 
 
 @pytest.fixture(scope="session")

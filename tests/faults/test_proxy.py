@@ -36,3 +36,30 @@ async def test_blackhole_holds_bytes_and_heal_delivers_them() -> None:
         await proxy.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_close_after_heal_leaves_no_connection_of_a_held_accept() -> None:
+    """A connection accepted while blackholed waits for the heal; healed and closed at
+    once (as the fixtures do), it used to start its pipes after close() had swept them:
+    they outlived the test's loop, and their streams' ResourceWarnings failed whichever
+    test the garbage collector happened to run in."""
+    server = await asyncio.start_server(_echo, "127.0.0.1", 0)
+    proxy = BlackholeProxy(server.sockets[0].getsockname()[1])
+    await proxy.start()
+    proxy.blackhole()
+    _reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+    try:
+        await asyncio.sleep(0.1)  # accepted, held
+        proxy.heal()
+        await proxy.close()
+        await asyncio.sleep(0.1)  # anything close() missed would run now
+        leftover = [
+            t
+            for t in asyncio.all_tasks()
+            if t is not asyncio.current_task() and "_pipe" in repr(t.get_coro())
+        ]
+        assert leftover == []
+    finally:
+        writer.close()
+        server.close()
+        await server.wait_closed()

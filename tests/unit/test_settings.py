@@ -89,6 +89,7 @@ NUMERIC: list[tuple[str, str, str, Any]] = [
     ("GATEWAY_MAX_CONCURRENT_CLAIMS", "max_concurrent_claims", "4", 4),
     ("GATEWAY_MAX_QUEUED_CLAIMS", "max_queued_claims", "0", 0),
     ("GATEWAY_DB_POOL_MAX", "db_pool_max", "50", 50),
+    ("GATEWAY_DB_STATEMENT_CACHE_SIZE", "db_statement_cache_size", "0", 0),
     ("GATEWAY_SHUTDOWN_GRACE_SECONDS", "shutdown_grace_seconds", "3", 3.0),
     ("GATEWAY_DEGRADED_POLL_SECONDS", "degraded_poll_seconds", "0.25", 0.25),
 ]
@@ -122,6 +123,31 @@ def test_redis_timeout_seconds_follows_ms() -> None:
 def test_default_lease_above_an_hour_refused() -> None:
     with pytest.raises(ConfigError, match="GATEWAY_DEFAULT_LEASE_SECONDS"):
         from_env(GATEWAY_DEFAULT_LEASE_SECONDS="3601")
+
+
+def test_statement_cache_size_defaults_to_asyncpgs_and_is_bounded() -> None:
+    assert Settings.from_env(BASE).db_statement_cache_size == 100
+    assert from_env(GATEWAY_DB_STATEMENT_CACHE_SIZE="100000").db_statement_cache_size == 100_000
+    with pytest.raises(ConfigError, match="GATEWAY_DB_STATEMENT_CACHE_SIZE"):
+        from_env(GATEWAY_DB_STATEMENT_CACHE_SIZE="100001")
+
+
+def test_direct_database_url_is_where_locks_go_and_is_masked() -> None:
+    s = from_env(
+        DATABASE_URL="postgresql://u:pool-secret@bouncer:6432/db",
+        GATEWAY_DIRECT_DATABASE_URL="postgresql://u:direct-secret@pg:5432/db",
+    )
+    assert s.direct_database_url == "postgresql://u:direct-secret@pg:5432/db"
+    assert s.lock_database_url == s.direct_database_url
+    assert "direct-secret" not in repr(s) and "pool-secret" not in repr(s)
+    plain = from_env(DATABASE_URL="postgresql://h/db", GATEWAY_DIRECT_DATABASE_URL="")
+    assert plain.direct_database_url is None
+    assert plain.lock_database_url == "postgresql://h/db"
+
+
+def test_direct_database_url_must_be_postgres() -> None:
+    with pytest.raises(ConfigError, match="GATEWAY_DIRECT_DATABASE_URL"):
+        from_env(GATEWAY_DIRECT_DATABASE_URL="redis://h:6379/0")
 
 
 def test_pool_max_below_pool_min_refused() -> None:
