@@ -79,6 +79,18 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
     )
 
 
+class SentinelMaster(aioredis.Redis):
+    """A client of the master the sentinels name; owns its clients of the sentinels."""
+
+    owned_sentinel: Sentinel | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        sentinels = self.owned_sentinel.sentinels if self.owned_sentinel is not None else []
+        for client in sentinels:
+            await client.aclose()
+
+
 def _sentinel_master(
     url: str, master: str, timeout_seconds: float, **extra: object
 ) -> aioredis.Redis:
@@ -95,7 +107,8 @@ def _sentinel_master(
     options.update(db=target.db, username=target.username, password=target.password)
     if target.ssl:
         options["ssl"] = True
-    client: aioredis.Redis = sentinel.master_for(master, redis_class=aioredis.Redis, **options)  # type: ignore[arg-type]
+    client: SentinelMaster = sentinel.master_for(master, redis_class=SentinelMaster, **options)  # type: ignore[arg-type]
+    client.owned_sentinel = sentinel
     return client
 
 

@@ -137,11 +137,16 @@ class LocalCluster:
 
 
 class LocalSentinel:
-    """One master and one sentinel watching it under `master_name`."""
+    """One master, one replica of it, and one sentinel watching them under
+    `master_name`; `kill_master()` makes the sentinel promote the replica."""
 
     def __init__(self, binary: str, workdir: Path, master_name: str = "gwmaster") -> None:
         self.master_name = master_name
         self.master = Node(binary, cluster_port(), workdir / "master")
+        self.replica = Node(
+            binary, cluster_port(), workdir / "replica",
+            ["--replicaof", "127.0.0.1", str(self.master.port)],
+        )  # fmt: skip
         self.sentinel_port = cluster_port()
         self.sentinel_dir = workdir / "sentinel"
         self.sentinel: subprocess.Popen[bytes] | None = None
@@ -152,6 +157,7 @@ class LocalSentinel:
 
     def start(self) -> None:
         self.master.start()
+        self.replica.start()
         self.sentinel_dir.mkdir(parents=True, exist_ok=True)
         config = self.sentinel_dir / "sentinel.conf"
         config.write_text(
@@ -163,24 +169,42 @@ class LocalSentinel:
             [self.master.binary, str(config), "--sentinel"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                out = redis_cli(
-                    "-p", str(self.sentinel_port),
-                    "sentinel", "get-master-addr-by-name", self.master_name,
-                )  # fmt: skip
-            except RuntimeError:
-                out = ""
-            if str(self.master.port) in out:
-                return
+        self.wait_master(self.master.port)
+        # The sentinel must know the replica before it can fail over to it.
+        deadline = time.monotonic() + 15
+        while str(self.replica.port) not in self._sentinel("replicas", self.master_name):
             if time.monotonic() > deadline:
-                raise RuntimeError("the sentinel did not come up")
+                raise RuntimeError("the sentinel did not discover the replica")
             time.sleep(0.1)
+
+    def _sentinel(self, *args: str) -> str:
+        try:
+            return redis_cli("-p", str(self.sentinel_port), "sentinel", *args)
+        except RuntimeError:
+            return ""
+
+    def master_port(self) -> int | None:
+        out = self._sentinel("get-master-addr-by-name", self.master_name).split()
+        return int(out[1]) if len(out) == 2 else None
+
+    def wait_master(self, port: int, within: float = 15) -> None:
+        deadline = time.monotonic() + within
+        while self.master_port() != port:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the sentinel does not name {port} as master")
+            time.sleep(0.1)
+
+    def kill_master(self) -> int:
+        """SIGKILL the master and wait for the sentinel to promote the replica (it
+        sees the master down after 1 s); returns the new master's port."""
+        self.master.kill()
+        self.wait_master(self.replica.port, within=30)
+        return self.replica.port
 
     def stop(self) -> None:
         if self.sentinel is not None and self.sentinel.poll() is None:
             self.sentinel.kill()
             self.sentinel.wait(timeout=10)
         self.sentinel = None
+        self.replica.kill()
         self.master.kill()
