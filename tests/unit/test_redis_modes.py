@@ -100,3 +100,13 @@ def test_the_sentinel_pubsub_client_has_the_subscriber_options() -> None:
     assert kwargs["socket_timeout"] is None and kwargs["socket_connect_timeout"] == 0.25
     assert kwargs["retry"].get_retries() == 0
     assert sub.connection_pool.connection_kwargs.get("decode_responses") is False
+
+
+def test_a_sentinel_url_password_is_masked_in_the_settings_repr() -> None:
+    s = from_env(
+        GATEWAY_REDIS_MODE="sentinel",
+        GATEWAY_REDIS_SENTINEL_MASTER="m",
+        REDIS_URL="redis+sentinel://u:hunter2@s1:26379,s2:26379/0",
+    )
+    assert "hunter2" not in repr(s)
+    assert "s1:26379,s2:26379" in repr(s)
