@@ -22,6 +22,11 @@ class BlackholeProxy:
         self._open.set()
         self._server: asyncio.Server | None = None
         self._pipes: set[asyncio.Task[None]] = set()
+        # Every stream of either side, so that close() ends all of them: a connection
+        # accepted while blackholed has no pipe yet, and was left open (a ResourceWarning
+        # when a later test's garbage collection found it).
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._closed = False
 
     @property
     def url(self) -> str:
@@ -37,22 +42,37 @@ class BlackholeProxy:
         self._open.set()
 
     async def close(self) -> None:
+        self._closed = True
         if self._server is not None:
             self._server.close()
         for pipe in list(self._pipes):
             pipe.cancel()
         await asyncio.gather(*self._pipes, return_exceptions=True)
+        for writer in list(self._writers):
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+        self._writers.clear()
         if self._server is not None:
             await self._server.wait_closed()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # New connections are accepted but not connected onward while blackholed: the
         # SYN is answered, nothing else is, like a path that drops packets.
+        self._writers.add(writer)
         await self._open.wait()
+        if self._closed:
+            writer.close()
+            return
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
         except OSError:
             writer.close()
+            return
+        self._writers.add(up_writer)
+        if self._closed:
+            writer.close()
+            up_writer.close()
             return
         for src, dst in ((reader, up_writer), (up_reader, writer)):
             task = asyncio.create_task(self._pipe(src, dst, (writer, up_writer)))

@@ -36,3 +36,21 @@ async def test_blackhole_holds_bytes_and_heal_delivers_them() -> None:
         await proxy.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_close_ends_a_connection_accepted_while_blackholed() -> None:
+    """Such a connection has no pipe yet; close() used to leave it open for ever (found
+    as a ResourceWarning in whichever later test's garbage collection met it)."""
+    server = await asyncio.start_server(_echo, "127.0.0.1", 0)
+    proxy = BlackholeProxy(server.sockets[0].getsockname()[1])
+    await proxy.start()
+    proxy.blackhole()
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+    try:
+        await asyncio.sleep(0.1)  # accepted, waiting for the path to open
+        await proxy.close()
+        assert await asyncio.wait_for(reader.read(1), 5) == b""
+    finally:
+        writer.close()
+        server.close()
+        await server.wait_closed()
