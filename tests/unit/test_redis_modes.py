@@ -110,3 +110,27 @@ def test_a_sentinel_url_password_is_masked_in_the_settings_repr() -> None:
     )
     assert "hunter2" not in repr(s)
     assert "s1:26379,s2:26379" in repr(s)
+
+
+def test_cluster_pubsub_connections_rotate_over_the_known_nodes() -> None:
+    """Each pub/sub connection (one per reconnect) opens on the next node, so a dead
+    node under the connection is left behind; before discovery, REDIS_URL's node."""
+    cluster = command_client("cluster", "redis://:pw@seed:7000/0", 0.25)
+    assert isinstance(cluster, RedisCluster)
+    nodes = ClusterNodes(cluster, "redis://:pw@seed:7000/0", 0.25)
+    nodes.pubsub()
+    assert nodes.current == ("seed", 7000)
+
+    class Known:
+        def __init__(self, host: str, port: int) -> None:
+            self.host, self.port = host, port
+
+    known = [Known("n2", 7001), Known("n1", 7000), Known("n3", 7002)]
+    cluster.get_nodes = lambda: known  # type: ignore[method-assign]
+    seen = []
+    for _ in range(4):
+        nodes.pubsub()
+        seen.append(nodes.current)
+    assert seen == [("n2", 7001), ("n3", 7002), ("n1", 7000), ("n2", 7001)]
+    client = nodes._clients[("n3", 7002)]
+    assert client.connection_pool.connection_kwargs["password"] == "pw"
