@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
@@ -43,6 +44,19 @@ if not epoch then epoch = ARGV[1] end
 local nv = epoch .. ':' .. string.format('%d', n + 1)
 redis.call('SET', KEYS[1], nv, 'EX', tonumber(ARGV[2]))
 return nv
+"""
+
+# Cluster mode: a cluster pipeline refuses PUBLISH, so the bump publishes from inside
+# the script, on the runtime's own node; PUBLISH in a cluster reaches every node.
+BUMP_AND_PUBLISH_SCRIPT = BUMP_SCRIPT.replace(
+    "return nv", "redis.call('PUBLISH', ARGV[3], ARGV[4])\nreturn nv"
+)
+
+# Cluster mode: the janitor's wake-ups (ARGV = channel, message, ...) in one round trip
+# to any node.
+PUBLISH_ALL_SCRIPT = """
+for i = 1, #ARGV, 2 do redis.call('PUBLISH', ARGV[i], ARGV[i + 1]) end
+return #ARGV / 2
 """
 
 
@@ -118,8 +132,8 @@ class CircuitBreaker:
             self._open_until = self._clock() + self.open_seconds
 
 
-def make_client(url: str, timeout_seconds: float, **extra: object) -> aioredis.Redis:
-    """A redis client with the gateway's budgets: short timeouts, one retry, no backoff.
+def redis_options(timeout_seconds: float, **extra: object) -> dict[str, object]:
+    """The gateway's budgets for a redis client: short timeouts, one retry, no backoff.
 
     redis-py's defaults (several retries with backoff) can stall a call for far
     longer than a claim may wait on Redis.
@@ -131,30 +145,42 @@ def make_client(url: str, timeout_seconds: float, **extra: object) -> aioredis.R
         "decode_responses": True,
     }
     options.update(extra)
-    return aioredis.Redis.from_url(url, **options)  # type: ignore[arg-type]
+    return options
 
 
-def make_pubsub_client(url: str, timeout_seconds: float) -> aioredis.Redis:
-    """The pub/sub subscriber's client: no socket timeout (its reads block for long
-    stretches by design; its own PINGs find a dead connection), raw bytes (redis-py
-    mis-parses a subscribed PONG when it decodes responses), and no retry.
+def pubsub_options() -> dict[str, object]:
+    """What the pub/sub subscriber's client changes in `redis_options`: no socket
+    timeout (its reads block for long stretches by design; its own PINGs find a dead
+    connection), raw bytes (redis-py mis-parses a subscribed PONG when it decodes
+    responses), and no retry.
 
     With a retry, redis-py's pub/sub reconnects and subscribes again inside the failed
     read and returns as if nothing happened: the subscriber would never learn of the
     gap, nor wake its waiters for the wake-ups lost in it (I8).
     """
-    return make_client(
-        url, timeout_seconds, socket_timeout=None, decode_responses=False,
-        retry=Retry(NoBackoff(), 0),
-    )  # fmt: skip
+    return {"socket_timeout": None, "decode_responses": False, "retry": Retry(NoBackoff(), 0)}
+
+
+def make_client(url: str, timeout_seconds: float, **extra: object) -> aioredis.Redis:
+    """A redis client for one server with the gateway's budgets (`redis_options`)."""
+    return aioredis.Redis.from_url(url, **redis_options(timeout_seconds, **extra))  # type: ignore[arg-type]
+
+
+def make_pubsub_client(url: str, timeout_seconds: float) -> aioredis.Redis:
+    """The pub/sub subscriber's client for one server (see `pubsub_options`)."""
+    return make_client(url, timeout_seconds, **pubsub_options())
 
 
 class VerdictCache:
-    """Versions, verdicts and wake-up publishes for every runtime. Owns its client."""
+    """Versions, verdicts and wake-up publishes for every runtime. Owns its client.
+
+    With `cluster=True` the client is a RedisCluster: its pipelines refuse MGET and
+    PUBLISH, so those become per-key GETs (one runtime's keys share a node) and scripts.
+    """
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: aioredis.Redis | RedisCluster,
         prefix: str,
         metrics: Metrics,
         *,
@@ -162,6 +188,7 @@ class VerdictCache:
         version_ttl_seconds: int,
         breaker: CircuitBreaker,
         on_trouble: Callable[[], None] | None = None,
+        cluster: bool = False,
     ) -> None:
         """`on_trouble` is called when a call fails after the last one succeeded."""
         self._client = client
@@ -171,7 +198,10 @@ class VerdictCache:
         self._version_ttl = version_ttl_seconds
         self.breaker = breaker
         self._on_trouble = on_trouble
+        self._cluster = cluster
         self._bump = client.register_script(BUMP_SCRIPT)
+        self._bump_and_publish = client.register_script(BUMP_AND_PUBLISH_SCRIPT)
+        self._publish_all = client.register_script(PUBLISH_ALL_SCRIPT)
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -214,9 +244,18 @@ class VerdictCache:
 
         async def go() -> Verdict:
             async with self._client.pipeline(transaction=False) as pipe:
-                pipe.mget(k.version, k.empty)
-                pipe.pttl(k.empty)
-                (version, empty), pttl = await pipe.execute()
+                if self._cluster:
+                    # Not one atomic read, but version first: a hit then means the
+                    # verdict matched a version we read after subscribing (I8), and a
+                    # later bump's wake-up reaches us.
+                    pipe.get(k.version)
+                    pipe.get(k.empty)
+                    pipe.pttl(k.empty)
+                    version, empty, pttl = await pipe.execute()
+                else:
+                    pipe.mget(k.version, k.empty)
+                    pipe.pttl(k.empty)
+                    (version, empty), pttl = await pipe.execute()
             if version is None:
                 await self._client.set(k.version, f"{new_epoch()}:0", nx=True, ex=self._version_ttl)
                 created = await self._client.get(k.version)
@@ -244,9 +283,14 @@ class VerdictCache:
         k = self.keys(runtime_id)
 
         async def go() -> str:
+            if self._cluster:
+                args: list[str | int] = [new_epoch(), self._version_ttl, k.wake, runtime_id]
+                return str(await self._bump_and_publish(keys=[k.version], args=args))
             async with self._client.pipeline(transaction=False) as pipe:
                 await self._bump(
-                    keys=[k.version], args=[new_epoch(), self._version_ttl], client=pipe
+                    keys=[k.version],
+                    args=[new_epoch(), self._version_ttl],
+                    client=pipe,  # type: ignore[arg-type]
                 )
                 pipe.publish(k.wake, runtime_id)
                 version, _ = await pipe.execute()
@@ -265,6 +309,10 @@ class VerdictCache:
         For the janitor's repair pass: a publish can be lost while the bump landed."""
 
         async def go() -> None:
+            if self._cluster:
+                args = [a for rt in runtime_ids for a in (self.keys(rt).wake, rt)]
+                await self._publish_all(keys=[], args=args)
+                return
             async with self._client.pipeline(transaction=False) as pipe:
                 for runtime_id in runtime_ids:
                     pipe.publish(self.keys(runtime_id).wake, runtime_id)
@@ -281,8 +329,14 @@ class VerdictCache:
             async with self._client.pipeline(transaction=False) as pipe:
                 for runtime_id in runtime_ids:
                     k = self.keys(runtime_id)
-                    pipe.mget(k.version, k.empty)
+                    if self._cluster:  # grouped by node by the cluster pipeline
+                        pipe.get(k.version)
+                        pipe.get(k.empty)
+                    else:
+                        pipe.mget(k.version, k.empty)
                 answers = await pipe.execute()
+            if self._cluster:
+                answers = list(zip(answers[::2], answers[1::2], strict=True))
             return [
                 rt
                 for rt, (version, empty) in zip(runtime_ids, answers, strict=True)

@@ -7,7 +7,11 @@ through `request.app.state.gateway`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
 
 from .auth import Authenticator
 from .background import stop_task
@@ -17,12 +21,15 @@ from .credentials import Credentials
 from .errors import ConfigError, GatewayError
 from .janitor import Janitor
 from .metrics import Metrics
+from .redis_modes import CommandClient, PubSubSource, command_client, pubsub_client
 from .settings import Settings
 from .store import Store
 from .wakeups import Subscriber
 from .webhooks import Verifier
 
 log = logging.getLogger("gateway")
+
+CLUSTER_DISCOVERY_SECONDS = 5.0  # bound on learning a cluster's nodes and slots at start
 
 
 class Gateway:
@@ -49,23 +56,34 @@ class Gateway:
         self.auth = Authenticator(settings, self.credentials.principal_by_hash)
         self.webhooks = Verifier(self.credentials.webhook_keys)
         timeout = settings.redis_timeout_seconds
+        mode, master = settings.redis_mode, settings.redis_sentinel_master
+        commands: CommandClient
+        pubsub: PubSubSource
+        if mode == "standalone":
+            commands = make_client(settings.redis_url, timeout)
+            pubsub = make_pubsub_client(settings.redis_url, timeout)
+        else:
+            commands = command_client(mode, settings.redis_url, timeout, master)
+            pubsub = pubsub_client(mode, settings.redis_url, timeout, commands, master)
         self.cache = VerdictCache(
-            make_client(settings.redis_url, timeout),
+            commands,
             settings.redis_prefix,
             self.metrics,
             timeout_seconds=timeout,
             version_ttl_seconds=settings.version_ttl_seconds,
             breaker=CircuitBreaker(settings.breaker_failures, settings.breaker_open_seconds),
             on_trouble=self._on_redis_trouble,
+            cluster=mode == "cluster",
         )
         self.subscriber = Subscriber(
-            make_pubsub_client(settings.redis_url, timeout),
+            pubsub,
             settings.redis_prefix,
             self.metrics,
             on_wake=self._on_wake,
             on_reset=self._on_reset,
             timeout_seconds=timeout,
         )
+        self._commands = commands
         self.claimer = Claimer(self.store, self.cache, self.subscriber, settings, self.metrics)
         self._redis_watch: asyncio.Task[None] | None = None
         self.janitor = Janitor(
@@ -89,6 +107,12 @@ class Gateway:
             )
         await self.store.open()
         await self.subscriber.start()
+        if isinstance(self._commands, RedisCluster):
+            # Learning the slot map takes several round trips: more than one command's
+            # budget allows. If it fails here, the first command tries again.
+            with contextlib.suppress(RedisError, OSError, TimeoutError):
+                async with asyncio.timeout(CLUSTER_DISCOVERY_SECONDS):
+                    await self._commands.initialize()
         if not await self.cache.ping():
             log.warning("Redis is not reachable; claims go to Postgres until it is back")
         await self.janitor.start()

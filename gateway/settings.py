@@ -17,6 +17,7 @@ from .errors import ConfigError
 MIN_ADMIN_TOKEN_CHARS = 32
 LOG_FORMATS = ("text", "json")
 MAX_JSON_DEPTH_LIMIT = 200
+REDIS_MODES = ("standalone", "cluster", "sentinel")
 
 # Every environment variable `Settings.from_env` reads, and no other: it refuses to
 # read a name missing here, so deployment checks can trust this list.
@@ -49,6 +50,8 @@ ENV_NAMES = frozenset(
         "GATEWAY_MAX_PARKED_POLLS",
         "GATEWAY_DEGRADED_POLL_SECONDS",
         "GATEWAY_LOG_FORMAT",
+        "GATEWAY_REDIS_MODE",
+        "GATEWAY_REDIS_SENTINEL_MASTER",
     }
 )
 
@@ -84,6 +87,8 @@ class Settings:
     auth_enabled: bool = True
     cache_enabled: bool = True
     redis_prefix: str = "gw"
+    redis_mode: str = "standalone"  # one of REDIS_MODES; see gateway/redis_modes.py
+    redis_sentinel_master: str | None = None  # the master's name, in sentinel mode
     empty_ttl_seconds: float = 30.0
     version_ttl_seconds: int = 7 * 24 * 3600
     redis_timeout_ms: int = 250
@@ -146,6 +151,8 @@ class Settings:
             "auth_enabled": _switch(env, "GATEWAY_AUTH", True),
             "cache_enabled": _switch(env, "GATEWAY_CACHE", True),
             "redis_prefix": env.get("GATEWAY_REDIS_PREFIX", "gw"),
+            "redis_mode": (env.get("GATEWAY_REDIS_MODE") or "standalone").strip().lower(),
+            "redis_sentinel_master": env.get("GATEWAY_REDIS_SENTINEL_MASTER") or None,
             "empty_ttl_seconds": _number(env, "GATEWAY_EMPTY_TTL_SECONDS", 30.0, 0.1, 86400),
             "version_ttl_seconds": _integer(
                 env, "GATEWAY_VERSION_TTL_SECONDS", 7 * 24 * 3600, 60, 365 * 86400
@@ -187,6 +194,7 @@ class Settings:
         """Cross-field checks; raises ConfigError."""
         if not self.redis_prefix or any(c in self.redis_prefix for c in "{} "):
             raise ConfigError("GATEWAY_REDIS_PREFIX must be non-empty, without spaces or braces")
+        self._validate_redis_mode()
         if self.auth_enabled and not self.admin_token:
             raise ConfigError(
                 "GATEWAY_ADMIN_TOKEN is not set. Set it to a long random secret, "
@@ -215,6 +223,32 @@ class Settings:
             )
         if self.db_pool_min > self.db_pool_max:
             raise ConfigError(f"GATEWAY_DB_POOL_MAX must be at least {self.db_pool_min}")
+
+    def _validate_redis_mode(self) -> None:
+        if self.redis_mode not in REDIS_MODES:
+            raise ConfigError(
+                f"GATEWAY_REDIS_MODE must be one of {', '.join(REDIS_MODES)}, "
+                f"got {self.redis_mode!r}"
+            )
+        scheme = urlsplit(self.redis_url).scheme if self.redis_url else None
+        if self.redis_mode == "sentinel":
+            if not self.redis_sentinel_master:
+                raise ConfigError(
+                    "GATEWAY_REDIS_SENTINEL_MASTER must name the master "
+                    "when GATEWAY_REDIS_MODE=sentinel"
+                )
+            if scheme is not None and scheme not in ("redis+sentinel", "rediss+sentinel"):
+                raise ConfigError(
+                    "with GATEWAY_REDIS_MODE=sentinel, REDIS_URL must list the sentinels: "
+                    "redis+sentinel://host1:26379,host2:26379/0 (rediss+sentinel:// for TLS)"
+                )
+        elif scheme is not None and scheme.endswith("+sentinel"):
+            raise ConfigError("a redis+sentinel:// REDIS_URL needs GATEWAY_REDIS_MODE=sentinel")
+        if self.redis_mode == "cluster" and scheme not in (None, "redis", "rediss"):
+            raise ConfigError(
+                "with GATEWAY_REDIS_MODE=cluster, REDIS_URL must be redis:// or rediss:// "
+                "naming any one node of the cluster"
+            )
 
 
 class _Listed(Mapping[str, str]):

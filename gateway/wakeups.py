@@ -14,13 +14,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
-
-import redis.asyncio as aioredis
+from typing import TYPE_CHECKING, Any
 
 from .background import stop_task
 from .cache import runtime_of_channel
 from .metrics import Metrics
+
+if TYPE_CHECKING:
+    from .redis_modes import PubSubSource
 
 log = logging.getLogger("gateway.wakeups")
 
@@ -28,11 +29,12 @@ CONTROL_CHANNEL_SUFFIX = ":__gateway__"
 
 
 class Subscriber:
-    """Owns the process's pub/sub connection. `start()`/`stop()` belong to the lifespan."""
+    """Owns the process's pub/sub connection and `client` (a Redis client, or in
+    cluster mode `redis_modes.ClusterNodes`). `start()`/`stop()` belong to the lifespan."""
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: PubSubSource,
         prefix: str,
         metrics: Metrics,
         *,

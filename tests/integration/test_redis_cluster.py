@@ -1,0 +1,226 @@
+"""GATEWAY_REDIS_MODE=cluster against a real three-master Redis Cluster of the module's
+own: verdicts for runtimes on every node, wake-ups across nodes and instances, the
+janitor's scans, and a master killed under parked polls (fail open, then recovery)."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.cache import keys_for
+from gateway.redis_modes import ClusterNodes
+from tests.conftest import IN_CI, redis_server_binary
+from tests.harness import Instance, make_settings, running_gateway
+from tests.integration.claim_helpers import pg_claims, poll, timed_enqueue, verdict_hits
+from tests.integration.janitor_support import empty_verdict
+from tests.support.metrics import sample
+from tests.support.redis_servers import LocalCluster, Node
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    if shutil.which("redis-cli") is None:
+        if IN_CI:
+            pytest.fail("redis-cli is needed for the Redis Cluster tests", pytrace=False)
+        pytest.skip("redis-cli is not installed")
+    local = LocalCluster(redis_server_binary(), Path(tmp_path_factory.mktemp("cluster")))
+    try:
+        local.start()
+        yield local
+    finally:
+        local.stop()
+
+
+def settings(database_url: str, cluster: LocalCluster, prefix: str, **overrides: Any) -> Any:
+    values: dict[str, Any] = {"redis_mode": "cluster"}
+    values.update(overrides)
+    return make_settings(database_url, cluster.url, prefix, **values)
+
+
+async def runtimes_by_node(cluster: LocalCluster, prefix: str, count: int) -> dict[int, list[str]]:
+    """`count` fresh runtime ids, grouped by the port of the master that holds their keys
+    (CLUSTER KEYSLOT of the version key, then the cluster's slot map)."""
+    client = aioredis.Redis(port=cluster.nodes[0].port, decode_responses=True)
+    grouped: dict[int, list[str]] = {n.port: [] for n in cluster.nodes}
+    try:
+        for _ in range(count):
+            runtime = "rt-" + secrets.token_hex(6)
+            key = keys_for(prefix, runtime).version
+            slot = await client.execute_command("CLUSTER KEYSLOT", key)
+            grouped[cluster.node_of_slot(int(slot)).port].append(runtime)
+    finally:
+        await client.aclose()
+    return grouped
+
+
+def checks(inst: Instance, outcome: str) -> float:
+    return sample(inst, "gateway_verdict_checks_total", outcome=outcome)
+
+
+def subscriber_node(inst: Instance) -> tuple[str, int] | None:
+    source = inst.gateway.subscriber._client
+    assert isinstance(source, ClusterNodes)
+    return source.current
+
+
+async def test_empty_polls_on_every_node_are_answered_from_redis(
+    database_url: str, cluster: LocalCluster, redis_prefix: str
+) -> None:
+    grouped = await runtimes_by_node(cluster, redis_prefix, 40)
+    assert all(grouped.values()), f"40 runtimes did not cover every node: {grouped}"
+    runtimes = [rt for group in grouped.values() for rt in group]
+    async with running_gateway(settings(database_url, cluster, redis_prefix)) as a:
+        for runtime in runtimes:  # the first poll of each scans Postgres and says empty
+            await empty_verdict(a, runtime)
+        for _ in range(3):
+            deadline = time.monotonic() + 15
+            while not a.gateway.cache.healthy:  # a round after a breaker trip: let it close
+                assert time.monotonic() < deadline, "the breaker did not close"
+                await poll(a, runtimes[0], wait_seconds=0)
+                await asyncio.sleep(0.2)
+            claims, hits = pg_claims(a), verdict_hits(a)
+            misses, errors = checks(a, "miss"), checks(a, "error")
+            answers = await asyncio.gather(*(poll(a, rt, wait_seconds=0) for rt in runtimes))
+            assert all(answer.tasks == [] for answer in answers)
+            assert checks(a, "miss") == misses, "a verdict written as empty was not a hit"
+            if pg_claims(a) == claims:
+                break
+            # Only a Redis call over its budget (a loaded machine) may send one there.
+            assert checks(a, "error") > errors, "empty polls must not reach Postgres"
+        else:
+            raise AssertionError("every round of empty polls had Redis calls time out")
+        assert verdict_hits(a) >= hits + len(runtimes)
+        # The verdicts really live on the node that owns their slot.
+        for port, group in grouped.items():
+            node = aioredis.Redis(port=port, decode_responses=True)
+            try:
+                for runtime in group:
+                    assert await node.exists(keys_for(redis_prefix, runtime).empty) == 1
+            finally:
+                await node.aclose()
+
+
+async def test_janitor_scans_and_wakeups_reach_every_node(
+    database_url: str, cluster: LocalCluster, redis_prefix: str
+) -> None:
+    grouped = await runtimes_by_node(cluster, redis_prefix, 12)
+    runtimes = [rt for group in grouped.values() for rt in group]
+    async with running_gateway(settings(database_url, cluster, redis_prefix)) as a:
+        said_empty = runtimes[::2]
+        for runtime in said_empty:
+            await empty_verdict(a, runtime)
+        cache = a.gateway.cache
+        assert sorted(await cache.says_empty(runtimes)) == sorted(said_empty)
+        listener = aioredis.Redis(port=cluster.nodes[0].port)
+        pubsub = listener.pubsub()
+        try:
+            await pubsub.subscribe(*(keys_for(redis_prefix, rt).wake for rt in runtimes))
+            for _ in runtimes:
+                assert (await pubsub.get_message(timeout=2))["type"] == "subscribe"
+            await cache.wake(runtimes)
+            heard = set()
+            while len(heard) < len(runtimes):
+                message = await pubsub.get_message(timeout=2)
+                assert message is not None, f"heard only {len(heard)} wake-ups"
+                heard.add(message["data"].decode())
+            assert heard == set(runtimes)
+        finally:
+            await pubsub.aclose()
+            await listener.aclose()
+
+
+async def _wakes_within_a_second(a: Instance, b: Instance, runtime: str) -> None:
+    await empty_verdict(a, runtime)
+    waiting = asyncio.create_task(poll(a, runtime, "parked", wait_seconds=15))
+    await wait_until(lambda: a.gateway.claimer.parked(runtime) == 1, 3, "poll parked")
+    await wait_until(
+        lambda: a.gateway.subscriber.confirmed(a.gateway.cache.keys(runtime).wake), 3, "confirmed"
+    )
+    await asyncio.sleep(0.2)
+    task, sent = await timed_enqueue(b, runtime, "wake")
+    answer = await asyncio.wait_for(waiting, 5)
+    assert [t["id"] for t in answer.tasks] == [task["id"]]
+    assert answer.answered - sent < 1.0, f"woken after {answer.answered - sent:.2f}s"
+    await a.complete(answer.tasks[0])
+
+
+async def test_a_poll_parked_on_one_instance_wakes_on_an_enqueue_through_another(
+    database_url: str, cluster: LocalCluster, redis_prefix: str
+) -> None:
+    grouped = await runtimes_by_node(cluster, redis_prefix, 24)
+    # Polling Postgres is slow here, so only a wake-up can answer within a second.
+    cfg = settings(database_url, cluster, redis_prefix, degraded_poll_seconds=20)
+    async with running_gateway(cfg) as a, running_gateway(cfg) as b:
+        await wait_until(lambda: a.gateway.subscriber.healthy, 5, "subscriber up")
+        for group in grouped.values():  # one runtime on each master
+            await _wakes_within_a_second(a, b, group[0])
+
+
+async def test_a_killed_master_fails_open_and_the_cache_comes_back(
+    database_url: str, cluster: LocalCluster, redis_prefix: str
+) -> None:
+    """The master under A's pub/sub connection is SIGKILLed with polls parked on its
+    runtimes: they fall back to Postgres (one gets a task enqueued meanwhile, none
+    outlives its wait by much), the subscriber moves to another node, and once the
+    master is back verdicts and wake-ups work again for its runtimes."""
+    grouped = await runtimes_by_node(cluster, redis_prefix, 40)
+    cfg = settings(
+        database_url, cluster, redis_prefix, degraded_poll_seconds=1, redis_timeout_ms=100
+    )
+    async with running_gateway(cfg) as a, running_gateway(cfg) as b:
+        await wait_until(lambda: a.gateway.subscriber.healthy, 5, "subscriber up")
+        current = subscriber_node(a)
+        assert current is not None
+        victim: Node = next(n for n in cluster.nodes if n.port == current[1])
+        runtimes = grouped[victim.port][:3]
+        for runtime in runtimes:
+            await empty_verdict(a, runtime)
+        wait_seconds = 6
+        parked = {
+            rt: asyncio.create_task(poll(a, rt, "parked", wait_seconds=wait_seconds))
+            for rt in runtimes
+        }
+        for runtime in runtimes:
+            await wait_until(lambda rt=runtime: a.gateway.claimer.parked(rt) == 1, 3, "parked")
+        victim.kill()
+        try:
+            await wait_until(lambda: subscriber_node(a) != current, 5, "subscriber to move")
+            task, sent = await timed_enqueue(b, runtimes[0], "while a master is down")
+            first = await asyncio.wait_for(parked.pop(runtimes[0]), 5)
+            assert [t["id"] for t in first.tasks] == [task["id"]]
+            assert first.answered - sent < 3.0, f"took {first.answered - sent:.2f}s"
+            await a.complete(first.tasks[0])
+            for answer in await asyncio.gather(*parked.values()):
+                assert answer.tasks == []
+                assert answer.elapsed < wait_seconds + 2.0, f"hung {answer.elapsed:.2f}s"
+        finally:
+            victim.start()
+        await asyncio.to_thread(cluster.wait_ok)
+        await wait_until(lambda: a.gateway.subscriber.healthy, 10, "subscriber back")
+
+        # Verdicts on the returned master answer empty polls again, off Postgres.
+        empty_rt = grouped[victim.port][3]
+        hits = verdict_hits(a)
+        deadline = time.monotonic() + 15
+        while verdict_hits(a) == hits:
+            assert time.monotonic() < deadline, "the verdict cache did not come back"
+            assert (await poll(a, empty_rt, wait_seconds=0)).tasks == []
+            await asyncio.sleep(0.2)
+        claims = pg_claims(a)
+        for _ in range(5):
+            assert (await poll(a, empty_rt, wait_seconds=0)).tasks == []
+        assert pg_claims(a) == claims
+        # And wake-ups reach parked polls for its runtimes within a second again.
+        await wait_until(lambda: a.gateway.cache.healthy, 10, "A's cache healthy")
+        await _wakes_within_a_second(a, b, grouped[victim.port][4])

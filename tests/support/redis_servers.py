@@ -1,0 +1,210 @@
+"""Private Redis Cluster and Sentinel deployments for the tests: real redis-server
+processes on free loopback ports, each stopped by its own pid."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CLUSTER_BUS_OFFSET = 10000  # Redis Cluster's node-to-node bus listens on port + 10000
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def cluster_port() -> int:
+    """A free loopback port whose cluster bus port (port + 10000) is free too."""
+    for _ in range(200):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port + CLUSTER_BUS_OFFSET < 65536 and _free(port + CLUSTER_BUS_OFFSET):
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+def _answers_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def redis_cli(*args: str) -> str:
+    binary = shutil.which("redis-cli") or shutil.which("valkey-cli")
+    if binary is None:
+        raise RuntimeError("redis-cli is needed to build a cluster")
+    done = subprocess.run([binary, *args], capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        raise RuntimeError(f"redis-cli {' '.join(args)} failed: {done.stdout}{done.stderr}")
+    return done.stdout
+
+
+@dataclass
+class Node:
+    """One redis-server; `start()` again after `kill()` reuses its port and files."""
+
+    binary: str
+    port: int
+    workdir: Path
+    extra: list[str] = field(default_factory=list)
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            [self.binary, *self.extra, "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", str(self.workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 10
+        while not _answers_ping(self.port):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server on port {self.port} did not start")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL by pid: no shutdown, no goodbye to the cluster bus."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.process = None
+
+
+class LocalCluster:
+    """Three masters, no replicas, every slot covered. Node timeout is short so that a
+    killed master is marked failed (and the cluster goes down) within seconds."""
+
+    def __init__(self, binary: str, workdir: Path, masters: int = 3) -> None:
+        self.nodes = [
+            Node(binary, port, workdir / f"node-{port}",
+                 ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                  "--cluster-node-timeout", "2000"])
+            for port in (cluster_port() for _ in range(masters))
+        ]  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.nodes[0].port}/0"
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.start()
+        redis_cli(
+            "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
+            "--cluster-replicas", "0", "--cluster-yes",
+        )  # fmt: skip
+        self.wait_ok()
+
+    def wait_ok(self, within: float = 30) -> None:
+        deadline = time.monotonic() + within
+        while True:
+            states = [
+                redis_cli("-p", str(n.port), "cluster", "info") if n.process else ""
+                for n in self.nodes
+            ]
+            if all("cluster_state:ok" in s for s in states):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster did not reach cluster_state:ok: {states}")
+            time.sleep(0.1)
+
+    def node_of_slot(self, slot: int) -> Node:
+        for line in redis_cli("-p", str(self.nodes[0].port), "cluster", "nodes").splitlines():
+            fields = line.split()
+            port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
+            for spec in fields[8:]:
+                low, _, high = spec.partition("-")
+                if low.isdigit() and int(low) <= slot <= int(high or low):
+                    return next(n for n in self.nodes if n.port == port)
+        raise LookupError(f"no node serves slot {slot}")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.kill()
+
+
+class LocalSentinel:
+    """One master, one replica of it, and one sentinel watching them under
+    `master_name`; `kill_master()` makes the sentinel promote the replica."""
+
+    def __init__(self, binary: str, workdir: Path, master_name: str = "gwmaster") -> None:
+        self.master_name = master_name
+        self.master = Node(binary, cluster_port(), workdir / "master")
+        self.replica = Node(
+            binary, cluster_port(), workdir / "replica",
+            ["--replicaof", "127.0.0.1", str(self.master.port)],
+        )  # fmt: skip
+        self.sentinel_port = cluster_port()
+        self.sentinel_dir = workdir / "sentinel"
+        self.sentinel: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis+sentinel://127.0.0.1:{self.sentinel_port}/0"
+
+    def start(self) -> None:
+        self.master.start()
+        self.replica.start()
+        self.sentinel_dir.mkdir(parents=True, exist_ok=True)
+        config = self.sentinel_dir / "sentinel.conf"
+        config.write_text(
+            f"port {self.sentinel_port}\nbind 127.0.0.1\ndir {self.sentinel_dir}\n"
+            f"sentinel monitor {self.master_name} 127.0.0.1 {self.master.port} 1\n"
+            f"sentinel down-after-milliseconds {self.master_name} 1000\n"
+        )
+        self.sentinel = subprocess.Popen(
+            [self.master.binary, str(config), "--sentinel"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.wait_master(self.master.port)
+        # The sentinel must know the replica before it can fail over to it.
+        deadline = time.monotonic() + 15
+        while str(self.replica.port) not in self._sentinel("replicas", self.master_name):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the sentinel did not discover the replica")
+            time.sleep(0.1)
+
+    def _sentinel(self, *args: str) -> str:
+        try:
+            return redis_cli("-p", str(self.sentinel_port), "sentinel", *args)
+        except RuntimeError:
+            return ""
+
+    def master_port(self) -> int | None:
+        out = self._sentinel("get-master-addr-by-name", self.master_name).split()
+        return int(out[1]) if len(out) == 2 else None
+
+    def wait_master(self, port: int, within: float = 15) -> None:
+        deadline = time.monotonic() + within
+        while self.master_port() != port:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the sentinel does not name {port} as master")
+            time.sleep(0.1)
+
+    def kill_master(self) -> int:
+        """SIGKILL the master and wait for the sentinel to promote the replica (it
+        sees the master down after 1 s); returns the new master's port."""
+        self.master.kill()
+        self.wait_master(self.replica.port, within=30)
+        return self.replica.port
+
+    def stop(self) -> None:
+        if self.sentinel is not None and self.sentinel.poll() is None:
+            self.sentinel.kill()
+            self.sentinel.wait(timeout=10)
+        self.sentinel = None
+        self.replica.kill()
+        self.master.kill()
