@@ -50,6 +50,14 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """The pool's reset for a returned connection, beyond asyncpg's own (which rolls
+    back a transaction left open): nothing. Pooled connections carry no session state
+    (no session SET, LISTEN, cursor or advisory lock: those live on connections of
+    their own), so the driver's default reset query would cost a round trip on every
+    request and, through a shared PgBouncer, release other clients' advisory locks."""
+
+
 class Store:
     """Task storage in Postgres. `open()` and `close()` are called by the app's lifespan."""
 
@@ -85,6 +93,7 @@ class Store:
                 min_size=self._min_size,
                 max_size=self._max_size,
                 init=_init_connection,
+                reset=_keep_session,
                 statement_cache_size=self._statement_cache_size,
                 command_timeout=self._statement_timeout_ms / 1000,
                 server_settings={"application_name": "claim-gateway"},
