@@ -320,9 +320,9 @@ async def test_a_session_lock_taken_through_pgbouncer_is_lost_to_other_clients(
     database_url: str, pgbouncer: PgBouncer
 ) -> None:
     """Why the janitor's lock needs GATEWAY_DIRECT_DATABASE_URL: through the pooler the
-    lock stays on a server connection that the next client gets, and asyncpg's reset
-    of a pooled connection (pg_advisory_unlock_all) releases it: another session can
-    then take it too. The leader's check notices that its lock is gone."""
+    lock stays on a server connection that the next client gets (PgBouncer hands out
+    its most recently used one), and that client then holds the lock as well: two
+    leaders, while a direct session correctly finds it taken."""
     key = 880_000 + secrets.randbelow(10_000)
     store = Store(
         pgbouncer.url(database_url),
@@ -337,9 +337,13 @@ async def test_a_session_lock_taken_through_pgbouncer_is_lost_to_other_clients(
     try:
         leadership = await store.try_leadership(key)
         assert leadership is not None
-        await store.run(lambda c: c.fetchval("SELECT 1"))
-        assert await direct.fetchval("SELECT pg_try_advisory_lock($1)", key) is True
-        assert await leadership.held() is False
+        other = await asyncpg.connect(pgbouncer.url(database_url), statement_cache_size=0)
+        try:
+            assert await other.fetchval("SELECT pg_try_advisory_lock($1)", key) is True
+        finally:
+            await other.close()
+        assert await direct.fetchval("SELECT pg_try_advisory_lock($1)", key) is False
+        await leadership.release()
     finally:
         await direct.close()
         await store.close()
