@@ -121,11 +121,11 @@ class Claimer:
                 loop.call_later(self._rng.uniform(0.0, spread), state.wake.set)
 
     async def watch_redis(self) -> None:
-        """Runs for the process's life (the lifespan owns it). While polls are parked,
-        ping Redis once per degraded poll interval when nothing else has called it, so
-        that a failure of the command path alone is noticed (and redis_trouble runs)
-        even by an instance whose pumps all sleep on verdicts. The pub/sub connection
-        has its own PING."""
+        """Runs for the process's life (the lifespan owns it). While polls are parked
+        and Redis is thought healthy, ping it once per degraded poll interval, so that
+        a failure of the command path alone is noticed (and redis_trouble runs) even by
+        an instance whose pumps all sleep on verdicts. While it is unhealthy, the
+        pumps' own calls probe it. The pub/sub connection has its own PING."""
         while True:
             await asyncio.sleep(self._settings.degraded_poll_seconds)
             if self._long_polls and self._cache.healthy:
