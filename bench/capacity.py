@@ -8,12 +8,17 @@ gateway/queries.py with the parameters the routes pass) driven by --connections
 concurrent asyncpg connections, one phase after the other, each bounded by
 --phase-seconds (at most 20):
 
-- enqueue: one task per statement (Store.enqueue);
-- enqueue-batch: --batch-size tasks per statement (Store.enqueue_batch);
-- claim: one task per claim (Store.claim with one slot);
-- claim-batch: --max-tasks tasks per claim;
-- complete: every task the two claim phases leased (Store.complete);
-- claim-empty: claims on runtimes with nothing queued, what a verdict miss costs.
+- enqueue: one task per statement (Store.enqueue), over --runtimes runtimes;
+- claim: one task per claim (Store.claim with one slot) from that backlog, until a
+  loop's runtimes run dry or the time is up;
+- complete: the tasks claim leased (Store.complete);
+- claim-empty: claims on runtimes with nothing queued: what a verdict miss costs;
+- lifecycle: each connection enqueues, claims and completes one task on a runtime of
+  its own, so the queue stays shallow, as in steady state: the cost of one task;
+- lifecycle-batch: the same with a batch enqueue of --max-tasks tasks, one claim of
+  --max-tasks, and a complete for each;
+- enqueue-batch: --batch-size tasks per statement (Store.enqueue_batch); last, since
+  it leaves a deep backlog behind.
 
 For each phase it reads the CPU seconds (user + system, /proc through psutil) of the
 Postgres server processes that did the work: the backends of this database, plus the
@@ -281,13 +286,42 @@ async def postgres_part(args: argparse.Namespace, admin_url: str) -> dict[str, A
                 got, _ = await store.claim(f"empty-{(worker + i * c) % runtimes}", ["w"], [60.0])
                 return len(got), True
 
-            results.append(await run_phase("enqueue", cpu, c, secs, enqueue))
-            results.append(await run_phase("enqueue-batch", cpu, c, secs, enqueue_batch))
-            results.append(await run_phase("claim", cpu, c, secs, claimer(1)))
-            results.append(await run_phase("claim-batch", cpu, c, secs, claimer(args.max_tasks)))
-            results[-1].note = f"{args.max_tasks} tasks per claim"
-            results.append(await run_phase("complete", cpu, c, secs, complete))
-            results.append(await run_phase("claim-empty", cpu, c, secs, claim_empty))
+            def lifecycle(k: int) -> Op:
+                workers, lease = ["capacity-bench"] * k, [LEASE_SECONDS] * k
+                reqs = [enqueue_request(i) for i in range(k)]
+
+                async def one_task_life(worker: int, i: int) -> tuple[int, bool]:
+                    # The loop's own runtime, so the queue never holds more than k tasks.
+                    runtime = f"life-{k}-{worker}"
+                    if k == 1:
+                        await store.enqueue(runtime, reqs[0])
+                    else:
+                        await store.enqueue_batch(runtime, reqs)
+                    got, _ = await store.claim(runtime, workers, lease)
+                    for x in got:
+                        assert x.task.lease_id is not None
+                        await store.complete(x.task.id, x.task.lease_id, None)
+                    return len(got), True
+
+                return one_task_life
+
+            phases: list[tuple[str, Op, str]] = [
+                ("enqueue", enqueue, "one task per statement"),
+                ("claim", claimer(1), "one task per claim, from the backlog enqueue left"),
+                ("complete", complete, "the tasks claim leased"),
+                ("claim-empty", claim_empty, "claims that find nothing (a verdict miss)"),
+                ("lifecycle", lifecycle(1), "enqueue, claim, complete one task; queue shallow"),
+                (
+                    "lifecycle-batch",
+                    lifecycle(args.max_tasks),
+                    f"batch enqueue {args.max_tasks}, claim {args.max_tasks} at once, "
+                    "complete each; queue shallow",
+                ),
+                ("enqueue-batch", enqueue_batch, f"{args.batch_size} tasks per statement"),
+            ]
+            for name, op, note in phases:
+                results.append(await run_phase(name, cpu, c, secs, op))
+                results[-1].note = note
             depth, _ = await store.queue_depth()
         finally:
             await watcher.close()
@@ -306,8 +340,8 @@ def postgres_table(part: dict[str, Any]) -> str:
     results: list[PhaseResult] = part["_results"]
     lines = [
         "| phase | conns | seconds | calls/s | tasks/s | pg cpu s | calls per pg core-s "
-        "| tasks per pg core-s | bench cpu s | errors |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| tasks per pg core-s | bench cpu s | errors | what |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in results:
         calls_core, tasks_core = r.per_pg_core(r.calls), r.per_pg_core(r.tasks)
@@ -317,7 +351,7 @@ def postgres_table(part: dict[str, Any]) -> str:
             f"| {'-' if r.pg_cpu_seconds is None else f'{r.pg_cpu_seconds:.2f}'} "
             f"| {'-' if calls_core is None else f'{calls_core:,.0f}'} "
             f"| {'-' if tasks_core is None else f'{tasks_core:,.0f}'} "
-            f"| {r.bench_cpu_seconds:.2f} | {r.errors} |"
+            f"| {r.bench_cpu_seconds:.2f} | {r.errors} | {r.note} |"
         )
     settings = ", ".join(f"{k} {v}" for k, v in part["settings"].items())
     lines.append("")
