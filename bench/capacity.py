@@ -370,8 +370,17 @@ def _rss_bytes(pid: int) -> int:
 
 
 def _connections_to(pid: int, port: int) -> int:
+    return len(_local_ports_to(pid, port))
+
+
+def _local_ports_to(pid: int, port: int) -> set[int]:
     conns = psutil.Process(pid).net_connections(kind="tcp")
-    return sum(1 for c in conns if c.raddr and c.raddr.port == port)
+    return {c.laddr.port for c in conns if c.raddr and c.raddr.port == port}
+
+
+async def _redis_clients_of(client: aioredis.Redis, ports: set[int]) -> list[dict[str, Any]]:
+    """CLIENT LIST entries of the connections whose local port is in `ports`."""
+    return [c for c in await client.client_list() if int(str(c["addr"]).rsplit(":", 1)[1]) in ports]
 
 
 async def _parked(http: aiohttp.ClientSession, url: str) -> float:
@@ -396,6 +405,9 @@ class GatewayFigures:
     version_key_bytes: float = 0.0
     empty_key_bytes: float = 0.0
     key_example: str = ""
+    redis_clients_seen: int = 0  # in CLIENT LIST, matched by the gateway's local ports
+    redis_pubsub_clients: int = 0
+    redis_client_memory_bytes: int = 0  # sum of tot-mem over those clients
     poll_concurrency: int = 0
     poll_seconds: float = 0.0
     polls: int = 0
@@ -486,6 +498,10 @@ async def _measure_gateway(
             fig.version_key_bytes = sum(version_sizes) / len(version_sizes)
             fig.empty_key_bytes = sum(empty_sizes) / len(empty_sizes)
             fig.key_example = keys_for(gw.prefix, runtimes[0]).empty
+            mine = await _redis_clients_of(client, _local_ports_to(pid, redis_port))
+            fig.redis_clients_seen = len(mine)
+            fig.redis_pubsub_clients = sum(1 for c in mine if "P" in str(c.get("flags", "")))
+            fig.redis_client_memory_bytes = sum(int(c.get("tot-mem", 0)) for c in mine)
         finally:
             await client.aclose()
         for task in parked:
