@@ -570,6 +570,11 @@ def gateway_table(fig: GatewayFigures) -> str:
         ),
         ("RSS growth per parked poll", f"{fig.bytes_per_parked_poll / 1024:.1f} KiB"),
         (
+            "Redis CLIENT LIST: the gateway's clients, of which pub/sub, their tot-mem",
+            f"{fig.redis_clients_seen}, {fig.redis_pubsub_clients}, "
+            f"{fig.redis_client_memory_bytes / 1024:.0f} KiB",
+        ),
+        (
             "Redis MEMORY USAGE, version key / empty key",
             f"{fig.version_key_bytes:.0f} B / {fig.empty_key_bytes:.0f} B (e.g. {fig.key_example})",
         ),
