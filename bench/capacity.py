@@ -323,6 +323,14 @@ async def postgres_part(args: argparse.Namespace, admin_url: str) -> dict[str, A
                 results.append(await run_phase(name, cpu, c, secs, op))
                 results[-1].note = note
             depth, _ = await store.queue_depth()
+            # What the table and its indexes hold per stored task (payload PAYLOAD).
+            await watcher.close()
+            watcher = await asyncpg.connect(url)
+            await watcher.execute("VACUUM ANALYZE tasks")
+            sizes = await watcher.fetchrow(
+                "SELECT pg_table_size('tasks') AS heap, pg_indexes_size('tasks') AS indexes,"
+                " (SELECT count(*) FROM tasks) AS n_rows"
+            )
         finally:
             await watcher.close()
             await store.close()
@@ -332,6 +340,8 @@ async def postgres_part(args: argparse.Namespace, admin_url: str) -> dict[str, A
         "statement_cache_size": args.statement_cache_size,
         "phases": [asdict(r) for r in results],
         "tasks_by_status": depth,
+        "bytes_per_row_heap": sizes["heap"] / max(sizes["n_rows"], 1),
+        "bytes_per_row_indexes": sizes["indexes"] / max(sizes["n_rows"], 1),
         "_results": results,
     }
 
@@ -357,7 +367,9 @@ def postgres_table(part: dict[str, Any]) -> str:
     lines.append("")
     lines.append(
         f"Postgres: {settings}. Statement cache size: {part['statement_cache_size']}. "
-        f"Tasks left by status: {part['tasks_by_status']}."
+        f"Tasks left by status: {part['tasks_by_status']}; per stored task, after VACUUM: "
+        f"{part['bytes_per_row_heap']:.0f} B of table, {part['bytes_per_row_indexes']:.0f} B "
+        f"of indexes ({len(PAYLOAD)}-byte payload)."
     )
     return "\n".join(lines)
 
