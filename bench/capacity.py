@@ -1,6 +1,6 @@
 """`python -m bench.capacity`: the measured figures behind docs/capacity.md.
 
-Two parts, each on a database of its own (`bench_<random>`, migrated with the gateway's
+Three parts, each on a database of its own (`bench_<random>`, migrated with the gateway's
 migrations, dropped at the end), over loopback only:
 
 postgres: the gateway's own Store (gateway/store.py, hence its statements from
@@ -36,6 +36,14 @@ on), then:
 - empty polls: --poll-concurrency loops of claims with wait_seconds 0 on the same
   (empty) runtimes, answered from the Redis verdict, for --phase-seconds; claims per
   second and per gateway core-second (the gateway's CPU seconds over the loop).
+
+herd: --herd-gateways gateway processes on one database and one Redis prefix, as
+replicas run, with --herd-polls polls parked on each of --herd-runtimes runtimes, first
+spread over every process, then all of a runtime's on one process (as a load balancer
+hashing on the runtime would place them). For each placement: the Postgres claims
+(gateway_postgres_claims_total, summed) over --herd-idle-seconds with nothing enqueued,
+per runtime and verdict TTL (GATEWAY_EMPTY_TTL_SECONDS, --herd-ttl-seconds), then per
+task when one task is enqueued on each runtime.
 
 The figures go to stdout as Markdown tables; progress to stderr; --json PATH keeps
 them all. Servers are found as for `python -m bench`: flags, BENCH_* then TEST_* URLs,
@@ -610,6 +618,154 @@ def gateway_table(fig: GatewayFigures) -> str:
     return "\n".join(lines)
 
 
+# -- the herd part: Postgres claims per task with several gateway processes ----------
+
+
+async def _metric(http: aiohttp.ClientSession, url: str, name: str) -> float:
+    async with http.get(url + "/metrics") as resp:
+        text = await resp.text()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+@dataclass
+class HerdFigures:
+    mode: str  # spread: each runtime's polls over every process; routed: one process
+    gateways: int
+    runtimes: int
+    polls_per_runtime: int
+    tasks: int = 0
+    delivered: int = 0
+    claims_for_tasks: float = 0.0  # Postgres claims from the first enqueue until settled
+    idle_seconds: float = 0.0
+    idle_claims: float = 0.0  # Postgres claims while nothing was enqueued
+    empty_ttl_seconds: float = 0.0
+
+    @property
+    def claims_per_task(self) -> float:
+        return self.claims_for_tasks / self.tasks if self.tasks else 0.0
+
+    @property
+    def idle_claims_per_runtime_and_ttl(self) -> float:
+        periods = self.idle_seconds / self.empty_ttl_seconds if self.empty_ttl_seconds else 0
+        return self.idle_claims / (self.runtimes * periods) if periods else 0.0
+
+
+async def herd_part(
+    args: argparse.Namespace, database_url: str, redis_url: str
+) -> list[HerdFigures]:
+    """--herd-gateways processes on one database and one Redis prefix (as replicas are);
+    each runtime gets --herd-polls parked polls, spread over every process or routed to
+    one; then one task per runtime is enqueued, and the Postgres claims it caused are
+    counted, then those of --herd-idle-seconds without enqueues."""
+    out = []
+    env = {"GATEWAY_EMPTY_TTL_SECONDS": f"{args.herd_ttl_seconds:g}"}
+    with tempfile.TemporaryDirectory(prefix="capacity-herd-") as tmp:
+        async with fresh_database(database_url) as url:
+            first = GatewayProcess(url, redis_url, True, Path(tmp) / "gw0.log", extra_env=env)
+            gws = [first] + [
+                GatewayProcess(
+                    url,
+                    redis_url,
+                    True,
+                    Path(tmp) / f"gw{i}.log",
+                    extra_env=env,
+                    prefix=first.prefix,
+                )
+                for i in range(1, args.herd_gateways)
+            ]
+            try:
+                for gw in gws:
+                    await gw.start()
+                for mode in ("spread", "routed"):
+                    out.append(await _herd(args, gws, mode))
+            finally:
+                for gw in gws:
+                    await gw.stop()
+                await delete_redis_keys(redis_url, first.prefix)
+    return out
+
+
+async def _herd(args: argparse.Namespace, gws: list[GatewayProcess], mode: str) -> HerdFigures:
+    fig = HerdFigures(mode, len(gws), args.herd_runtimes, args.herd_polls)
+    fig.empty_ttl_seconds = args.herd_ttl_seconds
+    runtimes = [f"herd-{mode}-{i}" for i in range(args.herd_runtimes)]
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=PARK_WAIT_SECONDS + 30)
+    ) as http:
+
+        def auth(gw: GatewayProcess) -> dict[str, str]:
+            return {"Authorization": f"Bearer {gw.token}"}
+
+        async def poll(gw: GatewayProcess, runtime: str, n: int) -> int:
+            body = {"worker_id": f"d{n}", "wait_seconds": PARK_WAIT_SECONDS}
+            url = f"{gw.url}/v1/runtimes/{runtime}/claim"
+            async with http.post(url, json=body, headers=auth(gw)) as resp:
+                return len((await resp.json()).get("tasks", []))
+
+        async def claims() -> float:
+            values = [await _metric(http, gw.url, "gateway_postgres_claims_total") for gw in gws]
+            return sum(values)
+
+        expected = [0] * len(gws)
+        polls = []
+        for i, rt in enumerate(runtimes):
+            for n in range(args.herd_polls):
+                g = (i + n) % len(gws) if mode == "spread" else i % len(gws)
+                expected[g] += 1
+                polls.append(asyncio.create_task(poll(gws[g], rt, n)))
+        deadline = time.monotonic() + 20
+        for g, gw in enumerate(gws):
+            while time.monotonic() < deadline and await _parked(http, gw.url) < expected[g]:
+                await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)  # every process's first verdict written and parked on
+
+        before = await claims()
+        started = time.monotonic()
+        await asyncio.sleep(args.herd_idle_seconds)
+        fig.idle_claims = await claims() - before
+        fig.idle_seconds = time.monotonic() - started
+
+        before = await claims()
+        for rt in runtimes:
+            body = {"payload": {"herd": rt}}
+            url = f"{gws[0].url}/v1/runtimes/{rt}/tasks"
+            async with http.post(url, json=body, headers=auth(gws[0])) as resp:
+                fig.tasks += resp.status == 201
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            fig.delivered = sum(p.result() for p in polls if p.done() and not p.exception())
+            if fig.delivered >= fig.tasks:
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)  # the processes that lost the race finish their claims
+        fig.claims_for_tasks = await claims() - before
+        for p in polls:
+            p.cancel()
+        await asyncio.gather(*polls, return_exceptions=True)
+    return fig
+
+
+def herd_table(figs: Sequence[HerdFigures]) -> str:
+    lines = [
+        "| polls of a runtime | processes | runtimes | polls per runtime | tasks | delivered "
+        "| pg claims per task | idle pg claims per runtime per verdict TTL |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for f in figs:
+        where = "spread over every process" if f.mode == "spread" else "all on one process"
+        lines.append(
+            f"| {where} | {f.gateways} | {f.runtimes} | {f.polls_per_runtime} | {f.tasks} "
+            f"| {f.delivered} | {f.claims_per_task:.2f} "
+            f"| {f.idle_claims_per_runtime_and_ttl:.2f} ({f.idle_claims:.0f} claims in "
+            f"{f.idle_seconds:.1f} s, TTL {f.empty_ttl_seconds:g} s) |"
+        )
+    return "\n".join(lines)
+
+
 # -- command line --------------------------------------------------------------
 
 
@@ -652,7 +808,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--database-url", help="Postgres (its role must be allowed to CREATE DATABASE)")
     p.add_argument("--redis-url", help="Redis")
-    p.add_argument("--part", choices=("postgres", "gateway", "both"), default="both")
+    p.add_argument(
+        "--part",
+        choices=("postgres", "gateway", "herd", "all"),
+        default="all",
+        help="which part to run (all)",
+    )
     p.add_argument("--connections", type=int, default=8, help="Postgres connections (8)")
     p.add_argument("--phase-seconds", type=_seconds, default=10.0, help="per phase, <= 20 (10)")
     p.add_argument("--runtimes", type=int, default=200, help="runtimes the tasks go to (200)")
@@ -668,6 +829,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--parked-polls", type=int, default=2000, help="polls to park (2000)")
     p.add_argument("--parked-runtimes", type=int, default=200, help="over this many runtimes (200)")
     p.add_argument("--poll-concurrency", type=int, default=50, help="empty-poll loops (50)")
+    p.add_argument("--herd-gateways", type=int, default=4, help="herd: processes (4)")
+    p.add_argument("--herd-runtimes", type=int, default=20, help="herd: runtimes (20)")
+    p.add_argument("--herd-polls", type=int, default=8, help="herd: polls per runtime (8)")
+    p.add_argument(
+        "--herd-ttl-seconds",
+        type=float,
+        default=2.0,
+        help="herd: GATEWAY_EMPTY_TTL_SECONDS of its processes, short so that expiries "
+        "show within --herd-idle-seconds (2)",
+    )
+    p.add_argument(
+        "--herd-idle-seconds", type=_seconds, default=6.0, help="herd: idle time measured (6)"
+    )
     p.add_argument("--json", type=Path, help="write every figure to this file")
     return p
 
@@ -684,18 +858,29 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "commit": git_commit(),
         }
         print(f"{out['date_utc']} UTC; {out['machine']}; commit {out['commit']}\n")
-        if args.part in ("postgres", "both"):
+        if args.part in ("postgres", "all"):
             part = await postgres_part(args, servers.database_url)
             print(postgres_table(part) + "\n")
             part.pop("_results")
             out["postgres"] = part
-        if args.part in ("gateway", "both"):
+        if args.part in ("gateway", "all"):
             fig = await gateway_part(args, servers.database_url, servers.redis_url)
             print(gateway_table(fig) + "\n")
             out["gateway"] = asdict(fig) | {
                 "bytes_per_parked_poll": fig.bytes_per_parked_poll,
                 "polls_per_gateway_core_second": fig.polls_per_gateway_core_second,
             }
+        if args.part in ("herd", "all"):
+            herd = await herd_part(args, servers.database_url, servers.redis_url)
+            print(herd_table(herd) + "\n")
+            out["herd"] = [
+                asdict(f)
+                | {
+                    "claims_per_task": f.claims_per_task,
+                    "idle_claims_per_runtime_and_ttl": f.idle_claims_per_runtime_and_ttl,
+                }
+                for f in herd
+            ]
         return out
     finally:
         servers.close()
