@@ -17,6 +17,8 @@ concurrent asyncpg connections, one phase after the other, each bounded by
   its own, so the queue stays shallow, as in steady state: the cost of one task;
 - lifecycle-batch: the same with a batch enqueue of --max-tasks tasks, one claim of
   --max-tasks, and a complete for each;
+- token-lookup: the authenticator's lookup of a token by its hash, among --tokens
+  tokens (each process caches a token for 2 s; a miss costs this);
 - enqueue-batch: --batch-size tasks per statement (Store.enqueue_batch); last, since
   it leaves a deep backlog behind.
 
@@ -83,7 +85,9 @@ from bench.infra import (
     log,
     resolve_servers,
 )
+from gateway.auth import Scope, hash_token
 from gateway.cache import keys_for
+from gateway.credentials import Credentials, TokenSpec
 from gateway.metrics import Metrics
 from gateway.models import EnqueueRequest
 from gateway.store import Store
@@ -313,6 +317,21 @@ async def postgres_part(args: argparse.Namespace, admin_url: str) -> dict[str, A
 
                 return one_task_life
 
+            credentials = Credentials(store)
+            token_hashes = []
+            for n in range(args.tokens):
+                spec = TokenSpec(name=f"capacity-{n}", scopes=(Scope.CLAIM,), runtimes=None)
+                _, secret = await credentials.create_token(spec)
+                token_hashes.append(hash_token(secret))
+
+            async def token_lookup(worker: int, i: int) -> tuple[int, bool]:
+                # What the authenticator does when its 2 s cache misses.
+                found = await credentials.principal_by_hash(
+                    token_hashes[(worker + i * c) % len(token_hashes)]
+                )
+                assert found is not None
+                return 0, True
+
             phases: list[tuple[str, Op, str]] = [
                 ("enqueue", enqueue, "one task per statement"),
                 ("claim", claimer(1), "one task per claim, from the backlog enqueue left"),
@@ -324,6 +343,11 @@ async def postgres_part(args: argparse.Namespace, admin_url: str) -> dict[str, A
                     lifecycle(args.max_tasks),
                     f"batch enqueue {args.max_tasks}, claim {args.max_tasks} at once, "
                     "complete each; queue shallow",
+                ),
+                (
+                    "token-lookup",
+                    token_lookup,
+                    f"a token looked up by its hash, among {args.tokens}",
                 ),
                 ("enqueue-batch", enqueue_batch, f"{args.batch_size} tasks per statement"),
             ]
@@ -824,6 +848,7 @@ def parser() -> argparse.ArgumentParser:
         help="asyncpg's statement cache, as GATEWAY_DB_STATEMENT_CACHE_SIZE (100; 0 is what "
         "the gateway runs with behind PgBouncer)",
     )
+    p.add_argument("--tokens", type=int, default=1000, help="tokens to look up (1000)")
     p.add_argument("--batch-size", type=int, default=100, help="tasks per batch enqueue (100)")
     p.add_argument("--max-tasks", type=int, default=10, help="tasks per batch claim (10)")
     p.add_argument("--parked-polls", type=int, default=2000, help="polls to park (2000)")
