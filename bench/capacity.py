@@ -121,34 +121,39 @@ class PostgresCpu:
         self._database = database
         self.available = False
 
-    async def _pids(self) -> list[int]:
+    async def _pids(self) -> list[tuple[int, bool]]:
+        """(pid, shared) of each process counted."""
         rows = await self._conn.fetch(
-            "SELECT pid FROM pg_stat_activity"
+            "SELECT pid, backend_type = ANY($2) AS shared FROM pg_stat_activity"
             " WHERE (datname = $1 AND pid <> pg_backend_pid()) OR backend_type = ANY($2)",
             self._database,
             list(SHARED_BACKEND_TYPES),
         )
-        return [r["pid"] for r in rows]
+        return [(r["pid"], r["shared"]) for r in rows]
 
     async def probe(self) -> None:
         pid = await self._conn.fetchval("SELECT pg_backend_pid()")
         self.available = _cpu_seconds(pid) is not None
 
-    async def snapshot(self) -> dict[int, float]:
+    async def snapshot(self) -> dict[tuple[int, bool], float]:
         if not self.available:
             return {}
         out = {}
-        for pid in await self._pids():
+        for pid, shared in await self._pids():
             seconds = _cpu_seconds(pid)
             if seconds is not None:
-                out[pid] = seconds
+                out[pid, shared] = seconds
         return out
 
     @staticmethod
-    def used(before: dict[int, float], after: dict[int, float]) -> float:
-        """CPU seconds between two snapshots; a process new since `before` counts from 0.
-        A process that ended between them is lost (short autovacuum workers)."""
-        return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
+    def used(
+        before: dict[tuple[int, bool], float], after: dict[tuple[int, bool], float]
+    ) -> tuple[float, float]:
+        """(all, shared) CPU seconds between two snapshots; a process new since `before`
+        counts from 0. A process that ended between them is lost (short autovacuum
+        workers)."""
+        spent = {key: seconds - before.get(key, 0.0) for key, seconds in after.items()}
+        return sum(spent.values()), sum(v for (_, shared), v in spent.items() if shared)
 
 
 # -- Postgres phases -----------------------------------------------------------
@@ -163,6 +168,7 @@ class PhaseResult:
     tasks: int  # tasks enqueued, claimed or completed; for claim-empty, 0
     errors: int
     pg_cpu_seconds: float | None
+    pg_shared_cpu_seconds: float | None  # of which the WAL writer, checkpointer, bgwriter
     bench_cpu_seconds: float
     note: str = ""
 
@@ -218,8 +224,10 @@ async def run_phase(
     elapsed = max(stopped, default=time.monotonic()) - started
     bench_cpu = time.process_time() - bench_before
     cpu_after = await cpu.snapshot()
-    pg_cpu = PostgresCpu.used(cpu_before, cpu_after) if cpu.available else None
-    return PhaseResult(name, connections, elapsed, calls, tasks, errors, pg_cpu, bench_cpu)
+    pg_cpu, pg_shared = PostgresCpu.used(cpu_before, cpu_after) if cpu.available else (None, None)
+    return PhaseResult(
+        name, connections, elapsed, calls, tasks, errors, pg_cpu, pg_shared, bench_cpu
+    )
 
 
 def enqueue_request(n: int) -> EnqueueRequest:
@@ -381,9 +389,9 @@ async def postgres_part(args: argparse.Namespace, admin_url: str) -> dict[str, A
 def postgres_table(part: dict[str, Any]) -> str:
     results: list[PhaseResult] = part["_results"]
     lines = [
-        "| phase | conns | seconds | calls/s | tasks/s | pg cpu s | calls per pg core-s "
-        "| tasks per pg core-s | bench cpu s | errors | what |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| phase | conns | seconds | calls/s | tasks/s | pg cpu s | of which shared "
+        "| calls per pg core-s | tasks per pg core-s | bench cpu s | errors | what |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in results:
         calls_core, tasks_core = r.per_pg_core(r.calls), r.per_pg_core(r.tasks)
@@ -391,6 +399,7 @@ def postgres_table(part: dict[str, Any]) -> str:
             f"| {r.phase} | {r.connections} | {r.seconds:.1f} | {r.calls_per_second:,.0f} "
             f"| {r.tasks_per_second:,.0f} "
             f"| {'-' if r.pg_cpu_seconds is None else f'{r.pg_cpu_seconds:.2f}'} "
+            f"| {'-' if r.pg_shared_cpu_seconds is None else f'{r.pg_shared_cpu_seconds:.2f}'} "
             f"| {'-' if calls_core is None else f'{calls_core:,.0f}'} "
             f"| {'-' if tasks_core is None else f'{tasks_core:,.0f}'} "
             f"| {r.bench_cpu_seconds:.2f} | {r.errors} | {r.note} |"
