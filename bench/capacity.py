@@ -375,6 +375,7 @@ async def postgres_part(args: argparse.Namespace, admin_url: str) -> dict[str, A
             await watcher.close()
             await store.close()
     return {
+        "database": database,
         "settings": settings,
         "cpu_measured": cpu.available,
         "statement_cache_size": args.statement_cache_size,
