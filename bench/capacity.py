@@ -437,13 +437,17 @@ async def _redis_clients_of(client: aioredis.Redis, ports: set[int]) -> list[dic
     return [c for c in await client.client_list() if int(str(c["addr"]).rsplit(":", 1)[1]) in ports]
 
 
-async def _parked(http: aiohttp.ClientSession, url: str) -> float:
+async def _metric(http: aiohttp.ClientSession, url: str, name: str) -> float:
     async with http.get(url + "/metrics") as resp:
         text = await resp.text()
     for line in text.splitlines():
-        if line.startswith("gateway_parked_polls "):
+        if line.startswith(name + " "):
             return float(line.split()[1])
-    return -1.0
+    return 0.0
+
+
+async def _parked(http: aiohttp.ClientSession, url: str) -> float:
+    return await _metric(http, url, "gateway_parked_polls")
 
 
 @dataclass
@@ -653,15 +657,6 @@ def gateway_table(fig: GatewayFigures) -> str:
 
 
 # -- the herd part: Postgres claims per task with several gateway processes ----------
-
-
-async def _metric(http: aiohttp.ClientSession, url: str, name: str) -> float:
-    async with http.get(url + "/metrics") as resp:
-        text = await resp.text()
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return 0.0
 
 
 @dataclass
