@@ -4,6 +4,11 @@ due ones, measured in one run (absolute times vary with the machine's load; the
 ratio is the figure).
 
     python -m tests.support.claim_scale --delayed 1000000
+    python -m tests.support.claim_scale --delayed 1000000 --backlog 100000
+
+With --backlog, the runtime with the delayed tasks also has that many more due tasks
+(of the due tasks' low priority): then neither of a planner's ways through a single
+index of waiting rows is cheap (walk the delayed ones, or read and sort the backlog).
 
 It creates a database of its own on the Postgres server of TEST_DATABASE_URL (or
 --admin-url), migrates it with this checkout's migrations, loads it, claims one task
@@ -52,18 +57,18 @@ def with_database(url: str, name: str) -> str:
     return urlunsplit(parts._replace(path="/" + name))
 
 
-async def load(url: str, delayed: int, due: int) -> str:
+async def load(url: str, delayed: int, due: int, backlog: int) -> str:
     conn = await asyncpg.connect(url)
     try:
         status = "scheduled" if await conn.fetchval(HAS_SCHEDULED) else "queued"
         started = time.monotonic()
         await conn.execute(FILL_DELAYED, "big", delayed, status)
-        for runtime in ("big", "small"):
-            await conn.execute(FILL_DUE, runtime, due)
+        await conn.execute(FILL_DUE, "big", due + backlog)
+        await conn.execute(FILL_DUE, "small", due)
         await conn.execute("VACUUM ANALYZE tasks")
         print(
-            f"loaded {delayed:,} delayed tasks (stored {status}) and {due:,} due tasks per "
-            f"runtime in {time.monotonic() - started:.1f} s"
+            f"loaded {delayed:,} delayed tasks (stored {status}), {due + backlog:,} due tasks "
+            f"with them and {due:,} on the small runtime in {time.monotonic() - started:.1f} s"
         )
         return status
     finally:
@@ -92,6 +97,7 @@ async def measure(url: str, claims: int, warm_up: int) -> dict[str, list[float]]
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--delayed", type=int, default=1_000_000, help="delayed tasks (big)")
+    parser.add_argument("--backlog", type=int, default=0, help="more due tasks (big)")
     parser.add_argument("--claims", type=int, default=300, help="measured claims per runtime")
     parser.add_argument("--warm-up", type=int, default=20, help="unmeasured claims first")
     parser.add_argument(
@@ -108,14 +114,15 @@ async def main() -> None:
     try:
         url = with_database(args.admin_url, name)
         await apply_migrations(url, log=lambda _line: None)
-        await load(url, args.delayed, args.claims + args.warm_up)
+        await load(url, args.delayed, args.claims + args.warm_up, args.backlog)
         seconds = await measure(url, args.claims, args.warm_up)
     finally:
         await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         await admin.close()
     small, big = (statistics.median(seconds[k]) * 1000 for k in ("small", "big"))
-    print(f"claim median, small runtime:                    {small:.3f} ms")
-    print(f"claim median, {args.delayed:,} delayed tasks ahead: {big:.3f} ms")
+    ahead = f"{args.delayed:,} delayed tasks ahead (backlog {args.backlog:,})"
+    print(f"claim median, small runtime: {small:.3f} ms")
+    print(f"claim median, {ahead}: {big:.3f} ms")
     print(f"ratio: {big / small:.2f}")
 
 
