@@ -429,14 +429,20 @@ WITH RECURSIVE waiting(runtime_id) AS (
 )
 SELECT runtime_id FROM waiting w
  WHERE runtime_id IS NOT NULL
-   AND (EXISTS (SELECT 1 FROM tasks t
-                 WHERE t.runtime_id = w.runtime_id AND t.status = 'queued'
-                   AND t.run_at <= now() - interval '1 second'
-                   AND (t.expires_at IS NULL OR t.expires_at > now()))
-        OR EXISTS (SELECT 1 FROM tasks t
-                    WHERE t.runtime_id = w.runtime_id AND t.status = 'scheduled'
-                      AND t.run_at <= now() - interval '1 second'
-                      AND (t.expires_at IS NULL OR t.expires_at > now())))
+   -- Scalar probes, not EXISTS: under an OR, Postgres may answer an EXISTS by hashing
+   -- every due task of every runtime, which reads the whole backlog each pass.
+   AND COALESCE(
+        (SELECT true FROM tasks t
+          WHERE t.runtime_id = w.runtime_id AND t.status = 'queued'
+            AND t.run_at <= now() - interval '1 second'
+            AND (t.expires_at IS NULL OR t.expires_at > now())
+          LIMIT 1),
+        (SELECT true FROM tasks t
+          WHERE t.runtime_id = w.runtime_id AND t.status = 'scheduled'
+            AND t.run_at <= now() - interval '1 second'
+            AND (t.expires_at IS NULL OR t.expires_at > now())
+          LIMIT 1),
+        false)
  ORDER BY runtime_id
  LIMIT $1
 """

@@ -88,6 +88,18 @@ async def test_claimable_runtimes_uses_the_queued_indexes_not_the_table(
     # each for its own status.
     assert indexes == {"tasks_claim_idx", "tasks_scheduled_idx"}, (indexes, shown)
 
+    # Run, it probes each runtime a few times (one row each), whatever the backlog: it
+    # never reads every due task (as a hashed EXISTS over all runtimes would).
+    raw = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + q.CLAIMABLE_RUNTIMES, 100_000, "")
+    plan = json.loads(raw) if isinstance(raw, str) else raw
+    scans = [n for n in plan_nodes(plan[0]["Plan"]) if n.get("Relation Name") == "tasks"]
+    read = sum(n["Actual Rows"] * n["Actual Loops"] for n in scans)
+    waiting = await conn.fetchval(
+        "SELECT count(DISTINCT runtime_id) FROM tasks WHERE status IN ('queued', 'scheduled')"
+    )
+    assert waiting >= RUNTIMES
+    assert read <= 6 * waiting, (read, waiting, json.dumps(plan, indent=1))
+
     # And it answers right: every one of our runtimes has a due task.
     found = sorted(
         r["runtime_id"]
