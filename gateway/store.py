@@ -344,44 +344,52 @@ class Store:
     ) -> tuple[list[TaskRow], bool]:
         """Insert a batch in one transaction, all or nothing. Returns the rows in request
         order and whether every item was an idempotent replay. A key reused with a
-        different request fails the whole batch, naming the item's index."""
+        different request fails the whole batch, naming the item's index. A batch
+        without idempotency keys cannot conflict: its one statement is all or nothing
+        by itself, and is sent alone (one round trip instead of three)."""
         ids = [uuid.uuid4() for _ in reqs]
+        keys = [r.idempotency_key for r in reqs if r.idempotency_key]
+
+        async def insert_and_match(c: asyncpg.Connection) -> tuple[list[TaskRow], bool]:
+            inserted = await c.fetch(
+                q.ENQUEUE_BATCH,
+                runtime_id,
+                ids,
+                [r.priority for r in reqs],
+                [r.payload_json for r in reqs],
+                [r.max_attempts for r in reqs],
+                [r.run_at for r in reqs],
+                [r.delay_seconds for r in reqs],
+                [r.ttl_seconds for r in reqs],
+                [r.idempotency_key for r in reqs],
+                [r.request_hash if r.idempotency_key else None for r in reqs],
+            )
+            by_id = {row["id"]: row for row in inserted}
+            existing = {}
+            if len(by_id) < len(reqs) and keys:
+                for row in await c.fetch(q.GET_BY_IDEMPOTENCY_KEYS, runtime_id, keys):
+                    existing[row["idempotency_key"]] = row
+            out: list[TaskRow] = []
+            for index, (task_id, req) in enumerate(zip(ids, reqs, strict=True)):
+                row = by_id.get(task_id) or existing.get(req.idempotency_key or "")
+                if row is None:
+                    raise StoreUnavailable("a batch item vanished mid-insert; retry")
+                if row["request_hash"] != req.request_hash and row["id"] != task_id:
+                    raise IdempotencyKeyReused(
+                        f"tasks[{index}]: idempotency key {req.idempotency_key!r} was "
+                        "already used for a different request on this runtime",
+                        field=f"tasks[{index}].idempotency_key",
+                        index=index,
+                    )
+                out.append(TaskRow.of(row))
+            return out, not by_id
 
         async def go(c: asyncpg.Connection) -> tuple[list[TaskRow], bool]:
+            if not keys:
+                return await insert_and_match(c)
+            # A refused item must undo the rows inserted before the refusal was known.
             async with self._transaction(c):
-                inserted = await c.fetch(
-                    q.ENQUEUE_BATCH,
-                    runtime_id,
-                    ids,
-                    [r.priority for r in reqs],
-                    [r.payload_json for r in reqs],
-                    [r.max_attempts for r in reqs],
-                    [r.run_at for r in reqs],
-                    [r.delay_seconds for r in reqs],
-                    [r.ttl_seconds for r in reqs],
-                    [r.idempotency_key for r in reqs],
-                    [r.request_hash if r.idempotency_key else None for r in reqs],
-                )
-                by_id = {row["id"]: row for row in inserted}
-                keys = [r.idempotency_key for r in reqs if r.idempotency_key]
-                existing = {}
-                if len(by_id) < len(reqs) and keys:
-                    for row in await c.fetch(q.GET_BY_IDEMPOTENCY_KEYS, runtime_id, keys):
-                        existing[row["idempotency_key"]] = row
-                out: list[TaskRow] = []
-                for index, (task_id, req) in enumerate(zip(ids, reqs, strict=True)):
-                    row = by_id.get(task_id) or existing.get(req.idempotency_key or "")
-                    if row is None:
-                        raise StoreUnavailable("a batch item vanished mid-insert; retry")
-                    if row["request_hash"] != req.request_hash and row["id"] != task_id:
-                        raise IdempotencyKeyReused(
-                            f"tasks[{index}]: idempotency key {req.idempotency_key!r} was "
-                            "already used for a different request on this runtime",
-                            field=f"tasks[{index}].idempotency_key",
-                            index=index,
-                        )
-                    out.append(TaskRow.of(row))
-                return out, not by_id
+                return await insert_and_match(c)
 
         rows, all_replayed = await self._run(go)
         created = sum(1 for row, task_id in zip(rows, ids, strict=True) if row.id == task_id)
