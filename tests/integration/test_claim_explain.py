@@ -403,6 +403,20 @@ async def test_claim_and_next_due_do_not_walk_delayed_tasks(
         assert rows_read(nodes) <= 2, describe(nodes)
         assert buffers(nodes[0]) <= 10, describe(nodes)
 
+        # The janitor's promotion probes each runtime with scheduled tasks for due ones
+        # (other tests' runtimes too): it does not walk the delayed ones either.
+        nodes = await explain(conn, q.PROMOTE_SCHEDULED, "int", (1000,), mode, analyze=True)
+        shown = f"{mode}: {describe(nodes)}"
+        assert not [n for n in task_scans(nodes) if n["Node Type"] == "Seq Scan"], shown
+        waiting = await conn.fetchval(
+            "SELECT count(DISTINCT runtime_id) FROM tasks WHERE status = 'scheduled'"
+        )
+        [promote] = [n for n in nodes if n["Node Type"] == "ModifyTable"]
+        assert rows_read(nodes) <= 4 * waiting + 3 * promote["Actual Rows"] + 10, (
+            rows_read(nodes),
+            shown,
+        )
+
 
 async def test_the_bounds_catch_the_old_claims_walk(conn: asyncpg.Connection) -> None:
     """Control: the claim as it was, on delayed tasks stored `queued`, breaks both
