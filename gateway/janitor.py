@@ -37,6 +37,7 @@ class PassReport:
 
     reclaimed: int = 0
     expired: int = 0
+    promoted: int = 0
     purged: int = 0
     repaired: list[str] = field(default_factory=list)
     woken: list[str] = field(default_factory=list)
@@ -78,6 +79,7 @@ class Janitor:
             ("expiry", self._expire),
             ("retention", self._purge),
             ("verdict repair", self._repair),
+            ("promotion", self._promote),
             ("queue depth", self._gauge_depth),
         ):
             try:
@@ -111,6 +113,21 @@ class Janitor:
             if n < self._batch:
                 break
         self._metrics.tasks_expired.inc(report.expired)
+
+    async def _promote(self, report: PassReport) -> None:
+        """Scheduled tasks that came due become queued, in bounded batches. Claims take
+        due scheduled tasks anyway; this keeps their share of the claim's scan small.
+        The runtimes moved are bumped after commit: a claim that skipped a row while
+        this held it may have written an empty verdict."""
+        runtimes: set[str] = set()
+        for _ in range(MAX_BATCHES_PER_STEP):
+            moved = await self._store.promote_scheduled(self._batch)
+            runtimes.update(moved)
+            report.promoted += len(moved)
+            if len(moved) < self._batch:
+                break
+        for runtime_id in sorted(runtimes):  # I1: bump after commit
+            await self._announce(runtime_id)
 
     async def _purge(self, report: PassReport) -> None:
         for statuses, age in (

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 # A queued task past its expires_at is expired already: the janitor only writes it
 # down later. Every read and filter goes through this, so none shows it as queued.
+# A `scheduled` task (stored so while its run_at was in the future; design section 4)
+# is `queued` to the API: the stored status only keeps it out of the claim index.
 EFFECTIVE_STATUS = (
-    "CASE WHEN status = 'queued' AND expires_at <= now() THEN 'expired' ELSE status END"
+    "CASE WHEN status IN ('queued', 'scheduled') AND expires_at <= now() THEN 'expired'"
+    " WHEN status = 'scheduled' THEN 'queued' ELSE status END"
 )
 
 TASK_COLUMNS = f"""
@@ -20,14 +23,18 @@ TASK_COLUMNS = f"""
 # run_at and expires_at come from Postgres's clock, as created_at, leases and backoff
 # do: delay_seconds ($6) and ttl_seconds ($7) count from the insert, not from the
 # gateway's clock. An explicit run_at ($5) wins over a delay (the parser allows one).
+# A task not due yet is stored `scheduled`, out of the claim index; clock_timestamp()
+# is read after due.t, so a task without delay or run_at is always `queued`.
 ENQUEUE = f"""
 WITH due AS (
     SELECT COALESCE($5::timestamptz,
                     clock_timestamp() + make_interval(secs => COALESCE($6::float8, 0))) AS t
 )
-INSERT INTO tasks (runtime_id, priority, payload, max_attempts, run_at, expires_at,
+INSERT INTO tasks (runtime_id, status, priority, payload, max_attempts, run_at, expires_at,
                    idempotency_key, request_hash)
-SELECT $1, $2, $3, $4, due.t, due.t + make_interval(secs => $7::float8), $8, $9 FROM due
+SELECT $1, CASE WHEN due.t > clock_timestamp() THEN 'scheduled' ELSE 'queued' END,
+       $2, $3, $4, due.t,
+       due.t + make_interval(secs => $7::float8), $8, $9 FROM due
 ON CONFLICT (runtime_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING {TASK_COLUMNS}, request_hash
 """
@@ -37,46 +44,87 @@ GET_BY_IDEMPOTENCY_KEY = f"""
 SELECT {TASK_COLUMNS}, request_hash FROM tasks WHERE runtime_id = $1 AND idempotency_key = $2
 """
 
+# Seconds until the earliest run_at among a runtime's scheduled tasks not due yet: a
+# verdict must not outlive it (I4). One probe of tasks_scheduled_idx. Part of CLAIM, so
+# that now() is the scan's own instant and no task can come due unseen in between.
+NEXT_DUE = """
+SELECT extract(epoch FROM min(run_at) - now())::float8 AS due_in FROM tasks
+ WHERE runtime_id = $1 AND status = 'scheduled' AND run_at > now()
+"""
+
 # Claims up to cardinality($2) tasks for a list of slots, one slot per wanted task,
 # oldest waiter's slots first. Row number k goes to slot k, which carries the
-# waiter's worker_id and lease length. One statement: lock, number and lease.
-CLAIM = """
-WITH picked AS (
-    SELECT id, priority, created_at
-      FROM tasks
-     WHERE runtime_id = $1
-       AND status = 'queued'
-       AND run_at <= now()
-       AND (expires_at IS NULL OR expires_at > now())
+# waiter's worker_id and lease length. One statement, one round trip, no explicit
+# transaction: pick, lock, number, lease, and report the next due time (NEXT_DUE).
+#
+# Due tasks are in two places: `queued` rows, in tasks_claim_idx order, and `scheduled`
+# rows whose run_at has passed but that the janitor has not yet made `queued` (a few:
+# it does so every pass), from the due end of tasks_scheduled_idx, sorted. Delayed
+# rows are never read. The two are merged by priority, then age, and each candidate in
+# turn is locked (SKIP LOCKED; its conditions are checked again on the locked row)
+# until enough are held, so that every row locked is leased: a row locked but left
+# would be skipped by a concurrent claim, which could then record an empty verdict
+# over it. FOR UPDATE cannot sit on a UNION, hence the lock per candidate.
+#
+# Each source offers at most $4 candidates (the window), so that Postgres plans it as
+# the short ordered index walk it is; rows other claims hold count against it. When a
+# source's window was used up and slots are still free, `more` is true and the caller
+# runs the statement again with a wider window for the remaining slots.
+#
+# It always returns at least one row: with nothing leased, one whose slot is NULL,
+# carrying due_in and more.
+CLAIM = f"""
+WITH candidates AS (
+    SELECT id, priority, created_at, queued FROM (
+        (SELECT id, priority, created_at, true AS queued FROM tasks
+          WHERE runtime_id = $1 AND status = 'queued' AND run_at <= now()
+            AND (expires_at IS NULL OR expires_at > now())
+          ORDER BY priority DESC, created_at ASC
+          LIMIT $4)
+        UNION ALL
+        (SELECT id, priority, created_at, false AS queued FROM tasks
+          WHERE runtime_id = $1 AND status = 'scheduled' AND run_at <= now()
+            AND (expires_at IS NULL OR expires_at > now())
+          ORDER BY priority DESC, created_at ASC
+          LIMIT $4)
+    ) due
      ORDER BY priority DESC, created_at ASC
+), picked AS (
+    SELECT locked.id, c.priority, c.created_at
+      FROM candidates c
+     CROSS JOIN LATERAL (
+        SELECT t.id FROM tasks t
+         WHERE t.id = c.id AND t.status IN ('queued', 'scheduled') AND t.run_at <= now()
+           AND (t.expires_at IS NULL OR t.expires_at > now())
+           FOR UPDATE SKIP LOCKED
+     ) locked
      LIMIT cardinality($2::text[])
-       FOR UPDATE SKIP LOCKED
 ), numbered AS (
     SELECT id, row_number() OVER (ORDER BY priority DESC, created_at ASC) AS slot
       FROM picked
 ), slots AS (
     SELECT worker_id, lease_seconds, slot
       FROM unnest($2::text[], $3::float8[]) WITH ORDINALITY AS s(worker_id, lease_seconds, slot)
-)
-UPDATE tasks t
-   SET status = 'claimed',
-       attempts = t.attempts + 1,
-       lease_id = gen_random_uuid(),
-       lease_expires_at = clock_timestamp() + make_interval(secs => s.lease_seconds),
-       worker_id = s.worker_id,
-       cancel_requested = false,
-       updated_at = clock_timestamp()
-  FROM numbered n JOIN slots s USING (slot)
- WHERE t.id = n.id
-RETURNING n.slot, t.*
-"""
-
-# Seconds until the earliest future run_at among a runtime's queued tasks: a verdict
-# must not outlive it (I4). Runs in the claim's transaction, so now() is the scan's
-# instant and no task can come due unseen between the two statements.
-NEXT_DUE = """
-SELECT extract(epoch FROM min(run_at) - now())::float8 FROM tasks
- WHERE runtime_id = $1 AND status = 'queued' AND run_at > now()
+), leased AS (
+    UPDATE tasks t
+       SET status = 'claimed',
+           attempts = t.attempts + 1,
+           lease_id = gen_random_uuid(),
+           lease_expires_at = clock_timestamp() + make_interval(secs => s.lease_seconds),
+           worker_id = s.worker_id,
+           cancel_requested = false,
+           updated_at = clock_timestamp()
+      FROM numbered n JOIN slots s USING (slot)
+     WHERE t.id = n.id
+    RETURNING n.slot, t.*
+), next_due AS ({NEXT_DUE})
+SELECT leased.*, next_due.due_in,
+       -- Only read when slots are left, and then the candidates were all read anyway.
+       CASE WHEN (SELECT count(*) FROM picked) < cardinality($2::text[])
+            THEN (SELECT count(*) FILTER (WHERE queued) >= $4
+                         OR count(*) FILTER (WHERE NOT queued) >= $4 FROM candidates)
+            ELSE false END AS more
+  FROM next_due LEFT JOIN leased ON true
 """
 
 # Gives back leases that were never delivered (the waiter left mid-claim). The claim
@@ -114,11 +162,14 @@ RETURNING {TASK_COLUMNS}
 
 # Backoff: retry_after_seconds when given, else min(2^attempts, 3600) s with
 # jitter in [50%, 100%]. `dead` once attempts reached max_attempts or retry=false.
+# A retry with any backoff is not due yet: `scheduled` (the default backoff is at
+# least a second); only retry_after_seconds = 0 queues it for at once.
 FAIL = f"""
 UPDATE tasks
    SET status = CASE
            WHEN cancel_requested THEN 'cancelled'
-           WHEN $4 AND attempts < max_attempts THEN 'queued'
+           WHEN $4 AND attempts < max_attempts
+           THEN CASE WHEN COALESCE($5::float8, 1) > 0 THEN 'scheduled' ELSE 'queued' END
            ELSE 'dead' END,
        run_at = CASE
            WHEN $4 AND attempts < max_attempts AND NOT cancel_requested
@@ -191,12 +242,13 @@ MIGRATIONS_UNLOCK = "SELECT pg_advisory_unlock($1)"
 
 # A whole batch in one statement; ids are chosen by the caller so that rows can be
 # matched back to request order. Items whose key already exists are skipped here and
-# looked up with GET_BY_IDEMPOTENCY_KEYS.
+# looked up with GET_BY_IDEMPOTENCY_KEYS. Items not due yet are stored `scheduled`.
 ENQUEUE_BATCH = f"""
 WITH base AS (SELECT clock_timestamp() AS t)
-INSERT INTO tasks (id, runtime_id, priority, payload, max_attempts, run_at, expires_at,
-                   idempotency_key, request_hash, created_at)
-SELECT i.id, $1, i.priority, i.payload::jsonb, i.max_attempts, d.run_at,
+INSERT INTO tasks (id, runtime_id, status, priority, payload, max_attempts, run_at,
+                   expires_at, idempotency_key, request_hash, created_at)
+SELECT i.id, $1, CASE WHEN d.run_at > clock_timestamp() THEN 'scheduled' ELSE 'queued' END,
+       i.priority, i.payload::jsonb, i.max_attempts, d.run_at,
        d.run_at + make_interval(secs => i.ttl), i.idempotency_key,
        i.request_hash, base.t + (i.ord - 1) * interval '1 microsecond'
   FROM base,
@@ -219,13 +271,14 @@ SELECT {TASK_COLUMNS}, request_hash, idempotency_key FROM tasks
  WHERE runtime_id = $1 AND idempotency_key = ANY($2::text[])
 """
 
-# A queued task is cancelled at once; a claimed one is flagged, and ends `cancelled`
-# when its holder next reports.
+# A queued (or scheduled) task is cancelled at once; a claimed one is flagged, and ends
+# `cancelled` when its holder next reports.
 CANCEL = f"""
 UPDATE tasks
-   SET status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,
+   SET status = CASE WHEN status IN ('queued', 'scheduled') THEN 'cancelled' ELSE status END,
        cancel_requested = (status = 'claimed'),
-       finished_at = CASE WHEN status = 'queued' THEN clock_timestamp() ELSE finished_at END,
+       finished_at = CASE WHEN status IN ('queued', 'scheduled') THEN clock_timestamp()
+                          ELSE finished_at END,
        updated_at = clock_timestamp()
  WHERE id = $1 AND {EFFECTIVE_STATUS} IN ('queued', 'claimed')
 RETURNING {TASK_COLUMNS}
@@ -258,10 +311,12 @@ STATS_COUNTS = f"""
 SELECT {EFFECTIVE_STATUS} AS status, count(*) AS n FROM tasks WHERE runtime_id = $1 GROUP BY 1
 """
 
+# Scheduled tasks that came due count as well: they are claimable before the janitor
+# makes them queued.
 OLDEST_QUEUED_AGE = """
 SELECT extract(epoch FROM clock_timestamp() - min(created_at))::float8
   FROM tasks
- WHERE runtime_id = $1 AND status = 'queued' AND run_at <= now()
+ WHERE runtime_id = $1 AND status IN ('queued', 'scheduled') AND run_at <= now()
    AND (expires_at IS NULL OR expires_at > now())
 """
 
@@ -322,10 +377,12 @@ UPDATE tasks t
 RETURNING t.runtime_id, t.status
 """
 
+# Scheduled tasks expire too: a retry's backoff may put run_at past expires_at.
 EXPIRE_TASKS = """
 WITH due AS (
     SELECT id FROM tasks
-     WHERE status = 'queued' AND expires_at IS NOT NULL AND expires_at <= now()
+     WHERE status IN ('queued', 'scheduled') AND expires_at IS NOT NULL
+       AND expires_at <= now()
      LIMIT $1
        FOR UPDATE SKIP LOCKED
 )
@@ -346,29 +403,86 @@ DELETE FROM tasks WHERE id IN (
 """
 
 # One page of runtimes, after $2 in runtime_id order, with a task claimable for at
-# least a second: a loose index (skip) scan finds each queued runtime with one index
-# probe, then one probe checks it has a due, unexpired task. Cheap with many runtimes
-# and many tasks; the caller pages through all of them with the cursor.
+# least a second: a loose index (skip) scan finds each runtime with queued or
+# scheduled tasks with one probe of each index (the next runtime is the lesser of
+# the two), then one probe of each checks it has a due, unexpired task. Cheap with
+# many runtimes and many tasks; the caller pages through all of them with the cursor.
 CLAIMABLE_RUNTIMES = """
-WITH RECURSIVE queued(runtime_id) AS (
+WITH RECURSIVE waiting(runtime_id) AS (
+    SELECT least(
+        (SELECT runtime_id FROM tasks
+          WHERE status = 'queued' AND runtime_id > $2
+          ORDER BY runtime_id LIMIT 1),
+        (SELECT runtime_id FROM tasks
+          WHERE status = 'scheduled' AND runtime_id > $2
+          ORDER BY runtime_id LIMIT 1))
+    UNION ALL
+    SELECT least(
+        (SELECT t.runtime_id FROM tasks t
+          WHERE t.status = 'queued' AND t.runtime_id > w.runtime_id
+          ORDER BY t.runtime_id LIMIT 1),
+        (SELECT t.runtime_id FROM tasks t
+          WHERE t.status = 'scheduled' AND t.runtime_id > w.runtime_id
+          ORDER BY t.runtime_id LIMIT 1))
+      FROM waiting w
+     WHERE w.runtime_id IS NOT NULL
+)
+SELECT runtime_id FROM waiting w
+ WHERE runtime_id IS NOT NULL
+   -- Scalar probes, not EXISTS: under an OR, Postgres may answer an EXISTS by hashing
+   -- every due task of every runtime, which reads the whole backlog each pass.
+   AND COALESCE(
+        (SELECT true FROM tasks t
+          WHERE t.runtime_id = w.runtime_id AND t.status = 'queued'
+            AND t.run_at <= now() - interval '1 second'
+            AND (t.expires_at IS NULL OR t.expires_at > now())
+          LIMIT 1),
+        (SELECT true FROM tasks t
+          WHERE t.runtime_id = w.runtime_id AND t.status = 'scheduled'
+            AND t.run_at <= now() - interval '1 second'
+            AND (t.expires_at IS NULL OR t.expires_at > now())
+          LIMIT 1),
+        false)
+ ORDER BY runtime_id
+ LIMIT $1
+"""
+
+# Scheduled tasks that came due become queued, one bounded batch, so that the claim's
+# scan of due scheduled rows (which sorts them) stays short. Not needed for
+# correctness: the claim takes due scheduled rows itself. A loose index scan over
+# tasks_scheduled_idx visits each runtime with scheduled tasks with one probe and
+# takes its due rows; the walk stops once the batch is full. Returns the runtime of
+# each row moved (the caller bumps them: a claim that skipped a row this held found
+# it missing, and may have written an empty verdict).
+PROMOTE_SCHEDULED = """
+WITH RECURSIVE waiting(runtime_id) AS (
     (SELECT runtime_id FROM tasks
-      WHERE status = 'queued' AND runtime_id > $2
+      WHERE status = 'scheduled'
       ORDER BY runtime_id LIMIT 1)
     UNION ALL
     SELECT (SELECT t.runtime_id FROM tasks t
-             WHERE t.status = 'queued' AND t.runtime_id > q.runtime_id
+             WHERE t.status = 'scheduled' AND t.runtime_id > w.runtime_id
              ORDER BY t.runtime_id LIMIT 1)
-      FROM queued q
-     WHERE q.runtime_id IS NOT NULL
+      FROM waiting w
+     WHERE w.runtime_id IS NOT NULL
+), due AS (
+    SELECT d.id
+      FROM waiting w
+     CROSS JOIN LATERAL (
+        SELECT t.id FROM tasks t
+         WHERE t.runtime_id = w.runtime_id AND t.status = 'scheduled' AND t.run_at <= now()
+         ORDER BY t.run_at
+         LIMIT $1
+           FOR UPDATE SKIP LOCKED
+     ) d
+     WHERE w.runtime_id IS NOT NULL
+     LIMIT $1
 )
-SELECT runtime_id FROM queued q
- WHERE runtime_id IS NOT NULL
-   AND EXISTS (SELECT 1 FROM tasks t
-                WHERE t.runtime_id = q.runtime_id AND t.status = 'queued'
-                  AND t.run_at <= now() - interval '1 second'
-                  AND (t.expires_at IS NULL OR t.expires_at > now()))
- ORDER BY runtime_id
- LIMIT $1
+UPDATE tasks t
+   SET status = 'queued'
+  FROM due
+ WHERE t.id = due.id
+RETURNING t.runtime_id
 """
 
 # -- credentials --

@@ -40,6 +40,16 @@ PREPARED_STATEMENT_ERRORS = (
 )
 log = logging.getLogger("gateway.store")
 
+# CLAIM reads at most this many candidates beyond the slots wanted from each source
+# (queued, due scheduled); candidates that other claims hold count against it. When it
+# runs out with slots left, the claim runs again with a window this many times wider,
+# at most CLAIM_ROUNDS times in all; then the poll checks again after
+# CONTENDED_RECHECK_SECONDS instead of trusting an empty verdict.
+CLAIM_WINDOW = 50
+CLAIM_WINDOW_GROWTH = 20
+CLAIM_ROUNDS = 3
+CONTENDED_RECHECK_SECONDS = 0.05
+
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
     # jsonb goes in as JSON text (already serialized and checked) and comes out as the
@@ -202,23 +212,62 @@ class Store:
 
         When fewer than wanted were found, also returns the seconds until the next
         delayed task of the runtime comes due (None if none), measured from the scan's
-        own instant (same transaction), for the verdict's TTL (I4).
+        own instant (same statement), for the verdict's TTL (I4).
+
+        One statement in one round trip, outside any explicit transaction. It is
+        bounded by the driver's timeout (the pool's command_timeout, the statement
+        timeout setting), which on expiry sends Postgres a cancel request (PgBouncer
+        forwards it), so a slow claim stops on the server too. Only when other claims
+        hold more rows than its candidate window does it run again, wider, for the
+        slots left (CLAIM's `more`).
         """
         self._metrics.pg_claims.inc()
-
-        async def go(c: asyncpg.Connection) -> tuple[list[Row], float | None]:
-            async with self._transaction(c):
-                rows = await c.fetch(q.CLAIM, runtime_id, list(worker_ids), list(lease_seconds))
-                due_in = None
-                if len(rows) < len(worker_ids):
-                    due_in = await c.fetchval(q.NEXT_DUE, runtime_id)
-                return rows, due_in
-
+        leased: list[Leased] = []
+        due_in: float | None = None
+        window = len(worker_ids) + CLAIM_WINDOW
         with self._metrics.claim_seconds.time():
-            rows, due_in = await self._run(go)
-        self._metrics.tasks_claimed.inc(len(rows))
-        leased = [Leased(r["slot"], TaskRow.of(r)) for r in rows]
+            for round_ in range(CLAIM_ROUNDS):
+                done = len(leased)
+                try:
+                    result = await self._claim_once(
+                        runtime_id, worker_ids[done:], lease_seconds[done:], window
+                    )
+                except StoreUnavailable:
+                    if not leased:
+                        raise
+                    # The leases already taken are delivered; the poll checks again soon.
+                    due_in = CONTENDED_RECHECK_SECONDS
+                    break
+                # With nothing leased, the statement's one row carries only due_in.
+                rows = [r for r in result if r["slot"] is not None]
+                leased.extend(Leased(done + r["slot"], TaskRow.of(r)) for r in rows)
+                if len(leased) == len(worker_ids):
+                    due_in = None
+                    break
+                due_in = result[0]["due_in"]
+                if not result[0]["more"]:
+                    break
+                if round_ == CLAIM_ROUNDS - 1:
+                    # Rows other claims hold may come free: no long empty verdict.
+                    due_in = CONTENDED_RECHECK_SECONDS
+                window *= CLAIM_WINDOW_GROWTH
+        self._metrics.tasks_claimed.inc(len(leased))
         return sorted(leased, key=lambda x: x.slot), due_in
+
+    async def _claim_once(
+        self,
+        runtime_id: str,
+        worker_ids: Sequence[str],
+        lease_seconds: Sequence[float],
+        window: int,
+    ) -> list[Row]:
+        async def claim_statement(c: asyncpg.Connection) -> list[Row]:
+            rows: list[Row] = await c.fetch(
+                q.CLAIM, runtime_id, list(worker_ids), list(lease_seconds), window
+            )
+            return rows
+
+        return await self._run(claim_statement)
 
     async def unclaim(self, task_ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
         """Give back leases that were never delivered; idempotent. Returns the ids of
@@ -295,44 +344,52 @@ class Store:
     ) -> tuple[list[TaskRow], bool]:
         """Insert a batch in one transaction, all or nothing. Returns the rows in request
         order and whether every item was an idempotent replay. A key reused with a
-        different request fails the whole batch, naming the item's index."""
+        different request fails the whole batch, naming the item's index. A batch
+        without idempotency keys cannot conflict: its one statement is all or nothing
+        by itself, and is sent alone (one round trip instead of three)."""
         ids = [uuid.uuid4() for _ in reqs]
+        keys = [r.idempotency_key for r in reqs if r.idempotency_key]
+
+        async def insert_and_match(c: asyncpg.Connection) -> tuple[list[TaskRow], bool]:
+            inserted = await c.fetch(
+                q.ENQUEUE_BATCH,
+                runtime_id,
+                ids,
+                [r.priority for r in reqs],
+                [r.payload_json for r in reqs],
+                [r.max_attempts for r in reqs],
+                [r.run_at for r in reqs],
+                [r.delay_seconds for r in reqs],
+                [r.ttl_seconds for r in reqs],
+                [r.idempotency_key for r in reqs],
+                [r.request_hash if r.idempotency_key else None for r in reqs],
+            )
+            by_id = {row["id"]: row for row in inserted}
+            existing = {}
+            if len(by_id) < len(reqs) and keys:
+                for row in await c.fetch(q.GET_BY_IDEMPOTENCY_KEYS, runtime_id, keys):
+                    existing[row["idempotency_key"]] = row
+            out: list[TaskRow] = []
+            for index, (task_id, req) in enumerate(zip(ids, reqs, strict=True)):
+                row = by_id.get(task_id) or existing.get(req.idempotency_key or "")
+                if row is None:
+                    raise StoreUnavailable("a batch item vanished mid-insert; retry")
+                if row["request_hash"] != req.request_hash and row["id"] != task_id:
+                    raise IdempotencyKeyReused(
+                        f"tasks[{index}]: idempotency key {req.idempotency_key!r} was "
+                        "already used for a different request on this runtime",
+                        field=f"tasks[{index}].idempotency_key",
+                        index=index,
+                    )
+                out.append(TaskRow.of(row))
+            return out, not by_id
 
         async def go(c: asyncpg.Connection) -> tuple[list[TaskRow], bool]:
+            if not keys:
+                return await insert_and_match(c)
+            # A refused item must undo the rows inserted before the refusal was known.
             async with self._transaction(c):
-                inserted = await c.fetch(
-                    q.ENQUEUE_BATCH,
-                    runtime_id,
-                    ids,
-                    [r.priority for r in reqs],
-                    [r.payload_json for r in reqs],
-                    [r.max_attempts for r in reqs],
-                    [r.run_at for r in reqs],
-                    [r.delay_seconds for r in reqs],
-                    [r.ttl_seconds for r in reqs],
-                    [r.idempotency_key for r in reqs],
-                    [r.request_hash if r.idempotency_key else None for r in reqs],
-                )
-                by_id = {row["id"]: row for row in inserted}
-                keys = [r.idempotency_key for r in reqs if r.idempotency_key]
-                existing = {}
-                if len(by_id) < len(reqs) and keys:
-                    for row in await c.fetch(q.GET_BY_IDEMPOTENCY_KEYS, runtime_id, keys):
-                        existing[row["idempotency_key"]] = row
-                out: list[TaskRow] = []
-                for index, (task_id, req) in enumerate(zip(ids, reqs, strict=True)):
-                    row = by_id.get(task_id) or existing.get(req.idempotency_key or "")
-                    if row is None:
-                        raise StoreUnavailable("a batch item vanished mid-insert; retry")
-                    if row["request_hash"] != req.request_hash and row["id"] != task_id:
-                        raise IdempotencyKeyReused(
-                            f"tasks[{index}]: idempotency key {req.idempotency_key!r} was "
-                            "already used for a different request on this runtime",
-                            field=f"tasks[{index}].idempotency_key",
-                            index=index,
-                        )
-                    out.append(TaskRow.of(row))
-                return out, not by_id
+                return await insert_and_match(c)
 
         rows, all_replayed = await self._run(go)
         created = sum(1 for row, task_id in zip(rows, ids, strict=True) if row.id == task_id)
@@ -392,8 +449,15 @@ class Store:
         rows = await self._run(lambda c: c.fetch(q.RECLAIM_LEASES, limit))
         return [Reclaimed(r["runtime_id"], r["status"]) for r in rows]
 
+    async def promote_scheduled(self, limit: int) -> list[str]:
+        """One batch of due scheduled tasks made queued; returns the runtime of each
+        task moved. Idempotent: a task moves once, and a locked one waits for the next."""
+        rows = await self._run(lambda c: c.fetch(q.PROMOTE_SCHEDULED, limit))
+        return [r["runtime_id"] for r in rows]
+
     async def expire_tasks(self, limit: int) -> int:
-        """One batch of queued tasks past expires_at marked expired; returns the count."""
+        """One batch of queued or scheduled tasks past expires_at marked expired;
+        returns the count."""
         status = await self._run(lambda c: c.execute(q.EXPIRE_TASKS, limit))
         return int(status.split()[-1])
 
@@ -409,7 +473,12 @@ class Store:
         or None), in one statement."""
         rows = await self._run(lambda c: c.fetch(q.QUEUE_DEPTH))
         oldest = [r["oldest"] for r in rows if r["oldest"] is not None]
-        return {r["status"]: r["n"] for r in rows}, max(oldest, default=None)
+        counts: dict[str, int] = {}
+        for r in rows:
+            # A scheduled task is a queued one to every reader (EFFECTIVE_STATUS).
+            status = "queued" if r["status"] == "scheduled" else r["status"]
+            counts[status] = counts.get(status, 0) + r["n"]
+        return counts, max(oldest, default=None)
 
     async def claimable_runtimes(self, limit: int, after: str = "") -> list[str]:
         """Up to `limit` runtimes with a claimable task, in id order, after `after`."""

@@ -1,9 +1,12 @@
-"""The hot-path statements keep their indexes: CLAIM walks tasks_claim_idx, NEXT_DUE
-walks tasks_due_idx, and neither scans the whole task table.
+"""The hot-path statements keep their indexes: CLAIM walks tasks_claim_idx and the due
+end of tasks_scheduled_idx, NEXT_DUE probes tasks_scheduled_idx, and neither scans the
+whole task table nor walks delayed tasks.
 
 The data is realistic and the planner chooses on its own (no enable_seqscan): 20,000
-rows over 200 runtimes, nearly all finished, a few queued per runtime (some delayed),
-plus one "hot" runtime with a backlog of 3,000 queued tasks.
+rows over 200 runtimes, nearly all finished, a few queued per runtime (some delayed,
+so stored `scheduled`), plus one "hot" runtime with a backlog of 3,000 queued tasks.
+A second data set puts 300,000 delayed tasks of a higher priority ahead of a
+runtime's due ones, and counts the rows and buffers the statements touch.
 Everything happens in one transaction that is rolled back, so the session's shared
 database is left as it was.
 """
@@ -20,6 +23,7 @@ import asyncpg
 import pytest
 
 from gateway import queries as q
+from gateway.store import CLAIM_WINDOW
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +32,7 @@ ROWS = 20_000
 BACKLOG = 3_000
 
 # Row n belongs to runtime n % 200. Per runtime: 100 rows, of which 5 queued and due,
-# 2 queued with a run_at in the future, 3 claimed, the rest completed / dead / cancelled.
+# 2 scheduled (run_at in the future), 3 claimed, the rest completed / dead / cancelled.
 FILL = """
 INSERT INTO tasks (runtime_id, status, priority, payload, attempts, run_at, created_at,
                    updated_at, finished_at, lease_id, lease_expires_at, worker_id)
@@ -36,7 +40,7 @@ SELECT $1 || '-' || (n % $2),
        s.status,
        (n * 7) % 101,
        jsonb_build_object('n', n),
-       CASE WHEN s.status = 'queued' THEN 0 ELSE 1 END,
+       CASE WHEN s.status IN ('queued', 'scheduled') THEN 0 ELSE 1 END,
        CASE WHEN (n / $2) % 100 IN (5, 6) THEN now() + interval '1 hour'
             ELSE now() - interval '1 minute' END,
        now() - make_interval(secs => $3 - n),
@@ -47,6 +51,7 @@ SELECT $1 || '-' || (n % $2),
        CASE WHEN s.status = 'claimed' THEN 'worker' END
   FROM generate_series(0, $3 - 1) AS n,
        LATERAL (SELECT CASE
+                  WHEN (n / $2) % 100 IN (5, 6) THEN 'scheduled'
                   WHEN (n / $2) % 100 < 7 THEN 'queued'
                   WHEN (n / $2) % 100 < 10 THEN 'claimed'
                   WHEN (n / $2) % 100 < 12 THEN 'dead'
@@ -57,8 +62,9 @@ SELECT $1 || '-' || (n % $2),
 
 # A runtime with a backlog: queued tasks of mixed priority, a few of them delayed.
 HOT = """
-INSERT INTO tasks (runtime_id, priority, payload, run_at, created_at)
-SELECT $1, n % 3 * 50, jsonb_build_object('n', n),
+INSERT INTO tasks (runtime_id, status, priority, payload, run_at, created_at)
+SELECT $1, CASE WHEN n % 50 = 0 THEN 'scheduled' ELSE 'queued' END,
+       n % 3 * 50, jsonb_build_object('n', n),
        CASE WHEN n % 50 = 0 THEN now() + interval '10 minutes' ELSE now() END,
        now() - make_interval(secs => $2 - n)
   FROM generate_series(0, $2 - 1) AS n
@@ -91,6 +97,8 @@ def literal(value: Any) -> str:
     """A SQL literal for the test's own (quote-free) values."""
     if isinstance(value, str):
         return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, int):
+        return str(value)
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return "ARRAY[" + ", ".join(literal(v) for v in value) + "]::text[]"
     if isinstance(value, list):
@@ -99,19 +107,31 @@ def literal(value: Any) -> str:
 
 
 async def explain(
-    conn: asyncpg.Connection, sql: str, types: str, args: tuple[Any, ...], mode: str
+    conn: asyncpg.Connection,
+    sql: str,
+    types: str,
+    args: tuple[Any, ...],
+    mode: str,
+    *,
+    analyze: bool = False,
 ) -> list[dict[str, Any]]:
     """EXPLAIN the statement as a prepared statement runs it, under `plan_cache_mode`
     `mode`: custom plans (the first five executions) or the generic plan Postgres may
-    switch to afterwards (asyncpg prepares and caches every statement)."""
+    switch to afterwards (asyncpg prepares and caches every statement). With `analyze`
+    it runs, inside a savepoint that is rolled back, and the plan carries the rows and
+    buffers each node touched."""
     name = "explain_" + secrets.token_hex(4)
+    options = "ANALYZE, BUFFERS, FORMAT JSON" if analyze else "FORMAT JSON"
     await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
     await conn.execute(f"PREPARE {name}({types}) AS {sql}")
+    savepoint = conn.transaction()
+    await savepoint.start()
     try:
         # EXECUTE takes no bind parameters: the values go in as literals.
         values = ", ".join(literal(arg) for arg in args)
-        raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE {name}({values})")
+        raw = await conn.fetchval(f"EXPLAIN ({options}) EXECUTE {name}({values})")
     finally:
+        await savepoint.rollback()
         await conn.execute(f"DEALLOCATE {name}")
     document = json.loads(raw) if isinstance(raw, str) else raw
     return list(walk(document[0]["Plan"]))
@@ -128,9 +148,12 @@ def task_scans(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [n for n in nodes if n.get("Relation Name") == "tasks" and "Scan" in n["Node Type"]]
 
 
+CLAIM_TYPES = "text, text[], float8[], int"
+
+
 def claim_args(runtime: str) -> tuple[Any, ...]:
     workers = [f"w{i}" for i in range(5)]
-    return (runtime, workers, [60.0, 60.0, 30.0, 120.0, 60.0])
+    return (runtime, workers, [60.0, 60.0, 30.0, 120.0, 60.0], len(workers) + CLAIM_WINDOW)
 
 
 def subtree(node: dict[str, Any]) -> list[dict[str, Any]]:
@@ -150,7 +173,8 @@ async def test_the_data_is_what_the_plans_are_judged_on(
         )
     )
     assert sum(counts.values()) == ROWS + BACKLOG
-    assert counts["queued"] == RUNTIMES * 7 + BACKLOG
+    assert counts["queued"] == RUNTIMES * 5 + BACKLOG - BACKLOG // 50
+    assert counts["scheduled"] == RUNTIMES * 2 + BACKLOG // 50
     assert counts["completed"] > ROWS * 0.8
     runtimes = await conn.fetchval(
         "SELECT count(DISTINCT runtime_id) FROM tasks WHERE runtime_id LIKE $1", filled + "-%"
@@ -163,17 +187,61 @@ async def test_the_data_is_what_the_plans_are_judged_on(
         rows = await conn.fetch(q.CLAIM, *claim_args(f"{filled}-17"))
         assert sorted(r["slot"] for r in rows) == [1, 2, 3, 4, 5]
         assert {r["runtime_id"] for r in rows} == {f"{filled}-17"}
+        # Only when fewer were found does the store use due_in; it is always there.
+        assert all(3500 < r["due_in"] <= 3600 for r in rows)
     finally:
         await savepoint.rollback()
     assert await conn.fetchval(q.NEXT_DUE, f"{filled}-17") is not None
     hot = await conn.fetchval(
-        "SELECT count(*) FROM tasks WHERE runtime_id = $1 AND status = 'queued'", filled + "-hot"
+        "SELECT count(*) FROM tasks WHERE runtime_id = $1 AND status IN ('queued', 'scheduled')",
+        filled + "-hot",
     )
     assert hot == BACKLOG
 
 
 def indexes(nodes: list[dict[str, Any]]) -> set[str]:
     return {n["Index Name"] for n in nodes if "Index Name" in n}
+
+
+def path_to(root: dict[str, Any], target: dict[str, Any]) -> list[str]:
+    """The node types from `root` down to `target`, both included ([] if not below)."""
+    if root is target:
+        return [root["Node Type"]]
+    for child in root.get("Plans", []):
+        below = path_to(child, target)
+        if below:
+            return [root["Node Type"], *below]
+    return []
+
+
+def check_claim_plan(nodes: list[dict[str, Any]], shown: str, *, backlog: bool) -> None:
+    """CLAIM's shape: the candidates come from two index scans seeking on the runtime,
+    each under the window's LIMIT, merged in claim order; a LIMIT of the slots wanted
+    over a nested loop locks them one by one by primary key, so that it stops once
+    enough are held; the leased rows are updated by primary key. Nothing else is read.
+    With a backlog, the claim index is walked in order, with no sort in between."""
+    assert not [n for n in task_scans(nodes) if n["Node Type"] == "Seq Scan"], shown
+    assert indexes(nodes) == {"tasks_claim_idx", "tasks_scheduled_idx", "tasks_pkey"}, shown
+    [merge] = [n for n in nodes if n["Node Type"] == "Merge Append"]
+    sources = {n.get("Index Name"): n for n in subtree(merge) if "Index Name" in n}
+    assert set(sources) == {"tasks_claim_idx", "tasks_scheduled_idx"}, shown
+    for scan in sources.values():
+        assert path_to(merge, scan)[:2] == ["Merge Append", "Limit"], shown
+        assert "runtime_id" in scan.get("Index Cond", ""), shown
+    # Only the due end of the scheduled index: delayed rows are never read. The
+    # other use of the index is NEXT_DUE's probe of the earliest future run_at.
+    scheduled = [n for n in nodes if n.get("Index Name") == "tasks_scheduled_idx"]
+    assert len(scheduled) == 2, shown
+    for scan in scheduled:
+        assert "run_at" in scan.get("Index Cond", ""), shown
+    if backlog:
+        queued = sources["tasks_claim_idx"]
+        assert path_to(merge, queued) == ["Merge Append", "Limit", "Index Scan"], shown
+    [lock] = [n for n in nodes if n["Node Type"] == "LockRows"]
+    assert [n.get("Index Name") for n in task_scans(subtree(lock))] == ["tasks_pkey"], shown
+    limits = [n for n in nodes if n["Node Type"] == "Limit" and path_to(n, lock)]
+    assert limits, f"the lock is not under the LIMIT: {shown}"
+    assert path_to(limits[0], lock) == ["Limit", "Nested Loop", "Subquery Scan", "LockRows"], shown
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -185,35 +253,20 @@ async def test_claim_uses_the_claim_index(
     runtime = f"{filled}-{which}"
     # EXPLAIN without ANALYZE does not run the UPDATE; the fixture's transaction is
     # rolled back in any case.
-    nodes = await explain(conn, q.CLAIM, "text, text[], float8[]", claim_args(runtime), mode)
-    shown = f"{mode}, {which}: {describe(nodes)}"
-    assert not [n for n in task_scans(nodes) if n["Node Type"] == "Seq Scan"], shown
-    assert indexes(nodes) <= {"tasks_claim_idx", "tasks_pkey"}, shown
-    # The candidates come from an ordered scan of the claim index, seeking on the
-    # runtime, under the LIMIT and the row locks, with no sort in between: the scan
-    # stops after LIMIT rows however long the runtime's backlog is.
-    [scan] = [n for n in nodes if n.get("Index Name") == "tasks_claim_idx"] or [None]
-    assert scan is not None, f"CLAIM does not use tasks_claim_idx: {shown}"
-    assert scan["Node Type"] == "Index Scan", shown
-    assert "runtime_id" in scan.get("Index Cond", ""), shown
-    limits = [n for n in nodes if n["Node Type"] == "Limit" and scan in subtree(n)]
-    assert limits, shown
-    between = subtree(limits[0])
-    assert [n["Node Type"] for n in between] == ["Limit", "LockRows", "Index Scan"], shown
-    # The rows to update are found again by primary key.
-    assert "tasks_pkey" in indexes(nodes), shown
+    nodes = await explain(conn, q.CLAIM, CLAIM_TYPES, claim_args(runtime), mode)
+    check_claim_plan(nodes, f"{mode}, {which}: {describe(nodes)}", backlog=which == "hot")
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("which", ["17", "hot"])
-async def test_next_due_uses_the_due_index(
+async def test_next_due_uses_the_scheduled_index(
     conn: asyncpg.Connection, filled: str, mode: str, which: str
 ) -> None:
     nodes = await explain(conn, q.NEXT_DUE, "text", (f"{filled}-{which}",), mode)
     shown = f"{mode}, {which}: {describe(nodes)}"
     assert not [n for n in task_scans(nodes) if n["Node Type"] == "Seq Scan"], shown
-    assert indexes(nodes) == {"tasks_due_idx"}, f"NEXT_DUE misses tasks_due_idx: {shown}"
-    [scan] = [n for n in nodes if n.get("Index Name") == "tasks_due_idx"]
+    assert indexes(nodes) == {"tasks_scheduled_idx"}, f"NEXT_DUE misses its index: {shown}"
+    [scan] = [n for n in nodes if n.get("Index Name") == "tasks_scheduled_idx"]
     assert "runtime_id" in scan.get("Index Cond", ""), shown
     assert "run_at" in scan.get("Index Cond", ""), shown
 
@@ -255,6 +308,134 @@ async def test_listing_walks_the_runtime_index(conn: asyncpg.Connection, filled:
         wanted = (
             {"tasks_runtime_created_idx"}
             if status is None
-            else {"tasks_runtime_created_idx", "tasks_due_idx", "tasks_claim_idx"}
+            else {"tasks_runtime_created_idx", "tasks_scheduled_idx", "tasks_claim_idx"}
         )
         assert indexes(nodes) & wanted, shown
+
+
+# -- delayed tasks ahead of due ones ---------------------------------------------------
+
+DELAYED = 300_000
+DUE = 20
+
+# The runtime's delayed tasks, all of a higher priority than its due ones, stored as
+# `status` ($3) says; then its due tasks, queued.
+FILL_DELAYED = """
+INSERT INTO tasks (runtime_id, status, priority, payload, run_at, created_at)
+SELECT $1, $3, 900, '{}'::jsonb, now() + make_interval(secs => 60 + n),
+       now() - make_interval(secs => $2 - n)
+  FROM generate_series(1, $2) AS n
+"""
+FILL_DUE = """
+INSERT INTO tasks (runtime_id, priority, payload, run_at, created_at)
+SELECT $1, 10, '{}'::jsonb, now() - interval '1 second', now() + make_interval(secs => n)
+  FROM generate_series(1, $2) AS n
+"""
+
+# The claim before delayed tasks had a status of their own: one scan of the claim
+# index, whose first DELAYED entries are the delayed tasks. The control below shows
+# that the bounds of the test catch that walk.
+OLD_CLAIM = """
+WITH picked AS (
+    SELECT id, priority, created_at FROM tasks
+     WHERE runtime_id = $1 AND status = 'queued' AND run_at <= now()
+       AND (expires_at IS NULL OR expires_at > now())
+     ORDER BY priority DESC, created_at ASC
+     LIMIT cardinality($2::text[])
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE tasks t SET status = 'claimed', attempts = t.attempts + 1,
+       lease_id = gen_random_uuid(), lease_expires_at = now() + interval '1 minute'
+  FROM picked WHERE t.id = picked.id
+RETURNING t.id
+"""
+
+# What one claim of five tasks may touch: a few dozen rows and pages (the plan reads
+# five due rows, locks them by primary key, updates them, and probes NEXT_DUE). The
+# old claim read all DELAYED delayed rows' index entries and heap tuples.
+MAX_ROWS_READ = 100
+MAX_BUFFERS = 300
+
+
+def rows_read(nodes: list[dict[str, Any]]) -> int:
+    """Rows the task scans returned or filtered out, over all their loops."""
+    return sum(
+        (n.get("Actual Rows", 0) + n.get("Rows Removed by Filter", 0)) * n.get("Actual Loops", 1)
+        for n in task_scans(nodes)
+    )
+
+
+def buffers(plan_root: dict[str, Any]) -> int:
+    return int(plan_root.get("Shared Hit Blocks", 0) + plan_root.get("Shared Read Blocks", 0))
+
+
+@pytest.fixture
+async def delayed(conn: asyncpg.Connection) -> AsyncIterator[str]:
+    """One runtime with DELAYED delayed tasks of priority 900 stored `scheduled`, and
+    DUE due tasks of priority 10; in a transaction rolled back afterwards."""
+    runtime = "delayed-" + secrets.token_hex(4)
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        await conn.execute(FILL_DELAYED, runtime, DELAYED, "scheduled")
+        await conn.execute(FILL_DUE, runtime, DUE)
+        await conn.execute("ANALYZE tasks")
+        yield runtime
+    finally:
+        await tx.rollback()
+
+
+async def test_claim_and_next_due_do_not_walk_delayed_tasks(
+    conn: asyncpg.Connection, delayed: str
+) -> None:
+    """With 300,000 delayed tasks of a higher priority ahead of the due ones, a claim
+    and its due-time probe touch a few dozen rows and pages, not the delayed ones;
+    under custom and generic plans (one fill for both: it is the slow part)."""
+    for mode in MODES:
+        nodes = await explain(conn, q.CLAIM, CLAIM_TYPES, claim_args(delayed), mode, analyze=True)
+        shown = f"{mode}: {describe(nodes)}"
+        [update] = [n for n in nodes if n["Node Type"] == "ModifyTable"]
+        assert update["Actual Rows"] == 5, f"the claim leased {update['Actual Rows']}: {shown}"
+        assert rows_read(nodes) <= MAX_ROWS_READ, (rows_read(nodes), shown)
+        assert buffers(nodes[0]) <= MAX_BUFFERS, (buffers(nodes[0]), shown)
+
+        nodes = await explain(conn, q.NEXT_DUE, "text", (delayed,), mode, analyze=True)
+        assert rows_read(nodes) <= 2, describe(nodes)
+        assert buffers(nodes[0]) <= 10, describe(nodes)
+
+        # The janitor's promotion probes each runtime with scheduled tasks for due ones
+        # (other tests' runtimes too): it does not walk the delayed ones either.
+        nodes = await explain(conn, q.PROMOTE_SCHEDULED, "int", (1000,), mode, analyze=True)
+        shown = f"{mode}: {describe(nodes)}"
+        assert not [n for n in task_scans(nodes) if n["Node Type"] == "Seq Scan"], shown
+        waiting = await conn.fetchval(
+            "SELECT count(DISTINCT runtime_id) FROM tasks WHERE status = 'scheduled'"
+        )
+        [promote] = [n for n in nodes if n["Node Type"] == "ModifyTable"]
+        assert rows_read(nodes) <= 4 * waiting + 3 * promote["Actual Rows"] + 10, (
+            rows_read(nodes),
+            shown,
+        )
+
+
+async def test_the_bounds_catch_the_old_claims_walk(conn: asyncpg.Connection) -> None:
+    """Control: the claim as it was, on delayed tasks stored `queued`, breaks both
+    bounds (so the test above would fail on it). A third of the delayed tasks is
+    enough to show it, in a third of the time."""
+    runtime = "delayed-old-" + secrets.token_hex(4)
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        await conn.execute(FILL_DELAYED, runtime, DELAYED // 3, "queued")
+        await conn.execute(FILL_DUE, runtime, DUE)
+        await conn.execute("ANALYZE tasks")
+        nodes = await explain(
+            conn, OLD_CLAIM, "text, text[]", claim_args(runtime)[:2], MODES[0], analyze=True
+        )
+    finally:
+        await tx.rollback()
+    shown = describe(nodes)
+    [update] = [n for n in nodes if n["Node Type"] == "ModifyTable"]
+    assert update["Actual Rows"] == 5, shown
+    assert rows_read(nodes) > DELAYED // 3, (rows_read(nodes), shown)
+    assert buffers(nodes[0]) > 10 * MAX_BUFFERS, (buffers(nodes[0]), shown)

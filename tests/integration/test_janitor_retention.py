@@ -193,7 +193,7 @@ async def test_retention_deletes_exactly_the_old_finished_rows(
         assert {names[i]: s for i, s in left.items()} == {
             "completed_10min": "completed",
             "dead_90min": "dead",
-            "queued_old": "queued",
+            "queued_old": "scheduled",  # a delayed task: stored so, shown as queued
             "claimed_old": "claimed",
         }
         assert (await gw.gateway.janitor.run_once()).purged == 0

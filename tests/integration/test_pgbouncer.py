@@ -272,6 +272,49 @@ async def test_the_statement_timeout_stops_statements_on_the_server(
         await store.close()
 
 
+@pytest.mark.parametrize("through", ["direct", "pgbouncer"])
+async def test_a_slow_claim_is_stopped_on_the_server(
+    database_url: str,
+    pgbouncer: PgBouncer,
+    through: str,
+    runtime_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The claim is one statement without an explicit transaction, so no SET LOCAL
+    bounds it: the driver's timeout (the statement timeout setting, here 300 ms) does,
+    and its cancel request, forwarded by PgBouncer, stops the statement on the server.
+    The statement is made slow on purpose (a 5 s sleep inside it)."""
+    from gateway import queries
+
+    marker = "slow_claim_" + secrets.token_hex(4)
+    slow = queries.CLAIM.replace(
+        queries.NEXT_DUE,
+        queries.NEXT_DUE.replace("FROM tasks", f"FROM pg_sleep(5) AS {marker}, tasks", 1),
+        1,
+    )
+    assert marker in slow
+    monkeypatch.setattr(queries, "CLAIM", slow)
+    url = database_url if through == "direct" else pgbouncer.url(database_url)
+    store = Store(
+        url, Metrics(), min_size=1, max_size=2, statement_timeout_ms=300, statement_cache_size=0
+    )
+    await store.open()
+    try:
+        with pytest.raises(StoreUnavailable) as info:
+            await store.claim(runtime_id, ["w"], [60.0])
+        assert isinstance(info.value.__cause__, TimeoutError), repr(info.value.__cause__)
+        for _ in range(40):
+            if await _active(database_url, marker) == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert await _active(database_url, marker) == 0, "the timed-out claim still runs"
+        # The pool's connection is usable again, and nothing was leased.
+        monkeypatch.undo()
+        assert await store.claim(runtime_id, ["w"], [60.0]) == ([], None)
+    finally:
+        await store.close()
+
+
 @pytest.mark.parametrize("cache_size", [100, 0])
 async def test_which_prepared_statements_survive_transaction_pooling(
     database_url: str, pgbouncer: PgBouncer, cache_size: int, caplog: pytest.LogCaptureFixture

@@ -1,0 +1,134 @@
+"""The claim is one statement in one round trip (no BEGIN, no COMMIT), and every row it
+locks it leases. Rows other claims hold count against its candidate window; when they
+fill it, it runs again, wider, for the slots left, and if they still fill it, the poll
+is told to look again soon rather than trust an empty verdict.
+
+Runs on the session's shared database, on runtime ids of its own, removed after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from gateway import queries as q
+from gateway import store as store_module
+from gateway.metrics import Metrics
+from gateway.store import CLAIM_WINDOW, CONTENDED_RECHECK_SECONDS, Store
+
+pytestmark = pytest.mark.integration
+
+# Priority 90 rows first, then priority 10 rows, each FIFO by created_at.
+FILL = """
+INSERT INTO tasks (runtime_id, status, priority, payload, run_at, created_at)
+SELECT $1, $4, $3, jsonb_build_object('n', n), now() + make_interval(secs => $5::float8),
+       now() - interval '1 hour' + make_interval(secs => n)
+  FROM generate_series(1, $2) AS n
+"""
+# The first $2 of the runtime's due tasks in claim order, locked by another client.
+HOLD = """
+SELECT id FROM tasks
+ WHERE runtime_id = $1 AND status = 'queued'
+ ORDER BY priority DESC, created_at
+ LIMIT $2
+   FOR UPDATE
+"""
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[Store]:
+    # One connection, so that the query logger sees every statement a claim sends.
+    s = Store(database_url, Metrics(), min_size=1, max_size=1)
+    await s.open()
+    yield s
+    await s.close()
+
+
+@pytest.fixture
+async def other(database_url: str, runtime_id: str) -> AsyncIterator[asyncpg.Connection]:
+    """Another client; removes the runtime's rows afterwards."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        yield conn
+    finally:
+        await conn.execute("DELETE FROM tasks WHERE runtime_id = $1", runtime_id)
+        await conn.close()
+
+
+async def statements_of(store: Store, runtime_id: str) -> list[str]:
+    """The statements the store's one connection sends from now on. A first claim (on
+    a runtime with no tasks) lets the driver look up its types beforehand."""
+    seen: list[str] = []
+
+    async def log_queries(conn: asyncpg.Connection) -> None:
+        conn.add_query_logger(lambda record: seen.append(record.query))
+
+    await store.claim(runtime_id + "-warm-up", ["w"], [1.0])
+    await store.run(log_queries)
+    return seen
+
+
+async def test_a_claim_is_one_statement_and_reports_the_next_due_time(
+    store: Store, other: asyncpg.Connection, runtime_id: str
+) -> None:
+    await other.execute(FILL, runtime_id, 2, 50, "queued", -1.0)
+    await other.execute(FILL, runtime_id, 1, 50, "scheduled", 100.0)
+    seen = await statements_of(store, runtime_id)
+
+    rows, due_in = await store.claim(runtime_id, ["a", "b"], [30.0, 30.0])
+    assert [r.slot for r in rows] == [1, 2] and due_in is None
+    assert seen == [q.CLAIM]
+
+    # Fewer than wanted: the due time of the scheduled task comes with the answer.
+    seen.clear()
+    rows, due_in = await store.claim(runtime_id, ["a"], [30.0])
+    assert rows == []
+    assert due_in is not None and 90 < due_in <= 100
+    assert seen == [q.CLAIM], "the empty claim took more than one statement"
+
+
+async def test_rows_other_claims_hold_beyond_the_window_are_still_reached(
+    store: Store, other: asyncpg.Connection, runtime_id: str
+) -> None:
+    """Another client holds more of the best rows than one window offers: the claim
+    runs again, wider, and leases the next free ones, in order."""
+    held_count = 1 + CLAIM_WINDOW + 10
+    await other.execute(FILL, runtime_id, held_count, 90, "queued", -1.0)
+    await other.execute(FILL, runtime_id, 3, 10, "queued", -1.0)
+    free = [
+        r["id"]
+        for r in await other.fetch(
+            "SELECT id FROM tasks WHERE runtime_id = $1 AND priority = 10 ORDER BY created_at",
+            runtime_id,
+        )
+    ]
+    seen = await statements_of(store, runtime_id)
+    async with other.transaction():
+        held = await other.fetch(HOLD, runtime_id, held_count)
+        assert len(held) == held_count
+        rows, due_in = await store.claim(runtime_id, ["a", "b", "c"], [30.0] * 3)
+    assert [r.task.id for r in rows] == free
+    assert [r.slot for r in rows] == [1, 2, 3]
+    assert due_in is None
+    assert seen == [q.CLAIM, q.CLAIM], "the wider second round did not run"
+
+
+async def test_when_held_rows_fill_every_round_the_poll_looks_again_soon(
+    store: Store, other: asyncpg.Connection, runtime_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one round only (so that the test needs few rows): the free row behind the
+    held ones is not reached, and the answer says to look again soon instead of
+    letting an empty verdict stand over it for its whole life."""
+    monkeypatch.setattr(store_module, "CLAIM_ROUNDS", 1)
+    held_count = 1 + CLAIM_WINDOW + 10
+    await other.execute(FILL, runtime_id, held_count + 1, 90, "queued", -1.0)
+    async with other.transaction():
+        await other.fetch(HOLD, runtime_id, held_count)
+        rows, due_in = await store.claim(runtime_id, ["a"], [30.0])
+    assert rows == []
+    assert due_in == CONTENDED_RECHECK_SECONDS
+    # Once the other client lets go, the same claim leases the first row.
+    rows, due_in = await store.claim(runtime_id, ["a"], [30.0])
+    assert len(rows) == 1 and due_in is None

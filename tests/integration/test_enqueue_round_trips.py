@@ -1,0 +1,86 @@
+"""Statements an enqueue sends. A single enqueue is one statement; a batch without
+idempotency keys is one statement too (nothing can conflict, so the statement alone is
+all or nothing); a batch with keys runs in a transaction, so that an item refused for a
+reused key undoes the items inserted with it.
+
+Runs on the session's shared database, on runtime ids of its own, removed after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from gateway import queries as q
+from gateway.errors import IdempotencyKeyReused
+from gateway.metrics import Metrics
+from gateway.models import EnqueueRequest, parse_enqueue
+from gateway.store import Store
+from tests.support.databases import execute, fetch
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def store(database_url: str, runtime_id: str) -> AsyncIterator[Store]:
+    # One connection, so that the query logger sees every statement sent.
+    s = Store(database_url, Metrics(), min_size=1, max_size=1)
+    await s.open()
+    yield s
+    await s.close()
+    await execute(database_url, "DELETE FROM tasks WHERE runtime_id LIKE $1", runtime_id + "%")
+
+
+def item(payload: Any, **fields: Any) -> EnqueueRequest:
+    return parse_enqueue({"payload": payload, **fields}, None, 1_000_000)
+
+
+async def statements_of(store: Store, runtime_id: str) -> list[str]:
+    """What the store's connection sends from now on (after a first batch, on another
+    runtime, has let the driver look up its types)."""
+    seen: list[str] = []
+
+    async def log_queries(conn: asyncpg.Connection) -> None:
+        conn.add_query_logger(lambda record: seen.append(record.query))
+
+    await store.enqueue_batch(runtime_id + "-warm-up", [item(0)])
+    await store.run(log_queries)
+    return seen
+
+
+async def test_single_and_keyless_batch_enqueues_are_one_statement(
+    store: Store, runtime_id: str
+) -> None:
+    seen = await statements_of(store, runtime_id)
+    await store.enqueue(runtime_id, item("one"))
+    assert seen == [q.ENQUEUE]
+    seen.clear()
+    rows, replayed = await store.enqueue_batch(
+        runtime_id, [item(1), item(2, delay_seconds=60), item(3, priority=90)]
+    )
+    assert seen == [q.ENQUEUE_BATCH]
+    assert [r.priority for r in rows] == [50, 50, 90], "not in request order"
+    assert [r.status for r in rows] == ["queued"] * 3 and replayed is False
+    stored = await store.run(
+        lambda c: c.fetch(
+            "SELECT status FROM tasks WHERE runtime_id = $1 ORDER BY created_at", runtime_id
+        )
+    )
+    assert [r["status"] for r in stored] == ["queued", "queued", "scheduled", "queued"]
+
+
+async def test_a_batch_with_keys_is_all_or_nothing(
+    store: Store, runtime_id: str, database_url: str
+) -> None:
+    seen = await statements_of(store, runtime_id)
+    await store.enqueue_batch(runtime_id, [item(1, idempotency_key="k1")])
+    assert seen[0].startswith("BEGIN; SET LOCAL statement_timeout") and seen[-1] == "COMMIT"
+    with pytest.raises(IdempotencyKeyReused):
+        await store.enqueue_batch(
+            runtime_id, [item("new"), item("other", idempotency_key="k1"), item("last")]
+        )
+    rows = await fetch(database_url, "SELECT payload FROM tasks WHERE runtime_id = $1", runtime_id)
+    assert len(rows) == 1, "a refused batch left rows behind"
