@@ -13,6 +13,8 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway import queries
+from gateway.auth import glob_match
 from tests.e2e.credentials_support import make_token, rows, unique
 from tests.e2e.lifecycle_support import (
     RANDOM_LEASE,
@@ -344,3 +346,31 @@ async def test_a_failed_task_queued_again_wakes_a_parked_poll_once_per_runtime(g
     woken = await poll
     assert woken and woken[0]["id"] in {t["id"] for t in held[:2]}
     assert sample(gw, "gateway_version_bumps_total", outcome="ok") == bumps + 2
+
+
+# -- the runtime check in SQL ------------------------------------------------------------
+
+GLOB_CASES = [
+    ("ci-*", "ci-linux"),
+    ("ci-*", "cd-linux"),
+    ("ci_a", "ci_a"),
+    ("ci_a", "cixa"),  # _ is a plain character, not LIKE's any-one
+    ("a*b*c", "axxbyyc"),
+    ("a*b*c", "acb"),
+    ("*", "anything.at:all"),
+    ("x.y", "x.y"),
+    ("x.y", "xzy"),
+    ("**a", "a"),
+    ("Ci-*", "ci-linux"),  # case matters
+]
+
+
+async def test_the_statements_runtime_check_matches_the_tokens_glob(gw):
+    """queries.RUNTIME_COVERED decides in SQL what auth.glob_match decides for a task
+    path: for a batch, it is the only check between a token and another's tasks."""
+    covered = queries.RUNTIME_COVERED.format(patterns="$1", runtime="$2::text")
+    for pattern, runtime in GLOB_CASES:
+        [row] = await rows(gw, f"SELECT {covered} AS covered", [pattern], runtime)
+        assert row["covered"] is glob_match(pattern, runtime), (pattern, runtime)
+    [row] = await rows(gw, f"SELECT {covered} AS covered", None, "any")
+    assert row["covered"] is True  # a token for every runtime
