@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gateway_client import Beat, Completion, ItemOutcome, LeaseLost, Task
+from gateway_client import Beat, Completion, ItemOutcome, LeaseLost, NotFound, Task
 
 _ids = itertools.count(1)
 
@@ -44,6 +44,8 @@ class FakeGateway:
     lost: set[str] = field(default_factory=set)
     leases: dict[str, str] = field(default_factory=dict)
     complete_many_errors: list[Exception] = field(default_factory=list)
+    # An older gateway: the batch calls' path is unknown (404 for the whole request).
+    no_batch_calls: bool = False
 
     def add(self, *payloads: Any) -> list[Task]:
         tasks = [make_task(p) for p in payloads]
@@ -126,6 +128,8 @@ class FakeGateway:
 
     async def complete_many(self, items: list[Completion]) -> list[ItemOutcome]:
         self._record("complete_many", task_ids=[i.task_id for i in items])
+        if self.no_batch_calls:
+            raise NotFound("POST /v1/tasks:complete: Not Found", status=404)
         if self.complete_many_errors:
             raise self.complete_many_errors.pop(0)
         out = []
@@ -140,6 +144,8 @@ class FakeGateway:
 
     async def heartbeat_many(self, items: list[Beat]) -> list[ItemOutcome]:
         self._record("heartbeat_many", task_ids=[i.task_id for i in items])
+        if self.no_batch_calls:
+            raise NotFound("POST /v1/tasks:heartbeat: Not Found", status=404)
         if self.heartbeat_errors:
             raise self.heartbeat_errors.pop(0)
         out = []

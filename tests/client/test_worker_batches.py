@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from gateway_client import Outcome, Task, TransportError
 from tests.client.fake import FakeGateway
 from tests.client.test_worker import run_until, worker
@@ -160,3 +162,30 @@ async def test_failures_and_a_single_completion_use_the_single_calls():
     assert not fake.named("complete_many")
     assert len(fake.named("complete")) == 1 and len(fake.named("fail")) == 1
     assert w.outcomes == {Outcome.COMPLETED: 1, Outcome.FAILED: 1}
+
+
+@pytest.mark.parametrize("first", ["heartbeat", "complete"])
+async def test_a_gateway_without_batch_calls_gets_single_calls(first: str):
+    """Whichever batch call finds out first (a heartbeat with a 1 s lease, a completion
+    with a 60 s one), the loop goes on with single calls and loses nothing."""
+    fake = FakeGateway(no_batch_calls=True)
+    fake.add(*range(6))
+    gate = asyncio.Event()
+
+    async def handler(task: Task) -> Any:
+        await gate.wait()
+        return task.payload
+
+    lease = 1 if first == "heartbeat" else 60
+    w = worker(fake, handler, concurrency=3, max_tasks_per_poll=3, lease_seconds=lease)
+    job = asyncio.create_task(run_until(w, lambda: sum(w.outcomes.values()) == 6))
+    while w.running < 3:
+        await asyncio.sleep(0.01)
+    if first == "heartbeat":
+        while not fake.named("heartbeat"):  # refused as a batch, then sent singly
+            await asyncio.sleep(0.01)
+    gate.set()
+    await job
+    assert [c.name for c in fake.calls if c.name.endswith("_many")] == [f"{first}_many"]
+    assert sorted(c.args["result"] for c in fake.named("complete")) == list(range(6))
+    assert w.outcomes == {Outcome.COMPLETED: 6}

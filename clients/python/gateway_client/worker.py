@@ -13,7 +13,8 @@ heartbeat each lease, and report each outcome.
 - With `concurrency` > 1, completions are gathered and sent together
   (`complete_many`): as soon as no other handler is still running, else after
   `complete_window_seconds`, a fraction of a lease that a heartbeat renewed at most a
-  third of a lease ago, so that no completion waits past its lease.
+  third of a lease ago, so that no completion waits past its lease. A gateway without
+  the batch endpoints (404 or 405 for the whole request) gets single calls instead.
 - Errors and network failures back off with full jitter, at least as long as a
   `Retry-After` says; the loop never spins.
 - `stop()` (SIGTERM, SIGINT) stops claiming at once and lets running handlers finish
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .backoff import Backoff
-from .errors import GatewayError, LeaseLost, NotFound
+from .errors import GatewayError, LeaseLost, MethodNotAllowed, NotFound
 from .failure import TaskFailed, format_error
 from .models import Beat, Completion, ItemOutcome, Task
 
@@ -181,6 +182,7 @@ class Worker:
         self._batching = self.options.concurrency > 1
         self._completions: list[_Completion] = []
         self._handler_done = asyncio.Event()  # a handler finished, or a completion waits
+        self._batch_calls = True  # until a gateway without the batch endpoints says so
 
     @property
     def running(self) -> int:
@@ -435,8 +437,14 @@ class Worker:
                 continue
             beats = [Beat(r.task.id, r.task.lease_id or "", lease) for r in runs]
             try:
-                answers = await self.transport.heartbeat_many(beats)
+                if self._batch_calls:
+                    answers = await self.transport.heartbeat_many(beats)
+                else:
+                    answers = await self._heartbeat_each(beats)
             except Exception as exc:
+                if self._no_batch_calls(exc):
+                    delay = 0
+                    continue
                 delay = backoff.next_delay(getattr(exc, "retry_after_seconds", None))
                 log.warning(
                     "runtime=%s heartbeat of %d lease(s) failed (%s)",
@@ -452,6 +460,35 @@ class Worker:
                     self._interrupt(run, Interrupt.LEASE_LOST)
                 elif answer.cancel_requested:
                     self._interrupt(run, Interrupt.CANCEL_REQUESTED)
+
+    async def _heartbeat_each(self, beats: list[Beat]) -> list[ItemOutcome]:
+        """heartbeat_many's answers, from one single heartbeat per lease."""
+        out = []
+        for beat in beats:
+            try:
+                task = await self.transport.heartbeat(
+                    beat.task_id, beat.lease_id, beat.lease_seconds
+                )
+            except (LeaseLost, NotFound) as exc:
+                out.append(ItemOutcome(beat.task_id, exc.code, problem=dict(exc.problem)))
+                continue
+            out.append(
+                ItemOutcome(beat.task_id, "extended", cancel_requested=task.cancel_requested)
+            )
+        return out
+
+    def _no_batch_calls(self, exc: BaseException) -> bool:
+        """True the first time a batch call shows the gateway lacks it (an older one
+        answers the whole request 404 or 405): the loop then makes single calls."""
+        if not (self._batch_calls and isinstance(exc, NotFound | MethodNotAllowed)):
+            return False
+        log.warning(
+            "runtime=%s the gateway has no batch calls (%s); using one call per task",
+            self.runtime,
+            _describe(exc),
+        )
+        self._batch_calls = False
+        return True
 
     def _window(self) -> float:
         """How long a completion may wait for company. A lease was last extended at
@@ -499,8 +536,8 @@ class Worker:
     async def _complete_batch(self, batch: list[_Completion]) -> list[tuple[Outcome, str]]:
         """One request for the batch (a single complete for one item), retrying
         transient errors for a while, as _report does for one task."""
-        if len(batch) == 1:
-            return [await self._report_single(batch[0].run)]
+        if len(batch) == 1 or not self._batch_calls:
+            return await self._report_each(batch)
         items = [Completion(w.run.task.id, w.run.task.lease_id or "", w.result) for w in batch]
         backoff = Backoff(base_seconds=0.2, cap_seconds=5.0)
         deadline = time.monotonic() + REPORT_RETRY_SECONDS
@@ -508,6 +545,8 @@ class Worker:
             try:
                 answers = await self.transport.complete_many(items)
             except GatewayError as exc:
+                if self._no_batch_calls(exc):
+                    return await self._report_each(batch)
                 if not exc.retryable or time.monotonic() > deadline or self._forced.is_set():
                     log.error(
                         "runtime=%s %d completion(s) not reported: %s",
@@ -524,6 +563,9 @@ class Worker:
                 (Outcome.LEASE_LOST, "-") if a.refused else (Outcome.COMPLETED, a.outcome)
                 for a in answers
             ]
+
+    async def _report_each(self, batch: list[_Completion]) -> list[tuple[Outcome, str]]:
+        return list(await asyncio.gather(*(self._report_single(w.run) for w in batch)))
 
     async def _report_single(self, run: _Running) -> tuple[Outcome, str]:
         """_report's single call (complete, fail or release), retried for a while."""
