@@ -191,3 +191,46 @@ LIST_QUERY = Body(
         Field("cursor", Kind.STRING, "The next_cursor of the previous page."),
     ),
 )
+
+# -- batch lease operations (gateway/batch.py) --
+
+MAX_LEASE_BATCH = 1000
+TASK_ID = Field(
+    "id",
+    Kind.UUID,
+    "The task's id.",
+    required=True,
+    max_length=64,
+    hint="the id of a task",
+)
+
+
+def _lease_batch(name: str, description: str, item: Body) -> Body:
+    """A batch body: `tasks`, each item the single operation's body plus the task's id."""
+    return Body(
+        name,
+        description,
+        (
+            Field(
+                "tasks",
+                Kind.ARRAY,
+                "One item per task, each task at most once; answered in this order.",
+                required=True,
+                min_items=1,
+                max_items=MAX_LEASE_BATCH,
+                items=Body(item.name + "Item", item.description, (TASK_ID, *item.fields)),
+                hint="tasks",
+            ),
+        ),
+    )
+
+
+COMPLETE_MANY_BODY = _lease_batch(
+    "CompleteManyRequest", "Reports several tasks done, each as a single complete.", COMPLETE_BODY
+)
+FAIL_MANY_BODY = _lease_batch(
+    "FailManyRequest", "Reports several tasks failed, each as a single fail.", FAIL_BODY
+)
+HEARTBEAT_MANY_BODY = _lease_batch(
+    "HeartbeatManyRequest", "Extends several leases, each as a single heartbeat.", HEARTBEAT_BODY
+)

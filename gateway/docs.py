@@ -190,6 +190,85 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     },
 }
 
+# Batch lease operations (gateway/batch.py): one result per item, in request order.
+_ITEM_PROBLEMS = ["lease_lost", "not_found"]
+
+
+def _batch_results(description: str, outcomes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """`{"results": [...]}` whose items carry an outcome from `outcomes` (outcome ->
+    the properties it adds, all required) or, for a refused item, its problem."""
+    extra: dict[str, Any] = {}
+    rules: list[dict[str, Any]] = [
+        {
+            "if": {"properties": {"outcome": {"enum": _ITEM_PROBLEMS}}},
+            "then": {"required": ["problem"]},
+            "else": {"not": {"required": ["problem"]}},
+        }
+    ]
+    for outcome, properties in outcomes.items():
+        extra.update(properties)
+        if properties:
+            rules.append(
+                {
+                    "if": {"properties": {"outcome": {"const": outcome}}},
+                    "then": {"required": list(properties)},
+                    "else": {"not": {"anyOf": [{"required": [name]} for name in properties]}},
+                }
+            )
+    item = {
+        "type": "object",
+        "required": ["id", "outcome"],
+        "properties": {
+            "id": _UUID,
+            "outcome": {"enum": [*outcomes, *_ITEM_PROBLEMS]},
+            "problem": {
+                "$ref": "#/components/schemas/Problem",
+                "description": "What the single operation would have answered for this task.",
+            },
+            **extra,
+        },
+        "additionalProperties": False,
+        "allOf": rules,
+    }
+    return {
+        "type": "object",
+        "description": description,
+        "required": ["results"],
+        "properties": {"results": {"type": "array", "items": item}},
+        "additionalProperties": False,
+    }
+
+
+SCHEMAS.update(
+    {
+        "CompleteManyResults": _batch_results(
+            "One result per item, in request order. `completed`; `cancelled` when a cancel "
+            "was requested while the task was held.",
+            {"completed": {}, "cancelled": {}},
+        ),
+        "FailManyResults": _batch_results(
+            "One result per item, in request order. `queued`: it runs again at `run_at`; "
+            "`dead`: no retry (attempts used up, or retry false); `cancelled`: a cancel "
+            "was requested while it was held.",
+            {
+                "queued": {"run_at": {**_TIME, "description": "When it is claimable again."}},
+                "dead": {},
+                "cancelled": {},
+            },
+        ),
+        "HeartbeatManyResults": _batch_results(
+            "One result per item, in request order. `extended`: the lease now runs out at "
+            "`lease_expires_at`; `cancel_requested` says whether to stop.",
+            {
+                "extended": {
+                    "lease_expires_at": _TIME,
+                    "cancel_requested": {"type": "boolean"},
+                }
+            },
+        ),
+    }
+)
+
 # -- operations ---------------------------------------------------------------------------
 
 TASK = "Task"
@@ -319,4 +398,37 @@ OPENAPI = Doc(
     "openapi",
     "This document",
     (Reply(200, "OpenAPI 3.1.", {"type": "object"}),),
+)
+
+# -- batch lease operations (gateway/batch.py) --
+_BATCH = (
+    "Each item is what the single operation does with its task; one item's problem "
+    "(`lease_lost`, `not_found`: the problem the single operation answers, in the item) "
+    "never undoes another's success. A task of a runtime the token does not cover is "
+    "`not_found`. A request with no items, more than 1000, a malformed item or a task "
+    "named twice is `422` naming `tasks[i]` (`field` and `index`), and nothing is stored."
+)
+COMPLETE_MANY = Doc(
+    "completeTasks",
+    "Report several tasks done",
+    (Reply(200, "One result per item, in request order.", "CompleteManyResults"),),
+    _BATCH + " Repeating an item with the same lease answers `completed` again.",
+    tag="daemons",
+    body=bodies.COMPLETE_MANY_BODY,
+)
+FAIL_MANY = Doc(
+    "failTasks",
+    "Report several tasks failed",
+    (Reply(200, "One result per item, in request order.", "FailManyResults"),),
+    _BATCH + " Tasks queued again wake waiting daemons of their runtimes.",
+    tag="daemons",
+    body=bodies.FAIL_MANY_BODY,
+)
+HEARTBEAT_MANY = Doc(
+    "heartbeatTasks",
+    "Extend several leases",
+    (Reply(200, "One result per item, in request order.", "HeartbeatManyResults"),),
+    _BATCH,
+    tag="daemons",
+    body=bodies.HEARTBEAT_MANY_BODY,
 )

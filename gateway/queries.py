@@ -160,31 +160,38 @@ UPDATE tasks
 RETURNING {TASK_COLUMNS}
 """
 
+# The fail transition's SET list, shared by FAIL and BATCH_FAIL so that a change to it
+# carries to both. {retry}: whether the holder asks for a retry (boolean);
+# {retry_after}: seconds before it, NULL for the backoff. Its column names are the
+# task's, unqualified: a statement using it names its other columns apart.
 # Backoff: retry_after_seconds when given, else min(2^attempts, 3600) s with
 # jitter in [50%, 100%]. `dead` once attempts reached max_attempts or retry=false.
 # A retry with any backoff is not due yet: `scheduled` (the default backoff is at
 # least a second); only retry_after_seconds = 0 queues it for at once.
-FAIL = f"""
-UPDATE tasks
-   SET status = CASE
+FAIL_TRANSITION = """
+       status = CASE
            WHEN cancel_requested THEN 'cancelled'
-           WHEN $4 AND attempts < max_attempts
-           THEN CASE WHEN COALESCE($5::float8, 1) > 0 THEN 'scheduled' ELSE 'queued' END
+           WHEN {retry} AND attempts < max_attempts
+           THEN CASE WHEN COALESCE({retry_after}::float8, 1) > 0 THEN 'scheduled' ELSE 'queued' END
            ELSE 'dead' END,
        run_at = CASE
-           WHEN $4 AND attempts < max_attempts AND NOT cancel_requested
+           WHEN {retry} AND attempts < max_attempts AND NOT cancel_requested
            THEN clock_timestamp() + make_interval(secs => COALESCE(
-                    $5::float8,
+                    {retry_after}::float8,
                     least(power(2, attempts), 3600) * (0.5 + random() * 0.5)))
            ELSE run_at END,
-       lease_id = CASE WHEN $4 AND attempts < max_attempts AND NOT cancel_requested
+       lease_id = CASE WHEN {retry} AND attempts < max_attempts AND NOT cancel_requested
                        THEN NULL ELSE lease_id END,
-       worker_id = CASE WHEN $4 AND attempts < max_attempts AND NOT cancel_requested
+       worker_id = CASE WHEN {retry} AND attempts < max_attempts AND NOT cancel_requested
                         THEN NULL ELSE worker_id END,
        lease_expires_at = NULL,
+       finished_at = CASE WHEN {retry} AND attempts < max_attempts AND NOT cancel_requested
+                          THEN NULL ELSE clock_timestamp() END,"""
+
+FAIL = f"""
+UPDATE tasks
+   SET {FAIL_TRANSITION.format(retry="$4", retry_after="$5")}
        last_error = $3,
-       finished_at = CASE WHEN $4 AND attempts < max_attempts AND NOT cancel_requested
-                          THEN NULL ELSE clock_timestamp() END,
        updated_at = clock_timestamp()
  WHERE id = $1 AND lease_id = $2 AND status = 'claimed'
 RETURNING {TASK_COLUMNS}
@@ -319,6 +326,93 @@ SELECT extract(epoch FROM clock_timestamp() - min(created_at))::float8
  WHERE runtime_id = $1 AND status IN ('queued', 'scheduled') AND run_at <= now()
    AND (expires_at IS NULL OR expires_at > now())
 """
+
+# -- batch lease operations --
+
+# Whether a token's runtime patterns ({patterns}, a text[]; NULL: every runtime) cover
+# the runtime in {runtime}. A pattern's * becomes LIKE's %, its _ is escaped, as in
+# WEBHOOK_KEYS_FOR_RUNTIME: it matches exactly what auth.glob_match matches.
+RUNTIME_COVERED = """({patterns}::text[] IS NULL OR EXISTS (
+           SELECT 1 FROM unnest({patterns}::text[]) AS p(pattern)
+            WHERE {runtime} LIKE replace(replace(p.pattern, '_', '\\_'), '*', '%')))"""
+
+# The tasks a batch names, as they are now, locked: in id order, so that two batches
+# naming the same tasks in different orders wait for each other instead of
+# deadlocking. A locking read sees the latest committed row, so a task another
+# request just reported is classified by what that request left. Tasks of runtimes
+# the caller cannot see are left out: to the caller they do not exist. Columns are
+# named apart from the task's, which the SET lists name unqualified.
+_BATCH_HELD = f"""
+held AS MATERIALIZED (
+    SELECT id AS held_id, runtime_id AS held_runtime, lease_id AS held_lease,
+           {EFFECTIVE_STATUS} AS held_status
+      FROM tasks
+     WHERE id = ANY($1::uuid[])
+       AND {RUNTIME_COVERED.format(patterns="$2", runtime="runtime_id")}
+     ORDER BY id
+       FOR UPDATE
+)"""
+
+# One row per item, in the request's order: the task as found (held_*: no runtime
+# means not found) and, when this statement changed it, its new state (new_status).
+_BATCH_ANSWER = """
+SELECT i.ord, i.item_id, i.item_lease, h.held_runtime, h.held_status, h.held_lease, d.*
+  FROM items i
+  LEFT JOIN held h ON h.held_id = i.item_id
+  LEFT JOIN done d ON d.done_ord = i.ord
+ ORDER BY i.ord
+"""
+
+# $1 task ids (distinct), $2 runtime patterns or NULL, $3 lease ids, $4 results (JSON
+# text or NULL). As COMPLETE: a cancel requested while held ends the task cancelled.
+BATCH_COMPLETE = f"""
+WITH items AS (
+    SELECT * FROM unnest($1::uuid[], $3::uuid[], $4::text[])
+           WITH ORDINALITY AS i(item_id, item_lease, item_result, ord)
+), {_BATCH_HELD.strip()}, done AS (
+    UPDATE tasks
+       SET status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'completed' END,
+           result = i.item_result::jsonb, lease_expires_at = NULL,
+           finished_at = clock_timestamp(), updated_at = clock_timestamp()
+      FROM items i JOIN held h ON h.held_id = i.item_id
+     WHERE tasks.id = i.item_id AND h.held_lease = i.item_lease AND h.held_status = 'claimed'
+    RETURNING i.ord AS done_ord, {EFFECTIVE_STATUS} AS new_status
+)
+{_BATCH_ANSWER}"""
+
+# $1 task ids, $2 patterns, $3 lease ids, $4 errors, $5 retry flags, $6 retry delays
+# in seconds (NULL: the backoff). The transition is FAIL's (FAIL_TRANSITION).
+BATCH_FAIL = f"""
+WITH items AS (
+    SELECT * FROM unnest($1::uuid[], $3::uuid[], $4::text[], $5::bool[], $6::float8[])
+           WITH ORDINALITY AS i(item_id, item_lease, item_error, item_retry, item_delay, ord)
+), {_BATCH_HELD.strip()}, done AS (
+    UPDATE tasks
+       SET {FAIL_TRANSITION.format(retry="i.item_retry", retry_after="i.item_delay")}
+           last_error = i.item_error,
+           updated_at = clock_timestamp()
+      FROM items i JOIN held h ON h.held_id = i.item_id
+     WHERE tasks.id = i.item_id AND h.held_lease = i.item_lease AND h.held_status = 'claimed'
+    RETURNING i.ord AS done_ord, {EFFECTIVE_STATUS} AS new_status, run_at AS new_run_at
+)
+{_BATCH_ANSWER}"""
+
+# $1 task ids, $2 patterns, $3 lease ids, $4 lease lengths in seconds. As HEARTBEAT.
+BATCH_HEARTBEAT = f"""
+WITH items AS (
+    SELECT * FROM unnest($1::uuid[], $3::uuid[], $4::float8[])
+           WITH ORDINALITY AS i(item_id, item_lease, item_seconds, ord)
+), {_BATCH_HELD.strip()}, done AS (
+    UPDATE tasks
+       SET lease_expires_at = clock_timestamp() + make_interval(secs => i.item_seconds),
+           updated_at = clock_timestamp()
+      FROM items i JOIN held h ON h.held_id = i.item_id
+     WHERE tasks.id = i.item_id AND h.held_lease = i.item_lease AND h.held_status = 'claimed'
+    RETURNING i.ord AS done_ord, {EFFECTIVE_STATUS} AS new_status,
+              lease_expires_at AS new_lease_expires_at,
+              cancel_requested AS new_cancel_requested
+)
+{_BATCH_ANSWER}"""
 
 # -- janitor --
 

@@ -17,7 +17,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import admin, admin_docs, docs, models, openapi, webhooks
+from . import admin, admin_docs, batch, docs, models, openapi, webhooks
 from .auth import Principal, Scope
 from .errors import GatewayError, NotFound
 from .httpio import (
@@ -42,6 +42,7 @@ class Target(enum.Enum):
     NONE = "none"  # no runtime: operations, admin
     RUNTIME = "runtime"  # {rt}: a foreign runtime is 403
     TASK = "task"  # {task_id}: a foreign task is 404, as if it did not exist
+    TASKS = "tasks"  # task ids in the body: a foreign task is that item's not_found
 
 
 @dataclass(frozen=True)
@@ -334,6 +335,24 @@ ENDPOINTS = [
     Endpoint("POST", "/v1/tasks/{task_id}/fail", fail, Scope.CLAIM, Target.TASK, docs.FAIL),
     Endpoint(
         "POST", "/v1/tasks/{task_id}/release", release, Scope.CLAIM, Target.TASK, docs.RELEASE
+    ),
+    # Batch lease operations: the handler checks each task's runtime (batch.py).
+    Endpoint(
+        "POST",
+        "/v1/tasks:complete",
+        batch.complete_many,
+        Scope.CLAIM,
+        Target.TASKS,
+        docs.COMPLETE_MANY,
+    ),
+    Endpoint("POST", "/v1/tasks:fail", batch.fail_many, Scope.CLAIM, Target.TASKS, docs.FAIL_MANY),
+    Endpoint(
+        "POST",
+        "/v1/tasks:heartbeat",
+        batch.heartbeat_many,
+        Scope.CLAIM,
+        Target.TASKS,
+        docs.HEARTBEAT_MANY,
     ),
     Endpoint("POST", "/v1/tasks/{task_id}/cancel", cancel, Scope.ENQUEUE, Target.TASK, docs.CANCEL),
     Endpoint("POST", "/v1/tasks/{task_id}/retry", retry, Scope.ENQUEUE, Target.TASK, docs.RETRY),

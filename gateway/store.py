@@ -11,6 +11,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeAlias, TypeVar
 
@@ -18,7 +19,14 @@ import asyncpg
 import orjson
 
 from . import queries as q
-from .errors import Conflict, IdempotencyKeyReused, LeaseLost, NotFound, StoreUnavailable
+from .errors import (
+    Conflict,
+    GatewayError,
+    IdempotencyKeyReused,
+    LeaseLost,
+    NotFound,
+    StoreUnavailable,
+)
 from .metrics import Metrics
 from .migrate import schema_is_current
 from .models import EnqueueRequest
@@ -49,6 +57,16 @@ CLAIM_WINDOW = 50
 CLAIM_WINDOW_GROWTH = 20
 CLAIM_ROUNDS = 3
 CONTENDED_RECHECK_SECONDS = 0.05
+
+
+def lease_lost(task_id: uuid.UUID, lease_id: uuid.UUID, status: str) -> LeaseLost:
+    """The refusal of a lease operation whose lease no longer holds the task (I7), the
+    same for a single operation and for a batch's item."""
+    return LeaseLost(
+        f"lease {lease_id} does not hold task {task_id} (status {status}); "
+        "it expired and the task was claimed again, or it was already reported",
+        task_status=status,
+    )
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -307,11 +325,7 @@ class Store:
         current = await self.get(task_id)
         if current.status in replay_statuses and current.lease_id == lease_id:
             return current
-        raise LeaseLost(
-            f"lease {lease_id} does not hold task {task_id} (status {current.status}); "
-            "it expired and the task was claimed again, or it was already reported",
-            task_status=current.status,
-        )
+        raise lease_lost(task_id, lease_id, current.status)
 
     async def heartbeat(
         self, task_id: uuid.UUID, lease_id: uuid.UUID, lease_seconds: int
@@ -511,6 +525,109 @@ class Store:
             raise
         await conn.close()
         return None
+
+    # -- batch lease operations ----------------------------------------------------
+    # Each is one statement whatever the batch's size, and an item that fails never
+    # fails the others. `task_ids` are distinct (the parser refuses a repeat).
+    # `runtimes`: the caller's runtime patterns, None for every runtime; a task outside
+    # them is NotFound, as for a single operation.
+
+    async def complete_many(
+        self,
+        task_ids: Sequence[uuid.UUID],
+        lease_ids: Sequence[uuid.UUID],
+        results: Sequence[str | None],
+        runtimes: Sequence[str] | None,
+    ) -> list[ItemResult]:
+        """complete, per item; idempotent per item for the same lease, as complete."""
+        args = (list(task_ids), _patterns(runtimes), list(lease_ids), list(results))
+        rows = await self._run(lambda c: c.fetch(q.BATCH_COMPLETE, *args))
+        return _item_results(rows, replay_statuses=("completed", "cancelled"))
+
+    async def fail_many(
+        self,
+        task_ids: Sequence[uuid.UUID],
+        lease_ids: Sequence[uuid.UUID],
+        errors: Sequence[str],
+        retries: Sequence[bool],
+        retry_after_seconds: Sequence[float | None],
+        runtimes: Sequence[str] | None,
+    ) -> list[ItemResult]:
+        """fail, per item."""
+        args = (
+            list(task_ids),
+            _patterns(runtimes),
+            list(lease_ids),
+            list(errors),
+            list(retries),
+            list(retry_after_seconds),
+        )
+        rows = await self._run(lambda c: c.fetch(q.BATCH_FAIL, *args))
+        return _item_results(rows)
+
+    async def heartbeat_many(
+        self,
+        task_ids: Sequence[uuid.UUID],
+        lease_ids: Sequence[uuid.UUID],
+        lease_seconds: Sequence[int],
+        runtimes: Sequence[str] | None,
+    ) -> list[ItemResult]:
+        """heartbeat, per item: each lease runs out its own lease_seconds from now."""
+        seconds = [float(n) for n in lease_seconds]
+        args = (list(task_ids), _patterns(runtimes), list(lease_ids), seconds)
+        rows = await self._run(lambda c: c.fetch(q.BATCH_HEARTBEAT, *args))
+        return _item_results(rows)
+
+
+# -- batch lease operations ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ItemResult:
+    """One item of a batch lease operation, in the request's order. `error` is what the
+    single operation would have raised for it (LeaseLost, NotFound); else it is None
+    and `status` is the task's status after the operation (effective, as answers show
+    it). A fail sets `run_at`; a heartbeat `lease_expires_at` and `cancel_requested`.
+    `runtime_id` is None for a task the caller cannot see: it counts as not found."""
+
+    task_id: uuid.UUID
+    runtime_id: str | None
+    status: str | None
+    error: GatewayError | None = None
+    run_at: datetime | None = None
+    lease_expires_at: datetime | None = None
+    cancel_requested: bool = False
+
+
+def _patterns(runtimes: Sequence[str] | None) -> list[str] | None:
+    return None if runtimes is None else list(runtimes)
+
+
+def _item_results(rows: Sequence[Row], replay_statuses: tuple[str, ...] = ()) -> list[ItemResult]:
+    """A batch statement's answer rows (queries._BATCH_ANSWER) classified as _lease_op
+    classifies a single operation's outcome."""
+    out = []
+    for r in rows:
+        task_id, runtime_id, status = r["item_id"], r["held_runtime"], r["new_status"]
+        if runtime_id is None:
+            out.append(ItemResult(task_id, None, None, NotFound(f"no task with id {task_id}")))
+        elif status is not None:
+            out.append(
+                ItemResult(
+                    task_id,
+                    runtime_id,
+                    status,
+                    run_at=r.get("new_run_at"),
+                    lease_expires_at=r.get("new_lease_expires_at"),
+                    cancel_requested=bool(r.get("new_cancel_requested")),
+                )
+            )
+        elif r["held_status"] in replay_statuses and r["held_lease"] == r["item_lease"]:
+            out.append(ItemResult(task_id, runtime_id, r["held_status"]))
+        else:
+            error = lease_lost(task_id, r["item_lease"], r["held_status"])
+            out.append(ItemResult(task_id, runtime_id, r["held_status"], error))
+    return out
 
 
 class Leadership:

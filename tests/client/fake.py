@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gateway_client import LeaseLost, Task
+from gateway_client import Beat, Completion, ItemOutcome, LeaseLost, NotFound, Task
 
 _ids = itertools.count(1)
 
@@ -43,6 +43,9 @@ class FakeGateway:
     cancelled: set[str] = field(default_factory=set)
     lost: set[str] = field(default_factory=set)
     leases: dict[str, str] = field(default_factory=dict)
+    complete_many_errors: list[Exception] = field(default_factory=list)
+    # An older gateway: the batch calls' path is unknown (404 for the whole request).
+    no_batch_calls: bool = False
 
     def add(self, *payloads: Any) -> list[Task]:
         tasks = [make_task(p) for p in payloads]
@@ -119,3 +122,40 @@ class FakeGateway:
     async def release(self, task_id: str, lease_id: str) -> Task:
         status = "cancelled" if task_id in self.cancelled else "queued"
         return await self._finish("release", task_id, lease_id, status)
+
+    # Batch calls: recorded as themselves, and each item as its single call (so that
+    # `named("complete")` lists every completion reported, in one request or many).
+
+    async def complete_many(self, items: list[Completion]) -> list[ItemOutcome]:
+        self._record("complete_many", task_ids=[i.task_id for i in items])
+        if self.no_batch_calls:
+            raise NotFound("POST /v1/tasks:complete: Not Found", status=404)
+        if self.complete_many_errors:
+            raise self.complete_many_errors.pop(0)
+        out = []
+        for i in items:
+            try:
+                task = await self.complete(i.task_id, i.lease_id, i.result)
+            except LeaseLost:
+                out.append(ItemOutcome(i.task_id, "lease_lost", problem={"code": "lease_lost"}))
+                continue
+            out.append(ItemOutcome(i.task_id, task.status))
+        return out
+
+    async def heartbeat_many(self, items: list[Beat]) -> list[ItemOutcome]:
+        self._record("heartbeat_many", task_ids=[i.task_id for i in items])
+        if self.no_batch_calls:
+            raise NotFound("POST /v1/tasks:heartbeat: Not Found", status=404)
+        if self.heartbeat_errors:
+            raise self.heartbeat_errors.pop(0)
+        out = []
+        for i in items:
+            self._record("heartbeat", task_id=i.task_id)
+            try:
+                self._check(i.task_id, i.lease_id)
+            except LeaseLost:
+                out.append(ItemOutcome(i.task_id, "lease_lost", problem={"code": "lease_lost"}))
+                continue
+            flagged = i.task_id in self.cancelled
+            out.append(ItemOutcome(i.task_id, "extended", cancel_requested=flagged))
+        return out

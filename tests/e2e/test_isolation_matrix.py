@@ -65,6 +65,11 @@ def lease(w: World) -> dict[str, Any]:
     return {"lease_id": w.claimed["lease_id"]}
 
 
+def item(w: World) -> dict[str, Any]:
+    """A batch item naming the world's claimed task, with its real lease."""
+    return {"id": w.claimed["id"], **lease(w)}
+
+
 RECIPES: dict[tuple[str, str], Recipe] = {
     ("POST", "/v1/runtimes/{rt}/tasks"): Recipe(lambda w: {"payload": {"x": 1}}, expect=201),
     ("GET", "/v1/runtimes/{rt}/tasks"): Recipe(),
@@ -81,6 +86,10 @@ RECIPES: dict[tuple[str, str], Recipe] = {
     ("POST", "/v1/tasks/{task_id}/cancel"): Recipe(),
     ("POST", "/v1/tasks/{task_id}/retry"): Recipe(task="cancelled"),
     ("POST", "/v1/runtimes/{rt}/webhooks"): Recipe(lambda w: {"event": "x"}, expect=201),
+    # Batch lease operations: the world's claimed task, named in the body.
+    ("POST", "/v1/tasks:complete"): Recipe(lambda w: {"tasks": [{**item(w), "result": "stolen"}]}),
+    ("POST", "/v1/tasks:fail"): Recipe(lambda w: {"tasks": [{**item(w), "error": "sabotage"}]}),
+    ("POST", "/v1/tasks:heartbeat"): Recipe(lambda w: {"tasks": [item(w)]}),
     ("POST", "/v1/admin/tokens"): Recipe(
         lambda w: {"name": unique("mint"), "scopes": ["admin"]}, expect=201
     ),
@@ -194,6 +203,10 @@ async def test_refusals_change_nothing(gw, world, endpoint):
             resp = await send(gw, endpoint, world, world.elsewhere)
             if endpoint.target is Target.RUNTIME:
                 assert_problem(resp, 403, "forbidden")
+            elif endpoint.target is Target.TASKS:
+                # Tasks named in the body: a foreign one is that item's not_found.
+                assert resp.status == 200, (resp.status, resp.body)
+                assert [r["outcome"] for r in resp.body["results"]] == ["not_found"], resp.body
             else:
                 # A foreign task is indistinguishable from one that does not exist.
                 assert_problem(resp, 404, "not_found")
@@ -219,6 +232,8 @@ async def test_the_needed_scope_on_its_own_runtime_is_enough(gw, endpoint):
         token = (await make_token(gw, [endpoint.scope.value], runtimes))["token"]
         resp = await send(gw, endpoint, w, token)
     assert resp.status == recipe.expect, (resp.status, resp.body)
+    if endpoint.target is Target.TASKS:  # a batch answers 200 whatever its items' outcomes
+        assert "problem" not in resp.body["results"][0], resp.body
 
 
 async def test_the_world_is_what_the_matrix_assumes(gw, world):

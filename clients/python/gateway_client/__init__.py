@@ -23,7 +23,7 @@ from .errors import (
     ValidationFailed,
 )
 from .failure import TaskFailed
-from .models import NewTask, Page, Stats, Task
+from .models import Beat, Completion, Failure, ItemOutcome, NewTask, Page, Stats, Task
 from .sync import Client
 from .worker import Outcome, Worker, WorkerOptions
 
@@ -34,13 +34,17 @@ __all__ = [
     "AsyncClient",
     "Backoff",
     "BadRequest",
+    "Beat",
     "CacheUnavailable",
     "Client",
+    "Completion",
     "Draining",
+    "Failure",
     "Forbidden",
     "GatewayError",
     "IdempotencyKeyReused",
     "InvalidState",
+    "ItemOutcome",
     "LeaseLost",
     "NewTask",
     "NotFound",

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from .errors import GatewayError, TransportError, error_from_answer
-from .models import NewTask, Page, Stats, Task
+from .models import Beat, Completion, Failure, ItemOutcome, NewTask, Page, Stats, Task
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 # Any call but a long poll; a database under load can take a few seconds.
@@ -213,6 +213,29 @@ class AsyncClient:
     async def release(self, task_id: str, lease_id: str) -> Task:
         """Queued again at once (or `cancelled`, when a cancel was requested)."""
         return await self._task("POST", f"/v1/tasks/{task_id}/release", {"lease_id": lease_id})
+
+    # -- batch lease operations ---------------------------------------------------
+    # One request for many tasks (1-1000, each task once): one ItemOutcome per item, in
+    # the order given. An item's refusal (lease_lost, not_found) is its outcome, not an
+    # exception; only a problem with the whole request raises.
+
+    async def _many(self, op: str, items: Iterable[Any]) -> list[ItemOutcome]:
+        body = {"tasks": [item.to_json() for item in items]}
+        _, data, _ = await self.request("POST", f"/v1/tasks:{op}", body)
+        return [ItemOutcome.from_json(r) for r in data["results"]]
+
+    async def complete_many(self, items: Iterable[Completion]) -> list[ItemOutcome]:
+        """Each as `complete`: `completed` (also for a repeat with the same lease) or
+        `cancelled`."""
+        return await self._many("complete", items)
+
+    async def fail_many(self, items: Iterable[Failure]) -> list[ItemOutcome]:
+        """Each as `fail`: `queued` (with `run_at`), `dead` or `cancelled`."""
+        return await self._many("fail", items)
+
+    async def heartbeat_many(self, items: Iterable[Beat]) -> list[ItemOutcome]:
+        """Each as `heartbeat`: `extended`, with `cancel_requested` saying whether to stop."""
+        return await self._many("heartbeat", items)
 
     # -- reading -----------------------------------------------------------------
 

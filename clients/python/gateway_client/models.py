@@ -113,3 +113,94 @@ class NewTask:
             if value is not None:
                 body[name] = value
         return body
+
+
+# -- batch lease operations --------------------------------------------------------
+
+# Outcomes that are not the task's: the item was refused, with the problem the single
+# call would have raised.
+REFUSED_OUTCOMES = ("lease_lost", "not_found")
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One item of `complete_many`: the task, its lease, and an optional result."""
+
+    task_id: str
+    lease_id: str
+    result: Any = None
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"id": self.task_id, "lease_id": self.lease_id}
+        if self.result is not None:
+            body["result"] = self.result
+        return body
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One item of `fail_many`, as the arguments of `fail`."""
+
+    task_id: str
+    lease_id: str
+    error: str
+    retry: bool = True
+    retry_after_seconds: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": self.task_id,
+            "lease_id": self.lease_id,
+            "error": self.error,
+            "retry": self.retry,
+        }
+        if self.retry_after_seconds is not None:
+            body["retry_after_seconds"] = self.retry_after_seconds
+        return body
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One item of `heartbeat_many`; `lease_seconds` None: the gateway's default."""
+
+    task_id: str
+    lease_id: str
+    lease_seconds: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"id": self.task_id, "lease_id": self.lease_id}
+        if self.lease_seconds is not None:
+            body["lease_seconds"] = self.lease_seconds
+        return body
+
+
+@dataclass(frozen=True)
+class ItemOutcome:
+    """What a batch call did with one item. `outcome`: `completed` or `cancelled`
+    (complete); `queued` (with `run_at`), `dead` or `cancelled` (fail); `extended`
+    (heartbeat, with `lease_expires_at` and `cancel_requested`); or, for a refused item,
+    `lease_lost` or `not_found` with `problem`, the problem the single call answers."""
+
+    id: str
+    outcome: str
+    run_at: str | None = None
+    lease_expires_at: str | None = None
+    cancel_requested: bool = False
+    problem: dict[str, Any] | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def refused(self) -> bool:
+        return self.outcome in REFUSED_OUTCOMES
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ItemOutcome:
+        return cls(
+            id=data["id"],
+            outcome=data["outcome"],
+            run_at=data.get("run_at"),
+            lease_expires_at=data.get("lease_expires_at"),
+            cancel_requested=bool(data.get("cancel_requested", False)),
+            problem=data.get("problem"),
+            raw=data,
+        )

@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from .client import DEFAULT_TIMEOUT_SECONDS, AsyncClient
-from .models import NewTask, Page, Stats, Task
+from .models import Beat, Completion, Failure, ItemOutcome, NewTask, Page, Stats, Task
 
 T = TypeVar("T")
 
@@ -75,6 +75,15 @@ class Client:
 
     def release(self, task_id: str, lease_id: str) -> Task:
         return self._run(self.aio.release(task_id, lease_id))
+
+    def complete_many(self, items: Iterable[Completion]) -> list[ItemOutcome]:
+        return self._run(self.aio.complete_many(items))
+
+    def fail_many(self, items: Iterable[Failure]) -> list[ItemOutcome]:
+        return self._run(self.aio.fail_many(items))
+
+    def heartbeat_many(self, items: Iterable[Beat]) -> list[ItemOutcome]:
+        return self._run(self.aio.heartbeat_many(items))
 
     def cancel(self, task_id: str) -> Task:
         return self._run(self.aio.cancel(task_id))

@@ -3,12 +3,18 @@ heartbeat each lease, and report each outcome.
 
 - A claim asks only for free slots (`max_tasks` = free slots, at most
   `max_tasks_per_poll`), and only when a slot is free.
-- Each lease is heartbeated about every third of its length. A heartbeat answering
+- Each lease is heartbeated about every third of its length; with `concurrency` > 1,
+  every held lease in one request (`heartbeat_many`). A heartbeat answering
   `cancel_requested` cancels the handler and releases the task, which the gateway then
   ends `cancelled`; `lease_lost` cancels the handler and reports nothing, since the
   task may already be another daemon's.
 - A handler's return value completes the task; its exception fails it (type, message
   and the end of the traceback, bounded), retryable unless it is `TaskFailed(retry=False)`.
+- With `concurrency` > 1, completions are gathered and sent together
+  (`complete_many`): as soon as no other handler is still running, else after
+  `complete_window_seconds`, a fraction of a lease that a heartbeat renewed at most a
+  third of a lease ago, so that no completion waits past its lease. A gateway without
+  the batch endpoints (404 or 405 for the whole request) gets single calls instead.
 - Errors and network failures back off with full jitter, at least as long as a
   `Retry-After` says; the loop never spins.
 - `stop()` (SIGTERM, SIGINT) stops claiming at once and lets running handlers finish
@@ -34,9 +40,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .backoff import Backoff
-from .errors import GatewayError, LeaseLost, NotFound
+from .errors import GatewayError, LeaseLost, MethodNotAllowed, NotFound
 from .failure import TaskFailed, format_error
-from .models import Task
+from .models import Beat, Completion, ItemOutcome, Task
 
 log = logging.getLogger("gateway_client.worker")
 
@@ -46,6 +52,10 @@ REPORT_RETRY_SECONDS = 30.0
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # After an empty answer that came early; a long poll's empty answer is claimed again at once.
 IDLE_PAUSE_SECONDS = 1.0
+# The longest a finished task's completion waits for others to share its request; at
+# most a sixth of the lease, whatever the option says (see WorkerOptions).
+COMPLETE_WINDOW_SECONDS = 0.05
+MAX_BATCH = 1000  # items per batch request, the gateway's limit
 
 
 class Transport(Protocol):
@@ -78,6 +88,10 @@ class Transport(Protocol):
     ) -> Task: ...
 
     async def release(self, task_id: str, lease_id: str) -> Task: ...
+
+    async def complete_many(self, items: list[Completion]) -> list[ItemOutcome]: ...
+
+    async def heartbeat_many(self, items: list[Beat]) -> list[ItemOutcome]: ...
 
 
 class Outcome(enum.StrEnum):
@@ -112,10 +126,14 @@ class WorkerOptions:
     wait_seconds: float = 20.0  # long poll; the gateway's cap is GATEWAY_MAX_WAIT_SECONDS
     grace_seconds: float = 30.0
     worker_id: str = field(default_factory=default_worker_id)
+    # With concurrency > 1: how long a completion may wait to share a request.
+    complete_window_seconds: float = COMPLETE_WINDOW_SECONDS
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.max_tasks_per_poll < 1 or self.lease_seconds < 1:
             raise ValueError("concurrency, max_tasks_per_poll and lease_seconds must be >= 1")
+        if self.complete_window_seconds < 0:
+            raise ValueError("complete_window_seconds must be >= 0")
 
 
 @dataclass
@@ -124,6 +142,17 @@ class _Running:
     handler: asyncio.Task[Any]
     started: float
     interrupt: Interrupt | None = None
+
+
+@dataclass
+class _Completion:
+    """A finished handler's result waiting to be sent with others; `done` receives
+    what _report returns for it."""
+
+    run: _Running
+    result: Any
+    done: asyncio.Future[tuple[Outcome, str]]
+    since: float
 
 
 class Worker:
@@ -149,6 +178,11 @@ class Worker:
         self._stopping = asyncio.Event()
         self._forced = asyncio.Event()
         self._slot_freed = asyncio.Event()
+        # Several leases may be held at once: heartbeats and completions go in batches.
+        self._batching = self.options.concurrency > 1
+        self._completions: list[_Completion] = []
+        self._handler_done = asyncio.Event()  # a handler finished, or a completion waits
+        self._batch_calls = True  # until a gateway without the batch endpoints says so
 
     @property
     def running(self) -> int:
@@ -182,11 +216,22 @@ class Worker:
 
     async def run(self) -> None:
         """Claims and runs tasks until stop(); returns once every task is reported."""
+        helpers = []
+        if self._batching:
+            helpers = [
+                asyncio.create_task(self._heartbeat_all(), name="heartbeats"),
+                asyncio.create_task(self._send_completions(), name="completions"),
+            ]
         try:
             await self._claim_loop()
         finally:
             self._stopping.set()
-            await self._drain()
+            try:
+                await self._drain()
+            finally:
+                for helper in helpers:
+                    helper.cancel()
+                await asyncio.gather(*helpers, return_exceptions=True)
 
     # -- claiming ----------------------------------------------------------------
 
@@ -266,17 +311,20 @@ class Worker:
 
     async def _process(self, run: _Running) -> None:
         task = run.task
-        beat = asyncio.create_task(self._heartbeat(run))
+        # Batching: _heartbeat_all extends every held lease, this one's included.
+        beat = None if self._batching else asyncio.create_task(self._heartbeat(run))
         try:
             await asyncio.wait({run.handler})
         finally:
-            beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beat
+            if beat is not None:
+                beat.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beat
             if not run.handler.done():  # this job itself was cancelled: no report
                 run.handler.cancel()
                 with contextlib.suppress(BaseException):
                     await run.handler
+            self._handler_done.set()
         outcome, status = await self._report(run)
         self.outcomes[outcome] += 1
         duration = time.monotonic() - run.started
@@ -361,6 +409,166 @@ class Worker:
         A lost lease is not reported: the task may be another daemon's by now."""
         if run.interrupt is Interrupt.LEASE_LOST:
             return Outcome.LEASE_LOST, "-"
+        handler = run.handler
+        if self._batching and not handler.cancelled() and handler.exception() is None:
+            waiting = _Completion(
+                run, handler.result(), asyncio.get_running_loop().create_future(), time.monotonic()
+            )
+            self._completions.append(waiting)
+            self._handler_done.set()
+            return await waiting.done
+        return await self._report_single(run)
+
+    # -- batches (concurrency > 1) -------------------------------------------------
+
+    async def _heartbeat_all(self) -> None:
+        """Every third of a lease, extends every lease whose handler still runs, in one
+        request; interrupts the handlers whose lease is lost or whose task is to be
+        cancelled. A failed request is retried sooner."""
+        lease = self.options.lease_seconds
+        interval = lease / 3
+        backoff = Backoff(base_seconds=min(0.5, interval / 4), cap_seconds=interval)
+        delay = interval
+        while True:
+            await asyncio.sleep(delay)
+            runs = [r for r in self._runs.values() if not r.handler.done()]
+            if not runs:
+                delay = interval
+                continue
+            beats = [Beat(r.task.id, r.task.lease_id or "", lease) for r in runs]
+            try:
+                if self._batch_calls:
+                    answers = await self.transport.heartbeat_many(beats)
+                else:
+                    answers = await self._heartbeat_each(beats)
+            except Exception as exc:
+                if self._no_batch_calls(exc):
+                    delay = 0
+                    continue
+                delay = backoff.next_delay(getattr(exc, "retry_after_seconds", None))
+                log.warning(
+                    "runtime=%s heartbeat of %d lease(s) failed (%s)",
+                    self.runtime,
+                    len(beats),
+                    _describe(exc),
+                )
+                continue
+            backoff.reset()
+            delay = interval
+            for run, answer in zip(runs, answers, strict=False):
+                if answer.refused:
+                    self._interrupt(run, Interrupt.LEASE_LOST)
+                elif answer.cancel_requested:
+                    self._interrupt(run, Interrupt.CANCEL_REQUESTED)
+
+    async def _heartbeat_each(self, beats: list[Beat]) -> list[ItemOutcome]:
+        """heartbeat_many's answers, from one single heartbeat per lease."""
+        out = []
+        for beat in beats:
+            try:
+                task = await self.transport.heartbeat(
+                    beat.task_id, beat.lease_id, beat.lease_seconds
+                )
+            except (LeaseLost, NotFound) as exc:
+                out.append(ItemOutcome(beat.task_id, exc.code, problem=dict(exc.problem)))
+                continue
+            out.append(
+                ItemOutcome(beat.task_id, "extended", cancel_requested=task.cancel_requested)
+            )
+        return out
+
+    def _no_batch_calls(self, exc: BaseException) -> bool:
+        """True the first time a batch call shows the gateway lacks it (an older one
+        answers the whole request 404 or 405): the loop then makes single calls."""
+        if not (self._batch_calls and isinstance(exc, NotFound | MethodNotAllowed)):
+            return False
+        log.warning(
+            "runtime=%s the gateway has no batch calls (%s); using one call per task",
+            self.runtime,
+            _describe(exc),
+        )
+        self._batch_calls = False
+        return True
+
+    def _window(self) -> float:
+        """How long a completion may wait for company. A lease was last extended at
+        most a third of its length ago, so a sixth leaves half of it untouched."""
+        return min(self.options.complete_window_seconds, self.options.lease_seconds / 6)
+
+    def _ready(self) -> bool:
+        """Whether the waiting completions should go now: no handler still runs (none
+        could join them soon), the batch is full, the oldest has waited its window, or
+        the loop is stopping at once."""
+        if not self._completions:
+            return False
+        oldest = self._completions[0].since
+        return (
+            all(r.handler.done() for r in self._runs.values())
+            or len(self._completions) >= MAX_BATCH
+            or time.monotonic() - oldest >= self._window()
+            or self._forced.is_set()
+        )
+
+    async def _send_completions(self) -> None:
+        """Sends the waiting completions, a batch at a time, and hands each its outcome."""
+        while True:
+            while not self._ready():
+                # Woken by a finished handler or a new completion; else when the
+                # oldest completion's window ends.
+                self._handler_done.clear()
+                wait = None
+                if self._completions:
+                    ends = self._completions[0].since + self._window()
+                    wait = max(0.0, ends - time.monotonic())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._handler_done.wait(), wait)
+            batch = self._completions[:MAX_BATCH]
+            del self._completions[:MAX_BATCH]
+            try:
+                outcomes = await self._complete_batch(batch)
+            except Exception as exc:  # an answer this client cannot read: never hang
+                log.error("runtime=%s completions not reported: %s", self.runtime, _describe(exc))
+                outcomes = [(Outcome.UNREPORTED, "-")] * len(batch)
+            for waiting, outcome in zip(batch, outcomes, strict=True):
+                if not waiting.done.done():
+                    waiting.done.set_result(outcome)
+
+    async def _complete_batch(self, batch: list[_Completion]) -> list[tuple[Outcome, str]]:
+        """One request for the batch (a single complete for one item), retrying
+        transient errors for a while, as _report does for one task."""
+        if len(batch) == 1 or not self._batch_calls:
+            return await self._report_each(batch)
+        items = [Completion(w.run.task.id, w.run.task.lease_id or "", w.result) for w in batch]
+        backoff = Backoff(base_seconds=0.2, cap_seconds=5.0)
+        deadline = time.monotonic() + REPORT_RETRY_SECONDS
+        while True:
+            try:
+                answers = await self.transport.complete_many(items)
+            except GatewayError as exc:
+                if self._no_batch_calls(exc):
+                    return await self._report_each(batch)
+                if not exc.retryable or time.monotonic() > deadline or self._forced.is_set():
+                    log.error(
+                        "runtime=%s %d completion(s) not reported: %s",
+                        self.runtime,
+                        len(items),
+                        _describe(exc),
+                    )
+                    return [(Outcome.UNREPORTED, "-")] * len(batch)
+                await asyncio.sleep(backoff.next_delay(exc.retry_after_seconds))
+                continue
+            if len(answers) != len(items):
+                raise ValueError(f"{len(answers)} results for {len(items)} completions")
+            return [
+                (Outcome.LEASE_LOST, "-") if a.refused else (Outcome.COMPLETED, a.outcome)
+                for a in answers
+            ]
+
+    async def _report_each(self, batch: list[_Completion]) -> list[tuple[Outcome, str]]:
+        return list(await asyncio.gather(*(self._report_single(w.run) for w in batch)))
+
+    async def _report_single(self, run: _Running) -> tuple[Outcome, str]:
+        """_report's single call (complete, fail or release), retried for a while."""
         outcome, call = self._outcome(run)
         backoff = Backoff(base_seconds=0.2, cap_seconds=5.0)
         deadline = time.monotonic() + REPORT_RETRY_SECONDS

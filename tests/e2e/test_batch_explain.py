@@ -1,0 +1,74 @@
+"""The batch lease statements find their tasks by primary key, under custom and generic
+plans, on the realistic table of tests/integration/test_claim_explain.py (filled in a
+transaction that is rolled back): a batch of 1,000 never scans the task table."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import uuid
+from typing import Any
+
+import asyncpg
+import pytest
+
+from gateway import queries as q
+from tests.integration.conftest import conn  # noqa: F401  (a fixture)
+from tests.integration.test_claim_explain import (  # noqa: F401  (filled is a fixture)
+    MODES,
+    describe,
+    filled,
+    indexes,
+    task_scans,
+    walk,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def literal(value: Any, sql_type: str) -> str:
+    """A SQL array literal of the test's own values, or NULL, cast to `sql_type`."""
+    if value is None:
+        return f"NULL::{sql_type}"
+    items = ", ".join("NULL" if v is None else f"'{v}'" for v in value)
+    return f"ARRAY[{items}]::{sql_type}"
+
+
+def batch_args(n: int, statement: str) -> list[tuple[Any, str]]:
+    ids = [uuid.uuid4() for _ in range(n)]
+    leases = [uuid.uuid4() for _ in range(n)]
+    head = [(ids, "uuid[]"), (["explain-*"], "text[]"), (leases, "uuid[]")]
+    tails: dict[str, list[tuple[Any, str]]] = {
+        "BATCH_COMPLETE": [(['{"ok": 1}'] * n, "text[]")],
+        "BATCH_FAIL": [
+            (["boom"] * n, "text[]"),
+            (["true"] * n, "bool[]"),
+            ([None] * n, "float8[]"),
+        ],
+        "BATCH_HEARTBEAT": [(["60"] * n, "float8[]")],
+    }
+    return head + tails[statement]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("statement", ["BATCH_COMPLETE", "BATCH_FAIL", "BATCH_HEARTBEAT"])
+async def test_batch_statements_use_the_primary_key(
+    conn: asyncpg.Connection,  # noqa: F811
+    filled: str,  # noqa: F811
+    mode: str,
+    statement: str,
+) -> None:
+    args = batch_args(1000, statement)
+    name = "explain_" + secrets.token_hex(4)
+    await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
+    types = ", ".join(t for _, t in args)
+    await conn.execute(f"PREPARE {name}({types}) AS {getattr(q, statement)}")
+    try:
+        values = ", ".join(literal(v, t) for v, t in args)
+        raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE {name}({values})")
+    finally:
+        await conn.execute(f"DEALLOCATE {name}")
+    nodes = list(walk((json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]))
+    shown = f"{statement} {mode}: {describe(nodes)}"
+    assert not [n for n in task_scans(nodes) if n["Node Type"] == "Seq Scan"], shown
+    assert indexes(nodes) == {"tasks_pkey"}, shown
