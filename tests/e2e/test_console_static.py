@@ -1,0 +1,104 @@
+"""The console's static files at /console: content types, caching, the
+Content-Security-Policy, and nothing but its own files."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway import console
+from tests.e2e.lifecycle_support import assert_problem
+from tests.support.http import req
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+ASSETS = {
+    "app.js": "text/javascript",
+    "api.js": "text/javascript",
+    "dom.js": "text/javascript",
+    "json.js": "text/javascript",
+    "console.css": "text/css",
+    "icon.svg": "image/svg+xml",
+}
+
+
+def assert_locked_down(resp) -> None:
+    csp = resp.headers["Content-Security-Policy"]
+    directives = dict(d.strip().split(" ", 1) for d in csp.split(";"))
+    assert directives["default-src"] == "'self'"
+    assert directives["script-src"] == "'self'"  # no inline script, no eval
+    assert directives["style-src"] == "'self'"  # no inline style
+    assert directives["frame-ancestors"] == "'none'"
+    assert directives["object-src"] == "'none'"
+    assert directives["base-uri"] == "'none'"
+    assert "unsafe" not in csp
+    assert resp.headers["X-Content-Type-Options"] == "nosniff"
+    assert resp.headers["X-Frame-Options"] == "DENY"
+    assert resp.headers["Referrer-Policy"] == "no-referrer"
+    assert resp.headers["Cache-Control"] == "no-cache"
+    assert resp.headers["ETag"]
+
+
+@pytest.mark.parametrize("path", ["/console", "/console/"])
+async def test_the_page(gw, path):
+    resp = await req(gw, "GET", path, auth=None)
+    assert resp.status == 200
+    assert resp.headers["Content-Type"] == "text/html; charset=utf-8"
+    assert_locked_down(resp)
+    page = resp.body
+    assert '<script type="module" src="/console/assets/app.js">' in page
+    # Nothing inline: the policy would block it, and the page must not need it.
+    assert "<script>" not in page and "<style" not in page and "style=" not in page
+    assert "://" not in page  # no CDN, no other origin
+
+
+@pytest.mark.parametrize(("name", "content_type"), sorted(ASSETS.items()))
+async def test_assets(gw, name, content_type):
+    resp = await req(gw, "GET", f"/console/assets/{name}", auth=None)
+    assert resp.status == 200
+    assert resp.content_type == content_type
+    assert_locked_down(resp)
+    again = await req(
+        gw,
+        "GET",
+        f"/console/assets/{name}",
+        auth=None,
+        headers={"If-None-Match": resp.headers["ETag"]},
+    )
+    assert again.status == 304 and again.body is None
+
+
+async def test_every_shipped_file_is_served_and_none_uses_inner_html():
+    assert set(console.FILES) == {*ASSETS, "index.html"}
+    for name, (body, _, _) in console.FILES.items():
+        text = body.decode()
+        assert "innerHTML" not in text and "outerHTML" not in text, name
+        assert "insertAdjacentHTML" not in text and "document.write" not in text, name
+        assert ("http://" not in text and "https://" not in text) or name == "icon.svg", name
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/console/assets/nope.js",
+        "/console/assets/index.html",
+        "/console/assets/__init__.py",
+        "/console/assets/..%2F..%2Fsettings.py",
+        "/console/assets/..%2fconsole.py",
+        "/console/assets/%2e%2e/%2e%2e/pyproject.toml",
+        "/console/assets/../console.py",
+        "/console/assets/",
+        "/console/assets",
+        "/console/app.js",
+        "/console//assets/app.js",
+    ],
+)
+async def test_anything_else_is_404(gw, path):
+    resp = await req(gw, "GET", path, auth=None)
+    assert_problem(resp, 404, "not_found")
+
+
+async def test_only_get_and_head(gw):
+    resp = await req(gw, "POST", "/console", auth=None)
+    assert_problem(resp, 405)
+    head = await req(gw, "HEAD", "/console/assets/app.js", auth=None)
+    assert head.status == 200 and head.content_type == "text/javascript"
