@@ -3,13 +3,22 @@ Content-Security-Policy, and nothing but its own files."""
 
 from __future__ import annotations
 
+import asyncio
+import sys
+import zipfile
+from pathlib import Path
+
 import pytest
 
 from gateway import console
+from gateway.cli import _banner
+from gateway.settings import Settings
 from tests.e2e.lifecycle_support import assert_problem
 from tests.support.http import req
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+ROOT = Path(__file__).resolve().parents[2]
 
 ASSETS = {
     "app.js": "text/javascript",
@@ -102,3 +111,28 @@ async def test_only_get_and_head(gw):
     assert_problem(resp, 405)
     head = await req(gw, "HEAD", "/console/assets/app.js", auth=None)
     assert head.status == 200 and head.content_type == "text/javascript"
+
+
+@pytest.mark.timeout(120)
+async def test_the_wheel_ships_every_console_file(tmp_path):
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+        "--wheel-dir", str(tmp_path), str(ROOT),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), 100)
+    assert proc.returncode == 0, err.decode()
+    (wheel,) = tmp_path.glob("claim_gateway-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    assert {f"gateway/console_static/{name}" for name in console.FILES} <= names
+
+
+async def test_the_serve_banner_links_the_console(tmp_path):
+    settings = Settings(admin_token="x" * 40)
+    dev = _banner("127.0.0.1", 8080, settings, tmp_path / "dev-token", None, "dev-tok_en")
+    assert "  console:   http://127.0.0.1:8080/console#token=dev-tok_en" in dev.splitlines()
+    # Without the development token, only the address: the admin token is never printed.
+    plain = _banner("127.0.0.1", 8080, settings, None)
+    assert "  console:   http://127.0.0.1:8080/console" in plain.splitlines()
+    assert "x" * 40 not in plain
