@@ -452,11 +452,15 @@ SELECT signing_key FROM webhook_secrets
 
 # Up to $2 runtime ids after $1, in id order, that hold a live task. Queued and
 # scheduled: a loose index scan, one probe per runtime (as CLAIMABLE_RUNTIMES), at most
-# $2 probes. Claimed: the leases' partial index, so at most the live leases.
+# $2 probes. Claimed: the leases' partial index, so at most the live leases. $3, the
+# literal prefixes of a token's patterns (NULL: any runtime), skips the runtimes before
+# the smallest one: a string never sorts before its own prefix, in any collation.
 RUNTIMES_WALK = """
-WITH RECURSIVE queued(runtime_id, n) AS (
-    (SELECT runtime_id, 1 FROM tasks
-      WHERE status = 'queued' AND runtime_id > $1
+WITH RECURSIVE start(id) AS (
+    SELECT COALESCE((SELECT min(p) FROM unnest($3::text[]) AS p), '')
+), queued(runtime_id, n) AS (
+    (SELECT runtime_id, 1 FROM tasks, start
+      WHERE status = 'queued' AND runtime_id > $1 AND runtime_id >= start.id
       ORDER BY runtime_id LIMIT 1)
     UNION ALL
     SELECT (SELECT t.runtime_id FROM tasks t
@@ -465,8 +469,8 @@ WITH RECURSIVE queued(runtime_id, n) AS (
       FROM queued q
      WHERE q.runtime_id IS NOT NULL AND q.n < $2
 ), scheduled(runtime_id, n) AS (
-    (SELECT runtime_id, 1 FROM tasks
-      WHERE status = 'scheduled' AND runtime_id > $1
+    (SELECT runtime_id, 1 FROM tasks, start
+      WHERE status = 'scheduled' AND runtime_id > $1 AND runtime_id >= start.id
       ORDER BY runtime_id LIMIT 1)
     UNION ALL
     SELECT (SELECT t.runtime_id FROM tasks t
@@ -475,8 +479,8 @@ WITH RECURSIVE queued(runtime_id, n) AS (
       FROM scheduled s
      WHERE s.runtime_id IS NOT NULL AND s.n < $2
 ), claimed AS (
-    SELECT DISTINCT runtime_id FROM tasks
-     WHERE status = 'claimed' AND runtime_id > $1
+    SELECT DISTINCT runtime_id FROM tasks, start
+     WHERE status = 'claimed' AND runtime_id > $1 AND runtime_id >= start.id
      ORDER BY runtime_id LIMIT $2
 )
 SELECT runtime_id FROM queued WHERE runtime_id IS NOT NULL

@@ -102,9 +102,16 @@ async def list_runtimes(request: Request, gw: Gateway) -> Response:
     principal: Principal | None = request.state.principal
     # One more than the page shows, so that a full page knows whether more follow.
     walk = limit + 1
-    if principal is not None and not principal.all_runtimes:
+    prefixes = None
+    if principal is not None and principal.runtimes is not None:
         walk = max(walk, PATTERN_WALK)
-    page, next_cursor = page_of(await walk_runtimes(gw.store, after, walk), limit, walk, principal)
+        # What each pattern holds before its first `*`: no covered runtime sorts before
+        # the smallest. A pattern starting with `*` may cover any runtime.
+        prefixes = [p.split("*", 1)[0] for p in principal.runtimes]
+        if "" in prefixes:
+            prefixes = None
+    walked = await walk_runtimes(gw.store, after, walk, prefixes)
+    page, next_cursor = page_of(walked, limit, walk, principal)
     rows = await summarize_runtimes(gw.store, page)
     return json_response(
         {

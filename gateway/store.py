@@ -490,10 +490,14 @@ class RuntimeSummary:
     oldest_queued_age_seconds: float | None
 
 
-async def walk_runtimes(store: Store, after: str, limit: int) -> list[str]:
+async def walk_runtimes(
+    store: Store, after: str, limit: int, prefixes: Sequence[str] | None = None
+) -> list[str]:
     """Up to `limit` runtime ids after `after`, in id order, that hold a live task
-    (queued, scheduled or claimed). Reads only the live rows' partial indexes."""
-    rows = await store.run(lambda c: c.fetch(q.RUNTIMES_WALK, after, limit))
+    (queued, scheduled or claimed), from the smallest of `prefixes` on (None: from the
+    start). Reads only the live rows' partial indexes."""
+    starts = None if prefixes is None else list(prefixes)
+    rows = await store.run(lambda c: c.fetch(q.RUNTIMES_WALK, after, limit, starts))
     return [r["runtime_id"] for r in rows]
 
 

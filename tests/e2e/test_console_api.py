@@ -9,6 +9,7 @@ import secrets
 import pytest
 
 from gateway.runtimes import PATTERN_WALK
+from gateway_client import AsyncClient, ValidationFailed
 from tests.e2e.credentials_support import make_token
 from tests.e2e.lifecycle_support import assert_problem, claim, enqueue
 from tests.support.http import req
@@ -103,20 +104,29 @@ async def test_a_pattern_token_sees_only_its_runtimes_page_by_page(gw):
 
 
 async def test_a_pattern_token_pages_past_many_runtimes_it_does_not_cover(gw):
-    """The walk per page is bounded: a token covering a runtime after more than
-    PATTERN_WALK others gets an empty page with a cursor first, then its runtime."""
+    """The walk per page is bounded: a token whose pattern starts with `*` (it may cover
+    any runtime) and covers one after more than PATTERN_WALK others gets an empty page
+    with a cursor first, then its runtime. A pattern with a literal prefix starts its
+    walk at that prefix, so its runtime is on the first page."""
     base = prefix()
-    batch = [{"payload": i} for i in range(1)]
+    batch = [{"payload": 0}]
     for i in range(PATTERN_WALK + 5):
         resp = await req(gw, "POST", f"/v1/runtimes/{base}-a{i:05d}/tasks:batch", {"tasks": batch})
         assert resp.status == 201, resp.body
     await enqueue(gw, f"{base}-z", "mine")
-    token = await make_token(gw, ["read"], [f"{base}-z"])
-    first = await req(gw, "GET", "/v1/runtimes?cursor=" + cursor_after(base), auth=token["token"])
+    anywhere = await make_token(gw, ["read"], [f"*{base}-z"])
+    first = await req(
+        gw, "GET", "/v1/runtimes?cursor=" + cursor_after(base), auth=anywhere["token"]
+    )
     assert first.status == 200, first.body
     assert first.body["runtimes"] == [] and first.body["next_cursor"]
-    seen, _ = await every_page(gw, 10, auth=token["token"])
+    seen, _ = await every_page(gw, 10, auth=anywhere["token"])
     assert [r["runtime_id"] for r in seen] == [f"{base}-z"]
+    for pattern in (f"{base}-z", f"{base}-z*"):
+        token = await make_token(gw, ["read"], [pattern])
+        resp = await req(gw, "GET", "/v1/runtimes", auth=token["token"])
+        assert resp.status == 200, resp.body
+        assert [r["runtime_id"] for r in resp.body["runtimes"]] == [f"{base}-z"], pattern
 
 
 def cursor_after(runtime_id: str) -> str:
@@ -167,3 +177,21 @@ async def test_the_openapi_document_describes_it(gw):
     assert operation["operationId"] == "listRuntimes"
     assert {p["name"] for p in operation["parameters"]} == {"limit", "cursor"}
     assert {"200", "401", "403", "422"} <= set(operation["responses"])
+
+
+async def test_the_python_client_lists_runtimes(gw):
+    base = prefix()
+    mine = [f"{base}-{i}" for i in range(5)]
+    for rt in mine:
+        await enqueue(gw, rt, rt)
+    await claim(gw, mine[0])
+    token = await make_token(gw, ["read"], [f"{base}-*"])
+    async with AsyncClient(gw.url, token["token"]) as client:
+        page = await client.list_runtimes(limit=2)
+        assert [r.runtime_id for r in page.runtimes] == mine[:2] and page.next_cursor
+        assert (page.runtimes[0].queued, page.runtimes[0].claimed) == (0, 1)
+        everything = [r.runtime_id async for r in client.iter_runtimes(page_size=2)]
+        assert everything == mine
+        with pytest.raises(ValidationFailed) as bad:
+            await client.list_runtimes(cursor="not-a-cursor!")
+        assert bad.value.field == "cursor"

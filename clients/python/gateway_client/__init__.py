@@ -23,7 +23,7 @@ from .errors import (
     ValidationFailed,
 )
 from .failure import TaskFailed
-from .models import NewTask, Page, Stats, Task
+from .models import NewTask, Page, RuntimePage, RuntimeSummary, Stats, Task
 from .sync import Client
 from .worker import Outcome, Worker, WorkerOptions
 
@@ -48,6 +48,8 @@ __all__ = [
     "Overloaded",
     "Page",
     "PayloadTooLarge",
+    "RuntimePage",
+    "RuntimeSummary",
     "ServerError",
     "Stats",
     "StoreUnavailable",

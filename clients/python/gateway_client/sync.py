@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from .client import DEFAULT_TIMEOUT_SECONDS, AsyncClient
-from .models import NewTask, Page, Stats, Task
+from .models import NewTask, Page, RuntimePage, RuntimeSummary, Stats, Task
 
 T = TypeVar("T")
 
@@ -101,3 +101,15 @@ class Client:
 
     def stats(self, runtime: str) -> Stats:
         return self._run(self.aio.stats(runtime))
+
+    def list_runtimes(self, **query: Any) -> RuntimePage:
+        return self._run(self.aio.list_runtimes(**query))
+
+    def iter_runtimes(self, *, page_size: int | None = None) -> Iterator[RuntimeSummary]:
+        cursor: str | None = None
+        while True:
+            page = self.list_runtimes(limit=page_size, cursor=cursor)
+            yield from page.runtimes
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
