@@ -64,9 +64,9 @@ function showSignIn(message) {
   view = null;
   signout.hidden = true;
   setCrumbs(["Sign in"]);
+  // No name: a form field without one is never sent, whatever happens to the form.
   const input = h("input", {
     id: "token",
-    name: "token",
     type: "password",
     autocomplete: "off",
     spellcheck: "false",

@@ -134,6 +134,16 @@ async def test_the_console_in_a_browser(
                 # By keyboard: Tab reaches the sort button, focus shows, Enter sorts.
                 await page.goto(f"{base}/console#/")
                 await page.locator("#runtimes").wait_for()
+                # A 400-pixel window: the page does not scroll sideways (tables do, inside).
+                await page.set_viewport_size({"width": 400, "height": 800})
+                for where, ready in (("#/", "#runtimes"), (f"#/runtime/{runtime_id}", "#tasks")):
+                    await page.goto(f"{base}/console{where}")
+                    await page.locator(ready).wait_for()
+                    width = await page.evaluate("document.documentElement.scrollWidth")
+                    assert width <= 400, (where, width)
+                await page.set_viewport_size({"width": 1280, "height": 800})
+                await page.goto(f"{base}/console#/")
+                await page.locator("#runtimes").wait_for()
                 for _ in range(10):
                     await page.keyboard.press("Tab")
                     focused = await page.evaluate("document.activeElement.textContent")

@@ -39,6 +39,7 @@ def assert_locked_down(resp) -> None:
     assert directives["frame-ancestors"] == "'none'"
     assert directives["object-src"] == "'none'"
     assert directives["base-uri"] == "'none'"
+    assert directives["form-action"] == "'none'"  # a form never sends the token in a URL
     assert "unsafe" not in csp
     assert resp.headers["X-Content-Type-Options"] == "nosniff"
     assert resp.headers["X-Frame-Options"] == "DENY"
