@@ -266,6 +266,9 @@ function showRuntime(rt) {
     );
   }
   drawFilters();
+  // The runtime's controls (pause and resume, max_in_flight, claims_per_second) belong
+  // between the counts and the tasks, once the API has them; with them, a state column
+  // in RUNTIME_COLUMNS.
   replace(
     main,
     h("h1", {}, h("span", { class: "muted" }, "Runtime "), rt),
