@@ -10,6 +10,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from . import console
 from .access import RequestLog
 from .errors import BadRequest, MethodNotAllowed, NotFound
 from .httpio import internal_error_response, problem_response
@@ -45,7 +46,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             await gateway.close()
 
     app = Starlette(
-        routes=ROUTES,
+        routes=[*ROUTES, *console.ROUTES],  # the console: static files only
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
     )

@@ -55,8 +55,12 @@ def _banner(
     settings: Settings,
     token_file: Path | None,
     embedded_database_url: str | None = None,
+    console_token: str | None = None,
 ) -> str:
     base = f"http://{host}:{port}"
+    # The web console. With the development token, a link that signs in at once: the
+    # token rides in the fragment, which the browser never sends to the server.
+    console = f"{base}/console" + (f"#token={console_token}" if console_token else "")
     database_line = (
         [
             f"  database:  {embedded_database_url}",
@@ -85,6 +89,7 @@ def _banner(
             "claim-gateway is up",
             f"  api:       {base}",
             f"  health:    {base}/healthz  {base}/readyz  {base}/metrics",
+            f"  console:   {console}",
             auth_line,
             *database_line,
             "  try:",
@@ -143,7 +148,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if not args.access_log:
             logging.getLogger("gateway.access").setLevel(logging.WARNING)
         server = DrainingServer(config, on_exit_signal=app.state.gateway.claimer.drain)
-        banner = _banner(args.host, args.port, settings, token_file, embedded_database_url)
+        # The sign-in link holds the development token: printed on the terminal, never
+        # written into a JSON log stream.
+        printed = token_file is not None and settings.log_format != "json"
+        console_token = settings.admin_token if printed else None
+        banner = _banner(
+            args.host, args.port, settings, token_file, embedded_database_url, console_token
+        )
         if settings.log_format == "json":
             log.info(banner.strip())  # one JSON line like every other
         else:

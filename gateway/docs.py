@@ -14,6 +14,8 @@ from typing import Any
 from . import bodies
 from .errors import Conflict, Draining, GatewayError, IdempotencyKeyReused, LeaseLost, Overloaded
 from .models import LEASE_FIELDS, RUNTIME_ID_RE, TASK_FIELDS
+from .runtimes import MAX_LIMIT as MAX_RUNTIMES_LIMIT
+from .runtimes import PATTERN_WALK, RUNTIMES_QUERY
 from .schema import Body, Field, RawBody
 
 
@@ -143,6 +145,49 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "description": "Age of the oldest queued task that is due; null if none.",
             },
             "parked_pollers": {**_COUNT, "description": "Claims waiting on this instance."},
+        },
+        "additionalProperties": False,
+    },
+    # GET /v1/runtimes (gateway/runtimes.py)
+    "RuntimePage": {
+        "type": "object",
+        "required": ["runtimes", "next_cursor"],
+        "properties": {
+            "runtimes": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": [
+                        "runtime_id",
+                        "queued",
+                        "claimed",
+                        "oldest_queued_age_seconds",
+                        "parked_pollers",
+                    ],
+                    "properties": {
+                        "runtime_id": {"type": "string", "pattern": RUNTIME_ID_RE.pattern},
+                        "queued": {
+                            **_COUNT,
+                            "description": "Queued tasks, due or not yet due; expired ones not.",
+                        },
+                        "claimed": {**_COUNT, "description": "Tasks under a lease."},
+                        "oldest_queued_age_seconds": {
+                            "type": ["number", "null"],
+                            "description": "Age of the oldest queued task that is due; "
+                            "null if none.",
+                        },
+                        "parked_pollers": {
+                            **_COUNT,
+                            "description": "Claims waiting on this instance.",
+                        },
+                    },
+                    "additionalProperties": False,
+                },
+            },
+            "next_cursor": {
+                "type": ["string", "null"],
+                "description": "Where the next page starts; null on the last one.",
+            },
         },
         "additionalProperties": False,
     },
@@ -431,4 +476,23 @@ HEARTBEAT_MANY = Doc(
     _BATCH,
     tag="daemons",
     body=bodies.HEARTBEAT_MANY_BODY,
+)
+
+# -- the runtimes listing (gateway/runtimes.py) -------------------------------------------
+
+LIST_RUNTIMES = Doc(
+    "listRuntimes",
+    "List the runtimes that have live tasks, with their counts",
+    (
+        Reply(
+            200, "A page in runtime id order; next_cursor is null on the last one.", "RuntimePage"
+        ),
+    ),
+    "Lists every runtime holding a queued (due or not yet due) or claimed task, in runtime "
+    f"id order, at most `limit` ({MAX_RUNTIMES_LIMIT} at most) per page; a runtime whose "
+    "tasks have all finished is not listed. A token limited to runtime patterns sees only "
+    f"the runtimes they cover: each page looks at {PATTERN_WALK} runtimes at most, so its "
+    "page may hold fewer than `limit`, even none, with a next_cursor to go on from.",
+    tag="producers",
+    query=RUNTIMES_QUERY,
 )

@@ -17,7 +17,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import admin, admin_docs, batch, docs, models, openapi, webhooks
+from . import admin, admin_docs, batch, docs, models, openapi, runtimes, webhooks
 from .auth import Principal, Scope
 from .errors import GatewayError, NotFound
 from .httpio import (
@@ -397,6 +397,8 @@ ENDPOINTS = [
         Scope.ADMIN,
         doc=admin_docs.REVOKE_WEBHOOK_SECRET,
     ),
+    # The runtimes listing (the console's first page); tokens see the runtimes they cover.
+    Endpoint("GET", "/v1/runtimes", runtimes.list_runtimes, Scope.READ, doc=docs.LIST_RUNTIMES),
     Endpoint("GET", "/healthz", healthz, None, doc=docs.HEALTHZ),
     Endpoint("GET", "/readyz", readyz, None, doc=docs.READYZ),
     Endpoint("GET", "/metrics", metrics, None, doc=docs.METRICS),

@@ -659,3 +659,39 @@ class Leadership:
     async def release(self) -> None:
         if not self._conn.is_closed():
             self._conn.terminate()
+
+
+# -- the runtimes listing (GET /v1/runtimes, the console) ------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeSummary:
+    """One runtime's live counts: `queued` includes scheduled (not yet due) tasks and
+    excludes expired ones; the age is in seconds, None when no queued task is due."""
+
+    runtime_id: str
+    queued: int
+    claimed: int
+    oldest_queued_age_seconds: float | None
+
+
+async def walk_runtimes(
+    store: Store, after: str, limit: int, prefixes: Sequence[str] | None = None
+) -> list[str]:
+    """Up to `limit` runtime ids after `after`, in id order, that hold a live task
+    (queued, scheduled or claimed), from the smallest of `prefixes` on (None: from the
+    start). Reads only the live rows' partial indexes."""
+    starts = None if prefixes is None else list(prefixes)
+    rows = await store.run(lambda c: c.fetch(q.RUNTIMES_WALK, after, limit, starts))
+    return [r["runtime_id"] for r in rows]
+
+
+async def summarize_runtimes(store: Store, runtime_ids: Sequence[str]) -> list[RuntimeSummary]:
+    """Live counts for each of `runtime_ids`, in id order."""
+    if not runtime_ids:
+        return []
+    rows = await store.run(lambda c: c.fetch(q.RUNTIMES_SUMMARY, list(runtime_ids)))
+    return [
+        RuntimeSummary(r["runtime_id"], r["queued"], r["claimed"], r["oldest_queued_age_seconds"])
+        for r in rows
+    ]

@@ -100,6 +100,9 @@ RECIPES: dict[tuple[str, str], Recipe] = {
     ),
     ("GET", "/v1/admin/webhook-secrets"): Recipe(),
     ("DELETE", "/v1/admin/webhook-secrets/{secret_id}"): Recipe(expect=204),
+    # Lists, never refuses, by runtime: a token sees only the runtimes its patterns cover
+    # (tests/e2e/test_console_api.py).
+    ("GET", "/v1/runtimes"): Recipe(),
 }
 PUBLIC = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/openapi.json")}
 SIGNED = {("POST", "/v1/runtimes/{rt}/webhooks")}

@@ -23,7 +23,18 @@ from .errors import (
     ValidationFailed,
 )
 from .failure import TaskFailed
-from .models import Beat, Completion, Failure, ItemOutcome, NewTask, Page, Stats, Task
+from .models import (
+    Beat,
+    Completion,
+    Failure,
+    ItemOutcome,
+    NewTask,
+    Page,
+    RuntimePage,
+    RuntimeSummary,
+    Stats,
+    Task,
+)
 from .sync import Client
 from .worker import Outcome, Worker, WorkerOptions
 
@@ -52,6 +63,8 @@ __all__ = [
     "Overloaded",
     "Page",
     "PayloadTooLarge",
+    "RuntimePage",
+    "RuntimeSummary",
     "ServerError",
     "Stats",
     "StoreUnavailable",

@@ -16,7 +16,18 @@ from typing import Any
 import aiohttp
 
 from .errors import GatewayError, TransportError, error_from_answer
-from .models import Beat, Completion, Failure, ItemOutcome, NewTask, Page, Stats, Task
+from .models import (
+    Beat,
+    Completion,
+    Failure,
+    ItemOutcome,
+    NewTask,
+    Page,
+    RuntimePage,
+    RuntimeSummary,
+    Stats,
+    Task,
+)
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 # Any call but a long poll; a database under load can take a few seconds.
@@ -275,6 +286,28 @@ class AsyncClient:
     async def stats(self, runtime: str) -> Stats:
         _, data, _ = await self.request("GET", f"/v1/runtimes/{runtime}/stats")
         return Stats.from_json(data)
+
+    async def list_runtimes(
+        self, *, limit: int | None = None, cursor: str | None = None
+    ) -> RuntimePage:
+        """One page of the runtimes with live tasks (that the token covers), in id
+        order; pass its `next_cursor` back for the next."""
+        params = {k: str(v) for k, v in (("limit", limit), ("cursor", cursor)) if v is not None}
+        _, data, _ = await self.request("GET", "/v1/runtimes", params=params)
+        return RuntimePage(
+            [RuntimeSummary.from_json(r) for r in data["runtimes"]], data["next_cursor"]
+        )
+
+    async def iter_runtimes(self, *, page_size: int | None = None) -> AsyncIterator[RuntimeSummary]:
+        """Every runtime with live tasks that the token covers, following the cursors."""
+        cursor: str | None = None
+        while True:
+            page = await self.list_runtimes(limit=page_size, cursor=cursor)
+            for runtime in page.runtimes:
+                yield runtime
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
 
 
 __all__ = ["AsyncClient", "GatewayError", "config_from_env"]

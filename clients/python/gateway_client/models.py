@@ -204,3 +204,38 @@ class ItemOutcome:
             problem=data.get("problem"),
             raw=data,
         )
+
+
+# -- the runtimes listing (GET /v1/runtimes) ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class RuntimeSummary:
+    """A runtime with live tasks: `queued` counts due and not-yet-due tasks; the age is
+    in seconds (None when no queued task is due); parked pollers are the answering
+    instance's."""
+
+    runtime_id: str
+    queued: int
+    claimed: int
+    oldest_queued_age_seconds: float | None
+    parked_pollers: int
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RuntimeSummary:
+        return cls(
+            runtime_id=data["runtime_id"],
+            queued=data["queued"],
+            claimed=data["claimed"],
+            oldest_queued_age_seconds=data.get("oldest_queued_age_seconds"),
+            parked_pollers=data.get("parked_pollers", 0),
+        )
+
+
+@dataclass(frozen=True)
+class RuntimePage:
+    """One page of runtimes in id order; `next_cursor` is None at the end. A token limited
+    to runtime patterns may get a short or empty page that still has a next_cursor."""
+
+    runtimes: list[RuntimeSummary]
+    next_cursor: str | None

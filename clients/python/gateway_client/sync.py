@@ -16,7 +16,18 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from .client import DEFAULT_TIMEOUT_SECONDS, AsyncClient
-from .models import Beat, Completion, Failure, ItemOutcome, NewTask, Page, Stats, Task
+from .models import (
+    Beat,
+    Completion,
+    Failure,
+    ItemOutcome,
+    NewTask,
+    Page,
+    RuntimePage,
+    RuntimeSummary,
+    Stats,
+    Task,
+)
 
 T = TypeVar("T")
 
@@ -110,3 +121,15 @@ class Client:
 
     def stats(self, runtime: str) -> Stats:
         return self._run(self.aio.stats(runtime))
+
+    def list_runtimes(self, **query: Any) -> RuntimePage:
+        return self._run(self.aio.list_runtimes(**query))
+
+    def iter_runtimes(self, *, page_size: int | None = None) -> Iterator[RuntimeSummary]:
+        cursor: str | None = None
+        while True:
+            page = self.list_runtimes(limit=page_size, cursor=cursor)
+            yield from page.runtimes
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor

@@ -1,0 +1,508 @@
+// The console: runtimes, a runtime, a task. Hash routes (#/, #/runtime/ID, #/task/ID)
+// so that the gateway serves one page; data comes from the public API.
+import { ApiError, call, path, session } from "./api.js";
+import { age, badge, h, replace, time } from "./dom.js";
+import { parseExact, pretty } from "./json.js";
+
+// A sign-in link, /console#token=..., carries the token in the fragment, which the
+// browser never sends to the server. Keep it for this tab and take it out of the
+// address bar (and so out of the history) before anything else runs.
+if (location.hash.startsWith("#token=")) {
+  const token = decodeURIComponent(location.hash.slice("#token=".length));
+  if (token) session.signIn(token);
+  history.replaceState(null, "", location.pathname + location.search + "#/");
+}
+
+const REFRESH_MS = 5000;
+const RUNTIMES_PER_PAGE = 50;
+const TASKS_PER_PAGE = 20;
+const STATUSES = ["queued", "claimed", "completed", "dead", "expired", "cancelled"];
+const FINISHED = new Set(["completed", "dead", "expired", "cancelled"]);
+
+const main = document.getElementById("main");
+const crumbs = document.getElementById("crumbs");
+const signout = document.getElementById("signout");
+let view = null; // {refresh(): Promise<void>}
+let generation = 0; // bumped on every navigation, so a late answer is dropped
+
+signout.addEventListener("click", () => {
+  session.signOut();
+  showSignIn("Signed out.");
+});
+
+function problemText(err) {
+  return err instanceof ApiError ? err.explain() : `Unexpected error: ${err.message || err}`;
+}
+
+// An error of a refresh or a page load: a refused token goes back to sign-in.
+function failed(err, where) {
+  if (err instanceof ApiError && err.status === 401) {
+    session.signOut();
+    showSignIn(`The gateway refused the token: ${err.problem.detail || "not valid"}.`);
+    return;
+  }
+  replace(where, h("p", { class: "error", role: "alert" }, problemText(err)));
+}
+
+function setCrumbs(...items) {
+  replace(
+    crumbs,
+    h(
+      "ol",
+      {},
+      items.map(([label, href]) =>
+        h("li", {}, href ? h("a", { href }, label) : h("span", { "aria-current": "page" }, label)),
+      ),
+    ),
+  );
+}
+
+// -- sign in -----------------------------------------------------------------------------
+
+function showSignIn(message) {
+  generation++;
+  view = null;
+  signout.hidden = true;
+  setCrumbs(["Sign in"]);
+  // No name: a form field without one is never sent, whatever happens to the form.
+  const input = h("input", {
+    id: "token",
+    type: "password",
+    autocomplete: "off",
+    spellcheck: "false",
+    required: true,
+  });
+  const note = h("p", { class: "error", role: "alert" });
+  const form = h(
+    "form",
+    { class: "signin" },
+    h("h1", {}, "Sign in"),
+    h(
+      "p",
+      { class: "muted" },
+      "Paste an API token. A token with the read scope can look; cancelling and " +
+        "retrying need the enqueue scope. The token stays in this tab only.",
+    ),
+    message ? h("p", { class: "muted", role: "status" }, message) : null,
+    h("label", { for: "token" }, "API token"),
+    input,
+    h("button", { type: "submit" }, "Sign in"),
+    note,
+  );
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    session.signIn(input.value.trim());
+    input.value = "";
+    try {
+      await call("GET", path.runtimes(), { limit: 1 });
+    } catch (err) {
+      session.signOut();
+      replace(note, problemText(err));
+      return;
+    }
+    route();
+  });
+  replace(main, form);
+  input.focus();
+}
+
+// -- shared pieces -----------------------------------------------------------------------
+
+function pager(cursors, next, go) {
+  const previous = h("button", { type: "button", disabled: cursors.length <= 1 }, "Previous page");
+  const following = h("button", { type: "button", disabled: !next }, "Next page");
+  previous.addEventListener("click", () => {
+    cursors.pop();
+    go();
+  });
+  following.addEventListener("click", () => {
+    cursors.push(next);
+    go();
+  });
+  return h("div", { class: "pager" }, previous, following);
+}
+
+function updated() {
+  return `Updated ${new Date().toISOString().slice(11, 19)} UTC, every ${REFRESH_MS / 1000} s`;
+}
+
+// -- runtimes ----------------------------------------------------------------------------
+
+const RUNTIME_COLUMNS = [
+  ["runtime_id", "Runtime", "text"],
+  ["queued", "Queued", "num"],
+  ["claimed", "Claimed", "num"],
+  ["oldest_queued_age_seconds", "Oldest queued", "num"],
+  ["parked_pollers", "Parked pollers", "num"],
+];
+
+function showRuntimes() {
+  setCrumbs(["Runtimes"]);
+  const cursors = [""];
+  const sort = { key: "runtime_id", descending: false };
+  let rows = [];
+  let next = null;
+  const table = h("div", { class: "scroll" });
+  const stamp = h("p", { class: "muted stamp" });
+  const pages = h("div");
+  const jump = h("input", { id: "goto", name: "runtime", autocomplete: "off", required: true });
+  const jumpForm = h(
+    "form",
+    { class: "inline" },
+    h("label", { for: "goto" }, "Open a runtime by id"),
+    jump,
+    h("button", { type: "submit" }, "Open"),
+  );
+  jumpForm.addEventListener("submit", (event) => {
+    event.preventDefault();
+    location.hash = `#/runtime/${encodeURIComponent(jump.value.trim())}`;
+  });
+  replace(
+    main,
+    h("h1", {}, "Runtimes"),
+    h(
+      "p",
+      { class: "muted" },
+      "Runtimes with queued or claimed tasks, in id order. The column buttons sort " +
+        "the runtimes of this page.",
+    ),
+    jumpForm,
+    stamp,
+    table,
+    pages,
+  );
+
+  function draw() {
+    const sorted = [...rows].sort((a, b) => {
+      const x = a[sort.key] ?? -1;
+      const y = b[sort.key] ?? -1;
+      const order = x < y ? -1 : x > y ? 1 : 0;
+      return sort.descending ? -order : order;
+    });
+    const head = RUNTIME_COLUMNS.map(([key, label, kind]) => {
+      const active = sort.key === key;
+      const button = h(
+        "button",
+        { type: "button", class: "sort" },
+        label,
+        active ? (sort.descending ? " ▼" : " ▲") : "",
+      );
+      button.addEventListener("click", () => {
+        sort.descending = active ? !sort.descending : kind === "num";
+        sort.key = key;
+        draw();
+        table.querySelector(`th[data-key="${key}"] button`).focus();
+      });
+      const ariaSort = active ? (sort.descending ? "descending" : "ascending") : null;
+      return h("th", { scope: "col", class: kind, "data-key": key, "aria-sort": ariaSort }, button);
+    });
+    const body = sorted.map((r) =>
+      h(
+        "tr",
+        {},
+        h(
+          "th",
+          { scope: "row" },
+          h("a", { href: `#/runtime/${encodeURIComponent(r.runtime_id)}` }, r.runtime_id),
+        ),
+        h("td", { class: "num" }, r.queued),
+        h("td", { class: "num" }, r.claimed),
+        h("td", { class: "num" }, age(r.oldest_queued_age_seconds)),
+        h("td", { class: "num" }, r.parked_pollers),
+      ),
+    );
+    replace(
+      table,
+      rows.length
+        ? h("table", { id: "runtimes" }, h("thead", {}, h("tr", {}, head)), h("tbody", {}, body))
+        : h("p", { class: "empty" }, "No runtime on this page has queued or claimed tasks."),
+    );
+    replace(pages, pager(cursors, next, refresh));
+  }
+
+  async function refresh() {
+    const mine = generation;
+    const cursor = cursors[cursors.length - 1];
+    const { body } = await call("GET", path.runtimes(), {
+      limit: RUNTIMES_PER_PAGE,
+      cursor,
+    });
+    if (mine !== generation) return;
+    rows = body.runtimes;
+    next = body.next_cursor;
+    replace(stamp, updated());
+    draw();
+  }
+  return { refresh, errors: table };
+}
+
+// -- a runtime ---------------------------------------------------------------------------
+
+function showRuntime(rt) {
+  setCrumbs(["Runtimes", "#/"], [rt]);
+  const cursors = [""];
+  let status = "";
+  let next = null;
+  const counts = h("div", { class: "cards" });
+  const stamp = h("p", { class: "muted stamp" });
+  const list = h("div", { class: "scroll" });
+  const pages = h("div");
+  const filters = h("div", { class: "filters", role: "group", "aria-label": "Show tasks" });
+
+  function drawFilters() {
+    replace(
+      filters,
+      ["", ...STATUSES].map((s) => {
+        const b = h("button", { type: "button", "aria-pressed": String(s === status) }, s || "all");
+        b.addEventListener("click", async () => {
+          status = s;
+          cursors.splice(1);
+          drawFilters();
+          await refreshTasks().catch((err) => failed(err, list));
+          filters.querySelector('[aria-pressed="true"]').focus();
+        });
+        return b;
+      }),
+    );
+  }
+  drawFilters();
+  // The runtime's controls (pause and resume, max_in_flight, claims_per_second) belong
+  // between the counts and the tasks, once the API has them; with them, a state column
+  // in RUNTIME_COLUMNS.
+  replace(
+    main,
+    h("h1", {}, h("span", { class: "muted" }, "Runtime "), rt),
+    stamp,
+    counts,
+    h("h2", {}, "Tasks"),
+    filters,
+    list,
+    pages,
+  );
+
+  function card(label, value, cls) {
+    return h("div", { class: `card ${cls || ""}` }, h("span", { class: "value" }, value), label);
+  }
+
+  async function refreshStats() {
+    const mine = generation;
+    const { body } = await call("GET", path.stats(rt));
+    if (mine !== generation) return;
+    replace(
+      counts,
+      STATUSES.map((s) => card(s, body.counts[s] ?? 0, `s-${s}`)),
+      card("oldest queued", age(body.oldest_queued_age_seconds)),
+      card("parked pollers", body.parked_pollers),
+    );
+    replace(stamp, updated());
+  }
+
+  async function refreshTasks() {
+    const mine = generation;
+    const { body } = await call("GET", path.tasks(rt), {
+      status,
+      limit: TASKS_PER_PAGE,
+      cursor: cursors[cursors.length - 1],
+    });
+    if (mine !== generation) return;
+    next = body.next_cursor;
+    replace(
+      list,
+      body.tasks.length
+        ? h(
+            "table",
+            { id: "tasks" },
+            h(
+              "thead",
+              {},
+              h(
+                "tr",
+                {},
+                ["Task", "Status", "Priority", "Attempts", "Created", "Updated"].map((c) =>
+                  h("th", { scope: "col" }, c),
+                ),
+              ),
+            ),
+            h(
+              "tbody",
+              {},
+              body.tasks.map((t) =>
+                h(
+                  "tr",
+                  {},
+                  h(
+                    "th",
+                    { scope: "row" },
+                    h(
+                      "a",
+                      { href: `#/task/${encodeURIComponent(t.id)}`, class: "mono", title: t.id },
+                      t.id.slice(0, 8),
+                    ),
+                  ),
+                  h("td", {}, badge(t.status), t.cancel_requested ? " cancelling" : ""),
+                  h("td", { class: "num" }, t.priority),
+                  h("td", { class: "num" }, `${t.attempts} / ${t.max_attempts}`),
+                  h("td", {}, time(t.created_at)),
+                  h("td", {}, time(t.updated_at)),
+                ),
+              ),
+            ),
+          )
+        : h("p", { class: "empty" }, status ? `No ${status} tasks here.` : "No tasks here."),
+    );
+    replace(pages, pager(cursors, next, () => refreshTasks().catch((err) => failed(err, list))));
+  }
+
+  async function refresh() {
+    await Promise.all([refreshStats(), refreshTasks()]);
+  }
+  return { refresh, errors: counts };
+}
+
+// -- a task ------------------------------------------------------------------------------
+
+function showTask(id) {
+  setCrumbs(["Runtimes", "#/"], ["Task"]);
+  const head = h("div", { class: "taskhead" });
+  const actions = h("div", { class: "actions" });
+  const message = h("div", { class: "message" });
+  const details = h("div");
+  replace(main, head, actions, message, details);
+  let shown = null;
+
+  function say(text, kind) {
+    replace(message, h("p", { class: kind, role: kind === "error" ? "alert" : "status" }, text));
+  }
+
+  function action(label, verb, done) {
+    const b = h("button", { type: "button", class: verb === "cancel" ? "danger" : "" }, label);
+    b.addEventListener("click", async () => {
+      b.disabled = true;
+      try {
+        const { body } = await call("POST", `${path.task(id)}/${verb}`);
+        say(`${done} It is now ${body.status}${body.cancel_requested ? " (cancel requested)" : ""}.`, "ok");
+        await refresh();
+      } catch (err) {
+        if (err instanceof ApiError && err.status === 401) return failed(err, message);
+        const why = err instanceof ApiError && err.status === 403 ? "Not allowed. " : "";
+        say(`${label} refused. ${why}${problemText(err)}`, "error");
+      } finally {
+        b.disabled = false;
+      }
+    });
+    return b;
+  }
+
+  function drawActions(t) {
+    const buttons = [];
+    if ((t.status === "queued" || t.status === "claimed") && !t.cancel_requested) {
+      buttons.push(action("Cancel task", "cancel", "Cancelled."));
+    }
+    if (t.status === "dead" || t.status === "expired" || t.status === "cancelled") {
+      buttons.push(action("Retry task", "retry", "Queued again."));
+    }
+    const focused = actions.contains(document.activeElement) ? document.activeElement.textContent : null;
+    replace(actions, buttons);
+    const again = [...actions.querySelectorAll("button")].find((b) => b.textContent === focused);
+    if (again) again.focus();
+  }
+
+  function field(label, ...value) {
+    return [h("dt", {}, label), h("dd", {}, ...value)];
+  }
+
+  function json(label, value, cls) {
+    return h("section", {}, h("h2", {}, label), h("pre", { class: cls || "json", tabindex: "0" }, value));
+  }
+
+  async function refresh() {
+    const mine = generation;
+    const { body: t, text } = await call("GET", path.task(id));
+    if (mine !== generation) return;
+    let exact = null;
+    try {
+      exact = parseExact(text);
+    } catch {
+      exact = null;
+    }
+    const show = (key) => (exact ? pretty(exact.get(key)) : JSON.stringify(t[key], null, 2));
+    setCrumbs(["Runtimes", "#/"], [t.runtime_id, `#/runtime/${encodeURIComponent(t.runtime_id)}`], ["Task"]);
+    replace(
+      head,
+      h("h1", {}, "Task ", h("span", { class: "mono" }, t.id)),
+      h("p", {}, badge(t.status), t.cancel_requested ? h("span", { class: "note" }, " cancel requested") : ""),
+    );
+    if (shown !== `${t.status}/${t.cancel_requested}`) drawActions(t);
+    shown = `${t.status}/${t.cancel_requested}`;
+    const finished = FINISHED.has(t.status) ? t.updated_at : null;
+    replace(
+      details,
+      h(
+        "dl",
+        { class: "facts" },
+        field("Runtime", h("a", { href: `#/runtime/${encodeURIComponent(t.runtime_id)}` }, t.runtime_id)),
+        field("Priority", t.priority),
+        field("Attempts", `${t.attempts} of ${t.max_attempts}`),
+        t.status === "claimed"
+          ? [
+              field("Worker", t.worker_id),
+              field("Lease expires", time(t.lease_expires_at)),
+            ]
+          : field("Lease", "none"),
+      ),
+      h("h2", {}, "Timeline"),
+      h(
+        "ol",
+        { class: "timeline" },
+        h("li", {}, h("span", {}, "Created"), time(t.created_at)),
+        h("li", {}, h("span", {}, "Run at"), time(t.run_at)),
+        t.expires_at ? h("li", {}, h("span", {}, "Expires"), time(t.expires_at)) : null,
+        h("li", {}, h("span", {}, "Updated"), time(t.updated_at)),
+        finished ? h("li", {}, h("span", {}, "Finished"), time(finished)) : null,
+      ),
+      t.render_error ? h("p", { class: "error" }, t.render_error) : null,
+      json("Payload", show("payload")),
+      t.status === "completed" ? json("Result", show("result")) : null,
+      t.last_error ? json("Last error", t.last_error, "errortext") : null,
+    );
+  }
+  return { refresh, errors: details };
+}
+
+// -- routing -----------------------------------------------------------------------------
+
+async function route() {
+  generation++;
+  if (!session.token()) return showSignIn();
+  signout.hidden = false;
+  const hash = location.hash || "#/";
+  const [, kind, raw] = hash.match(/^#\/(runtime|task)\/(.+)$/) || [];
+  const id = raw ? decodeURIComponent(raw) : null;
+  view = kind === "runtime" ? showRuntime(id) : kind === "task" ? showTask(id) : showRuntimes();
+  const current = view;
+  try {
+    await current.refresh();
+  } catch (err) {
+    if (view === current) failed(err, current.errors);
+  }
+}
+
+let refreshing = false;
+setInterval(async () => {
+  if (!view || refreshing || document.hidden) return;
+  refreshing = true;
+  const current = view;
+  try {
+    await current.refresh();
+  } catch (err) {
+    if (view === current) failed(err, current.errors);
+  } finally {
+    refreshing = false;
+  }
+}, REFRESH_MS);
+
+window.addEventListener("hashchange", () => {
+  route();
+  main.focus({ preventScroll: true });
+});
+route();

@@ -1,0 +1,170 @@
+"""The console in a real browser: a `gateway serve` process over the real Postgres and
+Redis, and Debian's Chromium driven by Playwright. Signs in through a /console#token=
+link, reads the runtimes, a runtime and a task, cancels a task, and is refused with a
+read-only token.
+
+Chromium missing: the test fails with CI=true, and is skipped otherwise."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+
+import aiohttp
+import pytest
+
+from tests.conftest import IN_CI
+from tests.e2e.console_browser import MISSING, Api, browser_page, chromium_missing
+from tests.harness import TOKEN, serve_process
+
+pytestmark = pytest.mark.integration
+
+BIG = "18446744073709551616.000000000000000000001"  # JSON.parse would round it
+HOSTILE = "<img src=x onerror=document.title='pwned'>"
+
+
+@pytest.fixture
+def chromium() -> None:
+    if chromium_missing():
+        if IN_CI:
+            pytest.fail(MISSING + "; CI=true forbids skipping", pytrace=False)
+        pytest.skip(MISSING)
+
+
+@pytest.mark.timeout(90)  # two processes start; the browser part itself takes ~10 s
+async def test_the_console_in_a_browser(
+    chromium, fresh_database_url, redis_url, redis_prefix, runtime_id
+):
+    env = {
+        **os.environ,
+        "DATABASE_URL": fresh_database_url,
+        "REDIS_URL": redis_url,
+        "GATEWAY_ADMIN_TOKEN": TOKEN,
+        "GATEWAY_REDIS_PREFIX": redis_prefix,
+    }
+    async with serve_process(
+        "--migrate", "--access-log", env=env, stdout=asyncio.subprocess.PIPE
+    ) as (proc, base):
+        assert proc.stdout is not None and proc.stderr is not None
+        logs = asyncio.gather(proc.stdout.read(), proc.stderr.read())
+        async with aiohttp.ClientSession() as http:
+            admin = Api(http, base, TOKEN)
+            operator = await admin.make_token(["read", "enqueue"], [runtime_id])
+            viewer = await admin.make_token(["read"], [runtime_id])
+            other = f"{runtime_id}-other"
+            await admin.enqueue(other, "not yours")
+            ops = Api(http, base, operator)
+            tasks = [await ops.enqueue(runtime_id, {"n": i}) for i in range(3)]
+            odd = await ops.enqueue(runtime_id, {"big": "<raw>", "html": HOSTILE})
+            # A number no double holds, sent as raw JSON text, as a tenant may.
+            async with http.post(
+                f"{base}/v1/runtimes/{runtime_id}/tasks",
+                data=f'{{"payload": {{"amount": {BIG}}}}}',
+                headers={"Authorization": f"Bearer {operator}"},
+            ) as resp:
+                assert resp.status == 201
+                exact = await resp.json()
+
+            sent: list[str] = []
+            problems: list[str] = []
+            async with browser_page() as page:
+                page.on("request", lambda r: sent.append(r.url))
+                page.on("console", lambda m: problems.append(m.text) if m.type == "error" else 0)
+                page.on("pageerror", lambda e: problems.append(str(e)))
+                page.set_default_timeout(10_000)
+
+                # Sign in through the link: the fragment goes at once.
+                await page.goto(f"{base}/console#token={operator}")
+                row = page.locator("#runtimes tbody tr", has_text=runtime_id)
+                await row.wait_for()
+                assert "token" not in page.url and operator not in page.url
+                # Replaced, not pushed: about:blank and this page, no entry with the token.
+                assert await page.evaluate("history.length") == 2
+                assert await row.locator("td").nth(0).inner_text() == "5"  # queued
+                assert await page.locator("#runtimes", has_text=other).count() == 0
+                assert operator not in await page.content()
+
+                # A runtime: its counts and tasks; the counts refresh by themselves.
+                await row.get_by_role("link", name=runtime_id).click()
+                queued = page.locator(".card.s-queued .value")
+                await page.wait_for_selector("#tasks")
+                assert await queued.inner_text() == "5"
+                await ops.enqueue(runtime_id, {"n": "late"})
+                # (The policy forbids eval, so no wait_for_function: locators only.)
+                await queued.filter(has_text=re.compile(r"^6$")).wait_for()
+                assert await page.locator("#tasks tbody tr").count() == 6
+
+                # A task: the payload shown exactly and as text, never as HTML.
+                await page.get_by_role("link", name=odd["id"][:8]).click()
+                payload = page.locator("section", has_text="Payload").locator("pre")
+                await payload.wait_for()
+                assert HOSTILE in await payload.inner_text()
+                assert await page.locator("main img").count() == 0
+                assert await page.title() == "claim-gateway console"
+                await page.goto(f"{base}/console#/task/{exact['id']}")
+                await page.locator("section", has_text="Payload").wait_for()
+                assert f'"amount": {BIG}' in await page.locator("pre").first.inner_text()
+
+                # Cancel a queued task; its status changes on the page.
+                await page.goto(f"{base}/console#/task/{tasks[0]['id']}")
+                await page.get_by_role("button", name="Cancel task").click()
+                await page.get_by_role("status").filter(has_text="Cancelled.").wait_for()
+                await page.locator(".taskhead .badge", has_text="cancelled").wait_for()
+                assert await page.get_by_role("button", name="Retry task").count() == 1
+                assert (await ops.ok("GET", f"/v1/tasks/{tasks[0]['id']}"))["status"] == (
+                    "cancelled"
+                )
+
+                # A read-only token signs in by the form and is refused, clearly.
+                await page.get_by_role("button", name="Sign out").click()
+                await page.get_by_label("API token").fill(viewer)
+                await page.get_by_role("button", name="Sign in").click()
+                # Back where it was: the cancelled task, whose Retry it may not use either.
+                await page.get_by_role("button", name="Retry task").wait_for()
+                await page.goto(f"{base}/console#/task/{tasks[1]['id']}")
+                await page.get_by_role("button", name="Cancel task").click()
+                alert = page.get_by_role("alert")
+                await alert.wait_for()
+                text = await alert.inner_text()
+                assert "Forbidden (403)" in text and "'enqueue' scope" in text, text
+                assert (await ops.ok("GET", f"/v1/tasks/{tasks[1]['id']}"))["status"] == "queued"
+                assert viewer not in await page.content()
+
+                # By keyboard: Tab reaches the sort button, focus shows, Enter sorts.
+                await page.goto(f"{base}/console#/")
+                await page.locator("#runtimes").wait_for()
+                # A 400-pixel window: the page does not scroll sideways (tables do, inside).
+                await page.set_viewport_size({"width": 400, "height": 800})
+                for where, ready in (("#/", "#runtimes"), (f"#/runtime/{runtime_id}", "#tasks")):
+                    await page.goto(f"{base}/console{where}")
+                    await page.locator(ready).wait_for()
+                    width = await page.evaluate("document.documentElement.scrollWidth")
+                    assert width <= 400, (where, width)
+                await page.set_viewport_size({"width": 1280, "height": 800})
+                await page.goto(f"{base}/console#/")
+                await page.locator("#runtimes").wait_for()
+                for _ in range(10):
+                    await page.keyboard.press("Tab")
+                    focused = await page.evaluate("document.activeElement.textContent")
+                    if focused.startswith("Runtime"):
+                        break
+                assert focused.startswith("Runtime"), focused
+                outline = "getComputedStyle(document.activeElement).outlineStyle"
+                assert await page.evaluate(outline) == "solid"
+                await page.keyboard.press("Enter")
+                header = page.locator('th[data-key="runtime_id"]')
+                assert await header.get_attribute("aria-sort") == "descending"
+
+        proc.terminate()
+        text = b"".join(await asyncio.wait_for(logs, 30)).decode()
+        await proc.wait()
+    # No CSP violation and no script error: the one error logged is the refused cancel.
+    refused = "Failed to load resource: the server responded with a status of 403 (Forbidden)"
+    assert problems == [refused], problems
+    assert any(u.endswith("/console/assets/app.js") for u in sent)
+    for token in (operator, viewer):
+        assert not any(token in url for url in sent), sent
+        assert token not in text
+    assert "GET /console 200" in text and "GET /v1/runtimes 200" in text
+    assert re.search(r"POST /v1/tasks/\{task_id\}/cancel 403", text)

@@ -1,0 +1,92 @@
+"""GET /v1/runtimes reads the live rows' partial indexes only: its two statements touch
+about as many buffers with 200,000 finished tasks in the table as with none."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+import pytest
+
+from gateway import queries as q
+from tests.support.databases import migrate
+
+pytestmark = pytest.mark.integration
+
+RUNTIMES = 40
+HISTORY_PER_RUNTIME = 5000  # 200,000 finished rows in all
+
+
+async def buffers(conn: asyncpg.Connection, query: str, *args: Any) -> int:
+    """Shared buffers the statement touched (hit or read), from EXPLAIN ANALYZE."""
+    raw = await conn.fetchval("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, *args)
+    plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
+    return int(plan["Shared Hit Blocks"]) + int(plan["Shared Read Blocks"])
+
+
+async def costs(conn: asyncpg.Connection) -> dict[str, int]:
+    ids = [f"rt-{i:03d}" for i in range(RUNTIMES)]
+    return {
+        "walk": await buffers(conn, q.RUNTIMES_WALK, "", 101, None),
+        "walk from a prefix": await buffers(conn, q.RUNTIMES_WALK, "", 101, ["rt-02"]),
+        "summary": await buffers(conn, q.RUNTIMES_SUMMARY, ids),
+    }
+
+
+@pytest.mark.timeout(120)
+async def test_the_listing_does_not_read_the_finished_history(fresh_database_url, request):
+    conn = await asyncpg.connect(await migrate(fresh_database_url))
+    try:
+        scheduled_index = await conn.fetchval(
+            "SELECT count(*) FROM pg_indexes WHERE tablename = 'tasks' "
+            "AND indexdef LIKE '%status = ''scheduled''%'"
+        )
+        if not scheduled_index:
+            # The scheduled arm's index comes with migration 0004 (the `scheduled`
+            # status); until then that arm scans the table. Strict: passing fails.
+            request.node.add_marker(
+                pytest.mark.xfail(
+                    reason="no partial index over scheduled tasks before migration 0004",
+                    strict=True,
+                )
+            )
+        # Live rows: per runtime, 3 queued (one not yet due) and 1 claimed.
+        await conn.execute(
+            """
+            INSERT INTO tasks (runtime_id, status, payload, run_at, lease_id, lease_expires_at,
+                               worker_id, attempts)
+            SELECT 'rt-' || lpad(r::text, 3, '0'),
+                   CASE WHEN k = 4 THEN 'claimed' ELSE 'queued' END,
+                   '{}'::jsonb,
+                   CASE WHEN k = 3 THEN now() + interval '1 hour' ELSE now() END,
+                   CASE WHEN k = 4 THEN gen_random_uuid() END,
+                   CASE WHEN k = 4 THEN now() + interval '1 hour' END,
+                   CASE WHEN k = 4 THEN 'w' END,
+                   CASE WHEN k = 4 THEN 1 ELSE 0 END
+              FROM generate_series(0, $1::int - 1) AS r, generate_series(1, 4) AS k
+            """,
+            RUNTIMES,
+        )
+        await conn.execute("ANALYZE tasks")
+        before = await costs(conn)
+        await conn.execute(
+            """
+            INSERT INTO tasks (runtime_id, status, payload, attempts, finished_at, result)
+            SELECT 'rt-' || lpad(r::text, 3, '0'),
+                   CASE WHEN k % 10 = 0 THEN 'dead' ELSE 'completed' END,
+                   '{"job": "done"}'::jsonb, 1, now(), '{"ok": true}'::jsonb
+              FROM generate_series(0, $1::int - 1) AS r, generate_series(1, $2::int) AS k
+            """,
+            RUNTIMES,
+            HISTORY_PER_RUNTIME,
+        )
+        await conn.execute("VACUUM ANALYZE tasks")
+        after = await costs(conn)
+        rows = await conn.fetch(q.RUNTIMES_SUMMARY, [f"rt-{i:03d}" for i in range(RUNTIMES)])
+    finally:
+        await conn.close()
+    assert [(r["queued"], r["claimed"]) for r in rows] == [(3, 1)] * RUNTIMES
+    # The history's heap alone is thousands of pages; an index over it, hundreds.
+    for name, cost in after.items():
+        assert cost <= 2 * before[name] + 20, (name, before, after)
