@@ -274,12 +274,16 @@ SELECT status, sum(n)::bigint AS n FROM (
 GROUP BY status
 """
 
-# Over the live rows only (tasks_live_idx), never the runtime's finished history.
+# Over the live rows only (tasks_live_idx), never the runtime's finished history. The
+# OFFSET 0 keeps the planner from answering min() by walking tasks_runtime_created_idx
+# in created_at order: on a runtime with a long history that walk reads every finished
+# row created before the oldest queued one.
 OLDEST_QUEUED_AGE = """
 SELECT extract(epoch FROM clock_timestamp() - min(created_at))::float8
-  FROM tasks
- WHERE runtime_id = $1 AND status IN ('queued', 'scheduled') AND run_at <= now()
-   AND (expires_at IS NULL OR expires_at > now())
+  FROM (SELECT created_at FROM tasks
+         WHERE runtime_id = $1 AND status IN ('queued', 'scheduled') AND run_at <= now()
+           AND (expires_at IS NULL OR expires_at > now())
+        OFFSET 0) AS live
 """
 
 # -- janitor --
