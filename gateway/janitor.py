@@ -33,6 +33,11 @@ MAX_BATCHES_PER_STEP = 10  # bounds one pass; what is left waits for the next
 # its own last duration has passed, so it takes at most a tenth of the janitor's time
 # however large the queue grows (and every pass while it is quick).
 DEPTH_DUTY = 10.0
+# The repair walk's pages (of janitor_batch_size runtimes with a queued task) per pass.
+# A page costs about 0.15 s (two index probes, a Redis read and a publish per runtime),
+# so a pass stays well under a second however many runtimes there are; with more
+# runtimes than two pages a round takes several passes (docs/design.md, I6).
+REPAIR_PAGES_PER_PASS = 2
 FINISHED = ("completed", "cancelled", "expired")
 
 
@@ -45,7 +50,7 @@ class PassReport:
     purged: int = 0
     folded: int = 0
     # Runtimes the repair walk visited, claimable or not (at most
-    # MAX_BATCHES_PER_STEP * janitor_batch_size per pass).
+    # REPAIR_PAGES_PER_PASS * janitor_batch_size per pass).
     visited: int = 0
     repaired: list[str] = field(default_factory=list)
     woken: list[str] = field(default_factory=list)
@@ -155,13 +160,13 @@ class Janitor:
         a poll is parked on them, it missed one (a publish lost while the bump landed),
         and it re-checks; if none is, nobody listens.
 
-        The walk visits at most MAX_BATCHES_PER_STEP pages of janitor_batch_size
+        The walk visits at most REPAIR_PAGES_PER_PASS pages of janitor_batch_size
         runtimes with a queued task per pass, and goes on from there at the next pass:
         with R such runtimes a full round takes ceil(R / that) passes, which is the
         repair bound that docs/design.md (section 3, I6) states."""
         if not self._settings.cache_enabled:
             return
-        for _ in range(MAX_BATCHES_PER_STEP):
+        for _ in range(REPAIR_PAGES_PER_PASS):
             page = await self._store.claimable_runtimes(self._batch, self._repair_after)
             self._repair_after = page.next_after
             report.visited += page.visited

@@ -1,7 +1,7 @@
 """Measurements at scale, on a database of their own (dropped afterwards):
 
     python -m tests.scale stats    [--finished 1000000]
-    python -m tests.scale janitor  [--runtimes 100000 --per-runtime 10 --passes 5]
+    python -m tests.scale janitor  [--runtimes 100000 --per-runtime 10 --passes 5 --interval 5]
     python -m tests.scale drain    [--tasks 20000 --completers 8 --rounds 3]
 
 `stats`: the stats of a runtime with `--finished` finished tasks against those of a
@@ -155,7 +155,7 @@ async def measure_stats(finished: int) -> None:
         await drop()
 
 
-async def measure_janitor(runtimes: int, per_runtime: int, passes: int) -> None:
+async def measure_janitor(runtimes: int, per_runtime: int, passes: int, interval: float) -> None:
     from tests.harness import make_settings, running_gateway
 
     url, drop = await scratch_database()
@@ -191,6 +191,7 @@ async def measure_janitor(runtimes: int, per_runtime: int, passes: int) -> None:
                 await asyncio.sleep(0.05)
             await asyncio.sleep(0.5)
             for n in range(passes):
+                await asyncio.sleep(interval)  # as the loop waits between passes
                 started = time.perf_counter()
                 report = await janitor.run_once()
                 took = time.perf_counter() - started
@@ -275,6 +276,9 @@ def main() -> None:
     janitor.add_argument("--runtimes", type=int, default=100_000)
     janitor.add_argument("--per-runtime", type=int, default=10)
     janitor.add_argument("--passes", type=int, default=5)
+    janitor.add_argument(
+        "--interval", type=float, default=5.0, help="seconds between passes (the default's)"
+    )
     drain = sub.add_parser("drain", help="completion rate with and without the count triggers")
     drain.add_argument("--tasks", type=int, default=20_000)
     drain.add_argument("--completers", type=int, default=8)
@@ -283,7 +287,7 @@ def main() -> None:
     if args.what == "stats":
         asyncio.run(measure_stats(args.finished))
     elif args.what == "janitor":
-        asyncio.run(measure_janitor(args.runtimes, args.per_runtime, args.passes))
+        asyncio.run(measure_janitor(args.runtimes, args.per_runtime, args.passes, args.interval))
     else:
         asyncio.run(measure_drain(args.tasks, args.completers, args.rounds))
 
