@@ -162,3 +162,13 @@ async def test_the_fold_reads_only_unfolded_rows(loaded: asyncpg.Connection) -> 
     ]
     assert picked and all(n["Node Type"] != "Seq Scan" for n in picked), shown
     assert {n.get("Index Name") for n in picked} == {"task_counts_unfolded_idx"}, shown
+
+
+async def test_the_repair_page_walks_live_indexes_only(loaded: asyncpg.Connection) -> None:
+    raw = await loaded.fetchval("EXPLAIN (FORMAT JSON) " + q.CLAIMABLE_RUNTIMES, 1000, "")
+    nodes = list(walk((json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]))
+    shown = describe(nodes)
+    scans = task_scans(nodes)
+    assert scans and all(n["Node Type"] != "Seq Scan" for n in scans), shown
+    used = {n["Index Name"] for n in nodes if "Index Name" in n}
+    assert used and used <= {"tasks_claim_idx", "tasks_due_idx", "tasks_live_idx"}, shown
