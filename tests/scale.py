@@ -3,6 +3,7 @@
     python -m tests.scale stats    [--finished 1000000]
     python -m tests.scale janitor  [--runtimes 100000 --per-runtime 10 --passes 5 --interval 5]
     python -m tests.scale drain    [--tasks 20000 --completers 8 --rounds 3]
+    python -m tests.scale hotpath  [--tasks 5000 --clients 8 --rounds 3]
 
 `stats`: the stats of a runtime with `--finished` finished tasks against those of a
 runtime with ten tasks, with the statements before migration 0005 and with today's, in
@@ -10,6 +11,8 @@ one run (median of 50 calls each). `janitor`: the duration of janitor passes ove
 `--runtimes` runtimes holding `--per-runtime` queued tasks each. `drain`: completions
 per second of one runtime's claimed tasks by `--completers` concurrent connections,
 with the finished-task counters' triggers on and off, alternating, in one run.
+`hotpath`: enqueues and single-task claims per second by `--clients` concurrent
+callers, with tasks_live_idx and without it, alternating, in one run.
 
 Postgres from TEST_DATABASE_URL (a URL on which databases may be created), Redis from
 TEST_REDIS_URL (keys under a prefix of the run's own). Absolute times depend on the
@@ -265,6 +268,56 @@ async def measure_drain(tasks: int, completers: int, rounds: int) -> None:
         await drop()
 
 
+async def measure_hotpath(tasks: int, clients: int, rounds: int) -> None:
+    from gateway.metrics import Metrics
+    from gateway.models import parse_enqueue
+    from gateway.store import Store
+
+    url, drop = await scratch_database()
+    conn = await asyncpg.connect(url)
+    store = Store(url, Metrics(), min_size=clients, max_size=clients)
+    await store.open()
+    live_idx = await conn.fetchval("SELECT pg_get_indexdef('tasks_live_idx'::regclass)")
+    req = parse_enqueue({"payload": {"n": 1}}, None, 1_000_000)
+    rates: dict[tuple[str, str], list[float]] = {}
+    try:
+        for n in range(rounds):
+            order = ("with", "without") if n % 2 == 0 else ("without", "with")
+            for label in order:
+                await conn.execute("TRUNCATE tasks")
+                await conn.execute("DROP INDEX IF EXISTS tasks_live_idx")
+                if label == "with":
+                    await conn.execute(live_idx)
+                runtimes = [f"rt-{i}" for i in range(clients)]
+
+                async def enqueuer(runtime_id: str) -> None:
+                    for _ in range(tasks // clients):
+                        await store.enqueue(runtime_id, req)
+
+                async def claimer(runtime_id: str) -> None:
+                    for _ in range(tasks // clients):
+                        await store.claim(runtime_id, ["w"], [60.0])
+
+                for kind, fn in (("enqueue", enqueuer), ("claim", claimer)):
+                    started = time.perf_counter()
+                    await asyncio.gather(*(fn(rt) for rt in runtimes))
+                    rate = (tasks // clients * clients) / (time.perf_counter() - started)
+                    rates.setdefault((kind, label), []).append(rate)
+        for kind in ("enqueue", "claim"):
+            with_, without = (statistics.median(rates[kind, x]) for x in ("with", "without"))
+            print(
+                f"{kind}: {with_:,.0f}/s with tasks_live_idx, {without:,.0f}/s without "
+                f"({with_ / without:.2f}x); rounds with "
+                + ", ".join(f"{r:,.0f}" for r in rates[kind, "with"])
+                + "; without "
+                + ", ".join(f"{r:,.0f}" for r in rates[kind, "without"])
+            )
+    finally:
+        await store.close()
+        await conn.close()
+        await drop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m tests.scale", description=__doc__.split("\n\n")[0]
@@ -283,13 +336,19 @@ def main() -> None:
     drain.add_argument("--tasks", type=int, default=20_000)
     drain.add_argument("--completers", type=int, default=8)
     drain.add_argument("--rounds", type=int, default=3)
+    hotpath = sub.add_parser("hotpath", help="enqueue and claim rates with and without the index")
+    hotpath.add_argument("--tasks", type=int, default=5000)
+    hotpath.add_argument("--clients", type=int, default=8)
+    hotpath.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     if args.what == "stats":
         asyncio.run(measure_stats(args.finished))
     elif args.what == "janitor":
         asyncio.run(measure_janitor(args.runtimes, args.per_runtime, args.passes, args.interval))
-    else:
+    elif args.what == "drain":
         asyncio.run(measure_drain(args.tasks, args.completers, args.rounds))
+    else:
+        asyncio.run(measure_hotpath(args.tasks, args.clients, args.rounds))
 
 
 if __name__ == "__main__":
