@@ -426,8 +426,9 @@ class Store:
 
     async def fold_counts(self, limit: int) -> int:
         """Fold up to `limit` per-backend rows of the finished-task counts into one row
-        per runtime and status (idempotent; never blocks a writer). Returns how many
-        rows it folded into."""
+        per runtime and status. Idempotent; it skips rows a writer holds, and a writer
+        that needs a row being folded waits for this short transaction. Returns how
+        many rows it folded into."""
 
         async def fold_in_tx(c: asyncpg.Connection) -> int:
             async with self._transaction(c):
