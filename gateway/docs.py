@@ -136,6 +136,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "runtime_id": {"type": "string"},
             "counts": {
                 "type": "object",
+                "description": "Tasks stored now, by status; exact. Tasks deleted by "
+                "retention are no longer counted.",
                 "required": list(bodies.STATUSES),
                 "properties": {status: _COUNT for status in bodies.STATUSES},
                 "additionalProperties": False,

@@ -1,5 +1,5 @@
-"""The janitor: lease reclaim, TTL expiry, retention, verdict repair (I6) and the
-queue-depth gauges.
+"""The janitor: lease reclaim, TTL expiry, retention, the finished-task counts' fold,
+verdict repair (I6) and the queue-depth gauges.
 
 One instance at a time does the work: leadership is a Postgres advisory lock held on
 a dedicated connection, so when the leader dies another instance takes over at its
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,15 @@ log = logging.getLogger("gateway.janitor")
 
 LOCK_KEY = zlib.crc32(b"claim-gateway.janitor")
 MAX_BATCHES_PER_STEP = 10  # bounds one pass; what is left waits for the next
+# The queue-depth count reads every live row; it runs again only once this many times
+# its own last duration has passed, so it takes at most a tenth of the janitor's time
+# however large the queue grows (and every pass while it is quick).
+DEPTH_DUTY = 10.0
+# The repair walk's pages (of janitor_batch_size runtimes with a queued task) per pass.
+# A page costs about 0.15 s (two index probes, a Redis read and a publish per runtime),
+# so a pass stays well under a second however many runtimes there are; with more
+# runtimes than two pages a round takes several passes (docs/design.md, I6).
+REPAIR_PAGES_PER_PASS = 2
 FINISHED = ("completed", "cancelled", "expired")
 
 
@@ -39,9 +49,14 @@ class PassReport:
     expired: int = 0
     promoted: int = 0
     purged: int = 0
+    folded: int = 0
+    # Runtimes the repair walk visited, claimable or not (at most
+    # REPAIR_PAGES_PER_PASS * janitor_batch_size per pass).
+    visited: int = 0
     repaired: list[str] = field(default_factory=list)
     woken: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)  # per step, for measurements
 
 
 class Janitor:
@@ -63,6 +78,7 @@ class Janitor:
         self._batch = settings.janitor_batch_size
         self._leadership: Leadership | None = None
         self._repair_after = ""  # runtime id cursor: the repair walks every runtime in turn
+        self._depth_due = 0.0  # monotonic time of the next queue-depth count
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
 
@@ -74,20 +90,25 @@ class Janitor:
         """One pass over every duty. Safe to call from any instance at any time: each
         statement is idempotent and skips rows another transaction holds."""
         report = PassReport()
+        started = time.monotonic()
         for name, step in (
             ("lease reclaim", self._reclaim),
             ("expiry", self._expire),
             ("retention", self._purge),
+            ("counts fold", self._fold),
             ("verdict repair", self._repair),
             ("promotion", self._promote),
             ("queue depth", self._gauge_depth),
         ):
+            step_started = time.monotonic()
             try:
                 await step(report)
             except GatewayError as exc:
                 self._metrics.janitor_errors.inc()
                 report.errors.append(f"{name}: {exc.detail}")
                 log.warning("janitor %s failed: %s", name, exc.detail)
+            report.seconds[name] = time.monotonic() - step_started
+        self._metrics.janitor_pass_seconds.observe(time.monotonic() - started)
         return report
 
     async def _reclaim(self, report: PassReport) -> None:
@@ -141,17 +162,32 @@ class Janitor:
                     break
         self._metrics.tasks_purged.inc(report.purged)
 
+    async def _fold(self, report: PassReport) -> None:
+        """Keeps the finished-task counts at a few rows per runtime (FOLD_TASK_COUNTS):
+        work proportional to the runtimes whose tasks finished since the last pass."""
+        for _ in range(MAX_BATCHES_PER_STEP):
+            n = await self._store.fold_counts(self._batch)
+            report.folded += n
+            if n < self._batch:
+                break
+
     async def _repair(self, report: PassReport) -> None:
         """Runtimes with tasks claimable for over a second are repaired. Those whose
         verdict says empty lost a bump: bump them. The others get a wake-up publish: if
         a poll is parked on them, it missed one (a publish lost while the bump landed),
-        and it re-checks; if none is, nobody listens. Pages through every such runtime,
-        a bounded number of pages per pass."""
+        and it re-checks; if none is, nobody listens.
+
+        The walk visits at most REPAIR_PAGES_PER_PASS pages of janitor_batch_size
+        runtimes with a queued task per pass, and goes on from there at the next pass:
+        with R such runtimes a full round takes ceil(R / that) passes, which is the
+        repair bound that docs/design.md (section 3, I6) states."""
         if not self._settings.cache_enabled:
             return
-        for _ in range(MAX_BATCHES_PER_STEP):
-            runtimes = await self._store.claimable_runtimes(self._batch, self._repair_after)
-            self._repair_after = runtimes[-1] if len(runtimes) == self._batch else ""
+        for _ in range(REPAIR_PAGES_PER_PASS):
+            page = await self._store.claimable_runtimes(self._batch, self._repair_after)
+            self._repair_after = page.next_after
+            report.visited += page.visited
+            runtimes = page.claimable
             try:
                 stale = await self._cache.says_empty(runtimes)
             except CacheUnavailable:
@@ -177,8 +213,13 @@ class Janitor:
                 return
 
     async def _gauge_depth(self, report: PassReport) -> None:
-        """The queue-depth gauges, from one query per pass (a scrape runs none)."""
+        """The queue-depth gauges, from one query (a scrape runs none): every pass while
+        it is quick, less often once it takes over a tenth of the time (DEPTH_DUTY)."""
+        started = time.monotonic()
+        if started < self._depth_due:
+            return
         counts, oldest = await self._store.queue_depth()
+        self._depth_due = started + DEPTH_DUTY * (time.monotonic() - started)
         for status in STATUSES:
             self._metrics.tasks_by_status.labels(status).set(counts.get(status, 0))
         self._metrics.oldest_queued_age.set(oldest or 0.0)
@@ -201,6 +242,7 @@ class Janitor:
             await self._leadership.release()
             self._leadership = None
             self._metrics.janitor_leader.set(0)
+            self._depth_due = 0.0  # a new term exports the gauges at its first pass
             # The new leader exports them now: stale copies here would add up wrong.
             self._metrics.tasks_by_status.clear()
             self._metrics.oldest_queued_age.set(0)

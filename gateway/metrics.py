@@ -151,6 +151,14 @@ class Metrics:
         self.tasks_purged = Counter(
             "gateway_tasks_purged", "Finished tasks deleted by retention.", registry=r
         )
+        self.janitor_pass_seconds = Histogram(
+            "gateway_janitor_pass_seconds",
+            "Duration of one janitor pass (every step: lease reclaim, expiry, retention, "
+            "counts fold, verdict repair, queue depth), in seconds. Each step does a bounded "
+            "amount of work per pass; what is left waits for the next pass.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+            registry=r,
+        )
         self.janitor_errors = Counter(
             "gateway_janitor_errors", "Janitor steps that failed (retried next pass).", registry=r
         )
@@ -170,7 +178,8 @@ class Metrics:
         self.tasks_by_status = Gauge(
             "gateway_tasks_stored",
             "Tasks stored, by status, counted by the janitor's leader once per "
-            "GATEWAY_JANITOR_INTERVAL_SECONDS (only the leader has samples: aggregate with max).",
+            "GATEWAY_JANITOR_INTERVAL_SECONDS, or less often when counting takes over a tenth "
+            "of the time between two counts (only the leader has samples: aggregate with max).",
             ["status"],
             registry=r,
         )

@@ -314,17 +314,36 @@ SELECT {TASK_COLUMNS} FROM tasks
  LIMIT $5
 """
 
-STATS_COUNTS = f"""
-SELECT {EFFECTIVE_STATUS} AS status, count(*) AS n FROM tasks WHERE runtime_id = $1 GROUP BY 1
+# Stats in time that does not grow with the runtime's history (docs/design.md, 5.1):
+# live tasks are counted from tasks_live_idx (index-only, proportional to the runtime's
+# live rows), finished ones from task_counts, which triggers keep in the same
+# transaction as each change (migration 0005). One statement, one snapshot: a task
+# moving from claimed to completed is counted once. A stored 'scheduled' task reads as
+# queued, and a queued one past expires_at as expired (as EFFECTIVE_STATUS says).
+STATS_COUNTS = """
+SELECT status, sum(n)::bigint AS n FROM (
+    SELECT CASE WHEN status = 'claimed' THEN 'claimed'
+                WHEN expires_at <= now() THEN 'expired'
+                ELSE 'queued' END AS status,
+           1::bigint AS n
+      FROM tasks
+     WHERE runtime_id = $1 AND status IN ('queued', 'scheduled', 'claimed')
+    UNION ALL
+    SELECT status, n FROM task_counts WHERE runtime_id = $1
+) AS c
+GROUP BY status
 """
 
-# Scheduled tasks that came due count as well: they are claimable before the janitor
-# makes them queued.
+# Over the live rows only (tasks_live_idx), never the runtime's finished history. The
+# OFFSET 0 keeps the planner from answering min() by walking tasks_runtime_created_idx
+# in created_at order: on a runtime with a long history that walk reads every finished
+# row created before the oldest queued one.
 OLDEST_QUEUED_AGE = """
 SELECT extract(epoch FROM clock_timestamp() - min(created_at))::float8
-  FROM tasks
- WHERE runtime_id = $1 AND status IN ('queued', 'scheduled') AND run_at <= now()
-   AND (expires_at IS NULL OR expires_at > now())
+  FROM (SELECT created_at FROM tasks
+         WHERE runtime_id = $1 AND status IN ('queued', 'scheduled') AND run_at <= now()
+           AND (expires_at IS NULL OR expires_at > now())
+        OFFSET 0) AS live
 """
 
 # -- batch lease operations --
@@ -416,16 +435,53 @@ WITH items AS (
 
 # -- janitor --
 
-# The janitor leader's gauges, once per pass: tasks per stored status, and the age of
-# the oldest claimable queued task (from run_at, or created_at when later). One scan
-# of the table; never run per scrape.
+# The janitor leader's gauges: tasks per stored status, and the age of the oldest
+# claimable queued task (from run_at, or created_at when later). Live rows are counted
+# from tasks_live_idx (time proportional to the live rows, not the history); finished
+# ones are the sums of task_counts (one row per runtime and status once folded). The
+# janitor runs it at most every tenth of its own run time (janitor.DEPTH_DUTY).
 QUEUE_DEPTH = """
 SELECT status, count(*) AS n,
        extract(epoch FROM clock_timestamp() - min(greatest(run_at, created_at))
                FILTER (WHERE status = 'queued' AND run_at <= now()
                          AND (expires_at IS NULL OR expires_at > now())))::float8 AS oldest
   FROM tasks
+ WHERE status IN ('queued', 'scheduled', 'claimed')
  GROUP BY status
+UNION ALL
+SELECT status, sum(n)::bigint, NULL FROM task_counts GROUP BY status
+"""
+
+# Folds up to $1 per-backend rows of task_counts into the backend-0 rows, so that a
+# runtime's counts stay a few rows however many backends have come and gone. A row a
+# transaction is still changing is skipped (it is folded next time). The upsert goes in
+# key order, so that two folds running at once wait for each other instead of
+# deadlocking. Returns the backend-0 rows it wrote, for DROP_ZERO_COUNTS.
+FOLD_TASK_COUNTS = """
+WITH picked AS (
+    SELECT runtime_id, status, backend FROM task_counts
+     WHERE backend <> 0
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED
+), moved AS (
+    DELETE FROM task_counts c USING picked p
+     WHERE (c.runtime_id, c.status, c.backend) = (p.runtime_id, p.status, p.backend)
+    RETURNING c.runtime_id, c.status, c.n
+)
+INSERT INTO task_counts AS c (runtime_id, status, backend, n)
+SELECT runtime_id, status, 0, sum(n) FROM moved
+ GROUP BY runtime_id, status
+ ORDER BY runtime_id, status
+ON CONFLICT (runtime_id, status, backend) DO UPDATE SET n = c.n + EXCLUDED.n
+RETURNING c.runtime_id, c.status, c.n
+"""
+
+# After a fold, in its transaction: a runtime whose finished tasks were all purged
+# leaves no row behind.
+DROP_ZERO_COUNTS = """
+DELETE FROM task_counts c
+ USING unnest($1::text[], $2::text[]) AS z(runtime_id, status)
+ WHERE (c.runtime_id, c.status, c.backend) = (z.runtime_id, z.status, 0) AND c.n = 0
 """
 
 JANITOR_TRY_LOCK = "SELECT pg_try_advisory_lock($1)"
@@ -496,20 +552,23 @@ DELETE FROM tasks WHERE id IN (
 )
 """
 
-# One page of runtimes, after $2 in runtime_id order, with a task claimable for at
-# least a second: a loose index (skip) scan finds each runtime with queued or
-# scheduled tasks with one probe of each index (the next runtime is the lesser of
-# the two), then one probe of each checks it has a due, unexpired task. Cheap with
-# many runtimes and many tasks; the caller pages through all of them with the cursor.
+# One page of the runtimes with a queued or scheduled task: up to $1 of them, after $2
+# in runtime_id order, each with whether it has a task claimable for at least a second.
+# A loose index (skip) scan finds each such runtime with one probe of each status's
+# index (the next runtime is the lesser of the two), then scalar probes check for a
+# due, unexpired task. The page counts runtimes visited, not runtimes found claimable,
+# so that a page costs a bounded number of probes even when most runtimes hold only
+# delayed tasks; the caller pages through all of them, one bounded page after another,
+# with the last runtime visited as the cursor.
 CLAIMABLE_RUNTIMES = """
-WITH RECURSIVE waiting(runtime_id) AS (
+WITH RECURSIVE waiting(runtime_id, visited) AS (
     SELECT least(
         (SELECT runtime_id FROM tasks
           WHERE status = 'queued' AND runtime_id > $2
           ORDER BY runtime_id LIMIT 1),
         (SELECT runtime_id FROM tasks
           WHERE status = 'scheduled' AND runtime_id > $2
-          ORDER BY runtime_id LIMIT 1))
+          ORDER BY runtime_id LIMIT 1)), 1
     UNION ALL
     SELECT least(
         (SELECT t.runtime_id FROM tasks t
@@ -517,15 +576,15 @@ WITH RECURSIVE waiting(runtime_id) AS (
           ORDER BY t.runtime_id LIMIT 1),
         (SELECT t.runtime_id FROM tasks t
           WHERE t.status = 'scheduled' AND t.runtime_id > w.runtime_id
-          ORDER BY t.runtime_id LIMIT 1))
+          ORDER BY t.runtime_id LIMIT 1)),
+        w.visited + 1
       FROM waiting w
-     WHERE w.runtime_id IS NOT NULL
+     WHERE w.runtime_id IS NOT NULL AND w.visited < $1
 )
-SELECT runtime_id FROM waiting w
- WHERE runtime_id IS NOT NULL
-   -- Scalar probes, not EXISTS: under an OR, Postgres may answer an EXISTS by hashing
-   -- every due task of every runtime, which reads the whole backlog each pass.
-   AND COALESCE(
+SELECT runtime_id,
+       -- Scalar probes, not EXISTS under an OR: Postgres may answer that by hashing
+       -- every due task of every runtime, which reads the whole backlog each pass.
+       COALESCE(
         (SELECT true FROM tasks t
           WHERE t.runtime_id = w.runtime_id AND t.status = 'queued'
             AND t.run_at <= now() - interval '1 second'
@@ -536,9 +595,10 @@ SELECT runtime_id FROM waiting w
             AND t.run_at <= now() - interval '1 second'
             AND (t.expires_at IS NULL OR t.expires_at > now())
           LIMIT 1),
-        false)
+        false) AS claimable
+  FROM waiting w
+ WHERE runtime_id IS NOT NULL
  ORDER BY runtime_id
- LIMIT $1
 """
 
 # Scheduled tasks that came due become queued, one bounded batch, so that the claim's

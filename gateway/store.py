@@ -69,6 +69,16 @@ def lease_lost(task_id: uuid.UUID, lease_id: uuid.UUID, status: str) -> LeaseLos
     )
 
 
+@dataclass(frozen=True)
+class RuntimePage:
+    """A page of the repair walk: the runtimes with a task claimable for over a second,
+    and where the next page starts ('' once the walk has reached the end)."""
+
+    claimable: list[str]
+    next_after: str
+    visited: int  # runtimes with a queued task the page looked at
+
+
 async def _init_connection(conn: asyncpg.Connection) -> None:
     # jsonb goes in as JSON text (already serialized and checked) and comes out as the
     # text Postgres wrote, embedded in answers verbatim: never re-parsed, so numbers
@@ -448,13 +458,15 @@ class Store:
         return [TaskRow.of(r) for r in rows]
 
     async def stats(self, runtime_id: str) -> tuple[dict[str, int], float | None]:
-        """(count per status, age in seconds of the oldest due queued task)."""
+        """(count per reported status, age in seconds of the oldest due queued task).
+        Exact, and in time proportional to the runtime's live tasks, not its history
+        (STATS_COUNTS)."""
 
-        async def go(c: asyncpg.Connection) -> tuple[dict[str, int], float | None]:
+        async def stats_in_tx(c: asyncpg.Connection) -> tuple[dict[str, int], float | None]:
             counts = {r["status"]: r["n"] for r in await c.fetch(q.STATS_COUNTS, runtime_id)}
             return counts, await c.fetchval(q.OLDEST_QUEUED_AGE, runtime_id)
 
-        return await self._run(go)
+        return await self._run(stats_in_tx)
 
     # -- janitor ---------------------------------------------------------------
 
@@ -484,7 +496,7 @@ class Store:
 
     async def queue_depth(self) -> tuple[dict[str, int], float | None]:
         """(tasks per stored status, age in seconds of the oldest claimable queued task
-        or None), in one statement."""
+        or None), in one statement over the live rows and the finished counts."""
         rows = await self._run(lambda c: c.fetch(q.QUEUE_DEPTH))
         oldest = [r["oldest"] for r in rows if r["oldest"] is not None]
         counts: dict[str, int] = {}
@@ -494,10 +506,35 @@ class Store:
             counts[status] = counts.get(status, 0) + r["n"]
         return counts, max(oldest, default=None)
 
-    async def claimable_runtimes(self, limit: int, after: str = "") -> list[str]:
-        """Up to `limit` runtimes with a claimable task, in id order, after `after`."""
+    async def fold_counts(self, limit: int) -> int:
+        """Fold up to `limit` per-backend rows of the finished-task counts into one row
+        per runtime and status. Idempotent; it skips rows a writer holds, and a writer
+        that needs a row being folded waits for this short transaction. Returns how
+        many rows it folded into."""
+
+        async def fold_in_tx(c: asyncpg.Connection) -> int:
+            async with self._transaction(c):
+                rows = await c.fetch(q.FOLD_TASK_COUNTS, limit)
+                zero = [r for r in rows if r["n"] == 0]
+                if zero:
+                    await c.execute(
+                        q.DROP_ZERO_COUNTS,
+                        [r["runtime_id"] for r in zero],
+                        [r["status"] for r in zero],
+                    )
+                return len(rows)
+
+        return await self._run(fold_in_tx)
+
+    async def claimable_runtimes(self, limit: int, after: str = "") -> RuntimePage:
+        """One page of the runtimes with a queued task: up to `limit` visited, in id
+        order, after `after`."""
         rows = await self._run(lambda c: c.fetch(q.CLAIMABLE_RUNTIMES, limit, after))
-        return [r["runtime_id"] for r in rows]
+        return RuntimePage(
+            claimable=[r["runtime_id"] for r in rows if r["claimable"]],
+            next_after=rows[-1]["runtime_id"] if len(rows) == limit else "",
+            visited=len(rows),
+        )
 
     async def try_leadership(self, key: int) -> Leadership | None:
         """Advisory lock `key` on a dedicated connection, or None if another process

@@ -16,7 +16,12 @@ from dataclasses import dataclass
 from tests.faults.checker import History, Row, Verdict, check
 from tests.faults.faults import FAULTS, Fault
 from tests.faults.load import Load, LoadShape
-from tests.faults.rig import JANITOR_INTERVAL_SECONDS, REPAIR_BOUND_SECONDS, Rig, rig
+from tests.faults.rig import (
+    JANITOR_INTERVAL_SECONDS,
+    Rig,
+    repair_bound_seconds,
+    rig,
+)
 from tests.faults.servers import log
 
 
@@ -119,7 +124,8 @@ async def run_row(fault: Fault, admin_url: str | None, timing: Timing) -> RowRes
         rows, checked_at, released = await read_rows(r)
     verdict = check(
         load.history, rows, checked_at=checked_at,
-        janitor_interval=JANITOR_INTERVAL_SECONDS, repair_bound=REPAIR_BOUND_SECONDS,
+        janitor_interval=JANITOR_INTERVAL_SECONDS,
+        repair_bound=repair_bound_seconds(len(load.shape.runtimes)),
     )  # fmt: skip
     tasks = len({row.task_id for row in rows} | {e.task_id for e in load.history.enqueues})
     return RowResult(

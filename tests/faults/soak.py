@@ -28,7 +28,13 @@ import redis.asyncio as aioredis
 from tests.faults.checker import Verdict, check
 from tests.faults.load import Load, LoadShape
 from tests.faults.matrix import counter, drain, read_rows
-from tests.faults.rig import JANITOR_INTERVAL_SECONDS, REPAIR_BOUND_SECONDS, Rig, rig
+from tests.faults.rig import (
+    JANITOR_INTERVAL_SECONDS,
+    REPAIR_BOUND_SECONDS,
+    Rig,
+    repair_bound_seconds,
+    rig,
+)
 from tests.faults.servers import log
 
 MIB = 1024 * 1024
@@ -253,7 +259,8 @@ async def run(minutes: float, admin_url: str | None, shape: LoadShape = SHAPE) -
         rows, checked_at, released = await read_rows(r)
     verdict = check(
         load.history, rows, checked_at=checked_at,
-        janitor_interval=JANITOR_INTERVAL_SECONDS, repair_bound=REPAIR_BOUND_SECONDS,
+        janitor_interval=JANITOR_INTERVAL_SECONDS,
+        repair_bound=repair_bound_seconds(len(load.shape.runtimes)),
     )  # fmt: skip
     tasks = len({row.task_id for row in rows} | {e.task_id for e in load.history.enqueues})
     return SoakResult(

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from gateway.store import RuntimePage
 from tests.harness import running_gateway
 from tests.integration.janitor_support import (
     first_pass_done,
@@ -173,8 +174,8 @@ async def test_lapsed_lease_not_yet_reclaimed_is_still_honoured(
         assert done["status"] == "completed"
 
 
-async def no_runtimes(limit: int) -> list[str]:
-    return []
+async def no_runtimes(limit: int, after: str = "") -> RuntimePage:
+    return RuntimePage(claimable=[], next_after="", visited=0)
 
 
 async def test_reclaim_wakes_a_parked_poll(

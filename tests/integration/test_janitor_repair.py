@@ -264,3 +264,39 @@ async def test_a_parked_poll_that_missed_a_publish_is_woken_by_the_repair_pass(
         got = await asyncio.wait_for(waiting, 3.0)
         assert [t["id"] for t in got] == [task_id]
         assert sample(gw, "gateway_janitor_wakeups_total") == 1
+
+
+async def test_the_walk_is_bounded_per_pass_and_resumes_where_it_stopped(
+    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+) -> None:
+    """With pages of 4 runtimes, a pass visits at most REPAIR_PAGES_PER_PASS pages; the
+    next pass goes on after the last runtime visited, so 19 stale runtimes are all
+    repaired within ceil(19 / 8) = 3 passes, each exactly once, in id order."""
+    from gateway.janitor import REPAIR_PAGES_PER_PASS
+
+    batch = 4
+    per_pass = REPAIR_PAGES_PER_PASS * batch
+    cfg = janitor_settings(
+        db, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL, janitor_batch_size=batch
+    )
+    runtimes = [f"{runtime_id}-{i:02d}" for i in range(19)]
+    async with running_gateway(cfg) as gw:
+        await first_pass_done(gw)
+        janitor = gw.gateway.janitor
+        tasks = []
+        for rt in runtimes:
+            await empty_verdict(gw, rt)
+            tasks.append(await enqueue_without_bump(gw, rt, {"job": rt}))
+        await claimable_for_a_while(db, tasks)
+        repaired: list[list[str]] = []
+        for _ in range(-(-len(runtimes) // per_pass)):
+            report = await janitor.run_once()
+            assert report.errors == [], report
+            assert report.visited <= per_pass, report
+            repaired.append(report.repaired)
+        assert [len(r) for r in repaired] == [8, 8, 3]
+        assert [rt for r in repaired for rt in r] == runtimes
+        # The round is over: the next pass starts again from the first runtime (whose
+        # verdict is no longer stale, so it only wakes it).
+        report = await janitor.run_once()
+        assert report.repaired == [] and report.woken == runtimes[:per_pass], report

@@ -1,0 +1,252 @@
+"""The stats' counts (STATS_COUNTS: live rows from tasks_live_idx, finished ones from
+task_counts kept by triggers) equal a count of the rows themselves after every kind of
+transition, under concurrent completers, across the janitor's fold and retention, and
+after migration 0005 counted the rows that were there before it.
+
+Each test has a freshly migrated database of its own (the `db` fixture), so the whole
+task table is the test's and the counts are exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from gateway import queries as q
+from gateway.metrics import Metrics
+from gateway.migrate import apply_migrations, migrations_dir
+from gateway.models import parse_enqueue
+from gateway.store import Store
+from tests.support.databases import execute, fetch
+
+pytestmark = pytest.mark.integration
+
+# What the stats answered before migration 0005: a count of the runtime's rows by the
+# status the API reports. The counts under test must always equal it.
+TRUTH = f"""
+SELECT {q.EFFECTIVE_STATUS} AS status, count(*) AS n FROM tasks WHERE runtime_id = $1 GROUP BY 1
+"""
+
+
+@pytest.fixture
+async def store(db: str) -> AsyncIterator[Store]:
+    s = Store(db, Metrics(), min_size=1, max_size=12)
+    await s.open()
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+async def truth(db: str, runtime_id: str) -> dict[str, int]:
+    return {r["status"]: r["n"] for r in await fetch(db, TRUTH, runtime_id)}
+
+
+async def counts(store: Store, runtime_id: str) -> dict[str, int]:
+    found, _oldest = await store.stats(runtime_id)
+    return {status: n for status, n in found.items() if n}
+
+
+async def check(store: Store, db: str, runtime_id: str) -> dict[str, int]:
+    expected = await truth(db, runtime_id)
+    assert await counts(store, runtime_id) == expected
+    return expected
+
+
+async def enqueue(store: Store, runtime_id: str, n: int, **fields: Any) -> list[uuid.UUID]:
+    ids = []
+    for i in range(n):
+        row, _ = await store.enqueue(
+            runtime_id, parse_enqueue({"payload": i, **fields}, None, 1_000_000)
+        )
+        ids.append(row.id)
+    return ids
+
+
+async def claim(store: Store, runtime_id: str, n: int, lease: float = 60.0) -> list[Any]:
+    leased, _ = await store.claim(runtime_id, [f"w{i}" for i in range(n)], [lease] * n)
+    return [x.task for x in leased]
+
+
+async def test_every_transition_moves_the_counts(store: Store, db: str, runtime_id: str) -> None:
+    other = runtime_id + "-other"  # a neighbour whose counts must not leak in
+    await enqueue(store, other, 2)
+    [done] = await claim(store, other, 1)
+    await store.complete(done.id, done.lease_id, None)
+
+    queued = await enqueue(store, runtime_id, 12, max_attempts=1)
+    await enqueue(store, runtime_id, 2, delay_seconds=3600)
+    expiring = await enqueue(store, runtime_id, 1, ttl_seconds=60)
+    assert await check(store, db, runtime_id) == {"queued": 15}
+    await execute(
+        db, "UPDATE tasks SET expires_at = now() - interval '1 second' WHERE id = $1", expiring[0]
+    )
+    # Past expires_at it reads as expired before the janitor marks it.
+    assert await check(store, db, runtime_id) == {"queued": 14, "expired": 1}
+
+    held = await claim(store, runtime_id, 8, lease=0.01)
+    assert len(held) == 8
+    await check(store, db, runtime_id)
+    await store.complete(held[0].id, held[0].lease_id, '{"ok": true}')
+    await store.complete(held[0].id, held[0].lease_id, '{"ok": true}')  # a replay
+    await store.fail(held[1].id, held[1].lease_id, "boom", True, None)  # max_attempts 1: dead
+    await store.release(held[2].id, held[2].lease_id)
+    await store.cancel(held[3].id)  # flagged; ends cancelled when its holder reports
+    await store.complete(held[3].id, held[3].lease_id, None)
+    await store.bury(held[4].id, held[4].lease_id, "cannot be answered")
+    await check(store, db, runtime_id)
+    await store.cancel(queued[-1])  # queued: cancelled at once
+    assert await store.expire_tasks(100) == 1
+    await check(store, db, runtime_id)
+
+    await asyncio.sleep(0.05)  # the other three leases lapse: max_attempts 1, so dead
+    assert len(await store.reclaim_leases(100)) == 3
+    expected = await check(store, db, runtime_id)
+    assert expected == {"queued": 6, "completed": 1, "dead": 5, "cancelled": 2, "expired": 1}
+
+    # Retry takes a task out of its finished status again.
+    dead = await fetch(
+        db, "SELECT id FROM tasks WHERE runtime_id = $1 AND status = 'dead'", runtime_id
+    )
+    for row in dead[:2]:
+        await store.retry(row["id"])
+    await store.retry(expiring[0])
+    await check(store, db, runtime_id)
+
+    # Retention deletes finished rows: they leave the counts (as they leave a listing).
+    await execute(db, "UPDATE tasks SET finished_at = now() - interval '2 days'")
+    assert await store.purge_finished(["completed", "cancelled", "expired"], 86400, 1000) == 4
+    await check(store, db, runtime_id)
+    assert await store.purge_finished(["dead"], 86400, 1000) == 3
+    assert await check(store, db, runtime_id) == {"queued": 9}
+    assert await counts(store, other) == {"queued": 1}  # its completed one was purged too
+
+
+async def test_the_fold_keeps_a_row_per_runtime_and_status(
+    store: Store, db: str, runtime_id: str
+) -> None:
+    await enqueue(store, runtime_id, 30)
+    # Completions from several pooled connections: one counter row per backend.
+    held = await claim(store, runtime_id, 30)
+    await asyncio.gather(*(store.complete(t.id, t.lease_id, None) for t in held))
+    rows = await fetch(db, "SELECT backend, n FROM task_counts WHERE runtime_id = $1", runtime_id)
+    assert sum(r["n"] for r in rows) == 30 and all(r["backend"] != 0 for r in rows)
+    assert await store.fold_counts(1000) == 1  # one (runtime, status) row written
+    rows = await fetch(db, "SELECT backend, n FROM task_counts WHERE runtime_id = $1", runtime_id)
+    assert [(r["backend"], r["n"]) for r in rows] == [(0, 30)]
+    assert await store.fold_counts(1000) == 0  # idempotent: nothing left to fold
+    assert await check(store, db, runtime_id) == {"completed": 30}
+
+    # Everything purged: the backend-0 row reaches zero and is dropped by the fold.
+    await execute(db, "UPDATE tasks SET finished_at = now() - interval '2 days'")
+    assert await store.purge_finished(["completed"], 86400, 1000) == 30
+    assert await store.fold_counts(1000) == 1
+    assert await fetch(db, "SELECT * FROM task_counts WHERE runtime_id = $1", runtime_id) == []
+    assert await check(store, db, runtime_id) == {}
+
+
+async def test_truncate_takes_the_counts_with_it(store: Store, db: str, runtime_id: str) -> None:
+    await enqueue(store, runtime_id, 1)
+    [task] = await claim(store, runtime_id, 1)
+    await store.complete(task.id, task.lease_id, None)
+    await execute(db, "TRUNCATE tasks")
+    assert await counts(store, runtime_id) == {}
+
+
+async def test_concurrent_completers_and_folds_count_exactly(
+    store: Store, db: str, runtime_id: str
+) -> None:
+    """Ten connections complete one runtime's 600 tasks at once (each on its own
+    connection, as replicas' pools would), failing every tenth to dead, while folds run
+    alongside: nothing is lost or counted twice, and nobody deadlocks."""
+    total = 600
+    await execute(
+        db,
+        "INSERT INTO tasks (runtime_id, payload) SELECT $1, to_jsonb(n) "
+        "FROM generate_series(1, $2) AS n",
+        runtime_id,
+        total,
+    )
+    held = [task for _ in range(total // 100) for task in await claim(store, runtime_id, 100)]
+    assert len(held) == total
+    buried = {task.id for k, task in enumerate(held) if k % 10 == 0}
+    done = asyncio.Event()
+
+    async def completer(mine: list[Any]) -> None:
+        conn = await asyncpg.connect(db)
+        try:
+            for task in mine:
+                if task.id in buried:
+                    await conn.execute(q.BURY, task.id, task.lease_id, "every tenth")
+                else:
+                    await conn.execute(q.COMPLETE, task.id, task.lease_id, None)
+        finally:
+            await conn.close()
+
+    async def folder() -> int:
+        passes = 0
+        while not done.is_set():
+            await store.fold_counts(7)  # small batches: many folds meet the completers
+            passes += 1
+            await asyncio.sleep(0)
+        return passes
+
+    folding = asyncio.create_task(folder())
+    await asyncio.gather(*(completer(held[i::10]) for i in range(10)))
+    done.set()
+    assert await folding > 0
+    assert await check(store, db, runtime_id) == {"completed": 540, "dead": 60}
+    while await store.fold_counts(1000):
+        pass
+    rows = await fetch(
+        db, "SELECT status, backend, n FROM task_counts WHERE runtime_id = $1", runtime_id
+    )
+    assert sorted((r["status"], r["backend"], r["n"]) for r in rows) == [
+        ("completed", 0, 540),
+        ("dead", 0, 60),
+    ]
+
+
+async def test_the_migration_counts_the_rows_already_there(
+    fresh_database_url: str, tmp_path: Path, runtime_id: str
+) -> None:
+    url = fresh_database_url
+    before = tmp_path / "before"
+    before.mkdir()
+    for path in sorted(migrations_dir().glob("*.sql")):
+        if int(path.name.split("_")[0]) < 5:
+            shutil.copy(path, before / path.name)
+    await apply_migrations(url, before, log=lambda _line: None)
+    await execute(
+        url,
+        """
+        INSERT INTO tasks (runtime_id, status, payload, finished_at, lease_id,
+                           lease_expires_at, expires_at)
+        SELECT $1 || (n % 3), s, '{}'::jsonb,
+               CASE WHEN s NOT IN ('queued', 'claimed') THEN now() END,
+               CASE WHEN s = 'claimed' THEN gen_random_uuid() END,
+               CASE WHEN s = 'claimed' THEN now() + interval '1 minute' END,
+               CASE WHEN n % 7 = 0 THEN now() - interval '1 second' END
+          FROM generate_series(1, 600) AS n,
+               LATERAL (SELECT (ARRAY['queued', 'claimed', 'completed', 'dead', 'expired',
+                                      'cancelled'])[1 + n % 6] AS s) AS pick
+        """,
+        runtime_id,
+    )
+    await apply_migrations(url, log=lambda _line: None)
+    s = Store(url, Metrics(), min_size=1, max_size=2)
+    await s.open()
+    try:
+        for i in range(3):
+            expected = await truth(url, f"{runtime_id}{i}")
+            assert sum(expected.values()) == 200
+            assert await counts(s, f"{runtime_id}{i}") == expected
+    finally:
+        await s.close()
