@@ -257,8 +257,8 @@ async def test_the_repair_walk_sees_runtimes_with_due_scheduled_tasks(
             after = ""
             while True:
                 page = await gw.gateway.store.claimable_runtimes(limit, after)
-                found += page
-                if len(page) < limit:
+                found += page.claimable
+                if not page.next_after:
                     break
-                after = page[-1]
+                after = page.next_after
             assert found == [names["queued"], names["due"]]
