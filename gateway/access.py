@@ -45,7 +45,7 @@ def access_line(
 ) -> None:
     """Log one request's access line and count it."""
     if metrics is not None:
-        metrics.http_requests.labels(route, method, status_class(status)).inc()
+        metrics.http_requests.inc(route, method, status_class(status))
     if log.isEnabledFor(logging.INFO):
         duration_ms = round(seconds * 1000, 3)
         log.info(

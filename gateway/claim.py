@@ -64,6 +64,19 @@ class RuntimeState:
     # A wake-up (pub/sub, or a bump here) arrived since the pump's last cycle began;
     # a new poll's arrival also sets `wake`, but is not a wake-up.
     woken: bool = False
+    # The near-cache: the version of a verdict hit kept in this process, and until when
+    # (loop time, never past the verdict's life in Redis). Trusted only while the
+    # runtime's subscription is confirmed and Redis healthy, since then a bump anywhere
+    # reaches this process as a wake-up, which drops it.
+    near_version: str | None = None
+    near_until: float = 0.0
+    # Counts drops of the near-cache: a verdict read before a drop is not kept after it.
+    near_drops: int = 0
+
+
+def _drop_near(state: RuntimeState) -> None:
+    state.near_version = None
+    state.near_drops += 1
 
 
 def _unserved(state: RuntimeState) -> list[Waiter]:
@@ -92,6 +105,7 @@ class Claimer:
         self._states: dict[str, RuntimeState] = {}
         self._claim_slots = asyncio.Semaphore(settings.max_concurrent_claims)
         self._claims_queued = 0
+        self._near_enabled = settings.cache_enabled and settings.near_cache_enabled
         self._long_polls = 0  # claims here with a wait: GATEWAY_MAX_PARKED_POLLS bounds them
         self.draining = False
 
@@ -101,11 +115,15 @@ class Claimer:
         """Make the runtime's pump re-check now (a bump was seen, here or via pub/sub)."""
         state = self._states.get(runtime_id)
         if state is not None:
+            _drop_near(state)
             state.woken = True
             state.wake.set()
 
     def wake_all(self) -> None:
+        """Every runtime re-checks: the pub/sub connection was replaced or restored, and
+        wake-ups may have been lost meanwhile (I8); the near-cache is dropped too."""
         for state in self._states.values():
+            _drop_near(state)
             state.wake.set()
 
     def redis_trouble(self) -> None:
@@ -117,6 +135,7 @@ class Claimer:
         loop = asyncio.get_running_loop()
         spread = self._settings.degraded_poll_seconds
         for state in self._states.values():
+            _drop_near(state)
             if state.waiters:
                 loop.call_later(self._rng.uniform(0.0, spread), state.wake.set)
 
@@ -154,6 +173,12 @@ class Claimer:
         """Up to req.max_tasks leased rows, waiting up to req.wait_seconds for them."""
         if self.draining:
             raise Draining("this instance is shutting down; retry on another")
+        if not req.wait_seconds and self._near_enabled:
+            state = self._states.get(runtime_id)
+            if state is not None and self._near_hit(state) is not None:
+                # A verdict hit this process holds: no waiter, no pump, no round trip.
+                self._metrics.near_hits.inc()
+                return []
         if req.wait_seconds and self._long_polls >= self._settings.max_parked_polls:
             # Full: still hand out work that is there, but park no one more.
             rows = await self.claim(runtime_id, dataclasses.replace(req, wait_seconds=0.0))
@@ -249,6 +274,34 @@ class Claimer:
                 loop = asyncio.get_running_loop()
                 state.linger = loop.call_later(LINGER_SECONDS, self._forget, state)
 
+    def _near_hit(self, state: RuntimeState) -> float | None:
+        """Seconds left of the verdict hit this process holds for the runtime, or None
+        (none held, spent, or no longer trusted: it is then dropped)."""
+        if state.near_version is None:
+            return None
+        left = state.near_until - asyncio.get_running_loop().time()
+        if left > 0 and self._subscriber.confirmed(state.channel) and self._cache.healthy:
+            return left
+        _drop_near(state)
+        return None
+
+    def _trusted(self, state: RuntimeState) -> bool:
+        """A verdict read now may be kept in the near-cache: a bump after it will reach
+        this process as a wake-up (subscription confirmed, Redis healthy)."""
+        return (
+            self._near_enabled and self._subscriber.confirmed(state.channel) and self._cache.healthy
+        )
+
+    def _keep_near(
+        self, state: RuntimeState, version: str, drops: int, read_at: float, ttl: float
+    ) -> None:
+        """Keep a verdict hit read (or written) under `version`, if nothing dropped the
+        near-cache since `drops` was sampled before the read. Its life counts from
+        `read_at`, before the read, so it never outlives the key in Redis."""
+        if state.near_drops == drops and self._trusted(state):
+            state.near_version = version
+            state.near_until = read_at + ttl
+
     def _forget(self, state: RuntimeState) -> None:
         if state.waiters or self._states.get(state.runtime_id) is not state:
             return
@@ -291,14 +344,27 @@ class Claimer:
         None to run again at once. `woken`: a wake-up started this cycle."""
         runtime_id = state.runtime_id
         version: str | None = None
+        loop = asyncio.get_running_loop()
+        drops, read_at = state.near_drops, loop.time()
+        trusted = self._trusted(state)
         if self._settings.cache_enabled:
             arrived = list(state.waiters)
+            near = self._near_hit(state)
+            if near is not None:
+                self._metrics.near_hits.inc()
+                for waiter in arrived:
+                    waiter.checked = True
+                    waiter.event.set()
+                return self._park_seconds(state, near)
             try:
                 verdict = await self._cache.read(runtime_id)
             except CacheUnavailable:
                 self._metrics.verdict_checks.labels("error").inc()
             else:
                 if verdict.hit:
+                    assert verdict.ttl_seconds is not None  # a hit knows its life (I4)
+                    if trusted:
+                        self._keep_near(state, verdict.version, drops, read_at, verdict.ttl_seconds)
                     # Only waiters that were here before the read count as checked.
                     for waiter in arrived:
                         waiter.checked = True
@@ -327,7 +393,7 @@ class Claimer:
         await self._hand_out(runtime_id, waiters, owners, rows, woken)
         if len(rows) == len(owners):
             return None  # every slot filled: there may be more work for newer waiters
-        return await self._record_empty(state, version, due_in)
+        return await self._record_empty(state, version, due_in, (drops, read_at, trusted))
 
     async def _hand_out(
         self,
@@ -369,16 +435,28 @@ class Claimer:
             await self.announce(runtime_id)
 
     async def _record_empty(
-        self, state: RuntimeState, version: str | None, due_in: float | None
+        self,
+        state: RuntimeState,
+        version: str | None,
+        due_in: float | None,
+        sampled: tuple[int, float, bool] = (-1, 0.0, False),
     ) -> float:
         """The scan found fewer tasks than wanted: write the verdict under the version
-        read before the scan (I2), never outliving the next due task (I4)."""
+        read before the scan (I2), never outliving the next due task (I4). `sampled`:
+        the near-cache drop count, loop time and trust taken before that read."""
         ttl = self._settings.empty_ttl_seconds
         if due_in is not None:
             ttl = min(ttl, due_in)
         if version is not None:
-            with contextlib.suppress(CacheUnavailable):
+            try:
                 await self._cache.write_empty(state.runtime_id, version, ttl)
+            except CacheUnavailable:
+                pass
+            else:
+                drops, read_at, trusted = sampled
+                if trusted:
+                    # A bump since the read (the scan's I2 race) dropped it: not kept.
+                    self._keep_near(state, version, drops, read_at, ttl)
         return self._park_seconds(state, ttl)
 
     @contextlib.asynccontextmanager

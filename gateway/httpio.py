@@ -26,6 +26,28 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
     )
 
 
+class _ConstantResponse(Response):
+    """A 200 JSON answer whose body and headers were encoded once, at import."""
+
+    def __init__(self, body: bytes, raw_headers: list[tuple[bytes, bytes]]) -> None:
+        self.status_code = 200
+        self.background = None
+        self.body = body
+        self.raw_headers = raw_headers
+
+
+_EMPTY_TASKS_BODY = orjson.dumps({"tasks": []}, option=orjson.OPT_APPEND_NEWLINE)
+_EMPTY_TASKS_HEADERS = [
+    (b"content-length", str(len(_EMPTY_TASKS_BODY)).encode()),
+    (b"content-type", b"application/json"),
+]
+
+
+def empty_tasks_response() -> Response:
+    """`{"tasks":[]}`: most claims' answer, encoded once rather than per request."""
+    return _ConstantResponse(_EMPTY_TASKS_BODY, list(_EMPTY_TASKS_HEADERS))
+
+
 def internal_error_response() -> Response:
     """The 500 answer to an unexpected exception; the detail goes to the log only."""
     return problem_response(

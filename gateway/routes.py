@@ -22,6 +22,7 @@ from .auth import Principal, Scope
 from .errors import GatewayError, NotFound
 from .httpio import (
     CLIENT_LEFT,
+    empty_tasks_response,
     internal_error_response,
     json_response,
     problem_response,
@@ -216,6 +217,8 @@ async def claim(request: Request, gw: Gateway) -> Response:
         # The client left while its tasks were being leased: nobody would receive them.
         await gw.claimer.give_back(runtime_id, [row.task.id for row in rows])
         return Response(status_code=CLIENT_LEFT)
+    if not rows:
+        return empty_tasks_response()
     return json_response({"tasks": await _deliverable(gw, rows)})
 
 
