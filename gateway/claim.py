@@ -30,6 +30,9 @@ from .settings import Settings
 log = logging.getLogger("gateway.claim")
 
 LINGER_SECONDS = 30.0  # keep an idle runtime's subscription this long, for the next poll
+# A verdict this process wrote is renewed this long before its life ends (at most; a
+# quarter of a short life), so that a renewal lands before the key lapses.
+RENEW_LEAD_SECONDS = 1.0
 
 
 @dataclass(eq=False)
@@ -72,6 +75,13 @@ class RuntimeState:
     near_until: float = 0.0
     # Counts drops of the near-cache: a verdict read before a drop is not kept after it.
     near_drops: int = 0
+    # An empty verdict this process wrote: while polls are parked, it is renewed in Redis
+    # shortly before its life ends, instead of a Postgres scan, as long as no bump made
+    # it stale, and never past the next delayed task's due time (I4). Its version, when
+    # to renew it, and that due time (loop times; None: nothing delayed).
+    renew_version: str | None = None
+    renew_at: float = 0.0
+    renew_due_at: float | None = None
 
 
 def _drop_near(state: RuntimeState) -> None:
@@ -337,6 +347,8 @@ class Claimer:
         park = verdict_ttl if verdict_ttl is not None else self._settings.empty_ttl_seconds
         if not (self._subscriber.confirmed(state.channel) and self._cache.healthy):
             park = min(park, self._settings.degraded_poll_seconds)
+        if state.renew_version is not None:
+            park = min(park, state.renew_at - asyncio.get_running_loop().time())
         return max(park, 0.001)
 
     async def _cycle(self, state: RuntimeState, woken: bool = False) -> float | None:
@@ -349,6 +361,14 @@ class Claimer:
         trusted = self._trusted(state)
         if self._settings.cache_enabled:
             arrived = list(state.waiters)
+            if state.renew_version is not None and read_at >= state.renew_at:
+                renewed = await self._renew(state)
+                if renewed is not None:
+                    for waiter in arrived:
+                        waiter.checked = True
+                        waiter.event.set()
+                    return self._park_seconds(state, renewed)
+                drops, read_at, trusted = state.near_drops, loop.time(), self._trusted(state)
             near = self._near_hit(state)
             if near is not None:
                 self._metrics.near_hits.inc()
@@ -361,6 +381,8 @@ class Claimer:
             except CacheUnavailable:
                 self._metrics.verdict_checks.labels("error").inc()
             else:
+                if verdict.version != state.renew_version:
+                    state.renew_version = None  # a bump made what we wrote stale
                 if verdict.hit:
                     assert verdict.ttl_seconds is not None  # a hit knows its life (I4)
                     if trusted:
@@ -453,11 +475,50 @@ class Claimer:
             except CacheUnavailable:
                 pass
             else:
+                now = asyncio.get_running_loop().time()
+                due_at = None if due_in is None else now + due_in
+                self._schedule_renewal(state, version, now, ttl, due_at)
                 drops, read_at, trusted = sampled
                 if trusted:
                     # A bump since the read (the scan's I2 race) dropped it: not kept.
                     self._keep_near(state, version, drops, read_at, ttl)
         return self._park_seconds(state, ttl)
+
+    def _schedule_renewal(
+        self, state: RuntimeState, version: str, now: float, ttl: float, due_at: float | None
+    ) -> None:
+        state.renew_version = version
+        state.renew_at = now + ttl - min(RENEW_LEAD_SECONDS, ttl / 4)
+        state.renew_due_at = due_at
+
+    async def _renew(self, state: RuntimeState) -> float | None:
+        """Renew the verdict this process wrote, instead of scanning Postgres again: its
+        new life in seconds, or None when that cannot be (a bump made it stale, a task
+        comes due first, Redis fails or refuses writes): then check as usual.
+
+        Safe because every change that makes a task claimable, or delays one, bumps the
+        version (I1), which makes the renewal fail; a bump lost to a Redis fault is the
+        janitor's repair's to find (I6), as for any verdict."""
+        version, due_at = state.renew_version, state.renew_due_at
+        state.renew_version = None
+        assert version is not None
+        now = asyncio.get_running_loop().time()
+        ttl = self._settings.empty_ttl_seconds
+        if due_at is not None:
+            ttl = min(ttl, due_at - now)
+        # Near a due time, let the verdict lapse: the scan then finds the task (I4).
+        if ttl < min(0.5, self._settings.empty_ttl_seconds / 2) or not self._cache.healthy:
+            return None
+        drops, trusted = state.near_drops, self._trusted(state)
+        try:
+            if not await self._cache.renew_empty(state.runtime_id, version, ttl):
+                return None
+        except CacheUnavailable:
+            return None
+        self._schedule_renewal(state, version, now, ttl, due_at)
+        if trusted:
+            self._keep_near(state, version, drops, now, ttl)
+        return ttl
 
     @contextlib.asynccontextmanager
     async def _admission(self) -> AsyncIterator[None]:

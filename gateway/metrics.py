@@ -218,6 +218,14 @@ class Metrics:
             "gateway_tasks_stored.",
             registry=r,
         )
+        self.verdict_renewals = Counter(
+            "gateway_verdict_renewals",
+            "Empty verdicts given a new life in Redis, without a Postgres scan, because no "
+            "bump had made them stale and no delayed task was coming due, by outcome: renewed, "
+            "stale (a bump had landed; the next check goes to Postgres).",
+            ["outcome"],
+            registry=r,
+        )
         self.near_hits = LoopCounter(
             "gateway_verdict_local_hits",
             "Claims answered from this process's copy of a runtime's empty verdict, without "
