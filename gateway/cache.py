@@ -60,13 +60,14 @@ return #ARGV / 2
 """
 
 
-# Extends an empty verdict (KEYS[2]) by ARGV[2] ms while both it and the version
-# (KEYS[1]) still hold ARGV[1], the version it was written under. A SET rather than a
-# PEXPIRE: a Redis that refuses writes (out of memory under noeviction, CLIENT PAUSE
-# WRITE) refuses this too, so the verdict then lapses as before and the claim goes to
-# Postgres.
+# Writes the empty verdict (KEYS[2]) again, for ARGV[2] ms, while the version (KEYS[1])
+# still holds ARGV[1], the version it was first written under: no bump since, so the
+# scan's answer still stands (I2), even if the key itself lapsed a moment ago (a late
+# renewal on a busy process). A SET, not a PEXPIRE: a Redis that refuses writes (out
+# of memory under noeviction, CLIENT PAUSE WRITE) refuses this too, so the verdict then
+# lapses as before and the claim goes to Postgres.
 RENEW_SCRIPT = """
-if redis.call('GET', KEYS[1]) == ARGV[1] and redis.call('GET', KEYS[2]) == ARGV[1] then
+if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[2], ARGV[1], 'PX', tonumber(ARGV[2]))
   return 1
 end
@@ -295,8 +296,8 @@ class VerdictCache:
 
     async def renew_empty(self, runtime_id: str, version: str, ttl_seconds: float) -> bool:
         """Give the verdict written under `version` a new life of `ttl_seconds`, if the
-        runtime's version and verdict both still hold it (no bump since); one round trip.
-        False when they do not: the caller must then check Postgres."""
+        runtime's version still is `version` (no bump since); one round trip. False when
+        it is not: the caller must then check Postgres."""
         k = self.keys(runtime_id)
         ttl_ms = max(1, int(ttl_seconds * 1000))
 

@@ -54,8 +54,8 @@ class ClaimCache(Protocol):
         ...
 
     async def renew_empty(self, runtime_id: str, version: str, ttl_seconds: float) -> bool:
-        """Extend the verdict written under `version` if no bump landed since; False if
-        one did."""
+        """Write the verdict under `version` again, for `ttl_seconds`, if no bump landed
+        since; False if one did."""
         ...
 
     async def bump(self, runtime_id: str) -> str:

@@ -263,7 +263,7 @@ class FakeRedis:
 
     def _renew(self, version_key: str, empty_key: str, version: str, ttl_ms: int) -> int:
         """RENEW_SCRIPT, step for step."""
-        if self._get(version_key) == version and self._get(empty_key) == version:
+        if self._get(version_key) == version:
             self._set(empty_key, version, px=ttl_ms)
             return 1
         return 0
