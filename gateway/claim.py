@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import random
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from . import logs
@@ -35,9 +35,39 @@ LINGER_SECONDS = 30.0  # keep an idle runtime's subscription this long, for the 
 RENEW_LEAD_SECONDS = 1.0
 
 
-@dataclass(eq=False)
+class Departure:
+    """Set once, when a poll's client disconnects. A parked poll hears of it at once,
+    through a callback: no task or future of its own waits for it."""
+
+    __slots__ = ("_callbacks", "_gone")
+
+    def __init__(self) -> None:
+        self._gone = False
+        self._callbacks: list[Callable[[], None]] = []
+
+    def is_set(self) -> bool:
+        return self._gone
+
+    def set(self) -> None:
+        if not self._gone:
+            self._gone = True
+            callbacks, self._callbacks = self._callbacks, []
+            for callback in callbacks:
+                callback()
+
+    def on_set(self, callback: Callable[[], None]) -> None:
+        """Call `callback` when set (at once if it already is)."""
+        if self._gone:
+            callback()
+        else:
+            self._callbacks.append(callback)
+
+
+@dataclass(eq=False, slots=True)
 class Waiter:
-    """One claim request parked in this process."""
+    """One claim request parked in this process. Memory per parked poll matters (up to
+    GATEWAY_MAX_PARKED_POLLS of them): it waits on one future at a time, made when it
+    sleeps, rather than on an Event and a task per wait."""
 
     req: ClaimRequest
     deadline: float  # loop time
@@ -46,14 +76,30 @@ class Waiter:
     checked: bool = False  # a full verdict check or claim ran since it arrived
     in_flight: bool = False  # has slots in the Postgres claim running now
     gone: bool = False  # its client disconnected; it must receive nothing
-    event: asyncio.Event = field(default_factory=asyncio.Event)
+    signal: asyncio.Future[None] | None = None  # resolved to wake its request
+
+    def poke(self) -> None:
+        """Wake the request to look at its state again."""
+        signal = self.signal
+        if signal is not None and not signal.done():
+            signal.set_result(None)
+
+    def leave(self) -> None:
+        """Its client disconnected (Departure's callback)."""
+        self.gone = True
+        self.poke()
 
     def finish(self, rows: list[Leased] | None = None, error: GatewayError | None = None) -> None:
         if rows is not None:
             self.rows = rows
         if error is not None:
             self.error = error
-        self.event.set()
+        self.poke()
+
+
+def _poke(signal: asyncio.Future[None]) -> None:
+    if not signal.done():
+        signal.set_result(None)
 
 
 @dataclass(eq=False)
@@ -178,7 +224,7 @@ class Claimer:
     # -- the claim -----------------------------------------------------------
 
     async def claim(
-        self, runtime_id: str, req: ClaimRequest, disconnected: asyncio.Event | None = None
+        self, runtime_id: str, req: ClaimRequest, disconnected: Departure | None = None
     ) -> list[Leased]:
         """Up to req.max_tasks leased rows, waiting up to req.wait_seconds for them."""
         if self.draining:
@@ -212,7 +258,7 @@ class Claimer:
         return await self._claim(runtime_id, req, disconnected)
 
     async def _claim(
-        self, runtime_id: str, req: ClaimRequest, disconnected: asyncio.Event | None
+        self, runtime_id: str, req: ClaimRequest, disconnected: Departure | None
     ) -> list[Leased]:
         loop = asyncio.get_running_loop()
         state = self._state(runtime_id)
@@ -224,7 +270,8 @@ class Claimer:
         state.wake.set()
         if state.pump is None:
             state.pump = asyncio.create_task(self._pump(state), name=f"pump:{runtime_id}")
-        gone_task = asyncio.ensure_future(disconnected.wait()) if disconnected else None
+        if disconnected is not None:
+            disconnected.on_set(waiter.leave)
         try:
             while waiter.rows is None and waiter.error is None:
                 remaining = waiter.deadline - loop.time()
@@ -232,18 +279,18 @@ class Claimer:
                     break
                 if waiter.gone and not waiter.in_flight:
                     break
-                waiter.event.clear()
-                waits: list[asyncio.Future[object]] = [asyncio.ensure_future(waiter.event.wait())]
-                if gone_task is not None and not waiter.gone:
-                    waits.append(gone_task)  # type: ignore[arg-type]
-                timeout = remaining if remaining > 0 and not waiter.in_flight else None
-                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                waits[0].cancel()
-                if gone_task is not None and gone_task.done():
-                    waiter.gone = True
+                # Nothing awaited since the checks above: a poke cannot fall in between.
+                signal = waiter.signal = loop.create_future()
+                timer = None
+                if remaining > 0 and not waiter.in_flight:
+                    timer = loop.call_at(waiter.deadline, _poke, signal)
+                try:
+                    await signal
+                finally:
+                    waiter.signal = None
+                    if timer is not None:
+                        timer.cancel()
         finally:
-            if gone_task is not None:
-                gone_task.cancel()
             self._leave(state, waiter)
         if waiter.error is not None:
             raise waiter.error
@@ -257,7 +304,7 @@ class Claimer:
             for waiter in state.waiters:
                 waiter.deadline = 0.0
                 waiter.checked = True
-                waiter.event.set()
+                waiter.poke()
             state.wake.set()
 
     # -- internals -----------------------------------------------------------
@@ -366,7 +413,7 @@ class Claimer:
                 if renewed is not None:
                     for waiter in arrived:
                         waiter.checked = True
-                        waiter.event.set()
+                        waiter.poke()
                     return self._park_seconds(state, renewed)
                 drops, read_at, trusted = state.near_drops, loop.time(), self._trusted(state)
             near = self._near_hit(state)
@@ -374,7 +421,7 @@ class Claimer:
                 self._metrics.near_hits.inc()
                 for waiter in arrived:
                     waiter.checked = True
-                    waiter.event.set()
+                    waiter.poke()
                 return self._park_seconds(state, near)
             try:
                 verdict = await self._cache.read(runtime_id)
@@ -390,7 +437,7 @@ class Claimer:
                     # Only waiters that were here before the read count as checked.
                     for waiter in arrived:
                         waiter.checked = True
-                        waiter.event.set()
+                        waiter.poke()
                     return self._park_seconds(state, verdict.ttl_seconds)
                 version = verdict.version
         waiters = _unserved(state)
