@@ -128,6 +128,9 @@ class RuntimeState:
     renew_version: str | None = None
     renew_at: float = 0.0
     renew_due_at: float | None = None
+    # The version a bump by this process returned, not yet used by the pump: the next
+    # cycle claims under it without reading the verdict (a sure miss).
+    bumped: str | None = None
 
 
 def _drop_near(state: RuntimeState) -> None:
@@ -167,11 +170,14 @@ class Claimer:
 
     # -- wake-ups ------------------------------------------------------------
 
-    def wake(self, runtime_id: str) -> None:
-        """Make the runtime's pump re-check now (a bump was seen, here or via pub/sub)."""
+    def wake(self, runtime_id: str, bumped: str | None = None) -> None:
+        """Make the runtime's pump re-check now (a bump was seen, here or via pub/sub).
+        `bumped`: the version a bump made by this process returned."""
         state = self._states.get(runtime_id)
         if state is not None:
             _drop_near(state)
+            if bumped is not None:
+                state.bumped = bumped
             state.woken = True
             state.wake.set()
 
@@ -212,10 +218,11 @@ class Claimer:
         A failed bump is logged and counted; the janitor's repair pass finds it (I6).
         """
         try:
-            await self._cache.bump(runtime_id)
+            version: str | None = await self._cache.bump(runtime_id)
         except CacheUnavailable as exc:
             log.warning("version bump for runtime %s lost: %s", runtime_id, exc.detail)
-        self.wake(runtime_id)
+            version = None
+        self.wake(runtime_id, version)
 
     def parked(self, runtime_id: str) -> int:
         state = self._states.get(runtime_id)
@@ -269,6 +276,9 @@ class Claimer:
         self._metrics.parked_polls.inc()
         state.wake.set()
         if state.pump is None:
+            # A bump seen while no pump ran is old news: other claims may have written a
+            # verdict under its version since, so the new pump reads the verdict first.
+            state.bumped = None
             state.pump = asyncio.create_task(self._pump(state), name=f"pump:{runtime_id}")
         if disconnected is not None:
             disconnected.on_set(waiter.leave)
@@ -407,39 +417,48 @@ class Claimer:
         drops, read_at = state.near_drops, loop.time()
         trusted = self._trusted(state)
         if self._settings.cache_enabled:
-            arrived = list(state.waiters)
-            if state.renew_version is not None and read_at >= state.renew_at:
-                renewed = await self._renew(state)
-                if renewed is not None:
-                    for waiter in arrived:
-                        waiter.checked = True
-                        waiter.poke()
-                    return self._park_seconds(state, renewed)
-                drops, read_at, trusted = state.near_drops, loop.time(), self._trusted(state)
-            near = self._near_hit(state)
-            if near is not None:
-                self._metrics.near_hits.inc()
-                for waiter in arrived:
-                    waiter.checked = True
-                    waiter.poke()
-                return self._park_seconds(state, near)
-            try:
-                verdict = await self._cache.read(runtime_id)
-            except CacheUnavailable:
-                self._metrics.verdict_checks.labels("error").inc()
+            if state.bumped is not None:
+                # This process just bumped the runtime: the version the bump returned is
+                # a sample taken before the scan below (I2), and a miss for sure, so no
+                # read is needed. A later bump elsewhere only makes the verdict stale.
+                version, state.bumped = state.bumped, None
+                state.renew_version = None
             else:
-                if verdict.version != state.renew_version:
-                    state.renew_version = None  # a bump made what we wrote stale
-                if verdict.hit:
-                    assert verdict.ttl_seconds is not None  # a hit knows its life (I4)
-                    if trusted:
-                        self._keep_near(state, verdict.version, drops, read_at, verdict.ttl_seconds)
-                    # Only waiters that were here before the read count as checked.
+                arrived = list(state.waiters)
+                if state.renew_version is not None and read_at >= state.renew_at:
+                    renewed = await self._renew(state)
+                    if renewed is not None:
+                        for waiter in arrived:
+                            waiter.checked = True
+                            waiter.poke()
+                        return self._park_seconds(state, renewed)
+                    drops, read_at, trusted = state.near_drops, loop.time(), self._trusted(state)
+                near = self._near_hit(state)
+                if near is not None:
+                    self._metrics.near_hits.inc()
                     for waiter in arrived:
                         waiter.checked = True
                         waiter.poke()
-                    return self._park_seconds(state, verdict.ttl_seconds)
-                version = verdict.version
+                    return self._park_seconds(state, near)
+                try:
+                    verdict = await self._cache.read(runtime_id)
+                except CacheUnavailable:
+                    self._metrics.verdict_checks.labels("error").inc()
+                else:
+                    if verdict.version != state.renew_version:
+                        state.renew_version = None  # a bump made what we wrote stale
+                    if verdict.hit:
+                        assert verdict.ttl_seconds is not None  # a hit knows its life (I4)
+                        if trusted:
+                            self._keep_near(
+                                state, verdict.version, drops, read_at, verdict.ttl_seconds
+                            )
+                        # Only waiters that were here before the read count as checked.
+                        for waiter in arrived:
+                            waiter.checked = True
+                            waiter.poke()
+                        return self._park_seconds(state, verdict.ttl_seconds)
+                    version = verdict.version
         waiters = _unserved(state)
         if not waiters:
             return None
