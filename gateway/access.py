@@ -18,10 +18,11 @@ import logging
 import time
 from typing import Any
 
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import logs
-from .httpio import internal_error_response
+from .httpio import DirectRoute, internal_error_response
 from .metrics import Metrics
 
 log = logging.getLogger("gateway.access")
@@ -45,7 +46,7 @@ def access_line(
 ) -> None:
     """Log one request's access line and count it."""
     if metrics is not None:
-        metrics.http_requests.labels(route, method, status_class(status)).inc()
+        metrics.http_requests.inc(route, method, status_class(status))
     if log.isEnabledFor(logging.INFO):
         duration_ms = round(seconds * 1000, 3)
         log.info(
@@ -87,6 +88,26 @@ class RequestLog:
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
+        self._direct: list[DirectRoute] | None = None  # found on the first request
+
+    def _direct_routes(self, scope: Scope) -> list[DirectRoute]:
+        if self._direct is None:
+            router = getattr(scope.get("app"), "router", None)
+            routes = getattr(router, "routes", ())
+            self._direct = [r for r in routes if isinstance(r, DirectRoute)]
+        return self._direct
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A DirectRoute's request goes straight to its handler; the rest through the
+        app (exception middleware, router)."""
+        for route in self._direct_routes(scope):
+            match, child_scope = route.matches(scope)
+            if match is Match.FULL:
+                scope["route"] = route  # as the router does: the access line's route
+                scope.update(child_scope)
+                await route.app(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -111,7 +132,7 @@ class RequestLog:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_id)
+            await self._dispatch(scope, receive, send_with_id)
         except Exception:
             # Starlette's error middleware, outside this one, answers 500 and reraises;
             # answer here instead, so that the 500 carries the request id too.

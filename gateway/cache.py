@@ -60,6 +60,21 @@ return #ARGV / 2
 """
 
 
+# Writes the empty verdict (KEYS[2]) again, for ARGV[2] ms, while the version (KEYS[1])
+# still holds ARGV[1], the version it was first written under: no bump since, so the
+# scan's answer still stands (I2), even if the key itself lapsed a moment ago (a late
+# renewal on a busy process). A SET, not a PEXPIRE: a Redis that refuses writes (out
+# of memory under noeviction, CLIENT PAUSE WRITE) refuses this too, so the verdict then
+# lapses as before and the claim goes to Postgres.
+RENEW_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[2], ARGV[1], 'PX', tonumber(ARGV[2]))
+  return 1
+end
+return 0
+"""
+
+
 def new_epoch() -> str:
     """A random epoch token: 64 bits, so two epochs never collide in practice."""
     return secrets.token_hex(8)
@@ -202,6 +217,7 @@ class VerdictCache:
         self._bump = client.register_script(BUMP_SCRIPT)
         self._bump_and_publish = client.register_script(BUMP_AND_PUBLISH_SCRIPT)
         self._publish_all = client.register_script(PUBLISH_ALL_SCRIPT)
+        self._renew = client.register_script(RENEW_SCRIPT)
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -277,6 +293,20 @@ class VerdictCache:
         ttl_ms = max(1, int(ttl_seconds * 1000))
         key = self.keys(runtime_id).empty
         await self._call("verdict write", lambda: self._client.set(key, version, px=ttl_ms))
+
+    async def renew_empty(self, runtime_id: str, version: str, ttl_seconds: float) -> bool:
+        """Give the verdict written under `version` a new life of `ttl_seconds`, if the
+        runtime's version still is `version` (no bump since); one round trip. False when
+        it is not: the caller must then check Postgres."""
+        k = self.keys(runtime_id)
+        ttl_ms = max(1, int(ttl_seconds * 1000))
+
+        async def go() -> bool:
+            return bool(await self._renew(keys=[k.version, k.empty], args=[version, ttl_ms]))
+
+        renewed = await self._call("verdict renewal", go)
+        self._metrics.verdict_renewals.labels("renewed" if renewed else "stale").inc()
+        return renewed
 
     async def bump(self, runtime_id: str) -> str:
         """Invalidate the runtime's verdict and publish a wake-up. Call after commit (I1)."""

@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import random
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from . import logs
@@ -30,11 +30,44 @@ from .settings import Settings
 log = logging.getLogger("gateway.claim")
 
 LINGER_SECONDS = 30.0  # keep an idle runtime's subscription this long, for the next poll
+# A verdict this process wrote is renewed this long before its life ends (at most; a
+# quarter of a short life), so that a renewal lands before the key lapses.
+RENEW_LEAD_SECONDS = 1.0
 
 
-@dataclass(eq=False)
+class Departure:
+    """Set once, when a poll's client disconnects. A parked poll hears of it at once,
+    through a callback: no task or future of its own waits for it."""
+
+    __slots__ = ("_callbacks", "_gone")
+
+    def __init__(self) -> None:
+        self._gone = False
+        self._callbacks: list[Callable[[], None]] = []
+
+    def is_set(self) -> bool:
+        return self._gone
+
+    def set(self) -> None:
+        if not self._gone:
+            self._gone = True
+            callbacks, self._callbacks = self._callbacks, []
+            for callback in callbacks:
+                callback()
+
+    def on_set(self, callback: Callable[[], None]) -> None:
+        """Call `callback` when set (at once if it already is)."""
+        if self._gone:
+            callback()
+        else:
+            self._callbacks.append(callback)
+
+
+@dataclass(eq=False, slots=True)
 class Waiter:
-    """One claim request parked in this process."""
+    """One claim request parked in this process. Memory per parked poll matters (up to
+    GATEWAY_MAX_PARKED_POLLS of them): it waits on one future at a time, made when it
+    sleeps, rather than on an Event and a task per wait."""
 
     req: ClaimRequest
     deadline: float  # loop time
@@ -43,14 +76,30 @@ class Waiter:
     checked: bool = False  # a full verdict check or claim ran since it arrived
     in_flight: bool = False  # has slots in the Postgres claim running now
     gone: bool = False  # its client disconnected; it must receive nothing
-    event: asyncio.Event = field(default_factory=asyncio.Event)
+    signal: asyncio.Future[None] | None = None  # resolved to wake its request
+
+    def poke(self) -> None:
+        """Wake the request to look at its state again."""
+        signal = self.signal
+        if signal is not None and not signal.done():
+            signal.set_result(None)
+
+    def leave(self) -> None:
+        """Its client disconnected (Departure's callback)."""
+        self.gone = True
+        self.poke()
 
     def finish(self, rows: list[Leased] | None = None, error: GatewayError | None = None) -> None:
         if rows is not None:
             self.rows = rows
         if error is not None:
             self.error = error
-        self.event.set()
+        self.poke()
+
+
+def _poke(signal: asyncio.Future[None]) -> None:
+    if not signal.done():
+        signal.set_result(None)
 
 
 @dataclass(eq=False)
@@ -64,6 +113,29 @@ class RuntimeState:
     # A wake-up (pub/sub, or a bump here) arrived since the pump's last cycle began;
     # a new poll's arrival also sets `wake`, but is not a wake-up.
     woken: bool = False
+    # The near-cache: the version of a verdict hit kept in this process, and until when
+    # (loop time, never past the verdict's life in Redis). Trusted only while the
+    # runtime's subscription is confirmed and Redis healthy, since then a bump anywhere
+    # reaches this process as a wake-up, which drops it.
+    near_version: str | None = None
+    near_until: float = 0.0
+    # Counts drops of the near-cache: a verdict read before a drop is not kept after it.
+    near_drops: int = 0
+    # An empty verdict this process wrote: while polls are parked, it is renewed in Redis
+    # shortly before its life ends, instead of a Postgres scan, as long as no bump made
+    # it stale, and never past the next delayed task's due time (I4). Its version, when
+    # to renew it, and that due time (loop times; None: nothing delayed).
+    renew_version: str | None = None
+    renew_at: float = 0.0
+    renew_due_at: float | None = None
+    # The version a bump by this process returned, not yet used by the pump: the next
+    # cycle claims under it without reading the verdict (a sure miss).
+    bumped: str | None = None
+
+
+def _drop_near(state: RuntimeState) -> None:
+    state.near_version = None
+    state.near_drops += 1
 
 
 def _unserved(state: RuntimeState) -> list[Waiter]:
@@ -92,20 +164,28 @@ class Claimer:
         self._states: dict[str, RuntimeState] = {}
         self._claim_slots = asyncio.Semaphore(settings.max_concurrent_claims)
         self._claims_queued = 0
+        self._near_enabled = settings.cache_enabled and settings.near_cache_enabled
         self._long_polls = 0  # claims here with a wait: GATEWAY_MAX_PARKED_POLLS bounds them
         self.draining = False
 
     # -- wake-ups ------------------------------------------------------------
 
-    def wake(self, runtime_id: str) -> None:
-        """Make the runtime's pump re-check now (a bump was seen, here or via pub/sub)."""
+    def wake(self, runtime_id: str, bumped: str | None = None) -> None:
+        """Make the runtime's pump re-check now (a bump was seen, here or via pub/sub).
+        `bumped`: the version a bump made by this process returned."""
         state = self._states.get(runtime_id)
         if state is not None:
+            _drop_near(state)
+            if bumped is not None:
+                state.bumped = bumped
             state.woken = True
             state.wake.set()
 
     def wake_all(self) -> None:
+        """Every runtime re-checks: the pub/sub connection was replaced or restored, and
+        wake-ups may have been lost meanwhile (I8); the near-cache is dropped too."""
         for state in self._states.values():
+            _drop_near(state)
             state.wake.set()
 
     def redis_trouble(self) -> None:
@@ -117,6 +197,7 @@ class Claimer:
         loop = asyncio.get_running_loop()
         spread = self._settings.degraded_poll_seconds
         for state in self._states.values():
+            _drop_near(state)
             if state.waiters:
                 loop.call_later(self._rng.uniform(0.0, spread), state.wake.set)
 
@@ -137,10 +218,11 @@ class Claimer:
         A failed bump is logged and counted; the janitor's repair pass finds it (I6).
         """
         try:
-            await self._cache.bump(runtime_id)
+            version: str | None = await self._cache.bump(runtime_id)
         except CacheUnavailable as exc:
             log.warning("version bump for runtime %s lost: %s", runtime_id, exc.detail)
-        self.wake(runtime_id)
+            version = None
+        self.wake(runtime_id, version)
 
     def parked(self, runtime_id: str) -> int:
         state = self._states.get(runtime_id)
@@ -149,11 +231,17 @@ class Claimer:
     # -- the claim -----------------------------------------------------------
 
     async def claim(
-        self, runtime_id: str, req: ClaimRequest, disconnected: asyncio.Event | None = None
+        self, runtime_id: str, req: ClaimRequest, disconnected: Departure | None = None
     ) -> list[Leased]:
         """Up to req.max_tasks leased rows, waiting up to req.wait_seconds for them."""
         if self.draining:
             raise Draining("this instance is shutting down; retry on another")
+        if not req.wait_seconds and self._near_enabled:
+            state = self._states.get(runtime_id)
+            if state is not None and self._near_hit(state) is not None:
+                # A verdict hit this process holds: no waiter, no pump, no round trip.
+                self._metrics.near_hits.inc()
+                return []
         if req.wait_seconds and self._long_polls >= self._settings.max_parked_polls:
             # Full: still hand out work that is there, but park no one more.
             rows = await self.claim(runtime_id, dataclasses.replace(req, wait_seconds=0.0))
@@ -177,7 +265,7 @@ class Claimer:
         return await self._claim(runtime_id, req, disconnected)
 
     async def _claim(
-        self, runtime_id: str, req: ClaimRequest, disconnected: asyncio.Event | None
+        self, runtime_id: str, req: ClaimRequest, disconnected: Departure | None
     ) -> list[Leased]:
         loop = asyncio.get_running_loop()
         state = self._state(runtime_id)
@@ -188,8 +276,12 @@ class Claimer:
         self._metrics.parked_polls.inc()
         state.wake.set()
         if state.pump is None:
+            # A bump seen while no pump ran is old news: other claims may have written a
+            # verdict under its version since, so the new pump reads the verdict first.
+            state.bumped = None
             state.pump = asyncio.create_task(self._pump(state), name=f"pump:{runtime_id}")
-        gone_task = asyncio.ensure_future(disconnected.wait()) if disconnected else None
+        if disconnected is not None:
+            disconnected.on_set(waiter.leave)
         try:
             while waiter.rows is None and waiter.error is None:
                 remaining = waiter.deadline - loop.time()
@@ -197,18 +289,18 @@ class Claimer:
                     break
                 if waiter.gone and not waiter.in_flight:
                     break
-                waiter.event.clear()
-                waits: list[asyncio.Future[object]] = [asyncio.ensure_future(waiter.event.wait())]
-                if gone_task is not None and not waiter.gone:
-                    waits.append(gone_task)  # type: ignore[arg-type]
-                timeout = remaining if remaining > 0 and not waiter.in_flight else None
-                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                waits[0].cancel()
-                if gone_task is not None and gone_task.done():
-                    waiter.gone = True
+                # Nothing awaited since the checks above: a poke cannot fall in between.
+                signal = waiter.signal = loop.create_future()
+                timer = None
+                if remaining > 0 and not waiter.in_flight:
+                    timer = loop.call_at(waiter.deadline, _poke, signal)
+                try:
+                    await signal
+                finally:
+                    waiter.signal = None
+                    if timer is not None:
+                        timer.cancel()
         finally:
-            if gone_task is not None:
-                gone_task.cancel()
             self._leave(state, waiter)
         if waiter.error is not None:
             raise waiter.error
@@ -222,7 +314,7 @@ class Claimer:
             for waiter in state.waiters:
                 waiter.deadline = 0.0
                 waiter.checked = True
-                waiter.event.set()
+                waiter.poke()
             state.wake.set()
 
     # -- internals -----------------------------------------------------------
@@ -248,6 +340,34 @@ class Claimer:
             if state.linger is None:
                 loop = asyncio.get_running_loop()
                 state.linger = loop.call_later(LINGER_SECONDS, self._forget, state)
+
+    def _near_hit(self, state: RuntimeState) -> float | None:
+        """Seconds left of the verdict hit this process holds for the runtime, or None
+        (none held, spent, or no longer trusted: it is then dropped)."""
+        if state.near_version is None:
+            return None
+        left = state.near_until - asyncio.get_running_loop().time()
+        if left > 0 and self._subscriber.confirmed(state.channel) and self._cache.healthy:
+            return left
+        _drop_near(state)
+        return None
+
+    def _trusted(self, state: RuntimeState) -> bool:
+        """A verdict read now may be kept in the near-cache: a bump after it will reach
+        this process as a wake-up (subscription confirmed, Redis healthy)."""
+        return (
+            self._near_enabled and self._subscriber.confirmed(state.channel) and self._cache.healthy
+        )
+
+    def _keep_near(
+        self, state: RuntimeState, version: str, drops: int, read_at: float, ttl: float
+    ) -> None:
+        """Keep a verdict hit read (or written) under `version`, if nothing dropped the
+        near-cache since `drops` was sampled before the read. Its life counts from
+        `read_at`, before the read, so it never outlives the key in Redis."""
+        if state.near_drops == drops and self._trusted(state):
+            state.near_version = version
+            state.near_until = read_at + ttl
 
     def _forget(self, state: RuntimeState) -> None:
         if state.waiters or self._states.get(state.runtime_id) is not state:
@@ -284,6 +404,8 @@ class Claimer:
         park = verdict_ttl if verdict_ttl is not None else self._settings.empty_ttl_seconds
         if not (self._subscriber.confirmed(state.channel) and self._cache.healthy):
             park = min(park, self._settings.degraded_poll_seconds)
+        if state.renew_version is not None:
+            park = min(park, state.renew_at - asyncio.get_running_loop().time())
         return max(park, 0.001)
 
     async def _cycle(self, state: RuntimeState, woken: bool = False) -> float | None:
@@ -291,20 +413,52 @@ class Claimer:
         None to run again at once. `woken`: a wake-up started this cycle."""
         runtime_id = state.runtime_id
         version: str | None = None
+        loop = asyncio.get_running_loop()
+        drops, read_at = state.near_drops, loop.time()
+        trusted = self._trusted(state)
         if self._settings.cache_enabled:
-            arrived = list(state.waiters)
-            try:
-                verdict = await self._cache.read(runtime_id)
-            except CacheUnavailable:
-                self._metrics.verdict_checks.labels("error").inc()
+            if state.bumped is not None:
+                # This process just bumped the runtime: the version the bump returned is
+                # a sample taken before the scan below (I2), and a miss for sure, so no
+                # read is needed. A later bump elsewhere only makes the verdict stale.
+                version, state.bumped = state.bumped, None
+                state.renew_version = None
             else:
-                if verdict.hit:
-                    # Only waiters that were here before the read count as checked.
+                arrived = list(state.waiters)
+                if state.renew_version is not None and read_at >= state.renew_at:
+                    renewed = await self._renew(state)
+                    if renewed is not None:
+                        for waiter in arrived:
+                            waiter.checked = True
+                            waiter.poke()
+                        return self._park_seconds(state, renewed)
+                    drops, read_at, trusted = state.near_drops, loop.time(), self._trusted(state)
+                near = self._near_hit(state)
+                if near is not None:
+                    self._metrics.near_hits.inc()
                     for waiter in arrived:
                         waiter.checked = True
-                        waiter.event.set()
-                    return self._park_seconds(state, verdict.ttl_seconds)
-                version = verdict.version
+                        waiter.poke()
+                    return self._park_seconds(state, near)
+                try:
+                    verdict = await self._cache.read(runtime_id)
+                except CacheUnavailable:
+                    self._metrics.verdict_checks.labels("error").inc()
+                else:
+                    if verdict.version != state.renew_version:
+                        state.renew_version = None  # a bump made what we wrote stale
+                    if verdict.hit:
+                        assert verdict.ttl_seconds is not None  # a hit knows its life (I4)
+                        if trusted:
+                            self._keep_near(
+                                state, verdict.version, drops, read_at, verdict.ttl_seconds
+                            )
+                        # Only waiters that were here before the read count as checked.
+                        for waiter in arrived:
+                            waiter.checked = True
+                            waiter.poke()
+                        return self._park_seconds(state, verdict.ttl_seconds)
+                    version = verdict.version
         waiters = _unserved(state)
         if not waiters:
             return None
@@ -327,7 +481,7 @@ class Claimer:
         await self._hand_out(runtime_id, waiters, owners, rows, woken)
         if len(rows) == len(owners):
             return None  # every slot filled: there may be more work for newer waiters
-        return await self._record_empty(state, version, due_in)
+        return await self._record_empty(state, version, due_in, (drops, read_at, trusted))
 
     async def _hand_out(
         self,
@@ -369,17 +523,68 @@ class Claimer:
             await self.announce(runtime_id)
 
     async def _record_empty(
-        self, state: RuntimeState, version: str | None, due_in: float | None
+        self,
+        state: RuntimeState,
+        version: str | None,
+        due_in: float | None,
+        sampled: tuple[int, float, bool] = (-1, 0.0, False),
     ) -> float:
         """The scan found fewer tasks than wanted: write the verdict under the version
-        read before the scan (I2), never outliving the next due task (I4)."""
+        read before the scan (I2), never outliving the next due task (I4). `sampled`:
+        the near-cache drop count, loop time and trust taken before that read."""
         ttl = self._settings.empty_ttl_seconds
         if due_in is not None:
             ttl = min(ttl, due_in)
         if version is not None:
-            with contextlib.suppress(CacheUnavailable):
+            try:
                 await self._cache.write_empty(state.runtime_id, version, ttl)
+            except CacheUnavailable:
+                pass
+            else:
+                now = asyncio.get_running_loop().time()
+                due_at = None if due_in is None else now + due_in
+                self._schedule_renewal(state, version, now, ttl, due_at)
+                drops, read_at, trusted = sampled
+                if trusted:
+                    # A bump since the read (the scan's I2 race) dropped it: not kept.
+                    self._keep_near(state, version, drops, read_at, ttl)
         return self._park_seconds(state, ttl)
+
+    def _schedule_renewal(
+        self, state: RuntimeState, version: str, now: float, ttl: float, due_at: float | None
+    ) -> None:
+        state.renew_version = version
+        state.renew_at = now + ttl - min(RENEW_LEAD_SECONDS, ttl / 4)
+        state.renew_due_at = due_at
+
+    async def _renew(self, state: RuntimeState) -> float | None:
+        """Renew the verdict this process wrote, instead of scanning Postgres again: its
+        new life in seconds, or None when that cannot be (a bump made it stale, a task
+        comes due first, Redis fails or refuses writes): then check as usual.
+
+        Safe because every change that makes a task claimable, or delays one, bumps the
+        version (I1), which makes the renewal fail; a bump lost to a Redis fault is the
+        janitor's repair's to find (I6), as for any verdict."""
+        version, due_at = state.renew_version, state.renew_due_at
+        state.renew_version = None
+        assert version is not None
+        now = asyncio.get_running_loop().time()
+        ttl = self._settings.empty_ttl_seconds
+        if due_at is not None:
+            ttl = min(ttl, due_at - now)
+        # Near a due time, let the verdict lapse: the scan then finds the task (I4).
+        if ttl < min(0.5, self._settings.empty_ttl_seconds / 2) or not self._cache.healthy:
+            return None
+        drops, trusted = state.near_drops, self._trusted(state)
+        try:
+            if not await self._cache.renew_empty(state.runtime_id, version, ttl):
+                return None
+        except CacheUnavailable:
+            return None
+        self._schedule_renewal(state, version, now, ttl, due_at)
+        if trusted:
+            self._keep_near(state, version, drops, now, ttl)
+        return ttl
 
     @contextlib.asynccontextmanager
     async def _admission(self) -> AsyncIterator[None]:

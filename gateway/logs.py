@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import os
 import re
 import sys
 import traceback
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,7 +42,8 @@ def request_id_from(header: bytes | str | None) -> str:
         header = header.decode("latin-1")
     if header and _SANE_REQUEST_ID.fullmatch(header):
         return header
-    return uuid.uuid4().hex
+    # 128 random bits, as uuid4's hex but without building a UUID: on every request.
+    return os.urandom(16).hex()
 
 
 def detach() -> None:

@@ -4,10 +4,12 @@ apps in one process (as in the tests) count separately.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
 
 from .rows import TaskRow
 
@@ -17,6 +19,41 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 # an hour (a backlog).
 DELAY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 _WAIT_STEPS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 120, 300, 600, 1800)
+
+
+class LoopCounter:
+    """A counter for the request path, with labels, that takes no lock: a plain dict of
+    numbers, read when /metrics is scraped. prometheus-client's own counters take a
+    thread lock per increment; this one may only be incremented from the event loop's
+    thread, which is where every request is served. Exported as `<name>_total`."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str] = (),
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        # An unlabelled counter shows 0 from the start, as prometheus-client's do.
+        self.values: dict[tuple[str, ...], float] = {} if self.labelnames else {(): 0.0}
+        if registry is not None:
+            registry.register(self)
+
+    def inc(self, *labelvalues: str, amount: float = 1.0) -> None:
+        """Add `amount` to the sample with these label values (in labelnames' order)."""
+        self.values[labelvalues] = self.values.get(labelvalues, 0.0) + amount
+
+    def describe(self) -> list[Metric]:
+        return [CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)]
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for labelvalues, value in list(self.values.items()):
+            family.add_metric(list(labelvalues), value)
+        yield family
 
 
 def wait_buckets(max_wait_seconds: float) -> tuple[float, ...]:
@@ -190,7 +227,23 @@ class Metrics:
             "gateway_tasks_stored.",
             registry=r,
         )
-        self.http_requests = Counter(
+        self.verdict_renewals = Counter(
+            "gateway_verdict_renewals",
+            "Empty verdicts given a new life in Redis, without a Postgres scan, because no "
+            "bump had made them stale and no delayed task was coming due, by outcome: renewed, "
+            "stale (a bump had landed; the next check goes to Postgres).",
+            ["outcome"],
+            registry=r,
+        )
+        self.near_hits = LoopCounter(
+            "gateway_verdict_local_hits",
+            "Claims answered from this process's copy of a runtime's empty verdict, without "
+            "a Redis round trip. The copy is kept only while the process is subscribed to the "
+            "runtime's wake-ups (GATEWAY_NEAR_CACHE), and dropped at the runtime's next "
+            "wake-up; gateway_verdict_checks_total counts the reads that did go to Redis.",
+            registry=r,
+        )
+        self.http_requests = LoopCounter(
             "gateway_http_requests",
             "HTTP requests answered, by route template (`unmatched` when no endpoint's "
             "path matched), method and status class (2xx, 4xx, 5xx; 499, client left, is "

@@ -53,6 +53,11 @@ class ClaimCache(Protocol):
         """Record that a scan begun under `version` found nothing (I2)."""
         ...
 
+    async def renew_empty(self, runtime_id: str, version: str, ttl_seconds: float) -> bool:
+        """Write the verdict under `version` again, for `ttl_seconds`, if no bump landed
+        since; False if one did."""
+        ...
+
     async def bump(self, runtime_id: str) -> str:
         """Invalidate the verdict and publish a wake-up; after commit (I1)."""
         ...

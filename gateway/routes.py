@@ -19,9 +19,12 @@ from starlette.routing import Route
 
 from . import admin, admin_docs, batch, docs, models, openapi, runtimes, webhooks
 from .auth import Principal, Scope
+from .claim import Departure
 from .errors import GatewayError, NotFound
 from .httpio import (
     CLIENT_LEFT,
+    DirectRoute,
+    empty_tasks_response,
     internal_error_response,
     json_response,
     problem_response,
@@ -191,7 +194,7 @@ async def stats(request: Request, gw: Gateway) -> Response:
 # -- daemons ----------------------------------------------------------------
 
 
-async def _watch_disconnect(request: Request, gone: asyncio.Event) -> None:
+async def _watch_disconnect(request: Request, gone: Departure) -> None:
     """Starlette does not cancel a handler whose client left; watch for it ourselves."""
     while True:
         message = await request.receive()
@@ -204,7 +207,7 @@ async def claim(request: Request, gw: Gateway) -> Response:
     runtime_id = models.check_runtime_id(request.path_params["rt"])
     body = await read_json(request, gw)
     req = models.parse_claim(body, gw.settings.max_wait_seconds, gw.settings.default_lease_seconds)
-    gone = asyncio.Event()
+    gone = Departure()
     watcher = asyncio.create_task(_watch_disconnect(request, gone)) if req.wait_seconds else None
     try:
         rows = await gw.claimer.claim(runtime_id, req, gone if watcher else None)
@@ -217,6 +220,8 @@ async def claim(request: Request, gw: Gateway) -> Response:
         # The client left while its tasks were being leased: nobody would receive them.
         await gw.claimer.give_back(runtime_id, [row.task.id for row in rows])
         return Response(status_code=CLIENT_LEFT)
+    if not rows:
+        return empty_tasks_response()
     return json_response({"tasks": await _deliverable(gw, rows)})
 
 
@@ -405,4 +410,10 @@ ENDPOINTS = [
     Endpoint("GET", "/openapi.json", openapi_document, None, doc=docs.OPENAPI),
 ]
 
-ROUTES = [Route(e.path, api(e), methods=[e.method]) for e in ENDPOINTS]
+# The claim runs as a DirectRoute: every parked poll holds its frames for its wait.
+ROUTES = [
+    DirectRoute(e.path, api(e), e.method)
+    if e.handler is claim
+    else Route(e.path, api(e), methods=[e.method])
+    for e in ENDPOINTS
+]

@@ -52,6 +52,7 @@ ENV_NAMES = frozenset(
         "GATEWAY_LOG_FORMAT",
         "GATEWAY_REDIS_MODE",
         "GATEWAY_REDIS_SENTINEL_MASTER",
+        "GATEWAY_NEAR_CACHE",
     }
 )
 
@@ -115,6 +116,9 @@ class Settings:
     read_timeout_seconds: float = 30.0
     max_parked_polls: int = 10_000
     log_format: str = "text"  # text for people, json (one object a line) for collectors
+    # Keep verdict hits of subscribed runtimes in the process (claim.py): an empty poll
+    # then costs no Redis round trip.
+    near_cache_enabled: bool = True
 
     def __repr__(self) -> str:
         shown = []
@@ -184,6 +188,7 @@ class Settings:
             "max_parked_polls": _integer(env, "GATEWAY_MAX_PARKED_POLLS", 10_000, 0, 10_000_000),
             "degraded_poll_seconds": _number(env, "GATEWAY_DEGRADED_POLL_SECONDS", 1.0, 0.05, 60),
             "log_format": _choice(env, "GATEWAY_LOG_FORMAT", LOG_FORMATS, "text"),
+            "near_cache_enabled": _switch(env, "GATEWAY_NEAR_CACHE", True),
         }
         values.update(overrides)
         settings = cls(**values)  # type: ignore[arg-type]

@@ -24,13 +24,18 @@ def pg_claims(inst: Instance) -> float:
 
 
 def verdict_hits(inst: Instance) -> float:
-    return sample(inst, "gateway_verdict_checks_total", outcome="hit")
+    """Verdict checks that skipped Postgres: read in Redis, or from the near-cache."""
+    return sample(inst, "gateway_verdict_checks_total", outcome="hit") + sample(
+        inst, "gateway_verdict_local_hits_total"
+    )
 
 
 def activity(inst: Instance) -> tuple[float, ...]:
-    """Everything that moves while a pump is working: claims and verdict reads."""
+    """Everything that moves while a pump is working: claims and verdict reads (in
+    Redis, or from the process's near-cache)."""
     return (
         pg_claims(inst),
+        sample(inst, "gateway_verdict_local_hits_total"),
         *(
             sample(inst, "gateway_verdict_checks_total", outcome=o)
             for o in ("hit", "miss", "error")

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from gateway.cache import runtime_of_channel
+from gateway.cache import RENEW_SCRIPT, runtime_of_channel
 from gateway.errors import StoreUnavailable
 from gateway.rows import Leased, TaskRow
 
@@ -256,8 +256,17 @@ class FakeRedis:
 
     # the client API VerdictCache uses
 
-    def register_script(self, script: str) -> _BumpScript:
+    def register_script(self, script: str) -> _BumpScript | _RenewScript:
+        if script == RENEW_SCRIPT:
+            return _RenewScript(self)
         return _BumpScript(self)
+
+    def _renew(self, version_key: str, empty_key: str, version: str, ttl_ms: int) -> int:
+        """RENEW_SCRIPT, step for step."""
+        if self._get(version_key) == version:
+            self._set(empty_key, version, px=ttl_ms)
+            return 1
+        return 0
 
     def pipeline(self, transaction: bool = False) -> _Pipeline:
         return _Pipeline(self)
@@ -313,6 +322,15 @@ class _BumpScript:
         r = self._redis
         client._ops.append(lambda: r._bump(keys[0], str(args[0]), int(args[1])))
         return client
+
+
+class _RenewScript:
+    def __init__(self, redis: FakeRedis) -> None:
+        self._redis = redis
+
+    async def __call__(self, keys: list[str], args: list[Any]) -> int:
+        r = self._redis
+        return await r.round_trip(lambda: r._renew(keys[0], keys[1], str(args[0]), int(args[1])))
 
 
 # -- pub/sub ---------------------------------------------------------------------

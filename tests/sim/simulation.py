@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.cache import CircuitBreaker, VerdictCache
-from gateway.claim import Claimer
+from gateway.claim import Claimer, Departure
 from gateway.errors import CacheUnavailable, GatewayError, Overloaded, StoreUnavailable
 from gateway.metrics import Metrics
 from gateway.models import ClaimRequest
@@ -208,7 +208,7 @@ class World:
     ) -> None:
         p = Poll(rt, now(), now() + wait)
         self.polls.append(p)
-        disconnected = asyncio.Event() if gone is not None else None
+        disconnected = Departure() if gone is not None else None
         if disconnected is not None:
             asyncio.get_running_loop().call_later(gone or 0.0, disconnected.set)
         req = ClaimRequest(

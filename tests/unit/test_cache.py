@@ -203,6 +203,33 @@ async def test_bump_invalidates_and_counts_up_in_the_same_epoch(
     assert sample(metrics, "gateway_version_bumps_total", outcome="ok") == 2
 
 
+async def test_renewal_gives_a_verdict_a_new_life_while_no_bump_landed(
+    cache: VerdictCache, client: fakeredis.FakeAsyncRedis, metrics: Metrics
+) -> None:
+    version = (await cache.read("rt")).version
+    await cache.write_empty("rt", version, 0.5)
+    assert await cache.renew_empty("rt", version, 30) is True
+    assert 29_000 < await client.pttl("gw:{rt}:empty") <= 30_000
+    # Lapsed a moment ago (a late renewal), but no bump: the scan's answer still stands.
+    await client.delete("gw:{rt}:empty")
+    assert await cache.renew_empty("rt", version, 30) is True
+    assert (await cache.read("rt")).hit is True
+    assert sample(metrics, "gateway_verdict_renewals_total", outcome="renewed") == 2
+
+
+async def test_renewal_refuses_a_verdict_a_bump_made_stale(
+    cache: VerdictCache, client: fakeredis.FakeAsyncRedis, metrics: Metrics
+) -> None:
+    version = (await cache.read("rt")).version
+    await cache.write_empty("rt", version, 30)
+    await cache.bump("rt")
+    assert await cache.renew_empty("rt", version, 30) is False
+    assert (await cache.read("rt")).hit is False
+    await client.delete("gw:{rt}:version")  # lost: the next read starts a new epoch (I3)
+    assert await cache.renew_empty("rt", version, 30) is False
+    assert sample(metrics, "gateway_verdict_renewals_total", outcome="stale") == 2
+
+
 async def test_i2_verdict_from_before_a_bump_is_stale(cache: VerdictCache) -> None:
     """read -> bump (lands during the scan) -> write_empty(version read before) -> miss."""
     sampled = (await cache.read("rt")).version

@@ -25,6 +25,7 @@ def test_defaults_match_the_design() -> None:
     assert s.admin_token == TOKEN
     assert s.auth_enabled is True
     assert s.cache_enabled is True
+    assert s.near_cache_enabled is True
     assert s.redis_prefix == "gw"
     assert s.empty_ttl_seconds == 30.0
     assert s.version_ttl_seconds == 7 * 24 * 3600
@@ -171,12 +172,15 @@ def test_pool_max_below_pool_min_refused() -> None:
     ],
 )
 def test_switches(raw: str, expected: bool) -> None:
-    s = Settings.from_env({"GATEWAY_AUTH": raw, "GATEWAY_CACHE": raw, **BASE})
+    s = Settings.from_env(
+        {"GATEWAY_AUTH": raw, "GATEWAY_CACHE": raw, "GATEWAY_NEAR_CACHE": raw, **BASE}
+    )
     assert s.auth_enabled is expected
     assert s.cache_enabled is expected
+    assert s.near_cache_enabled is expected
 
 
-@pytest.mark.parametrize("name", ["GATEWAY_AUTH", "GATEWAY_CACHE"])
+@pytest.mark.parametrize("name", ["GATEWAY_AUTH", "GATEWAY_CACHE", "GATEWAY_NEAR_CACHE"])
 @pytest.mark.parametrize("bad", ["maybe", "enabled", "2"])
 def test_switch_bad_value_names_it(name: str, bad: str) -> None:
     with pytest.raises(ConfigError) as info:
