@@ -137,6 +137,7 @@ class Gateway:
     async def close(self) -> None:
         self.claimer.drain()
         await self.janitor.stop()
+        await self.results.close()
         if self._redis_watch is not None:
             await stop_task(self._redis_watch, "Redis watch")
         await self.subscriber.stop()

@@ -341,3 +341,34 @@ async def test_a_lost_publish_is_found_by_the_fallback_read_while_redis_is_unhea
         answer = await asyncio.wait_for(waiter, 10)
         assert answer["status"] == "completed"
         assert sample(gw, "gateway_result_publishes_total", outcome="error") == 1
+
+
+async def test_a_complete_never_waits_for_the_result_publish(
+    database_url: str, redis_url: str, redis_prefix: str, runtime_id: str, monkeypatch
+) -> None:
+    """The publish goes out in the background: a complete is answered while Redis has
+    not answered the publish yet, and finishes made meanwhile go out together."""
+    async with running_gateway(make_settings(database_url, redis_url, redis_prefix)) as gw:
+        first, second = await gw.enqueue(runtime_id, 1), await gw.enqueue(runtime_id, 2)
+        a, b = await gw.claim(runtime_id, max_tasks=2)
+        waiter = asyncio.create_task(wait_for_result(gw, second["id"]))
+        await waiting(gw, 1)
+        cache = gw.gateway.cache
+        publish = cache.publish
+        release = asyncio.Event()
+        batches: list[list[tuple[str, str]]] = []
+
+        async def held_publish(messages: list[tuple[str, str]]) -> None:
+            batches.append(list(messages))
+            await release.wait()
+            await publish(messages)
+
+        monkeypatch.setattr(cache, "publish", held_publish)
+        assert (await gw.complete(a))[0] == 200  # answered while its publish is held
+        assert (await gw.complete(b))[0] == 200
+        assert len(batches) == 1 and not waiter.done()
+        release.set()
+        answer = await asyncio.wait_for(waiter, 10)
+        assert answer["status"] == "completed"
+        assert [len(batch) for batch in batches] == [1, 1]
+        assert {m for batch in batches for _, m in batch} == {first["id"], second["id"]}
