@@ -119,8 +119,12 @@ class _Wait:
 
     signal: asyncio.Future[None] | None = None
     gone: bool = False  # its client left: nobody receives the answer
+    # Poked since its last read began. A wake-up that arrives during a read must not be
+    # lost: the read may have begun before the finish it announces was committed.
+    woken: bool = False
 
     def poke(self) -> None:
+        self.woken = True
         signal = self.signal
         if signal is not None and not signal.done():
             signal.set_result(None)
@@ -265,6 +269,7 @@ class Results:
             while True:
                 if wait.gone or self.draining:
                     return row
+                wait.woken = False
                 self._metrics.result_wait_reads.inc()
                 row = await self._store.get(task_id)
                 remaining = deadline - loop.time()
@@ -283,6 +288,8 @@ class Results:
     async def _sleep(self, wait: _Wait, channel: str, seconds: float) -> None:
         """Until a wake-up, a poke or `seconds`; at most one degraded poll interval
         while wake-ups may not reach this process (I5)."""
+        if wait.woken:
+            return  # poked during the read: read again
         if not (self._subscriber.confirmed(channel) and self._cache.healthy):
             seconds = min(seconds, self._settings.degraded_poll_seconds)
         loop = asyncio.get_running_loop()

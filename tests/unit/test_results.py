@@ -160,11 +160,31 @@ async def test_finished_publishes_only_finishes_and_batches_them() -> None:
 
 
 def test_only_a_queued_task_wakes_its_wait_at_its_expiry() -> None:
-    soon = NOW + timedelta(seconds=30)
+    soon = datetime.now(UTC) + timedelta(seconds=30)
     claimed = dataclasses.replace(TASK, status="claimed", expires_at=soon)
     assert _until_expiry(claimed, 1.0) == float("inf")  # a claimed task does not expire
     assert _until_expiry(TASK, 1.0) == float("inf")  # no expires_at
     assert 29 < _until_expiry(dataclasses.replace(TASK, expires_at=soon), 1.0) <= 30.05
     # Past it by this clock, not yet by Postgres's: read again a degraded interval later.
-    past = dataclasses.replace(TASK, expires_at=NOW - timedelta(seconds=1))
+    past = dataclasses.replace(TASK, expires_at=datetime.now(UTC) - timedelta(seconds=1))
     assert _until_expiry(past, 1.0) == 1.0
+
+
+async def test_a_wake_up_during_a_read_is_not_lost() -> None:
+    """The finish is committed and published while the read after subscribing is in
+    flight, and that read saw the task before the commit: the wake-up must still lead
+    to one more read, not a sleep for the whole wait."""
+    waits, _, _ = results(Store("queued"))
+
+    class WakingStore(Store):
+        async def get(self, task_id: uuid.UUID) -> TaskRow:
+            row = await super().get(task_id)
+            if self.reads == 2:  # the read after subscribing: the wake-up lands now
+                waits.message(done_channel("gw", TASK.id))
+                self.script = ["completed"]
+            return row
+
+    store = WakingStore("queued")
+    waits._store = store
+    row = await asyncio.wait_for(waits.wait(TASK.id, 30.0), 5)
+    assert row.status == "completed" and store.reads == 3
