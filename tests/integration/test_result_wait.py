@@ -372,3 +372,33 @@ async def test_a_complete_never_waits_for_the_result_publish(
         assert answer["status"] == "completed"
         assert [len(batch) for batch in batches] == [1, 1]
         assert {m for batch in batches for _, m in batch} == {first["id"], second["id"]}
+
+
+async def test_a_finish_during_a_redis_outage_reaches_the_wait(
+    database_url: str, redis_process: Any, redis_prefix: str, runtime_id: str
+) -> None:
+    """A waits; Redis dies; the task is completed through B (its publish is lost);
+    Redis comes back. The wait finds the finish long before its 30 s run out: by its
+    fallback reads while A's subscription is down, or by the re-read every wait makes
+    once the subscription is restored (I5, I8)."""
+    cfg = make_settings(
+        database_url, redis_process.url, redis_prefix, redis_timeout_ms=100,
+        degraded_poll_seconds=3,
+    )  # fmt: skip
+    async with running_gateway(cfg) as a, running_gateway(cfg) as b:
+        await wait_until(lambda: a.gateway.subscriber.healthy, 5, "subscriber up")
+        task = await a.enqueue(runtime_id, "x")
+        claimed = await claim_one(b, runtime_id)
+        waiter = asyncio.create_task(wait_for_result(a, task["id"]))
+        await waiting(a, 1)
+        redis_process.stop()
+        await wait_until(lambda: not a.gateway.subscriber.healthy, 3, "subscriber to notice")
+        assert (await b.complete(claimed, result="in the dark"))[0] == 200
+        await wait_until(
+            lambda: sample(b, "gateway_result_publishes_total", outcome="error") == 1,
+            5,
+            "the lost publish",
+        )
+        redis_process.start()
+        answer = await asyncio.wait_for(waiter, 15)
+        assert answer["status"] == "completed" and answer["result"] == "in the dark"
