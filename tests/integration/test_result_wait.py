@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import uuid
 from typing import Any
 
@@ -15,7 +17,7 @@ import pytest
 
 from gateway.errors import CacheUnavailable
 from gateway.results import done_channel
-from tests.harness import TOKEN, Instance, make_settings, running_gateway
+from tests.harness import TOKEN, Instance, make_settings, running_gateway, serve_process
 from tests.integration.janitor_support import first_pass_done, janitor_settings, wait_lapsed
 from tests.support.databases import execute
 from tests.support.http import req
@@ -402,3 +404,33 @@ async def test_a_finish_during_a_redis_outage_reaches_the_wait(
         redis_process.start()
         answer = await asyncio.wait_for(waiter, 15)
         assert answer["status"] == "completed" and answer["result"] == "in the dark"
+
+
+async def test_sigterm_to_gateway_serve_answers_a_waiting_request_at_once(
+    database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
+) -> None:
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "GATEWAY_ADMIN_TOKEN": TOKEN,
+        "GATEWAY_REDIS_PREFIX": redis_prefix,
+    }
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with serve_process(env=env) as (proc, base), aiohttp.ClientSession() as http:
+        async with http.post(
+            f"{base}/v1/runtimes/{runtime_id}/tasks", json={"payload": 1}, headers=auth
+        ) as resp:
+            task = await resp.json()
+
+        async def wait() -> tuple[int, Any]:
+            async with http.get(f"{base}/v1/tasks/{task['id']}?wait_seconds=50", headers=auth) as r:
+                return r.status, await r.json()
+
+        waiter = asyncio.create_task(wait())
+        await asyncio.sleep(0.5)
+        assert not waiter.done()
+        proc.send_signal(signal.SIGTERM)
+        status, answer = await asyncio.wait_for(waiter, 5)  # not the 50 s of its wait
+        assert status == 200 and answer["status"] == "queued"
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
