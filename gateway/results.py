@@ -13,10 +13,11 @@ GATEWAY_DEGRADED_POLL_SECONDS, as parked claims poll then.
 
 A finish publishes whether or not anybody waits (asking Redis whether anybody does would
 cost the same round trip), but never makes its request wait for Redis: publishes go out
-in the background, those made during one round trip together in the next. Awaited in each
-complete, the publish cost 28% of the completion rate (0.72x in one run of `python -m
-tests.scale results`); sent in the background, 1.18x and 0.89x in two runs: within
-this shared machine's noise.
+in the background, those made during one round trip together in the next. Awaited in
+each complete, the publish cost 28% of the completion rate (0.72x in one run of
+`python -m tests.scale results`); sent in the background, 1.18x and 0.89x in two runs:
+within this shared machine's noise.
+
 Expiry publishes nothing: a waiter sleeps at most until the task's expires_at, when a
 read shows it expired.
 """
