@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway import models
 from gateway.errors import CacheUnavailable
 from gateway.results import done_channel
 from tests.harness import TOKEN, Instance, make_settings, running_gateway, serve_process
@@ -434,3 +435,25 @@ async def test_sigterm_to_gateway_serve_answers_a_waiting_request_at_once(
         status, answer = await asyncio.wait_for(waiter, 5)  # not the 50 s of its wait
         assert status == 200 and answer["status"] == "queued"
         assert await asyncio.wait_for(proc.wait(), 10) == 0
+
+
+async def test_a_claimed_task_ended_dead_because_it_cannot_be_shown_wakes_its_waiter(
+    database_url: str, redis_url: str, redis_prefix: str, runtime_id: str, monkeypatch
+) -> None:
+    async with running_gateway(make_settings(database_url, redis_url, redis_prefix)) as gw:
+        task = await gw.enqueue(runtime_id, {"poison": True})
+        waiter = asyncio.create_task(wait_for_result(gw, task["id"]))
+        await waiting(gw, 1)
+        before = reads(gw)
+        real = models.task_bytes
+
+        def render(row: Any) -> bytes:
+            if row.status == "claimed":
+                raise ValueError("this row cannot be written")
+            return real(row)
+
+        monkeypatch.setattr(models, "task_bytes", render)
+        assert await gw.claim(runtime_id) == []
+        answer = await asyncio.wait_for(waiter, 10)
+        assert answer["status"] == "dead" and "could not turn" in answer["last_error"]
+        assert reads(gw) == before + 1
