@@ -175,6 +175,12 @@ def heartbeat_entry(result: ItemResult) -> dict[str, Any]:
     )
 
 
+def _ended(results: Sequence[ItemResult]) -> list[tuple[uuid.UUID, str]]:
+    """(id, status) of the items that succeeded, for the result wake-ups: the ones that
+    finished a task wake the requests waiting for it (results.py)."""
+    return [(r.task_id, r.status) for r in results if r.error is None and r.status is not None]
+
+
 def _runtimes(request: Request) -> Sequence[str] | None:
     """The runtime patterns of the caller's token; None: every runtime."""
     principal = getattr(request.state, "principal", None)
@@ -195,6 +201,7 @@ async def complete_many(request: Request, gw: Gateway) -> Response:
         [i.result_json for i in items],
         _runtimes(request),
     )
+    await gw.results.finished(_ended(results))
     return json_response({"results": [complete_entry(r) for r in results]})
 
 
@@ -216,6 +223,7 @@ async def fail_many(request: Request, gw: Gateway) -> Response:
     }
     for runtime_id in sorted(rt for rt in again if rt is not None):
         await gw.claimer.announce(runtime_id)
+    await gw.results.finished(_ended(results))
     return json_response({"results": entries})
 
 

@@ -351,6 +351,22 @@ class VerdictCache:
         if runtime_ids:
             await self._call("wake-up publish", go)
 
+    async def publish(self, messages: list[tuple[str, str]]) -> None:
+        """Publish each (channel, message) in one round trip, for the wake-ups of
+        requests waiting for a task's result (results.py); no version is bumped."""
+
+        async def go() -> None:
+            if self._cluster:
+                await self._publish_all(keys=[], args=[part for m in messages for part in m])
+                return
+            async with self._client.pipeline(transaction=False) as pipe:
+                for channel, message in messages:
+                    pipe.publish(channel, message)
+                await pipe.execute()
+
+        if messages:
+            await self._call("result publish", go)
+
     async def says_empty(self, runtime_ids: list[str]) -> list[str]:
         """Of these runtimes, those whose verdict is a hit (empty == version); one round
         trip. For the janitor's repair pass (I6)."""

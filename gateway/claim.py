@@ -167,6 +167,7 @@ class Claimer:
         self._near_enabled = settings.cache_enabled and settings.near_cache_enabled
         self._long_polls = 0  # claims here with a wait: GATEWAY_MAX_PARKED_POLLS bounds them
         self.draining = False
+        self._drain_hooks: list[Callable[[], None]] = []
 
     # -- wake-ups ------------------------------------------------------------
 
@@ -310,12 +311,35 @@ class Claimer:
         """Answer every parked poll with what it has (usually nothing) and take no new
         claims. Claims already in flight finish and are delivered (I10)."""
         self.draining = True
+        for hook in self._drain_hooks:
+            hook()
         for state in self._states.values():
             for waiter in state.waiters:
                 waiter.deadline = 0.0
                 waiter.checked = True
                 waiter.poke()
             state.wake.set()
+
+    # -- other long waits (gateway/results.py) --------------------------------
+
+    def admit_long_wait(self) -> None:
+        """Count a long wait that is not a claim (a wait for a task's result) against
+        GATEWAY_MAX_PARKED_POLLS, which bounds every waiting request of the process, or
+        raise Overloaded (429) when full. Each admitted wait calls end_long_wait once."""
+        if self._long_polls >= self._settings.max_parked_polls:
+            raise Overloaded(
+                f"{self._settings.max_parked_polls} requests are already waiting on this "
+                "instance (GATEWAY_MAX_PARKED_POLLS); retry shortly",
+                retry_after_seconds=2,
+            )
+        self._long_polls += 1
+
+    def end_long_wait(self) -> None:
+        self._long_polls -= 1
+
+    def on_drain(self, hook: Callable[[], None]) -> None:
+        """Call `hook` when the process drains (SIGTERM), as the parked claims are answered."""
+        self._drain_hooks.append(hook)
 
     # -- internals -----------------------------------------------------------
 

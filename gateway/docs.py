@@ -14,6 +14,7 @@ from typing import Any
 from . import bodies
 from .errors import Conflict, Draining, GatewayError, IdempotencyKeyReused, LeaseLost, Overloaded
 from .models import LEASE_FIELDS, RUNTIME_ID_RE, TASK_FIELDS
+from .results import WAIT_QUERY
 from .runtimes import MAX_LIMIT as MAX_RUNTIMES_LIMIT
 from .runtimes import PATTERN_WALK, RUNTIMES_QUERY
 from .schema import Body, Field, RawBody
@@ -380,7 +381,23 @@ RETRY = Doc(
     tag="producers",
     errors=(Conflict,),
 )
-GET_TASK = Doc("getTask", "Get a task", (Reply(200, "The task.", TASK),), tag="producers")
+GET_TASK = Doc(
+    "getTask",
+    "Get a task, or wait for it to finish",
+    (
+        Reply(
+            200, "The task; with wait_seconds, finished or as it was when the wait ran out.", TASK
+        ),
+    ),
+    "With `wait_seconds`, an unfinished task is answered once it finishes (completed, dead, "
+    "expired or cancelled) or when the wait runs out, whichever comes first: `200` either "
+    "way, and the task's `status` tells which. A shutting-down instance answers at once. "
+    "Waits count against the instance's bound on waiting requests (GATEWAY_MAX_PARKED_POLLS): "
+    "beyond it, `429` with Retry-After.",
+    tag="producers",
+    query=WAIT_QUERY,
+    errors=(Overloaded,),
+)
 CLAIM = Doc(
     "claimTasks",
     "Claim tasks, waiting for work if there is none",

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -69,8 +70,12 @@ class Janitor:
         announce: Callable[[str], Awaitable[None]],
         settings: Settings,
         metrics: Metrics,
+        finished: Callable[[list[tuple[uuid.UUID, str]]], Awaitable[None]] | None = None,
     ) -> None:
+        """`finished`: called after a commit with the (id, status) of tasks a lease
+        expiry ended (dead, cancelled), to wake the requests waiting for them."""
         self._store = store
+        self._finished = finished
         self._cache = cache
         self._announce = announce
         self._settings = settings
@@ -113,17 +118,22 @@ class Janitor:
 
     async def _reclaim(self, report: PassReport) -> None:
         runtimes: set[str] = set()
+        ended: list[tuple[uuid.UUID, str]] = []
         for _ in range(MAX_BATCHES_PER_STEP):
             rows = await self._store.reclaim_leases(self._batch)
             for row in rows:
                 self._metrics.leases_reclaimed.labels(row.status).inc()
                 if row.status == "queued":
                     runtimes.add(row.runtime_id)
+                elif row.task_id is not None:
+                    ended.append((row.task_id, row.status))
             report.reclaimed += len(rows)
             if len(rows) < self._batch:
                 break
         for runtime_id in sorted(runtimes):  # I1: bump after commit
             await self._announce(runtime_id)
+        if ended and self._finished is not None:
+            await self._finished(ended)
         if report.reclaimed:
             log.info("reclaimed %d expired leases", report.reclaimed)
 

@@ -108,7 +108,10 @@ class Metrics:
             registry=r,
         )
         self.parked_polls = Gauge(
-            "gateway_parked_polls", "Claim requests waiting for work in this process.", registry=r
+            "gateway_parked_polls",
+            "Requests waiting in this process: claims waiting for work, and requests "
+            "waiting for a task's result (GET /v1/tasks/{id}?wait_seconds).",
+            registry=r,
         )
         self.claims_rejected = Counter(
             "gateway_claims_rejected",
@@ -241,6 +244,22 @@ class Metrics:
             "a Redis round trip. The copy is kept only while the process is subscribed to the "
             "runtime's wake-ups (GATEWAY_NEAR_CACHE), and dropped at the runtime's next "
             "wake-up; gateway_verdict_checks_total counts the reads that did go to Redis.",
+            registry=r,
+        )
+        # Waits for a task's result (gateway/results.py).
+        self.result_wait_reads = Counter(
+            "gateway_result_wait_reads",
+            "Reads of a task from Postgres by requests waiting for its result "
+            "(GET /v1/tasks/{id}?wait_seconds): one when the wait begins, one per wake-up "
+            "and one when it ends. A wait that is not woken costs no read while it waits.",
+            registry=r,
+        )
+        self.result_publishes = Counter(
+            "gateway_result_publishes",
+            "Wake-ups published to requests waiting for a task's result, when a task "
+            "finished, by outcome: ok, error (Redis failed; the waiters find out at their "
+            "next fallback read, or when their wait ends).",
+            ["outcome"],
             registry=r,
         )
         self.http_requests = LoopCounter(

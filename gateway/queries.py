@@ -524,7 +524,7 @@ UPDATE tasks t
        updated_at = clock_timestamp()
   FROM lapsed
  WHERE t.id = lapsed.id
-RETURNING t.runtime_id, t.status
+RETURNING t.runtime_id, t.status, t.id
 """
 
 # Scheduled tasks expire too: a retry's backoff may put run_at past expires_at.

@@ -17,7 +17,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import admin, admin_docs, batch, docs, models, openapi, runtimes, webhooks
+from . import admin, admin_docs, batch, docs, models, openapi, results, runtimes, webhooks
 from .auth import Principal, Scope
 from .claim import Departure
 from .errors import GatewayError, NotFound
@@ -134,7 +134,9 @@ async def enqueue_batch(request: Request, gw: Gateway) -> Response:
 
 async def cancel(request: Request, gw: Gateway) -> Response:
     task_id = models.check_task_id(request.path_params["task_id"])
-    return json_response(models.render_task_or_stub(await gw.store.cancel(task_id)))
+    row = await gw.store.cancel(task_id)
+    await gw.results.finished([(row.id, row.status)])
+    return json_response(models.render_task_or_stub(row))
 
 
 async def retry(request: Request, gw: Gateway) -> Response:
@@ -240,6 +242,7 @@ async def _deliverable(gw: Gateway, rows: list[Leased]) -> list[orjson.Fragment]
             assert task.lease_id is not None  # a claimed row carries its lease
             try:
                 await gw.store.bury(task.id, task.lease_id, reason)
+                await gw.results.finished([(task.id, "dead")])
             except GatewayError as bury_error:
                 # Its lease lapses and the janitor takes it back; at max_attempts it dies.
                 log.warning("could not end task %s: %s", task.id, bury_error.detail)
@@ -261,6 +264,7 @@ async def complete(request: Request, gw: Gateway) -> Response:
     lease_id = models.parse_lease_id(body)
     result = models.result_json(body, gw.settings.max_payload_bytes, gw.settings.max_json_depth)
     row = await gw.store.complete(task_id, lease_id, result)
+    await gw.results.finished([(row.id, row.status)])
     return json_response(models.render_task_or_stub(row))
 
 
@@ -270,6 +274,8 @@ async def fail(request: Request, gw: Gateway) -> Response:
     row = await gw.store.fail(task_id, req.lease_id, req.error, req.retry, req.retry_after_seconds)
     if row.status == "queued":
         await gw.claimer.announce(row.runtime_id)
+    else:
+        await gw.results.finished([(row.id, row.status)])
     return json_response(models.render_task_or_stub(row))
 
 
@@ -279,12 +285,29 @@ async def release(request: Request, gw: Gateway) -> Response:
     row = await gw.store.release(task_id, lease_id)
     if row.status == "queued":
         await gw.claimer.announce(row.runtime_id)
+    else:  # a cancel was requested while it was held: now cancelled
+        await gw.results.finished([(row.id, row.status)])
     return json_response(models.render_task_or_stub(row))
 
 
 async def get_task(request: Request, gw: Gateway) -> Response:
+    """The task; with `wait_seconds`, once it has finished or the wait ran out
+    (results.py). A waiting request ends when its client leaves."""
     task_id = models.check_task_id(request.path_params["task_id"])
-    return json_response(models.render_task_or_stub(await gw.store.get(task_id)))
+    wait_seconds = results.parse_wait(request.query_params, gw.settings.max_wait_seconds)
+    if not wait_seconds:
+        return json_response(models.render_task_or_stub(await gw.store.get(task_id)))
+    gone = Departure()
+    watcher = asyncio.create_task(_watch_disconnect(request, gone))
+    try:
+        row = await gw.results.wait(task_id, wait_seconds, gone)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await watcher
+    if gone.is_set():
+        return Response(status_code=CLIENT_LEFT)
+    return json_response(models.render_task_or_stub(row))
 
 
 # -- operations -------------------------------------------------------------

@@ -59,3 +59,4 @@ class Reclaimed:
 
     runtime_id: str
     status: str
+    task_id: uuid.UUID | None = None  # for the wake-up of a wait for its result

@@ -22,6 +22,7 @@ from .errors import ConfigError, GatewayError
 from .janitor import Janitor
 from .metrics import Metrics
 from .redis_modes import CommandClient, PubSubSource, command_client, pubsub_client
+from .results import Results
 from .settings import Settings
 from .store import Store
 from .wakeups import Subscriber
@@ -82,12 +83,22 @@ class Gateway:
             on_wake=self._on_wake,
             on_reset=self._on_reset,
             timeout_seconds=timeout,
+            on_message=self._on_message,
         )
         self._commands = commands
         self.claimer = Claimer(self.store, self.cache, self.subscriber, settings, self.metrics)
+        self.results = Results(
+            self.store, self.cache, self.subscriber, self.claimer, settings, self.metrics
+        )
+        self.claimer.on_drain(self.results.drain)
         self._redis_watch: asyncio.Task[None] | None = None
         self.janitor = Janitor(
-            self.store, self.cache, self.claimer.announce, settings, self.metrics
+            self.store,
+            self.cache,
+            self.claimer.announce,
+            settings,
+            self.metrics,
+            finished=self.results.finished,
         )
 
     def _on_wake(self, runtime_id: str) -> None:
@@ -95,9 +106,14 @@ class Gateway:
 
     def _on_reset(self) -> None:
         self.claimer.wake_all()
+        self.results.wake_all()
+
+    def _on_message(self, channel: str) -> None:
+        self.results.message(channel)
 
     def _on_redis_trouble(self) -> None:
         self.claimer.redis_trouble()
+        self.results.redis_trouble()
 
     async def open(self) -> None:
         if not self.settings.auth_enabled:
@@ -121,6 +137,7 @@ class Gateway:
     async def close(self) -> None:
         self.claimer.drain()
         await self.janitor.stop()
+        await self.results.close()
         if self._redis_watch is not None:
             await stop_task(self._redis_watch, "Redis watch")
         await self.subscriber.stop()

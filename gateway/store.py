@@ -473,7 +473,7 @@ class Store:
     async def reclaim_leases(self, limit: int) -> list[Reclaimed]:
         """One batch of lapsed leases back to the queue."""
         rows = await self._run(lambda c: c.fetch(q.RECLAIM_LEASES, limit))
-        return [Reclaimed(r["runtime_id"], r["status"]) for r in rows]
+        return [Reclaimed(r["runtime_id"], r["status"], r["id"]) for r in rows]
 
     async def promote_scheduled(self, limit: int) -> list[str]:
         """One batch of due scheduled tasks made queued; returns the runtime of each

@@ -42,8 +42,12 @@ class Subscriber:
         on_reset: Callable[[], None],
         timeout_seconds: float,
         ping_interval_seconds: float = 1.0,
+        on_message: Callable[[str], None] | None = None,
     ) -> None:
+        """`on_message(channel)`: a message on a channel that is no runtime's wake
+        channel (a task's result channel, results.py)."""
         self._client = client
+        self._on_message = on_message
         self._prefix = prefix
         self._metrics = metrics
         self._on_wake = on_wake
@@ -177,6 +181,8 @@ class Subscriber:
                     if runtime is not None:
                         self._metrics.wakeups_received.inc()
                         self._on_wake(runtime)
+                    elif self._on_message is not None:
+                        self._on_message(channel)
                 elif kind == "subscribe":
                     event = self._wanted.get(channel)
                     if event is not None:

@@ -4,6 +4,7 @@
     python -m tests.scale janitor  [--runtimes 100000 --per-runtime 10 --passes 5 --interval 5]
     python -m tests.scale drain    [--tasks 20000 --completers 8 --rounds 3]
     python -m tests.scale hotpath  [--tasks 5000 --clients 8 --rounds 3]
+    python -m tests.scale results  [--tasks 2000 --completers 8 --rounds 3]
 
 `stats`: the stats of a runtime with `--finished` finished tasks against those of a
 runtime with ten tasks, with the statements before migration 0005 and with today's, in
@@ -13,6 +14,9 @@ per second of one runtime's claimed tasks by `--completers` concurrent connectio
 with the finished-task counters' triggers on and off, alternating, in one run.
 `hotpath`: enqueues and single-task claims per second by `--clients` concurrent
 callers, with tasks_live_idx and without it, alternating, in one run.
+`results`: completions per second through the HTTP API by `--completers` concurrent
+clients, with the wake-up publish for waits on a task's result and without it,
+alternating, in one run.
 
 Postgres from TEST_DATABASE_URL (a URL on which databases may be created), Redis from
 TEST_REDIS_URL (keys under a prefix of the run's own). Absolute times depend on the
@@ -318,6 +322,62 @@ async def measure_hotpath(tasks: int, clients: int, rounds: int) -> None:
         await drop()
 
 
+async def measure_results(tasks: int, completers: int, rounds: int) -> None:
+    """Completions per second through the HTTP API, with the wake-up publish for waits on
+    a task's result (results.py) and without it, alternating, in one run."""
+    from tests.harness import make_settings, running_gateway
+
+    url, drop = await scratch_database()
+    redis_url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    settings = make_settings(
+        url, redis_url, "gwscale" + secrets.token_hex(4), janitor_interval_seconds=3600
+    )
+    rates: dict[str, list[float]] = {}
+
+    async def skip_publish(finished: Any) -> None:
+        return None
+
+    try:
+        async with running_gateway(settings) as gw:
+            results = gw.gateway.results
+            publish = results.finished
+            for n in range(rounds):
+                order = ("with", "without") if n % 2 == 0 else ("without", "with")
+                for label in order:
+                    runtime_id = f"rt-{n}-{label}"
+                    for first in range(0, tasks, 1000):
+                        items = [{"payload": i} for i in range(first, min(tasks, first + 1000))]
+                        await gw.call(
+                            "POST", f"/v1/runtimes/{runtime_id}/tasks:batch", {"tasks": items}
+                        )
+                    leased: list[dict[str, Any]] = []
+                    while got := await gw.claim(runtime_id, "w", max_tasks=100):
+                        leased.extend(got)
+                    results.finished = publish if label == "with" else skip_publish  # type: ignore[method-assign]
+
+                    async def completer(share: list[dict[str, Any]]) -> None:
+                        for task in share:
+                            status, _ = await gw.complete(task, result=1)
+                            assert status == 200
+
+                    shares = [leased[i::completers] for i in range(completers)]
+                    started = time.perf_counter()
+                    await asyncio.gather(*(completer(share) for share in shares))
+                    rates.setdefault(label, []).append(
+                        len(leased) / (time.perf_counter() - started)
+                    )
+            with_, without = (statistics.median(rates[x]) for x in ("with", "without"))
+            print(
+                f"complete: {with_:,.0f}/s with the result publish, {without:,.0f}/s without "
+                f"({with_ / without:.2f}x); rounds with "
+                + ", ".join(f"{r:,.0f}" for r in rates["with"])
+                + "; without "
+                + ", ".join(f"{r:,.0f}" for r in rates["without"])
+            )
+    finally:
+        await drop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m tests.scale", description=__doc__.split("\n\n")[0]
@@ -340,6 +400,10 @@ def main() -> None:
     hotpath.add_argument("--tasks", type=int, default=5000)
     hotpath.add_argument("--clients", type=int, default=8)
     hotpath.add_argument("--rounds", type=int, default=3)
+    results = sub.add_parser("results", help="completion rate with and without result wake-ups")
+    results.add_argument("--tasks", type=int, default=2000)
+    results.add_argument("--completers", type=int, default=8)
+    results.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     if args.what == "stats":
         asyncio.run(measure_stats(args.finished))
@@ -347,6 +411,8 @@ def main() -> None:
         asyncio.run(measure_janitor(args.runtimes, args.per_runtime, args.passes, args.interval))
     elif args.what == "drain":
         asyncio.run(measure_drain(args.tasks, args.completers, args.rounds))
+    elif args.what == "results":
+        asyncio.run(measure_results(args.tasks, args.completers, args.rounds))
     else:
         asyncio.run(measure_hotpath(args.tasks, args.clients, args.rounds))
 

@@ -274,3 +274,50 @@ async def test_enqueue_takes_json_a_file_or_stdin(
         assert code == 2 and "--payload" in err and not out
         code, out, err = await enqueue_cli(gw.url, runtime_id, "--payload", "1", token="bad")
         assert code == 1 and "unauthorized" in err and not out
+
+
+async def test_enqueue_wait_prints_the_result_and_exits_by_how_the_task_ended(
+    database_url, redis_url, redis_prefix, runtime_id
+):
+    """`gateway enqueue --wait`: 0 and the result when completed, 3 and the task when it
+    ended dead, 4 and the task when it had not finished within --wait-seconds."""
+    async with (
+        running_gateway(make_settings(database_url, redis_url, redis_prefix)) as gw,
+        AsyncClient(gw.url, TOKEN) as client,
+    ):
+        waiting = asyncio.create_task(
+            enqueue_cli(gw.url, runtime_id, "--payload", '{"q": 1}', "--wait")
+        )
+        [task] = await client.claim(runtime_id, "w", wait_seconds=15)
+        await client.complete(task.id, task.lease_id or "", {"answer": 18446744073709551616})
+        code, out, err = await waiting
+        assert code == 0, err
+        assert json.loads(out) == {"answer": 18446744073709551616}
+
+        waiting = asyncio.create_task(
+            enqueue_cli(gw.url, runtime_id, "--payload", "2", "--wait-seconds", "15")
+        )
+        [task] = await client.claim(runtime_id, "w", wait_seconds=15)
+        await client.fail(task.id, task.lease_id or "", "it broke", retry=False)
+        code, out, err = await waiting
+        assert code == 3, err
+        assert json.loads(out)["status"] == "dead"
+        assert f"task {task.id} ended dead: it broke" in err
+
+        code, out, err = await enqueue_cli(
+            gw.url, runtime_id, "--payload", "3", "--wait-seconds", "0.3"
+        )
+        assert code == 4, err
+        assert json.loads(out)["status"] == "queued" and "had not finished" in err
+
+
+async def test_enqueue_help_names_the_wait_exit_codes() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", "enqueue", "--help",
+        env=client_env("http://127.0.0.1:9", TOKEN), stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 20)
+    text = " ".join(out.decode().split())
+    assert "--wait-seconds" in text
+    assert "0 completed" in text and "3 the task ended dead, expired or cancelled" in text
+    assert "4 it had not finished within --wait-seconds" in text

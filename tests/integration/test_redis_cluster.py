@@ -167,6 +167,27 @@ async def test_a_poll_parked_on_one_instance_wakes_on_an_enqueue_through_another
             await _wakes_within_a_second(a, b, group[0])
 
 
+async def test_a_wait_for_a_result_is_woken_by_a_complete_through_another_instance(
+    database_url: str, cluster: LocalCluster, redis_prefix: str
+) -> None:
+    """The result wake-up is published by a keyless script on any node; the waiting
+    instance hears it on its one pub/sub connection. Postgres polling is slow here, so
+    only the wake-up can answer the wait."""
+    cfg = settings(database_url, cluster, redis_prefix, degraded_poll_seconds=20)
+    runtime = "rt-" + secrets.token_hex(6)
+    async with running_gateway(cfg) as a, running_gateway(cfg) as b:
+        await wait_until(lambda: a.gateway.subscriber.healthy, 5, "subscriber up")
+        task = await a.enqueue(runtime, "wait for me")
+        waiting = asyncio.create_task(a.call("GET", f"/v1/tasks/{task['id']}?wait_seconds=30"))
+        await wait_until(lambda: a.gateway.results.waiting() == 1, 5, "a waiting request")
+        await asyncio.sleep(0.2)  # its channel subscribed and its task read
+        [claimed] = await b.claim(runtime)
+        await b.complete(claimed, result="through b")
+        status, answer = await asyncio.wait_for(waiting, 15)
+        assert status == 200 and answer["result"] == "through b", answer
+        assert sample(b, "gateway_result_publishes_total", outcome="ok") == 1
+
+
 async def test_a_killed_master_fails_open_and_the_cache_comes_back(
     database_url: str, cluster: LocalCluster, redis_prefix: str
 ) -> None:

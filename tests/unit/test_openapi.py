@@ -148,9 +148,12 @@ def test_what_each_operation_can_answer() -> None:
         "401",
         "403",
         "404",
+        "422",  # wait_seconds out of range
+        "429",  # GATEWAY_MAX_PARKED_POLLS requests already wait
         "500",
         "503",
     }
+    assert responses("/v1/tasks/{task_id}", "get")["429"]["headers"]["Retry-After"]["required"]
     assert set(responses("/healthz", "get")) == {"200", "500"}
     ready = responses("/readyz", "get")["503"]["content"]
     assert ready == {"application/json": {"schema": {"$ref": "#/components/schemas/NotReady"}}}

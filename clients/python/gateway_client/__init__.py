@@ -21,6 +21,7 @@ from .errors import (
     TransportError,
     Unauthorized,
     ValidationFailed,
+    WaitTimedOut,
 )
 from .failure import TaskFailed
 from .models import (
@@ -73,6 +74,7 @@ __all__ = [
     "TransportError",
     "Unauthorized",
     "ValidationFailed",
+    "WaitTimedOut",
     "Worker",
     "WorkerOptions",
     "config_from_env",

@@ -11,6 +11,13 @@ import shutil
 import sys
 from typing import Any
 
+# `enqueue`'s exit codes.
+EXIT_ERROR = 1  # the gateway refused the call, or no answer came
+EXIT_BAD_PAYLOAD = 2
+EXIT_NOT_COMPLETED = 3  # --wait: the task ended dead, expired or cancelled
+EXIT_WAIT_TIMED_OUT = 4  # --wait: the task had not finished within --wait-seconds
+DEFAULT_WAIT_SECONDS = 600.0
+
 CONNECTION_HELP = (
     "The gateway is GATEWAY_URL (default http://127.0.0.1:8080) and the bearer token "
     "GATEWAY_TOKEN, unless --url / --token say otherwise."
@@ -64,14 +71,28 @@ def add_commands(sub: Any) -> None:
 
     enqueue = sub.add_parser(
         "enqueue",
-        help="enqueue one task and print it as JSON",
-        description="Enqueue a task for RUNTIME and print the task as JSON. " + CONNECTION_HELP,
+        help="enqueue one task and print it as JSON (or, with --wait, its result)",
+        description="Enqueue a task for RUNTIME and print the task as JSON. With --wait, "
+        "wait for the task to finish instead and print its result as JSON; exit codes: "
+        f"0 completed, {EXIT_ERROR} the gateway refused or could not be reached, "
+        f"{EXIT_BAD_PAYLOAD} a bad --payload, {EXIT_NOT_COMPLETED} the task ended dead, "
+        f"expired or cancelled, {EXIT_WAIT_TIMED_OUT} it had not finished within "
+        "--wait-seconds (then the task, as JSON, is printed instead of a result, and the "
+        "reason goes to stderr). " + CONNECTION_HELP,
     )
     enqueue.add_argument("runtime", metavar="RUNTIME")
     enqueue.add_argument("--payload", required=True, help="JSON; @FILE reads a file, - reads stdin")
     enqueue.add_argument("--priority", type=int, help="0-1000, higher first (50)")
     enqueue.add_argument("--delay-seconds", type=float, help="not claimable before then")
     enqueue.add_argument("--idempotency-key", help="a repeat with this key is not stored twice")
+    enqueue.add_argument(
+        "--wait", action="store_true", help="wait for the task to finish; print its result"
+    )
+    enqueue.add_argument(
+        "--wait-seconds",
+        type=float,
+        help=f"how long --wait waits in all (default {DEFAULT_WAIT_SECONDS:g}); implies --wait",
+    )
     _connection_options(enqueue)
     enqueue.set_defaults(func=cmd_enqueue)
 
@@ -106,13 +127,19 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     import asyncio
 
     from .client import AsyncClient
-    from .errors import GatewayError
+    from .errors import GatewayError, WaitTimedOut
 
     try:
         payload = read_payload(args.payload)
     except (OSError, ValueError) as exc:
         print(f"enqueue: --payload: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_PAYLOAD
+    wait_seconds = args.wait_seconds
+    if wait_seconds is None and args.wait:
+        wait_seconds = DEFAULT_WAIT_SECONDS
+    if wait_seconds is not None and wait_seconds < 0:
+        print("enqueue: --wait-seconds must not be negative", file=sys.stderr)
+        return EXIT_ERROR
 
     async def enqueue() -> dict[str, Any]:
         async with AsyncClient(args.url, args.token) as client:
@@ -123,13 +150,28 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
                 delay_seconds=args.delay_seconds,
                 idempotency_key=args.idempotency_key,
             )
+            if wait_seconds is not None:
+                task = await client.wait(task.id, timeout_seconds=wait_seconds)
             return task.raw
 
     try:
-        print(json.dumps(asyncio.run(enqueue())))
+        task = asyncio.run(enqueue())
+    except WaitTimedOut as exc:
+        print(json.dumps(exc.task.raw))
+        print(f"enqueue: {exc.detail}", file=sys.stderr)
+        return EXIT_WAIT_TIMED_OUT
     except GatewayError as exc:
         print(f"enqueue: {exc.code}: {exc.detail}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
+    if wait_seconds is None:
+        print(json.dumps(task))
+        return 0
+    if task["status"] != "completed":
+        print(json.dumps(task))
+        reason = f": {task['last_error']}" if task.get("last_error") else ""
+        print(f"enqueue: task {task['id']} ended {task['status']}{reason}", file=sys.stderr)
+        return EXIT_NOT_COMPLETED
+    print(json.dumps(task.get("result")))
     return 0
 
 

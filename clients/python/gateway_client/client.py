@@ -7,6 +7,7 @@ and GATEWAY_TOKEN.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -15,7 +16,14 @@ from typing import Any
 
 import aiohttp
 
-from .errors import GatewayError, TransportError, error_from_answer
+from .backoff import Backoff
+from .errors import (
+    GatewayError,
+    TransportError,
+    ValidationFailed,
+    WaitTimedOut,
+    error_from_answer,
+)
 from .models import (
     Beat,
     Completion,
@@ -35,6 +43,11 @@ DEFAULT_TIMEOUT_SECONDS = 30.0
 # A long poll may take its whole wait_seconds: its timeout is that plus this margin.
 LONG_POLL_MARGIN_SECONDS = 10.0
 DEFAULT_CONNECTIONS = 100
+# The statuses a task never leaves by itself: `wait()` returns once the task has one.
+FINISHED = frozenset({"completed", "dead", "expired", "cancelled"})
+# One request of `wait()` waits at most this long on the gateway: within the default
+# GATEWAY_MAX_WAIT_SECONDS (60), and short enough for proxies' idle timeouts.
+WAIT_STEP_SECONDS = 20.0
 
 
 def config_from_env(url: str | None = None, token: str | None = None) -> tuple[str, str | None]:
@@ -252,6 +265,62 @@ class AsyncClient:
 
     async def get(self, task_id: str) -> Task:
         return await self._task("GET", f"/v1/tasks/{task_id}")
+
+    async def wait(
+        self,
+        task_id: str,
+        *,
+        timeout_seconds: float,
+        step_seconds: float = WAIT_STEP_SECONDS,
+    ) -> Task:
+        """The task once it has finished (`status` in FINISHED: completed, dead,
+        expired or cancelled), waiting up to `timeout_seconds` in all; WaitTimedOut
+        (with the task as last read) when it has not finished by then.
+
+        Repeats `GET /v1/tasks/{id}?wait_seconds=...`, each waiting at most
+        `step_seconds` on the gateway, which answers as soon as the task finishes.
+        A step above the gateway's cap (GATEWAY_MAX_WAIT_SECONDS) is halved until it
+        is accepted. Retryable errors (overload, shutdown, network) are retried with
+        backoff while time is left; then the last one is raised."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_seconds
+        backoff = Backoff()
+        while True:
+            remaining = deadline - loop.time()
+            wait = max(0.0, min(step_seconds, remaining))
+            asked_at = loop.time()
+            try:
+                _, data, _ = await self.request(
+                    "GET",
+                    f"/v1/tasks/{task_id}",
+                    params={"wait_seconds": f"{wait:.3f}"},
+                    timeout_seconds=wait + self.long_poll_margin_seconds,
+                )
+            except ValidationFailed as exc:
+                if exc.field != "wait_seconds" or step_seconds <= 1:
+                    raise
+                step_seconds = max(1.0, step_seconds / 2)  # above this gateway's cap
+                continue
+            except GatewayError as exc:
+                if not exc.retryable or deadline - loop.time() <= 0:
+                    raise
+                pause = backoff.next_delay(exc.retry_after_seconds)
+                await asyncio.sleep(min(pause, max(deadline - loop.time(), 0.0)))
+                continue
+            task = Task.from_json(data)
+            if task.status in FINISHED:
+                return task
+            if deadline - loop.time() <= 0:
+                raise WaitTimedOut(
+                    f"task {task_id} had not finished after {timeout_seconds:g} s "
+                    f"(it is {task.status})",
+                    task,
+                )
+            if loop.time() - asked_at < wait / 2:
+                # Unfinished, yet answered early: a gateway shutting down answers at
+                # once. Pause rather than ask it again in a tight loop.
+                pause = backoff.next_delay()
+                await asyncio.sleep(min(pause, max(deadline - loop.time(), 0.0)))
 
     async def list_tasks(
         self,

@@ -145,6 +145,18 @@ class ConfigError(GatewayError):
     code = "config_error"
 
 
+class WaitTimedOut(GatewayError):
+    """Raised by the client's `wait()`, not answered by the gateway: the task had not
+    finished when the wait's timeout ended. `task` is the task as last read."""
+
+    code = "wait_timed_out"
+    retryable = True
+
+    def __init__(self, detail: str, task: Any) -> None:
+        super().__init__(detail)
+        self.task = task
+
+
 BY_CODE: dict[str, type[GatewayError]] = {
     cls.code: cls
     for cls in (

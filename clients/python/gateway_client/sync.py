@@ -105,6 +105,10 @@ class Client:
     def get(self, task_id: str) -> Task:
         return self._run(self.aio.get(task_id))
 
+    def wait(self, task_id: str, *, timeout_seconds: float, **fields: Any) -> Task:
+        """As AsyncClient.wait: the finished task, or WaitTimedOut."""
+        return self._run(self.aio.wait(task_id, timeout_seconds=timeout_seconds, **fields))
+
     def list_tasks(self, runtime: str, **query: Any) -> Page:
         return self._run(self.aio.list_tasks(runtime, **query))
 
