@@ -179,6 +179,9 @@ class GatewayProcess:
     cache: bool
     log_path: Path
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    # What uvicorn serves: the gateway, or a peer such as the bare Starlette floor.
+    app: str = "gateway.app:create_app"
+    workers: int = 1
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     prefix: str = field(default_factory=lambda: "bench" + secrets.token_hex(4))
     port: int = field(default_factory=free_port)
@@ -204,6 +207,7 @@ class GatewayProcess:
             GATEWAY_ADMIN_TOKEN=self.token,
             GATEWAY_REDIS_PREFIX=self.prefix,
             GATEWAY_CACHE="on" if self.cache else "off",
+            FLOOR_REDIS_PREFIX=self.prefix,
         )
         env.update(self.extra_env)
         return env
@@ -214,7 +218,7 @@ class GatewayProcess:
             "-m",
             "uvicorn",
             "--factory",
-            "gateway.app:create_app",
+            self.app,
             "--host",
             "127.0.0.1",
             "--port",
@@ -226,6 +230,7 @@ class GatewayProcess:
             "uvloop",
             "--http",
             "httptools",
+            *(["--workers", str(self.workers)] if self.workers > 1 else []),
         ]
 
     async def start(self) -> None:

@@ -7,6 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+# Latency samples (seconds) by "scenario/variant", for the plots; not written to JSON.
+SAMPLES: dict[str, list[float]] = {}
+
 
 def percentile(values: Sequence[float], pct: float) -> float | None:
     """Nearest-rank percentile of unsorted values; None when there are none."""
