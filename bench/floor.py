@@ -59,7 +59,8 @@ def create_mget_app() -> Starlette:
     """As `create_app`, plus one MGET of two keys per request: a verdict read's floor."""
     url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     prefix = os.environ.get("FLOOR_REDIS_PREFIX", "benchfloor")
-    client = aioredis.Redis.from_url(url)
+    # Named, so that the run's connections can be told apart in CLIENT LIST.
+    client = aioredis.Redis.from_url(url, client_name=f"{prefix}-floor")
 
     async def claim(request: Request) -> Response:
         refused = await _parse(request)

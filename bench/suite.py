@@ -237,6 +237,11 @@ async def empty_polls_variant(
         xacts_after = await pg_xacts(servers.database_url, db) if gateway else None
         finish(result, proc)
     errors = check_tally(result, "claim", tally)
+    if workers > 1 and gateway:
+        result.notes.append(
+            "with several workers, /metrics answers from one of them: the Postgres claim "
+            "counts are that worker's only"
+        )
     if cancelled:
         result.failures.append(f"{cancelled} pollers hung past the deadline (cancelled)")
     stalled = watchdog.failure("measured loop")
