@@ -1,10 +1,11 @@
-"""The scenarios. Each runs against a gateway process of its own on a fresh database,
-and every loop in it stops at the duration.
+"""The claim-throughput scenario and the helpers every scenario shares. Each run has a
+gateway process of its own on a fresh database, and every loop in it stops at the
+duration.
 
-- empty-polls: pollers hammer empty runtimes with `wait_seconds: 0`. With the cache on,
-  the gateway should answer them from the Redis verdict, without Postgres.
-- claim-throughput: tasks are enqueued first, then pollers long-poll for batches and
-  complete every task; each task must be handed out and completed exactly once.
+claim-throughput: tasks are enqueued first (one by one, or in batches), then pollers
+long-poll for batches and complete every task (one request per task, or one batch
+acknowledgement per claim); each task must be handed out and completed exactly once.
+The drain and workers scenarios (suite.py) run it with their own sizes.
 """
 
 from __future__ import annotations
@@ -129,113 +130,6 @@ def finish(result: Result, gw: GatewayProcess) -> None:
         result.failures.append(
             "the gateway logged errors: " + " | ".join(p.strip() for p in problems)
         )
-
-
-# -- empty-polls --------------------------------------------------------------
-
-
-async def _empty_poller(
-    api: Api, runtime: str, worker: str, deadline: float, tally: Tally, stray: Counter[str]
-) -> None:
-    path = f"/v1/runtimes/{runtime}/claim"
-    body = {"worker_id": worker, "wait_seconds": 0}
-    while time.perf_counter() < deadline:
-        got = await api.post(path, body, tally, seconds=10.0)
-        if got is None:
-            await asyncio.sleep(RETRY_PAUSE_SECONDS)
-            continue
-        status, data = got
-        if status == 200:
-            tasks = (data or {}).get("tasks")
-            if tasks:
-                stray[runtime] += len(tasks)
-        else:
-            await asyncio.sleep(RETRY_PAUSE_SECONDS)
-
-
-async def _empty_round(
-    api: Api,
-    opts: argparse.Namespace,
-    runtimes: list[str],
-    seconds: float,
-    tally: Tally,
-    abort: asyncio.Event | None = None,
-) -> tuple[float, int, Counter[str]]:
-    """Every poller loops until `seconds` have passed. Returns (elapsed, pollers
-    cancelled, tasks that empty runtimes handed out)."""
-    stray: Counter[str] = Counter()
-    started = time.perf_counter()
-    deadline = started + seconds
-    coros = [
-        _empty_poller(api, runtimes[i % len(runtimes)], f"bench-{i}", deadline, tally, stray)
-        for i in range(opts.pollers)
-    ]
-    cancelled = await run_bounded(coros, deadline + HANG_GRACE_SECONDS, abort)
-    return time.perf_counter() - started, cancelled, stray
-
-
-async def empty_polls(
-    opts: argparse.Namespace, servers: Servers, cache: bool, workdir: Path
-) -> Result:
-    result = Result("empty-polls", "on" if cache else "off")
-    runtimes = [f"bench-empty-{i:03d}" for i in range(opts.runtimes)]
-    log_path = workdir / f"gateway-empty-polls-cache-{result.cache}.log"
-    async with (
-        running_gateway(opts, servers, cache, log_path) as (gw, _db),
-        client.session(opts.pollers + 10) as http,
-    ):
-        api = Api(http, gw.url, gw.token)
-        if opts.warmup_seconds > 0:
-            warm = Tally()
-            await _empty_round(api, opts, runtimes, opts.warmup_seconds, warm)
-            check_tally(result, "warm-up claim", warm)
-        before = await client.scrape(http, gw.url)
-        tally = Tally()
-        log(f"empty-polls: {opts.pollers} pollers x {opts.duration_seconds:g} s")
-        async with Watchdog(gw.url, gw.pid) as watchdog:
-            elapsed, cancelled, stray = await _empty_round(
-                api, opts, runtimes, opts.duration_seconds, tally, watchdog.stalled
-            )
-        after = await client.scrape(http, gw.url, result.failures)
-        finish(result, gw)
-
-    errors = check_tally(result, "claim", tally)
-    stalled = watchdog.failure("measured loop")
-    if stalled:
-        result.failures.append(stalled)
-    elif cancelled:
-        result.failures.append(
-            f"{cancelled} pollers were still waiting for an answer {HANG_GRACE_SECONDS:g} s "
-            "after the duration ended (cancelled)"
-        )
-    if stray:
-        result.failures.append(
-            f"claims on runtimes that were never given work returned {sum(stray.values())} tasks"
-        )
-    pg_claims = client.delta(before, after, client.PG_CLAIMS)
-    SAMPLES[f"{result.scenario}/{result.cache}"] = list(tally.latencies)
-    result.numbers = {
-        "pollers": opts.pollers,
-        "runtimes": opts.runtimes,
-        "seconds": round(elapsed, 3),
-        "requests": tally.responses,
-        "ok_responses": tally.statuses.get(200, 0),
-        "requests_per_second": round(tally.responses / elapsed, 1) if elapsed else None,
-        "p50_ms": ms(percentile(tally.latencies, 50)),
-        "p90_ms": ms(percentile(tally.latencies, 90)),
-        "p99_ms": ms(percentile(tally.latencies, 99)),
-        "max_ms": ms(max(tally.latencies, default=None)),
-        "pg_claims": pg_claims,
-        "pg_claims_per_request": ratio(pg_claims, tally.responses),
-        "verdict_hits": client.delta(before, after, client.VERDICT_HIT),
-        "verdict_misses": client.delta(before, after, client.VERDICT_MISS),
-        "verdict_errors": client.delta(before, after, client.VERDICT_ERROR),
-        "redis_errors": client.delta(before, after, client.REDIS_ERRORS),
-        "rejected_429": tally.statuses.get(429, 0),
-        "errors": errors,
-        **watchdog.numbers(),
-    }
-    return result
 
 
 # -- claim-throughput ---------------------------------------------------------
@@ -613,6 +507,5 @@ async def claim_throughput(
 
 
 SCENARIOS: dict[str, Scenario] = {
-    "empty-polls": empty_polls,
     "claim-throughput": claim_throughput,
 }
