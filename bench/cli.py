@@ -283,9 +283,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--workers-drain-tasks",
         type=_positive_int,
-        default=10_000,
+        default=5_000,
         metavar="N",
-        help="workers: tasks of each drain (default: 10000)",
+        help="workers: tasks of each drain (default: 5000)",
     )
     p.add_argument(
         "--scale-sizes",
@@ -300,6 +300,14 @@ def parser() -> argparse.ArgumentParser:
         default=30,
         metavar="N",
         help="scale: timings of each operation per size (default: 30)",
+    )
+    p.add_argument(
+        "--scale-seconds",
+        type=_positive_float,
+        default=20.0,
+        metavar="S",
+        help="scale: time bound on the timings at each size; at least 5 of each are "
+        "taken (default: 20)",
     )
     p.add_argument(
         "--png",
@@ -527,6 +535,7 @@ DETAIL_COLUMNS: dict[str, list[str]] = {
         "pg_claims_per_second",
         "pg_stat_xacts_per_second",
         "window_seconds",
+        "stop_seconds",
     ],
     "scale": ["sizes", "p50_ms", "p99_ms", "x_baseline_p50"],
 }

@@ -182,10 +182,14 @@ class GatewayProcess:
     # What uvicorn serves: the gateway, or a peer such as the bare Starlette floor.
     app: str = "gateway.app:create_app"
     workers: int = 1
+    # How long SIGTERM may take before SIGKILL: the gateway answers every parked poll
+    # first, which takes longer with thousands of them on a busy machine.
+    stop_grace_seconds: float = STOP_GRACE_SECONDS
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     prefix: str = field(default_factory=lambda: "bench" + secrets.token_hex(4))
     port: int = field(default_factory=free_port)
     process: asyncio.subprocess.Process | None = None
+    stop_seconds: float | None = None  # how long stop() took, once it has run
 
     @property
     def url(self) -> str:
@@ -269,7 +273,7 @@ class GatewayProcess:
         )
 
     async def stop(self) -> int | None:
-        """SIGTERM by pid, SIGKILL after STOP_GRACE_SECONDS; returns the exit code."""
+        """SIGTERM by pid, SIGKILL after stop_grace_seconds; returns the exit code."""
         proc = self.process
         if proc is None:
             return None
@@ -277,9 +281,12 @@ class GatewayProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGTERM)
             try:
-                await asyncio.wait_for(proc.wait(), STOP_GRACE_SECONDS)
+                await asyncio.wait_for(proc.wait(), self.stop_grace_seconds)
             except TimeoutError:
-                log(f"gateway pid {proc.pid} ignored SIGTERM for {STOP_GRACE_SECONDS:g} s: SIGKILL")
+                log(
+                    f"gateway pid {proc.pid} still running {self.stop_grace_seconds:g} s "
+                    "after SIGTERM: SIGKILL"
+                )
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGKILL)
                 await asyncio.wait_for(proc.wait(), 10)
