@@ -320,29 +320,30 @@ def parser() -> argparse.ArgumentParser:
         "--cache",
         choices=["on", "off", "both"],
         default="both",
-        help="GATEWAY_CACHE for the gateway; 'both' runs each scenario twice (default: both)",
+        help="claim-throughput: GATEWAY_CACHE for the gateway; 'both' runs it twice "
+        "(default: both)",
     )
     p.add_argument(
         "--duration-seconds",
         type=_positive_float,
         default=10.0,
         metavar="S",
-        help="how long each measured loop runs; the enqueue phase of claim-throughput "
-        "is bounded by it too (default: 10)",
+        help="claim-throughput: how long each measured loop runs; its enqueue phase is "
+        "bounded by it too (default: 10)",
     )
     p.add_argument(
         "--pollers",
         type=_positive_int,
         default=200,
         metavar="N",
-        help="concurrent polling clients / daemons (default: 200)",
+        help="claim-throughput: concurrent daemons (default: 200)",
     )
     p.add_argument(
         "--runtimes",
         type=_positive_int,
         default=20,
         metavar="N",
-        help="runtimes the pollers are spread over, round robin (default: 20)",
+        help="claim-throughput: runtimes the daemons are spread over, round robin (default: 20)",
     )
     p.add_argument(
         "--tasks",
