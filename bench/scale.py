@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import asyncpg
 
 from . import client
@@ -46,6 +47,8 @@ MAX_RUNTIMES = 100_000
 JANITOR_PASS_TIMEOUT_SECONDS = 120.0
 SLOW_PASS_SECONDS = 10.0
 MIN_SAMPLES = 5
+REQUEST_TIMEOUT_SECONDS = 30.0
+LOAD_TIMEOUT_SECONDS = 900.0  # one shape's rows at the largest size, on a busy machine
 
 
 async def _delayed_status(conn: asyncpg.Connection) -> str:
@@ -68,6 +71,7 @@ async def load(conn: asyncpg.Connection, start: int, end: int, status: str) -> f
         start,
         end,
         status,
+        timeout=LOAD_TIMEOUT_SECONDS,
     )
     await conn.execute(
         "INSERT INTO tasks (runtime_id, status, payload, attempts, finished_at, result) "
@@ -75,6 +79,7 @@ async def load(conn: asyncpg.Connection, start: int, end: int, status: str) -> f
         "'{\"ok\": true}'::jsonb FROM generate_series($1::int + 1, $2::int)",
         start,
         end,
+        timeout=LOAD_TIMEOUT_SECONDS,
     )
     await conn.execute(
         "INSERT INTO tasks (runtime_id, payload) "
@@ -83,8 +88,9 @@ async def load(conn: asyncpg.Connection, start: int, end: int, status: str) -> f
         start,
         end,
         runtimes,
+        timeout=LOAD_TIMEOUT_SECONDS,
     )
-    await conn.execute("ANALYZE tasks")
+    await conn.execute("ANALYZE tasks", timeout=LOAD_TIMEOUT_SECONDS)
     return time.perf_counter() - t0
 
 
@@ -136,11 +142,16 @@ async def _measure(
             got[OPERATIONS[0]].append(time.perf_counter() - t0)
             await _complete(api, c, tallies["d"])
         t0 = time.perf_counter()
-        async with api.session.get(
-            api.base_url + "/v1/runtimes/scale-finished/stats", headers=api.headers
-        ) as resp:
-            await resp.read()
-            tallies["s"].record(resp.status, time.perf_counter() - t0, b"")
+        try:
+            async with api.session.get(
+                api.base_url + "/v1/runtimes/scale-finished/stats",
+                headers=api.headers,
+                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS),
+            ) as resp:
+                body = await resp.read()
+                tallies["s"].record(resp.status, time.perf_counter() - t0, body)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            tallies["s"].failed(exc)
         got[OPERATIONS[1]].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         t = await api.post("/v1/runtimes/scale-fresh/tasks", {"payload": {"i": i}}, tallies["e"])
