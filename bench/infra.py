@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -31,6 +32,12 @@ READY_TIMEOUT_SECONDS = 30.0
 STOP_GRACE_SECONDS = 10.0
 # Inherited variables that would change what is measured; the bench sets its own.
 _SCRUBBED_ENV = ("DATABASE_URL", "REDIS_URL")
+
+
+def log_name(*parts: str) -> str:
+    """A log file name from scenario and variant labels: letters, digits, dashes."""
+    text = "-".join(parts).lower()
+    return re.sub(r"[^a-z0-9+]+", "-", text).strip("-") + ".log"
 
 
 def log(message: str) -> None:

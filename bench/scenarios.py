@@ -24,7 +24,7 @@ import asyncpg
 
 from . import client
 from .client import Api, Tally
-from .infra import GatewayProcess, Servers, delete_redis_keys, fresh_database, log
+from .infra import GatewayProcess, Servers, delete_redis_keys, fresh_database, log, log_name
 from .stats import SAMPLES, Result, ms, percentile, ratio
 from .watch import Watchdog
 
@@ -332,8 +332,7 @@ async def claim_throughput(
         getattr(opts, "result_label", None) or ("on" if cache else "off"),
     )
     runtimes = [f"bench-work-{i:03d}" for i in range(opts.runtimes)]
-    label = result.cache.replace(" ", "-").replace("/", "-")
-    log_path = workdir / f"gateway-{result.scenario}-{label}.log"
+    log_path = workdir / log_name(result.scenario, result.cache)
     async with (
         running_gateway(opts, servers, cache, log_path) as (gw, database_url),
         client.session(max(opts.pollers, opts.enqueue_concurrency) + 10) as http,

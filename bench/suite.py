@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 
 from . import client
 from .client import Api, Tally
-from .infra import GatewayProcess, Servers, delete_redis_keys, fresh_database, log
+from .infra import GatewayProcess, Servers, delete_redis_keys, fresh_database, log, log_name
 from .peers import run_pgqueuer
 from .scenarios import (
     HANG_GRACE_SECONDS,
@@ -218,7 +218,7 @@ async def empty_polls_variant(
     result = Result(scenario, label)
     runtimes = [f"bench-empty-{i:04d}" for i in range(opts.poll_runtimes)]
     gateway = app == GATEWAY_APP
-    log_path = workdir / f"{scenario}-{label.replace(' ', '-').replace('/', '-')}.log"
+    log_path = workdir / log_name(scenario, label)
     async with (
         serving(opts, servers, log_path, app=app, cache=cache, workers=workers) as (proc, db),
         client.session(opts.connections + 10) as http,
@@ -305,7 +305,9 @@ class Parked:
     async def poller(self, i: int, deadline: float) -> None:
         runtime = self.runtimes[i % len(self.runtimes)]
         body = {"worker_id": f"parked-{i}", "wait_seconds": self.wait_seconds}
-        await asyncio.sleep((i // 500) * 0.1)  # in steps: the listen backlog is not flooded
+        # In steps of 250 connections per 0.2 s: faster, a loaded machine's listen
+        # backlog overflows and connections are reset before the gateway sees them.
+        await asyncio.sleep((i // 250) * 0.2)
         while not self.stop.is_set() and time.perf_counter() < deadline:
             got = await self.api.post(
                 f"/v1/runtimes/{runtime}/claim", body, self.tally, seconds=self.wait_seconds + 30
