@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,9 @@ GATEWAY_APP = "gateway.app:create_app"
 FLOOR_APP = "bench.floor:create_app"
 FLOOR_MGET_APP = "bench.floor:create_mget_app"
 PARKED_GAUGE = "gateway_parked_polls"
-PARK_TIMEOUT_SECONDS = 90.0
+PARK_TIMEOUT_SECONDS = 150.0
+RAMP_STEP = 250
+RAMP_AHEAD = 1000
 
 Suite = Callable[[argparse.Namespace, Servers, Path], Awaitable[list[Result]]]
 
@@ -290,7 +292,13 @@ async def empty_polls(opts: argparse.Namespace, servers: Servers, workdir: Path)
 
 
 class Parked:
-    """Long polls that park, and park again when they come back empty."""
+    """Long polls that park, and park again when they come back empty.
+
+    They connect in steps (`RAMP_STEP` at a time) and a step starts only while fewer
+    than `RAMP_AHEAD` of the connected polls are not yet parked: a gateway that
+    accepts more slowly than the bench connects lets its listen queue overflow, and
+    the kernel then resets connections the gateway never saw (a bench artefact, not
+    what a fleet that reconnects over time does)."""
 
     def __init__(self, api: Api, runtimes: list[str], count: int, wait_seconds: float) -> None:
         self.api = api
@@ -301,13 +309,14 @@ class Parked:
         self.stop = asyncio.Event()
         self.stray = 0
         self.on_task: Callable[[dict[str, Any], float], Awaitable[None]] | None = None
+        self.open_to = 0  # pollers below this index may connect
+        self._gate = asyncio.Condition()
 
     async def poller(self, i: int, deadline: float) -> None:
         runtime = self.runtimes[i % len(self.runtimes)]
         body = {"worker_id": f"parked-{i}", "wait_seconds": self.wait_seconds}
-        # In steps of 250 connections per 0.2 s: faster, a loaded machine's listen
-        # backlog overflows and connections are reset before the gateway sees them.
-        await asyncio.sleep((i // 250) * 0.2)
+        async with self._gate:
+            await self._gate.wait_for(lambda: i < self.open_to or self.stop.is_set())
         while not self.stop.is_set() and time.perf_counter() < deadline:
             got = await self.api.post(
                 f"/v1/runtimes/{runtime}/claim", body, self.tally, seconds=self.wait_seconds + 30
@@ -321,10 +330,29 @@ class Parked:
                 else:
                     await self.on_task(task, time.perf_counter())
 
-    async def run(self, deadline: float) -> int:
-        coros = []
-        for i in range(self.count):
-            coros.append(self.poller(i, deadline))
+    async def ramp(self, http: Any, url: str, deadline: float) -> None:
+        """Open the gate step by step, watching the gateway's parked-poll gauge."""
+        while self.open_to < self.count and time.perf_counter() < deadline:
+            if self.stop.is_set():
+                break
+            parked = 0.0
+            with contextlib.suppress(Exception):
+                parked = (await client.scrape(http, url)).get(PARKED_GAUGE, 0.0)
+            if self.open_to - parked <= RAMP_AHEAD:
+                async with self._gate:
+                    self.open_to = min(self.count, self.open_to + RAMP_STEP)
+                    self._gate.notify_all()
+            else:
+                await asyncio.sleep(0.1)
+        async with self._gate:
+            self.open_to = self.count  # bounded: past the deadline, the rest go at once
+            self._gate.notify_all()
+
+    async def run(self, http: Any, url: str, deadline: float) -> int:
+        coros: list[Coroutine[Any, Any, None]] = [
+            self.poller(i, deadline) for i in range(self.count)
+        ]
+        coros.append(self.ramp(http, url, deadline))
         return await run_bounded(coros, deadline + HANG_GRACE_SECONDS, self.stop)
 
 
@@ -357,7 +385,7 @@ async def parked_variant(
         parked = Parked(api, runtimes, count, wait)
         deadline = time.perf_counter() + wait + 5
         log(f"parked-polls: parking {count} long polls over {runtimes_n} runtimes")
-        runner = asyncio.create_task(parked.run(deadline))
+        runner = asyncio.create_task(parked.run(http, proc.url, deadline))
         try:
             parking = time.perf_counter()
             seen = await _wait_parked(http, proc.url, count, PARK_TIMEOUT_SECONDS)
@@ -447,7 +475,7 @@ async def wake_latency(opts: argparse.Namespace, servers: Servers, workdir: Path
 
         parked.on_task = got_task
         deadline = time.perf_counter() + opts.wake_seconds + 60
-        runner = asyncio.create_task(parked.run(deadline))
+        runner = asyncio.create_task(parked.run(http, proc.url, deadline))
         enqueues = Tally()
         lat: list[float] = []
         from_sent: list[float] = []
