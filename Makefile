@@ -39,9 +39,9 @@ simulate: $(STAMP)
 model: $(STAMP)
 	MODEL_EXAMPLES=$${MODEL_EXAMPLES:-500} MODEL_STEPS=$${MODEL_STEPS:-50} $(BIN)/python -m pytest tests/model -q -p no:cacheprovider
 
-## bench: the benchmark harness (see bench/README.md)
+## bench: every performance and scale target against its peers, in one run (~10 min; see bench/README.md)
 bench: $(STAMP)
-	$(BIN)/python -m bench $(BENCH_ARGS)
+	$(BIN)/python -m bench --json bench/results/bench.json --png bench/results/bench.png $(BENCH_ARGS)
 
 ## faults: the fault matrix: two gateway processes over private servers, one fault per row, every task checked (FAULTS_ROWS to pick rows)
 faults: $(STAMP)

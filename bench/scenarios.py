@@ -1,10 +1,11 @@
-"""The scenarios. Each runs against a gateway process of its own on a fresh database,
-and every loop in it stops at the duration.
+"""The claim-throughput scenario and the helpers every scenario shares. Each run has a
+gateway process of its own on a fresh database, and every loop in it stops at the
+duration.
 
-- empty-polls: pollers hammer empty runtimes with `wait_seconds: 0`. With the cache on,
-  the gateway should answer them from the Redis verdict, without Postgres.
-- claim-throughput: tasks are enqueued first, then pollers long-poll for batches and
-  complete every task; each task must be handed out and completed exactly once.
+claim-throughput: tasks are enqueued first (one by one, or in batches), then pollers
+long-poll for batches and complete every task (one request per task, or one batch
+acknowledgement per claim); each task must be handed out and completed exactly once.
+The drain and workers scenarios (suite.py) run it with their own sizes.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import asyncpg
 
 from . import client
 from .client import Api, Tally
-from .infra import GatewayProcess, Servers, delete_redis_keys, fresh_database, log
-from .stats import Result, ms, percentile, ratio
+from .infra import GatewayProcess, Servers, delete_redis_keys, fresh_database, log, log_name
+from .stats import SAMPLES, Result, ms, percentile, ratio
 from .watch import Watchdog
 
 # Requests still running this long after their loop's deadline count as hung.
@@ -44,7 +45,12 @@ async def running_gateway(
     """A fresh database and a gateway process on it; both gone afterwards."""
     async with fresh_database(servers.database_url) as database_url:
         gw = GatewayProcess(
-            database_url, servers.redis_url, cache, log_path, extra_env=opts.gateway_env
+            database_url,
+            servers.redis_url,
+            cache,
+            log_path,
+            extra_env=opts.gateway_env,
+            workers=getattr(opts, "workers", 1),
         )
         try:
             await gw.start()
@@ -126,112 +132,6 @@ def finish(result: Result, gw: GatewayProcess) -> None:
         )
 
 
-# -- empty-polls --------------------------------------------------------------
-
-
-async def _empty_poller(
-    api: Api, runtime: str, worker: str, deadline: float, tally: Tally, stray: Counter[str]
-) -> None:
-    path = f"/v1/runtimes/{runtime}/claim"
-    body = {"worker_id": worker, "wait_seconds": 0}
-    while time.perf_counter() < deadline:
-        got = await api.post(path, body, tally, seconds=10.0)
-        if got is None:
-            await asyncio.sleep(RETRY_PAUSE_SECONDS)
-            continue
-        status, data = got
-        if status == 200:
-            tasks = (data or {}).get("tasks")
-            if tasks:
-                stray[runtime] += len(tasks)
-        else:
-            await asyncio.sleep(RETRY_PAUSE_SECONDS)
-
-
-async def _empty_round(
-    api: Api,
-    opts: argparse.Namespace,
-    runtimes: list[str],
-    seconds: float,
-    tally: Tally,
-    abort: asyncio.Event | None = None,
-) -> tuple[float, int, Counter[str]]:
-    """Every poller loops until `seconds` have passed. Returns (elapsed, pollers
-    cancelled, tasks that empty runtimes handed out)."""
-    stray: Counter[str] = Counter()
-    started = time.perf_counter()
-    deadline = started + seconds
-    coros = [
-        _empty_poller(api, runtimes[i % len(runtimes)], f"bench-{i}", deadline, tally, stray)
-        for i in range(opts.pollers)
-    ]
-    cancelled = await run_bounded(coros, deadline + HANG_GRACE_SECONDS, abort)
-    return time.perf_counter() - started, cancelled, stray
-
-
-async def empty_polls(
-    opts: argparse.Namespace, servers: Servers, cache: bool, workdir: Path
-) -> Result:
-    result = Result("empty-polls", "on" if cache else "off")
-    runtimes = [f"bench-empty-{i:03d}" for i in range(opts.runtimes)]
-    log_path = workdir / f"gateway-empty-polls-cache-{result.cache}.log"
-    async with (
-        running_gateway(opts, servers, cache, log_path) as (gw, _db),
-        client.session(opts.pollers + 10) as http,
-    ):
-        api = Api(http, gw.url, gw.token)
-        if opts.warmup_seconds > 0:
-            warm = Tally()
-            await _empty_round(api, opts, runtimes, opts.warmup_seconds, warm)
-            check_tally(result, "warm-up claim", warm)
-        before = await client.scrape(http, gw.url)
-        tally = Tally()
-        log(f"empty-polls: {opts.pollers} pollers x {opts.duration_seconds:g} s")
-        async with Watchdog(gw.url, gw.pid) as watchdog:
-            elapsed, cancelled, stray = await _empty_round(
-                api, opts, runtimes, opts.duration_seconds, tally, watchdog.stalled
-            )
-        after = await client.scrape(http, gw.url, result.failures)
-        finish(result, gw)
-
-    errors = check_tally(result, "claim", tally)
-    stalled = watchdog.failure("measured loop")
-    if stalled:
-        result.failures.append(stalled)
-    elif cancelled:
-        result.failures.append(
-            f"{cancelled} pollers were still waiting for an answer {HANG_GRACE_SECONDS:g} s "
-            "after the duration ended (cancelled)"
-        )
-    if stray:
-        result.failures.append(
-            f"claims on runtimes that were never given work returned {sum(stray.values())} tasks"
-        )
-    pg_claims = client.delta(before, after, client.PG_CLAIMS)
-    result.numbers = {
-        "pollers": opts.pollers,
-        "runtimes": opts.runtimes,
-        "seconds": round(elapsed, 3),
-        "requests": tally.responses,
-        "ok_responses": tally.statuses.get(200, 0),
-        "requests_per_second": round(tally.responses / elapsed, 1) if elapsed else None,
-        "p50_ms": ms(percentile(tally.latencies, 50)),
-        "p90_ms": ms(percentile(tally.latencies, 90)),
-        "p99_ms": ms(percentile(tally.latencies, 99)),
-        "max_ms": ms(max(tally.latencies, default=None)),
-        "pg_claims": pg_claims,
-        "pg_claims_per_request": ratio(pg_claims, tally.responses),
-        "verdict_hits": client.delta(before, after, client.VERDICT_HIT),
-        "verdict_misses": client.delta(before, after, client.VERDICT_MISS),
-        "verdict_errors": client.delta(before, after, client.VERDICT_ERROR),
-        "redis_errors": client.delta(before, after, client.REDIS_ERRORS),
-        "rejected_429": tally.statuses.get(429, 0),
-        "errors": errors,
-        **watchdog.numbers(),
-    }
-    return result
-
-
 # -- claim-throughput ---------------------------------------------------------
 
 
@@ -250,6 +150,9 @@ class ThroughputState:
         self.stop = asyncio.Event()  # all done, or the gateway stalled
         self.claims = Tally()
         self.completes = Tally()
+        # Batch acknowledgement (POST /v1/tasks:complete) answered 404: not built yet.
+        self.batch_ack_missing = False
+        self.ack_outcomes: Counter[str] = Counter()
 
 
 async def _enqueue(
@@ -264,6 +167,29 @@ async def _enqueue(
     ({task id: time its 201 arrived}, enqueuers cancelled)."""
     enqueued: dict[str, float] = {}
     numbers = itertools.count()
+    batch = getattr(opts, "enqueue_batch", 0)
+
+    async def batch_filler() -> None:
+        # One runtime's tasks per request, `batch` at a time (POST .../tasks:batch).
+        while time.perf_counter() < deadline:
+            first = next(numbers) * batch
+            if first >= opts.tasks:
+                return
+            count = min(batch, opts.tasks - first)
+            runtime = runtimes[(first // batch) % len(runtimes)]
+            items = [
+                {"payload": {"n": first + k, "runtime": runtime, "kind": "bench"}}
+                for k in range(count)
+            ]
+            got = await api.post(
+                f"/v1/runtimes/{runtime}/tasks:batch", {"tasks": items}, tally, seconds=60.0
+            )
+            if got is not None and got[0] in (200, 201) and got[1]:
+                now = time.perf_counter()
+                for task in got[1].get("tasks", []):
+                    enqueued[task["id"]] = now
+            else:
+                await asyncio.sleep(RETRY_PAUSE_SECONDS)
 
     async def filler() -> None:
         while time.perf_counter() < deadline:
@@ -282,8 +208,9 @@ async def _enqueue(
             else:
                 await asyncio.sleep(RETRY_PAUSE_SECONDS)
 
+    make = batch_filler if batch else filler
     cancelled = await run_bounded(
-        [filler() for _ in range(opts.enqueue_concurrency)], deadline + HANG_GRACE_SECONDS, abort
+        [make() for _ in range(opts.enqueue_concurrency)], deadline + HANG_GRACE_SECONDS, abort
     )
     return enqueued, cancelled
 
@@ -303,6 +230,46 @@ async def _complete(api: Api, task: dict[str, Any], claimed_at: float, st: Throu
     st.claim_to_done.append(now - claimed_at)
     if task_id in st.enqueued:
         st.enqueue_to_done.append(now - st.enqueued[task_id])
+    st.last_done = now
+    if len(st.completed) >= len(st.enqueued):
+        st.all_done.set()
+        st.stop.set()
+
+
+async def _complete_batch(
+    api: Api, tasks: list[dict[str, Any]], claimed_at: float, st: ThroughputState
+) -> None:
+    """One POST /v1/tasks:complete for a claimed batch; each outcome must be `completed`."""
+    for task in tasks:
+        task_id = str(task.get("id"))
+        st.delivered[task_id] += 1
+        if task_id not in st.enqueued:
+            st.unknown.add(task_id)
+    body = {
+        "tasks": [
+            {"id": t.get("id"), "lease_id": t.get("lease_id"), "result": {"ok": True}}
+            for t in tasks
+        ]
+    }
+    st.completes_sent += len(tasks)
+    got = await api.post("/v1/tasks:complete", body, st.completes, seconds=30.0)
+    if got is not None and got[0] == 404:
+        st.batch_ack_missing = True
+        st.stop.set()
+        return
+    if got is None or got[0] != 200:
+        return
+    now = time.perf_counter()
+    for item in (got[1] or {}).get("results", []):
+        outcome = str(item.get("outcome"))
+        st.ack_outcomes[outcome] += 1
+        if outcome != "completed":
+            continue
+        task_id = str(item.get("id"))
+        st.completed[task_id] += 1
+        st.claim_to_done.append(now - claimed_at)
+        if task_id in st.enqueued:
+            st.enqueue_to_done.append(now - st.enqueued[task_id])
     st.last_done = now
     if len(st.completed) >= len(st.enqueued):
         st.all_done.set()
@@ -335,7 +302,10 @@ async def _daemon(
         if not tasks:
             st.empty_claims += 1
             continue
-        await asyncio.gather(*(_complete(api, t, started, st) for t in tasks))
+        if getattr(opts, "batch_ack", False):
+            await _complete_batch(api, tasks, started, st)
+        else:
+            await asyncio.gather(*(_complete(api, t, started, st) for t in tasks))
 
 
 async def _database_counts(database_url: str) -> dict[str, Any]:
@@ -356,9 +326,13 @@ async def _database_counts(database_url: str) -> dict[str, Any]:
 async def claim_throughput(
     opts: argparse.Namespace, servers: Servers, cache: bool, workdir: Path
 ) -> Result:
-    result = Result("claim-throughput", "on" if cache else "off")
+    # The drain and workers scenarios run this one under their own names and labels.
+    result = Result(
+        getattr(opts, "result_scenario", "claim-throughput"),
+        getattr(opts, "result_label", None) or ("on" if cache else "off"),
+    )
     runtimes = [f"bench-work-{i:03d}" for i in range(opts.runtimes)]
-    log_path = workdir / f"gateway-claim-throughput-cache-{result.cache}.log"
+    log_path = workdir / log_name(result.scenario, result.cache)
     async with (
         running_gateway(opts, servers, cache, log_path) as (gw, database_url),
         client.session(max(opts.pollers, opts.enqueue_concurrency) + 10) as http,
@@ -409,6 +383,13 @@ async def claim_throughput(
         db = await _database_counts(database_url)
         finish(result, gw)
 
+    if st.batch_ack_missing:
+        result.numbers = {"available": False}
+        result.notes.append(
+            "POST /v1/tasks:complete answered 404: batch acknowledgement is not available "
+            "in this gateway, so this row was not measured"
+        )
+        return result
     errors = check_tally(result, "enqueue", enqueue_tally)
     errors += check_tally(result, "claim", st.claims)
     errors += check_tally(result, "complete", st.completes)
@@ -437,6 +418,12 @@ async def claim_throughput(
         )
     if completed_twice:
         result.failures.append(f"{len(completed_twice)} tasks were completed more than once")
+    other_outcomes = {k: n for k, n in st.ack_outcomes.items() if k != "completed"}
+    if other_outcomes:
+        result.failures.append(
+            "batch acknowledgement answered outcomes other than completed for leases the "
+            f"bench held: {other_outcomes}"
+        )
     if st.unknown:
         result.failures.append(f"{len(st.unknown)} claimed tasks were never enqueued by the bench")
     unanswered = st.completes_sent - st.completes.responses
@@ -474,6 +461,7 @@ async def claim_throughput(
             "reached, not a completed drain"
         )
     claim_seconds = (st.last_done or ended) - started
+    SAMPLES[f"{result.scenario}/{result.cache}"] = list(st.claim_to_done)
     pg_claims = client.delta(before, after, client.PG_CLAIMS)
     result.numbers = {
         "pollers": opts.pollers,
@@ -508,6 +496,7 @@ async def claim_throughput(
         "verdict_hits": client.delta(before, after, client.VERDICT_HIT),
         "verdict_misses": client.delta(before, after, client.VERDICT_MISS),
         "leases_returned": client.delta(before, after, client.LEASES_RETURNED),
+        "batch_ack_outcomes": dict(st.ack_outcomes),
         "duplicates": len(delivered_twice) + len(completed_twice),
         "errors": errors,
         "postgres_by_status": by_status,
@@ -517,6 +506,5 @@ async def claim_throughput(
 
 
 SCENARIOS: dict[str, Scenario] = {
-    "empty-polls": empty_polls,
     "claim-throughput": claim_throughput,
 }

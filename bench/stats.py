@@ -7,6 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+# Latency samples (seconds) by "scenario/variant", for the plots; not written to JSON.
+SAMPLES: dict[str, list[float]] = {}
+
 
 def percentile(values: Sequence[float], pct: float) -> float | None:
     """Nearest-rank percentile of unsorted values; None when there are none."""
@@ -65,45 +68,6 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
         for r in rows
     ]
     return "\n".join([line, rule, *body])
-
-
-def empty_polls_table(results: list[Result]) -> str:
-    headers = [
-        "scenario",
-        "cache",
-        "requests",
-        "req/s",
-        "p50 ms",
-        "p99 ms",
-        "pg claims",
-        "pg claims/req",
-        "verdict hits",
-        "gw cpu %",
-        "bench cpu %",
-        "errors",
-        "checks",
-    ]
-    rows = []
-    for r in results:
-        n = r.numbers
-        rows.append(
-            [
-                r.scenario,
-                r.cache,
-                _cell(n.get("requests")),
-                _cell(n.get("requests_per_second")),
-                _cell(n.get("p50_ms"), 2),
-                _cell(n.get("p99_ms"), 2),
-                _cell(n.get("pg_claims")),
-                _cell(n.get("pg_claims_per_request"), 3),
-                _cell(n.get("verdict_hits")),
-                _cell(n.get("gateway_cpu_percent"), 0),
-                _cell(n.get("bench_cpu_percent"), 0),
-                _cell(n.get("errors")),
-                "ok" if r.ok else "FAIL",
-            ]
-        )
-    return table(headers, rows)
 
 
 def claim_throughput_table(results: list[Result]) -> str:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from typing import Any
 
 import aiohttp
+import psutil
 
 PROBE_INTERVAL_SECONDS = 0.5
 PROBE_TIMEOUT_SECONDS = 1.0
@@ -19,16 +19,23 @@ STALL_SECONDS = 5.0
 
 
 def cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU time of a process, from /proc (Linux); None elsewhere."""
+    """User + system CPU time of a process and its children (uvicorn --workers forks
+    them), from /proc (Linux); None elsewhere."""
     if pid is None:
         return None
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
         return None
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
+    total = 0.0
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
 
 
 class Watchdog:

@@ -1,0 +1,228 @@
+"""`--scenario scale`: what each operation costs as the task table grows.
+
+One gateway (its janitor on, at the default interval, so that retention and the other
+janitor duties run while it is measured) on one fresh database. Each operation is first
+measured on small runtimes (the baseline), then the table is grown to each
+`--scale-sizes` step with one `INSERT ... SELECT generate_series` per shape, analyzed,
+and everything measured again:
+
+- delayed: N delayed tasks of priority 100 (ahead of the due ones) in runtime
+  `scale-delayed`; measured: a claim right after enqueueing one due task there;
+- finished: N completed tasks in runtime `scale-finished`; measured: its stats;
+- runtimes: N queued tasks over N/10 runtimes (at most 100,000); measured: one janitor
+  pass (`Janitor.run_once()` in this process, on the same database);
+- table: enqueue and claim in a runtime of their own on a table of 3N rows.
+
+The rows are valid for the schema's checks; delayed rows take the status `scheduled`
+when the schema has it, `queued` otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+
+from . import client
+from .client import Api, Tally
+from .infra import Servers, log
+from .scenarios import check_tally, finish
+from .stats import Result, ms, percentile
+from .suite import serving
+
+OPERATIONS = (
+    "claim after enqueue, delayed ahead",
+    "stats, finished tasks",
+    "janitor pass",
+    "enqueue",
+    "claim",
+)
+MAX_RUNTIMES = 100_000
+JANITOR_PASS_TIMEOUT_SECONDS = 120.0
+SLOW_PASS_SECONDS = 10.0
+MIN_SAMPLES = 5
+REQUEST_TIMEOUT_SECONDS = 30.0
+LOAD_TIMEOUT_SECONDS = 900.0  # one shape's rows at the largest size, on a busy machine
+
+
+async def _delayed_status(conn: asyncpg.Connection) -> str:
+    """`scheduled` when the task table's status check allows it, else `queued`."""
+    defs = await conn.fetch(
+        "SELECT pg_get_constraintdef(oid) AS d FROM pg_constraint "
+        "WHERE conrelid = 'tasks'::regclass AND contype = 'c'"
+    )
+    return "scheduled" if any("'scheduled'" in r["d"] for r in defs) else "queued"
+
+
+async def load(conn: asyncpg.Connection, start: int, end: int, status: str) -> float:
+    """Rows start+1..end of each shape; seconds taken."""
+    t0 = time.perf_counter()
+    runtimes = max(1, min(MAX_RUNTIMES, end // 10))
+    await conn.execute(
+        "INSERT INTO tasks (runtime_id, status, priority, payload, run_at) "
+        "SELECT 'scale-delayed', $3, 100, '{\"bulk\": true}'::jsonb, now() + interval '1 day' "
+        "FROM generate_series($1::int + 1, $2::int)",
+        start,
+        end,
+        status,
+        timeout=LOAD_TIMEOUT_SECONDS,
+    )
+    await conn.execute(
+        "INSERT INTO tasks (runtime_id, status, payload, attempts, finished_at, result) "
+        "SELECT 'scale-finished', 'completed', '{\"bulk\": true}'::jsonb, 1, now(), "
+        "'{\"ok\": true}'::jsonb FROM generate_series($1::int + 1, $2::int)",
+        start,
+        end,
+        timeout=LOAD_TIMEOUT_SECONDS,
+    )
+    await conn.execute(
+        "INSERT INTO tasks (runtime_id, payload) "
+        "SELECT 'scale-rt-' || (g % $3::int), '{\"bulk\": true}'::jsonb "
+        "FROM generate_series($1::int + 1, $2::int) AS g",
+        start,
+        end,
+        runtimes,
+        timeout=LOAD_TIMEOUT_SECONDS,
+    )
+    await conn.execute("ANALYZE tasks", timeout=LOAD_TIMEOUT_SECONDS)
+    return time.perf_counter() - t0
+
+
+async def _janitor_passes(
+    database_url: str, redis_url: str, prefix: str, token: str, n: int
+) -> list[float]:
+    """Seconds of `n` janitor passes run in this process against the database."""
+    from gateway.runtime import Gateway
+    from gateway.settings import Settings
+
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")},
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "GATEWAY_REDIS_PREFIX": prefix,
+        "GATEWAY_ADMIN_TOKEN": token,
+        "GATEWAY_JANITOR_INTERVAL_SECONDS": "3600",
+    }
+    gw = Gateway(Settings.from_env(env))
+    await gw.open()
+    out = []
+    try:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            async with asyncio.timeout(JANITOR_PASS_TIMEOUT_SECONDS):
+                await gw.janitor.run_once()
+            out.append(time.perf_counter() - t0)
+            if out[-1] > SLOW_PASS_SECONDS:
+                break  # one slow pass says enough, and keeps the run within its time
+    finally:
+        await gw.close()
+    return out
+
+
+async def _measure(
+    api: Api, opts: argparse.Namespace, tallies: dict[str, Tally]
+) -> dict[str, list[float]]:
+    """`--scale-samples` timings of each HTTP operation, in seconds."""
+    got: dict[str, list[float]] = {op: [] for op in OPERATIONS if op != "janitor pass"}
+    claim = {"worker_id": "scale", "wait_seconds": 0, "max_tasks": 1}
+    stop_at = time.perf_counter() + opts.scale_seconds
+    for i in range(opts.scale_samples):
+        if i >= MIN_SAMPLES and time.perf_counter() > stop_at:
+            break  # slow operations: fewer samples, so that the run keeps to its time
+        t = await api.post("/v1/runtimes/scale-delayed/tasks", {"payload": {"i": i}}, tallies["e"])
+        if t is not None and t[0] == 201:
+            t0 = time.perf_counter()
+            c = await api.post("/v1/runtimes/scale-delayed/claim", claim, tallies["c"])
+            got[OPERATIONS[0]].append(time.perf_counter() - t0)
+            await _complete(api, c, tallies["d"])
+        t0 = time.perf_counter()
+        try:
+            async with api.session.get(
+                api.base_url + "/v1/runtimes/scale-finished/stats",
+                headers=api.headers,
+                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS),
+            ) as resp:
+                body = await resp.read()
+                tallies["s"].record(resp.status, time.perf_counter() - t0, body)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            tallies["s"].failed(exc)
+        got[OPERATIONS[1]].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        t = await api.post("/v1/runtimes/scale-fresh/tasks", {"payload": {"i": i}}, tallies["e"])
+        got[OPERATIONS[3]].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        c = await api.post("/v1/runtimes/scale-fresh/claim", claim, tallies["c"])
+        got[OPERATIONS[4]].append(time.perf_counter() - t0)
+        await _complete(api, c, tallies["d"])
+    return got
+
+
+async def _complete(api: Api, claimed: tuple[int, Any] | None, tally: Tally) -> None:
+    for task in ((claimed or (0, {}))[1] or {}).get("tasks") or []:
+        await api.post(f"/v1/tasks/{task['id']}/complete", {"lease_id": task["lease_id"]}, tally)
+
+
+async def scale(opts: argparse.Namespace, servers: Servers, workdir: Path) -> list[Result]:
+    sizes = [0, *sorted(opts.scale_sizes)]
+    timings: dict[str, dict[int, list[float]]] = {op: {} for op in OPERATIONS}
+    tallies = {k: Tally() for k in "ecds"}
+    notes: list[str] = []
+    failures: list[str] = []
+    load_seconds: dict[int, float] = {}
+    async with (
+        serving(opts, servers, workdir / "scale.log") as (proc, db),
+        client.session(8) as http,
+    ):
+        api = Api(http, proc.url, proc.token)
+        conn = await asyncpg.connect(db, timeout=10)
+        try:
+            status = await _delayed_status(conn)
+            loaded = 0
+            for size in sizes:
+                if size > loaded:
+                    log(f"scale: loading rows {loaded + 1:,}..{size:,} of each shape")
+                    load_seconds[size] = round(await load(conn, loaded, size, status), 2)
+                    loaded = size
+                log(f"scale: measuring at {size:,} rows of each shape")
+                for op, values in (await _measure(api, opts, tallies)).items():
+                    timings[op][size] = values
+                try:
+                    timings["janitor pass"][size] = await _janitor_passes(
+                        db, servers.redis_url, proc.prefix, proc.token, 3
+                    )
+                except Exception as exc:
+                    notes.append(f"janitor pass at {size:,} rows: {type(exc).__name__}: {exc}")
+        finally:
+            await conn.close()
+        probe = Result("scale", "all")
+        finish(probe, proc)
+        failures += probe.failures
+    results = []
+    for op in OPERATIONS:
+        r = Result("scale", op)
+        by_size = timings[op]
+        base = percentile(by_size.get(0, []), 50)
+        r.numbers = {
+            "delayed_status": status,
+            "sizes": sorted(by_size),
+            "p50_ms": [ms(percentile(by_size[s], 50)) for s in sorted(by_size)],
+            "p99_ms": [ms(percentile(by_size[s], 99)) for s in sorted(by_size)],
+            "x_baseline_p50": [
+                None if not base else round((percentile(by_size[s], 50) or 0) / base, 2)
+                for s in sorted(by_size)
+            ],
+            "load_seconds": load_seconds,
+        }
+        results.append(r)
+    first = results[0]
+    first.notes += notes
+    first.failures += failures
+    for name, key in (("enqueue", "e"), ("claim", "c"), ("complete", "d"), ("stats", "s")):
+        check_tally(first, name, tallies[key])
+    return results

@@ -1,0 +1,697 @@
+"""The comparison scenarios: each puts the gateway beside its peers in the same run.
+
+Every scenario returns a list of `Result`s (one per variant: the gateway with the
+cache on, off, the bare Starlette floor, pgqueuer, ...); `targets.py` turns their
+numbers into the PASS/MISS table. Every loop is bounded in count and in time, and
+every process started here is stopped by pid in a `finally` block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import psutil
+import redis.asyncio as aioredis
+
+from . import client
+from .client import Api, Tally
+from .infra import GatewayProcess, Servers, delete_redis_keys, fresh_database, log, log_name
+from .peers import run_pgqueuer
+from .scenarios import (
+    HANG_GRACE_SECONDS,
+    RETRY_PAUSE_SECONDS,
+    check_tally,
+    claim_throughput,
+    finish,
+    run_bounded,
+)
+from .stats import SAMPLES, Result, ms, percentile, ratio
+from .watch import Watchdog
+
+GATEWAY_APP = "gateway.app:create_app"
+FLOOR_APP = "bench.floor:create_app"
+FLOOR_MGET_APP = "bench.floor:create_mget_app"
+PARKED_GAUGE = "gateway_parked_polls"
+PARK_TIMEOUT_SECONDS = 150.0
+RAMP_STEP = 250
+RAMP_AHEAD = 1000
+
+Suite = Callable[[argparse.Namespace, Servers, Path], Awaitable[list[Result]]]
+
+
+# -- processes ----------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    opts: argparse.Namespace,
+    servers: Servers,
+    log_path: Path,
+    *,
+    app: str = GATEWAY_APP,
+    cache: bool = True,
+    workers: int = 1,
+    env: dict[str, str] | None = None,
+    stop_grace_seconds: float = 10.0,
+) -> AsyncIterator[tuple[GatewayProcess, str]]:
+    """A fresh database and a uvicorn process serving `app` on it; both gone afterwards."""
+    async with fresh_database(servers.database_url) as database_url:
+        proc = GatewayProcess(
+            database_url,
+            servers.redis_url,
+            cache,
+            log_path,
+            extra_env={**opts.gateway_env, **(env or {})},
+            app=app,
+            workers=workers,
+            stop_grace_seconds=stop_grace_seconds,
+        )
+        try:
+            await proc.start()
+            log(f"{app} pid {proc.pid} ready at {proc.url} ({workers} worker(s))")
+            yield proc, database_url
+        finally:
+            stopping = time.perf_counter()
+            code = await proc.stop()
+            proc.stop_seconds = time.perf_counter() - stopping
+            if code not in (0, None, -15):
+                log(f"pid {proc.pid} exited with code {code}")
+            with contextlib.suppress(Exception):
+                await delete_redis_keys(servers.redis_url, proc.prefix)
+
+
+def tree(pid: int | None) -> list[psutil.Process]:
+    """A process and its children (uvicorn --workers forks them)."""
+    if pid is None:
+        return []
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def rss_bytes(pid: int | None) -> int:
+    total = 0
+    for proc in tree(pid):
+        with contextlib.suppress(psutil.Error):
+            total += proc.memory_info().rss
+    return total
+
+
+def cpu_seconds_tree(pid: int | None) -> float:
+    total = 0.0
+    for proc in tree(pid):
+        with contextlib.suppress(psutil.Error):
+            times = proc.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+async def pg_xacts(admin_url: str, database_url: str) -> int | None:
+    """Committed + rolled back transactions Postgres has published for the database.
+    Postgres 15 publishes a backend's counts late (up to ~10 s while it idles), so
+    only deltas over a long window mean anything."""
+    name = database_url.rsplit("/", 1)[-1].split("?")[0]
+    conn = await asyncpg.connect(admin_url, timeout=10)
+    try:
+        value = await conn.fetchval(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1", name
+        )
+    finally:
+        await conn.close()
+    return None if value is None else int(value)
+
+
+async def redis_connections_by_pid(redis_url: str, pid: int | None) -> dict[int, int]:
+    """Redis connections of each process of the tree: CLIENT LIST entries whose
+    address is a local socket of that process."""
+    ports: dict[int, int] = {}
+    for proc in tree(pid):
+        with contextlib.suppress(psutil.Error):
+            for conn in proc.net_connections(kind="tcp"):
+                if conn.laddr:
+                    ports[conn.laddr.port] = proc.pid
+    rd = aioredis.Redis.from_url(redis_url, socket_timeout=5)
+    try:
+        clients = await rd.client_list()
+    finally:
+        await rd.aclose()
+    counts: Counter[int] = Counter({p.pid: 0 for p in tree(pid)})
+    for entry in clients:
+        addr = str(entry.get("addr", ""))
+        port = addr.rsplit(":", 1)[-1]
+        if port.isdigit() and int(port) in ports:
+            counts[ports[int(port)]] += 1
+    return dict(counts)
+
+
+async def _wait_parked(http: Any, url: str, want: int, seconds: float) -> float:
+    """Scrape the parked-poll gauge until it reaches `want`; the value last seen."""
+    deadline = time.perf_counter() + seconds
+    seen = 0.0
+    while time.perf_counter() < deadline:
+        with contextlib.suppress(Exception):
+            seen = (await client.scrape(http, url)).get(PARKED_GAUGE, 0.0)
+            if seen >= want:
+                return seen
+        await asyncio.sleep(0.5)
+    return seen
+
+
+# -- empty polls: gateway cache on/off against the floor ---------------------
+
+
+async def _rotating_poller(
+    api: Api, runtimes: list[str], start: int, step: int, deadline: float, tally: Tally
+) -> None:
+    """Claims with wait_seconds 0, each on the next runtime of its stride, so that the
+    pollers together cycle over every runtime."""
+    i = start
+    body: dict[str, Any] = {"worker_id": f"bench-{start}", "wait_seconds": 0}
+    while time.perf_counter() < deadline:
+        got = await api.post(f"/v1/runtimes/{runtimes[i % len(runtimes)]}/claim", body, tally)
+        i += step
+        if got is None or got[0] != 200:
+            await asyncio.sleep(RETRY_PAUSE_SECONDS)
+
+
+async def _poll_round(
+    api: Api, opts: argparse.Namespace, runtimes: list[str], seconds: float, tally: Tally
+) -> tuple[float, int]:
+    started = time.perf_counter()
+    deadline = started + seconds
+    n = opts.connections
+    coros = [_rotating_poller(api, runtimes, i, n, deadline, tally) for i in range(n)]
+    cancelled = await run_bounded(coros, deadline + HANG_GRACE_SECONDS)
+    return time.perf_counter() - started, cancelled
+
+
+async def _claim_each(api: Api, runtimes: list[str], concurrency: int, tally: Tally) -> None:
+    pending = list(runtimes)
+    body = {"worker_id": "bench-warm", "wait_seconds": 0}
+
+    async def one() -> None:
+        while pending:
+            await api.post(f"/v1/runtimes/{pending.pop()}/claim", body, tally)
+
+    await run_bounded([one() for _ in range(concurrency)], time.perf_counter() + 60)
+
+
+async def empty_polls_variant(
+    opts: argparse.Namespace,
+    servers: Servers,
+    workdir: Path,
+    label: str,
+    *,
+    scenario: str = "empty-polls",
+    app: str = GATEWAY_APP,
+    cache: bool = True,
+    workers: int = 1,
+) -> Result:
+    result = Result(scenario, label)
+    runtimes = [f"bench-empty-{i:04d}" for i in range(opts.poll_runtimes)]
+    gateway = app == GATEWAY_APP
+    log_path = workdir / log_name(scenario, label)
+    async with (
+        serving(opts, servers, log_path, app=app, cache=cache, workers=workers) as (proc, db),
+        client.session(opts.connections + 10) as http,
+    ):
+        api = Api(http, proc.url, proc.token)
+        warm = Tally()
+        # Every runtime once, so that each has its verdict before the measured loop.
+        await _claim_each(api, runtimes, opts.connections, warm)
+        await _poll_round(api, opts, runtimes, max(opts.warmup_seconds, 0.5), warm)
+        before = await client.scrape(http, proc.url) if gateway else {}
+        xacts_before = await pg_xacts(servers.database_url, db) if gateway else None
+        tally = Tally()
+        log(f"{scenario} [{label}]: {opts.connections} connections x {opts.poll_seconds:g} s")
+        async with Watchdog(proc.url, proc.pid) as watchdog:
+            cpu0 = cpu_seconds_tree(proc.pid)
+            elapsed, cancelled = await _poll_round(api, opts, runtimes, opts.poll_seconds, tally)
+            cpu_used = cpu_seconds_tree(proc.pid) - cpu0
+        after = await client.scrape(http, proc.url, result.failures) if gateway else {}
+        redis_conns = await redis_connections_by_pid(servers.redis_url, proc.pid)
+        xacts_after = await pg_xacts(servers.database_url, db) if gateway else None
+        finish(result, proc)
+    errors = check_tally(result, "claim", tally)
+    if workers > 1 and gateway:
+        result.notes.append(
+            "with several workers, /metrics answers from one of them: Postgres claim counts "
+            "are not comparable between scrapes, so none are shown"
+        )
+    if cancelled:
+        result.failures.append(f"{cancelled} pollers hung past the deadline (cancelled)")
+    stalled = watchdog.failure("measured loop")
+    if stalled:
+        result.failures.append(stalled)
+    # With several workers the two scrapes may come from different processes.
+    pg_claims = client.delta(before, after, client.PG_CLAIMS) if gateway and workers == 1 else None
+    SAMPLES[f"{scenario}/{label}"] = list(tally.latencies)
+    result.numbers = {
+        "connections": opts.connections,
+        "runtimes": len(runtimes),
+        "workers": workers,
+        "seconds": round(elapsed, 3),
+        "requests": tally.responses,
+        "requests_per_second": round(tally.responses / elapsed, 1) if elapsed else None,
+        "p50_ms": ms(percentile(tally.latencies, 50)),
+        "p99_ms": ms(percentile(tally.latencies, 99)),
+        "pg_claims": pg_claims,
+        "pg_claims_per_poll": ratio(pg_claims, tally.responses),
+        # Published late by Postgres 15; the app's counter above is the reliable one.
+        "pg_stat_xacts": None
+        if xacts_before is None or xacts_after is None
+        else xacts_after - xacts_before,
+        "server_cpu_percent": round(100.0 * cpu_used / elapsed, 1) if elapsed else None,
+        "redis_connections_by_process": {str(k): v for k, v in redis_conns.items()},
+        "errors": errors,
+        **watchdog.numbers(),
+    }
+    return result
+
+
+async def empty_polls(opts: argparse.Namespace, servers: Servers, workdir: Path) -> list[Result]:
+    return [
+        await empty_polls_variant(opts, servers, workdir, "cache on", cache=True),
+        await empty_polls_variant(opts, servers, workdir, "cache off", cache=False),
+        await empty_polls_variant(opts, servers, workdir, "floor", app=FLOOR_APP),
+        await empty_polls_variant(opts, servers, workdir, "floor+MGET", app=FLOOR_MGET_APP),
+    ]
+
+
+# -- parked polls: memory and Postgres cost of waiting -----------------------
+
+
+class Parked:
+    """Long polls that park, and park again when they come back empty.
+
+    They connect in steps (`RAMP_STEP` at a time) and a step starts only while fewer
+    than `RAMP_AHEAD` of the connected polls are not yet parked: a gateway that
+    accepts more slowly than the bench connects lets its listen queue overflow, and
+    the kernel then resets connections the gateway never saw (a bench artefact, not
+    what a fleet that reconnects over time does)."""
+
+    def __init__(self, api: Api, runtimes: list[str], count: int, wait_seconds: float) -> None:
+        self.api = api
+        self.runtimes = runtimes
+        self.count = count
+        self.wait_seconds = wait_seconds
+        self.tally = Tally()
+        self.stop = asyncio.Event()
+        self.stray = 0
+        self.on_task: Callable[[dict[str, Any], float], Awaitable[None]] | None = None
+        self.open_to = 0  # pollers below this index may connect
+        self._gate = asyncio.Condition()
+
+    async def poller(self, i: int, deadline: float) -> None:
+        runtime = self.runtimes[i % len(self.runtimes)]
+        body = {"worker_id": f"parked-{i}", "wait_seconds": self.wait_seconds}
+        async with self._gate:
+            await self._gate.wait_for(lambda: i < self.open_to or self.stop.is_set())
+        while not self.stop.is_set() and time.perf_counter() < deadline:
+            got = await self.api.post(
+                f"/v1/runtimes/{runtime}/claim", body, self.tally, seconds=self.wait_seconds + 30
+            )
+            if got is None or got[0] != 200:
+                await asyncio.sleep(0.2)
+                continue
+            for task in (got[1] or {}).get("tasks") or []:
+                if self.on_task is None:
+                    self.stray += 1
+                else:
+                    await self.on_task(task, time.perf_counter())
+
+    async def ramp(self, http: Any, url: str, deadline: float) -> None:
+        """Open the gate step by step, watching the gateway's parked-poll gauge."""
+        while self.open_to < self.count and time.perf_counter() < deadline:
+            if self.stop.is_set():
+                break
+            parked = 0.0
+            with contextlib.suppress(Exception):
+                parked = (await client.scrape(http, url)).get(PARKED_GAUGE, 0.0)
+            if self.open_to - parked <= RAMP_AHEAD:
+                async with self._gate:
+                    self.open_to = min(self.count, self.open_to + RAMP_STEP)
+                    self._gate.notify_all()
+            else:
+                await asyncio.sleep(0.1)
+        async with self._gate:
+            self.open_to = self.count  # bounded: past the deadline, the rest go at once
+            self._gate.notify_all()
+
+    async def run(self, http: Any, url: str, deadline: float) -> int:
+        coros: list[Coroutine[Any, Any, None]] = [
+            self.poller(i, deadline) for i in range(self.count)
+        ]
+        coros.append(self.ramp(http, url, deadline))
+        return await run_bounded(coros, deadline + HANG_GRACE_SECONDS, self.stop)
+
+
+async def parked_variant(
+    opts: argparse.Namespace, servers: Servers, workdir: Path, count: int, runtimes_n: int
+) -> Result:
+    label = f"{count} over {runtimes_n}"
+    result = Result("parked-polls", label)
+    runtimes = [f"bench-park-{i:04d}" for i in range(runtimes_n)]
+    window = opts.park_window_seconds
+    # Polls wait longer than the whole run, so that none comes back and parks again
+    # while it is measured (the server's cap is raised to allow it).
+    wait = PARK_TIMEOUT_SECONDS + window + 60.0
+    env = {
+        "GATEWAY_MAX_PARKED_POLLS": str(max(count * 2, 20_000)),
+        "GATEWAY_MAX_QUEUED_CLAIMS": "100000",
+        "GATEWAY_MAX_WAIT_SECONDS": str(int(wait) + 1),
+    }
+    log_path = workdir / f"parked-{count}-{runtimes_n}.log"
+    async with (
+        serving(opts, servers, log_path, env=env, stop_grace_seconds=40.0) as (proc, db),
+        client.session(count + 20) as http,
+    ):
+        api = Api(http, proc.url, proc.token)
+        warm = Tally()
+        for rt in runtimes[:5]:  # the app's lazy state is there before the baseline
+            await api.post(f"/v1/runtimes/{rt}/claim", {"worker_id": "w", "wait_seconds": 0}, warm)
+        await asyncio.sleep(0.5)
+        rss_before = rss_bytes(proc.pid)
+        parked = Parked(api, runtimes, count, wait)
+        deadline = time.perf_counter() + wait + 5
+        log(f"parked-polls: parking {count} long polls over {runtimes_n} runtimes")
+        runner = asyncio.create_task(parked.run(http, proc.url, deadline))
+        try:
+            parking = time.perf_counter()
+            seen = await _wait_parked(http, proc.url, count, PARK_TIMEOUT_SECONDS)
+            parked_after = time.perf_counter() - parking
+            if seen < count:
+                result.failures.append(
+                    f"only {seen:g} of {count} polls were parked (the gateway's "
+                    f"{PARKED_GAUGE} gauge) after {PARK_TIMEOUT_SECONDS:g} s"
+                )
+            await asyncio.sleep(2.0)  # the last parkers' first claims are done
+            rss_parked = rss_bytes(proc.pid)
+            before = await client.scrape(http, proc.url)
+            answers0 = parked.tally.responses
+            x0 = await pg_xacts(servers.database_url, db)
+            t0 = time.perf_counter()
+            await asyncio.sleep(window)
+            x1 = await pg_xacts(servers.database_url, db)
+            after = await client.scrape(http, proc.url, result.failures)
+            measured = time.perf_counter() - t0
+            still = after.get(PARKED_GAUGE, 0.0)
+            answers = parked.tally.responses - answers0
+        finally:
+            parked.stop.set()
+            runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await runner
+        finish(result, proc)
+    check_tally(result, "claim", parked.tally)
+    if parked.stray:
+        result.failures.append(f"claims on empty runtimes returned {parked.stray} tasks")
+    pg_claims = client.delta(before, after, client.PG_CLAIMS)
+    result.numbers = {
+        "parked": count,
+        "runtimes": runtimes_n,
+        "parked_at_end": still,
+        "window_seconds": round(measured, 2),
+        "seconds_to_park_all": round(parked_after, 1),
+        "rss_before_mib": round(rss_before / 2**20, 1),
+        "rss_parked_mib": round(rss_parked / 2**20, 1),
+        "kib_per_parked_poll": round((rss_parked - rss_before) / count / 1024, 2),
+        "pg_claims_in_window": pg_claims,
+        "claims_answered_in_window": answers,
+        "verdict_hits_in_window": client.delta(before, after, client.VERDICT_HIT),
+        "verdict_misses_in_window": client.delta(before, after, client.VERDICT_MISS),
+        "redis_errors_in_window": client.delta(before, after, client.REDIS_ERRORS),
+        "pg_claims_per_second": None if pg_claims is None else round(pg_claims / measured, 3),
+        "pg_stat_xacts_per_second": None
+        if x0 is None or x1 is None
+        else round((x1 - x0) / measured, 2),
+        # SIGTERM to exit, after the clients hung up: what a rollout waits for.
+        "stop_seconds": None if proc.stop_seconds is None else round(proc.stop_seconds, 1),
+    }
+    return result
+
+
+async def parked_polls(opts: argparse.Namespace, servers: Servers, workdir: Path) -> list[Result]:
+    out = []
+    for count, rts in opts.park_sizes:
+        out.append(await parked_variant(opts, servers, workdir, count, rts))
+    return out
+
+
+# -- wake latency -------------------------------------------------------------
+
+
+async def wake_latency(opts: argparse.Namespace, servers: Servers, workdir: Path) -> list[Result]:
+    result = Result("wake-latency", f"{opts.wake_parked} over {opts.wake_runtimes}")
+    runtimes = [f"bench-wake-{i:03d}" for i in range(opts.wake_runtimes)]
+    answered: dict[str, float] = {}  # task id -> when the parked claim answered
+    arrived = asyncio.Event()
+    completes = Tally()
+    async with (
+        serving(opts, servers, workdir / "wake.log") as (proc, _db),
+        client.session(opts.wake_parked + 20) as http,
+    ):
+        api = Api(http, proc.url, proc.token)
+        parked = Parked(api, runtimes, opts.wake_parked, 30.0)
+
+        async def got_task(task: dict[str, Any], at: float) -> None:
+            answered[str(task.get("id"))] = at
+            arrived.set()
+            await api.post(
+                f"/v1/tasks/{task.get('id')}/complete",
+                {"lease_id": task.get("lease_id")},
+                completes,
+            )
+
+        parked.on_task = got_task
+        deadline = time.perf_counter() + opts.wake_seconds + 60
+        runner = asyncio.create_task(parked.run(http, proc.url, deadline))
+        enqueues = Tally()
+        lat: list[float] = []
+        from_sent: list[float] = []
+        early = 0
+        try:
+            seen = await _wait_parked(http, proc.url, opts.wake_parked, 60)
+            if seen < opts.wake_parked:
+                result.failures.append(f"only {seen:g} of {opts.wake_parked} polls parked in time")
+            await asyncio.sleep(1.0)
+            log(f"wake-latency: {opts.wakes} wakes over {opts.wake_parked} parked polls")
+            stop_at = time.perf_counter() + opts.wake_seconds
+            for i in range(opts.wakes):
+                if time.perf_counter() > stop_at:
+                    break
+                rt = runtimes[(i * 7) % len(runtimes)]
+                arrived.clear()
+                sent = time.perf_counter()
+                got = await api.post(f"/v1/runtimes/{rt}/tasks", {"payload": {"wake": i}}, enqueues)
+                done = time.perf_counter()
+                if got is None or got[0] != 201:
+                    continue
+                task_id = str(got[1]["id"])
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(5):
+                        while task_id not in answered:
+                            await arrived.wait()
+                            arrived.clear()
+                if task_id in answered:
+                    if answered[task_id] < done:
+                        early += 1
+                    lat.append(max(0.0, answered[task_id] - done))
+                    from_sent.append(answered[task_id] - sent)
+                await asyncio.sleep(0.02)  # the woken poller parks again
+        finally:
+            parked.stop.set()
+            runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await runner
+        finish(result, proc)
+    check_tally(result, "enqueue", enqueues)
+    check_tally(result, "complete", completes)
+    check_tally(result, "parked claim", parked.tally)
+    attempted = enqueues.statuses.get(201, 0)
+    if len(lat) < attempted:
+        result.failures.append(f"{attempted - len(lat)} of {attempted} wakes never reached a poll")
+    SAMPLES["wake-latency/enqueue answered -> claim answered"] = lat
+    result.numbers = {
+        "parked": opts.wake_parked,
+        "runtimes": opts.wake_runtimes,
+        "wakes": len(lat),
+        "p50_ms": ms(percentile(lat, 50)),
+        "p99_ms": ms(percentile(lat, 99)),
+        "max_ms": ms(max(lat, default=None)),
+        "from_enqueue_sent_p50_ms": ms(percentile(from_sent, 50)),
+        "from_enqueue_sent_p99_ms": ms(percentile(from_sent, 99)),
+        "claim_answered_before_enqueue_answer": early,
+    }
+    return [result]
+
+
+# -- drain and enqueue against pgqueuer ----------------------------------------
+
+
+def _drain_opts(opts: argparse.Namespace, label: str, **more: Any) -> argparse.Namespace:
+    values = dict(vars(opts))
+    values.update(
+        tasks=opts.drain_tasks,
+        pollers=opts.drain_workers,
+        runtimes=opts.drain_runtimes,
+        max_tasks=opts.drain_max_tasks,
+        wait_seconds=1.0,
+        duration_seconds=opts.drain_seconds,
+        enqueue_batch=1000,
+        enqueue_concurrency=2,
+        result_scenario="drain",
+        result_label=label,
+    )
+    values.update(more)
+    return argparse.Namespace(**values)
+
+
+async def _pgqueuer(opts: argparse.Namespace, servers: Servers) -> Result:
+    result = Result("pgqueuer", f"pgqueuer {opts.pgqueuer_version}")
+    try:
+        out = await run_pgqueuer(
+            servers.database_url,
+            jobs=opts.drain_tasks,
+            workers=opts.drain_workers,
+            batch_size=opts.drain_max_tasks,
+            enqueue_batch=1000,
+            latency_samples=200,
+            timeout_seconds=opts.drain_seconds,
+        )
+    except Exception as exc:
+        result.failures.append(f"pgqueuer could not be run: {type(exc).__name__}: {exc}")
+        return result
+    result.numbers = out
+    drain = out.get("drain", {})
+    if drain.get("jobs_run") != opts.drain_tasks:
+        result.notes.append(f"pgqueuer ran {drain.get('jobs_run')} of {opts.drain_tasks} jobs")
+    return result
+
+
+_PGQ_CACHE: dict[str, Result] = {}
+
+
+async def pgqueuer_once(opts: argparse.Namespace, servers: Servers) -> list[Result]:
+    """pgqueuer's one run serves both the drain and the enqueue comparison: the first
+    scenario to ask gets its result, a later one nothing (it is reported once)."""
+    if "r" in _PGQ_CACHE:
+        return []
+    log("pgqueuer: batch enqueue, drain, enqueue-to-start latency")
+    _PGQ_CACHE["r"] = await _pgqueuer(opts, servers)
+    return [_PGQ_CACHE["r"]]
+
+
+async def drain(opts: argparse.Namespace, servers: Servers, workdir: Path) -> list[Result]:
+    single = await claim_throughput(_drain_opts(opts, "single ack"), servers, True, workdir)
+    batch = await claim_throughput(
+        _drain_opts(opts, "batch ack", batch_ack=True), servers, True, workdir
+    )
+    return [single, batch, *await pgqueuer_once(opts, servers)]
+
+
+async def _enqueue_loop(
+    api: Api, count: int, batch: int, concurrency: int, seconds: float, tally: Tally
+) -> tuple[int, float]:
+    """`count` tasks in requests of `batch` (1 = the single endpoint); tasks created/s."""
+    made = [0]
+    sent = [0]
+    started = time.perf_counter()
+    deadline = started + seconds
+
+    async def sender(k: int) -> None:
+        rt = f"bench-enq-{k:02d}"
+        while time.perf_counter() < deadline and sent[0] < count:
+            n = min(batch, count - sent[0])
+            sent[0] += n
+            if batch == 1:
+                got = await api.post(f"/v1/runtimes/{rt}/tasks", {"payload": {"k": k}}, tally)
+            else:
+                items = [{"payload": {"k": k, "i": i}} for i in range(n)]
+                got = await api.post(
+                    f"/v1/runtimes/{rt}/tasks:batch", {"tasks": items}, tally, seconds=60
+                )
+            if got is not None and got[0] in (200, 201):
+                made[0] += n
+            else:
+                await asyncio.sleep(RETRY_PAUSE_SECONDS)
+
+    await run_bounded([sender(k) for k in range(concurrency)], deadline + HANG_GRACE_SECONDS)
+    return made[0], time.perf_counter() - started
+
+
+async def enqueue(opts: argparse.Namespace, servers: Servers, workdir: Path) -> list[Result]:
+    batch_r = Result("enqueue", "gateway batch 1000")
+    single_r = Result("enqueue", "gateway single")
+    async with (
+        serving(opts, servers, workdir / "enqueue.log") as (proc, _db),
+        client.session(80) as http,
+    ):
+        api = Api(http, proc.url, proc.token)
+        log(f"enqueue: {opts.drain_tasks} tasks in batches of 1000, one request at a time")
+        tally = Tally()
+        made, secs = await _enqueue_loop(api, opts.drain_tasks, 1000, 1, opts.drain_seconds, tally)
+        check_tally(batch_r, "batch enqueue", tally)
+        batch_r.numbers = {
+            "tasks": made,
+            "seconds": round(secs, 3),
+            "tasks_per_second": round(made / secs, 1) if secs else None,
+            "request_p50_ms": ms(percentile(tally.latencies, 50)),
+            "request_p99_ms": ms(percentile(tally.latencies, 99)),
+        }
+        log("enqueue: single enqueues, 64 at a time")
+        tally = Tally()
+        made, secs = await _enqueue_loop(api, 10**9, 1, opts.connections, opts.poll_seconds, tally)
+        check_tally(single_r, "single enqueue", tally)
+        SAMPLES["enqueue/single"] = list(tally.latencies)
+        single_r.numbers = {
+            "tasks": made,
+            "seconds": round(secs, 3),
+            "requests_per_second": round(made / secs, 1) if secs else None,
+            "request_p50_ms": ms(percentile(tally.latencies, 50)),
+            "request_p99_ms": ms(percentile(tally.latencies, 99)),
+        }
+        finish(batch_r, proc)
+    return [batch_r, single_r, *await pgqueuer_once(opts, servers)]
+
+
+# -- workers: one uvicorn process or two ---------------------------------------
+
+
+async def workers(opts: argparse.Namespace, servers: Servers, workdir: Path) -> list[Result]:
+    out: list[Result] = []
+    for n in (1, 2):
+        r = await empty_polls_variant(
+            opts, servers, workdir, f"{n} worker(s)", scenario="workers: empty polls", workers=n
+        )
+        out.append(r)
+    for n in (1, 2):
+        o = _drain_opts(
+            opts,
+            f"{n} worker(s)",
+            workers=n,
+            tasks=opts.workers_drain_tasks,
+            result_scenario="workers: drain",
+        )
+        out.append(await claim_throughput(o, servers, True, workdir))
+    return out
+
+
+SUITES: dict[str, Suite] = {
+    "empty-polls": empty_polls,
+    "parked-polls": parked_polls,
+    "wake-latency": wake_latency,
+    "drain": drain,
+    "enqueue": enqueue,
+    "workers": workers,
+}

@@ -1,0 +1,216 @@
+"""The performance and scale targets, evaluated on one run's results.
+
+Every target is a ratio to a peer measured in the same run, or a bound that does not
+depend on the machine's speed (Postgres statements per poll, bytes per parked poll).
+A target whose inputs are missing (a scenario not run, an endpoint not built) is
+reported as "n/a", never as PASS.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .stats import Result, table
+
+# Scale: how much an operation may grow from the smallest loaded size to the largest
+# and still count as flat.
+FLAT_RATIO = 1.5
+# A bounded janitor pass may grow this much from the smallest loaded size to the largest.
+JANITOR_BOUND_RATIO = 2.0
+
+
+@dataclass
+class Row:
+    """One target: the measured value, the bound, and how they compare."""
+
+    target: str
+    value: float | None
+    op: str  # ">=" or "<="
+    bound: float
+    shown: str  # the value as printed, with its inputs
+    unit: str = ""
+
+    @property
+    def verdict(self) -> str:
+        if self.value is None:
+            return "n/a"
+        compare: Callable[[float, float], bool] = operator.ge if self.op == ">=" else operator.le
+        return "PASS" if compare(self.value, self.bound) else "MISS"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "value": self.value,
+            "bound": f"{self.op} {self.bound:g}{self.unit}",
+            "shown": self.shown,
+            "verdict": self.verdict,
+        }
+
+
+def find(results: list[Result], scenario: str, label: str) -> Result | None:
+    for r in results:
+        if r.scenario == scenario and r.cache == label:
+            return r
+    return None
+
+
+def number(results: list[Result], scenario: str, label: str, *path: str) -> float | None:
+    """A number from a result's numbers (nested keys allowed); None when missing."""
+    r = find(results, scenario, label)
+    if r is None:
+        return None
+    value: Any = r.numbers
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _div(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def _fmt(v: float | None, digits: int = 1) -> str:
+    return "-" if v is None else f"{v:,.{digits}f}"
+
+
+def _ratio_row(
+    target: str, a: float | None, b: float | None, names: tuple[str, str], bound: float, unit: str
+) -> Row:
+    value = _div(a, b)
+    shown = (
+        f"{_fmt(value, 2)}x ({names[0]} {_fmt(a)} vs {names[1]} {_fmt(b)} {unit})"
+        if value is not None
+        else f"not measured ({names[0]} {_fmt(a)}, {names[1]} {_fmt(b)})"
+    )
+    return Row(target, value, ">=", bound, shown, "x")
+
+
+def _scale_ratio(results: list[Result], op: str, *, first_loaded: bool) -> tuple[float | None, str]:
+    """p50 at the largest size over the baseline (size 0) or the smallest loaded size."""
+    r = find(results, "scale", op)
+    if r is None:
+        return None, "not measured"
+    sizes = r.numbers.get("sizes") or []
+    p50 = r.numbers.get("p50_ms") or []
+    by = dict(zip(sizes, p50, strict=False))
+    loaded = [s for s in sizes if s > 0]
+    if not loaded or by.get(loaded[-1]) is None:
+        return None, "not measured"
+    ref = loaded[0] if first_loaded else 0
+    value = _div(by.get(loaded[-1]), by.get(ref))
+    steps = ", ".join(f"{s:,}: {_fmt(by.get(s), 2)} ms" for s in sizes)
+    return value, f"{_fmt(value, 2)}x ({steps})"
+
+
+def evaluate(results: list[Result]) -> list[Row]:
+    rows: list[Row] = []
+    ep = "empty-polls"
+    on = number(results, ep, "cache on", "requests_per_second")
+    rows.append(
+        _ratio_row(
+            "empty polls, cache on vs the bare Starlette floor",
+            on,
+            number(results, ep, "floor", "requests_per_second"),
+            ("gateway", "floor"),
+            0.5,
+            "req/s",
+        )
+    )
+    rows.append(
+        _ratio_row(
+            "empty polls, cache on vs cache off",
+            on,
+            number(results, ep, "cache off", "requests_per_second"),
+            ("on", "off"),
+            2.5,
+            "req/s",
+        )
+    )
+    per_poll = number(results, ep, "cache on", "pg_claims_per_poll")
+    rows.append(
+        Row(
+            "empty polls, Postgres transactions per poll (cache on)",
+            per_poll,
+            "<=",
+            0.001,
+            "-" if per_poll is None else f"{per_poll:.5f}",
+        )
+    )
+    pgq = number(results, "pgqueuer", _pgq_label(results), "drain", "jobs_per_second")
+    for label in ("single ack", "batch ack"):
+        rows.append(
+            _ratio_row(
+                f"drain, {label} vs pgqueuer",
+                number(results, "drain", label, "tasks_per_second"),
+                pgq,
+                ("gateway", "pgqueuer"),
+                1.0,
+                "tasks/s",
+            )
+        )
+        measured = find(results, "drain", label)
+        if measured is not None and measured.numbers.get("available") is False:
+            rows[-1].shown = "not available (POST /v1/tasks:complete answered 404)"
+    rows.append(
+        _ratio_row(
+            "batch enqueue (1,000 per request) vs pgqueuer",
+            number(results, "enqueue", "gateway batch 1000", "tasks_per_second"),
+            number(results, "pgqueuer", _pgq_label(results), "batch_enqueue", "jobs_per_second"),
+            ("gateway", "pgqueuer"),
+            1.0,
+            "tasks/s",
+        )
+    )
+    wake = next((r for r in results if r.scenario == "wake-latency"), None)
+    for pct, bound in (("p50", 2.0), ("p99", 5.0)):
+        v = None if wake is None else wake.numbers.get(f"{pct}_ms")
+        label = "" if wake is None else f" ({wake.cache} runtimes)"
+        rows.append(Row(f"wake latency {pct}{label}", v, "<=", bound, f"{_fmt(v, 2)} ms", " ms"))
+    for r in results:
+        if r.scenario != "parked-polls" or r.numbers.get("parked", 0) < 10_000:
+            continue
+        kib = r.numbers.get("kib_per_parked_poll")
+        rows.append(
+            Row(
+                f"parked {r.cache}: memory per poll", kib, "<=", 15.0, f"{_fmt(kib, 2)} KiB", " KiB"
+            )
+        )
+        rate = r.numbers.get("pg_claims_per_second")
+        pg = r.numbers.get("pg_stat_xacts_per_second")
+        rows.append(
+            Row(
+                f"parked {r.cache}: Postgres statements/s while waiting",
+                rate,
+                "<=",
+                0.0,
+                f"{_fmt(rate, 3)} claims/s (app); pg_stat_database {_fmt(pg, 2)} xacts/s "
+                "incl. janitor",
+                "/s",
+            )
+        )
+    for op, bound, first in (
+        ("claim after enqueue, delayed ahead", 2.0, False),
+        ("stats, finished tasks", 5.0, False),
+        ("janitor pass", JANITOR_BOUND_RATIO, True),
+        ("enqueue", FLAT_RATIO, True),
+        ("claim", FLAT_RATIO, True),
+    ):
+        value, shown = _scale_ratio(results, op, first_loaded=first)
+        against = "smallest loaded size" if first else "small-runtime baseline"
+        rows.append(Row(f"scale: {op}, largest size vs {against}", value, "<=", bound, shown, "x"))
+    return rows
+
+
+def _pgq_label(results: list[Result]) -> str:
+    r = next((r for r in results if r.scenario == "pgqueuer"), None)
+    return r.cache if r is not None else "pgqueuer"
+
+
+def targets_table(rows: list[Row]) -> str:
+    body = [[r.target, r.shown, f"{r.op} {r.bound:g}{r.unit}", r.verdict] for r in rows]
+    return table(["target", "measured", "target", "verdict"], body)

@@ -1,0 +1,73 @@
+"""A minimal ASGI driver for the bench's floor apps: lifespan, one request, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+App = Callable[..., Any]
+Send = Callable[[dict[str, Any]], Any]
+
+
+@asynccontextmanager
+async def lifespan(app: App) -> AsyncIterator[None]:
+    """Run the app's startup, yield, run its shutdown; fail when either fails."""
+    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    await inbox.put({"type": "lifespan.startup"})
+
+    async def send(message: dict[str, Any]) -> None:
+        await outbox.put(message)
+
+    task = asyncio.create_task(
+        app({"type": "lifespan", "asgi": {"version": "3.0"}}, inbox.get, send)
+    )
+    started = await asyncio.wait_for(outbox.get(), 5)
+    assert started["type"] == "lifespan.startup.complete", started
+    try:
+        yield
+    finally:
+        await inbox.put({"type": "lifespan.shutdown"})
+        stopped = await asyncio.wait_for(outbox.get(), 5)
+        await asyncio.wait_for(task, 5)
+        assert stopped["type"] == "lifespan.shutdown.complete", stopped
+
+
+async def post(app: App, path: str, body: bytes) -> tuple[int, bytes]:
+    """POST `body` to `path`; the status and the whole answer body."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+    sent = [False]
+
+    async def receive() -> dict[str, Any]:
+        if not sent[0]:
+            sent[0] = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    status = [0]
+    chunks: list[bytes] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            status[0] = message["status"]
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+
+    await asyncio.wait_for(app(scope, receive, send), 5)
+    return status[0], b"".join(chunks)

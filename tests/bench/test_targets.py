@@ -1,0 +1,127 @@
+"""The targets table: ratios to peers of the same run, bounds, and n/a when unmeasured."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import pytest
+
+from bench.cli import _park_sizes, _scenarios, _sizes
+from bench.stats import Result
+from bench.targets import Row, evaluate, targets_table
+
+
+def _r(scenario: str, label: str, **numbers: Any) -> Result:
+    return Result(scenario, label, numbers=numbers)
+
+
+def _by_target(rows: list[Row]) -> dict[str, Row]:
+    return {r.target: r for r in rows}
+
+
+def test_empty_polls_are_judged_against_the_floor_and_cache_off() -> None:
+    rows = _by_target(
+        evaluate(
+            [
+                _r("empty-polls", "cache on", requests_per_second=1000.0, pg_claims_per_poll=0.0),
+                _r("empty-polls", "cache off", requests_per_second=500.0),
+                _r("empty-polls", "floor", requests_per_second=1500.0),
+            ]
+        )
+    )
+    floor = rows["empty polls, cache on vs the bare Starlette floor"]
+    assert (floor.value, floor.verdict) == (pytest.approx(2 / 3), "PASS")
+    off = rows["empty polls, cache on vs cache off"]
+    assert (off.value, off.verdict) == (2.0, "MISS")  # needs 2.5x
+    per_poll = rows["empty polls, Postgres transactions per poll (cache on)"]
+    assert per_poll.verdict == "PASS"
+
+
+def test_a_target_without_its_peer_is_not_available_never_pass() -> None:
+    rows = _by_target(evaluate([_r("drain", "single ack", tasks_per_second=900.0)]))
+    assert rows["drain, single ack vs pgqueuer"].verdict == "n/a"
+    assert rows["wake latency p50"].verdict == "n/a"
+
+
+def test_drain_and_enqueue_against_pgqueuer_and_a_missing_batch_ack() -> None:
+    pgq = _r(
+        "pgqueuer",
+        "pgqueuer 1.6.0",
+        drain={"jobs_per_second": 1000.0},
+        batch_enqueue={"jobs_per_second": 4000.0},
+    )
+    rows = _by_target(
+        evaluate(
+            [
+                _r("drain", "single ack", tasks_per_second=1200.0),
+                _r("drain", "batch ack", available=False),
+                _r("enqueue", "gateway batch 1000", tasks_per_second=3000.0),
+                pgq,
+            ]
+        )
+    )
+    assert rows["drain, single ack vs pgqueuer"].verdict == "PASS"
+    batch = rows["drain, batch ack vs pgqueuer"]
+    assert batch.verdict == "n/a"
+    assert "not available" in batch.shown
+    assert rows["batch enqueue (1,000 per request) vs pgqueuer"].verdict == "MISS"
+
+
+def test_parked_polls_memory_and_statements() -> None:
+    rows = evaluate(
+        [
+            _r(
+                "parked-polls",
+                "10000 over 1000",
+                parked=10_000,
+                kib_per_parked_poll=12.0,
+                pg_claims_per_second=0.2,
+            ),
+            _r("parked-polls", "2000 over 200", parked=2000, kib_per_parked_poll=99.0),
+        ]
+    )
+    parked = [r for r in rows if r.target.startswith("parked")]
+    assert [(r.target, r.verdict) for r in parked] == [
+        ("parked 10000 over 1000: memory per poll", "PASS"),
+        ("parked 10000 over 1000: Postgres statements/s while waiting", "MISS"),
+    ]
+
+
+def test_scale_ratios_use_the_baseline_or_the_smallest_loaded_size() -> None:
+    sizes = [0, 10_000, 1_000_000]
+    rows = _by_target(
+        evaluate(
+            [
+                _r(
+                    "scale",
+                    "claim after enqueue, delayed ahead",
+                    sizes=sizes,
+                    p50_ms=[2.0, 3.0, 5.0],
+                ),
+                _r("scale", "enqueue", sizes=sizes, p50_ms=[1.0, 4.0, 5.0]),
+            ]
+        )
+    )
+    delayed = rows[
+        "scale: claim after enqueue, delayed ahead, largest size vs small-runtime baseline"
+    ]
+    assert (delayed.value, delayed.verdict) == (2.5, "MISS")
+    flat = rows["scale: enqueue, largest size vs smallest loaded size"]
+    assert (flat.value, flat.verdict) == (1.25, "PASS")
+
+
+def test_the_table_shows_every_row_with_its_verdict() -> None:
+    rows = [Row("a target", 1.0, ">=", 2.0, "1.00x", "x"), Row("another", None, "<=", 1.0, "-")]
+    text = targets_table(rows)
+    assert "a target" in text and "MISS" in text and "n/a" in text
+
+
+def test_scenario_and_size_options() -> None:
+    assert _scenarios("drain,scale") == ["drain", "scale"]
+    assert "workers" in _scenarios("all")
+    assert _sizes("10000,1_000_000") == [10_000, 1_000_000]
+    assert _park_sizes("2000x200,10000x1000") == [(2000, 200), (10_000, 1000)]
+    for bad, parse in (("nope", _scenarios), ("0", _sizes), ("2000", _park_sizes)):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(bad)
