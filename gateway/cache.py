@@ -351,6 +351,19 @@ class VerdictCache:
         if runtime_ids:
             await self._call("wake-up publish", go)
 
+    async def publish_control(self, message: str) -> None:
+        """Publish `message` on the process-wide control channel, which every instance's
+        Subscriber reads (a change of a runtime's controls, gateway/controls.py)."""
+        channel = self.prefix + ":__gateway__"  # wakeups.CONTROL_CHANNEL_SUFFIX
+
+        async def go() -> None:
+            if self._cluster:
+                await self._publish_all(keys=[], args=[channel, message])
+                return
+            await self._client.publish(channel, message)
+
+        await self._call("control publish", go)
+
     async def says_empty(self, runtime_ids: list[str]) -> list[str]:
         """Of these runtimes, those whose verdict is a hit (empty == version); one round
         trip. For the janitor's repair pass (I6)."""
