@@ -287,10 +287,14 @@ class RuntimeControls:
 
     def _apply(self, controls: Controls) -> None:
         old = self.get(controls.runtime_id)
-        if controls.paused or controls.limited:
-            self._known[controls.runtime_id] = controls
-        else:
-            self._known.pop(controls.runtime_id, None)
+        if (
+            old.updated_at is not None
+            and controls.updated_at is not None
+            and controls.updated_at < old.updated_at
+        ):
+            # Two reloads of one runtime raced, and the older read came back last.
+            return
+        self._known[controls.runtime_id] = controls
         if replace(old, updated_at=None) != replace(controls, updated_at=None):
             self._on_change(controls.runtime_id)
 

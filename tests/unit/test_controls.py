@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -135,3 +136,15 @@ async def test_a_freed_slot_wakes_only_runtimes_with_a_max_in_flight() -> None:
     assert cache.woken == [] and changed == []
     await controls.slot_freed(["limited", "free", "limited"])
     assert cache.woken == [["limited"]] and changed == ["limited"]
+
+
+async def test_an_older_read_never_replaces_a_newer_one() -> None:
+    """Two reloads of one runtime race: the pause read first arrives after the resume."""
+    store, cache, changed = FakeStore(), FakeCache(), []
+    controls = RuntimeControls(store, cache, changed.append)
+    now = datetime.now(UTC)
+    store.rows["a"] = Controls("a", paused=False, updated_at=now)
+    await controls.refresh()
+    store.rows["a"] = Controls("a", paused=True, updated_at=now - timedelta(seconds=1))
+    await controls.refresh()
+    assert not controls.paused("a")
