@@ -655,7 +655,6 @@ class Store:
         transaction that locks the runtime's control row (so its claims run one at a
         time on every instance), leases at most what the limits leave, and takes a
         token per leased task. A runtime without a control row is claimed as usual."""
-        self._metrics.pg_claims.inc()
 
         async def claim_in_tx(c: asyncpg.Connection) -> LimitedClaim | None:
             async with self._transaction(c):
@@ -687,12 +686,10 @@ class Store:
                     await c.execute(q.CONTROLS_SPEND, runtime_id, float(len(rows)))
                 due_in = None
                 if len(rows) < allowed:
-                    # Found fewer than the limits allowed: the runtime ran out of work,
-                    # and the answer is an ordinary empty scan's (unless rows were held).
+                    # Fewer than the limits allowed: the runtime ran out of claimable work,
+                    # so this is an ordinary empty scan (other claims' rows: look again soon).
                     due_in = CONTENDED_RECHECK_SECONDS if result[0]["more"] else result[0]["due_in"]
                     held = None
-                elif rate is not None and held is None and math.floor(tokens) == allowed:
-                    held = refill_wait_seconds(tokens - allowed, rate)
                 return LimitedClaim(sorted(rows, key=lambda x: x.slot), due_in, held)
 
         with self._metrics.claim_seconds.time():
@@ -700,6 +697,7 @@ class Store:
         if limited is None:
             rows, due_in = await self.claim(runtime_id, worker_ids, lease_seconds)
             return LimitedClaim(rows, due_in, None)
+        self._metrics.pg_claims.inc()
         self._metrics.tasks_claimed.inc(len(limited.rows))
         return limited
 
