@@ -69,10 +69,14 @@ class Janitor:
         announce: Callable[[str], Awaitable[None]],
         settings: Settings,
         metrics: Metrics,
+        slots_freed: Callable[[list[str]], Awaitable[None]] | None = None,
     ) -> None:
+        """`slots_freed`: told of runtimes whose leases were reclaimed as dead, whose
+        parked polls a max_in_flight may be holding (runtime controls)."""
         self._store = store
         self._cache = cache
         self._announce = announce
+        self._slots_freed = slots_freed
         self._settings = settings
         self._metrics = metrics
         self._batch = settings.janitor_batch_size
@@ -113,17 +117,22 @@ class Janitor:
 
     async def _reclaim(self, report: PassReport) -> None:
         runtimes: set[str] = set()
+        ended: set[str] = set()
         for _ in range(MAX_BATCHES_PER_STEP):
             rows = await self._store.reclaim_leases(self._batch)
             for row in rows:
                 self._metrics.leases_reclaimed.labels(row.status).inc()
                 if row.status == "queued":
                     runtimes.add(row.runtime_id)
+                else:
+                    ended.add(row.runtime_id)
             report.reclaimed += len(rows)
             if len(rows) < self._batch:
                 break
         for runtime_id in sorted(runtimes):  # I1: bump after commit
             await self._announce(runtime_id)
+        if self._slots_freed is not None and ended - runtimes:
+            await self._slots_freed(sorted(ended - runtimes))
         if report.reclaimed:
             log.info("reclaimed %d expired leases", report.reclaimed)
 

@@ -92,7 +92,12 @@ class Gateway:
         )
         self._redis_watch: asyncio.Task[None] | None = None
         self.janitor = Janitor(
-            self.store, self.cache, self.claimer.announce, settings, self.metrics
+            self.store,
+            self.cache,
+            self.claimer.announce,
+            settings,
+            self.metrics,
+            slots_freed=self.controls.slot_freed,
         )
 
     def _on_wake(self, runtime_id: str) -> None:

@@ -360,7 +360,8 @@ async def measure_controls(tasks: int, clients: int, rounds: int) -> None:
                 rates.setdefault(label, []).append(rate)
         unlimited, limited = (statistics.median(rates[x]) for x in ("unlimited", "limited"))
         print(
-            f"claims of one runtime by {clients} callers: {unlimited:,.0f}/s without controls, "
+            f"claims of one runtime by {clients} concurrent caller(s): "
+            f"{unlimited:,.0f}/s without controls, "
             f"{limited:,.0f}/s with a max_in_flight ({limited / unlimited:.2f}x); rounds "
             "without "
             + ", ".join(f"{r:,.0f}" for r in rates["unlimited"])

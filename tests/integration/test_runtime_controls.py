@@ -14,6 +14,12 @@ import pytest
 
 from gateway.controls import HELD_RECHECK_SECONDS
 from tests.harness import Instance, make_settings, running_gateway
+from tests.integration.janitor_support import (
+    enqueue_without_bump,
+    first_pass_done,
+    janitor_settings,
+    wait_lapsed,
+)
 from tests.support.metrics import sample
 from tests.support.waiting import wait_until
 
@@ -283,3 +289,30 @@ async def test_only_the_control_scope_on_covered_runtimes_may_change_controls(
             "POST", f"/v1/runtimes/other-{runtime_id}:pause", headers=auth(control_token)
         )
         assert status == 403
+
+
+async def test_a_lease_reclaimed_as_dead_wakes_a_parked_poll(
+    database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
+) -> None:
+    """max_in_flight=1: the held task (max_attempts 1) lapses and the janitor's pass ends
+    it dead; the poll parked behind the limit gets the next task (stored without a bump,
+    so only the freed slot can wake it) inside its wait, which is shorter than the held
+    runtime's own recheck."""
+    wait = HELD_RECHECK_SECONDS - 1
+    async with running_gateway(janitor_settings(database_url, redis_url, redis_prefix)) as a:
+        await first_pass_done(a)
+        await _controls(a, runtime_id, max_in_flight=1)
+        await a.enqueue(runtime_id, {"n": 1}, max_attempts=1)
+        [held] = await a.claim(runtime_id, lease_seconds=1)
+        parked = _claim_task(a, runtime_id, worker="x", wait_seconds=wait)
+        await wait_until(
+            lambda: a.gateway.claimer._states[runtime_id].held_until > 0, 5, "held by the limit"
+        )
+        await wait_lapsed(database_url, [held["id"]])
+        second = await enqueue_without_bump(a, runtime_id, {"n": 2})
+        report = await a.gateway.janitor.run_once()
+        assert report.reclaimed == 1 and report.errors == [], report
+        got = await asyncio.wait_for(parked, wait + 5)
+        assert [t["id"] for t in got] == [second]
+        status, dead = await a.call("GET", f"/v1/tasks/{held['id']}")
+        assert status == 200 and dead["status"] == "dead"
