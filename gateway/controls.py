@@ -55,8 +55,8 @@ CONTROLS_BODY = Body(
         Field(
             "claims_per_second",
             Kind.NUMBER,
-            "At most this many tasks leased per second (a token bucket whose burst is one "
-            "second's worth, at least 1); null: no limit.",
+            "At most this many tasks leased per second, greater than 0 (a token bucket "
+            "whose burst is one second's worth, at least 1); null: no limit.",
             minimum=0,
             maximum=MAX_CLAIMS_PER_SECOND,
         ),
