@@ -33,6 +33,7 @@ class Scope(enum.StrEnum):
     CLAIM = "claim"  # claim, heartbeat, complete, fail, release
     READ = "read"  # get a task, list, stats
     ADMIN = "admin"  # everything, including tokens and webhook secrets
+    CONTROL = "control"  # pause, resume and limit runtimes (runtime controls)
 
 
 # A runtime pattern: a runtime id in which `*` matches any run of characters.

@@ -202,6 +202,8 @@ async def complete_many(request: Request, gw: Gateway) -> Response:
         _runtimes(request),
     )
     await gw.results.finished(_ended(results))
+    # A limited runtime's parked polls may claim again (runtime controls).
+    await gw.controls.slot_freed([r.runtime_id for r in results if r.runtime_id is not None])
     return json_response({"results": [complete_entry(r) for r in results]})
 
 
@@ -224,6 +226,8 @@ async def fail_many(request: Request, gw: Gateway) -> Response:
     for runtime_id in sorted(rt for rt in again if rt is not None):
         await gw.claimer.announce(runtime_id)
     await gw.results.finished(_ended(results))
+    ended = [r.runtime_id for r in results if r.runtime_id is not None]
+    await gw.controls.slot_freed([rt for rt in ended if rt not in again])
     return json_response({"results": entries})
 
 

@@ -352,8 +352,9 @@ class VerdictCache:
             await self._call("wake-up publish", go)
 
     async def publish(self, messages: list[tuple[str, str]]) -> None:
-        """Publish each (channel, message) in one round trip, for the wake-ups of
-        requests waiting for a task's result (results.py); no version is bumped."""
+        """Publish each (channel, message) in one round trip: the wake-ups of requests
+        waiting for a task's result (results.py), a change of runtime controls
+        (controls.py); no version is bumped."""
 
         async def go() -> None:
             if self._cluster:
@@ -365,7 +366,12 @@ class VerdictCache:
                 await pipe.execute()
 
         if messages:
-            await self._call("result publish", go)
+            await self._call("publish", go)
+
+    async def publish_control(self, message: str) -> None:
+        """Publish `message` on the process-wide control channel, which every instance's
+        Subscriber reads (a change of a runtime's controls, gateway/controls.py)."""
+        await self.publish([(self.prefix + ":__gateway__", message)])  # CONTROL_CHANNEL_SUFFIX
 
     async def says_empty(self, runtime_ids: list[str]) -> list[str]:
         """Of these runtimes, those whose verdict is a hit (empty == version); one round

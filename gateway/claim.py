@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from . import logs
+from .controls import ClaimControls
 from .errors import CacheUnavailable, Draining, GatewayError, Overloaded, StoreUnavailable
 from .metrics import Metrics
 from .models import ClaimRequest
@@ -131,6 +132,9 @@ class RuntimeState:
     # The version a bump by this process returned, not yet used by the pump: the next
     # cycle claims under it without reading the verdict (a sure miss).
     bumped: str | None = None
+    # Runtime controls: a limit cut the last claim short; until this loop time the pump
+    # claims again only after a wake-up (a freed slot, a change of the controls).
+    held_until: float = 0.0
 
 
 def _drop_near(state: RuntimeState) -> None:
@@ -154,8 +158,10 @@ class Claimer:
         settings: Settings,
         metrics: Metrics,
         rng: random.Random | None = None,
+        controls: ClaimControls | None = None,
     ) -> None:
         self._store = store
+        self._controls = controls
         self._cache = cache
         self._subscriber = subscriber
         self._settings = settings
@@ -438,6 +444,9 @@ class Claimer:
         runtime_id = state.runtime_id
         version: str | None = None
         loop = asyncio.get_running_loop()
+        held = self._held(state, woken)
+        if held is not None:
+            return held
         drops, read_at = state.near_drops, loop.time()
         trusted = self._trusted(state)
         if self._settings.cache_enabled:
@@ -490,13 +499,16 @@ class Claimer:
         for waiter in waiters:
             owners.extend([waiter] * waiter.req.max_tasks)
             waiter.in_flight = True
+        hold: float | None = None
         try:
             async with self._admission():
-                rows, due_in = await self._store.claim(
-                    runtime_id,
-                    [w.req.worker_id for w in owners],
-                    [float(w.req.lease_seconds) for w in owners],
-                )
+                worker_ids = [w.req.worker_id for w in owners]
+                lease_seconds = [float(w.req.lease_seconds) for w in owners]
+                if self._controls is not None and self._controls.limited(runtime_id):
+                    limited = await self._controls.claim(runtime_id, worker_ids, lease_seconds)
+                    rows, due_in, hold = limited.rows, limited.due_in, limited.held
+                else:
+                    rows, due_in = await self._store.claim(runtime_id, worker_ids, lease_seconds)
         except GatewayError as exc:
             for waiter in waiters:
                 waiter.in_flight = False
@@ -505,7 +517,31 @@ class Claimer:
         await self._hand_out(runtime_id, waiters, owners, rows, woken)
         if len(rows) == len(owners):
             return None  # every slot filled: there may be more work for newer waiters
+        if hold is not None:
+            # A limit, not a lack of work, left slots empty: no empty verdict.
+            state.held_until = loop.time() + hold
+            return hold
         return await self._record_empty(state, version, due_in, (drops, read_at, trusted))
+
+    def _held(self, state: RuntimeState, woken: bool) -> float | None:
+        """Runtime controls (gateway/controls.py), from this process's copy: how long to
+        park without a claim, or None to go on. A paused runtime, or one a limit held
+        back with no wake-up since, costs no Postgres statement however many polls
+        park; its polls without a wait are answered at once."""
+        if self._controls is None:
+            return None
+        now = asyncio.get_running_loop().time()
+        if self._controls.paused(state.runtime_id):
+            park = self._settings.empty_ttl_seconds  # a resume wakes it
+        elif state.held_until > now and not woken:
+            park = state.held_until - now
+        else:
+            state.held_until = 0.0
+            return None
+        for waiter in state.waiters:
+            waiter.checked = True
+            waiter.poke()
+        return park
 
     async def _hand_out(
         self,

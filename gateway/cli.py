@@ -274,7 +274,9 @@ def _add_credential_commands(sub: Any) -> None:
     token.set_defaults(func=cmd_token)
     create = _credential_actions(token, "token")
     create.add_argument(
-        "--scopes", required=True, help="comma-separated, of enqueue, claim, read and admin"
+        "--scopes",
+        required=True,
+        help="comma-separated, of enqueue, claim, read, control and admin",
     )
     create.add_argument(
         "--runtime",

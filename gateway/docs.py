@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import bodies
+from .controls import CONTROLS_BODY, MAX_CLAIMS_PER_SECOND, MAX_IN_FLIGHT, REFRESH_SECONDS
 from .errors import Conflict, Draining, GatewayError, IdempotencyKeyReused, LeaseLost, Overloaded
 from .models import LEASE_FIELDS, RUNTIME_ID_RE, TASK_FIELDS
 from .results import WAIT_QUERY
@@ -68,6 +69,7 @@ _TIME = {
     "description": "RFC 3339 UTC with microseconds and a Z: times compare as strings.",
 }
 _COUNT = {"type": "integer", "minimum": 0}
+_PAUSED = {"type": "boolean", "description": "Paused: claims hand out nothing (runtime controls)."}
 
 
 def _tasks(extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -132,7 +134,13 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "TaskPage": _tasks({"next_cursor": {"type": ["string", "null"]}}),
     "Stats": {
         "type": "object",
-        "required": ["runtime_id", "counts", "oldest_queued_age_seconds", "parked_pollers"],
+        "required": [
+            "runtime_id",
+            "counts",
+            "oldest_queued_age_seconds",
+            "parked_pollers",
+            "paused",
+        ],
         "properties": {
             "runtime_id": {"type": "string"},
             "counts": {
@@ -148,6 +156,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "description": "Age of the oldest queued task that is due; null if none.",
             },
             "parked_pollers": {**_COUNT, "description": "Claims waiting on this instance."},
+            "paused": _PAUSED,
         },
         "additionalProperties": False,
     },
@@ -166,6 +175,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                         "claimed",
                         "oldest_queued_age_seconds",
                         "parked_pollers",
+                        "paused",
                     ],
                     "properties": {
                         "runtime_id": {"type": "string", "pattern": RUNTIME_ID_RE.pattern},
@@ -183,6 +193,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                             **_COUNT,
                             "description": "Claims waiting on this instance.",
                         },
+                        "paused": _PAUSED,
                     },
                     "additionalProperties": False,
                 },
@@ -514,4 +525,67 @@ LIST_RUNTIMES = Doc(
     "page may hold fewer than `limit`, even none, with a next_cursor to go on from.",
     tag="producers",
     query=RUNTIMES_QUERY,
+)
+
+
+# -- runtime controls (gateway/controls.py) ------------------------------------------------
+
+SCHEMAS["Controls"] = {
+    "type": "object",
+    "required": ["runtime_id", "paused", "max_in_flight", "claims_per_second", "updated_at"],
+    "properties": {
+        "runtime_id": {"type": "string", "pattern": RUNTIME_ID_RE.pattern},
+        "paused": {"type": "boolean", "description": "While true, claims hand out nothing."},
+        "max_in_flight": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "maximum": MAX_IN_FLIGHT,
+            "description": "Most tasks leased at once over every instance; null: no limit.",
+        },
+        "claims_per_second": {
+            "type": ["number", "null"],
+            "exclusiveMinimum": 0,
+            "maximum": MAX_CLAIMS_PER_SECOND,
+            "description": "Most tasks leased per second (burst: one second's worth, at "
+            "least 1); null: no limit.",
+        },
+        "updated_at": {**_TIME, "type": ["string", "null"]},
+    },
+    "additionalProperties": False,
+}
+_CONTROLS_ABOUT = (
+    "A runtime never changed has no controls: not paused, no limits, updated_at null. "
+    "Every instance learns of a change within its pub/sub latency (at most "
+    f"{REFRESH_SECONDS:g} s when a message is lost). Needs the `control` scope (or admin); a "
+    "token limited to runtime patterns controls only the runtimes they cover."
+)
+GET_CONTROLS = Doc(
+    "getRuntimeControls",
+    "Get a runtime's controls (pause, max_in_flight, claims_per_second)",
+    (Reply(200, "The runtime's controls.", "Controls"),),
+    _CONTROLS_ABOUT,
+    tag="controls",
+)
+SET_CONTROLS = Doc(
+    "setRuntimeControls",
+    "Change a runtime's controls",
+    (Reply(200, "The runtime's controls after the change.", "Controls"),),
+    "Fields left out keep their value; null removes a limit. " + _CONTROLS_ABOUT,
+    tag="controls",
+    body=CONTROLS_BODY,
+)
+PAUSE = Doc(
+    "pauseRuntime",
+    "Pause a runtime: claims hand out nothing, enqueues still work",
+    (Reply(200, "The runtime's controls, paused.", "Controls"),),
+    "Parked claims stay parked and are answered once the runtime is resumed and has work; "
+    "a claim without wait_seconds answers an empty list at once. Idempotent. " + _CONTROLS_ABOUT,
+    tag="controls",
+)
+RESUME = Doc(
+    "resumeRuntime",
+    "Resume a paused runtime",
+    (Reply(200, "The runtime's controls, not paused.", "Controls"),),
+    "Parked claims are woken and served. Idempotent. " + _CONTROLS_ABOUT,
+    tag="controls",
 )

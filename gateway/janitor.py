@@ -71,13 +71,17 @@ class Janitor:
         settings: Settings,
         metrics: Metrics,
         finished: Callable[[list[tuple[uuid.UUID, str]]], Awaitable[None]] | None = None,
+        slots_freed: Callable[[list[str]], Awaitable[None]] | None = None,
     ) -> None:
         """`finished`: called after a commit with the (id, status) of tasks a lease
-        expiry ended (dead, cancelled), to wake the requests waiting for them."""
+        expiry ended (dead, cancelled), to wake the requests waiting for them.
+        `slots_freed`: told of runtimes whose leases were reclaimed as dead, whose
+        parked polls a max_in_flight may be holding (runtime controls)."""
         self._store = store
         self._finished = finished
         self._cache = cache
         self._announce = announce
+        self._slots_freed = slots_freed
         self._settings = settings
         self._metrics = metrics
         self._batch = settings.janitor_batch_size
@@ -118,22 +122,27 @@ class Janitor:
 
     async def _reclaim(self, report: PassReport) -> None:
         runtimes: set[str] = set()
-        ended: list[tuple[uuid.UUID, str]] = []
+        finished: list[tuple[uuid.UUID, str]] = []
+        ended: set[str] = set()
         for _ in range(MAX_BATCHES_PER_STEP):
             rows = await self._store.reclaim_leases(self._batch)
             for row in rows:
                 self._metrics.leases_reclaimed.labels(row.status).inc()
                 if row.status == "queued":
                     runtimes.add(row.runtime_id)
-                elif row.task_id is not None:
-                    ended.append((row.task_id, row.status))
+                else:
+                    ended.add(row.runtime_id)
+                    if row.task_id is not None:
+                        finished.append((row.task_id, row.status))
             report.reclaimed += len(rows)
             if len(rows) < self._batch:
                 break
         for runtime_id in sorted(runtimes):  # I1: bump after commit
             await self._announce(runtime_id)
-        if ended and self._finished is not None:
-            await self._finished(ended)
+        if finished and self._finished is not None:
+            await self._finished(finished)
+        if self._slots_freed is not None and ended - runtimes:
+            await self._slots_freed(sorted(ended - runtimes))
         if report.reclaimed:
             log.info("reclaimed %d expired leases", report.reclaimed)
 

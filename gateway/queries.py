@@ -789,3 +789,64 @@ SELECT r.runtime_id,
   LEFT JOIN claimed c ON c.runtime_id = r.runtime_id
  ORDER BY r.runtime_id
 """
+
+# -- runtime controls (docs/design.md 5.2; gateway/controls.py) --
+
+CONTROLS_COLUMNS = "runtime_id, paused, max_in_flight, claims_per_second, updated_at"
+
+GET_CONTROLS = f"SELECT {CONTROLS_COLUMNS} FROM runtime_controls WHERE runtime_id = $1"
+
+# Every runtime with a row: the per-process copy is reloaded from this on a timer.
+# Small: a row exists only for a runtime someone paused or limited.
+ALL_CONTROLS = f"SELECT {CONTROLS_COLUMNS} FROM runtime_controls"
+
+# $2..$4 are the new values; $5..$7 say which of them the request sets (a PATCH may
+# leave a field as it is). A new or changed claims_per_second starts with a full bucket.
+SET_CONTROLS = f"""
+INSERT INTO runtime_controls AS c (runtime_id, paused, max_in_flight, claims_per_second,
+                                   tokens)
+VALUES ($1, COALESCE(CASE WHEN $5 THEN $2::boolean END, false),
+        CASE WHEN $6 THEN $3::integer END, CASE WHEN $7 THEN $4::float8 END,
+        greatest(COALESCE(CASE WHEN $7 THEN $4::float8 END, 0), 1))
+ON CONFLICT (runtime_id) DO UPDATE SET
+    paused = CASE WHEN $5 THEN $2::boolean ELSE c.paused END,
+    max_in_flight = CASE WHEN $6 THEN $3::integer ELSE c.max_in_flight END,
+    claims_per_second = CASE WHEN $7 THEN $4::float8 ELSE c.claims_per_second END,
+    tokens = CASE WHEN $7 AND $4::float8 IS DISTINCT FROM c.claims_per_second
+                  THEN greatest(COALESCE($4::float8, 0), 1) ELSE c.tokens END,
+    refilled_at = CASE WHEN $7 AND $4::float8 IS DISTINCT FROM c.claims_per_second
+                       THEN clock_timestamp() ELSE c.refilled_at END,
+    updated_at = clock_timestamp()
+RETURNING {CONTROLS_COLUMNS}
+"""
+
+# The first statement of a limited runtime's claim (inside its transaction): locks the
+# runtime's control row, which serialises the runtime's claims across every instance,
+# and refills its bucket up to now. The burst is one second of claims (at least one).
+# The SET expressions are evaluated once the lock is held (after a wait, on the row the
+# claim before left), so the refill counts from that claim's refilled_at.
+CONTROLS_REFILL = """
+UPDATE runtime_controls SET
+    tokens = CASE WHEN claims_per_second IS NULL THEN tokens
+                  ELSE least(greatest(claims_per_second, 1),
+                             tokens + claims_per_second * greatest(
+                                 extract(epoch FROM clock_timestamp() - refilled_at)::float8,
+                                 0))
+             END,
+    refilled_at = clock_timestamp()
+WHERE runtime_id = $1
+RETURNING paused, max_in_flight, claims_per_second, tokens
+"""
+
+# The runtime's tasks leased now. A statement of its own, after CONTROLS_LOCK: its
+# snapshot is taken once the lock is held, so it sees the leases of the claim that held
+# the lock before (a subquery of CONTROLS_LOCK would use the snapshot from before the
+# wait). An index-only scan of tasks_live_idx: its cost follows max_in_flight.
+CONTROLS_IN_FLIGHT = """
+SELECT count(*) AS n FROM tasks WHERE runtime_id = $1 AND status = 'claimed'
+"""
+
+# The bucket after a claim leased $2 tasks: one token each.
+CONTROLS_SPEND = """
+UPDATE runtime_controls SET tokens = tokens - $2::float8 WHERE runtime_id = $1
+"""

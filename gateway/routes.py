@@ -17,7 +17,18 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import admin, admin_docs, batch, docs, models, openapi, results, runtimes, webhooks
+from . import (
+    admin,
+    admin_docs,
+    batch,
+    controls_routes,
+    docs,
+    models,
+    openapi,
+    results,
+    runtimes,
+    webhooks,
+)
 from .auth import Principal, Scope
 from .claim import Departure
 from .errors import GatewayError, NotFound
@@ -189,6 +200,7 @@ async def stats(request: Request, gw: Gateway) -> Response:
             "counts": {status: counts.get(status, 0) for status in models.STATUSES},
             "oldest_queued_age_seconds": oldest,
             "parked_pollers": gw.claimer.parked(runtime_id),
+            "paused": gw.controls.paused(runtime_id),
         }
     )
 
@@ -265,6 +277,7 @@ async def complete(request: Request, gw: Gateway) -> Response:
     result = models.result_json(body, gw.settings.max_payload_bytes, gw.settings.max_json_depth)
     row = await gw.store.complete(task_id, lease_id, result)
     await gw.results.finished([(row.id, row.status)])
+    await gw.controls.slot_freed([row.runtime_id])  # a limited runtime's polls claim again
     return json_response(models.render_task_or_stub(row))
 
 
@@ -276,6 +289,7 @@ async def fail(request: Request, gw: Gateway) -> Response:
         await gw.claimer.announce(row.runtime_id)
     else:
         await gw.results.finished([(row.id, row.status)])
+        await gw.controls.slot_freed([row.runtime_id])  # a limited runtime's polls claim again
     return json_response(models.render_task_or_stub(row))
 
 
@@ -427,6 +441,39 @@ ENDPOINTS = [
     ),
     # The runtimes listing (the console's first page); tokens see the runtimes they cover.
     Endpoint("GET", "/v1/runtimes", runtimes.list_runtimes, Scope.READ, doc=docs.LIST_RUNTIMES),
+    # Runtime controls: reading them is `read`, changing them `control`.
+    Endpoint(
+        "GET",
+        "/v1/runtimes/{rt}/controls",
+        controls_routes.get_controls,
+        Scope.READ,
+        Target.RUNTIME,
+        docs.GET_CONTROLS,
+    ),
+    Endpoint(
+        "PATCH",
+        "/v1/runtimes/{rt}/controls",
+        controls_routes.set_controls,
+        Scope.CONTROL,
+        Target.RUNTIME,
+        docs.SET_CONTROLS,
+    ),
+    Endpoint(
+        "POST",
+        "/v1/runtimes/{rt}:pause",
+        controls_routes.pause,
+        Scope.CONTROL,
+        Target.RUNTIME,
+        docs.PAUSE,
+    ),
+    Endpoint(
+        "POST",
+        "/v1/runtimes/{rt}:resume",
+        controls_routes.resume,
+        Scope.CONTROL,
+        Target.RUNTIME,
+        docs.RESUME,
+    ),
     Endpoint("GET", "/healthz", healthz, None, doc=docs.HEALTHZ),
     Endpoint("GET", "/readyz", readyz, None, doc=docs.READYZ),
     Endpoint("GET", "/metrics", metrics, None, doc=docs.METRICS),

@@ -17,6 +17,7 @@ from .auth import Authenticator
 from .background import stop_task
 from .cache import CircuitBreaker, VerdictCache, make_client, make_pubsub_client
 from .claim import Claimer
+from .controls import RuntimeControls
 from .credentials import Credentials
 from .errors import ConfigError, GatewayError
 from .janitor import Janitor
@@ -84,9 +85,13 @@ class Gateway:
             on_reset=self._on_reset,
             timeout_seconds=timeout,
             on_message=self._on_message,
+            on_control=self._on_control,
         )
         self._commands = commands
-        self.claimer = Claimer(self.store, self.cache, self.subscriber, settings, self.metrics)
+        self.controls = RuntimeControls(self.store, self.cache, self._on_controls_changed)
+        self.claimer = Claimer(
+            self.store, self.cache, self.subscriber, settings, self.metrics, controls=self.controls
+        )
         self.results = Results(
             self.store, self.cache, self.subscriber, self.claimer, settings, self.metrics
         )
@@ -99,6 +104,7 @@ class Gateway:
             settings,
             self.metrics,
             finished=self.results.finished,
+            slots_freed=self.controls.slot_freed,
         )
 
     def _on_wake(self, runtime_id: str) -> None:
@@ -107,9 +113,16 @@ class Gateway:
     def _on_reset(self) -> None:
         self.claimer.wake_all()
         self.results.wake_all()
+        self.controls.refresh_soon()  # a change announced meanwhile was lost
 
     def _on_message(self, channel: str) -> None:
         self.results.message(channel)
+
+    def _on_control(self, message: str) -> None:
+        self.controls.on_message(message)
+
+    def _on_controls_changed(self, runtime_id: str) -> None:
+        self.claimer.wake(runtime_id)
 
     def _on_redis_trouble(self) -> None:
         self.claimer.redis_trouble()
@@ -131,6 +144,7 @@ class Gateway:
                     await self._commands.initialize()
         if not await self.cache.ping():
             log.warning("Redis is not reachable; claims go to Postgres until it is back")
+        await self.controls.start()
         await self.janitor.start()
         self._redis_watch = asyncio.create_task(self.claimer.watch_redis(), name="redis-watch")
 
@@ -138,6 +152,7 @@ class Gateway:
         self.claimer.drain()
         await self.janitor.stop()
         await self.results.close()
+        await self.controls.stop()
         if self._redis_watch is not None:
             await stop_task(self._redis_watch, "Redis watch")
         await self.subscriber.stop()

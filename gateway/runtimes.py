@@ -122,6 +122,7 @@ async def list_runtimes(request: Request, gw: Gateway) -> Response:
                     "claimed": row.claimed,
                     "oldest_queued_age_seconds": row.oldest_queued_age_seconds,
                     "parked_pollers": gw.claimer.parked(row.runtime_id),
+                    "paused": gw.controls.paused(row.runtime_id),
                 }
                 for row in rows
             ],

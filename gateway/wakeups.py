@@ -41,6 +41,7 @@ class Subscriber:
         on_wake: Callable[[str], None],
         on_reset: Callable[[], None],
         timeout_seconds: float,
+        on_control: Callable[[str], None] | None = None,
         ping_interval_seconds: float = 1.0,
         on_message: Callable[[str], None] | None = None,
     ) -> None:
@@ -52,6 +53,7 @@ class Subscriber:
         self._metrics = metrics
         self._on_wake = on_wake
         self._on_reset = on_reset
+        self._on_control = on_control  # messages on the control channel (controls.py)
         # Bound on one pub/sub send or confirmation: a few Redis command budgets.
         self._budget = timeout_seconds * 4
         self._ping_interval = ping_interval_seconds
@@ -181,6 +183,11 @@ class Subscriber:
                     if runtime is not None:
                         self._metrics.wakeups_received.inc()
                         self._on_wake(runtime)
+                    elif channel == self._control and self._on_control is not None:
+                        data = message.get("data")
+                        if isinstance(data, bytes):
+                            data = data.decode(errors="replace")
+                        self._on_control(str(data))
                     elif self._on_message is not None:
                         self._on_message(channel)
                 elif kind == "subscribe":

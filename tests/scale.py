@@ -5,6 +5,7 @@
     python -m tests.scale drain    [--tasks 20000 --completers 8 --rounds 3]
     python -m tests.scale hotpath  [--tasks 5000 --clients 8 --rounds 3]
     python -m tests.scale results  [--tasks 2000 --completers 8 --rounds 3]
+    python -m tests.scale controls [--tasks 3000 --clients 4 --rounds 3]
 
 `stats`: the stats of a runtime with `--finished` finished tasks against those of a
 runtime with ten tasks, with the statements before migration 0005 and with today's, in
@@ -16,7 +17,10 @@ with the finished-task counters' triggers on and off, alternating, in one run.
 callers, with tasks_live_idx and without it, alternating, in one run.
 `results`: completions per second through the HTTP API by `--completers` concurrent
 clients, with the wake-up publish for waits on a task's result and without it,
-alternating, in one run.
+alternating, in one run. `controls`: single-task claims per second of one runtime by
+`--clients` concurrent callers, without runtime controls (the one-statement claim) and
+with a max_in_flight no claim reaches (the limited claim's transaction under the
+runtime's row lock), alternating, in one run.
 
 Postgres from TEST_DATABASE_URL (a URL on which databases may be created), Redis from
 TEST_REDIS_URL (keys under a prefix of the run's own). Absolute times depend on the
@@ -378,6 +382,58 @@ async def measure_results(tasks: int, completers: int, rounds: int) -> None:
         await drop()
 
 
+async def measure_controls(tasks: int, clients: int, rounds: int) -> None:
+    from gateway.controls import ControlsChange
+    from gateway.metrics import Metrics
+    from gateway.models import parse_enqueue
+    from gateway.store import Store
+
+    url, drop = await scratch_database()
+    conn = await asyncpg.connect(url)
+    store = Store(url, Metrics(), min_size=clients, max_size=clients)
+    await store.open()
+    req = parse_enqueue({"payload": {"n": 1}}, None, 1_000_000)
+    rates: dict[str, list[float]] = {}
+    try:
+        for n in range(rounds):
+            order = ("unlimited", "limited") if n % 2 == 0 else ("limited", "unlimited")
+            for label in order:
+                await conn.execute("TRUNCATE tasks, runtime_controls")
+                runtime_id = f"rt-{label}-{n}"
+                if label == "limited":
+                    await store.set_controls(
+                        runtime_id, ControlsChange(max_in_flight=100_000, sets_max_in_flight=True)
+                    )
+                await store.enqueue_batch(runtime_id, [req] * tasks)
+
+                async def claimer(runtime_id: str, limited: bool) -> None:
+                    for _ in range(tasks // clients):
+                        if limited:
+                            await store.claim_limited(runtime_id, ["w"], [60.0])
+                        else:
+                            await store.claim(runtime_id, ["w"], [60.0])
+
+                started = time.perf_counter()
+                limited = label == "limited"
+                await asyncio.gather(*(claimer(runtime_id, limited) for _ in range(clients)))
+                rate = (tasks // clients * clients) / (time.perf_counter() - started)
+                rates.setdefault(label, []).append(rate)
+        unlimited, limited = (statistics.median(rates[x]) for x in ("unlimited", "limited"))
+        print(
+            f"claims of one runtime by {clients} concurrent caller(s): "
+            f"{unlimited:,.0f}/s without controls, "
+            f"{limited:,.0f}/s with a max_in_flight ({limited / unlimited:.2f}x); rounds "
+            "without "
+            + ", ".join(f"{r:,.0f}" for r in rates["unlimited"])
+            + "; with "
+            + ", ".join(f"{r:,.0f}" for r in rates["limited"])
+        )
+    finally:
+        await store.close()
+        await conn.close()
+        await drop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m tests.scale", description=__doc__.split("\n\n")[0]
@@ -404,6 +460,10 @@ def main() -> None:
     results.add_argument("--tasks", type=int, default=2000)
     results.add_argument("--completers", type=int, default=8)
     results.add_argument("--rounds", type=int, default=3)
+    controls = sub.add_parser("controls", help="claim rates with and without runtime controls")
+    controls.add_argument("--tasks", type=int, default=3000)
+    controls.add_argument("--clients", type=int, default=4)
+    controls.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     if args.what == "stats":
         asyncio.run(measure_stats(args.finished))
@@ -413,6 +473,8 @@ def main() -> None:
         asyncio.run(measure_drain(args.tasks, args.completers, args.rounds))
     elif args.what == "results":
         asyncio.run(measure_results(args.tasks, args.completers, args.rounds))
+    elif args.what == "controls":
+        asyncio.run(measure_controls(args.tasks, args.clients, args.rounds))
     else:
         asyncio.run(measure_hotpath(args.tasks, args.clients, args.rounds))
 

@@ -23,16 +23,20 @@ export class ApiError extends Error {
 }
 
 // Answers {body, text}: the parsed JSON and its text (for exact numbers, see json.js).
-export async function call(method, path, params = {}) {
+// `json`, when given, is sent as the request's JSON body.
+export async function call(method, path, params = {}, json = undefined) {
   const url = new URL(path, location.origin);
   for (const [name, value] of Object.entries(params)) {
     if (value !== undefined && value !== null && value !== "") url.searchParams.set(name, value);
   }
   let res;
   try {
+    const headers = { Authorization: `Bearer ${session.token()}`, Accept: "application/json" };
+    if (json !== undefined) headers["Content-Type"] = "application/json";
     res = await fetch(url, {
       method,
-      headers: { Authorization: `Bearer ${session.token()}`, Accept: "application/json" },
+      headers,
+      body: json === undefined ? undefined : JSON.stringify(json),
       cache: "no-store",
       credentials: "omit",
     });
@@ -58,4 +62,7 @@ export const path = {
   stats: (rt) => `/v1/runtimes/${encodeURIComponent(rt)}/stats`,
   tasks: (rt) => `/v1/runtimes/${encodeURIComponent(rt)}/tasks`,
   task: (id) => `/v1/tasks/${encodeURIComponent(id)}`,
+  controls: (rt) => `/v1/runtimes/${encodeURIComponent(rt)}/controls`,
+  pause: (rt) => `/v1/runtimes/${encodeURIComponent(rt)}:pause`,
+  resume: (rt) => `/v1/runtimes/${encodeURIComponent(rt)}:resume`,
 };

@@ -134,6 +134,7 @@ const RUNTIME_COLUMNS = [
   ["claimed", "Claimed", "num"],
   ["oldest_queued_age_seconds", "Oldest queued", "num"],
   ["parked_pollers", "Parked pollers", "num"],
+  ["paused", "State", "text"],
 ];
 
 function showRuntimes() {
@@ -209,6 +210,7 @@ function showRuntimes() {
         h("td", { class: "num" }, r.claimed),
         h("td", { class: "num" }, age(r.oldest_queued_age_seconds)),
         h("td", { class: "num" }, r.parked_pollers),
+        h("td", {}, r.paused ? h("span", { class: "badge paused" }, "paused") : "running"),
       ),
     );
     replace(
@@ -266,14 +268,112 @@ function showRuntime(rt) {
     );
   }
   drawFilters();
-  // The runtime's controls (pause and resume, max_in_flight, claims_per_second) belong
-  // between the counts and the tasks, once the API has them; with them, a state column
-  // in RUNTIME_COLUMNS.
+
+  // The runtime's controls: pause and resume, and the limits form.
+  const state = h("p", { id: "runtime-state" });
+  const toggle = h("button", { type: "button", id: "pause-toggle" }, "…");
+  const controlsMessage = h("div", { class: "message" });
+  const maxInFlight = h("input", {
+    id: "max-in-flight",
+    name: "max_in_flight",
+    type: "number",
+    min: "1",
+    max: "100000",
+    step: "1",
+    placeholder: "no limit",
+  });
+  const perSecond = h("input", {
+    id: "claims-per-second",
+    name: "claims_per_second",
+    type: "number",
+    min: "0.001",
+    max: "100000",
+    step: "any",
+    placeholder: "no limit",
+  });
+  const limits = h(
+    "form",
+    { class: "inline limits" },
+    h("label", { for: "max-in-flight" }, "Max in flight"),
+    maxInFlight,
+    h("label", { for: "claims-per-second" }, "Claims per second"),
+    perSecond,
+    h("button", { type: "submit" }, "Save limits"),
+  );
+  let controls = null;
+
+  function sayControls(text, kind) {
+    replace(
+      controlsMessage,
+      h("p", { class: kind, role: kind === "error" ? "alert" : "status" }, text),
+    );
+  }
+
+  function limitText(c) {
+    const parts = [];
+    if (c.max_in_flight !== null) parts.push(`at most ${c.max_in_flight} in flight`);
+    if (c.claims_per_second !== null) parts.push(`at most ${c.claims_per_second} claims per second`);
+    return parts.length ? parts.join(", ") : "no limits";
+  }
+
+  function drawControls(c, fillForm) {
+    controls = c;
+    replace(
+      state,
+      c.paused ? h("span", { class: "badge paused" }, "paused") : h("span", { class: "badge running" }, "running"),
+      ` — ${limitText(c)}. `,
+      c.paused ? "Claims hand out nothing; enqueues still work." : "",
+    );
+    replace(toggle, c.paused ? "Resume runtime" : "Pause runtime");
+    if (fillForm) {
+      maxInFlight.value = c.max_in_flight ?? "";
+      perSecond.value = c.claims_per_second ?? "";
+    }
+  }
+
+  async function change(method, where, body, done) {
+    try {
+      const { body: c } = await call(method, where, {}, body);
+      drawControls(c, true);
+      sayControls(done, "ok");
+    } catch (err) {
+      if (err instanceof ApiError && err.status === 401) return failed(err, controlsMessage);
+      const why = err instanceof ApiError && err.status === 403 ? "Not allowed. " : "";
+      sayControls(`Refused. ${why}${problemText(err)}`, "error");
+    }
+  }
+
+  toggle.addEventListener("click", async () => {
+    if (!controls) return;
+    toggle.disabled = true;
+    const pausing = !controls.paused;
+    await change(
+      "POST",
+      pausing ? path.pause(rt) : path.resume(rt),
+      undefined,
+      pausing ? "Paused: claims hand out nothing until it is resumed." : "Resumed.",
+    );
+    toggle.disabled = false;
+    toggle.focus();
+  });
+  limits.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const number = (input) => (input.value.trim() === "" ? null : Number(input.value));
+    await change(
+      "PATCH",
+      path.controls(rt),
+      { max_in_flight: number(maxInFlight), claims_per_second: number(perSecond) },
+      "Limits saved.",
+    );
+  });
+
   replace(
     main,
     h("h1", {}, h("span", { class: "muted" }, "Runtime "), rt),
     stamp,
     counts,
+    h("h2", {}, "Controls"),
+    h("div", { class: "controls" }, state, toggle, limits, controlsMessage),
     h("h2", {}, "Tasks"),
     filters,
     list,
@@ -353,8 +453,16 @@ function showRuntime(rt) {
     replace(pages, pager(cursors, next, () => refreshTasks().catch((err) => failed(err, list))));
   }
 
+  async function refreshControls() {
+    const mine = generation;
+    const { body } = await call("GET", path.controls(rt));
+    if (mine !== generation) return;
+    // The form is filled once; later refreshes leave what the user is typing alone.
+    drawControls(body, controls === null);
+  }
+
   async function refresh() {
-    await Promise.all([refreshStats(), refreshTasks()]);
+    await Promise.all([refreshStats(), refreshTasks(), refreshControls()]);
   }
   return { refresh, errors: counts };
 }

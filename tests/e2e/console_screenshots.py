@@ -45,6 +45,8 @@ async def _seed(api: Api) -> str:
             await api.ok(
                 "POST", f"/v1/runtimes/{rt}/claim", {"worker_id": f"{rt}-w1", "max_tasks": claimed}
             )
+    # A paused runtime, for the runtimes list's state column.
+    await api.ok("POST", "/v1/runtimes/nightly-backups:pause")
     rt = "ci-linux-x64"
     done = await api.enqueue(rt, {"repo": "acme/web", "ref": "main", "cmd": ["make", "test"]})
     [task] = (

@@ -87,10 +87,15 @@ async def rows(inst: Instance, query: str, *args: Any) -> list[dict[str, Any]]:
 
 
 async def snapshot(inst: Instance) -> dict[str, list[dict[str, Any]]]:
-    """Every column of every row of the tasks and credentials tables."""
+    """Every column of every row of the tasks, credentials and runtime controls tables."""
     return {
-        table: await rows(inst, f"SELECT * FROM {table} ORDER BY id")
-        for table in ("tasks", "api_tokens", "webhook_secrets")
+        table: await rows(inst, f"SELECT * FROM {table} ORDER BY {order}")
+        for table, order in (
+            ("tasks", "id"),
+            ("api_tokens", "id"),
+            ("webhook_secrets", "id"),
+            ("runtime_controls", "runtime_id"),
+        )
     }
 
 

@@ -3,6 +3,8 @@ from the problem `code`."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from gateway_client import (
@@ -114,3 +116,35 @@ def test_sync_client_uses_the_environment(monkeypatch, database_url, redis_url, 
     finally:
         stop.set()
         thread.join(30)
+
+
+async def test_runtime_controls(database_url, redis_url, redis_prefix, runtime_id):
+    """pause, resume, get_controls and set_controls, async and sync; KEEP leaves a
+    control as it is and None removes a limit; a bad value is ValidationFailed."""
+    settings = make_settings(database_url, redis_url, redis_prefix)
+    async with running_gateway(settings) as gw, AsyncClient(gw.url, TOKEN) as client:
+        fresh = await client.get_controls(runtime_id)
+        assert (fresh.paused, fresh.max_in_flight, fresh.updated_at) == (False, None, None)
+        assert (await client.pause(runtime_id)).paused is True
+        assert (await client.stats(runtime_id)).paused is True
+        limited = await client.set_controls(runtime_id, max_in_flight=4, claims_per_second=2.5)
+        assert (limited.paused, limited.max_in_flight, limited.claims_per_second) == (
+            True,
+            4,
+            2.5,
+        )
+        assert (await client.resume(runtime_id)).paused is False
+        unlimited = await client.set_controls(runtime_id, max_in_flight=None)
+        assert (unlimited.max_in_flight, unlimited.claims_per_second) == (None, 2.5)
+        with pytest.raises(ValidationFailed):
+            await client.set_controls(runtime_id, max_in_flight=0)
+        assert await client.get_controls(runtime_id) == unlimited
+
+        def sync_calls() -> None:
+            with Client(gw.url, TOKEN) as sync:
+                assert sync.pause(runtime_id).paused is True
+                assert sync.set_controls(runtime_id, claims_per_second=None).paused is True
+                assert sync.resume(runtime_id).paused is False
+                assert sync.get_controls(runtime_id).claims_per_second is None
+
+        await asyncio.to_thread(sync_calls)

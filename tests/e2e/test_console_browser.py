@@ -1,7 +1,8 @@
 """The console in a real browser: a `gateway serve` process over the real Postgres and
 Redis, and Debian's Chromium driven by Playwright. Signs in through a /console#token=
-link, reads the runtimes, a runtime and a task, cancels a task, and is refused with a
-read-only token.
+link, reads the runtimes, a runtime and a task, cancels a task, is refused with a
+read-only token, and pauses a runtime (a claim parks) and resumes it (the claim is
+answered).
 
 Chromium missing: the test fails with CI=true, and is skipped otherwise."""
 
@@ -52,6 +53,7 @@ async def test_the_console_in_a_browser(
             admin = Api(http, base, TOKEN)
             operator = await admin.make_token(["read", "enqueue"], [runtime_id])
             viewer = await admin.make_token(["read"], [runtime_id])
+            controller = await admin.make_token(["read", "control"], [runtime_id])
             other = f"{runtime_id}-other"
             await admin.enqueue(other, "not yours")
             ops = Api(http, base, operator)
@@ -156,6 +158,44 @@ async def test_the_console_in_a_browser(
                 header = page.locator('th[data-key="runtime_id"]')
                 assert await header.get_attribute("aria-sort") == "descending"
 
+                # Runtime controls: pause from the runtime's page; a claim with a wait
+                # parks (stats count it, it does not return); Resume answers it.
+                await page.goto(f"{base}/console#/runtime/{runtime_id}")
+                await page.get_by_role("button", name="Sign out").click()
+                await page.get_by_label("API token").fill(controller)
+                await page.get_by_role("button", name="Sign in").click()
+                await page.get_by_role("button", name="Pause runtime").click()
+                await page.get_by_role("status").filter(has_text="Paused").wait_for()
+                await page.locator("#runtime-state .badge", has_text="paused").wait_for()
+                claim = asyncio.create_task(
+                    admin.ok(
+                        "POST",
+                        f"/v1/runtimes/{runtime_id}/claim",
+                        {"worker_id": "console-test", "wait_seconds": 30},
+                    )
+                )
+                parked = page.locator(".card", has_text="parked pollers").locator(".value")
+                await parked.filter(has_text=re.compile(r"^1$")).wait_for()
+                assert not claim.done()
+                # The runtimes list shows the state.
+                await page.goto(f"{base}/console#/")
+                paused_row = page.locator("#runtimes tbody tr", has_text=runtime_id)
+                await paused_row.locator(".badge", has_text="paused").wait_for()
+                assert not claim.done()
+                await page.goto(f"{base}/console#/runtime/{runtime_id}")
+                await page.get_by_role("button", name="Resume runtime").click()
+                await page.get_by_role("status").filter(has_text="Resumed.").wait_for()
+                answered = await asyncio.wait_for(claim, 10)
+                assert [t["worker_id"] for t in answered["tasks"]] == ["console-test"]
+                # The limits form: saved, shown, and a bad value refused naming the field.
+                await page.get_by_label("Max in flight").fill("4")
+                await page.get_by_role("button", name="Save limits").click()
+                await page.get_by_role("status").filter(has_text="Limits saved.").wait_for()
+                await page.locator("#runtime-state", has_text="at most 4 in flight").wait_for()
+                assert (await admin.ok("GET", f"/v1/runtimes/{runtime_id}/controls"))[
+                    "max_in_flight"
+                ] == 4
+
         proc.terminate()
         text = b"".join(await asyncio.wait_for(logs, 30)).decode()
         await proc.wait()
@@ -163,7 +203,7 @@ async def test_the_console_in_a_browser(
     refused = "Failed to load resource: the server responded with a status of 403 (Forbidden)"
     assert problems == [refused], problems
     assert any(u.endswith("/console/assets/app.js") for u in sent)
-    for token in (operator, viewer):
+    for token in (operator, viewer, controller):
         assert not any(token in url for url in sent), sent
         assert token not in text
     assert "GET /console 200" in text and "GET /v1/runtimes 200" in text

@@ -103,6 +103,11 @@ RECIPES: dict[tuple[str, str], Recipe] = {
     # Lists, never refuses, by runtime: a token sees only the runtimes its patterns cover
     # (tests/e2e/test_console_api.py).
     ("GET", "/v1/runtimes"): Recipe(),
+    # Runtime controls: reading takes `read`, changing them `control`.
+    ("GET", "/v1/runtimes/{rt}/controls"): Recipe(),
+    ("PATCH", "/v1/runtimes/{rt}/controls"): Recipe(lambda w: {"max_in_flight": 1}),
+    ("POST", "/v1/runtimes/{rt}:pause"): Recipe(),
+    ("POST", "/v1/runtimes/{rt}:resume"): Recipe(),
 }
 PUBLIC = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/openapi.json")}
 SIGNED = {("POST", "/v1/runtimes/{rt}/webhooks")}

@@ -169,6 +169,7 @@ async def test_stats_of_an_unused_runtime(gw, runtime_id):
         "counts": dict.fromkeys(STATUSES, 0),
         "oldest_queued_age_seconds": None,
         "parked_pollers": 0,
+        "paused": False,
     }
 
 

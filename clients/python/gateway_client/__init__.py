@@ -25,8 +25,10 @@ from .errors import (
 )
 from .failure import TaskFailed
 from .models import (
+    KEEP,
     Beat,
     Completion,
+    Controls,
     Failure,
     ItemOutcome,
     NewTask,
@@ -42,6 +44,7 @@ from .worker import Outcome, Worker, WorkerOptions
 __version__ = "0.1.0"
 
 __all__ = [
+    "KEEP",
     "AlreadyExists",
     "AsyncClient",
     "Backoff",
@@ -50,6 +53,7 @@ __all__ = [
     "CacheUnavailable",
     "Client",
     "Completion",
+    "Controls",
     "Draining",
     "Failure",
     "Forbidden",

@@ -25,10 +25,13 @@ from .errors import (
     error_from_answer,
 )
 from .models import (
+    KEEP,
     Beat,
     Completion,
+    Controls,
     Failure,
     ItemOutcome,
+    Keep,
     NewTask,
     Page,
     RuntimePage,
@@ -366,6 +369,42 @@ class AsyncClient:
         return RuntimePage(
             [RuntimeSummary.from_json(r) for r in data["runtimes"]], data["next_cursor"]
         )
+
+    # -- runtime controls (the `control` scope, or admin, to change them) --
+
+    async def get_controls(self, runtime: str) -> Controls:
+        """The runtime's pause state and limits."""
+        _, data, _ = await self.request("GET", f"/v1/runtimes/{runtime}/controls")
+        return Controls.from_json(data)
+
+    async def set_controls(
+        self,
+        runtime: str,
+        *,
+        paused: bool | Keep = KEEP,
+        max_in_flight: int | Keep | None = KEEP,
+        claims_per_second: float | Keep | None = KEEP,
+    ) -> Controls:
+        """Change the controls given; KEEP (the default) leaves one as it is, None
+        removes a limit. Returns them all after the change."""
+        fields = {
+            "paused": paused,
+            "max_in_flight": max_in_flight,
+            "claims_per_second": claims_per_second,
+        }
+        body = {k: v for k, v in fields.items() if v is not KEEP}
+        _, data, _ = await self.request("PATCH", f"/v1/runtimes/{runtime}/controls", body)
+        return Controls.from_json(data)
+
+    async def pause(self, runtime: str) -> Controls:
+        """Claims of the runtime hand out nothing until it is resumed; idempotent."""
+        _, data, _ = await self.request("POST", f"/v1/runtimes/{runtime}:pause")
+        return Controls.from_json(data)
+
+    async def resume(self, runtime: str) -> Controls:
+        """Claims of the runtime hand out tasks again; idempotent."""
+        _, data, _ = await self.request("POST", f"/v1/runtimes/{runtime}:resume")
+        return Controls.from_json(data)
 
     async def iter_runtimes(self, *, page_size: int | None = None) -> AsyncIterator[RuntimeSummary]:
         """Every runtime with live tasks that the token covers, following the cursors."""

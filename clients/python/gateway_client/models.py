@@ -4,6 +4,7 @@ gateway sends them, so that they compare as strings."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +77,7 @@ class Stats:
     counts: dict[str, int]
     oldest_queued_age_seconds: float | None
     parked_pollers: int
+    paused: bool = False
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Stats:
@@ -84,6 +86,7 @@ class Stats:
             counts=dict(data["counts"]),
             oldest_queued_age_seconds=data.get("oldest_queued_age_seconds"),
             parked_pollers=data.get("parked_pollers", 0),
+            paused=data.get("paused", False),
         )
 
 
@@ -220,6 +223,7 @@ class RuntimeSummary:
     claimed: int
     oldest_queued_age_seconds: float | None
     parked_pollers: int
+    paused: bool = False
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RuntimeSummary:
@@ -229,6 +233,7 @@ class RuntimeSummary:
             claimed=data["claimed"],
             oldest_queued_age_seconds=data.get("oldest_queued_age_seconds"),
             parked_pollers=data.get("parked_pollers", 0),
+            paused=data.get("paused", False),
         )
 
 
@@ -239,3 +244,36 @@ class RuntimePage:
 
     runtimes: list[RuntimeSummary]
     next_cursor: str | None
+
+
+class Keep(enum.Enum):
+    """The type of KEEP: a control left as it is by set_controls."""
+
+    KEEP = "keep"
+
+
+KEEP = Keep.KEEP
+
+
+@dataclass(frozen=True)
+class Controls:
+    """A runtime's controls. While `paused`, claims hand out nothing (enqueues work);
+    `max_in_flight` bounds its tasks leased at once over every gateway instance,
+    `claims_per_second` the tasks leased per second (burst: one second's worth). None:
+    no limit. `updated_at` is None for a runtime never changed."""
+
+    runtime_id: str
+    paused: bool
+    max_in_flight: int | None
+    claims_per_second: float | None
+    updated_at: str | None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Controls:
+        return cls(
+            runtime_id=data["runtime_id"],
+            paused=data["paused"],
+            max_in_flight=data.get("max_in_flight"),
+            claims_per_second=data.get("claims_per_second"),
+            updated_at=data.get("updated_at"),
+        )

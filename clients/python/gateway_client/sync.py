@@ -17,10 +17,13 @@ from typing import Any, TypeVar
 
 from .client import DEFAULT_TIMEOUT_SECONDS, AsyncClient
 from .models import (
+    KEEP,
     Beat,
     Completion,
+    Controls,
     Failure,
     ItemOutcome,
+    Keep,
     NewTask,
     Page,
     RuntimePage,
@@ -128,6 +131,33 @@ class Client:
 
     def list_runtimes(self, **query: Any) -> RuntimePage:
         return self._run(self.aio.list_runtimes(**query))
+
+    def get_controls(self, runtime: str) -> Controls:
+        return self._run(self.aio.get_controls(runtime))
+
+    def set_controls(
+        self,
+        runtime: str,
+        *,
+        paused: bool | Keep = KEEP,
+        max_in_flight: int | Keep | None = KEEP,
+        claims_per_second: float | Keep | None = KEEP,
+    ) -> Controls:
+        """As AsyncClient.set_controls: KEEP leaves a control as it is, None removes a limit."""
+        return self._run(
+            self.aio.set_controls(
+                runtime,
+                paused=paused,
+                max_in_flight=max_in_flight,
+                claims_per_second=claims_per_second,
+            )
+        )
+
+    def pause(self, runtime: str) -> Controls:
+        return self._run(self.aio.pause(runtime))
+
+    def resume(self, runtime: str) -> Controls:
+        return self._run(self.aio.resume(runtime))
 
     def iter_runtimes(self, *, page_size: int | None = None) -> Iterator[RuntimeSummary]:
         cursor: str | None = None

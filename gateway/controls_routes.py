@@ -1,0 +1,38 @@
+"""HTTP handlers of the runtime controls (gateway/controls.py): read, change, pause and
+resume. Changing needs the `control` scope (admin implies it); a token limited to
+runtime patterns controls only the runtimes they cover (routes.authorize checks)."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from . import models
+from .controls import ControlsChange, parse_controls
+from .httpio import json_response, read_json
+from .runtime import Gateway
+
+
+async def get_controls(request: Request, gw: Gateway) -> Response:
+    """The stored controls (a read of Postgres, not of this process's copy)."""
+    runtime_id = models.check_runtime_id(request.path_params["rt"])
+    stored = await gw.store.get_controls(runtime_id)
+    return json_response((stored or gw.controls.get(runtime_id)).render())
+
+
+async def set_controls(request: Request, gw: Gateway) -> Response:
+    runtime_id = models.check_runtime_id(request.path_params["rt"])
+    change = parse_controls(await read_json(request, gw))
+    return json_response((await gw.controls.change(runtime_id, change)).render())
+
+
+async def pause(request: Request, gw: Gateway) -> Response:
+    runtime_id = models.check_runtime_id(request.path_params["rt"])
+    controls = await gw.controls.change(runtime_id, ControlsChange(paused=True))
+    return json_response(controls.render())
+
+
+async def resume(request: Request, gw: Gateway) -> Response:
+    runtime_id = models.check_runtime_id(request.path_params["rt"])
+    controls = await gw.controls.change(runtime_id, ControlsChange(paused=False))
+    return json_response(controls.render())
