@@ -149,10 +149,15 @@ async def test_a_failed_heartbeat_is_retried_before_the_lease_runs_out():
     fake.heartbeat_errors = [TransportError("down"), TransportError("down")]
 
     async def handler(task: Task) -> None:
-        await asyncio.sleep(0.8)
+        # Until the third heartbeat (4 s at most), not a fixed time: on a loaded machine
+        # a fixed 0.8 s could end before the retries were due.
+        for _ in range(80):
+            if len(fake.named("heartbeat")) >= 3:
+                return
+            await asyncio.sleep(0.05)
 
     w = worker(fake, handler, lease_seconds=1)
-    await run_until(w, lambda: fake.named("complete"))
+    await run_until(w, lambda: fake.named("complete"), within=10)
     assert len(fake.named("heartbeat")) >= 3  # the two failures, then a success
     assert w.outcomes == {Outcome.COMPLETED: 1}
 

@@ -48,13 +48,15 @@ async def row_of(url: str, task_id: str) -> asyncpg.Record:
 
 
 async def wait_lapsed(url: str, task_ids: list[str], within: float = 5.0) -> None:
-    """Wait until Postgres sees every one of these leases as expired."""
+    """Wait until Postgres sees every one of these leases as expired. A task no longer
+    claimed counts too: a janitor running meanwhile may have reclaimed its lapsed lease
+    already, and then all of them are never seen lapsed at once."""
     deadline = time.monotonic() + within
     while True:
         rows = await fetch(
             url,
             "SELECT count(*) AS n FROM tasks WHERE id = ANY($1::uuid[]) "
-            "AND status = 'claimed' AND lease_expires_at < now()",
+            "AND (status <> 'claimed' OR lease_expires_at < now())",
             task_ids,
         )
         if rows[0]["n"] == len(task_ids):

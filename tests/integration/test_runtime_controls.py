@@ -66,9 +66,16 @@ async def test_pause_on_one_instance_holds_claims_on_the_other_until_resumed(
         assert not parked.done()
         status, stats = await b.call("GET", f"/v1/runtimes/{runtime_id}/stats")
         assert status == 200 and stats["paused"] is True and stats["counts"]["queued"] == 1
-        status, listing = await a.call("GET", "/v1/runtimes?limit=1000")
-        assert status == 200
-        assert [r["paused"] for r in listing["runtimes"] if r["runtime_id"] == runtime_id] == [True]
+        # The database is shared with other tests' runtimes: page through the listing.
+        rows: list[dict[str, Any]] = []
+        path: str | None = "/v1/runtimes?limit=1000"
+        while path is not None:
+            status, listing = await a.call("GET", path)
+            assert status == 200
+            rows += [r for r in listing["runtimes"] if r["runtime_id"] == runtime_id]
+            cursor = listing["next_cursor"]
+            path = None if cursor is None else f"/v1/runtimes?limit=1000&cursor={cursor}"
+        assert [r["paused"] for r in rows] == [True]
         resumed = await _post(a, f"/v1/runtimes/{runtime_id}:resume")
         assert resumed["paused"] is False
         got = await asyncio.wait_for(parked, 10)
