@@ -318,7 +318,8 @@ async def test_a_lease_reclaimed_as_dead_wakes_a_parked_poll(
         await wait_lapsed(database_url, [held["id"]])
         second = await enqueue_without_bump(a, runtime_id, {"n": 2})
         report = await a.gateway.janitor.run_once()
-        assert report.reclaimed == 1 and report.errors == [], report
+        # At least ours: the session's database may hold other tests' lapsed leases too.
+        assert report.reclaimed >= 1 and report.errors == [], report
         got = await asyncio.wait_for(parked, wait + 5)
         assert [t["id"] for t in got] == [second]
         status, dead = await a.call("GET", f"/v1/tasks/{held['id']}")
