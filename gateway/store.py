@@ -644,6 +644,8 @@ class Store:
             change.paused is not None,
             change.sets_max_in_flight,
             change.sets_claims_per_second,
+            change.paused_reason,
+            change.paused_until,
         )
         row = await self._run(lambda c: c.fetchrow(q.SET_CONTROLS, *args))
         return Controls.of(row)
