@@ -204,6 +204,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                         "oldest_queued_age_seconds",
                         "parked_pollers",
                         "paused",
+                        "dead",
                     ],
                     "properties": {
                         "runtime_id": {"type": "string", "pattern": RUNTIME_ID_RE.pattern},
@@ -222,6 +223,11 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                             "description": "Claims waiting on this instance.",
                         },
                         "paused": _PAUSED,
+                        "dead": {
+                            **_COUNT,
+                            "description": "Tasks that ended dead and are still stored "
+                            "(retention deletes them); exact.",
+                        },
                     },
                     "additionalProperties": False,
                 },

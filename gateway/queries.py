@@ -761,7 +761,8 @@ LIMIT $2
 """
 
 # Counts for a page of runtimes ($1): queued (queued and scheduled, not expired),
-# claimed, and the age of the oldest due queued task (as OLDEST_QUEUED_AGE). Claimed is
+# claimed, the age of the oldest due queued task (as OLDEST_QUEUED_AGE), and dead from
+# task_counts (as STATS_COUNTS: its per-backend rows of the runtime, never the history). Claimed is
 # grouped over the leases' partial index alone: filtering it by runtime would let the
 # planner walk a runtime's whole history through (runtime_id, created_at, id).
 RUNTIMES_SUMMARY = """
@@ -772,7 +773,8 @@ SELECT r.runtime_id,
        q.n + s.n AS queued,
        COALESCE(c.n, 0) AS claimed,
        extract(epoch FROM clock_timestamp() - least(q.oldest, s.oldest))::float8
-           AS oldest_queued_age_seconds
+           AS oldest_queued_age_seconds,
+       d.n AS dead
   FROM unnest($1::text[]) AS r(runtime_id)
  CROSS JOIN LATERAL (
        SELECT count(*) FILTER (WHERE t.expires_at IS NULL OR t.expires_at > now()) AS n,
@@ -786,6 +788,9 @@ SELECT r.runtime_id,
                                           AND (t.expires_at IS NULL OR t.expires_at > now()))
                   AS oldest
          FROM tasks t WHERE t.runtime_id = r.runtime_id AND t.status = 'scheduled') s
+ CROSS JOIN LATERAL (
+       SELECT COALESCE(sum(k.n), 0)::bigint AS n
+         FROM task_counts k WHERE k.runtime_id = r.runtime_id AND k.status = 'dead') d
   LEFT JOIN claimed c ON c.runtime_id = r.runtime_id
  ORDER BY r.runtime_id
 """

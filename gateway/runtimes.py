@@ -123,6 +123,7 @@ async def list_runtimes(request: Request, gw: Gateway) -> Response:
                     "oldest_queued_age_seconds": row.oldest_queued_age_seconds,
                     "parked_pollers": gw.claimer.parked(row.runtime_id),
                     "paused": gw.controls.paused(row.runtime_id),
+                    "dead": row.dead,
                 }
                 for row in rows
             ],

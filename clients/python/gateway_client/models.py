@@ -230,9 +230,7 @@ class RuntimeSummary:
     oldest_queued_age_seconds: float | None
     parked_pollers: int
     paused: bool = False
-    paused_reason: str | None = None  # these three: None unless paused
-    paused_since: str | None = None
-    paused_until: str | None = None
+    dead: int = 0  # its tasks ended dead and not yet deleted by retention
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RuntimeSummary:
@@ -243,9 +241,7 @@ class RuntimeSummary:
             oldest_queued_age_seconds=data.get("oldest_queued_age_seconds"),
             parked_pollers=data.get("parked_pollers", 0),
             paused=data.get("paused", False),
-            paused_reason=data.get("paused_reason"),
-            paused_since=data.get("paused_since"),
-            paused_until=data.get("paused_until"),
+            dead=data.get("dead", 0),
         )
 
 
