@@ -220,7 +220,9 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                         },
                         "parked_pollers": {
                             **_COUNT,
-                            "description": "Claims waiting on this instance.",
+                            "description": "Claims waiting, over every instance: this "
+                            "instance's now, the others' as reported within the last "
+                            "5 s (this instance's alone while Redis is unavailable).",
                         },
                         "paused": _PAUSED,
                         "dead": {

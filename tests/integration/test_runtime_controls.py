@@ -432,3 +432,43 @@ async def test_bad_pause_bodies_are_422_naming_the_field_and_store_nothing(
         status, body = await a.call("GET", f"/v1/runtimes/{runtime_id}/controls")
         assert status == 200 and body["updated_at"] is None and body["paused"] is False
         assert not a.gateway.controls.paused(runtime_id)
+
+
+async def test_the_listing_counts_parked_polls_of_every_instance(
+    database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
+) -> None:
+    """Two polls parked on B and one on A (the runtime is paused, with a task queued):
+    A's listing shows 3 once B has reported, and 1 again once B's polls left and B
+    reported that; each instance's own count is live."""
+    cfg = make_settings(database_url, redis_url, redis_prefix)
+    async with running_gateway(cfg) as a, running_gateway(cfg) as b:
+        status, body = await a.call(
+            "POST",
+            "/v1/admin/tokens",
+            {"name": f"{runtime_id}-list", "scopes": ["read"], "runtimes": [runtime_id]},
+        )
+        assert status == 201, body
+        reader = {"Authorization": f"Bearer {body['token']}"}
+
+        async def listed(inst: Instance) -> int:
+            status, page = await inst.call("GET", "/v1/runtimes", headers=reader)
+            assert status == 200, page
+            [row] = [r for r in page["runtimes"] if r["runtime_id"] == runtime_id]
+            return int(row["parked_pollers"])
+
+        await _post(a, f"/v1/runtimes/{runtime_id}:pause")
+        await wait_until(lambda: b.gateway.controls.paused(runtime_id), 5, "B learns the pause")
+        await a.enqueue(runtime_id, {"n": 1})
+        on_b = [_claim_task(b, runtime_id, worker=f"b{i}", wait_seconds=30) for i in range(2)]
+        on_a = _claim_task(a, runtime_id, worker="a0", wait_seconds=30)
+        await wait_until(lambda: b.gateway.claimer.parked(runtime_id) == 2, 5, "B's polls park")
+        await wait_until(lambda: a.gateway.claimer.parked(runtime_id) == 1, 5, "A's poll parks")
+        assert await listed(b) >= 2  # its own, live
+        await b.gateway.parked.report()
+        assert await listed(a) == 3
+        for poll in on_b:
+            poll.cancel()
+        await wait_until(lambda: b.gateway.claimer.parked(runtime_id) == 0, 5, "B's polls leave")
+        await b.gateway.parked.report()
+        assert await listed(a) == 1
+        on_a.cancel()
