@@ -15,9 +15,9 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -90,6 +90,12 @@ class Keys:
 def keys_for(prefix: str, runtime_id: str) -> Keys:
     base = f"{prefix}:{{{runtime_id}}}"
     return Keys(version=f"{base}:version", empty=f"{base}:empty", wake=f"{base}:wake")
+
+
+def parked_key(prefix: str, runtime_id: str) -> str:
+    """The hash of the runtime's parked claims per instance (gateway/parked.py), in the
+    runtime's cluster slot."""
+    return f"{prefix}:{{{runtime_id}}}:parked"
 
 
 def runtime_of_channel(prefix: str, channel: str) -> str | None:
@@ -367,6 +373,54 @@ class VerdictCache:
 
         if messages:
             await self._call("publish", go)
+
+    async def write_parked(
+        self, instance: str, counts: Mapping[str, int], ttl_seconds: float
+    ) -> None:
+        """This instance's parked claims per runtime (gateway/parked.py): one hash per
+        runtime, `<prefix>:{<rt>}:parked`, field `instance`; a zero removes the field.
+        One round trip."""
+        expires_ms = int((time.time() + ttl_seconds) * 1000)
+
+        async def go() -> None:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for runtime_id, n in counts.items():
+                    key = parked_key(self.prefix, runtime_id)
+                    if n > 0:
+                        pipe.hset(key, instance, f"{n} {expires_ms}")
+                        pipe.pexpire(key, int(ttl_seconds * 1000))
+                    else:
+                        pipe.hdel(key, instance)
+                await pipe.execute()
+
+        if counts:
+            await self._call("parked pollers report", go)
+
+    async def read_parked(self, runtime_ids: Sequence[str], exclude: str) -> dict[str, int]:
+        """Parked claims per runtime reported by instances other than `exclude` and not
+        yet expired (gateway/parked.py); one round trip."""
+
+        async def go() -> list[Any]:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for runtime_id in runtime_ids:
+                    pipe.hgetall(parked_key(self.prefix, runtime_id))
+                return list(await pipe.execute())
+
+        if not runtime_ids:
+            return {}
+        answers = await self._call("parked pollers read", go)
+        now_ms = time.time() * 1000
+        out: dict[str, int] = {}
+        for runtime_id, fields in zip(runtime_ids, answers, strict=True):
+            total = 0
+            for instance, value in (fields or {}).items():
+                name = instance.decode() if isinstance(instance, bytes) else str(instance)
+                text = value.decode() if isinstance(value, bytes) else str(value)
+                count, _, expires = text.partition(" ")
+                if name != exclude and expires and float(expires) > now_ms:
+                    total += int(count)
+            out[runtime_id] = total
+        return out
 
     async def publish_control(self, message: str) -> None:
         """Publish `message` on the process-wide control channel, which every instance's

@@ -8,6 +8,10 @@ keeps a copy of every runtime's controls (`RuntimeControls`), so that the claim 
 knows whether a runtime is paused or limited without a statement per poll. The copy is
 refreshed when a change is announced on the process-wide control channel, after a
 pub/sub reconnect, and on a timer as a fallback.
+
+A pause may carry a reason and an end (`paused_until`): once that time has passed the
+pause counts as resumed wherever it is read (this copy, the limited claim's SQL), and
+each process wakes the runtime's parked polls at that time from a timer of its own.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from .background import stop_task
@@ -38,6 +42,26 @@ REFRESH_SECONDS = 5.0
 HELD_RECHECK_SECONDS = 5.0
 # What a control-channel message starts with: the rest is the runtime id.
 MESSAGE_PREFIX = "controls:"
+MAX_PAUSE_REASON = 500  # characters
+
+PAUSE_BODY = Body(
+    "Pause",
+    "Why the runtime is paused and until when; both optional, and so is the body.",
+    (
+        Field(
+            "reason",
+            Kind.STRING,
+            "Why the runtime is paused, shown with its controls, stats and in the console.",
+            max_length=MAX_PAUSE_REASON,
+        ),
+        Field(
+            "until",
+            Kind.TIME,
+            "When the pause ends by itself (RFC 3339 with a zone, in the future); "
+            "left out: until resumed.",
+        ),
+    ),
+)
 
 CONTROLS_BODY = Body(
     "RuntimeControls",
@@ -73,6 +97,15 @@ class Controls:
     max_in_flight: int | None = None
     claims_per_second: float | None = None
     updated_at: datetime | None = None
+    paused_reason: str | None = None
+    paused_at: datetime | None = None  # the server's time of the pause
+    paused_until: datetime | None = None  # the pause ends by itself then
+
+    def paused_now(self, now: datetime | None = None) -> bool:
+        """Paused and, if the pause has an end, not past it (`now`: wall clock, UTC)."""
+        if not self.paused:
+            return False
+        return self.paused_until is None or self.paused_until > (now or datetime.now(UTC))
 
     @property
     def limited(self) -> bool:
@@ -87,15 +120,29 @@ class Controls:
             record["max_in_flight"],
             record["claims_per_second"],
             record["updated_at"],
+            record["paused_reason"],
+            record["paused_at"],
+            record["paused_until"],
         )
 
     def render(self) -> dict[str, Any]:
         return {
             "runtime_id": self.runtime_id,
-            "paused": self.paused,
             "max_in_flight": self.max_in_flight,
             "claims_per_second": self.claims_per_second,
             "updated_at": format_time(self.updated_at),
+            **self.render_pause(),
+        }
+
+    def render_pause(self) -> dict[str, Any]:
+        """`paused` as in force now, and the pause's reason, start and end (null unless
+        paused): the fields that controls and stats share."""
+        on = self.paused_now()
+        return {
+            "paused": on,
+            "paused_reason": self.paused_reason if on else None,
+            "paused_since": format_time(self.paused_at) if on else None,
+            "paused_until": format_time(self.paused_until) if on else None,
         }
 
 
@@ -108,6 +155,8 @@ class ControlsChange:
     claims_per_second: float | None = None
     sets_max_in_flight: bool = False
     sets_claims_per_second: bool = False
+    paused_reason: str | None = None  # with paused=True only
+    paused_until: datetime | None = None  # with paused=True only
 
 
 def parse_controls(body: Any) -> ControlsChange:
@@ -143,6 +192,25 @@ def parse_controls(body: Any) -> ControlsChange:
         sets_max_in_flight="max_in_flight" in body,
         sets_claims_per_second="claims_per_second" in body,
     )
+
+
+def parse_pause(body: Any, now: datetime | None = None) -> ControlsChange:
+    """A pause's body ({} when empty), or 422 naming the field: `until` must be an
+    RFC 3339 time after `now` (the wall clock)."""
+    if not isinstance(body, dict):
+        raise ValidationFailed("the body must be a JSON object", field="body")
+    unknown = sorted(set(body) - {f.name for f in PAUSE_BODY.fields})
+    if unknown:
+        raise ValidationFailed(
+            f"unknown field {unknown[0]!r}; the fields are reason and until", field=unknown[0]
+        )
+    reason = PAUSE_BODY["reason"].read(body, {})
+    until = PAUSE_BODY["until"].read(body, {})
+    if until is not None and until <= (now or datetime.now(UTC)):
+        raise ValidationFailed(
+            "until must be in the future (leave it out to pause until resumed)", field="until"
+        )
+    return ControlsChange(paused=True, paused_reason=reason, paused_until=until)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +280,9 @@ class RuntimeControls:
         self._task: asyncio.Task[None] | None = None
         self._refresh_now = asyncio.Event()
         self._background: set[asyncio.Future[None]] = set()
+        # Per runtime whose pause has an end: that end, and the timer that wakes the
+        # runtime's parked polls then (one timer per runtime, not per poll).
+        self._ends: dict[str, tuple[datetime, asyncio.TimerHandle]] = {}
 
     # -- the claim path's view (memory only) --
 
@@ -219,8 +290,9 @@ class RuntimeControls:
         return self._known.get(runtime_id) or Controls(runtime_id)
 
     def paused(self, runtime_id: str) -> bool:
+        """Paused now: a pause past its paused_until counts as resumed at once."""
         controls = self._known.get(runtime_id)
-        return controls is not None and controls.paused
+        return controls is not None and controls.paused_now()
 
     def limited(self, runtime_id: str) -> bool:
         controls = self._known.get(runtime_id)
@@ -295,8 +367,36 @@ class RuntimeControls:
             # Two reloads of one runtime raced, and the older read came back last.
             return
         self._known[controls.runtime_id] = controls
+        self._schedule_end(controls)
         if replace(old, updated_at=None) != replace(controls, updated_at=None):
             self._on_change(controls.runtime_id)
+
+    def _schedule_end(self, controls: Controls) -> None:
+        """Keep one timer for the end of the runtime's pause, if it has one."""
+        runtime_id, until = controls.runtime_id, controls.paused_until
+        current = self._ends.get(runtime_id)
+        if current is not None and until is not None and current[0] == until:
+            return
+        if current is not None:
+            current[1].cancel()
+            del self._ends[runtime_id]
+        if until is not None and controls.paused_now():
+            delay = (until - datetime.now(UTC)).total_seconds()
+            handle = asyncio.get_running_loop().call_later(
+                max(delay, 0.0), self._pause_ended, runtime_id
+            )
+            self._ends[runtime_id] = (until, handle)
+
+    def _pause_ended(self, runtime_id: str) -> None:
+        """The timer of a pause's end: wake the runtime's parked polls here. Every
+        process runs its own, so no message is needed and none is lost."""
+        del self._ends[runtime_id]
+        controls = self.get(runtime_id)
+        if controls.paused_now():
+            # The loop's clock ran ahead of the wall clock: wait for the rest.
+            self._schedule_end(controls)
+            return
+        self._on_change(runtime_id)
 
     async def refresh(self) -> None:
         """Reload every runtime's controls (one statement)."""
@@ -315,6 +415,9 @@ class RuntimeControls:
         self._task = asyncio.create_task(self._run(), name="controls-refresh")
 
     async def stop(self) -> None:
+        for _, handle in self._ends.values():
+            handle.cancel()
+        self._ends.clear()
         if self._task is not None:
             await stop_task(self._task, "controls refresh")
             self._task = None

@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from . import models
-from .controls import ControlsChange, parse_controls
+from .controls import ControlsChange, parse_controls, parse_pause
 from .httpio import json_response, read_json
 from .runtime import Gateway
 
@@ -27,8 +27,11 @@ async def set_controls(request: Request, gw: Gateway) -> Response:
 
 
 async def pause(request: Request, gw: Gateway) -> Response:
+    """Pause, with an optional body {"reason", "until"}; an empty body pauses until
+    resumed. A second pause replaces the reason and end, keeping paused_since."""
     runtime_id = models.check_runtime_id(request.path_params["rt"])
-    controls = await gw.controls.change(runtime_id, ControlsChange(paused=True))
+    change = parse_pause(await read_json(request, gw))
+    controls = await gw.controls.change(runtime_id, change)
     return json_response(controls.render())
 
 

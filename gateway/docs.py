@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import bodies
-from .controls import CONTROLS_BODY, MAX_CLAIMS_PER_SECOND, MAX_IN_FLIGHT, REFRESH_SECONDS
+from .controls import (
+    CONTROLS_BODY,
+    MAX_CLAIMS_PER_SECOND,
+    MAX_IN_FLIGHT,
+    MAX_PAUSE_REASON,
+    PAUSE_BODY,
+    REFRESH_SECONDS,
+)
 from .errors import Conflict, Draining, GatewayError, IdempotencyKeyReused, LeaseLost, Overloaded
 from .models import LEASE_FIELDS, RUNTIME_ID_RE, TASK_FIELDS
 from .results import WAIT_QUERY
@@ -70,6 +77,25 @@ _TIME = {
 }
 _COUNT = {"type": "integer", "minimum": 0}
 _PAUSED = {"type": "boolean", "description": "Paused: claims hand out nothing (runtime controls)."}
+# The pause's details beside `paused` (controls and stats): all null unless paused.
+_PAUSE_DETAILS: dict[str, Any] = {
+    "paused_reason": {
+        "type": ["string", "null"],
+        "maxLength": MAX_PAUSE_REASON,
+        "description": "Why the runtime is paused, as given to the pause; null if none.",
+    },
+    "paused_since": {
+        **_TIME,
+        "type": ["string", "null"],
+        "description": "When the pause began (the server's time); null unless paused.",
+    },
+    "paused_until": {
+        **_TIME,
+        "type": ["string", "null"],
+        "description": "When the pause ends by itself; null unless paused with an end. "
+        "Once past, the runtime reads as not paused.",
+    },
+}
 
 
 def _tasks(extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -140,6 +166,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "oldest_queued_age_seconds",
             "parked_pollers",
             "paused",
+            *_PAUSE_DETAILS,
         ],
         "properties": {
             "runtime_id": {"type": "string"},
@@ -157,6 +184,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             },
             "parked_pollers": {**_COUNT, "description": "Claims waiting on this instance."},
             "paused": _PAUSED,
+            **_PAUSE_DETAILS,
         },
         "additionalProperties": False,
     },
@@ -176,6 +204,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                         "oldest_queued_age_seconds",
                         "parked_pollers",
                         "paused",
+                        "dead",
                     ],
                     "properties": {
                         "runtime_id": {"type": "string", "pattern": RUNTIME_ID_RE.pattern},
@@ -191,9 +220,16 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                         },
                         "parked_pollers": {
                             **_COUNT,
-                            "description": "Claims waiting on this instance.",
+                            "description": "Claims waiting, over every instance: this "
+                            "instance's now, the others' as reported within the last "
+                            "5 s (this instance's alone while Redis is unavailable).",
                         },
                         "paused": _PAUSED,
+                        "dead": {
+                            **_COUNT,
+                            "description": "Tasks that ended dead and are still stored "
+                            "(retention deletes them); exact.",
+                        },
                     },
                     "additionalProperties": False,
                 },
@@ -532,10 +568,18 @@ LIST_RUNTIMES = Doc(
 
 SCHEMAS["Controls"] = {
     "type": "object",
-    "required": ["runtime_id", "paused", "max_in_flight", "claims_per_second", "updated_at"],
+    "required": [
+        "runtime_id",
+        "paused",
+        "max_in_flight",
+        "claims_per_second",
+        "updated_at",
+        *_PAUSE_DETAILS,
+    ],
     "properties": {
         "runtime_id": {"type": "string", "pattern": RUNTIME_ID_RE.pattern},
         "paused": {"type": "boolean", "description": "While true, claims hand out nothing."},
+        **_PAUSE_DETAILS,
         "max_in_flight": {
             "type": ["integer", "null"],
             "minimum": 1,
@@ -579,8 +623,13 @@ PAUSE = Doc(
     "Pause a runtime: claims hand out nothing, enqueues still work",
     (Reply(200, "The runtime's controls, paused.", "Controls"),),
     "Parked claims stay parked and are answered once the runtime is resumed and has work; "
-    "a claim without wait_seconds answers an empty list at once. Idempotent. " + _CONTROLS_ABOUT,
+    "a claim without wait_seconds answers an empty list at once. The body is optional: "
+    "`reason` is shown with the controls, stats and in the console; with `until` the pause "
+    "ends by itself at that time on every instance, and parked claims are woken then. "
+    "Pausing a paused runtime replaces its reason and end and keeps paused_since. "
+    + _CONTROLS_ABOUT,
     tag="controls",
+    body=PAUSE_BODY,
 )
 RESUME = Doc(
     "resumeRuntime",

@@ -761,7 +761,8 @@ LIMIT $2
 """
 
 # Counts for a page of runtimes ($1): queued (queued and scheduled, not expired),
-# claimed, and the age of the oldest due queued task (as OLDEST_QUEUED_AGE). Claimed is
+# claimed, the age of the oldest due queued task (as OLDEST_QUEUED_AGE), and dead from
+# task_counts (as STATS_COUNTS: its per-backend rows of the runtime, never the history). Claimed is
 # grouped over the leases' partial index alone: filtering it by runtime would let the
 # planner walk a runtime's whole history through (runtime_id, created_at, id).
 RUNTIMES_SUMMARY = """
@@ -772,7 +773,8 @@ SELECT r.runtime_id,
        q.n + s.n AS queued,
        COALESCE(c.n, 0) AS claimed,
        extract(epoch FROM clock_timestamp() - least(q.oldest, s.oldest))::float8
-           AS oldest_queued_age_seconds
+           AS oldest_queued_age_seconds,
+       d.n AS dead
   FROM unnest($1::text[]) AS r(runtime_id)
  CROSS JOIN LATERAL (
        SELECT count(*) FILTER (WHERE t.expires_at IS NULL OR t.expires_at > now()) AS n,
@@ -786,13 +788,19 @@ SELECT r.runtime_id,
                                           AND (t.expires_at IS NULL OR t.expires_at > now()))
                   AS oldest
          FROM tasks t WHERE t.runtime_id = r.runtime_id AND t.status = 'scheduled') s
+ CROSS JOIN LATERAL (
+       SELECT COALESCE(sum(k.n), 0)::bigint AS n
+         FROM task_counts k WHERE k.runtime_id = r.runtime_id AND k.status = 'dead') d
   LEFT JOIN claimed c ON c.runtime_id = r.runtime_id
  ORDER BY r.runtime_id
 """
 
 # -- runtime controls (docs/design.md 5.2; gateway/controls.py) --
 
-CONTROLS_COLUMNS = "runtime_id, paused, max_in_flight, claims_per_second, updated_at"
+CONTROLS_COLUMNS = (
+    "runtime_id, paused, max_in_flight, claims_per_second, updated_at, paused_reason, "
+    "paused_at, paused_until"
+)
 
 GET_CONTROLS = f"SELECT {CONTROLS_COLUMNS} FROM runtime_controls WHERE runtime_id = $1"
 
@@ -802,12 +810,18 @@ ALL_CONTROLS = f"SELECT {CONTROLS_COLUMNS} FROM runtime_controls"
 
 # $2..$4 are the new values; $5..$7 say which of them the request sets (a PATCH may
 # leave a field as it is). A new or changed claims_per_second starts with a full bucket.
+# A pause ($5 and $2 true) stores its reason $8 and end $9 (or nulls); paused_at keeps
+# the time of a pause still in force, so a second pause changes its reason and end but
+# not since when the runtime is paused. A resume clears all three.
 SET_CONTROLS = f"""
 INSERT INTO runtime_controls AS c (runtime_id, paused, max_in_flight, claims_per_second,
-                                   tokens)
+                                   tokens, paused_reason, paused_at, paused_until)
 VALUES ($1, COALESCE(CASE WHEN $5 THEN $2::boolean END, false),
         CASE WHEN $6 THEN $3::integer END, CASE WHEN $7 THEN $4::float8 END,
-        greatest(COALESCE(CASE WHEN $7 THEN $4::float8 END, 0), 1))
+        greatest(COALESCE(CASE WHEN $7 THEN $4::float8 END, 0), 1),
+        CASE WHEN $5 AND $2::boolean THEN $8::text END,
+        CASE WHEN $5 AND $2::boolean THEN clock_timestamp() END,
+        CASE WHEN $5 AND $2::boolean THEN $9::timestamptz END)
 ON CONFLICT (runtime_id) DO UPDATE SET
     paused = CASE WHEN $5 THEN $2::boolean ELSE c.paused END,
     max_in_flight = CASE WHEN $6 THEN $3::integer ELSE c.max_in_flight END,
@@ -816,6 +830,16 @@ ON CONFLICT (runtime_id) DO UPDATE SET
                   THEN greatest(COALESCE($4::float8, 0), 1) ELSE c.tokens END,
     refilled_at = CASE WHEN $7 AND $4::float8 IS DISTINCT FROM c.claims_per_second
                        THEN clock_timestamp() ELSE c.refilled_at END,
+    paused_reason = CASE WHEN NOT $5 THEN c.paused_reason
+                         WHEN $2::boolean THEN $8::text END,
+    paused_at = CASE WHEN NOT $5 THEN c.paused_at
+                     WHEN NOT $2::boolean THEN NULL
+                     WHEN c.paused AND (c.paused_until IS NULL
+                                        OR c.paused_until > clock_timestamp())
+                     THEN COALESCE(c.paused_at, clock_timestamp())
+                     ELSE clock_timestamp() END,
+    paused_until = CASE WHEN NOT $5 THEN c.paused_until
+                        WHEN $2::boolean THEN $9::timestamptz END,
     updated_at = clock_timestamp()
 RETURNING {CONTROLS_COLUMNS}
 """
@@ -824,7 +848,8 @@ RETURNING {CONTROLS_COLUMNS}
 # runtime's control row, which serialises the runtime's claims across every instance,
 # and refills its bucket up to now. The burst is one second of claims (at least one).
 # The SET expressions are evaluated once the lock is held (after a wait, on the row the
-# claim before left), so the refill counts from that claim's refilled_at.
+# claim before left), so the refill counts from that claim's refilled_at. A pause whose
+# paused_until has passed reads as not paused.
 CONTROLS_REFILL = """
 UPDATE runtime_controls SET
     tokens = CASE WHEN claims_per_second IS NULL THEN tokens
@@ -835,7 +860,8 @@ UPDATE runtime_controls SET
              END,
     refilled_at = clock_timestamp()
 WHERE runtime_id = $1
-RETURNING paused, max_in_flight, claims_per_second, tokens
+RETURNING paused AND (paused_until IS NULL OR paused_until > clock_timestamp()) AS paused,
+          max_in_flight, claims_per_second, tokens
 """
 
 # The runtime's tasks leased now. A statement of its own, after CONTROLS_LOCK: its

@@ -200,7 +200,7 @@ async def stats(request: Request, gw: Gateway) -> Response:
             "counts": {status: counts.get(status, 0) for status in models.STATUSES},
             "oldest_queued_age_seconds": oldest,
             "parked_pollers": gw.claimer.parked(runtime_id),
-            "paused": gw.controls.paused(runtime_id),
+            **gw.controls.get(runtime_id).render_pause(),
         }
     )
 

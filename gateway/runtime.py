@@ -22,6 +22,7 @@ from .credentials import Credentials
 from .errors import ConfigError, GatewayError
 from .janitor import Janitor
 from .metrics import Metrics
+from .parked import ParkedReport
 from .redis_modes import CommandClient, PubSubSource, command_client, pubsub_client
 from .results import Results
 from .settings import Settings
@@ -96,6 +97,7 @@ class Gateway:
             self.store, self.cache, self.subscriber, self.claimer, settings, self.metrics
         )
         self.claimer.on_drain(self.results.drain)
+        self.parked = ParkedReport(self.cache, self.claimer.parked_counts)
         self._redis_watch: asyncio.Task[None] | None = None
         self.janitor = Janitor(
             self.store,
@@ -146,11 +148,13 @@ class Gateway:
             log.warning("Redis is not reachable; claims go to Postgres until it is back")
         await self.controls.start()
         await self.janitor.start()
+        await self.parked.start()
         self._redis_watch = asyncio.create_task(self.claimer.watch_redis(), name="redis-watch")
 
     async def close(self) -> None:
         self.claimer.drain()
         await self.janitor.stop()
+        await self.parked.stop()
         await self.results.close()
         await self.controls.stop()
         if self._redis_watch is not None:

@@ -113,6 +113,8 @@ async def list_runtimes(request: Request, gw: Gateway) -> Response:
     walked = await walk_runtimes(gw.store, after, walk, prefixes)
     page, next_cursor = page_of(walked, limit, walk, principal)
     rows = await summarize_runtimes(gw.store, page)
+    ids = [row.runtime_id for row in rows]
+    parked = await gw.parked.fleet(ids, {rt: gw.claimer.parked(rt) for rt in ids})
     return json_response(
         {
             "runtimes": [
@@ -121,8 +123,9 @@ async def list_runtimes(request: Request, gw: Gateway) -> Response:
                     "queued": row.queued,
                     "claimed": row.claimed,
                     "oldest_queued_age_seconds": row.oldest_queued_age_seconds,
-                    "parked_pollers": gw.claimer.parked(row.runtime_id),
+                    "parked_pollers": parked[row.runtime_id],
                     "paused": gw.controls.paused(row.runtime_id),
+                    "dead": row.dead,
                 }
                 for row in rows
             ],

@@ -644,6 +644,8 @@ class Store:
             change.paused is not None,
             change.sets_max_in_flight,
             change.sets_claims_per_second,
+            change.paused_reason,
+            change.paused_until,
         )
         row = await self._run(lambda c: c.fetchrow(q.SET_CONTROLS, *args))
         return Controls.of(row)
@@ -796,6 +798,7 @@ class RuntimeSummary:
     queued: int
     claimed: int
     oldest_queued_age_seconds: float | None
+    dead: int = 0  # finished dead, from task_counts (not a count of the history)
 
 
 async def walk_runtimes(
@@ -815,6 +818,8 @@ async def summarize_runtimes(store: Store, runtime_ids: Sequence[str]) -> list[R
         return []
     rows = await store.run(lambda c: c.fetch(q.RUNTIMES_SUMMARY, list(runtime_ids)))
     return [
-        RuntimeSummary(r["runtime_id"], r["queued"], r["claimed"], r["oldest_queued_age_seconds"])
+        RuntimeSummary(
+            r["runtime_id"], r["queued"], r["claimed"], r["oldest_queued_age_seconds"], r["dead"]
+        )
         for r in rows
     ]

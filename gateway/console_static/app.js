@@ -132,6 +132,7 @@ const RUNTIME_COLUMNS = [
   ["runtime_id", "Runtime", "text"],
   ["queued", "Queued", "num"],
   ["claimed", "Claimed", "num"],
+  ["dead", "Dead", "num"],
   ["oldest_queued_age_seconds", "Oldest queued", "num"],
   ["parked_pollers", "Parked pollers", "num"],
   ["paused", "State", "text"],
@@ -208,6 +209,7 @@ function showRuntimes() {
         ),
         h("td", { class: "num" }, r.queued),
         h("td", { class: "num" }, r.claimed),
+        h("td", { class: "num" }, r.dead),
         h("td", { class: "num" }, age(r.oldest_queued_age_seconds)),
         h("td", { class: "num" }, r.parked_pollers),
         h("td", {}, r.paused ? h("span", { class: "badge paused" }, "paused") : "running"),
@@ -272,6 +274,15 @@ function showRuntime(rt) {
   // The runtime's controls: pause and resume, and the limits form.
   const state = h("p", { id: "runtime-state" });
   const toggle = h("button", { type: "button", id: "pause-toggle" }, "…");
+  // Sent with a pause only; shown to everyone who opens the runtime while it is paused.
+  const reasonLabel = h("label", { for: "pause-reason" }, "Reason for pausing (optional)");
+  const reason = h("input", {
+    id: "pause-reason",
+    name: "reason",
+    maxlength: "500",
+    autocomplete: "off",
+    placeholder: "e.g. database maintenance",
+  });
   const controlsMessage = h("div", { class: "message" });
   const maxInFlight = h("input", {
     id: "max-in-flight",
@@ -323,8 +334,16 @@ function showRuntime(rt) {
       c.paused ? h("span", { class: "badge paused" }, "paused") : h("span", { class: "badge running" }, "running"),
       ` — ${limitText(c)}. `,
       c.paused ? "Claims hand out nothing; enqueues still work." : "",
+      c.paused && c.paused_reason
+        ? h("span", { id: "pause-reason-shown", class: "reason" }, ` Reason: ${c.paused_reason}.`)
+        : "",
+      c.paused && c.paused_since ? ` Paused since ${c.paused_since.slice(0, 19).replace("T", " ")} UTC.` : "",
+      c.paused && c.paused_until
+        ? ` Resumes by itself at ${c.paused_until.slice(0, 19).replace("T", " ")} UTC.`
+        : "",
     );
     replace(toggle, c.paused ? "Resume runtime" : "Pause runtime");
+    reasonLabel.hidden = reason.hidden = c.paused;
     if (fillForm) {
       maxInFlight.value = c.max_in_flight ?? "";
       perSecond.value = c.claims_per_second ?? "";
@@ -347,10 +366,11 @@ function showRuntime(rt) {
     if (!controls) return;
     toggle.disabled = true;
     const pausing = !controls.paused;
+    const why = reason.value.trim();
     await change(
       "POST",
       pausing ? path.pause(rt) : path.resume(rt),
-      undefined,
+      pausing && why ? { reason: why } : undefined,
       pausing ? "Paused: claims hand out nothing until it is resumed." : "Resumed.",
     );
     toggle.disabled = false;
@@ -373,7 +393,14 @@ function showRuntime(rt) {
     stamp,
     counts,
     h("h2", {}, "Controls"),
-    h("div", { class: "controls" }, state, toggle, limits, controlsMessage),
+    h(
+      "div",
+      { class: "controls" },
+      state,
+      h("div", { class: "inline" }, reasonLabel, reason, toggle),
+      limits,
+      controlsMessage,
+    ),
     h("h2", {}, "Tasks"),
     filters,
     list,

@@ -12,6 +12,7 @@ import contextlib
 import os
 import secrets
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -58,6 +59,24 @@ async def _seed(api: Api) -> str:
         {"lease_id": task["lease_id"], "result": {"exit_code": 0, "duration_seconds": 41.7}},
     )
     del done
+    # Two tasks that ended dead, for the runtimes list's dead column.
+    for n in range(2):
+        await api.enqueue(rt, {"repo": "acme/legacy", "n": n})
+        [doomed] = (await api.ok("POST", f"/v1/runtimes/{rt}/claim", {"worker_id": "runner-3"}))[
+            "tasks"
+        ]
+        await api.ok(
+            "POST",
+            f"/v1/tasks/{doomed['id']}/fail",
+            {"lease_id": doomed["lease_id"], "error": "exit code 2", "retry": False},
+        )
+    # The runtime page shows a pause's reason and end.
+    until = (datetime.now(UTC) + timedelta(hours=2)).isoformat()
+    await api.ok(
+        "POST",
+        f"/v1/runtimes/{rt}:pause",
+        {"reason": "runner image upgrade in progress", "until": until},
+    )
     shown = await api.enqueue(
         rt,
         {

@@ -4,6 +4,7 @@ from the problem `code`."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -139,9 +140,20 @@ async def test_runtime_controls(database_url, redis_url, redis_prefix, runtime_i
         with pytest.raises(ValidationFailed):
             await client.set_controls(runtime_id, max_in_flight=0)
         assert await client.get_controls(runtime_id) == unlimited
+        until = datetime.now(UTC) + timedelta(hours=1)
+        paused = await client.pause(runtime_id, reason="nightly export", until=until)
+        assert (paused.paused, paused.paused_reason) == (True, "nightly export")
+        assert paused.paused_until is not None and paused.paused_since is not None
+        stats = await client.stats(runtime_id)
+        assert (stats.paused_reason, stats.paused_until) == ("nightly export", paused.paused_until)
+        with pytest.raises(ValidationFailed):
+            await client.pause(runtime_id, until="2001-01-01T00:00:00Z")
+        assert (await client.get_controls(runtime_id)).paused_reason == "nightly export"
+        await client.resume(runtime_id)
 
         def sync_calls() -> None:
             with Client(gw.url, TOKEN) as sync:
+                assert sync.pause(runtime_id, reason="sync").paused_reason == "sync"
                 assert sync.pause(runtime_id).paused is True
                 assert sync.set_controls(runtime_id, claims_per_second=None).paused is True
                 assert sync.resume(runtime_id).paused is False

@@ -164,9 +164,16 @@ async def test_the_console_in_a_browser(
                 await page.get_by_role("button", name="Sign out").click()
                 await page.get_by_label("API token").fill(controller)
                 await page.get_by_role("button", name="Sign in").click()
+                await page.get_by_label("Reason for pausing").fill("disk <b>full</b>")
                 await page.get_by_role("button", name="Pause runtime").click()
                 await page.get_by_role("status").filter(has_text="Paused").wait_for()
                 await page.locator("#runtime-state .badge", has_text="paused").wait_for()
+                # The reason is shown as text, and stored as given.
+                shown = page.locator("#pause-reason-shown")
+                assert (await shown.text_content() or "").strip() == "Reason: disk <b>full</b>."
+                assert (await admin.ok("GET", f"/v1/runtimes/{runtime_id}/controls"))[
+                    "paused_reason"
+                ] == "disk <b>full</b>"
                 claim = asyncio.create_task(
                     admin.ok(
                         "POST",
@@ -195,6 +202,25 @@ async def test_the_console_in_a_browser(
                 assert (await admin.ok("GET", f"/v1/runtimes/{runtime_id}/controls"))[
                     "max_in_flight"
                 ] == 4
+                # The runtimes list shows how many of a runtime's tasks ended dead.
+                for n in range(2):
+                    await admin.ok("POST", f"/v1/runtimes/{runtime_id}/tasks", {"payload": n})
+                [doomed] = (
+                    await admin.ok(
+                        "POST", f"/v1/runtimes/{runtime_id}/claim", {"worker_id": "doomed"}
+                    )
+                )["tasks"]
+                await admin.ok(
+                    "POST",
+                    f"/v1/tasks/{doomed['id']}/fail",
+                    {"lease_id": doomed["lease_id"], "error": "broken", "retry": False},
+                )
+                await page.goto(f"{base}/console#/")
+                row = page.locator("#runtimes tbody tr", has_text=runtime_id)
+                await row.wait_for()
+                dead_column = await page.locator("#runtimes thead th").all_text_contents()
+                dead_cell = row.locator("td").nth(dead_column.index("Dead") - 1)
+                await dead_cell.filter(has_text=re.compile(r"^1$")).wait_for()
 
         proc.terminate()
         text = b"".join(await asyncio.wait_for(logs, 30)).decode()

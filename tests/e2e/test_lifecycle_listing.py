@@ -170,6 +170,9 @@ async def test_stats_of_an_unused_runtime(gw, runtime_id):
         "oldest_queued_age_seconds": None,
         "parked_pollers": 0,
         "paused": False,
+        "paused_reason": None,
+        "paused_since": None,
+        "paused_until": None,
     }
 
 

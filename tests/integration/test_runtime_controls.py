@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -233,6 +234,9 @@ async def test_controls_read_and_validation(
             "max_in_flight": None,
             "claims_per_second": None,
             "updated_at": None,
+            "paused_reason": None,
+            "paused_since": None,
+            "paused_until": None,
         }
         for bad, field in (
             ({"max_in_flight": 0}, "max_in_flight"),
@@ -324,3 +328,155 @@ async def test_a_lease_reclaimed_as_dead_wakes_a_parked_poll(
         assert [t["id"] for t in got] == [second]
         status, dead = await a.call("GET", f"/v1/tasks/{held['id']}")
         assert status == 200 and dead["status"] == "dead"
+
+
+def _in(seconds: float) -> str:
+    return (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat()
+
+
+@pytest.mark.parametrize("limited", [False, True], ids=["unlimited", "max_in_flight"])
+async def test_a_pause_with_until_ends_by_itself_and_wakes_parked_polls_on_every_instance(
+    database_url: str, redis_url: str, redis_prefix: str, runtime_id: str, limited: bool
+) -> None:
+    """A pauses for 2 s with a reason; a poll parked on B (and one on A) while a task is
+    queued is served once the pause ends, with no resume. Before the end both instances
+    show the reason and end; after it, controls and stats read as not paused. With a
+    max_in_flight the limited claim's SQL must see the end too. Parked polls would
+    otherwise sleep out the 60 s empty TTL, and the janitor's wake-ups of runtimes with
+    claimable work are an hour apart: only the pause's end can serve them in time."""
+    cfg = make_settings(
+        database_url,
+        redis_url,
+        redis_prefix,
+        empty_ttl_seconds=60,
+        janitor_interval_seconds=3600,
+    )
+    async with running_gateway(cfg) as a, running_gateway(cfg) as b:
+        if limited:
+            await _controls(a, runtime_id, max_in_flight=5)
+        status, paused = await a.call(
+            "POST", f"/v1/runtimes/{runtime_id}:pause", {"reason": "db failover", "until": _in(2)}
+        )
+        assert status == 200, paused
+        assert (paused["paused"], paused["paused_reason"]) == (True, "db failover")
+        assert paused["paused_since"] is not None and paused["paused_until"] is not None
+        await wait_until(lambda: b.gateway.controls.paused(runtime_id), 5, "B learns the pause")
+        status, stats = await b.call("GET", f"/v1/runtimes/{runtime_id}/stats")
+        assert status == 200
+        assert {k: stats[k] for k in paused if k.startswith("paused")} == {
+            k: paused[k] for k in paused if k.startswith("paused")
+        }
+        on_b = _claim_task(b, runtime_id, worker="on-b", wait_seconds=20)
+        on_a = _claim_task(a, runtime_id, worker="on-a", wait_seconds=20)
+        await wait_until(lambda: b.gateway.claimer.parked(runtime_id) == 1, 5, "B's poll parks")
+        await wait_until(lambda: a.gateway.claimer.parked(runtime_id) == 1, 5, "A's poll parks")
+        first = await a.enqueue(runtime_id, {"n": 1})
+        second = await b.enqueue(runtime_id, {"n": 2})
+        assert await b.claim(runtime_id) == []
+        assert not on_b.done() and not on_a.done()
+        got = await asyncio.wait_for(asyncio.gather(on_a, on_b), 15)
+        assert sorted(t["id"] for g in got for t in g) == sorted([first["id"], second["id"]])
+        for inst in (a, b):
+            status, controls = await inst.call("GET", f"/v1/runtimes/{runtime_id}/controls")
+            assert status == 200 and controls["paused"] is False
+            assert controls["paused_reason"] is None and controls["paused_until"] is None
+            status, stats = await inst.call("GET", f"/v1/runtimes/{runtime_id}/stats")
+            assert stats["paused"] is False and stats["paused_reason"] is None
+
+
+async def test_pause_reason_and_since_kept_or_replaced_and_cleared_by_resume(
+    database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
+) -> None:
+    """A second pause replaces the reason and end but keeps paused_since; a PATCH pause
+    has no reason; a resume clears all three; an empty body pauses until resumed."""
+    cfg = make_settings(database_url, redis_url, redis_prefix)
+    async with running_gateway(cfg) as a:
+        pause = f"/v1/runtimes/{runtime_id}:pause"
+        status, first = await a.call("POST", pause, {"reason": "deploy", "until": _in(3600)})
+        assert status == 200 and first["paused_reason"] == "deploy"
+        status, second = await a.call("POST", pause, {"reason": "x" * 500})
+        assert status == 200, second
+        assert second["paused_reason"] == "x" * 500 and second["paused_until"] is None
+        assert second["paused_since"] == first["paused_since"]
+        resumed = await _post(a, f"/v1/runtimes/{runtime_id}:resume")
+        assert [resumed[k] for k in ("paused", "paused_reason", "paused_since")] == [
+            False,
+            None,
+            None,
+        ]
+        body = await _controls(a, runtime_id, paused=True)
+        assert body["paused"] is True and body["paused_reason"] is None
+        assert body["paused_since"] is not None and body["paused_since"] > first["paused_since"]
+        await _post(a, f"/v1/runtimes/{runtime_id}:resume")
+        plain = await _post(a, pause)
+        assert (plain["paused"], plain["paused_reason"], plain["paused_until"]) == (
+            True,
+            None,
+            None,
+        )
+
+
+async def test_bad_pause_bodies_are_422_naming_the_field_and_store_nothing(
+    database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
+) -> None:
+    """Each bad body answers 422 naming its field; the runtime stays without controls."""
+    cfg = make_settings(database_url, redis_url, redis_prefix)
+    async with running_gateway(cfg) as a:
+        for bad, field in (
+            ({"reason": "x" * 501}, "reason"),
+            ({"reason": ""}, "reason"),
+            ({"reason": 5}, "reason"),
+            ({"until": (datetime.now(UTC) - timedelta(seconds=5)).isoformat()}, "until"),
+            ({"until": "tomorrow"}, "until"),
+            ({"until": "2099-01-01T00:00:00"}, "until"),
+            ({"until": 4102444800}, "until"),
+            ({"reason": "ok", "for": 5}, "for"),
+        ):
+            status, problem = await a.call("POST", f"/v1/runtimes/{runtime_id}:pause", bad)
+            assert status == 422, (bad, problem)
+            assert problem["field"] == field, (bad, problem)
+        status, problem = await a.call("POST", f"/v1/runtimes/{runtime_id}:pause", [1, 2])
+        assert status == 400, problem
+        status, body = await a.call("GET", f"/v1/runtimes/{runtime_id}/controls")
+        assert status == 200 and body["updated_at"] is None and body["paused"] is False
+        assert not a.gateway.controls.paused(runtime_id)
+
+
+async def test_the_listing_counts_parked_polls_of_every_instance(
+    database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
+) -> None:
+    """Two polls parked on B and one on A (the runtime is paused, with a task queued):
+    A's listing shows 3 once B has reported, and 1 again once B's polls left and B
+    reported that; each instance's own count is live."""
+    cfg = make_settings(database_url, redis_url, redis_prefix)
+    async with running_gateway(cfg) as a, running_gateway(cfg) as b:
+        status, body = await a.call(
+            "POST",
+            "/v1/admin/tokens",
+            {"name": f"{runtime_id}-list", "scopes": ["read"], "runtimes": [runtime_id]},
+        )
+        assert status == 201, body
+        reader = {"Authorization": f"Bearer {body['token']}"}
+
+        async def listed(inst: Instance) -> int:
+            status, page = await inst.call("GET", "/v1/runtimes", headers=reader)
+            assert status == 200, page
+            [row] = [r for r in page["runtimes"] if r["runtime_id"] == runtime_id]
+            return int(row["parked_pollers"])
+
+        await _post(a, f"/v1/runtimes/{runtime_id}:pause")
+        await wait_until(lambda: b.gateway.controls.paused(runtime_id), 5, "B learns the pause")
+        await a.enqueue(runtime_id, {"n": 1})
+        on_b = [_claim_task(b, runtime_id, worker=f"b{i}", wait_seconds=30) for i in range(2)]
+        on_a = _claim_task(a, runtime_id, worker="a0", wait_seconds=30)
+        await wait_until(lambda: b.gateway.claimer.parked(runtime_id) == 2, 5, "B's polls park")
+        await wait_until(lambda: a.gateway.claimer.parked(runtime_id) == 1, 5, "A's poll parks")
+        assert await listed(b) >= 2  # its own, live
+        await b.gateway.parked.report()
+        assert await listed(a) == 3
+        for poll in on_b:
+            poll.cancel()
+        await wait_until(lambda: b.gateway.claimer.parked(runtime_id) == 0, 5, "B's polls leave")
+        await b.gateway.parked.report()
+        assert await listed(a) == 1
+        on_a.cancel()

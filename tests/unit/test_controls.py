@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,9 +16,11 @@ from gateway.controls import (
     LimitedClaim,
     RuntimeControls,
     parse_controls,
+    parse_pause,
     refill_wait_seconds,
 )
 from gateway.errors import ValidationFailed
+from tests.support.waiting import wait_until
 
 
 @pytest.mark.parametrize(
@@ -83,6 +86,8 @@ class FakeStore:
             old.paused if change.paused is None else change.paused,
             change.max_in_flight if change.sets_max_in_flight else old.max_in_flight,
             change.claims_per_second if change.sets_claims_per_second else old.claims_per_second,
+            paused_reason=change.paused_reason,
+            paused_until=change.paused_until,
         )
         self.rows[runtime_id] = new
         return new
@@ -148,3 +153,51 @@ async def test_an_older_read_never_replaces_a_newer_one() -> None:
     store.rows["a"] = Controls("a", paused=True, updated_at=now - timedelta(seconds=1))
     await controls.refresh()
     assert not controls.paused("a")
+
+
+def test_a_pause_body_is_optional_and_until_must_be_ahead() -> None:
+    now = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
+    assert parse_pause({}, now) == ControlsChange(paused=True)
+    change = parse_pause({"reason": "r", "until": "2026-11-26T12:00:01Z"}, now)
+    assert (change.paused_reason, change.paused_until) == ("r", now + timedelta(seconds=1))
+    for body, field in (
+        ({"until": "2026-11-26T12:00:00Z"}, "until"),
+        ({"until": "2026-11-26T13:00:00"}, "until"),
+        ({"reason": "x" * 501}, "reason"),
+        ({"why": "x"}, "why"),
+        ("x", "body"),
+    ):
+        with pytest.raises(ValidationFailed) as caught:
+            parse_pause(body, now)
+        assert caught.value.extra["field"] == field, body
+
+
+def test_a_pause_past_its_end_reads_as_not_paused() -> None:
+    now = datetime.now(UTC)
+    ended = Controls("a", paused=True, paused_reason="r", paused_until=now - timedelta(seconds=1))
+    assert not ended.paused_now()
+    assert ended.render_pause() == {
+        "paused": False,
+        "paused_reason": None,
+        "paused_since": None,
+        "paused_until": None,
+    }
+    assert Controls("a", paused=True, paused_until=now + timedelta(hours=1)).paused_now()
+
+
+async def test_the_end_of_a_pause_wakes_the_runtime_once() -> None:
+    """The per-process timer: no reload, no message; the runtime is reported changed
+    once its pause ends, and a resume before the end cancels the timer."""
+    store, cache, changed = FakeStore(), FakeCache(), []
+    controls = RuntimeControls(store, cache, changed.append)
+    soon = datetime.now(UTC) + timedelta(seconds=0.2)
+    await controls.change("a", ControlsChange(paused=True, paused_until=soon))
+    await controls.change("b", ControlsChange(paused=True, paused_until=soon))
+    await controls.change("b", ControlsChange(paused=False))
+    changed.clear()
+    assert controls.paused("a")
+    await wait_until(lambda: changed == ["a"], 5, "the end of a's pause")
+    assert not controls.paused("a")
+    await asyncio.sleep(0.3)  # b's cancelled timer would have fired by now
+    assert changed == ["a"]
+    await controls.stop()

@@ -1,4 +1,4 @@
-"""`work` and `enqueue`: the client's commands, in `gateway` (the server's command) and
+"""`work`, `enqueue` and `runtime`: the client's commands, in `gateway` (the server's command) and
 in `gateway-client` (this distribution's). Only the standard library is imported
 until a command runs, so that building the parser costs nothing."""
 
@@ -95,6 +95,175 @@ def add_commands(sub: Any) -> None:
     )
     _connection_options(enqueue)
     enqueue.set_defaults(func=cmd_enqueue)
+    _add_runtime_command(sub)
+
+
+# `runtime`'s exit codes (argparse's own usage errors are 2 as well).
+EXIT_BAD_ARGUMENTS = 2
+RUNTIME_HELP = (
+    "Each action prints the runtime's controls afterwards as JSON: paused, paused_reason, "
+    "paused_since, paused_until, max_in_flight, claims_per_second, updated_at. Exit codes: "
+    f"0 done, {EXIT_ERROR} the gateway refused the call or could not be reached (the "
+    f"reason goes to stderr), {EXIT_BAD_ARGUMENTS} bad arguments. pause, resume and limits "
+    "need a token with the control scope (or admin) that covers the runtime; show needs "
+    "the read scope. "
+)
+UNTIL_HELP = (
+    "when the pause ends by itself: an RFC 3339 time with a zone "
+    "(2026-11-26T18:00:00Z) or a duration from now (90s, 30m, 2h, 1d); "
+    "default: until `gateway runtime resume`"
+)
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _add_runtime_command(sub: Any) -> None:
+    runtime = sub.add_parser(
+        "runtime",
+        help="pause, resume, limit or show a runtime",
+        description="Runtime controls, through the gateway's HTTP API. A paused runtime "
+        "hands out no tasks to its workers (their claims wait), while tasks can still be "
+        "enqueued; limits bound how many of its tasks are worked on at once "
+        "(--max-in-flight) and how many are handed out per second (--claims-per-second), "
+        "over every gateway instance. " + RUNTIME_HELP + CONNECTION_HELP,
+    )
+    actions = runtime.add_subparsers(dest="action", metavar="ACTION", required=True)
+    pause = actions.add_parser(
+        "pause",
+        help="stop handing out the runtime's tasks, optionally with a reason and an end",
+        description="Pause RUNTIME: its workers get no tasks until it is resumed, or until "
+        "--until. Pausing a paused runtime replaces its reason and end. "
+        + RUNTIME_HELP
+        + CONNECTION_HELP,
+    )
+    pause.add_argument("runtime", metavar="RUNTIME")
+    pause.add_argument(
+        "--reason",
+        metavar="TEXT",
+        help="why, shown with the runtime's controls, stats and in the console (at most "
+        "500 characters)",
+    )
+    pause.add_argument("--until", metavar="TIME", help=UNTIL_HELP)
+    resume = actions.add_parser(
+        "resume",
+        help="hand out the runtime's tasks again",
+        description="Resume RUNTIME: its waiting workers get tasks at once. Resuming a "
+        "runtime that is not paused changes nothing. " + RUNTIME_HELP + CONNECTION_HELP,
+    )
+    resume.add_argument("runtime", metavar="RUNTIME")
+    limits = actions.add_parser(
+        "limits",
+        help="set or remove the runtime's limits",
+        description="Set or remove RUNTIME's limits; give at least one option. A limit left "
+        "out keeps its value; `none` removes it. " + RUNTIME_HELP + CONNECTION_HELP,
+    )
+    limits.add_argument("runtime", metavar="RUNTIME")
+    limits.add_argument(
+        "--max-in-flight",
+        metavar="N|none",
+        help="at most N (1-100000) of the runtime's tasks being worked on at once",
+    )
+    limits.add_argument(
+        "--claims-per-second",
+        metavar="R|none",
+        help="at most R tasks handed out per second (above 0, at most 100000; fractions "
+        "allowed: 0.5 is one every two seconds)",
+    )
+    show = actions.add_parser(
+        "show",
+        help="print the runtime's controls",
+        description="Print RUNTIME's controls as JSON. A runtime never paused or limited "
+        "shows paused false, no limits and updated_at null. " + RUNTIME_HELP + CONNECTION_HELP,
+    )
+    show.add_argument("runtime", metavar="RUNTIME")
+    for parser in (pause, resume, limits, show):
+        _connection_options(parser)
+        parser.set_defaults(func=cmd_runtime)
+
+
+def parse_until(value: str) -> str:
+    """--until: an RFC 3339 time as given, or a duration from now (90s, 30m, 2h, 1d)
+    as an RFC 3339 UTC time. ValueError for anything else."""
+    from datetime import UTC, datetime, timedelta
+
+    text = value.strip()
+    if text[:-1].replace(".", "", 1).isdigit() and text[-1:] in _UNITS:
+        seconds = float(text[:-1]) * _UNITS[text[-1]]
+        if seconds <= 0:
+            raise ValueError("a duration must be more than 0")
+        return (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat()
+    if "T" not in text and "t" not in text and " " not in text:
+        raise ValueError(
+            "give an RFC 3339 time such as 2026-11-26T18:00:00Z or a duration such as 30m"
+        )
+    return text  # the gateway checks it, and answers naming `until`
+
+
+def parse_limit(option: str, value: str | None, kind: type[int] | type[float]) -> Any:
+    """A limit option: KEEP when not given, None for `none`, else the number."""
+    from .models import KEEP
+
+    if value is None:
+        return KEEP
+    if value.strip().lower() == "none":
+        return None
+    try:
+        return kind(value)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise ValueError(f"{option} must be {what} or none, not {value!r}") from None
+
+
+def cmd_runtime(args: argparse.Namespace) -> int:
+    import asyncio
+    import dataclasses
+
+    from .client import AsyncClient
+    from .errors import Forbidden, GatewayError
+    from .models import KEEP
+
+    name = f"runtime {args.action}"
+    try:
+        if args.action == "pause":
+            until = None if args.until is None else parse_until(args.until)
+        if args.action == "limits":
+            max_in_flight = parse_limit("--max-in-flight", args.max_in_flight, int)
+            rate = parse_limit("--claims-per-second", args.claims_per_second, float)
+            if max_in_flight is KEEP and rate is KEEP:
+                raise ValueError("give --max-in-flight, --claims-per-second or both")
+    except ValueError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENTS
+
+    async def run() -> dict[str, Any]:
+        async with AsyncClient(args.url, args.token) as client:
+            if args.action == "pause":
+                controls = await client.pause(args.runtime, reason=args.reason, until=until)
+            elif args.action == "resume":
+                controls = await client.resume(args.runtime)
+            elif args.action == "limits":
+                controls = await client.set_controls(
+                    args.runtime, max_in_flight=max_in_flight, claims_per_second=rate
+                )
+            else:
+                controls = await client.get_controls(args.runtime)
+            return dataclasses.asdict(controls)
+
+    try:
+        controls = asyncio.run(run())
+    except Forbidden as exc:
+        needed = "read" if args.action == "show" else "control (or admin)"
+        print(
+            f"{name}: forbidden: {exc.detail}. This needs a token with the {needed} scope "
+            f"that covers runtime {args.runtime}.",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    except GatewayError as exc:
+        field = f" (field {exc.field})" if exc.field else ""
+        print(f"{name}: {exc.code}: {exc.detail}{field}", file=sys.stderr)
+        return EXIT_ERROR
+    print(json.dumps(controls))
+    return 0
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
@@ -224,7 +393,7 @@ def cmd_work(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`gateway-client work|enqueue ...`, for an install of the client alone."""
+    """`gateway-client work|enqueue|runtime ...`, for an install of the client alone."""
     parser = argparse.ArgumentParser(prog="gateway-client", description=__doc__)
     parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
     add_commands(parser.add_subparsers(dest="command_name", metavar="COMMAND", required=True))

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator, Iterable, Mapping
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
@@ -396,9 +397,19 @@ class AsyncClient:
         _, data, _ = await self.request("PATCH", f"/v1/runtimes/{runtime}/controls", body)
         return Controls.from_json(data)
 
-    async def pause(self, runtime: str) -> Controls:
-        """Claims of the runtime hand out nothing until it is resumed; idempotent."""
-        _, data, _ = await self.request("POST", f"/v1/runtimes/{runtime}:pause")
+    async def pause(
+        self, runtime: str, *, reason: str | None = None, until: datetime | str | None = None
+    ) -> Controls:
+        """Claims of the runtime hand out nothing until it is resumed, or until `until`
+        (an aware datetime or an RFC 3339 string, in the future) if given; `reason` (at
+        most 500 characters) is shown with its controls. Idempotent; pausing again
+        replaces the reason and end."""
+        body: dict[str, str] = {}
+        if reason is not None:
+            body["reason"] = reason
+        if until is not None:
+            body["until"] = until.isoformat() if isinstance(until, datetime) else until
+        _, data, _ = await self.request("POST", f"/v1/runtimes/{runtime}:pause", body or None)
         return Controls.from_json(data)
 
     async def resume(self, runtime: str) -> Controls:

@@ -78,6 +78,9 @@ class Stats:
     oldest_queued_age_seconds: float | None
     parked_pollers: int
     paused: bool = False
+    paused_reason: str | None = None  # these three: None unless paused
+    paused_since: str | None = None
+    paused_until: str | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Stats:
@@ -87,6 +90,9 @@ class Stats:
             oldest_queued_age_seconds=data.get("oldest_queued_age_seconds"),
             parked_pollers=data.get("parked_pollers", 0),
             paused=data.get("paused", False),
+            paused_reason=data.get("paused_reason"),
+            paused_since=data.get("paused_since"),
+            paused_until=data.get("paused_until"),
         )
 
 
@@ -224,6 +230,7 @@ class RuntimeSummary:
     oldest_queued_age_seconds: float | None
     parked_pollers: int
     paused: bool = False
+    dead: int = 0  # its tasks ended dead and not yet deleted by retention
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RuntimeSummary:
@@ -234,6 +241,7 @@ class RuntimeSummary:
             oldest_queued_age_seconds=data.get("oldest_queued_age_seconds"),
             parked_pollers=data.get("parked_pollers", 0),
             paused=data.get("paused", False),
+            dead=data.get("dead", 0),
         )
 
 
@@ -260,13 +268,18 @@ class Controls:
     """A runtime's controls. While `paused`, claims hand out nothing (enqueues work);
     `max_in_flight` bounds its tasks leased at once over every gateway instance,
     `claims_per_second` the tasks leased per second (burst: one second's worth). None:
-    no limit. `updated_at` is None for a runtime never changed."""
+    no limit. `updated_at` is None for a runtime never changed. While paused,
+    `paused_reason`, `paused_since` and `paused_until` (RFC 3339 strings) describe the
+    pause; a pause past its `paused_until` reads as not paused."""
 
     runtime_id: str
     paused: bool
     max_in_flight: int | None
     claims_per_second: float | None
     updated_at: str | None
+    paused_reason: str | None = None
+    paused_since: str | None = None
+    paused_until: str | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Controls:
@@ -276,4 +289,7 @@ class Controls:
             max_in_flight=data.get("max_in_flight"),
             claims_per_second=data.get("claims_per_second"),
             updated_at=data.get("updated_at"),
+            paused_reason=data.get("paused_reason"),
+            paused_since=data.get("paused_since"),
+            paused_until=data.get("paused_until"),
         )

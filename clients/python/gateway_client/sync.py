@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine, Iterable, Iterator
+from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -153,8 +154,11 @@ class Client:
             )
         )
 
-    def pause(self, runtime: str) -> Controls:
-        return self._run(self.aio.pause(runtime))
+    def pause(
+        self, runtime: str, *, reason: str | None = None, until: datetime | str | None = None
+    ) -> Controls:
+        """As AsyncClient.pause: `until` ends the pause by itself, `reason` is shown."""
+        return self._run(self.aio.pause(runtime, reason=reason, until=until))
 
     def resume(self, runtime: str) -> Controls:
         return self._run(self.aio.resume(runtime))
