@@ -92,6 +92,11 @@ def keys_for(prefix: str, runtime_id: str) -> Keys:
     return Keys(version=f"{base}:version", empty=f"{base}:empty", wake=f"{base}:wake")
 
 
+# The suffix of an instance's field for tasks it handed out in the last minute, in the
+# runtime's parked hash (gateway/parked.py, gateway/activity.py).
+CLAIMS_FIELD = "/claims"
+
+
 def parked_key(prefix: str, runtime_id: str) -> str:
     """The hash of the runtime's parked claims per instance (gateway/parked.py), in the
     runtime's cluster slot."""
@@ -375,30 +380,49 @@ class VerdictCache:
             await self._call("publish", go)
 
     async def write_parked(
-        self, instance: str, counts: Mapping[str, int], ttl_seconds: float
+        self,
+        instance: str,
+        counts: Mapping[str, int],
+        ttl_seconds: float,
+        claims: Mapping[str, int] | None = None,
     ) -> None:
-        """This instance's parked claims per runtime (gateway/parked.py): one hash per
-        runtime, `<prefix>:{<rt>}:parked`, field `instance`; a zero removes the field.
-        One round trip."""
+        """This instance's parked claims per runtime, and the tasks it handed out in the
+        last minute (gateway/parked.py): one hash per runtime, `<prefix>:{<rt>}:parked`,
+        field `instance` for the parked claims and `instance` + CLAIMS_FIELD for the
+        tasks; a zero removes the field. One round trip."""
         expires_ms = int((time.time() + ttl_seconds) * 1000)
+        claims = claims or {}
 
         async def go() -> None:
             async with self._client.pipeline(transaction=False) as pipe:
-                for runtime_id, n in counts.items():
+                for runtime_id in counts.keys() | claims.keys():
                     key = parked_key(self.prefix, runtime_id)
-                    if n > 0:
-                        pipe.hset(key, instance, f"{n} {expires_ms}")
+                    n, tasks = counts.get(runtime_id), claims.get(runtime_id)
+                    if n is not None:
+                        if n > 0:
+                            pipe.hset(key, instance, f"{n} {expires_ms}")
+                        else:
+                            pipe.hdel(key, instance)
+                    if tasks is not None:
+                        # No space in this value: readers that predate the field skip
+                        # it rather than add it to the parked claims.
+                        if tasks > 0:
+                            pipe.hset(key, instance + CLAIMS_FIELD, f"{tasks},{expires_ms}")
+                        else:
+                            pipe.hdel(key, instance + CLAIMS_FIELD)
+                    if (n or 0) > 0 or (tasks or 0) > 0:
                         pipe.pexpire(key, int(ttl_seconds * 1000))
-                    else:
-                        pipe.hdel(key, instance)
                 await pipe.execute()
 
-        if counts:
+        if counts or claims:
             await self._call("parked pollers report", go)
 
-    async def read_parked(self, runtime_ids: Sequence[str], exclude: str) -> dict[str, int]:
-        """Parked claims per runtime reported by instances other than `exclude` and not
-        yet expired (gateway/parked.py); one round trip."""
+    async def read_parked(
+        self, runtime_ids: Sequence[str], exclude: str
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        """Parked claims, and tasks handed out in the last minute, per runtime, as
+        reported by instances other than `exclude` and not yet expired
+        (gateway/parked.py); one round trip."""
 
         async def go() -> list[Any]:
             async with self._client.pipeline(transaction=False) as pipe:
@@ -407,20 +431,23 @@ class VerdictCache:
                 return list(await pipe.execute())
 
         if not runtime_ids:
-            return {}
+            return {}, {}
         answers = await self._call("parked pollers read", go)
         now_ms = time.time() * 1000
-        out: dict[str, int] = {}
+        parked: dict[str, int] = {}
+        claims: dict[str, int] = {}
         for runtime_id, fields in zip(runtime_ids, answers, strict=True):
-            total = 0
-            for instance, value in (fields or {}).items():
-                name = instance.decode() if isinstance(instance, bytes) else str(instance)
+            parked[runtime_id] = claims[runtime_id] = 0
+            for field, value in (fields or {}).items():
+                name = field.decode() if isinstance(field, bytes) else str(field)
                 text = value.decode() if isinstance(value, bytes) else str(value)
-                count, _, expires = text.partition(" ")
-                if name != exclude and expires and float(expires) > now_ms:
-                    total += int(count)
-            out[runtime_id] = total
-        return out
+                is_claims = name.endswith(CLAIMS_FIELD)
+                count, _, expires = text.partition("," if is_claims else " ")
+                if name.removesuffix(CLAIMS_FIELD) == exclude or not expires:
+                    continue
+                if float(expires) > now_ms:
+                    (claims if is_claims else parked)[runtime_id] += int(count)
+        return parked, claims
 
     async def publish_control(self, message: str) -> None:
         """Publish `message` on the process-wide control channel, which every instance's

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from . import logs
+from .activity import ClaimActivity
 from .controls import ClaimControls
 from .errors import CacheUnavailable, Draining, GatewayError, Overloaded, StoreUnavailable
 from .metrics import Metrics
@@ -174,6 +175,7 @@ class Claimer:
         self._long_polls = 0  # claims here with a wait: GATEWAY_MAX_PARKED_POLLS bounds them
         self.draining = False
         self._drain_hooks: list[Callable[[], None]] = []
+        self.activity = ClaimActivity()  # tasks handed out here, for the runtimes listing
 
     # -- wake-ups ------------------------------------------------------------
 
@@ -571,6 +573,7 @@ class Claimer:
             if mine and parked and woken:
                 self._metrics.wakeups_delivered.inc()
             waiter.finish(rows=mine)  # wakes it: served, or checked and still waiting
+        self.activity.add(runtime_id, len(rows) - len(undelivered))
         if undelivered:
             # Their polls left while the claim ran: give the tasks back and wake the others.
             await self.give_back(runtime_id, undelivered)

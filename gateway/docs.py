@@ -205,6 +205,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                         "parked_pollers",
                         "paused",
                         "dead",
+                        "claims_per_minute",
                     ],
                     "properties": {
                         "runtime_id": {"type": "string", "pattern": RUNTIME_ID_RE.pattern},
@@ -229,6 +230,13 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                             **_COUNT,
                             "description": "Tasks that ended dead and are still stored "
                             "(retention deletes them); exact.",
+                        },
+                        "claims_per_minute": {
+                            **_COUNT,
+                            "description": "Tasks handed out in the last minute (in 5 s "
+                            "steps), over every instance: this instance's now, the others' "
+                            "as reported within the last 5 s (this instance's alone while "
+                            "Redis is unavailable).",
                         },
                     },
                     "additionalProperties": False,

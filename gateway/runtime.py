@@ -97,7 +97,9 @@ class Gateway:
             self.store, self.cache, self.subscriber, self.claimer, settings, self.metrics
         )
         self.claimer.on_drain(self.results.drain)
-        self.parked = ParkedReport(self.cache, self.claimer.parked_counts)
+        self.parked = ParkedReport(
+            self.cache, self.claimer.parked_counts, self.claimer.activity.counts
+        )
         self._redis_watch: asyncio.Task[None] | None = None
         self.janitor = Janitor(
             self.store,

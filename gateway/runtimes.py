@@ -93,8 +93,8 @@ def page_of(
 
 
 async def list_runtimes(request: Request, gw: Gateway) -> Response:
-    """A page of runtimes with live tasks: counts from Postgres, parked pollers from
-    this instance."""
+    """A page of runtimes with live tasks: counts from Postgres, parked pollers and
+    tasks handed out in the last minute over every instance."""
     params = request.query_params
     limit = parse_limit(params)
     cursor = params.get("cursor")
@@ -114,7 +114,11 @@ async def list_runtimes(request: Request, gw: Gateway) -> Response:
     page, next_cursor = page_of(walked, limit, walk, principal)
     rows = await summarize_runtimes(gw.store, page)
     ids = [row.runtime_id for row in rows]
-    parked = await gw.parked.fleet(ids, {rt: gw.claimer.parked(rt) for rt in ids})
+    fleet = await gw.parked.fleet(
+        ids,
+        {rt: gw.claimer.parked(rt) for rt in ids},
+        {rt: gw.claimer.activity.last_minute(rt) for rt in ids},
+    )
     return json_response(
         {
             "runtimes": [
@@ -123,9 +127,10 @@ async def list_runtimes(request: Request, gw: Gateway) -> Response:
                     "queued": row.queued,
                     "claimed": row.claimed,
                     "oldest_queued_age_seconds": row.oldest_queued_age_seconds,
-                    "parked_pollers": parked[row.runtime_id],
+                    "parked_pollers": fleet.parked[row.runtime_id],
                     "paused": gw.controls.paused(row.runtime_id),
                     "dead": row.dead,
+                    "claims_per_minute": fleet.claims[row.runtime_id],
                 }
                 for row in rows
             ],

@@ -135,6 +135,7 @@ const RUNTIME_COLUMNS = [
   ["dead", "Dead", "num"],
   ["oldest_queued_age_seconds", "Oldest queued", "num"],
   ["parked_pollers", "Parked pollers", "num"],
+  ["claims_per_minute", "Claims/min", "num"],
   ["paused", "State", "text"],
 ];
 
@@ -212,6 +213,7 @@ function showRuntimes() {
         h("td", { class: "num" }, r.dead),
         h("td", { class: "num" }, age(r.oldest_queued_age_seconds)),
         h("td", { class: "num" }, r.parked_pollers),
+        h("td", { class: "num" }, r.claims_per_minute),
         h("td", {}, r.paused ? h("span", { class: "badge paused" }, "paused") : "running"),
       ),
     );

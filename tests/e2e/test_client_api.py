@@ -67,6 +67,8 @@ async def test_every_endpoint(database_url, redis_url, redis_prefix, runtime_id)
         assert len(everything) == 3
         stats = await client.stats(runtime_id)
         assert stats.counts["completed"] == 1 and stats.counts["cancelled"] == 1
+        [summary] = [r async for r in client.iter_runtimes() if r.runtime_id == runtime_id]
+        assert summary.claims_per_minute == 3  # two claimed at first, the released one again
 
         with pytest.raises(ValidationFailed) as bad:
             await client.claim(runtime_id, "w1", max_tasks=1000)

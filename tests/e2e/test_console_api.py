@@ -57,6 +57,7 @@ async def test_counts_of_a_runtime(gw):
     assert row["queued"] == 2  # one due, one not yet due
     assert row["claimed"] == 2
     assert row["parked_pollers"] == 0
+    assert row["claims_per_minute"] == 2  # the two tasks claimed above
     assert isinstance(row["oldest_queued_age_seconds"], float)
     assert 0 <= row["oldest_queued_age_seconds"] < 600
 

@@ -480,3 +480,45 @@ async def test_the_listing_counts_parked_polls_of_every_instance(
         await b.gateway.parked.report()
         assert await listed(a) == 1
         on_a.cancel()
+
+
+async def test_the_listing_sums_claims_per_minute_of_every_instance(
+    database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
+) -> None:
+    """Three tasks claimed on A and two on B, by concurrent pollers: either instance's
+    listing shows 5 once the other has reported; a minute later (on the instances'
+    adjustable clock) each shows 0 once the other reported its count gone."""
+    cfg = make_settings(database_url, redis_url, redis_prefix)
+    async with running_gateway(cfg) as a, running_gateway(cfg) as b:
+        now = [1000.0]
+        for inst in (a, b):
+            inst.gateway.claimer.activity.clock = lambda: now[0]
+            await inst.gateway.parked.stop()  # the test reports by hand, when it says
+
+        async def listed(inst: Instance) -> int:
+            status, page = await inst.call("GET", "/v1/runtimes")
+            assert status == 200, page
+            [row] = [r for r in page["runtimes"] if r["runtime_id"] == runtime_id]
+            return int(row["claims_per_minute"])
+
+        for i in range(5):
+            await a.enqueue(runtime_id, {"n": i})
+        polls = [
+            inst.claim(runtime_id, worker=f"{name}{i}", wait_seconds=10)
+            for name, inst, n in (("a", a, 3), ("b", b, 2))
+            for i in range(n)
+        ]
+        got = await asyncio.gather(*polls)
+        assert [len(tasks) for tasks in got] == [1] * 5
+        assert await listed(a) == 3  # its own, live; B has not reported yet
+        await b.gateway.parked.report()
+        assert await listed(a) == 5
+        await a.gateway.parked.report()
+        assert await listed(b) == 5
+
+        now[0] += 60.0
+        assert await listed(a) == 2  # its own is gone; B's report still stands
+        await b.gateway.parked.report()
+        await a.gateway.parked.report()
+        assert await listed(a) == 0
+        assert await listed(b) == 0

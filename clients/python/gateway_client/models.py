@@ -221,8 +221,8 @@ class ItemOutcome:
 @dataclass(frozen=True)
 class RuntimeSummary:
     """A runtime with live tasks: `queued` counts due and not-yet-due tasks; the age is
-    in seconds (None when no queued task is due); parked pollers are the answering
-    instance's."""
+    in seconds (None when no queued task is due); parked pollers and
+    `claims_per_minute` (tasks handed out in the last minute) are over every instance."""
 
     runtime_id: str
     queued: int
@@ -231,6 +231,7 @@ class RuntimeSummary:
     parked_pollers: int
     paused: bool = False
     dead: int = 0  # its tasks ended dead and not yet deleted by retention
+    claims_per_minute: int = 0  # tasks handed out in the last minute, every instance
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RuntimeSummary:
@@ -242,6 +243,7 @@ class RuntimeSummary:
             parked_pollers=data.get("parked_pollers", 0),
             paused=data.get("paused", False),
             dead=data.get("dead", 0),
+            claims_per_minute=data.get("claims_per_minute", 0),
         )
 
 
