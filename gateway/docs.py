@@ -562,11 +562,12 @@ LIST_RUNTIMES = Doc(
             200, "A page in runtime id order; next_cursor is null on the last one.", "RuntimePage"
         ),
     ),
-    "Lists every runtime holding a queued (due or not yet due) or claimed task, in runtime "
-    f"id order, at most `limit` ({MAX_RUNTIMES_LIMIT} at most) per page; a runtime whose "
-    "tasks have all finished is not listed. A token limited to runtime patterns sees only "
-    f"the runtimes they cover: each page looks at {PATTERN_WALK} runtimes at most, so its "
-    "page may hold fewer than `limit`, even none, with a next_cursor to go on from.",
+    "Lists every runtime holding tasks (queued, due or not yet due; claimed; or finished and "
+    "not yet removed by retention) or with controls set, in runtime id order, at most "
+    f"`limit` ({MAX_RUNTIMES_LIMIT} at most) per page. A token limited to runtime patterns "
+    f"sees only the runtimes they cover: each page looks at {PATTERN_WALK} runtimes at "
+    "most, so its page may hold fewer than `limit`, even none, with a next_cursor to go on "
+    "from.",
     tag="producers",
     query=RUNTIMES_QUERY,
 )

@@ -712,17 +712,19 @@ SELECT signing_key FROM webhook_secrets
 
 # -- the runtimes listing (GET /v1/runtimes, the console) --
 #
-# Only runtimes with live tasks (queued, scheduled or claimed) are listed, and both
-# statements read only the partial indexes of live rows, so their cost follows the live
-# tasks, never the finished history. `scheduled` (a not-yet-due task, which the API
-# reports as queued) has its own partial index (runtime_id, run_at); each status is
-# probed on its own because a partial index serves `status = 'x'`, not `IN (...)`.
+# A runtime is listed while it holds tasks (live ones, or finished ones retention has
+# not removed yet) or has controls set. Both statements read only the partial indexes
+# of live rows, the finished-task counters and the controls, so their cost never
+# follows the finished history. `scheduled` (a not-yet-due task, which the API reports
+# as queued) has its own partial index (runtime_id, run_at); each status is probed on
+# its own because a partial index serves `status = 'x'`, not `IN (...)`.
 
-# Up to $2 runtime ids after $1, in id order, that hold a live task. Queued and
-# scheduled: a loose index scan, one probe per runtime (as CLAIMABLE_RUNTIMES), at most
-# $2 probes. Claimed: the leases' partial index, so at most the live leases. $3, the
-# literal prefixes of a token's patterns (NULL: any runtime), skips the runtimes before
-# the smallest one: a string never sorts before its own prefix, in any collation.
+# Up to $2 runtime ids after $1, in id order. Queued and scheduled: a loose index scan,
+# one probe per runtime (as CLAIMABLE_RUNTIMES), at most $2 probes. Claimed: the
+# leases' partial index, so at most the live leases. Finished and controlled: the
+# primary keys of task_counts and runtime_controls. $3, the literal prefixes of a
+# token's patterns (NULL: any runtime), skips the runtimes before the smallest one: a
+# string never sorts before its own prefix, in any collation.
 RUNTIMES_WALK = """
 WITH RECURSIVE start(id) AS (
     SELECT COALESCE((SELECT min(p) FROM unnest($3::text[]) AS p), '')
@@ -750,12 +752,26 @@ WITH RECURSIVE start(id) AS (
     SELECT DISTINCT runtime_id FROM tasks, start
      WHERE status = 'claimed' AND runtime_id > $1 AND runtime_id >= start.id
      ORDER BY runtime_id LIMIT $2
+), finished AS (
+    -- Finished tasks still stored, from their counters (a few rows per runtime), so
+    -- that a runtime whose work is all done stays in view until retention removes it.
+    SELECT DISTINCT runtime_id FROM task_counts, start
+     WHERE runtime_id > $1 AND runtime_id >= start.id
+     ORDER BY runtime_id LIMIT $2
+), controlled AS (
+    SELECT runtime_id FROM runtime_controls, start
+     WHERE runtime_id > $1 AND runtime_id >= start.id
+     ORDER BY runtime_id LIMIT $2
 )
 SELECT runtime_id FROM queued WHERE runtime_id IS NOT NULL
 UNION
 SELECT runtime_id FROM scheduled WHERE runtime_id IS NOT NULL
 UNION
 SELECT runtime_id FROM claimed
+UNION
+SELECT runtime_id FROM finished
+UNION
+SELECT runtime_id FROM controlled
 ORDER BY runtime_id
 LIMIT $2
 """

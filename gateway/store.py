@@ -804,9 +804,10 @@ class RuntimeSummary:
 async def walk_runtimes(
     store: Store, after: str, limit: int, prefixes: Sequence[str] | None = None
 ) -> list[str]:
-    """Up to `limit` runtime ids after `after`, in id order, that hold a live task
-    (queued, scheduled or claimed), from the smallest of `prefixes` on (None: from the
-    start). Reads only the live rows' partial indexes."""
+    """Up to `limit` runtime ids after `after`, in id order, that hold tasks (live, or
+    finished and still stored) or have controls set, from the smallest of `prefixes` on
+    (None: from the start). Reads the live rows' partial indexes, the finished-task
+    counters and the controls, never the history."""
     starts = None if prefixes is None else list(prefixes)
     rows = await store.run(lambda c: c.fetch(q.RUNTIMES_WALK, after, limit, starts))
     return [r["runtime_id"] for r in rows]

@@ -166,7 +166,7 @@ function showRuntimes() {
     h(
       "p",
       { class: "muted" },
-      "Runtimes with queued or claimed tasks, in id order. The column buttons sort " +
+      "Runtimes with tasks (or controls set), in id order. The column buttons sort " +
         "the runtimes of this page.",
     ),
     jumpForm,
@@ -221,7 +221,7 @@ function showRuntimes() {
       table,
       rows.length
         ? h("table", { id: "runtimes" }, h("thead", {}, h("tr", {}, head)), h("tbody", {}, body))
-        : h("p", { class: "empty" }, "No runtime on this page has queued or claimed tasks."),
+        : h("p", { class: "empty" }, "No runtime here yet: enqueue a task, or open a runtime by id."),
     );
     replace(pages, pager(cursors, next, refresh));
   }

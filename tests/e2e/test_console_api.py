@@ -62,14 +62,27 @@ async def test_counts_of_a_runtime(gw):
     assert 0 <= row["oldest_queued_age_seconds"] < 600
 
 
-async def test_a_runtime_with_only_finished_tasks_is_not_listed(gw):
+async def test_a_runtime_whose_tasks_all_finished_stays_listed(gw):
+    """A runtime whose work is all done (a worker took every task) is still listed,
+    from its finished-task counters, with nothing queued or claimed."""
     rt = prefix()
     task = await enqueue(gw, rt, 1)
     assert (await req(gw, "POST", f"/v1/tasks/{task['id']}/cancel")).status == 200
     token = await make_token(gw, ["read"], [rt])
     resp = await req(gw, "GET", "/v1/runtimes", auth=token["token"])
     assert resp.status == 200, resp.body
-    assert resp.body == {"runtimes": [], "next_cursor": None}
+    [row] = resp.body["runtimes"]
+    assert (row["runtime_id"], row["queued"], row["claimed"]) == (rt, 0, 0)
+
+
+async def test_a_runtime_with_controls_and_no_tasks_is_listed(gw):
+    rt = prefix()
+    assert (await req(gw, "POST", f"/v1/runtimes/{rt}:pause")).status == 200
+    token = await make_token(gw, ["read"], [rt])
+    resp = await req(gw, "GET", "/v1/runtimes", auth=token["token"])
+    assert resp.status == 200, resp.body
+    [row] = resp.body["runtimes"]
+    assert (row["runtime_id"], row["paused"], row["queued"]) == (rt, True, 0)
 
 
 async def test_paging_lists_every_runtime_once_in_id_order(gw):

@@ -33,6 +33,20 @@ async def _controls(inst: Instance, runtime_id: str, **fields: Any) -> dict[str,
     return body
 
 
+async def _listing_rows(inst: Instance, runtime_id: str) -> list[dict[str, Any]]:
+    """The runtime's rows in GET /v1/runtimes, paged through: the session's database is
+    shared with other tests' runtimes."""
+    rows: list[dict[str, Any]] = []
+    path: str | None = "/v1/runtimes?limit=1000"
+    while path is not None:
+        status, page = await inst.call("GET", path)
+        assert status == 200, page
+        rows += [r for r in page["runtimes"] if r["runtime_id"] == runtime_id]
+        cursor = page["next_cursor"]
+        path = None if cursor is None else f"/v1/runtimes?limit=1000&cursor={cursor}"
+    return rows
+
+
 async def _post(inst: Instance, path: str) -> dict[str, Any]:
     status, body = await inst.call("POST", path)
     assert status == 200, body
@@ -67,16 +81,7 @@ async def test_pause_on_one_instance_holds_claims_on_the_other_until_resumed(
         assert not parked.done()
         status, stats = await b.call("GET", f"/v1/runtimes/{runtime_id}/stats")
         assert status == 200 and stats["paused"] is True and stats["counts"]["queued"] == 1
-        # The database is shared with other tests' runtimes: page through the listing.
-        rows: list[dict[str, Any]] = []
-        path: str | None = "/v1/runtimes?limit=1000"
-        while path is not None:
-            status, listing = await a.call("GET", path)
-            assert status == 200
-            rows += [r for r in listing["runtimes"] if r["runtime_id"] == runtime_id]
-            cursor = listing["next_cursor"]
-            path = None if cursor is None else f"/v1/runtimes?limit=1000&cursor={cursor}"
-        assert [r["paused"] for r in rows] == [True]
+        assert [r["paused"] for r in await _listing_rows(a, runtime_id)] == [True]
         resumed = await _post(a, f"/v1/runtimes/{runtime_id}:resume")
         assert resumed["paused"] is False
         got = await asyncio.wait_for(parked, 10)
@@ -496,9 +501,7 @@ async def test_the_listing_sums_claims_per_minute_of_every_instance(
             await inst.gateway.parked.stop()  # the test reports by hand, when it says
 
         async def listed(inst: Instance) -> int:
-            status, page = await inst.call("GET", "/v1/runtimes")
-            assert status == 200, page
-            [row] = [r for r in page["runtimes"] if r["runtime_id"] == runtime_id]
+            [row] = await _listing_rows(inst, runtime_id)
             return int(row["claims_per_minute"])
 
         for i in range(5):

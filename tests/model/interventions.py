@@ -137,7 +137,9 @@ async def lost_version(env: Env, model: Model, runtime: str) -> None:
 async def flush(env: Env, model: Model, runtime: str) -> None:
     """Every key of this gateway gone, as after a restart without persistence."""
     prefix = env.inst.gateway.settings.redis_prefix
-    doomed = [k async for k in env.redis.scan_iter(match=prefix + ":*")]
+    # COUNT 1000: a shared Redis may hold many other keys, and SCAN's default of 10
+    # would take a round trip per 10 of them.
+    doomed = [k async for k in env.redis.scan_iter(match=prefix + ":*", count=1000)]
     if doomed:
         await env.redis.delete(*doomed)
     for each in model.runtimes:
