@@ -132,8 +132,28 @@ def pgbouncer(pg_admin_url: str) -> Iterator[PgBouncer]:
     bouncer.stop()
 
 
+# The prefixes handed out by `redis_prefix` in this session, whose keys go at its end.
+_PREFIXES: set[str] = set()
+
+
+async def _forget_keys(url: str, prefixes: set[str]) -> None:
+    """Deletes the keys of this session's test prefixes. Version keys live for days, so
+    a shared Redis would gather them run after run, and every SCAN would slow down."""
+    client = aioredis.Redis.from_url(url, socket_timeout=10)
+    try:
+        doomed = [
+            key
+            async for key in client.scan_iter(match="gwt*", count=1000)
+            if key.split(b":", 1)[0].decode() in prefixes
+        ]
+        for start in range(0, len(doomed), 1000):
+            await client.delete(*doomed[start : start + 1000])
+    finally:
+        await client.aclose()
+
+
 @pytest.fixture(scope="session")
-def redis_url(request: pytest.FixtureRequest) -> str:
+def redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
     url = os.environ.get("TEST_REDIS_URL")
     if not url:
         servers = request.getfixturevalue("embedded")
@@ -150,13 +170,17 @@ def redis_url(request: pytest.FixtureRequest) -> str:
         asyncio.run(probe())
     except Exception as exc:
         _unavailable(f"Redis at {url} ({exc})")
-    return url
+    yield url
+    asyncio.run(_forget_keys(url, _PREFIXES))
 
 
 @pytest.fixture
 def redis_prefix() -> str:
-    """A Redis key prefix of the test's own, so tests never see each other's keys."""
-    return "gwt" + secrets.token_hex(4)
+    """A Redis key prefix of the test's own, so tests never see each other's keys; its
+    keys are deleted at the end of the session."""
+    prefix = "gwt" + secrets.token_hex(4)
+    _PREFIXES.add(prefix)
+    return prefix
 
 
 @pytest.fixture
