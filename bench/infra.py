@@ -130,9 +130,12 @@ def with_database(url: str, name: str) -> str:
 
 
 @contextlib.asynccontextmanager
-async def fresh_database(admin_url: str) -> AsyncIterator[str]:
-    """A new, migrated database `bench_<random>` on the server; dropped afterwards."""
-    name = "bench_" + secrets.token_hex(6)
+async def fresh_database(
+    admin_url: str, prefix: str = "bench_", *, migrate: bool = True
+) -> AsyncIterator[str]:
+    """A new database `<prefix><random>` on the server, with the gateway's migrations
+    applied unless `migrate` is false (a peer's own schema); dropped afterwards."""
+    name = prefix + secrets.token_hex(6)
     conn = await asyncpg.connect(admin_url, timeout=10)
     try:
         await conn.execute(f'CREATE DATABASE "{name}"')
@@ -140,7 +143,8 @@ async def fresh_database(admin_url: str) -> AsyncIterator[str]:
         await conn.close()
     try:
         url = with_database(admin_url, name)
-        await apply_migrations(url, log=lambda _message: None)
+        if migrate:
+            await apply_migrations(url, log=lambda _message: None)
         yield url
     finally:
         conn = await asyncpg.connect(admin_url, timeout=10)

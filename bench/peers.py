@@ -12,16 +12,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-
-from .infra import PROJECT_ROOT, log, with_database
+from .infra import PROJECT_ROOT, fresh_database, log
 
 PGQUEUER_VERSION = "1.6.0"
 PEERS_DIR = PROJECT_ROOT / ".gateway" / "bench-peers"
@@ -145,14 +142,7 @@ async def run_pgqueuer(
     on the same server (dropped afterwards)."""
     venv = venv or PgqueuerVenv()
     await ensure_pgqueuer(venv)
-    name = "bench_pgq_" + secrets.token_hex(5)
-    conn = await asyncpg.connect(admin_url, timeout=10)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    dsn = with_database(admin_url, name)
-    try:
+    async with fresh_database(admin_url, "bench_pgq_", migrate=False) as dsn:
         env = {**os.environ, "PGDSN": dsn}
         await _run(venv.install_schema_command(), env, 60)
         argv = venv.driver_command(
@@ -167,9 +157,3 @@ async def run_pgqueuer(
         out = await _run(argv, None, 3 * timeout_seconds + 60)
         result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
         return result
-    finally:
-        conn = await asyncpg.connect(admin_url, timeout=10)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
