@@ -152,6 +152,60 @@ async def test_the_fold_keeps_a_row_per_runtime_and_status(
     assert await check(store, db, runtime_id) == {}
 
 
+async def test_a_batch_writes_one_counter_change_per_runtime_and_status(
+    store: Store, db: str, runtime_id: str
+) -> None:
+    # Migration 0008: one statement that finishes many tasks writes one net delta per
+    # runtime and status. A row trigger upserted the counter row once per task, and each
+    # upsert walked the versions the earlier ones had left in the transaction.
+    other = runtime_id + "-b"
+    await enqueue(store, runtime_id, 300)
+    await enqueue(store, other, 200)
+    held = await claim(store, runtime_id, 300) + await claim(store, other, 200)
+    assert len(held) == 500
+    conn = await asyncpg.connect(db)
+    try:
+        async with conn.transaction():
+            rows = await conn.fetch(
+                q.BATCH_COMPLETE,
+                [t.id for t in held],
+                None,
+                [t.lease_id for t in held],
+                [None] * len(held),
+            )
+            assert len(rows) == 500
+            # Counter rows written by this transaction, read before it commits (the
+            # transaction's own statistics are exact at once).
+            writes = await conn.fetchval(
+                "SELECT pg_stat_get_xact_tuples_inserted('task_counts'::regclass)"
+                " + pg_stat_get_xact_tuples_updated('task_counts'::regclass)"
+            )
+            assert writes == 2
+            # Claims and heartbeats move no finished row and write no counter.
+            await conn.execute(
+                "UPDATE tasks SET updated_at = clock_timestamp() WHERE runtime_id = $1", other
+            )
+            assert (
+                await conn.fetchval(
+                    "SELECT pg_stat_get_xact_tuples_inserted('task_counts'::regclass)"
+                    " + pg_stat_get_xact_tuples_updated('task_counts'::regclass)"
+                )
+                == 2
+            )
+    finally:
+        await conn.close()
+    assert await check(store, db, runtime_id) == {"completed": 300}
+    assert await check(store, db, other) == {"completed": 200}
+    # A statement that moves rows both into and out of finished statuses nets them.
+    await execute(
+        db,
+        "UPDATE tasks SET status = CASE WHEN status = 'completed' THEN 'cancelled' END,"
+        " finished_at = now() WHERE runtime_id = $1",
+        other,
+    )
+    assert await check(store, db, other) == {"cancelled": 200}
+
+
 async def test_truncate_takes_the_counts_with_it(store: Store, db: str, runtime_id: str) -> None:
     await enqueue(store, runtime_id, 1)
     [task] = await claim(store, runtime_id, 1)
