@@ -67,8 +67,9 @@ Scenarios (--scenario, comma-separated, default all; about 10 minutes on 2 cores
   parked-polls    --park-sizes long polls parked in one gateway; RSS per parked poll
                   and Postgres statements/s over --park-window-seconds.
   scale           --scale-sizes rows of each shape (delayed, finished, many
-                  runtimes); claim, stats, janitor pass, enqueue and claim cost
-                  against the small-runtime baseline.
+                  runtimes), then --scale-table-rows in all with retention
+                  deleting old history; claim, stats, janitor pass, enqueue and
+                  claim cost against the small-runtime baseline.
   workers         uvicorn --workers 2 against 1: empty polls and a drain; Redis
                   connections per process.
   claim-throughput  the earlier scenario (--tasks enqueued one by one, --pollers
@@ -153,6 +154,16 @@ def _sizes(text: str) -> list[int]:
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"sizes must be at least 1, got {text!r}")
     return sizes
+
+
+def _sizes_one(text: str) -> int:
+    try:
+        n = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number like 10000000, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
+    return n
 
 
 def _park_sizes(text: str) -> list[tuple[int, int]]:
@@ -293,6 +304,15 @@ def parser() -> argparse.ArgumentParser:
         default=[10_000, 100_000, 1_000_000],
         metavar="N,...",
         help="scale: rows of each shape (default: 10000,100000,1000000)",
+    )
+    p.add_argument(
+        "--scale-table-rows",
+        type=_sizes_one,
+        default=10_000_000,
+        metavar="N",
+        help="scale: after the shapes, grow the table to N rows with finished tasks, "
+        "half of them past retention, and measure again while retention deletes them "
+        "(default: 10000000; 0: skip)",
     )
     p.add_argument(
         "--scale-samples",
@@ -538,7 +558,7 @@ DETAIL_COLUMNS: dict[str, list[str]] = {
         "window_seconds",
         "stop_seconds",
     ],
-    "scale": ["sizes", "p50_ms", "p99_ms", "x_baseline_p50"],
+    "scale": ["sizes", "shape_rows", "runtimes", "p50_ms", "p99_ms", "x_baseline_p50"],
 }
 
 

@@ -90,7 +90,7 @@ def _ratios(ax: Any, rows: list[Row]) -> None:
 
 
 def _scale(ax: Any, results: list[Result]) -> None:
-    """Median cost of each operation against rows of each shape, log x."""
+    """Median cost of each operation against the rows in the table, log x."""
     drawn = False
     for r in results:
         if r.scenario != "scale":
@@ -102,7 +102,7 @@ def _scale(ax: Any, results: list[Result]) -> None:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=r.cache)
             drawn = True
     _log_if_any(ax, drawn, x=True, y=True)
-    ax.set_xlabel("rows of each shape (log)")
+    ax.set_xlabel("rows in the table (log)")
     ax.set_ylabel("median, ms (log)")
     ax.set_title("scale: cost against data size")
     if ax.get_legend_handles_labels()[0]:

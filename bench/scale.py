@@ -13,8 +13,14 @@ and everything measured again:
   pass (`Janitor.run_once()` in this process, on the same database);
 - table: enqueue and claim in a runtime of their own on a table of 3N rows.
 
-The rows are valid for the schema's checks; delayed rows take the status `scheduled`
-when the schema has it, `queued` otherwise.
+Then, when `--scale-table-rows` is larger than the shapes' 3N rows, the table is grown
+to it with history: completed tasks over 10,000 runtimes, finished over the last
+fortnight, so that about half of them are past the default retention (7 days) and the
+gateway's janitor is deleting them while everything is measured once more.
+
+Each step is keyed by the rows in the table (0: the baseline, before any load). The
+rows are valid for the schema's checks; delayed rows take the status `scheduled` when
+the schema has it, `queued` otherwise.
 """
 
 from __future__ import annotations
@@ -29,12 +35,16 @@ from typing import Any
 import aiohttp
 import asyncpg
 
+from gateway.janitor import REPAIR_PAGES_PER_PASS
+
 from . import client
 from .client import Api, Tally
 from .infra import Servers, log
 from .scenarios import check_tally, finish
 from .stats import Result, ms, percentile
 from .suite import serving
+
+JANITOR_BATCH_SIZE = 1000  # the gateway's default GATEWAY_JANITOR_BATCH_SIZE
 
 OPERATIONS = (
     "claim after enqueue, delayed ahead",
@@ -74,10 +84,9 @@ async def load(conn: asyncpg.Connection, start: int, end: int, status: str) -> f
         timeout=LOAD_TIMEOUT_SECONDS,
     )
     # Finished rows in bulk, as a restore loads them: with triggers off, then their count
-    # written as migration 0005's backfill writes it. Through the row triggers, one
-    # statement finishing a million rows of one runtime updates one counter row a
-    # million times in one transaction, which takes time quadratic in the rows (the
-    # gateway's own statements finish at most a batch, 1,000, at a time).
+    # written as migration 0005's backfill writes it. Through the insert row trigger, one
+    # statement inserting a million finished rows of one runtime would update one
+    # counter row a million times in one transaction, in time quadratic in the rows.
     async with conn.transaction():
         await conn.execute("SET LOCAL session_replication_role = replica")
         await conn.execute(
@@ -105,7 +114,53 @@ async def load(conn: asyncpg.Connection, start: int, end: int, status: str) -> f
         runtimes,
         timeout=LOAD_TIMEOUT_SECONDS,
     )
-    await conn.execute("ANALYZE tasks", timeout=LOAD_TIMEOUT_SECONDS)
+    await settle(conn)
+    return time.perf_counter() - t0
+
+
+async def settle(conn: asyncpg.Connection) -> None:
+    """After a bulk load, what a table that grew over time already has: its statistics,
+    its visibility map (index-only scans), its pages on disk. Without it autovacuum and
+    the checkpointer take the load on during the next measurement."""
+    await conn.execute("VACUUM (ANALYZE) tasks", timeout=LOAD_TIMEOUT_SECONDS)
+    try:
+        await conn.execute("CHECKPOINT", timeout=LOAD_TIMEOUT_SECONDS)
+    except asyncpg.InsufficientPrivilegeError:
+        log("scale: CHECKPOINT needs a superuser or pg_checkpoint; measuring without it")
+
+
+HISTORY_RUNTIMES = 10_000
+HISTORY_DAYS = 14  # twice the default retention: about half the history is past it
+
+
+async def load_history(conn: asyncpg.Connection, rows: int) -> float:
+    """`rows` completed tasks (rounded down to a multiple of HISTORY_RUNTIMES) spread over
+    HISTORY_RUNTIMES runtimes and the last HISTORY_DAYS days, loaded as `load` loads
+    finished rows; seconds taken."""
+    t0 = time.perf_counter()
+    per = rows // HISTORY_RUNTIMES
+    async with conn.transaction():
+        await conn.execute("SET LOCAL session_replication_role = replica")
+        await conn.execute(
+            "INSERT INTO tasks (runtime_id, status, payload, attempts, finished_at, result) "
+            "SELECT 'scale-history-' || r, 'completed', '{\"bulk\": true}'::jsonb, 1, "
+            "now() - make_interval(secs => (r * $2::int + k) * ($3::int * 86400.0) / ($1 * $2)), "
+            "'{\"ok\": true}'::jsonb "
+            "FROM generate_series(1, $2::int) AS k, generate_series(0, $1::int - 1) AS r",
+            HISTORY_RUNTIMES,
+            per,
+            HISTORY_DAYS,
+            timeout=LOAD_TIMEOUT_SECONDS,
+        )
+        if await conn.fetchval("SELECT to_regclass('task_counts') IS NOT NULL"):
+            await conn.execute(
+                "INSERT INTO task_counts (runtime_id, status, backend, n) "
+                "SELECT 'scale-history-' || r, 'completed', 0, $2::int "
+                "FROM generate_series(0, $1::int - 1) AS r",
+                HISTORY_RUNTIMES,
+                per,
+            )
+    await settle(conn)
     return time.perf_counter() - t0
 
 
@@ -184,12 +239,19 @@ async def _complete(api: Api, claimed: tuple[int, Any] | None, tally: Tally) -> 
 
 
 async def scale(opts: argparse.Namespace, servers: Servers, workdir: Path) -> list[Result]:
-    sizes = [0, *sorted(opts.scale_sizes)]
+    shapes = sorted(opts.scale_sizes)
+    # (rows of each shape, rows of history) at each step; the baseline loads nothing.
+    steps = [(0, 0)] + [(n, 0) for n in shapes]
+    history = (opts.scale_table_rows - 3 * shapes[-1]) // HISTORY_RUNTIMES * HISTORY_RUNTIMES
+    if history > 0:
+        steps.append((shapes[-1], history))
     timings: dict[str, dict[int, list[float]]] = {op: {} for op in OPERATIONS}
     tallies = {k: Tally() for k in "ecds"}
     notes: list[str] = []
     failures: list[str] = []
     load_seconds: dict[int, float] = {}
+    shape_rows: list[int] = []
+    runtimes: list[int] = []
     async with (
         serving(opts, servers, workdir / "scale.log") as (proc, db),
         client.session(8) as http,
@@ -198,21 +260,42 @@ async def scale(opts: argparse.Namespace, servers: Servers, workdir: Path) -> li
         conn = await asyncpg.connect(db, timeout=10)
         try:
             status = await _delayed_status(conn)
-            loaded = 0
-            for size in sizes:
+            loaded = loaded_history = 0
+            for size, hist in steps:
+                rows = 3 * size + hist
+                t = 0.0
                 if size > loaded:
                     log(f"scale: loading rows {loaded + 1:,}..{size:,} of each shape")
-                    load_seconds[size] = round(await load(conn, loaded, size, status), 2)
+                    t += await load(conn, loaded, size, status)
                     loaded = size
-                log(f"scale: measuring at {size:,} rows of each shape")
+                if hist > loaded_history:
+                    log(f"scale: loading {hist:,} rows of history (completed, half past retention)")
+                    t += await load_history(conn, hist)
+                    loaded_history = hist
+                if t:
+                    load_seconds[rows] = round(t, 2)
+                shape_rows.append(size)
+                runtimes.append(max(1, min(MAX_RUNTIMES, size // 10)) if size else 0)
+                log(f"scale: measuring on {rows:,} rows ({size:,} of each shape)")
                 for op, values in (await _measure(api, opts, tallies)).items():
-                    timings[op][size] = values
+                    timings[op][rows] = values
                 try:
-                    timings["janitor pass"][size] = await _janitor_passes(
+                    timings["janitor pass"][rows] = await _janitor_passes(
                         db, servers.redis_url, proc.prefix, proc.token, 3
                     )
                 except Exception as exc:
-                    notes.append(f"janitor pass at {size:,} rows: {type(exc).__name__}: {exc}")
+                    notes.append(f"janitor pass on {rows:,} rows: {type(exc).__name__}: {exc}")
+            if loaded_history:
+                left = await conn.fetchval(
+                    "SELECT count(*) FROM tasks WHERE runtime_id LIKE 'scale-history-%'",
+                    timeout=LOAD_TIMEOUT_SECONDS,
+                )
+                notes.append(
+                    f"retention deleted {loaded_history - left:,} of the {loaded_history:,} "
+                    "rows of history while the last step was measured; the janitor pass "
+                    "there includes that deleting (at most 10 batches of 1,000 rows a "
+                    "pass), so the janitor target compares the steps before it"
+                )
         finally:
             await conn.close()
         probe = Result("scale", "all")
@@ -233,6 +316,11 @@ async def scale(opts: argparse.Namespace, servers: Servers, workdir: Path) -> li
                 for s in sorted(by_size)
             ],
             "load_seconds": load_seconds,
+            "shape_rows": shape_rows,
+            "runtimes": runtimes,
+            # The runtimes one pass's repair walk visits: below that, a pass grows with
+            # the runtimes; from there on it is bounded.
+            "walk_runtimes": REPAIR_PAGES_PER_PASS * JANITOR_BATCH_SIZE,
         }
         results.append(r)
     first = results[0]

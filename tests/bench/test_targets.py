@@ -104,11 +104,29 @@ def test_scale_ratios_use_the_baseline_or_the_smallest_loaded_size() -> None:
         )
     )
     delayed = rows[
-        "scale: claim after enqueue, delayed ahead, largest size vs small-runtime baseline"
+        "scale: claim after enqueue, delayed ahead, largest table vs small-runtime baseline"
     ]
     assert (delayed.value, delayed.verdict) == (2.5, "MISS")
-    flat = rows["scale: enqueue, largest size vs smallest loaded size"]
+    flat = rows["scale: enqueue, largest table vs smallest loaded table"]
     assert (flat.value, flat.verdict) == (1.25, "PASS")
+
+
+def test_the_janitor_pass_is_compared_from_one_repair_walk_of_runtimes() -> None:
+    # Steps: baseline, 1,000 runtimes (less than a walk), 10,000 and 100,000 runtimes,
+    # then the same runtimes with history added: the pass grows until the runtimes fill
+    # a walk, and must not grow from there to the most runtimes.
+    numbers = {
+        "sizes": [0, 30_000, 300_000, 3_000_000, 10_000_000],
+        "runtimes": [0, 1_000, 10_000, 100_000, 100_000],
+        "walk_runtimes": 2_000,
+    }
+    bounded = _r("scale", "janitor pass", p50_ms=[3.0, 18.0, 90.0, 116.0, 400.0], **numbers)
+    [row] = [r for r in evaluate([bounded]) if r.target.startswith("scale: janitor")]
+    assert row.value is not None and round(row.value, 2) == 1.29 and row.verdict == "PASS"
+    assert "300,000 rows hold 2,000+ runtimes" in row.shown
+    growing = _r("scale", "janitor pass", p50_ms=[3.0, 18.0, 90.0, 900.0, 950.0], **numbers)
+    [row] = [r for r in evaluate([growing]) if r.target.startswith("scale: janitor")]
+    assert (row.value, row.verdict) == (10.0, "MISS")
 
 
 def test_the_table_shows_every_row_with_its_verdict() -> None:
