@@ -134,21 +134,26 @@ HISTORY_DAYS = 14  # twice the default retention: about half the history is past
 
 
 async def load_history(conn: asyncpg.Connection, rows: int) -> float:
-    """`rows` completed tasks (rounded down to a multiple of HISTORY_RUNTIMES) spread over
-    HISTORY_RUNTIMES runtimes and the last HISTORY_DAYS days, loaded as `load` loads
-    finished rows; seconds taken."""
+    """`rows` completed tasks (rounded down to a multiple of HISTORY_RUNTIMES), round
+    robin over HISTORY_RUNTIMES runtimes, finished over the last HISTORY_DAYS days,
+    loaded as `load` loads finished rows; seconds taken.
+
+    Rows go in the order of their ids and finish times, which are made to ascend
+    together, so that the load appends to those two indexes instead of writing all
+    over them (twice as fast here). The ids are version 4 UUIDs from a counter."""
     t0 = time.perf_counter()
     per = rows // HISTORY_RUNTIMES
     async with conn.transaction():
         await conn.execute("SET LOCAL session_replication_role = replica")
         await conn.execute(
-            "INSERT INTO tasks (runtime_id, status, payload, attempts, finished_at, result) "
-            "SELECT 'scale-history-' || r, 'completed', '{\"bulk\": true}'::jsonb, 1, "
-            "now() - make_interval(secs => (r * $2::int + k) * ($3::int * 86400.0) / ($1 * $2)), "
+            "INSERT INTO tasks (id, runtime_id, status, payload, attempts, finished_at, result) "
+            "SELECT ('00000000-0000-4000-8000-' || lpad(to_hex(g), 12, '0'))::uuid, "
+            "'scale-history-' || (g % $1::int), 'completed', '{\"bulk\": true}'::jsonb, 1, "
+            "now() - make_interval(secs => ($2::bigint - g) * ($3::int * 86400.0) / $2), "
             "'{\"ok\": true}'::jsonb "
-            "FROM generate_series(1, $2::int) AS k, generate_series(0, $1::int - 1) AS r",
+            "FROM generate_series(1, $2::bigint) AS g",
             HISTORY_RUNTIMES,
-            per,
+            per * HISTORY_RUNTIMES,
             HISTORY_DAYS,
             timeout=LOAD_TIMEOUT_SECONDS,
         )

@@ -108,28 +108,29 @@ def _scale_ratio(results: list[Result], op: str, *, first_loaded: bool) -> tuple
 
 
 def _janitor_ratio(results: list[Result]) -> tuple[float | None, str]:
-    """The pass once the runtimes fill one pass's repair walk, against the pass at the
-    most runtimes: a bounded pass stops growing there. Falls back to the smallest loaded
-    table when no step fills a walk."""
+    """The pass at the most runtimes against the pass at the first step whose runtimes
+    fill one pass's repair walk (a bounded pass stops growing there), or at the smallest
+    loaded table when no earlier step does. Later steps (history added, retention
+    deleting) are shown but not judged."""
     r = find(results, "scale", "janitor pass")
     if r is None:
         return None, "not measured"
     sizes = r.numbers.get("sizes") or []
     runtimes = r.numbers.get("runtimes") or []
-    walk = r.numbers.get("walk_runtimes")
-    if not walk or len(runtimes) != len(sizes):
+    walk = r.numbers.get("walk_runtimes") or 0
+    if len(runtimes) != len(sizes) or not any(runtimes):
         return _scale_ratio(results, "janitor pass", first_loaded=True)
     by = dict(zip(sizes, r.numbers.get("p50_ms") or [], strict=False))
-    full = [s for s, n in zip(sizes, runtimes, strict=True) if n >= walk]
+    steps = list(zip(sizes, runtimes, strict=True))
     most = max(runtimes)
-    top = next(s for s, n in zip(sizes, runtimes, strict=True) if n == most)
-    if not full or full[0] == top or by.get(top) is None:
-        return _scale_ratio(results, "janitor pass", first_loaded=True)
-    value = _div(by.get(top), by.get(full[0]))
-    return value, (
-        f"{_fmt(value, 2)}x ({_steps(sizes, by)}; {full[0]:,} rows hold {walk:,}+ runtimes, "
-        f"one pass's walk; {top:,} rows hold {most:,})"
-    )
+    top = next(s for s, n in steps if n == most)
+    full = [s for s, n in steps if walk and n >= walk and s < top]
+    ref = full[0] if full else next(s for s, n in steps if n > 0)
+    if ref == top or by.get(top) is None:
+        return None, f"not measured: one loaded step ({_steps(sizes, by)})"
+    value = _div(by.get(top), by.get(ref))
+    why = f"{ref:,} rows hold {walk:,}+ runtimes, one pass's walk" if full else "smallest loaded"
+    return value, f"{_fmt(value, 2)}x ({_steps(sizes, by)}; {why}; {top:,} rows hold {most:,})"
 
 
 def _steps(sizes: list[int], by: dict[int, float | None]) -> str:

@@ -127,6 +127,12 @@ def test_the_janitor_pass_is_compared_from_one_repair_walk_of_runtimes() -> None
     growing = _r("scale", "janitor pass", p50_ms=[3.0, 18.0, 90.0, 900.0, 950.0], **numbers)
     [row] = [r for r in evaluate([growing]) if r.target.startswith("scale: janitor")]
     assert (row.value, row.verdict) == (10.0, "MISS")
+    # No step fills a walk: the most runtimes against the smallest loaded table; the
+    # history step after it (retention deleting) is not judged.
+    small = {"sizes": [0, 3_000, 30_000, 100_000], "runtimes": [0, 100, 1_000, 1_000]}
+    few = _r("scale", "janitor pass", p50_ms=[5.0, 5.0, 50.0, 500.0], walk_runtimes=2_000, **small)
+    [row] = [r for r in evaluate([few]) if r.target.startswith("scale: janitor")]
+    assert (row.value, row.verdict) == (10.0, "MISS") and "smallest loaded" in row.shown
 
 
 def test_the_table_shows_every_row_with_its_verdict() -> None:
