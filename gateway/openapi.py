@@ -14,8 +14,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from . import __version__, errors
+from .answers import SCHEMAS
 from .auth import Scope
-from .docs import SCHEMAS, Doc, Param, Reply
+from .docs import Doc, Param, Reply
 from .errors import GatewayError
 from .models import RUNTIME_ID_RE
 from .settings import Settings
