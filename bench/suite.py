@@ -41,6 +41,9 @@ FLOOR_APP = "bench.floor:create_app"
 FLOOR_MGET_APP = "bench.floor:create_mget_app"
 PARKED_GAUGE = "gateway_parked_polls"
 PARK_TIMEOUT_SECONDS = 150.0
+# Postgres 15 publishes an idle backend's transaction counts within about 10 s: the
+# parking phase's claims must be published before the idle window starts.
+PG_STATS_SETTLE_SECONDS = 11.0
 RAMP_STEP = 250
 RAMP_AHEAD = 1000
 
@@ -397,6 +400,7 @@ async def parked_variant(
                 )
             await asyncio.sleep(2.0)  # the last parkers' first claims are done
             rss_parked = rss_bytes(proc.pid)
+            await asyncio.sleep(PG_STATS_SETTLE_SECONDS)
             before = await client.scrape(http, proc.url)
             answers0 = parked.tally.responses
             x0 = await pg_xacts(servers.database_url, db)
