@@ -93,6 +93,11 @@ class Field:
         """The field's value from a decoded body, or ValidationFailed naming it."""
         return _READERS[self.kind](self, body, limits)
 
+    @property
+    def null_means_absent(self) -> bool:
+        """True when null reads as leaving the field out, and so does a missing key."""
+        return not self.required and self.kind in _NULL_MEANS_ABSENT
+
     def fail(self, message: str) -> ValidationFailed:
         return ValidationFailed(message, field=self.name)
 
@@ -320,11 +325,12 @@ def json_text(field: str, value: Any, max_bytes: int, max_depth: int) -> str:
     failing in the database."""
     check_depth(field, value, max_depth)
     try:
-        text = exactjson.dumps(value).decode()
+        raw = exactjson.dumps(value)
     except ValueError as exc:
         raise ValidationFailed(f"{field}: {exc}", field=field) from None
+    text = raw.decode()
     # Counted as it will be answered: Postgres writes 1e300 out as 301 digits.
-    if len(text.encode()) + exactjson.expansion(text, value) > max_bytes:
+    if len(raw) + exactjson.expansion(text, value) > max_bytes:
         raise PayloadTooLarge(
             f"{field} is larger than {max_bytes} bytes serialized (numbers written out)",
             field=field,
