@@ -323,11 +323,15 @@ def json_text(field: str, value: Any, max_bytes: int, max_depth: int) -> str:
     """A JSON value serialized for storage, depth- and size-checked, numbers exact.
     Postgres jsonb cannot hold the NUL character, so it is refused here rather than
     failing in the database."""
-    check_depth(field, value, max_depth)
     try:
         raw = exactjson.dumps(value)
     except ValueError as exc:
+        check_depth(field, value, max_depth)  # too deep to write is refused as too deep
         raise ValidationFailed(f"{field}: {exc}", field=field) from None
+    # Each level of nesting takes two characters at least (`[]`): a shorter text
+    # cannot be too deep, and is not walked.
+    if len(raw) > 2 * max_depth:
+        check_depth(field, value, max_depth)
     text = raw.decode()
     # Counted as it will be answered: Postgres writes 1e300 out as 301 digits.
     if len(raw) + exactjson.expansion(text, value) > max_bytes:
