@@ -273,6 +273,7 @@ NEW_TASK_JSON = (
 # matched back to request order. Items whose key already exists are skipped here and
 # looked up with GET_BY_IDEMPOTENCY_KEYS. Items not due yet are stored `scheduled`.
 # Each inserted row comes back as its id, its request_hash and its JSON (NEW_TASK_JSON).
+# An optional column no item sets may be sent as a NULL array: unnest pads it with NULLs.
 ENQUEUE_BATCH = f"""
 WITH base AS (SELECT clock_timestamp() AS t)
 INSERT INTO tasks (id, runtime_id, status, priority, payload, max_attempts, run_at,
