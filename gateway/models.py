@@ -174,7 +174,9 @@ class EnqueueRequest:
     delay_seconds: float | None
     ttl_seconds: float | None  # expires this long after run_at
     idempotency_key: str | None
-    request_hash: str  # what a replay with the same key must match
+    # What a replay with the same key must match; '' for a batch item without a key,
+    # which nothing is matched against (its hash was a measurable part of a batch).
+    request_hash: str
 
 
 # The enqueue body's fields, looked up once; the optional ones take null as absent.
@@ -213,6 +215,7 @@ def _parse_enqueue(
     header_key: str | None,
     limits: Mapping[str, Any],
     absent: Mapping[str, Any],
+    hash_without_key: bool = True,
 ) -> EnqueueRequest:
     def read(field: Field) -> Any:
         return absent[field.name] if body.get(field.name) is None else field.read(body, limits)
@@ -234,15 +237,11 @@ def _parse_enqueue(
     ttl = read(_TTL)
     priority = read(_PRIORITY)
     max_attempts = read(_MAX_ATTEMPTS)
-    # Hash the request as understood, so a retry that spells out a default still matches.
-    fingerprint = [
-        body["payload"],
-        priority,
-        max_attempts,
-        delay or 0,
-        body.get("run_at"),
-        ttl,
-    ]
+    request_hash = ""
+    if key is not None or hash_without_key:
+        # Hash the request as understood, so a retry that spells out a default matches.
+        fingerprint = [body["payload"], priority, max_attempts, delay or 0, body.get("run_at"), ttl]
+        request_hash = hashlib.sha256(exactjson.dumps(fingerprint, sort_keys=True)).hexdigest()
     return EnqueueRequest(
         payload_json=payload_json,
         priority=priority,
@@ -251,7 +250,7 @@ def _parse_enqueue(
         delay_seconds=delay or None,
         ttl_seconds=ttl,
         idempotency_key=key,
-        request_hash=hashlib.sha256(exactjson.dumps(fingerprint, sort_keys=True)).hexdigest(),
+        request_hash=request_hash,
     )
 
 
@@ -330,7 +329,7 @@ def parse_batch(
         try:
             if not isinstance(item, dict):
                 raise ValidationFailed("each task must be a JSON object", field="")
-            out.append(_parse_enqueue(item, None, limits, absent))
+            out.append(_parse_enqueue(item, None, limits, absent, hash_without_key=False))
         except (ValidationFailed, PayloadTooLarge, BadRequest) as exc:
             inner = exc.extra.get("field")
             field = f"tasks[{index}].{inner}" if inner else f"tasks[{index}]"

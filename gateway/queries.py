@@ -272,7 +272,7 @@ NEW_TASK_JSON = (
 # A whole batch in one statement; ids are chosen by the caller so that rows can be
 # matched back to request order. Items whose key already exists are skipped here and
 # looked up with GET_BY_IDEMPOTENCY_KEYS. Items not due yet are stored `scheduled`.
-# Each inserted row comes back as its id, its request_hash and its JSON (NEW_TASK_JSON).
+# Each inserted row comes back as its id and its JSON (NEW_TASK_JSON).
 # An optional column no item sets may be sent as a NULL array: unnest pads it with NULLs.
 ENQUEUE_BATCH = f"""
 WITH base AS (SELECT clock_timestamp() AS t)
@@ -294,7 +294,7 @@ SELECT i.id, $1, CASE WHEN d.run_at > clock_timestamp() THEN 'scheduled' ELSE 'q
  -- other instead of deadlocking; created_at keeps the request's order (FIFO).
  ORDER BY i.idempotency_key NULLS LAST, i.ord
 ON CONFLICT (runtime_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING id, request_hash, {NEW_TASK_JSON} AS task_json
+RETURNING id, {NEW_TASK_JSON} AS task_json
 """
 
 GET_BY_IDEMPOTENCY_KEYS = f"""

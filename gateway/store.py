@@ -418,7 +418,7 @@ class Store:
                 if keys
                 else None,
             )
-            by_id = {row[0]: row[2] for row in inserted}
+            by_id = {row[0]: row[1] for row in inserted}
             if len(by_id) == len(reqs):  # every item new: nothing to match by key
                 return [by_id[task_id] for task_id in ids], len(by_id)
             existing = {}

@@ -556,3 +556,11 @@ def test_a_payload_too_deep_to_serialize_is_refused_as_too_deep() -> None:
         "payload", models.parse_enqueue, {"payload": nested(600)}, None, MAX_PAYLOAD, 64
     )
     assert "nested more than 64 levels" in error.detail
+
+
+def test_a_batch_item_hashes_as_a_single_enqueue_when_it_has_a_key() -> None:
+    keyed = {"payload": {"b": 1, "a": [2]}, "priority": 7, "idempotency_key": "k"}
+    items = models.parse_batch({"tasks": [keyed, {"payload": 1}]}, MAX_PAYLOAD)
+    assert items[0].request_hash == enqueue(keyed).request_hash
+    assert len(items[0].request_hash) == 64
+    assert items[1].idempotency_key is None and items[1].request_hash == ""
