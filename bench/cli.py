@@ -538,6 +538,8 @@ DETAIL_COLUMNS: dict[str, list[str]] = {
         "requests_per_second",
         "request_p50_ms",
         "request_p99_ms",
+        "server_cpu_ms_per_request",
+        "bench_cpu_ms_per_request",
     ],
     "wake-latency": [
         "wakes",

@@ -43,6 +43,7 @@ async def _batch_enqueue(dsn: str, jobs: int, batch: int) -> dict[str, Any]:
         queries = Queries(AsyncpgDriver(conn))
         latencies: list[float] = []
         started = time.perf_counter()
+        cpu_started = time.process_time()
         done = 0
         while done < jobs:
             n = min(batch, jobs - done)
@@ -51,12 +52,18 @@ async def _batch_enqueue(dsn: str, jobs: int, batch: int) -> dict[str, Any]:
             latencies.append(time.perf_counter() - t0)
             done += n
         seconds = time.perf_counter() - started
+        cpu_seconds = time.process_time() - cpu_started
     finally:
         await conn.close()
     return {
         "jobs": done,
         "calls": len(latencies),
         "seconds": round(seconds, 3),
+        # This process's CPU per call: the counterpart of the gateway's
+        # server_cpu_ms_per_request (the rest of a call is Postgres and waiting).
+        "driver_cpu_ms_per_call": round(1000.0 * cpu_seconds / len(latencies), 2)
+        if latencies
+        else None,
         "jobs_per_second": round(done / seconds, 1) if seconds > 0 else None,
         "call_p50_ms": _ms(_percentile(latencies, 50)),
         "call_p99_ms": _ms(_percentile(latencies, 99)),

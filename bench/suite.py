@@ -604,6 +604,19 @@ async def drain(opts: argparse.Namespace, servers: Servers, workdir: Path) -> li
     return [single, batch, *await pgqueuer_once(opts, servers)]
 
 
+def _cpu_ms_per_request(
+    server_pid: int | None, before: tuple[float, float], requests: int
+) -> dict[str, float | None]:
+    """CPU the served process and this one (the load generator) used per request since
+    `before` (their CPU seconds then): what each side of the loop cost, whatever else
+    the machine was doing."""
+    server, bench = cpu_seconds_tree(server_pid) - before[0], time.process_time() - before[1]
+    return {
+        "server_cpu_ms_per_request": round(1000.0 * server / requests, 2) if requests else None,
+        "bench_cpu_ms_per_request": round(1000.0 * bench / requests, 2) if requests else None,
+    }
+
+
 async def _enqueue_loop(
     api: Api, count: int, batch: int, concurrency: int, seconds: float, tally: Tally
 ) -> tuple[int, float]:
@@ -644,6 +657,7 @@ async def enqueue(opts: argparse.Namespace, servers: Servers, workdir: Path) -> 
         api = Api(http, proc.url, proc.token)
         log(f"enqueue: {opts.drain_tasks} tasks in batches of 1000, one request at a time")
         tally = Tally()
+        before = (cpu_seconds_tree(proc.pid), time.process_time())
         made, secs = await _enqueue_loop(api, opts.drain_tasks, 1000, 1, opts.drain_seconds, tally)
         check_tally(batch_r, "batch enqueue", tally)
         batch_r.numbers = {
@@ -652,9 +666,11 @@ async def enqueue(opts: argparse.Namespace, servers: Servers, workdir: Path) -> 
             "tasks_per_second": round(made / secs, 1) if secs else None,
             "request_p50_ms": ms(percentile(tally.latencies, 50)),
             "request_p99_ms": ms(percentile(tally.latencies, 99)),
+            **_cpu_ms_per_request(proc.pid, before, tally.responses),
         }
         log("enqueue: single enqueues, 64 at a time")
         tally = Tally()
+        before = (cpu_seconds_tree(proc.pid), time.process_time())
         made, secs = await _enqueue_loop(api, 10**9, 1, opts.connections, opts.poll_seconds, tally)
         check_tally(single_r, "single enqueue", tally)
         SAMPLES["enqueue/single"] = list(tally.latencies)
@@ -664,6 +680,7 @@ async def enqueue(opts: argparse.Namespace, servers: Servers, workdir: Path) -> 
             "requests_per_second": round(made / secs, 1) if secs else None,
             "request_p50_ms": ms(percentile(tally.latencies, 50)),
             "request_p99_ms": ms(percentile(tally.latencies, 99)),
+            **_cpu_ms_per_request(proc.pid, before, tally.responses),
         }
         finish(batch_r, proc)
     return [batch_r, single_r, *await pgqueuer_once(opts, servers)]

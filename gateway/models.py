@@ -7,13 +7,14 @@ ValidationFailed naming the field. They store nothing and touch no I/O.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -38,7 +39,7 @@ from .bodies import MAX_WORKER_ID as MAX_WORKER_ID
 from .bodies import STATUSES as STATUSES
 from .errors import BadRequest, NotFound, PayloadTooLarge, ValidationFailed
 from .rows import TaskRow
-from .schema import EARLIEST, LATEST
+from .schema import EARLIEST, LATEST, Field
 
 RUNTIME_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 DEFAULT_MAX_DEPTH = 64  # GATEWAY_MAX_JSON_DEPTH
@@ -164,8 +165,11 @@ def _payload_limits(max_payload_bytes: int, max_depth: int) -> dict[str, int]:
     return {PAYLOAD_BYTES.name: max_payload_bytes, JSON_DEPTH.name: max_depth}
 
 
-@dataclass(frozen=True)
-class EnqueueRequest:
+class EnqueueRequest(NamedTuple):
+    """One task to enqueue, as understood. A named tuple rather than a frozen dataclass,
+    whose __init__ (a checked setattr per field) cost twice as much: a batch makes a
+    thousand of these per request."""
+
     payload_json: str
     priority: int
     max_attempts: int
@@ -173,7 +177,30 @@ class EnqueueRequest:
     delay_seconds: float | None
     ttl_seconds: float | None  # expires this long after run_at
     idempotency_key: str | None
-    request_hash: str  # what a replay with the same key must match
+    # What a replay with the same key must match; '' for a batch item without a key,
+    # which nothing is matched against (its hash was a measurable part of a batch).
+    request_hash: str
+
+
+# The enqueue body's fields, looked up once; the optional ones take null as absent.
+_PAYLOAD = ENQUEUE_BODY["payload"]
+_KEY = ENQUEUE_BODY["idempotency_key"]
+_DELAY = ENQUEUE_BODY["delay_seconds"]
+_RUN_AT = ENQUEUE_BODY["run_at"]
+_TTL = ENQUEUE_BODY["ttl_seconds"]
+_PRIORITY = ENQUEUE_BODY["priority"]
+_MAX_ATTEMPTS = ENQUEUE_BODY["max_attempts"]
+_OPTIONAL = (_KEY, _DELAY, _RUN_AT, _TTL, _PRIORITY, _MAX_ATTEMPTS)
+assert all(f.null_means_absent for f in _OPTIONAL)
+
+
+@functools.lru_cache(maxsize=16)
+def _absent_values(max_payload_bytes: int, max_depth: int) -> dict[str, Any]:
+    """What each optional enqueue field reads as when it is left out, from its own
+    reader: a field absent from a body is then not read at all (a batch's items
+    usually carry a payload and little else). The caller must not change it."""
+    limits = _payload_limits(max_payload_bytes, max_depth)
+    return {f.name: f.read({}, limits) for f in _OPTIONAL}
 
 
 def parse_enqueue(
@@ -182,9 +209,22 @@ def parse_enqueue(
     max_payload_bytes: int,
     max_depth: int = DEFAULT_MAX_DEPTH,
 ) -> EnqueueRequest:
-    spec, limits = ENQUEUE_BODY, _payload_limits(max_payload_bytes, max_depth)
-    payload_json = spec["payload"].read(body, limits)
-    key = spec["idempotency_key"].read(body, limits)
+    limits = _payload_limits(max_payload_bytes, max_depth)
+    return _parse_enqueue(body, header_key, limits, _absent_values(max_payload_bytes, max_depth))
+
+
+def _parse_enqueue(
+    body: Mapping[str, Any],
+    header_key: str | None,
+    limits: Mapping[str, Any],
+    absent: Mapping[str, Any],
+    hash_without_key: bool = True,
+) -> EnqueueRequest:
+    def read(field: Field) -> Any:
+        return absent[field.name] if body.get(field.name) is None else field.read(body, limits)
+
+    payload_json = _PAYLOAD.read(body, limits)
+    key = read(_KEY)
     if header_key is not None:
         longest = IDEMPOTENCY_KEY_HEADER.max_length
         if not header_key or len(header_key) > (longest or 0):
@@ -194,21 +234,17 @@ def parse_enqueue(
         if key is not None and key != header_key:
             raise BadRequest("idempotency_key in the body and the Idempotency-Key header differ")
         key = header_key
-    spec.check_exclusive(body)
-    delay = spec["delay_seconds"].read(body, limits)
-    run_at = spec["run_at"].read(body, limits)
-    ttl = spec["ttl_seconds"].read(body, limits)
-    priority = spec["priority"].read(body, limits)
-    max_attempts = spec["max_attempts"].read(body, limits)
-    # Hash the request as understood, so a retry that spells out a default still matches.
-    fingerprint = [
-        body["payload"],
-        priority,
-        max_attempts,
-        delay or 0,
-        body.get("run_at"),
-        ttl,
-    ]
+    ENQUEUE_BODY.check_exclusive(body)
+    delay = read(_DELAY)
+    run_at = read(_RUN_AT)
+    ttl = read(_TTL)
+    priority = read(_PRIORITY)
+    max_attempts = read(_MAX_ATTEMPTS)
+    request_hash = ""
+    if key is not None or hash_without_key:
+        # Hash the request as understood, so a retry that spells out a default matches.
+        fingerprint = [body["payload"], priority, max_attempts, delay or 0, body.get("run_at"), ttl]
+        request_hash = hashlib.sha256(exactjson.dumps(fingerprint, sort_keys=True)).hexdigest()
     return EnqueueRequest(
         payload_json=payload_json,
         priority=priority,
@@ -217,7 +253,7 @@ def parse_enqueue(
         delay_seconds=delay or None,
         ttl_seconds=ttl,
         idempotency_key=key,
-        request_hash=hashlib.sha256(exactjson.dumps(fingerprint, sort_keys=True)).hexdigest(),
+        request_hash=request_hash,
     )
 
 
@@ -289,12 +325,14 @@ def parse_batch(
 ) -> list[EnqueueRequest]:
     """Every item as parse_enqueue; an invalid one fails the batch, naming its index."""
     items = BATCH_BODY["tasks"].read(body, {})
+    limits = _payload_limits(max_payload_bytes, max_depth)
+    absent = _absent_values(max_payload_bytes, max_depth)
     out = []
     for index, item in enumerate(items):
         try:
             if not isinstance(item, dict):
                 raise ValidationFailed("each task must be a JSON object", field="")
-            out.append(parse_enqueue(item, None, max_payload_bytes, max_depth))
+            out.append(_parse_enqueue(item, None, limits, absent, hash_without_key=False))
         except (ValidationFailed, PayloadTooLarge, BadRequest) as exc:
             inner = exc.extra.get("field")
             field = f"tasks[{index}].{inner}" if inner else f"tasks[{index}]"

@@ -93,6 +93,11 @@ class Field:
         """The field's value from a decoded body, or ValidationFailed naming it."""
         return _READERS[self.kind](self, body, limits)
 
+    @property
+    def null_means_absent(self) -> bool:
+        """True when null reads as leaving the field out, and so does a missing key."""
+        return not self.required and self.kind in _NULL_MEANS_ABSENT
+
     def fail(self, message: str) -> ValidationFailed:
         return ValidationFailed(message, field=self.name)
 
@@ -318,13 +323,18 @@ def json_text(field: str, value: Any, max_bytes: int, max_depth: int) -> str:
     """A JSON value serialized for storage, depth- and size-checked, numbers exact.
     Postgres jsonb cannot hold the NUL character, so it is refused here rather than
     failing in the database."""
-    check_depth(field, value, max_depth)
     try:
-        text = exactjson.dumps(value).decode()
+        raw = exactjson.dumps(value)
     except ValueError as exc:
+        check_depth(field, value, max_depth)  # too deep to write is refused as too deep
         raise ValidationFailed(f"{field}: {exc}", field=field) from None
+    # Each level of nesting takes two characters at least (`[]`): a shorter text
+    # cannot be too deep, and is not walked.
+    if len(raw) > 2 * max_depth:
+        check_depth(field, value, max_depth)
+    text = raw.decode()
     # Counted as it will be answered: Postgres writes 1e300 out as 301 digits.
-    if len(text.encode()) + exactjson.expansion(text, value) > max_bytes:
+    if len(raw) + exactjson.expansion(text, value) > max_bytes:
         raise PayloadTooLarge(
             f"{field} is larger than {max_bytes} bytes serialized (numbers written out)",
             field=field,

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any, TypeAlias, TypeVar
 
 import asyncpg
 import orjson
+from asyncpg.pgproto.pgproto import UUID as DriverUUID
 
 from . import queries as q
 from .controls import (
@@ -37,7 +39,7 @@ from .errors import (
 )
 from .metrics import Metrics
 from .migrate import schema_is_current
-from .models import EnqueueRequest
+from .models import EnqueueRequest, task_bytes_or_stub
 from .rows import Leased, Reclaimed, TaskRow
 
 # Records of the credential tables (credentials.py); task rows go up as TaskRow.
@@ -75,6 +77,22 @@ def lease_lost(task_id: uuid.UUID, lease_id: uuid.UUID, status: str) -> LeaseLos
         "it expired and the task was claimed again, or it was already reported",
         task_status=status,
     )
+
+
+def _column(values: list[T]) -> list[T] | None:
+    """An optional column of a batch for unnest(): None (a NULL array, which unnest
+    pads with NULLs like any shorter array) when no item sets it, so that the driver
+    does not encode, nor Postgres decode, a thousand NULLs."""
+    return values if any(v is not None for v in values) else None
+
+
+def new_task_ids(count: int) -> list[uuid.UUID]:
+    """`count` random (version 4) UUIDs, as the driver's own UUID type: the same ids
+    uuid.uuid4() makes, at a quarter of its cost, which showed in a 1,000-task batch."""
+    raw = bytearray(os.urandom(16 * count))
+    raw[6::16] = bytes(b & 0x0F | 0x40 for b in raw[6::16])  # version 4
+    raw[8::16] = bytes(b & 0x3F | 0x80 for b in raw[8::16])  # RFC 4122 variant
+    return [DriverUUID(bytes(raw[i : i + 16])) for i in range(0, len(raw), 16)]
 
 
 @dataclass(frozen=True)
@@ -373,16 +391,18 @@ class Store:
 
     async def enqueue_batch(
         self, runtime_id: str, reqs: Sequence[EnqueueRequest]
-    ) -> tuple[list[TaskRow], bool]:
-        """Insert a batch in one transaction, all or nothing. Returns the rows in request
-        order and whether every item was an idempotent replay. A key reused with a
-        different request fails the whole batch, naming the item's index. A batch
-        without idempotency keys cannot conflict: its one statement is all or nothing
-        by itself, and is sent alone (one round trip instead of three)."""
-        ids = [uuid.uuid4() for _ in reqs]
+    ) -> tuple[list[str], bool]:
+        """Insert a batch in one transaction, all or nothing. Returns each task's JSON
+        object as the API shows it (models.task_bytes), in request order, and whether
+        every item was an idempotent replay. A key reused with a different request fails
+        the whole batch, naming the item's index. A batch without idempotency keys
+        cannot conflict: its one statement is all or nothing by itself, and is sent
+        alone (one round trip instead of three). New tasks come back already written
+        by Postgres (queries.NEW_TASK_JSON); only replayed ones are read whole."""
+        ids = new_task_ids(len(reqs))
         keys = [r.idempotency_key for r in reqs if r.idempotency_key]
 
-        async def insert_and_match(c: asyncpg.Connection) -> tuple[list[TaskRow], bool]:
+        async def insert_and_match(c: asyncpg.Connection) -> tuple[list[str], int]:
             inserted = await c.fetch(
                 q.ENQUEUE_BATCH,
                 runtime_id,
@@ -390,43 +410,50 @@ class Store:
                 [r.priority for r in reqs],
                 [r.payload_json for r in reqs],
                 [r.max_attempts for r in reqs],
-                [r.run_at for r in reqs],
-                [r.delay_seconds for r in reqs],
-                [r.ttl_seconds for r in reqs],
-                [r.idempotency_key for r in reqs],
-                [r.request_hash if r.idempotency_key else None for r in reqs],
+                _column([r.run_at for r in reqs]),
+                _column([r.delay_seconds for r in reqs]),
+                _column([r.ttl_seconds for r in reqs]),
+                _column([r.idempotency_key for r in reqs]) if keys else None,
+                _column([r.request_hash if r.idempotency_key else None for r in reqs])
+                if keys
+                else None,
             )
-            by_id = {row["id"]: row for row in inserted}
+            by_id = {row[0]: row[1] for row in inserted}
+            if len(by_id) == len(reqs):  # every item new: nothing to match by key
+                return [by_id[task_id] for task_id in ids], len(by_id)
             existing = {}
-            if len(by_id) < len(reqs) and keys:
+            if keys:
                 for row in await c.fetch(q.GET_BY_IDEMPOTENCY_KEYS, runtime_id, keys):
                     existing[row["idempotency_key"]] = row
-            out: list[TaskRow] = []
+            out: list[str] = []
             for index, (task_id, req) in enumerate(zip(ids, reqs, strict=True)):
-                row = by_id.get(task_id) or existing.get(req.idempotency_key or "")
+                text = by_id.get(task_id)
+                if text is not None:
+                    out.append(text)
+                    continue
+                row = existing.get(req.idempotency_key or "")
                 if row is None:
                     raise StoreUnavailable("a batch item vanished mid-insert; retry")
-                if row["request_hash"] != req.request_hash and row["id"] != task_id:
+                if row["request_hash"] != req.request_hash:
                     raise IdempotencyKeyReused(
                         f"tasks[{index}]: idempotency key {req.idempotency_key!r} was "
                         "already used for a different request on this runtime",
                         field=f"tasks[{index}].idempotency_key",
                         index=index,
                     )
-                out.append(TaskRow.of(row))
-            return out, not by_id
+                out.append(task_bytes_or_stub(TaskRow.of(row)).decode())
+            return out, len(by_id)
 
-        async def go(c: asyncpg.Connection) -> tuple[list[TaskRow], bool]:
+        async def go(c: asyncpg.Connection) -> tuple[list[str], int]:
             if not keys:
                 return await insert_and_match(c)
             # A refused item must undo the rows inserted before the refusal was known.
             async with self._transaction(c):
                 return await insert_and_match(c)
 
-        rows, all_replayed = await self._run(go)
-        created = sum(1 for row, task_id in zip(rows, ids, strict=True) if row.id == task_id)
+        tasks, created = await self._run(go)
         self._metrics.tasks_enqueued.inc(created)
-        return rows, all_replayed
+        return tasks, created == 0
 
     async def cancel(self, task_id: uuid.UUID) -> TaskRow:
         """Idempotent: cancelling a cancelled task returns it."""

@@ -12,12 +12,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
+import orjson
 import pytest
 
 from gateway import queries as q
 from gateway.errors import IdempotencyKeyReused
+from gateway.exactjson import ExactNumber
 from gateway.metrics import Metrics
-from gateway.models import EnqueueRequest, parse_enqueue
+from gateway.models import EnqueueRequest, parse_enqueue, task_bytes
+from gateway.rows import TaskRow
 from gateway.store import Store
 from tests.support.databases import execute, fetch
 
@@ -62,8 +65,9 @@ async def test_single_and_keyless_batch_enqueues_are_one_statement(
         runtime_id, [item(1), item(2, delay_seconds=60), item(3, priority=90)]
     )
     assert seen == [q.ENQUEUE_BATCH]
-    assert [r.priority for r in rows] == [50, 50, 90], "not in request order"
-    assert [r.status for r in rows] == ["queued"] * 3 and replayed is False
+    tasks = [orjson.loads(row) for row in rows]
+    assert [t["priority"] for t in tasks] == [50, 50, 90], "not in request order"
+    assert [t["status"] for t in tasks] == ["queued"] * 3 and replayed is False
     stored = await store.run(
         lambda c: c.fetch(
             "SELECT status FROM tasks WHERE runtime_id = $1 ORDER BY created_at", runtime_id
@@ -84,3 +88,29 @@ async def test_a_batch_with_keys_is_all_or_nothing(
         )
     rows = await fetch(database_url, "SELECT payload FROM tasks WHERE runtime_id = $1", runtime_id)
     assert len(rows) == 1, "a refused batch left rows behind"
+
+
+async def test_a_new_tasks_json_from_postgres_is_the_one_models_writes(
+    store: Store, runtime_id: str
+) -> None:
+    # queries.NEW_TASK_JSON writes a batch's new tasks in SQL: byte for byte what
+    # models.task_bytes makes of the stored row, for every field a new task can carry.
+    items = [
+        item({"b": [1, 2.5, 'é\u0001"x'], "a": None}),
+        item(None, priority=0, max_attempts=1),
+        item("text", delay_seconds=3600, ttl_seconds=60),
+        item(ExactNumber("1234567890123456789.5e-2"), run_at="2031-02-03T04:05:06.000007+02:00"),
+        item(0.1, ttl_seconds=1.5),
+        item([], run_at="1970-01-01T00:00:00Z", ttl_seconds=86400),
+    ]
+    written, _ = await store.enqueue_batch(runtime_id, items)
+    stored = await store.run(
+        lambda c: c.fetch(
+            f"SELECT {q.TASK_COLUMNS} FROM tasks WHERE runtime_id = $1 ORDER BY created_at",
+            runtime_id,
+        )
+    )
+    assert len(stored) == len(items)
+    expected = [task_bytes(TaskRow.of(row)).decode() for row in stored]
+    assert written == expected
+    assert orjson.loads(written[5])["status"] == "expired"  # its ttl ran out in 1970

@@ -522,3 +522,45 @@ def test_format_time_pads_years_to_four_digits() -> None:
     from datetime import UTC, datetime
 
     assert models.format_time(datetime(999, 6, 1, tzinfo=UTC)) == "0999-06-01T00:00:00.000000Z"
+
+
+def nested(levels: int, inner: Any = None) -> Any:
+    value = inner
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("max_depth", [1, 3, 64])
+def test_payload_depth_is_checked_whatever_its_length(max_depth: int) -> None:
+    # Short texts are not walked (each level takes two characters), so the limit is
+    # held at both lengths: exactly 2 * max_depth characters, and padded longer.
+    def parse(payload: Any) -> Any:
+        return models.parse_enqueue({"payload": payload}, None, MAX_PAYLOAD, max_depth)
+
+    assert len(models.exactjson.dumps(nested(max_depth - 1, []))) == 2 * max_depth
+    parse(nested(max_depth - 1, []))
+    parse(nested(max_depth - 1, ["x" * 500]))
+    error = fails_on("payload", parse, nested(max_depth, []))
+    assert "nested more than" in error.detail
+    fails_on("payload", parse, nested(max_depth + 1))
+    fails_on("payload", parse, nested(max_depth, ["x" * 500]))
+
+
+def test_a_payload_too_deep_to_serialize_is_refused_as_too_deep() -> None:
+    error = fails_on(
+        "payload", models.parse_enqueue, {"payload": nested(600)}, None, MAX_PAYLOAD, 1000
+    )
+    assert "nested more than 1000 levels" not in error.detail  # 600 is within the limit
+    error = fails_on(
+        "payload", models.parse_enqueue, {"payload": nested(600)}, None, MAX_PAYLOAD, 64
+    )
+    assert "nested more than 64 levels" in error.detail
+
+
+def test_a_batch_item_hashes_as_a_single_enqueue_when_it_has_a_key() -> None:
+    keyed = {"payload": {"b": 1, "a": [2]}, "priority": 7, "idempotency_key": "k"}
+    items = models.parse_batch({"tasks": [keyed, {"payload": 1}]}, MAX_PAYLOAD)
+    assert items[0].request_hash == enqueue(keyed).request_hash
+    assert len(items[0].request_hash) == 64
+    assert items[1].idempotency_key is None and items[1].request_hash == ""
