@@ -1,9 +1,10 @@
 """Request ids and the access log: one line per request, and the request counter.
 
-`RequestLog` wraps the app inside Starlette's error middleware. For each HTTP request
-it sets the request id (logs.REQUEST_ID), returns it as `X-Request-ID` on the answer,
-and when the answer is done writes one access line (logger `gateway.access`, INFO)
-and counts the request by route template and status class. The route is the
+`RequestLog` wraps the whole app, Starlette's error middleware included
+(app.GatewayApp). For each HTTP request it sets the request id (logs.REQUEST_ID),
+returns it as `X-Request-ID` on the answer, and when the answer is done writes one
+access line (logger `gateway.access`, INFO) and counts the request by route template
+and status class. The route is the
 template (`/v1/runtimes/{rt}/claim`), never the raw path: runtime and task ids would
 make the log's and the metric's values unbounded.
 
@@ -97,17 +98,17 @@ class RequestLog:
             self._direct = [r for r in routes if isinstance(r, DirectRoute)]
         return self._direct
 
-    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def _target(self, scope: Scope) -> ASGIApp:
         """A DirectRoute's request goes straight to its handler; the rest through the
-        app (exception middleware, router)."""
+        app (error and exception middleware, router). Not a coroutine of its own: a
+        parked poll holds every frame between uvicorn and its wait."""
         for route in self._direct_routes(scope):
             match, child_scope = route.matches(scope)
             if match is Match.FULL:
                 scope["route"] = route  # as the router does: the access line's route
                 scope.update(child_scope)
-                await route.app(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+                return route.app
+        return self.app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -132,10 +133,11 @@ class RequestLog:
             await send(message)
 
         try:
-            await self._dispatch(scope, receive, send_with_id)
+            await self._target(scope)(scope, receive, send_with_id)
         except Exception:
-            # Starlette's error middleware, outside this one, answers 500 and reraises;
-            # answer here instead, so that the 500 carries the request id too.
+            # Starlette's error middleware, inside this one, answers 500 through
+            # send_with_id (with the request id) and reraises. A DirectRoute's handler
+            # runs without it: answer here when nothing was answered yet.
             if not status:
                 with contextlib.suppress(Exception):  # the client may be gone too
                     await internal_error_response()(scope, receive, send_with_id)

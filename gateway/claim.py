@@ -14,10 +14,12 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import random
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import logs
 from .activity import ClaimActivity
@@ -35,6 +37,8 @@ LINGER_SECONDS = 30.0  # keep an idle runtime's subscription this long, for the 
 # A verdict this process wrote is renewed this long before its life ends (at most; a
 # quarter of a short life), so that a renewal lands before the key lapses.
 RENEW_LEAD_SECONDS = 1.0
+# Parked waiters whose deadlines fall in the same slot of this length share one timer.
+DEADLINE_SLOT_SECONDS = 0.05
 
 
 class Departure:
@@ -79,6 +83,7 @@ class Waiter:
     in_flight: bool = False  # has slots in the Postgres claim running now
     gone: bool = False  # its client disconnected; it must receive nothing
     signal: asyncio.Future[None] | None = None  # resolved to wake its request
+    slot: int = 0  # its deadline's slot in Deadlines
 
     def poke(self) -> None:
         """Wake the request to look at its state again."""
@@ -99,9 +104,37 @@ class Waiter:
         self.poke()
 
 
-def _poke(signal: asyncio.Future[None]) -> None:
-    if not signal.done():
-        signal.set_result(None)
+class Deadlines:
+    """Wakes parked waiters when their wait runs out: one timer per slot of
+    DEADLINE_SLOT_SECONDS, shared by every waiter whose deadline falls in it, rather than
+    one timer per waiter (memory per parked poll). A wait ends at most one slot late."""
+
+    def __init__(self) -> None:
+        self._slots: dict[int, dict[Waiter, None]] = {}
+        self._timers: dict[int, asyncio.TimerHandle] = {}
+
+    def add(self, waiter: Waiter) -> None:
+        key = waiter.slot = math.ceil(waiter.deadline / DEADLINE_SLOT_SECONDS)
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = {}
+            loop = asyncio.get_running_loop()
+            self._timers[key] = loop.call_at(key * DEADLINE_SLOT_SECONDS, self._expire, key)
+        slot[waiter] = None
+
+    def discard(self, waiter: Waiter) -> None:
+        slot = self._slots.get(waiter.slot)
+        if slot is not None and slot.pop(waiter, 0) is None and not slot:
+            del self._slots[waiter.slot]
+            self._timers.pop(waiter.slot).cancel()
+
+    def _expire(self, key: int) -> None:
+        self._timers.pop(key, None)
+        now = asyncio.get_running_loop().time()
+        for waiter in self._slots.pop(key, {}):
+            # A timer may fire a little early: the wait counts as run out all the same.
+            waiter.deadline = min(waiter.deadline, now)
+            waiter.poke()
 
 
 @dataclass(eq=False)
@@ -173,6 +206,7 @@ class Claimer:
         self._claims_queued = 0
         self._near_enabled = settings.cache_enabled and settings.near_cache_enabled
         self._long_polls = 0  # claims here with a wait: GATEWAY_MAX_PARKED_POLLS bounds them
+        self._deadlines = Deadlines()
         self.draining = False
         self._drain_hooks: list[Callable[[], None]] = []
         self.activity = ClaimActivity()  # tasks handed out here, for the runtimes listing
@@ -243,10 +277,25 @@ class Claimer:
 
     # -- the claim -----------------------------------------------------------
 
-    async def claim(
+    def claim(
         self, runtime_id: str, req: ClaimRequest, disconnected: Departure | None = None
+    ) -> Coroutine[Any, Any, list[Leased]]:
+        """Up to req.max_tasks leased rows, waiting up to req.wait_seconds for them.
+
+        Returns the coroutine that serves the claim. A long poll's is the one that parks
+        (`_claim`), so that each parked poll holds one coroutine frame here, not two."""
+        if (
+            req.wait_seconds
+            and not self.draining
+            and self._long_polls < self._settings.max_parked_polls
+        ):
+            return self._claim(runtime_id, req, disconnected)
+        return self._claim_at_once(runtime_id, req, disconnected)
+
+    async def _claim_at_once(
+        self, runtime_id: str, req: ClaimRequest, disconnected: Departure | None
     ) -> list[Leased]:
-        """Up to req.max_tasks leased rows, waiting up to req.wait_seconds for them."""
+        """A claim without a wait, or one refused or cut to no wait (draining, full)."""
         if self.draining:
             raise Draining("this instance is shutting down; retry on another")
         if not req.wait_seconds and self._near_enabled:
@@ -255,9 +304,11 @@ class Claimer:
                 # A verdict hit this process holds: no waiter, no pump, no round trip.
                 self._metrics.near_hits.inc()
                 return []
-        if req.wait_seconds and self._long_polls >= self._settings.max_parked_polls:
+        if req.wait_seconds:
             # Full: still hand out work that is there, but park no one more.
-            rows = await self.claim(runtime_id, dataclasses.replace(req, wait_seconds=0.0))
+            rows = await self._claim_at_once(
+                runtime_id, dataclasses.replace(req, wait_seconds=0.0), None
+            )
             if not rows:
                 self._metrics.claims_rejected.labels("parked_polls").inc()
                 raise Overloaded(
@@ -266,55 +317,57 @@ class Claimer:
                     retry_after_seconds=2,
                 )
             return rows
-        if req.wait_seconds:
-            self._long_polls += 1
-            arrived = asyncio.get_running_loop().time()
-            try:
-                return await self._claim(runtime_id, req, disconnected)
-            finally:
-                self._long_polls -= 1
-                waited = asyncio.get_running_loop().time() - arrived
-                self._metrics.long_poll_wait.observe(waited)
         return await self._claim(runtime_id, req, disconnected)
 
     async def _claim(
         self, runtime_id: str, req: ClaimRequest, disconnected: Departure | None
     ) -> list[Leased]:
         loop = asyncio.get_running_loop()
+        if self.draining:  # began draining after claim() was called
+            raise Draining("this instance is shutting down; retry on another")
+        waiting = req.wait_seconds > 0
+        if waiting:
+            self._long_polls += 1
+        arrived = loop.time()
         state = self._state(runtime_id)
-        waiter = Waiter(req=req, deadline=loop.time() + req.wait_seconds)
-        # Subscribe before the verdict is read (I8).
-        await self._subscriber.subscribe(state.channel)
-        state.waiters.append(waiter)
-        self._metrics.parked_polls.inc()
-        state.wake.set()
-        if state.pump is None:
-            # A bump seen while no pump ran is old news: other claims may have written a
-            # verdict under its version since, so the new pump reads the verdict first.
-            state.bumped = None
-            state.pump = asyncio.create_task(self._pump(state), name=f"pump:{runtime_id}")
-        if disconnected is not None:
-            disconnected.on_set(waiter.leave)
+        waiter = Waiter(req=req, deadline=arrived + req.wait_seconds)
         try:
-            while waiter.rows is None and waiter.error is None:
-                remaining = waiter.deadline - loop.time()
-                if remaining <= 0 and waiter.checked and not waiter.in_flight:
-                    break
-                if waiter.gone and not waiter.in_flight:
-                    break
-                # Nothing awaited since the checks above: a poke cannot fall in between.
-                signal = waiter.signal = loop.create_future()
-                timer = None
-                if remaining > 0 and not waiter.in_flight:
-                    timer = loop.call_at(waiter.deadline, _poke, signal)
-                try:
-                    await signal
-                finally:
-                    waiter.signal = None
-                    if timer is not None:
-                        timer.cancel()
+            # Subscribe before the verdict is read (I8).
+            await self._subscriber.subscribe(state.channel)
+            state.waiters.append(waiter)
+            self._metrics.parked_polls.inc()
+            state.wake.set()
+            if state.pump is None:
+                # A bump seen while no pump ran is old news: other claims may have
+                # written a verdict under its version since, so the new pump reads the
+                # verdict first.
+                state.bumped = None
+                state.pump = asyncio.create_task(self._pump(state), name=f"pump:{runtime_id}")
+            if disconnected is not None:
+                disconnected.on_set(waiter.leave)
+            if waiting:
+                self._deadlines.add(waiter)
+            try:
+                while waiter.rows is None and waiter.error is None:
+                    if waiter.deadline <= loop.time() and waiter.checked and not waiter.in_flight:
+                        break
+                    if waiter.gone and not waiter.in_flight:
+                        break
+                    # Nothing awaited since the checks above: a poke cannot fall in
+                    # between. The deadline's poke comes from self._deadlines.
+                    signal = waiter.signal = loop.create_future()
+                    try:
+                        await signal
+                    finally:
+                        waiter.signal = None
+            finally:
+                if waiting:
+                    self._deadlines.discard(waiter)
+                self._leave(state, waiter)
         finally:
-            self._leave(state, waiter)
+            if waiting:
+                self._long_polls -= 1
+                self._metrics.long_poll_wait.observe(loop.time() - arrived)
         if waiter.error is not None:
             raise waiter.error
         return waiter.rows or []

@@ -4,8 +4,6 @@ they import no driver. Errors become problem+json in `api()` via errors.PROBLEMS
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import enum
 import functools
 import logging
@@ -35,6 +33,7 @@ from .errors import GatewayError, NotFound
 from .httpio import (
     CLIENT_LEFT,
     DirectRoute,
+    DisconnectWatch,
     empty_tasks_response,
     internal_error_response,
     json_response,
@@ -208,28 +207,17 @@ async def stats(request: Request, gw: Gateway) -> Response:
 # -- daemons ----------------------------------------------------------------
 
 
-async def _watch_disconnect(request: Request, gone: Departure) -> None:
-    """Starlette does not cancel a handler whose client left; watch for it ourselves."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            gone.set()
-            return
-
-
 async def claim(request: Request, gw: Gateway) -> Response:
     runtime_id = models.check_runtime_id(request.path_params["rt"])
     body = await read_json(request, gw)
     req = models.parse_claim(body, gw.settings.max_wait_seconds, gw.settings.default_lease_seconds)
     gone = Departure()
-    watcher = asyncio.create_task(_watch_disconnect(request, gone)) if req.wait_seconds else None
+    watch = DisconnectWatch(request.receive, gone.set) if req.wait_seconds else None
     try:
-        rows = await gw.claimer.claim(runtime_id, req, gone if watcher else None)
+        rows = await gw.claimer.claim(runtime_id, req, gone if watch else None)
     finally:
-        if watcher is not None:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await watcher
+        if watch is not None:
+            watch.stop()
     if rows and (gone.is_set() or await request.is_disconnected()):
         # The client left while its tasks were being leased: nobody would receive them.
         await gw.claimer.give_back(runtime_id, [row.task.id for row in rows])
@@ -312,13 +300,11 @@ async def get_task(request: Request, gw: Gateway) -> Response:
     if not wait_seconds:
         return json_response(models.render_task_or_stub(await gw.store.get(task_id)))
     gone = Departure()
-    watcher = asyncio.create_task(_watch_disconnect(request, gone))
+    watch = DisconnectWatch(request.receive, gone.set)
     try:
         row = await gw.results.wait(task_id, wait_seconds, gone)
     finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await watcher
+        watch.stop()
     if gone.is_set():
         return Response(status_code=CLIENT_LEFT)
     return json_response(models.render_task_or_stub(row))
