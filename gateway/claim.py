@@ -28,7 +28,7 @@ from .errors import CacheUnavailable, Draining, GatewayError, Overloaded, StoreU
 from .metrics import Metrics
 from .models import ClaimRequest
 from .ports import ClaimCache, ClaimStore, WakeChannels
-from .rows import Leased
+from .rows import Leased, TaskRow
 from .settings import Settings
 
 log = logging.getLogger("gateway.claim")
@@ -81,9 +81,15 @@ class Waiter:
     error: GatewayError | None = None
     checked: bool = False  # a full verdict check or claim ran since it arrived
     in_flight: bool = False  # has slots in the Postgres claim running now
-    gone: bool = False  # its client disconnected; it must receive nothing
+    gone: bool = False  # its client disconnected, or its wait ended: it must receive nothing
     signal: asyncio.Future[None] | None = None  # resolved to wake its request
     slot: int = 0  # its deadline's slot in Deadlines
+    matched: bool = False  # an enqueue is writing a task leased to it (sync match)
+
+    @property
+    def lease(self) -> tuple[str, float]:
+        """Its worker and lease length, for a task leased to it (sync match)."""
+        return self.req.worker_id, float(self.req.lease_seconds)
 
     def poke(self) -> None:
         """Wake the request to look at its state again."""
@@ -177,8 +183,13 @@ def _drop_near(state: RuntimeState) -> None:
 
 
 def _unserved(state: RuntimeState) -> list[Waiter]:
-    """Waiters still wanting tasks: present, not answered, not failed."""
-    return [w for w in state.waiters if not w.gone and w.rows is None and w.error is None]
+    """Waiters still wanting tasks: present, not answered, not failed, not promised
+    an enqueue's task (sync match)."""
+    return [
+        w
+        for w in state.waiters
+        if not w.gone and w.rows is None and w.error is None and not w.matched
+    ]
 
 
 class Claimer:
@@ -337,12 +348,7 @@ class Claimer:
             state.waiters.append(waiter)
             self._metrics.parked_polls.inc()
             state.wake.set()
-            if state.pump is None:
-                # A bump seen while no pump ran is old news: other claims may have
-                # written a verdict under its version since, so the new pump reads the
-                # verdict first.
-                state.bumped = None
-                state.pump = asyncio.create_task(self._pump(state), name=f"pump:{runtime_id}")
+            self._ensure_pump(state)
             if disconnected is not None:
                 disconnected.on_set(waiter.leave)
             if waiting:
@@ -363,6 +369,9 @@ class Claimer:
             finally:
                 if waiting:
                     self._deadlines.discard(waiter)
+                # Whatever ends its wait (a cancelled request too): a claim or sync match
+                # still running for it gives its tasks back instead of handing them out.
+                waiter.gone = True
                 self._leave(state, waiter)
         finally:
             if waiting:
@@ -371,6 +380,70 @@ class Claimer:
         if waiter.error is not None:
             raise waiter.error
         return waiter.rows or []
+
+    def _ensure_pump(self, state: RuntimeState) -> None:
+        if state.pump is None:
+            # A bump seen while no pump ran is old news: other claims may have written a
+            # verdict under its version since, so the new pump reads the verdict first.
+            state.bumped = None
+            state.pump = asyncio.create_task(self._pump(state), name=f"pump:{state.runtime_id}")
+
+    # -- sync match: an enqueue hands its task to a parked poll -----------------
+
+    def match(self, runtime_id: str) -> Waiter | None:
+        """The oldest poll parked here for the runtime that an enqueue may write its
+        task leased to, reserved for it until `matched()`; None on any doubt, and the
+        enqueue then takes the usual path (bump, wake, claim).
+
+        Doubt: the setting is off; draining; runtime controls apply (a limit or a pause
+        decides who gets work, and the claim counts it); a wake-up is pending (another
+        enqueue's task may be waiting, older or more urgent than this one); or no poll
+        is parked (checked since it arrived, not leaving, no claim in flight for it)."""
+        if not self._settings.sync_match_enabled or self.draining:
+            return None
+        state = self._states.get(runtime_id)
+        if state is None or state.woken or state.bumped is not None:
+            return None
+        if self._controls is not None and (
+            self._controls.limited(runtime_id) or self._controls.paused(runtime_id)
+        ):
+            return None
+        if state.held_until > asyncio.get_running_loop().time():
+            return None
+        for waiter in state.waiters:
+            if (
+                waiter.checked
+                and not waiter.in_flight
+                and not waiter.gone
+                and not waiter.matched
+                and waiter.rows is None
+                and waiter.error is None
+            ):
+                waiter.matched = waiter.in_flight = True  # it stays for the outcome
+                return waiter
+        return None
+
+    async def matched(self, runtime_id: str, waiter: Waiter, task: TaskRow | None) -> None:
+        """The enqueue that `match()` reserved `waiter` for is over: `task` is the row
+        it wrote leased to the waiter, or None (not written so, or the enqueue failed).
+        A waiter whose poll has left meanwhile gets nothing: the task goes back to the
+        queue (give_back), for the other polls."""
+        waiter.matched = waiter.in_flight = False
+        state = self._states.get(runtime_id)
+        if task is None:
+            waiter.poke()  # it may have run out of time meanwhile
+            if state is not None and _unserved(state):
+                self._ensure_pump(state)
+            return
+        if waiter.gone:
+            self._metrics.sync_matches.labels("given_back").inc()
+            waiter.poke()
+            await self.give_back(runtime_id, [task.id])
+            return
+        self._metrics.sync_matches.labels("handed").inc()
+        self._metrics.observe_claim_delay(task, waiter.req.lease_seconds)
+        self.activity.add(runtime_id, 1)
+        waiter.finish(rows=[Leased(1, task)])
 
     def drain(self) -> None:
         """Answer every parked poll with what it has (usually nothing) and take no new

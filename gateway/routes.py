@@ -41,7 +41,7 @@ from .httpio import (
     read_json,
 )
 from .metrics import CONTENT_TYPE
-from .rows import Leased
+from .rows import Leased, as_enqueued
 from .runtime import Gateway
 
 log = logging.getLogger("gateway.http")
@@ -122,9 +122,22 @@ async def enqueue(request: Request, gw: Gateway) -> Response:
         gw.settings.max_payload_bytes,
         gw.settings.max_json_depth,
     )
-    row, created = await gw.store.enqueue(runtime_id, req)
+    # Sync match: a task due now may go straight to a poll parked here (claim.py).
+    waiter = gw.claimer.match(runtime_id) if req.run_at is None and not req.delay_seconds else None
+    leased = None
+    try:
+        row, created = await gw.store.enqueue(runtime_id, req, waiter.lease if waiter else None)
+        if created and row.status == "claimed":
+            leased = row
+    finally:
+        if waiter is not None:
+            await gw.claimer.matched(runtime_id, waiter, leased)
     if not created:
         return json_response(models.render_task_or_stub(row), 200, {"Idempotent-Replayed": "true"})
+    if leased is not None:
+        # No task became claimable (it is leased already): no bump. The producer sees
+        # the task as enqueued, as without the match.
+        return json_response(models.render_task_or_stub(as_enqueued(row)), 201)
     await gw.claimer.announce(runtime_id)
     return json_response(models.render_task_or_stub(row), 201)
 
