@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from starlette.routing import Match
@@ -119,26 +120,14 @@ class RequestLog:
         # Not reset afterwards: uvicorn serves each request in a task of its own, and
         # its own line about an exception, written after this returns, should carry it.
         logs.REQUEST_ID.set(request_id)
-        status = 0
-
-        async def send_with_id(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                headers = [
-                    *message.get("headers", ()),
-                    (REQUEST_ID_HEADER, request_id.encode()),
-                ]
-                message = {**message, "headers": headers}
-            await send(message)
-
+        send_with_id = _SendWithId(send, request_id)
         try:
             await self._target(scope)(scope, receive, send_with_id)
         except Exception:
             # Starlette's error middleware, inside this one, answers 500 through
             # send_with_id (with the request id) and reraises. A DirectRoute's handler
             # runs without it: answer here when nothing was answered yet.
-            if not status:
+            if not send_with_id.status:
                 with contextlib.suppress(Exception):  # the client may be gone too
                     await internal_error_response()(scope, receive, send_with_id)
             raise
@@ -149,10 +138,29 @@ class RequestLog:
                 self.metrics,
                 scope["method"],
                 route,
-                status or 500,
+                send_with_id.status or 500,
                 time.perf_counter() - started,
                 request_id,
             )
+
+
+class _SendWithId:
+    """The app's send(): adds the request id to the answer's headers and notes its
+    status. An object with slots rather than a closure: a parked poll holds it."""
+
+    __slots__ = ("request_id", "send", "status")
+
+    def __init__(self, send: Send, request_id: str) -> None:
+        self.send = send
+        self.request_id = request_id
+        self.status = 0
+
+    def __call__(self, message: Message) -> Awaitable[None]:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            headers = [*message.get("headers", ()), (REQUEST_ID_HEADER, self.request_id.encode())]
+            message = {**message, "headers": headers}
+        return self.send(message)
 
 
 def _route_of(scope: Scope) -> str:

@@ -4,14 +4,14 @@ reading a request body within GATEWAY_MAX_BODY_BYTES. No handler logic lives her
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive
 
 from . import models
 from .errors import GatewayError, PayloadTooLarge, problem_for
@@ -52,21 +52,15 @@ def empty_tasks_response() -> Response:
 
 
 class DirectRoute(Route):
-    """A route whose handler runs as a plain ASGI app, for the claim: `access.RequestLog`
-    matches it before Starlette's exception middleware and router, and Starlette's
+    """A route whose ASGI app runs as it is, for the claim: `access.RequestLog` matches
+    it before Starlette's error and exception middleware and router, and Starlette's
     request wrapper is skipped too. A parked poll holds its coroutine frames for its
     whole wait, so fewer layers is less memory per parked poll, and less time per empty
-    poll. The handler must answer every exception itself (routes.api does)."""
+    poll. The app must answer every exception itself (routes.direct_api does)."""
 
-    def __init__(
-        self, path: str, handler: Callable[[Request], Awaitable[Response]], method: str
-    ) -> None:
-        async def direct(scope: Scope, receive: Receive, send: Send) -> None:
-            response = await handler(Request(scope, receive, send))
-            await response(scope, receive, send)
-
-        super().__init__(path, direct, methods=[method], name=handler.__name__)
-        self.app = direct  # not wrapped by Starlette's request_response
+    def __init__(self, path: str, app: ASGIApp, method: str, name: str) -> None:
+        super().__init__(path, app, methods=[method], name=name)
+        self.app = app  # not wrapped by Starlette's request_response
 
 
 class DisconnectWatch:
