@@ -549,6 +549,9 @@ DETAIL_COLUMNS: dict[str, list[str]] = {
         "from_enqueue_sent_p50_ms",
         "from_enqueue_sent_p99_ms",
         "claim_answered_before_enqueue_answer",
+        "pg_claims_per_wake",
+        "verdict_reads_per_wake",
+        "sync_matches",
     ],
     "parked-polls": [
         "parked_at_end",

@@ -484,12 +484,15 @@ async def wake_latency(opts: argparse.Namespace, servers: Servers, workdir: Path
         lat: list[float] = []
         from_sent: list[float] = []
         early = 0
+        before: dict[str, float] = {}
+        after: dict[str, float] = {}
         try:
             seen = await _wait_parked(http, proc.url, opts.wake_parked, 60)
             if seen < opts.wake_parked:
                 result.failures.append(f"only {seen:g} of {opts.wake_parked} polls parked in time")
             await asyncio.sleep(1.0)
             log(f"wake-latency: {opts.wakes} wakes over {opts.wake_parked} parked polls")
+            before = await client.scrape(http, proc.url)
             stop_at = time.perf_counter() + opts.wake_seconds
             for i in range(opts.wakes):
                 if time.perf_counter() > stop_at:
@@ -513,6 +516,7 @@ async def wake_latency(opts: argparse.Namespace, servers: Servers, workdir: Path
                     lat.append(max(0.0, answered[task_id] - done))
                     from_sent.append(answered[task_id] - sent)
                 await asyncio.sleep(0.02)  # the woken poller parks again
+            after = await client.scrape(http, proc.url, result.failures)
         finally:
             parked.stop.set()
             runner.cancel()
@@ -536,8 +540,30 @@ async def wake_latency(opts: argparse.Namespace, servers: Servers, workdir: Path
         "from_enqueue_sent_p50_ms": ms(percentile(from_sent, 50)),
         "from_enqueue_sent_p99_ms": ms(percentile(from_sent, 99)),
         "claim_answered_before_enqueue_answer": early,
+        # Postgres claim statements and Redis verdict reads per wake (the enqueue's own
+        # insert aside); sync matches: tasks an enqueue wrote leased to a parked poll.
+        "pg_claims_per_wake": _per(client.delta(before, after, client.PG_CLAIMS), len(lat)),
+        "verdict_reads_per_wake": _per(
+            _sum(
+                client.delta(before, after, client.VERDICT_HIT),
+                client.delta(before, after, client.VERDICT_MISS),
+            ),
+            len(lat),
+        ),
+        "sync_matches": client.delta(before, after, SYNC_HANDED),
     }
     return [result]
+
+
+SYNC_HANDED = 'gateway_sync_matches_total{outcome="handed"}'
+
+
+def _per(count: int | None, n: int) -> float | None:
+    return None if count is None or not n else round(count / n, 2)
+
+
+def _sum(*counts: int | None) -> int | None:
+    return None if any(c is None for c in counts) else sum(c or 0 for c in counts)
 
 
 # -- drain and enqueue against pgqueuer ----------------------------------------

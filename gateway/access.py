@@ -1,9 +1,10 @@
 """Request ids and the access log: one line per request, and the request counter.
 
-`RequestLog` wraps the app inside Starlette's error middleware. For each HTTP request
-it sets the request id (logs.REQUEST_ID), returns it as `X-Request-ID` on the answer,
-and when the answer is done writes one access line (logger `gateway.access`, INFO)
-and counts the request by route template and status class. The route is the
+`RequestLog` wraps the whole app, Starlette's error middleware included
+(app.GatewayApp). For each HTTP request it sets the request id (logs.REQUEST_ID),
+returns it as `X-Request-ID` on the answer, and when the answer is done writes one
+access line (logger `gateway.access`, INFO) and counts the request by route template
+and status class. The route is the
 template (`/v1/runtimes/{rt}/claim`), never the raw path: runtime and task ids would
 make the log's and the metric's values unbounded.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from starlette.routing import Match
@@ -97,17 +99,17 @@ class RequestLog:
             self._direct = [r for r in routes if isinstance(r, DirectRoute)]
         return self._direct
 
-    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def _target(self, scope: Scope) -> ASGIApp:
         """A DirectRoute's request goes straight to its handler; the rest through the
-        app (exception middleware, router)."""
+        app (error and exception middleware, router). Not a coroutine of its own: a
+        parked poll holds every frame between uvicorn and its wait."""
         for route in self._direct_routes(scope):
             match, child_scope = route.matches(scope)
             if match is Match.FULL:
                 scope["route"] = route  # as the router does: the access line's route
                 scope.update(child_scope)
-                await route.app(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+                return route.app
+        return self.app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -118,25 +120,14 @@ class RequestLog:
         # Not reset afterwards: uvicorn serves each request in a task of its own, and
         # its own line about an exception, written after this returns, should carry it.
         logs.REQUEST_ID.set(request_id)
-        status = 0
-
-        async def send_with_id(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                headers = [
-                    *message.get("headers", ()),
-                    (REQUEST_ID_HEADER, request_id.encode()),
-                ]
-                message = {**message, "headers": headers}
-            await send(message)
-
+        send_with_id = _SendWithId(send, request_id)
         try:
-            await self._dispatch(scope, receive, send_with_id)
+            await self._target(scope)(scope, receive, send_with_id)
         except Exception:
-            # Starlette's error middleware, outside this one, answers 500 and reraises;
-            # answer here instead, so that the 500 carries the request id too.
-            if not status:
+            # Starlette's error middleware, inside this one, answers 500 through
+            # send_with_id (with the request id) and reraises. A DirectRoute's handler
+            # runs without it: answer here when nothing was answered yet.
+            if not send_with_id.status:
                 with contextlib.suppress(Exception):  # the client may be gone too
                     await internal_error_response()(scope, receive, send_with_id)
             raise
@@ -147,10 +138,29 @@ class RequestLog:
                 self.metrics,
                 scope["method"],
                 route,
-                status or 500,
+                send_with_id.status or 500,
                 time.perf_counter() - started,
                 request_id,
             )
+
+
+class _SendWithId:
+    """The app's send(): adds the request id to the answer's headers and notes its
+    status. An object with slots rather than a closure: a parked poll holds it."""
+
+    __slots__ = ("request_id", "send", "status")
+
+    def __init__(self, send: Send, request_id: str) -> None:
+        self.send = send
+        self.request_id = request_id
+        self.status = 0
+
+    def __call__(self, message: Message) -> Awaitable[None]:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            headers = [*message.get("headers", ()), (REQUEST_ID_HEADER, self.request_id.encode())]
+            message = {**message, "headers": headers}
+        return self.send(message)
 
 
 def _route_of(scope: Scope) -> str:

@@ -9,14 +9,30 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp
 
 from . import console
 from .access import RequestLog
 from .errors import BadRequest, MethodNotAllowed, NotFound
 from .httpio import internal_error_response, problem_response
+from .metrics import Metrics
 from .routes import ROUTES
 from .runtime import Gateway
 from .settings import Settings
+
+
+class GatewayApp(Starlette):
+    """Starlette with `RequestLog` outside its whole middleware stack, error middleware
+    included. RequestLog answers a claim (a DirectRoute) straight from there, so a
+    parked poll holds no frame of the error middleware; every other request goes on
+    through it, and its 500s still pass RequestLog, which adds the request id."""
+
+    request_log_metrics: Metrics | None = None
+
+    def build_middleware_stack(self) -> ASGIApp:
+        stack = super().build_middleware_stack()
+        assert self.request_log_metrics is not None  # set by create_app
+        return RequestLog(stack, metrics=self.request_log_metrics)
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
@@ -45,7 +61,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         finally:
             await gateway.close()
 
-    app = Starlette(
+    app = GatewayApp(
         routes=[*ROUTES, *console.ROUTES],  # the console: static files only
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
@@ -53,7 +69,6 @@ def create_app(settings: Settings | None = None) -> Starlette:
     # A trailing slash is a 404 like any unknown path: Starlette's redirect would echo
     # the request's Host header back in its Location.
     app.router.redirect_slashes = False
-    # Inside Starlette's error middleware, so that its 500s carry a request id too.
-    app.add_middleware(RequestLog, metrics=gateway.metrics)
+    app.request_log_metrics = gateway.metrics
     app.state.gateway = gateway
     return app

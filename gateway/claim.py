@@ -14,10 +14,12 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import random
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import logs
 from .activity import ClaimActivity
@@ -26,7 +28,7 @@ from .errors import CacheUnavailable, Draining, GatewayError, Overloaded, StoreU
 from .metrics import Metrics
 from .models import ClaimRequest
 from .ports import ClaimCache, ClaimStore, WakeChannels
-from .rows import Leased
+from .rows import Leased, TaskRow
 from .settings import Settings
 
 log = logging.getLogger("gateway.claim")
@@ -35,6 +37,8 @@ LINGER_SECONDS = 30.0  # keep an idle runtime's subscription this long, for the 
 # A verdict this process wrote is renewed this long before its life ends (at most; a
 # quarter of a short life), so that a renewal lands before the key lapses.
 RENEW_LEAD_SECONDS = 1.0
+# Parked waiters whose deadlines fall in the same slot of this length share one timer.
+DEADLINE_SLOT_SECONDS = 0.05
 
 
 class Departure:
@@ -77,8 +81,15 @@ class Waiter:
     error: GatewayError | None = None
     checked: bool = False  # a full verdict check or claim ran since it arrived
     in_flight: bool = False  # has slots in the Postgres claim running now
-    gone: bool = False  # its client disconnected; it must receive nothing
+    gone: bool = False  # its client disconnected, or its wait ended: it must receive nothing
     signal: asyncio.Future[None] | None = None  # resolved to wake its request
+    slot: int = 0  # its deadline's slot in Deadlines
+    matched: bool = False  # an enqueue is writing a task leased to it (sync match)
+
+    @property
+    def lease(self) -> tuple[str, float]:
+        """Its worker and lease length, for a task leased to it (sync match)."""
+        return self.req.worker_id, float(self.req.lease_seconds)
 
     def poke(self) -> None:
         """Wake the request to look at its state again."""
@@ -99,9 +110,37 @@ class Waiter:
         self.poke()
 
 
-def _poke(signal: asyncio.Future[None]) -> None:
-    if not signal.done():
-        signal.set_result(None)
+class Deadlines:
+    """Wakes parked waiters when their wait runs out: one timer per slot of
+    DEADLINE_SLOT_SECONDS, shared by every waiter whose deadline falls in it, rather than
+    one timer per waiter (memory per parked poll). A wait ends at most one slot late."""
+
+    def __init__(self) -> None:
+        self._slots: dict[int, dict[Waiter, None]] = {}
+        self._timers: dict[int, asyncio.TimerHandle] = {}
+
+    def add(self, waiter: Waiter) -> None:
+        key = waiter.slot = math.ceil(waiter.deadline / DEADLINE_SLOT_SECONDS)
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = {}
+            loop = asyncio.get_running_loop()
+            self._timers[key] = loop.call_at(key * DEADLINE_SLOT_SECONDS, self._expire, key)
+        slot[waiter] = None
+
+    def discard(self, waiter: Waiter) -> None:
+        slot = self._slots.get(waiter.slot)
+        if slot is not None and slot.pop(waiter, 0) is None and not slot:
+            del self._slots[waiter.slot]
+            self._timers.pop(waiter.slot).cancel()
+
+    def _expire(self, key: int) -> None:
+        self._timers.pop(key, None)
+        now = asyncio.get_running_loop().time()
+        for waiter in self._slots.pop(key, {}):
+            # A timer may fire a little early: the wait counts as run out all the same.
+            waiter.deadline = min(waiter.deadline, now)
+            waiter.poke()
 
 
 @dataclass(eq=False)
@@ -144,8 +183,13 @@ def _drop_near(state: RuntimeState) -> None:
 
 
 def _unserved(state: RuntimeState) -> list[Waiter]:
-    """Waiters still wanting tasks: present, not answered, not failed."""
-    return [w for w in state.waiters if not w.gone and w.rows is None and w.error is None]
+    """Waiters still wanting tasks: present, not answered, not failed, not promised
+    an enqueue's task (sync match)."""
+    return [
+        w
+        for w in state.waiters
+        if not w.gone and w.rows is None and w.error is None and not w.matched
+    ]
 
 
 class Claimer:
@@ -173,6 +217,7 @@ class Claimer:
         self._claims_queued = 0
         self._near_enabled = settings.cache_enabled and settings.near_cache_enabled
         self._long_polls = 0  # claims here with a wait: GATEWAY_MAX_PARKED_POLLS bounds them
+        self._deadlines = Deadlines()
         self.draining = False
         self._drain_hooks: list[Callable[[], None]] = []
         self.activity = ClaimActivity()  # tasks handed out here, for the runtimes listing
@@ -243,10 +288,25 @@ class Claimer:
 
     # -- the claim -----------------------------------------------------------
 
-    async def claim(
+    def claim(
         self, runtime_id: str, req: ClaimRequest, disconnected: Departure | None = None
+    ) -> Coroutine[Any, Any, list[Leased]]:
+        """Up to req.max_tasks leased rows, waiting up to req.wait_seconds for them.
+
+        Returns the coroutine that serves the claim. A long poll's is the one that parks
+        (`_claim`), so that each parked poll holds one coroutine frame here, not two."""
+        if (
+            req.wait_seconds
+            and not self.draining
+            and self._long_polls < self._settings.max_parked_polls
+        ):
+            return self._claim(runtime_id, req, disconnected)
+        return self._claim_at_once(runtime_id, req, disconnected)
+
+    async def _claim_at_once(
+        self, runtime_id: str, req: ClaimRequest, disconnected: Departure | None
     ) -> list[Leased]:
-        """Up to req.max_tasks leased rows, waiting up to req.wait_seconds for them."""
+        """A claim without a wait, or one refused or cut to no wait (draining, full)."""
         if self.draining:
             raise Draining("this instance is shutting down; retry on another")
         if not req.wait_seconds and self._near_enabled:
@@ -255,9 +315,11 @@ class Claimer:
                 # A verdict hit this process holds: no waiter, no pump, no round trip.
                 self._metrics.near_hits.inc()
                 return []
-        if req.wait_seconds and self._long_polls >= self._settings.max_parked_polls:
+        if req.wait_seconds:
             # Full: still hand out work that is there, but park no one more.
-            rows = await self.claim(runtime_id, dataclasses.replace(req, wait_seconds=0.0))
+            rows = await self._claim_at_once(
+                runtime_id, dataclasses.replace(req, wait_seconds=0.0), None
+            )
             if not rows:
                 self._metrics.claims_rejected.labels("parked_polls").inc()
                 raise Overloaded(
@@ -266,58 +328,122 @@ class Claimer:
                     retry_after_seconds=2,
                 )
             return rows
-        if req.wait_seconds:
-            self._long_polls += 1
-            arrived = asyncio.get_running_loop().time()
-            try:
-                return await self._claim(runtime_id, req, disconnected)
-            finally:
-                self._long_polls -= 1
-                waited = asyncio.get_running_loop().time() - arrived
-                self._metrics.long_poll_wait.observe(waited)
         return await self._claim(runtime_id, req, disconnected)
 
     async def _claim(
         self, runtime_id: str, req: ClaimRequest, disconnected: Departure | None
     ) -> list[Leased]:
         loop = asyncio.get_running_loop()
+        if self.draining:  # began draining after claim() was called
+            raise Draining("this instance is shutting down; retry on another")
+        waiting = req.wait_seconds > 0
+        if waiting:
+            self._long_polls += 1
+        arrived = loop.time()
         state = self._state(runtime_id)
-        waiter = Waiter(req=req, deadline=loop.time() + req.wait_seconds)
-        # Subscribe before the verdict is read (I8).
-        await self._subscriber.subscribe(state.channel)
-        state.waiters.append(waiter)
-        self._metrics.parked_polls.inc()
-        state.wake.set()
+        waiter = Waiter(req=req, deadline=arrived + req.wait_seconds)
+        try:
+            # Subscribe before the verdict is read (I8).
+            await self._subscriber.subscribe(state.channel)
+            state.waiters.append(waiter)
+            self._metrics.parked_polls.inc()
+            state.wake.set()
+            self._ensure_pump(state)
+            if disconnected is not None:
+                disconnected.on_set(waiter.leave)
+            if waiting:
+                self._deadlines.add(waiter)
+            try:
+                while waiter.rows is None and waiter.error is None:
+                    if waiter.deadline <= loop.time() and waiter.checked and not waiter.in_flight:
+                        break
+                    if waiter.gone and not waiter.in_flight:
+                        break
+                    # Nothing awaited since the checks above: a poke cannot fall in
+                    # between. The deadline's poke comes from self._deadlines.
+                    signal = waiter.signal = loop.create_future()
+                    try:
+                        await signal
+                    finally:
+                        waiter.signal = None
+            finally:
+                if waiting:
+                    self._deadlines.discard(waiter)
+                # Whatever ends its wait (a cancelled request too): a claim or sync match
+                # still running for it gives its tasks back instead of handing them out.
+                waiter.gone = True
+                self._leave(state, waiter)
+        finally:
+            if waiting:
+                self._long_polls -= 1
+                self._metrics.long_poll_wait.observe(loop.time() - arrived)
+        if waiter.error is not None:
+            raise waiter.error
+        return waiter.rows or []
+
+    def _ensure_pump(self, state: RuntimeState) -> None:
         if state.pump is None:
             # A bump seen while no pump ran is old news: other claims may have written a
             # verdict under its version since, so the new pump reads the verdict first.
             state.bumped = None
-            state.pump = asyncio.create_task(self._pump(state), name=f"pump:{runtime_id}")
-        if disconnected is not None:
-            disconnected.on_set(waiter.leave)
-        try:
-            while waiter.rows is None and waiter.error is None:
-                remaining = waiter.deadline - loop.time()
-                if remaining <= 0 and waiter.checked and not waiter.in_flight:
-                    break
-                if waiter.gone and not waiter.in_flight:
-                    break
-                # Nothing awaited since the checks above: a poke cannot fall in between.
-                signal = waiter.signal = loop.create_future()
-                timer = None
-                if remaining > 0 and not waiter.in_flight:
-                    timer = loop.call_at(waiter.deadline, _poke, signal)
-                try:
-                    await signal
-                finally:
-                    waiter.signal = None
-                    if timer is not None:
-                        timer.cancel()
-        finally:
-            self._leave(state, waiter)
-        if waiter.error is not None:
-            raise waiter.error
-        return waiter.rows or []
+            state.pump = asyncio.create_task(self._pump(state), name=f"pump:{state.runtime_id}")
+
+    # -- sync match: an enqueue hands its task to a parked poll -----------------
+
+    def match(self, runtime_id: str) -> Waiter | None:
+        """The oldest poll parked here for the runtime that an enqueue may write its
+        task leased to, reserved for it until `matched()`; None on any doubt, and the
+        enqueue then takes the usual path (bump, wake, claim).
+
+        Doubt: the setting is off; draining; runtime controls apply (a limit or a pause
+        decides who gets work, and the claim counts it); a wake-up is pending (another
+        enqueue's task may be waiting, older or more urgent than this one); or no poll
+        is parked (checked since it arrived, not leaving, no claim in flight for it)."""
+        if not self._settings.sync_match_enabled or self.draining:
+            return None
+        state = self._states.get(runtime_id)
+        if state is None or state.woken or state.bumped is not None:
+            return None
+        if self._controls is not None and (
+            self._controls.limited(runtime_id) or self._controls.paused(runtime_id)
+        ):
+            return None
+        if state.held_until > asyncio.get_running_loop().time():
+            return None
+        for waiter in state.waiters:
+            if (
+                waiter.checked
+                and not waiter.in_flight
+                and not waiter.gone
+                and not waiter.matched
+                and waiter.rows is None
+                and waiter.error is None
+            ):
+                waiter.matched = waiter.in_flight = True  # it stays for the outcome
+                return waiter
+        return None
+
+    async def matched(self, runtime_id: str, waiter: Waiter, task: TaskRow | None) -> None:
+        """The enqueue that `match()` reserved `waiter` for is over: `task` is the row
+        it wrote leased to the waiter, or None (not written so, or the enqueue failed).
+        A waiter whose poll has left meanwhile gets nothing: the task goes back to the
+        queue (give_back), for the other polls."""
+        waiter.matched = waiter.in_flight = False
+        state = self._states.get(runtime_id)
+        if task is None:
+            waiter.poke()  # it may have run out of time meanwhile
+            if state is not None and _unserved(state):
+                self._ensure_pump(state)
+            return
+        if waiter.gone:
+            self._metrics.sync_matches.labels("given_back").inc()
+            waiter.poke()
+            await self.give_back(runtime_id, [task.id])
+            return
+        self._metrics.sync_matches.labels("handed").inc()
+        self._metrics.observe_claim_delay(task, waiter.req.lease_seconds)
+        self.activity.add(runtime_id, 1)
+        waiter.finish(rows=[Leased(1, task)])
 
     def drain(self) -> None:
         """Answer every parked poll with what it has (usually nothing) and take no new

@@ -3,14 +3,15 @@ reading a request body within GATEWAY_MAX_BODY_BYTES. No handler logic lives her
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import asyncio
+from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive
 
 from . import models
 from .errors import GatewayError, PayloadTooLarge, problem_for
@@ -51,21 +52,73 @@ def empty_tasks_response() -> Response:
 
 
 class DirectRoute(Route):
-    """A route whose handler runs as a plain ASGI app, for the claim: `access.RequestLog`
-    matches it before Starlette's exception middleware and router, and Starlette's
+    """A route whose ASGI app runs as it is, for the claim: `access.RequestLog` matches
+    it before Starlette's error and exception middleware and router, and Starlette's
     request wrapper is skipped too. A parked poll holds its coroutine frames for its
     whole wait, so fewer layers is less memory per parked poll, and less time per empty
-    poll. The handler must answer every exception itself (routes.api does)."""
+    poll. The app must answer every exception itself (routes.direct_api does)."""
 
-    def __init__(
-        self, path: str, handler: Callable[[Request], Awaitable[Response]], method: str
-    ) -> None:
-        async def direct(scope: Scope, receive: Receive, send: Send) -> None:
-            response = await handler(Request(scope, receive, send))
-            await response(scope, receive, send)
+    def __init__(self, path: str, app: ASGIApp, method: str, name: str) -> None:
+        super().__init__(path, app, methods=[method], name=name)
+        self.app = app  # not wrapped by Starlette's request_response
 
-        super().__init__(path, direct, methods=[method], name=handler.__name__)
-        self.app = direct  # not wrapped by Starlette's request_response
+
+class DisconnectWatch:
+    """Calls `on_disconnect` once, when the request's client leaves (its receive()
+    returns `http.disconnect`), until `stop()`. Starlette does not cancel a handler whose
+    client left, so a long wait watches for it itself.
+
+    A parked poll holds its watch for its whole wait, so the watch is lean: it steps
+    the pending receive() coroutine by hand from the done callback of the future that
+    coroutine waits on, as an asyncio Task would, but without a Task (its object, its
+    entry in the loop's task registry, a coroutine frame of its own). An error from
+    receive() ends the watch, as it would end a watching task."""
+
+    __slots__ = ("_coro", "_on_disconnect", "_receive", "_waiting")
+
+    def __init__(self, receive: Receive, on_disconnect: Callable[[], None]) -> None:
+        self._receive = receive
+        self._on_disconnect = on_disconnect
+        self._coro: Coroutine[Any, Any, Message] | None = None
+        self._waiting: asyncio.Future[Any] | None = None
+        self._ask()
+
+    def _ask(self) -> None:
+        self._coro = self._receive()  # type: ignore[assignment]
+        self._step()
+
+    def _step(self, _done: object = None) -> None:
+        self._waiting = None
+        coro = self._coro
+        if coro is None:  # stopped
+            return
+        try:
+            awaited = coro.send(None)
+        except StopIteration as end:
+            self._coro = None
+            if end.value.get("type") == "http.disconnect":
+                self._on_disconnect()
+            else:  # more of the body, say: ask again
+                self._ask()
+            return
+        except Exception:
+            self._coro = None
+            return
+        if isinstance(awaited, asyncio.Future):
+            awaited._asyncio_future_blocking = False  # as Task.__step does
+            self._waiting = awaited
+            awaited.add_done_callback(self._step)
+        else:  # a bare yield (asyncio.sleep(0)): step again on the next loop turn
+            asyncio.get_running_loop().call_soon(self._step)
+
+    def stop(self) -> None:
+        """Stop watching: the pending receive() is closed (its waits are released)."""
+        coro, self._coro = self._coro, None
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            waiting.remove_done_callback(self._step)
+        if coro is not None:
+            coro.close()
 
 
 def internal_error_response() -> Response:

@@ -139,6 +139,14 @@ class Metrics:
             "a bump made by this process. Compare with gateway_wakeups_received_total.",
             registry=r,
         )
+        self.sync_matches = Counter(
+            "gateway_sync_matches",
+            "Tasks an enqueue wrote already leased to a poll parked on this instance "
+            "(GATEWAY_SYNC_MATCH), with no claim statement; given back to the queue if "
+            "the poll's client had left meanwhile (outcome).",
+            ["outcome"],
+            registry=r,
+        )
         self.long_poll_wait = Histogram(
             "gateway_long_poll_wait_seconds",
             "Time a claim with wait_seconds > 0 spent in the gateway, from its arrival to "

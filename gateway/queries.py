@@ -39,6 +39,20 @@ ON CONFLICT (runtime_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO N
 RETURNING {TASK_COLUMNS}, request_hash
 """
 
+# ENQUEUE for a task due now, written already leased to a poll parked on this instance
+# (sync match, claim.py) as CLAIM would lease it: one attempt, a new lease, the poll's
+# worker and lease length ($10, $11). No task becomes claimable, so no bump follows (I1).
+ENQUEUE_LEASED = f"""
+WITH due AS (SELECT clock_timestamp() AS t)
+INSERT INTO tasks (runtime_id, status, priority, payload, max_attempts, run_at, expires_at,
+                   idempotency_key, request_hash, attempts, lease_id, lease_expires_at,
+                   worker_id, updated_at)
+SELECT $1, 'claimed', $2, $3, $4, due.t, due.t + make_interval(secs => $5::float8), $6, $7,
+       1, gen_random_uuid(), due.t + make_interval(secs => $9::float8), $8, due.t FROM due
+ON CONFLICT (runtime_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING {TASK_COLUMNS}, request_hash
+"""
+
 # The task an idempotency key already made, for a replay or a key-reuse refusal.
 GET_BY_IDEMPOTENCY_KEY = f"""
 SELECT {TASK_COLUMNS}, request_hash FROM tasks WHERE runtime_id = $1 AND idempotency_key = $2

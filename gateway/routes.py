@@ -4,8 +4,6 @@ they import no driver. Errors become problem+json in `api()` via errors.PROBLEMS
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import enum
 import functools
 import logging
@@ -16,6 +14,8 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Send
+from starlette.types import Scope as ASGIScope
 
 from . import (
     admin,
@@ -35,6 +35,7 @@ from .errors import GatewayError, NotFound
 from .httpio import (
     CLIENT_LEFT,
     DirectRoute,
+    DisconnectWatch,
     empty_tasks_response,
     internal_error_response,
     json_response,
@@ -42,7 +43,7 @@ from .httpio import (
     read_json,
 )
 from .metrics import CONTENT_TYPE
-from .rows import Leased
+from .rows import Leased, as_enqueued
 from .runtime import Gateway
 
 log = logging.getLogger("gateway.http")
@@ -98,17 +99,42 @@ def api(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
         try:
             request.state.principal = await authorize(request, gw, endpoint)
             return await endpoint.handler(request, gw)
-        except GatewayError as exc:
-            return problem_response(exc)
-        except ClientDisconnect:
-            # The client left before its request was read: nobody is there to answer.
-            log.debug("client left during %s %s", request.method, request.url.path)
-            return Response(status_code=CLIENT_LEFT)
-        except Exception:
-            log.exception("unhandled error on %s %s", request.method, request.url.path)
-            return internal_error_response()
+        except Exception as exc:
+            return _error_response(request, exc)
 
     return run
+
+
+def direct_api(endpoint: Endpoint) -> ASGIApp:
+    """api() as a plain ASGI app, for a DirectRoute (the claim): it also sends the
+    answer, so that a parked poll holds one frame fewer. Its handler does not read the
+    principal, so none is kept in `request.state` (an object fewer per parked poll)."""
+
+    async def app(scope: ASGIScope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive, send)
+        gw: Gateway = request.app.state.gateway
+        try:
+            await authorize(request, gw, endpoint)
+            response = await endpoint.handler(request, gw)
+        except Exception as exc:
+            response = _error_response(request, exc)
+        await response(scope, receive, send)
+
+    return app
+
+
+def _error_response(request: Request, exc: Exception) -> Response:
+    """The error table: a GatewayError becomes its problem+json, a client that left
+    before its request was read gets no real answer, anything else is logged and
+    answered 500."""
+    if isinstance(exc, GatewayError):
+        return problem_response(exc)
+    if isinstance(exc, ClientDisconnect):
+        # The client left before its request was read: nobody is there to answer.
+        log.debug("client left during %s %s", request.method, request.url.path)
+        return Response(status_code=CLIENT_LEFT)
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return internal_error_response()
 
 
 # -- producers --------------------------------------------------------------
@@ -123,9 +149,22 @@ async def enqueue(request: Request, gw: Gateway) -> Response:
         gw.settings.max_payload_bytes,
         gw.settings.max_json_depth,
     )
-    row, created = await gw.store.enqueue(runtime_id, req)
+    # Sync match: a task due now may go straight to a poll parked here (claim.py).
+    waiter = gw.claimer.match(runtime_id) if req.run_at is None and not req.delay_seconds else None
+    leased = None
+    try:
+        row, created = await gw.store.enqueue(runtime_id, req, waiter.lease if waiter else None)
+        if created and row.status == "claimed":
+            leased = row
+    finally:
+        if waiter is not None:
+            await gw.claimer.matched(runtime_id, waiter, leased)
     if not created:
         return json_response(models.render_task_or_stub(row), 200, {"Idempotent-Replayed": "true"})
+    if leased is not None:
+        # No task became claimable (it is leased already): no bump. The producer sees
+        # the task as enqueued, as without the match.
+        return json_response(models.render_task_or_stub(as_enqueued(row)), 201)
     await gw.claimer.announce(runtime_id)
     return json_response(models.render_task_or_stub(row), 201)
 
@@ -208,28 +247,17 @@ async def stats(request: Request, gw: Gateway) -> Response:
 # -- daemons ----------------------------------------------------------------
 
 
-async def _watch_disconnect(request: Request, gone: Departure) -> None:
-    """Starlette does not cancel a handler whose client left; watch for it ourselves."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            gone.set()
-            return
-
-
 async def claim(request: Request, gw: Gateway) -> Response:
     runtime_id = models.check_runtime_id(request.path_params["rt"])
     body = await read_json(request, gw)
     req = models.parse_claim(body, gw.settings.max_wait_seconds, gw.settings.default_lease_seconds)
     gone = Departure()
-    watcher = asyncio.create_task(_watch_disconnect(request, gone)) if req.wait_seconds else None
+    watch = DisconnectWatch(request.receive, gone.set) if req.wait_seconds else None
     try:
-        rows = await gw.claimer.claim(runtime_id, req, gone if watcher else None)
+        rows = await gw.claimer.claim(runtime_id, req, gone if watch else None)
     finally:
-        if watcher is not None:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await watcher
+        if watch is not None:
+            watch.stop()
     if rows and (gone.is_set() or await request.is_disconnected()):
         # The client left while its tasks were being leased: nobody would receive them.
         await gw.claimer.give_back(runtime_id, [row.task.id for row in rows])
@@ -312,13 +340,11 @@ async def get_task(request: Request, gw: Gateway) -> Response:
     if not wait_seconds:
         return json_response(models.render_task_or_stub(await gw.store.get(task_id)))
     gone = Departure()
-    watcher = asyncio.create_task(_watch_disconnect(request, gone))
+    watch = DisconnectWatch(request.receive, gone.set)
     try:
         row = await gw.results.wait(task_id, wait_seconds, gone)
     finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await watcher
+        watch.stop()
     if gone.is_set():
         return Response(status_code=CLIENT_LEFT)
     return json_response(models.render_task_or_stub(row))
@@ -482,7 +508,7 @@ ENDPOINTS = [
 
 # The claim runs as a DirectRoute: every parked poll holds its frames for its wait.
 ROUTES = [
-    DirectRoute(e.path, api(e), e.method)
+    DirectRoute(e.path, direct_api(e), e.method, e.handler.__name__)
     if e.handler is claim
     else Route(e.path, api(e), methods=[e.method])
     for e in ENDPOINTS

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from typing import Any
 
@@ -42,6 +42,14 @@ class TaskRow:
 
 
 _TASK_ROW_FIELDS = tuple(f.name for f in fields(TaskRow))
+
+
+def as_enqueued(row: TaskRow) -> TaskRow:
+    """A task written already leased (sync match), as it was before its lease: queued,
+    no attempt, no lease."""
+    return replace(
+        row, status="queued", attempts=0, lease_id=None, lease_expires_at=None, worker_id=None
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,6 +53,7 @@ ENV_NAMES = frozenset(
         "GATEWAY_REDIS_MODE",
         "GATEWAY_REDIS_SENTINEL_MASTER",
         "GATEWAY_NEAR_CACHE",
+        "GATEWAY_SYNC_MATCH",
     }
 )
 
@@ -119,6 +120,9 @@ class Settings:
     # Keep verdict hits of subscribed runtimes in the process (claim.py): an empty poll
     # then costs no Redis round trip.
     near_cache_enabled: bool = True
+    # Sync match (claim.py): an enqueue with a poll parked on this instance for its runtime
+    # writes the task already leased to the oldest one, in the enqueue's own statement.
+    sync_match_enabled: bool = True
 
     def __repr__(self) -> str:
         shown = []
@@ -189,6 +193,7 @@ class Settings:
             "degraded_poll_seconds": _number(env, "GATEWAY_DEGRADED_POLL_SECONDS", 1.0, 0.05, 60),
             "log_format": _choice(env, "GATEWAY_LOG_FORMAT", LOG_FORMATS, "text"),
             "near_cache_enabled": _switch(env, "GATEWAY_NEAR_CACHE", True),
+            "sync_match_enabled": _switch(env, "GATEWAY_SYNC_MATCH", True),
         }
         values.update(overrides)
         settings = cls(**values)  # type: ignore[arg-type]

@@ -222,25 +222,45 @@ class Store:
         """True when every migration file has been applied (for readiness)."""
         return await self._run(schema_is_current)
 
-    async def enqueue(self, runtime_id: str, req: EnqueueRequest) -> tuple[TaskRow, bool]:
+    async def enqueue(
+        self, runtime_id: str, req: EnqueueRequest, lease: tuple[str, float] | None = None
+    ) -> tuple[TaskRow, bool]:
         """Insert a task; returns (row, created). With an idempotency key already used,
         returns the existing task (created=False) if the request matches, else raises
         ValidationFailed(code idempotency_key_reused). Concurrent first requests with
-        one key make one task: the unique index arbitrates."""
+        one key make one task: the unique index arbitrates.
+
+        `lease`: (worker_id, lease_seconds) of a parked poll (sync match, claim.py): a
+        task due now is written already leased to it (status `claimed`)."""
 
         async def go(c: asyncpg.Connection) -> tuple[Row, bool]:
-            row = await c.fetchrow(
-                q.ENQUEUE,
-                runtime_id,
-                req.priority,
-                req.payload_json,
-                req.max_attempts,
-                req.run_at,
-                req.delay_seconds,
-                req.ttl_seconds,
-                req.idempotency_key,
-                req.request_hash if req.idempotency_key else None,
-            )
+            key_hash = req.request_hash if req.idempotency_key else None
+            if lease is not None and req.run_at is None and not req.delay_seconds:
+                row = await c.fetchrow(
+                    q.ENQUEUE_LEASED,
+                    runtime_id,
+                    req.priority,
+                    req.payload_json,
+                    req.max_attempts,
+                    req.ttl_seconds,
+                    req.idempotency_key,
+                    key_hash,
+                    lease[0],
+                    lease[1],
+                )
+            else:
+                row = await c.fetchrow(
+                    q.ENQUEUE,
+                    runtime_id,
+                    req.priority,
+                    req.payload_json,
+                    req.max_attempts,
+                    req.run_at,
+                    req.delay_seconds,
+                    req.ttl_seconds,
+                    req.idempotency_key,
+                    key_hash,
+                )
             if row is not None:
                 return row, True
             existing = await c.fetchrow(q.GET_BY_IDEMPOTENCY_KEY, runtime_id, req.idempotency_key)
@@ -257,6 +277,8 @@ class Store:
             )
         if created:
             self._metrics.tasks_enqueued.inc()
+            if row["status"] == "claimed":
+                self._metrics.tasks_claimed.inc()
         return TaskRow.of(row), created
 
     async def claim(

@@ -190,13 +190,15 @@ async def test_bump_lost_to_a_real_redis_fault_is_repaired(
     """End to end with a real fault: Redis pauses writes (CLIENT PAUSE WRITE) while a
     task is enqueued over HTTP. The enqueue still succeeds (I5), its bump times out
     and is lost, and when Redis is back the verdict still says empty. The parked poll
-    gets the task from the repair, seconds later, not after the 60 s verdict TTL."""
+    gets the task from the repair, seconds later, not after the 60 s verdict TTL. (Sync
+    match is off: it would hand the task to the poll in the enqueue, with no bump.)"""
     cfg = janitor_settings(
         db,
         redis_process.url,
         redis_prefix,
         janitor_interval_seconds=0.3,
         empty_ttl_seconds=EMPTY_TTL,
+        sync_match_enabled=False,
     )
     admin = aioredis.Redis.from_url(redis_process.url, socket_timeout=5)
     try:

@@ -58,8 +58,9 @@ async def test_wakeups_received_and_delivered(
 ) -> None:
     """A poll parked on A gets a task enqueued through B: one wake-up received by pub/sub,
     one delivered. One enqueued through A itself is delivered too (a local bump). A poll
-    that finds work waiting was never parked: nothing is delivered."""
-    cfg = make_settings(database_url, redis_url, redis_prefix, **QUIET)
+    that finds work waiting was never parked: nothing is delivered. (Sync match is off:
+    it would hand A's own enqueue to the poll without a wake-up.)"""
+    cfg = make_settings(database_url, redis_url, redis_prefix, sync_match_enabled=False, **QUIET)
     async with running_gateway(cfg) as a, running_gateway(cfg) as b:
         for producer in (b, a):
             received = sample(a, "gateway_wakeups_received_total")
