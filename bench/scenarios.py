@@ -463,6 +463,7 @@ async def claim_throughput(
     claim_seconds = (st.last_done or ended) - started
     SAMPLES[f"{result.scenario}/{result.cache}"] = list(st.claim_to_done)
     pg_claims = client.delta(before, after, client.PG_CLAIMS)
+    pg_completes = client.delta(before, after, client.PG_COMPLETES)
     result.numbers = {
         "pollers": opts.pollers,
         "runtimes": opts.runtimes,
@@ -493,6 +494,9 @@ async def claim_throughput(
         "empty_claim_responses": st.empty_claims,
         "pg_claims": pg_claims,
         "pg_claims_per_task": ratio(pg_claims, completed),
+        # Statements that served single completes (grouped; 0 with batch acknowledgement).
+        "pg_complete_statements": pg_completes,
+        "pg_complete_statements_per_task": ratio(pg_completes, completed),
         "verdict_hits": client.delta(before, after, client.VERDICT_HIT),
         "verdict_misses": client.delta(before, after, client.VERDICT_MISS),
         "leases_returned": client.delta(before, after, client.LEASES_RETURNED),

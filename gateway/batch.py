@@ -201,9 +201,8 @@ async def complete_many(request: Request, gw: Gateway) -> Response:
         [i.result_json for i in items],
         _runtimes(request),
     )
-    await gw.results.finished(_ended(results))
     # A limited runtime's parked polls may claim again (runtime controls).
-    await gw.controls.slot_freed([r.runtime_id for r in results if r.runtime_id is not None])
+    await gw.tasks_ended(_ended(results), [r.runtime_id for r in results if r.runtime_id])
     return json_response({"results": [complete_entry(r) for r in results]})
 
 
@@ -225,9 +224,8 @@ async def fail_many(request: Request, gw: Gateway) -> Response:
     }
     for runtime_id in sorted(rt for rt in again if rt is not None):
         await gw.claimer.announce(runtime_id)
-    await gw.results.finished(_ended(results))
     ended = [r.runtime_id for r in results if r.runtime_id is not None]
-    await gw.controls.slot_freed([rt for rt in ended if rt not in again])
+    await gw.tasks_ended(_ended(results), [rt for rt in ended if rt not in again])
     return json_response({"results": entries})
 
 

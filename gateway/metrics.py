@@ -82,6 +82,12 @@ class Metrics:
             "Claim statements sent to Postgres (one serves every local waiter of a runtime).",
             registry=r,
         )
+        self.complete_statements = Counter(
+            "gateway_complete_statements",
+            "Statements that completed tasks for single completes (one serves every "
+            "complete of the process that arrived while others were in flight).",
+            registry=r,
+        )
         self.tasks_claimed = Counter(
             "gateway_tasks_claimed", "Tasks handed out with a lease.", registry=r
         )

@@ -275,9 +275,8 @@ async def complete(request: Request, gw: Gateway) -> Response:
     body = await read_json(request, gw)
     lease_id = models.parse_lease_id(body)
     result = models.result_json(body, gw.settings.max_payload_bytes, gw.settings.max_json_depth)
-    row = await gw.store.complete(task_id, lease_id, result)
-    await gw.results.finished([(row.id, row.status)])
-    await gw.controls.slot_freed([row.runtime_id])  # a limited runtime's polls claim again
+    row = await gw.completions.complete(task_id, lease_id, result)
+    await gw.tasks_ended([(row.id, row.status)], [row.runtime_id])
     return json_response(models.render_task_or_stub(row))
 
 
@@ -288,8 +287,7 @@ async def fail(request: Request, gw: Gateway) -> Response:
     if row.status == "queued":
         await gw.claimer.announce(row.runtime_id)
     else:
-        await gw.results.finished([(row.id, row.status)])
-        await gw.controls.slot_freed([row.runtime_id])  # a limited runtime's polls claim again
+        await gw.tasks_ended([(row.id, row.status)], [row.runtime_id])
     return json_response(models.render_task_or_stub(row))
 
 
