@@ -478,10 +478,12 @@ ENDPOINTS = [
     Endpoint("GET", "/openapi.json", openapi_document, None, doc=docs.OPENAPI),
 ]
 
-# The claim runs as a DirectRoute: every parked poll holds its frames for its wait.
+# These run as DirectRoutes: the claim because every parked poll holds its frames for
+# its wait, the completes because a drain sends one per task (or per claimed batch).
+DIRECT = (claim, complete, batch.complete_many)
 ROUTES = [
     DirectRoute(e.path, api(e), e.method)
-    if e.handler is claim
+    if e.handler in DIRECT
     else Route(e.path, api(e), methods=[e.method])
     for e in ENDPOINTS
 ]
