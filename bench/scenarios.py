@@ -323,6 +323,14 @@ async def _database_counts(database_url: str) -> dict[str, Any]:
     }
 
 
+def _connections(opts: argparse.Namespace) -> int:
+    """Room for every request a daemon has in flight at once: its claim, and then one
+    complete per task of its batch (or one batch acknowledgement). With fewer, the
+    completes queue for a connection in the load generator, not in the gateway."""
+    per_daemon = 2 if getattr(opts, "batch_ack", False) else 1 + opts.max_tasks
+    return max(opts.pollers * per_daemon, opts.enqueue_concurrency) + 10
+
+
 async def claim_throughput(
     opts: argparse.Namespace, servers: Servers, cache: bool, workdir: Path
 ) -> Result:
@@ -335,7 +343,7 @@ async def claim_throughput(
     log_path = workdir / log_name(result.scenario, result.cache)
     async with (
         running_gateway(opts, servers, cache, log_path) as (gw, database_url),
-        client.session(max(opts.pollers, opts.enqueue_concurrency) + 10) as http,
+        client.session(_connections(opts)) as http,
     ):
         api = Api(http, gw.url, gw.token)
         log(f"claim-throughput: enqueuing up to {opts.tasks} tasks")
