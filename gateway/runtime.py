@@ -172,8 +172,8 @@ class Gateway:
         self.claimer.drain()
         await self.janitor.stop()
         await self.parked.stop()
+        await self.completions.close()  # before the result wake-ups its requests send
         await self.results.close()
-        await self.completions.close()
         await self.controls.stop()
         if self._redis_watch is not None:
             await stop_task(self._redis_watch, "Redis watch")
