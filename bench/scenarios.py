@@ -502,7 +502,7 @@ async def claim_throughput(
         "empty_claim_responses": st.empty_claims,
         "pg_claims": pg_claims,
         "pg_claims_per_task": ratio(pg_claims, completed),
-        # Statements that served single completes (grouped; 0 with batch acknowledgement).
+        # Statements that served the completes or batch acknowledgements (grouped).
         "pg_complete_statements": pg_completes,
         "pg_complete_statements_per_task": ratio(pg_completes, completed),
         "verdict_hits": client.delta(before, after, client.VERDICT_HIT),

@@ -195,7 +195,7 @@ async def complete_many(request: Request, gw: Gateway) -> Response:
     items = parse_complete_many(
         await read_json(request, gw), settings.max_payload_bytes, settings.max_json_depth
     )
-    results = await gw.store.complete_many(
+    results = await gw.completions.complete_many(
         [i.task_id for i in items],
         [i.lease_id for i in items],
         [i.result_json for i in items],

@@ -84,8 +84,9 @@ class Metrics:
         )
         self.complete_statements = Counter(
             "gateway_complete_statements",
-            "Statements that completed tasks for single completes (one serves every "
-            "complete of the process that arrived while others were in flight).",
+            "Statements that completed tasks for completes and batch acknowledgements "
+            "(one serves every one of the process that arrived while others were in "
+            "flight).",
             registry=r,
         )
         self.tasks_claimed = Counter(

@@ -1,7 +1,9 @@
 """gateway/completions.py over an in-memory store: completes that arrive together share
 a statement, a task named twice waits for the next one, a complete the statement did
 not apply is answered by its own request, a failed statement fails its whole group, and
-a request cancelled before its statement is not sent."""
+a request cancelled before its statement is not sent. Batch acknowledgements group the
+same way, each getting its own items' outcomes, and only with the same runtime
+patterns."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from gateway.completions import Completions
 from gateway.errors import LeaseLost, StoreUnavailable
 from gateway.metrics import Metrics
 from gateway.rows import TaskRow
+from gateway.store import ItemResult
 
 NOW = datetime.now(UTC)
 TASK = TaskRow(
@@ -35,6 +38,7 @@ class Store:
         self.leases: dict[uuid.UUID, uuid.UUID] = {}
         self.done: dict[uuid.UUID, TaskRow] = {}
         self.groups: list[list[uuid.UUID]] = []
+        self.ack_groups: list[tuple[list[uuid.UUID], tuple[str, ...] | None]] = []
         self.gate: asyncio.Event | None = None
         self.fail = False
 
@@ -63,6 +67,28 @@ class Store:
                 TASK, id=task_id, lease_id=lease_id, status="completed", result=result
             )
             self.done[task_id] = out[task_id] = row
+        return out
+
+    async def complete_many(
+        self,
+        task_ids: list[uuid.UUID],
+        lease_ids: list[uuid.UUID],
+        results: list[str | None],
+        runtimes: tuple[str, ...] | None,
+    ) -> list[ItemResult]:
+        assert len(set(task_ids)) == len(task_ids), "a task named twice in one statement"
+        self.ack_groups.append((list(task_ids), runtimes))
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail:
+            raise StoreUnavailable("down")
+        out = []
+        for task_id, lease_id in zip(task_ids, lease_ids, strict=True):
+            if task_id in self.done or self.leases.get(task_id) != lease_id:
+                out.append(ItemResult(task_id, "rt", "claimed", LeaseLost("lost")))
+                continue
+            self.done[task_id] = dataclasses.replace(TASK, id=task_id, status="completed")
+            out.append(ItemResult(task_id, "rt", "completed"))
         return out
 
     async def complete_missed(self, task_id: uuid.UUID, lease_id: uuid.UUID) -> TaskRow:
@@ -173,3 +199,67 @@ async def test_a_request_cancelled_before_its_statement_is_not_sent(
     assert store.groups == [[busy[0]], [kept[0]]]
     assert gone[0] not in store.done
     await group.close()
+
+
+def _ack(store: Store, n: int) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
+    held = [store.hold() for _ in range(n)]
+    return [t for t, _ in held], [lease for _, lease in held]
+
+
+async def test_acknowledgements_that_arrive_together_share_a_statement() -> None:
+    store = Store()
+    group = Completions(store, Metrics())
+    first, second = _ack(store, 3), _ack(store, 2)
+    second[1][0] = uuid.uuid4()  # its first task's lease is not the holder's
+    a, b = await asyncio.gather(
+        group.complete_many(first[0], first[1], [None] * 3, None),
+        group.complete_many(second[0], second[1], [None] * 2, None),
+    )
+    assert store.ack_groups == [(first[0] + second[0], None)]
+    assert [(r.task_id, r.status, r.error is None) for r in a] == [
+        (t, "completed", True) for t in first[0]
+    ]
+    assert [r.task_id for r in b] == second[0]
+    assert isinstance(b[0].error, LeaseLost) and b[1].status == "completed"
+
+
+async def test_acknowledgements_group_only_with_the_same_patterns_and_other_tasks() -> None:
+    store = Store()
+    group = Completions(store, Metrics())
+    mine, other, again = _ack(store, 2), _ack(store, 2), _ack(store, 1)
+    overlap = ([mine[0][0]], [mine[1][0]])  # names a task of the first one
+    await asyncio.gather(
+        group.complete_many(mine[0], mine[1], [None] * 2, ["a-*"]),
+        group.complete_many(other[0], other[1], [None] * 2, ["b-*"]),
+        group.complete_many(overlap[0], overlap[1], [None], ["a-*"]),
+        group.complete_many(again[0], again[1], [None], ["a-*"]),
+        return_exceptions=True,
+    )
+    assert store.ack_groups == [
+        (mine[0] + again[0], ("a-*",)),
+        (other[0], ("b-*",)),
+        (overlap[0], ("a-*",)),
+    ]
+
+
+async def test_a_large_acknowledgement_goes_alone_and_a_failure_fails_its_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(completions, "GROUP_MAX", 3)
+    store = Store()
+    group = Completions(store, Metrics())
+    big, small = _ack(store, 5), _ack(store, 1)
+    await asyncio.gather(
+        group.complete_many(big[0], big[1], [None] * 5, None),
+        group.complete_many(small[0], small[1], [None], None),
+    )
+    assert [ids for ids, _ in store.ack_groups] == [big[0], small[0]]
+    store.fail = True
+    one, two = _ack(store, 1), _ack(store, 1)
+    results = await asyncio.gather(
+        group.complete_many(one[0], one[1], [None], None),
+        group.complete_many(two[0], two[1], [None], None),
+        return_exceptions=True,
+    )
+    assert all(isinstance(r, StoreUnavailable) for r in results), results
+    assert store.ack_groups[-1][0] == one[0] + two[0]
