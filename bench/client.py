@@ -140,6 +140,7 @@ def delta(before: dict[str, float], after: dict[str, float], key: str) -> int | 
 
 
 PG_CLAIMS = "gateway_postgres_claims_total"
+PG_COMPLETES = "gateway_complete_statements_total"
 VERDICT_HIT = 'gateway_verdict_checks_total{outcome="hit"}'
 VERDICT_MISS = 'gateway_verdict_checks_total{outcome="miss"}'
 VERDICT_ERROR = 'gateway_verdict_checks_total{outcome="error"}'

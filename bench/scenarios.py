@@ -323,6 +323,14 @@ async def _database_counts(database_url: str) -> dict[str, Any]:
     }
 
 
+def _connections(opts: argparse.Namespace) -> int:
+    """Room for every request a daemon has in flight at once: its claim, and then one
+    complete per task of its batch (or one batch acknowledgement). With fewer, the
+    completes queue for a connection in the load generator, not in the gateway."""
+    per_daemon = 2 if getattr(opts, "batch_ack", False) else 1 + opts.max_tasks
+    return max(opts.pollers * per_daemon, opts.enqueue_concurrency) + 10
+
+
 async def claim_throughput(
     opts: argparse.Namespace, servers: Servers, cache: bool, workdir: Path
 ) -> Result:
@@ -335,7 +343,7 @@ async def claim_throughput(
     log_path = workdir / log_name(result.scenario, result.cache)
     async with (
         running_gateway(opts, servers, cache, log_path) as (gw, database_url),
-        client.session(max(opts.pollers, opts.enqueue_concurrency) + 10) as http,
+        client.session(_connections(opts)) as http,
     ):
         api = Api(http, gw.url, gw.token)
         log(f"claim-throughput: enqueuing up to {opts.tasks} tasks")
@@ -463,6 +471,7 @@ async def claim_throughput(
     claim_seconds = (st.last_done or ended) - started
     SAMPLES[f"{result.scenario}/{result.cache}"] = list(st.claim_to_done)
     pg_claims = client.delta(before, after, client.PG_CLAIMS)
+    pg_completes = client.delta(before, after, client.PG_COMPLETES)
     result.numbers = {
         "pollers": opts.pollers,
         "runtimes": opts.runtimes,
@@ -493,6 +502,9 @@ async def claim_throughput(
         "empty_claim_responses": st.empty_claims,
         "pg_claims": pg_claims,
         "pg_claims_per_task": ratio(pg_claims, completed),
+        # Statements that served the completes or batch acknowledgements (grouped).
+        "pg_complete_statements": pg_completes,
+        "pg_complete_statements_per_task": ratio(pg_completes, completed),
         "verdict_hits": client.delta(before, after, client.VERDICT_HIT),
         "verdict_misses": client.delta(before, after, client.VERDICT_MISS),
         "leases_returned": client.delta(before, after, client.LEASES_RETURNED),

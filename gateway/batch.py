@@ -195,15 +195,14 @@ async def complete_many(request: Request, gw: Gateway) -> Response:
     items = parse_complete_many(
         await read_json(request, gw), settings.max_payload_bytes, settings.max_json_depth
     )
-    results = await gw.store.complete_many(
+    results = await gw.completions.complete_many(
         [i.task_id for i in items],
         [i.lease_id for i in items],
         [i.result_json for i in items],
         _runtimes(request),
     )
-    await gw.results.finished(_ended(results))
     # A limited runtime's parked polls may claim again (runtime controls).
-    await gw.controls.slot_freed([r.runtime_id for r in results if r.runtime_id is not None])
+    await gw.tasks_ended(_ended(results), [r.runtime_id for r in results if r.runtime_id])
     return json_response({"results": [complete_entry(r) for r in results]})
 
 
@@ -225,9 +224,8 @@ async def fail_many(request: Request, gw: Gateway) -> Response:
     }
     for runtime_id in sorted(rt for rt in again if rt is not None):
         await gw.claimer.announce(runtime_id)
-    await gw.results.finished(_ended(results))
     ended = [r.runtime_id for r in results if r.runtime_id is not None]
-    await gw.controls.slot_freed([rt for rt in ended if rt not in again])
+    await gw.tasks_ended(_ended(results), [rt for rt in ended if rt not in again])
     return json_response({"results": entries})
 
 

@@ -82,6 +82,13 @@ class Metrics:
             "Claim statements sent to Postgres (one serves every local waiter of a runtime).",
             registry=r,
         )
+        self.complete_statements = Counter(
+            "gateway_complete_statements",
+            "Statements that completed tasks for completes and batch acknowledgements "
+            "(one serves every one of the process that arrived while others were in "
+            "flight).",
+            registry=r,
+        )
         self.tasks_claimed = Counter(
             "gateway_tasks_claimed", "Tasks handed out with a lease.", registry=r
         )

@@ -164,13 +164,45 @@ UPDATE tasks
 RETURNING {TASK_COLUMNS}
 """
 
-# A cancel requested while the task was held wins over the holder's report.
+# A cancel requested while the task was held wins over the holder's report. The
+# gateway's requests complete through COMPLETE_GROUP (below), the same transition for
+# several tasks at once; this one-task form is Store.complete's, for the capacity
+# bench and the tests that drive one statement.
 COMPLETE = f"""
 UPDATE tasks
    SET status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'completed' END,
        result = $3, lease_expires_at = NULL, finished_at = clock_timestamp(),
        updated_at = clock_timestamp()
  WHERE id = $1 AND lease_id = $2 AND status = 'claimed'
+RETURNING {TASK_COLUMNS}
+"""
+
+# COMPLETE for the single completes that arrived together (completions.py): one
+# statement, one commit for all of them. $1 task ids (distinct), $2 lease ids, $3
+# results (JSON text or NULL). Each task this completes comes back whole, as COMPLETE
+# returns it; a task it does not (lease lost, already reported, no such task) is left
+# to its own request. The rows are locked in id order first (as _BATCH_HELD does, and
+# for the same reason): two such statements, or one and a batch, that name the same
+# tasks wait for each other instead of deadlocking. The lease and status are checked on
+# the locked rows (held), so that the update finds its rows by primary key only: a
+# condition on tasks.status lets the planner walk every claimed task instead.
+COMPLETE_GROUP = f"""
+WITH items AS (
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[])
+           AS i(item_id, item_lease, item_result)
+), held AS MATERIALIZED (
+    SELECT id AS held_id, lease_id AS held_lease, status AS held_status
+      FROM tasks
+     WHERE id = ANY($1::uuid[])
+     ORDER BY id
+       FOR UPDATE
+)
+UPDATE tasks
+   SET status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'completed' END,
+       result = i.item_result::jsonb, lease_expires_at = NULL,
+       finished_at = clock_timestamp(), updated_at = clock_timestamp()
+  FROM items i JOIN held h ON h.held_id = i.item_id
+ WHERE tasks.id = i.item_id AND h.held_lease = i.item_lease AND h.held_status = 'claimed'
 RETURNING {TASK_COLUMNS}
 """
 

@@ -105,16 +105,19 @@ def api(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
     return run
 
 
-def direct_api(endpoint: Endpoint) -> ASGIApp:
-    """api() as a plain ASGI app, for a DirectRoute (the claim): it also sends the
-    answer, so that a parked poll holds one frame fewer. Its handler does not read the
-    principal, so none is kept in `request.state` (an object fewer per parked poll)."""
+def direct_api(endpoint: Endpoint, *, keep_principal: bool) -> ASGIApp:
+    """api() as a plain ASGI app, for a DirectRoute: it also sends the answer, so that a
+    parked poll holds one frame fewer. `keep_principal`: put it in `request.state` for
+    a handler that reads it (a batch limits itself to the token's runtimes); the claim
+    does not, so none is kept for a parked poll (an object fewer)."""
 
     async def app(scope: ASGIScope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive, send)
         gw: Gateway = request.app.state.gateway
         try:
-            await authorize(request, gw, endpoint)
+            principal = await authorize(request, gw, endpoint)
+            if keep_principal:
+                request.state.principal = principal
             response = await endpoint.handler(request, gw)
         except Exception as exc:
             response = _error_response(request, exc)
@@ -303,9 +306,8 @@ async def complete(request: Request, gw: Gateway) -> Response:
     body = await read_json(request, gw)
     lease_id = models.parse_lease_id(body)
     result = models.result_json(body, gw.settings.max_payload_bytes, gw.settings.max_json_depth)
-    row = await gw.store.complete(task_id, lease_id, result)
-    await gw.results.finished([(row.id, row.status)])
-    await gw.controls.slot_freed([row.runtime_id])  # a limited runtime's polls claim again
+    row = await gw.completions.complete(task_id, lease_id, result)
+    await gw.tasks_ended([(row.id, row.status)], [row.runtime_id])
     return json_response(models.render_task_or_stub(row))
 
 
@@ -316,8 +318,7 @@ async def fail(request: Request, gw: Gateway) -> Response:
     if row.status == "queued":
         await gw.claimer.announce(row.runtime_id)
     else:
-        await gw.results.finished([(row.id, row.status)])
-        await gw.controls.slot_freed([row.runtime_id])  # a limited runtime's polls claim again
+        await gw.tasks_ended([(row.id, row.status)], [row.runtime_id])
     return json_response(models.render_task_or_stub(row))
 
 
@@ -506,10 +507,14 @@ ENDPOINTS = [
     Endpoint("GET", "/openapi.json", openapi_document, None, doc=docs.OPENAPI),
 ]
 
-# The claim runs as a DirectRoute: every parked poll holds its frames for its wait.
+# These run as DirectRoutes: the claim because every parked poll holds its frames for
+# its wait, the completes because a drain sends one per task (or per claimed batch).
+DIRECT = (claim, complete, batch.complete_many)
 ROUTES = [
-    DirectRoute(e.path, direct_api(e), e.method, e.handler.__name__)
-    if e.handler is claim
+    DirectRoute(
+        e.path, direct_api(e, keep_principal=e.handler is not claim), e.method, e.handler.__name__
+    )
+    if e.handler in DIRECT
     else Route(e.path, api(e), methods=[e.method])
     for e in ENDPOINTS
 ]

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
+from collections.abc import Iterable, Sequence
 
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
@@ -17,6 +19,7 @@ from .auth import Authenticator
 from .background import stop_task
 from .cache import CircuitBreaker, VerdictCache, make_client, make_pubsub_client
 from .claim import Claimer
+from .completions import Completions
 from .controls import RuntimeControls
 from .credentials import Credentials
 from .errors import ConfigError, GatewayError
@@ -97,6 +100,7 @@ class Gateway:
             self.store, self.cache, self.subscriber, self.claimer, settings, self.metrics
         )
         self.claimer.on_drain(self.results.drain)
+        self.completions = Completions(self.store, self.metrics)
         self.parked = ParkedReport(
             self.cache, self.claimer.parked_counts, self.claimer.activity.counts
         )
@@ -110,6 +114,17 @@ class Gateway:
             finished=self.results.finished,
             slots_freed=self.controls.slot_freed,
         )
+
+    async def tasks_ended(
+        self, tasks: Iterable[tuple[uuid.UUID, str]], runtime_ids: Sequence[str]
+    ) -> None:
+        """After a commit that ended claimed tasks (complete, fail without a retry):
+        wake the requests waiting for the results of `tasks`, each (id, status now),
+        and the parked polls of those of `runtime_ids` that a max_in_flight holds back
+        (a slot came free). Neither makes the caller wait for Redis unless a runtime
+        has a max_in_flight."""
+        await self.results.finished(tasks)
+        await self.controls.slot_freed(runtime_ids)
 
     def _on_wake(self, runtime_id: str) -> None:
         self.claimer.wake(runtime_id)
@@ -157,6 +172,7 @@ class Gateway:
         self.claimer.drain()
         await self.janitor.stop()
         await self.parked.stop()
+        await self.completions.close()  # before the result wake-ups its requests send
         await self.results.close()
         await self.controls.stop()
         if self._redis_watch is not None:

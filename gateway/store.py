@@ -67,6 +67,8 @@ CLAIM_WINDOW = 50
 CLAIM_WINDOW_GROWTH = 20
 CLAIM_ROUNDS = 3
 CONTENDED_RECHECK_SECONDS = 0.05
+# The statuses a repeated complete by the same lease is answered with, as the first was.
+COMPLETE_REPLAYS = ("completed", "cancelled")
 
 
 def lease_lost(task_id: uuid.UUID, lease_id: uuid.UUID, status: str) -> LeaseLost:
@@ -375,14 +377,11 @@ class Store:
         task_id: uuid.UUID,
         lease_id: uuid.UUID,
         *args: Any,
-        replay_statuses: tuple[str, ...] = (),
     ) -> TaskRow:
         row = await self._run(lambda c: c.fetchrow(query, task_id, lease_id, *args))
         if row is not None:
             return TaskRow.of(row)
         current = await self.get(task_id)
-        if current.status in replay_statuses and current.lease_id == lease_id:
-            return current
         raise lease_lost(task_id, lease_id, current.status)
 
     async def heartbeat(
@@ -393,10 +392,40 @@ class Store:
     async def complete(
         self, task_id: uuid.UUID, lease_id: uuid.UUID, result: str | None
     ) -> TaskRow:
-        """Idempotent for the same lease: a repeat returns the finished task."""
-        return await self._lease_op(
-            q.COMPLETE, task_id, lease_id, result, replay_statuses=("completed", "cancelled")
-        )
+        """One task's complete in a statement of its own; idempotent for the same lease
+        (a repeat returns the finished task). The gateway's requests go through
+        completions.py instead, grouped (complete_group, then complete_missed); this
+        is for the tools and tests that measure or drive one statement."""
+        row = await self._run(lambda c: c.fetchrow(q.COMPLETE, task_id, lease_id, result))
+        if row is not None:
+            return TaskRow.of(row)
+        return await self.complete_missed(task_id, lease_id)
+
+    # Single completes go through completions.py, grouped: complete_group, then
+    # complete_missed for those the statement did not apply.
+
+    async def complete_group(
+        self,
+        task_ids: Sequence[uuid.UUID],
+        lease_ids: Sequence[uuid.UUID],
+        results: Sequence[str | None],
+    ) -> dict[uuid.UUID, TaskRow]:
+        """Complete several tasks, each held by its lease, in one statement (one
+        commit): the tasks it completed (or ended cancelled), by id. Task ids must be
+        distinct. A task missing from the answer was not changed: `complete_missed`
+        tells why."""
+        args = (list(task_ids), list(lease_ids), list(results))
+        rows = await self._run(lambda c: c.fetch(q.COMPLETE_GROUP, *args))
+        return {r["id"]: TaskRow.of(r) for r in rows}
+
+    async def complete_missed(self, task_id: uuid.UUID, lease_id: uuid.UUID) -> TaskRow:
+        """For a complete that changed nothing: the finished task when this lease
+        already completed it (a repeat is answered as the first was), else LeaseLost
+        (the lease no longer holds it) or NotFound."""
+        current = await self.get(task_id)
+        if current.status in COMPLETE_REPLAYS and current.lease_id == lease_id:
+            return current
+        raise lease_lost(task_id, lease_id, current.status)
 
     async def fail(
         self,
@@ -636,7 +665,7 @@ class Store:
         """complete, per item; idempotent per item for the same lease, as complete."""
         args = (list(task_ids), _patterns(runtimes), list(lease_ids), list(results))
         rows = await self._run(lambda c: c.fetch(q.BATCH_COMPLETE, *args))
-        return _item_results(rows, replay_statuses=("completed", "cancelled"))
+        return _item_results(rows, replay_statuses=COMPLETE_REPLAYS)
 
     async def fail_many(
         self,

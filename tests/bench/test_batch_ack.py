@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from bench.client import Tally
-from bench.scenarios import ThroughputState, _complete_batch
+from bench.scenarios import ThroughputState, _complete_batch, _connections
 
 
 class FakeApi:
@@ -68,3 +69,14 @@ async def test_the_last_completion_ends_the_drain() -> None:
     api = FakeApi(200, {"results": [{"id": "a", "outcome": "completed"}]})
     await _complete_batch(api, [{"id": "a", "lease_id": "la"}], 0.0, st)  # type: ignore[arg-type]
     assert st.all_done.is_set() and st.stop.is_set()
+
+
+def test_the_session_has_room_for_every_request_a_daemon_has_in_flight() -> None:
+    # A claimed batch's completes are sent at once: with fewer connections they would
+    # queue in the load generator, and the gateway would never see them together.
+    single = argparse.Namespace(pollers=16, max_tasks=10, enqueue_concurrency=2)
+    assert _connections(single) >= 16 * (1 + 10)
+    batch = argparse.Namespace(pollers=16, max_tasks=10, enqueue_concurrency=2, batch_ack=True)
+    assert _connections(batch) >= 16 * 2
+    many_enqueuers = argparse.Namespace(pollers=1, max_tasks=1, enqueue_concurrency=50)
+    assert _connections(many_enqueuers) >= 50

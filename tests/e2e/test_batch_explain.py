@@ -75,3 +75,31 @@ async def test_batch_statements_use_the_primary_key(
     shown = f"{statement} {mode}: {describe(nodes)}"
     assert not [n for n in task_scans(nodes) if n["Node Type"] == "Seq Scan"], shown
     assert indexes(nodes) == {"tasks_pkey"}, shown
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_grouped_completes_use_the_primary_key(
+    conn: asyncpg.Connection,  # noqa: F811
+    filled: str,  # noqa: F811
+    mode: str,
+) -> None:
+    # COMPLETE_GROUP serves the single completes that arrive together (completions.py):
+    # as many as GROUP_MAX tasks, each found by its id.
+    n = 200
+    args = [
+        ([uuid.uuid4() for _ in range(n)], "uuid[]"),
+        ([uuid.uuid4() for _ in range(n)], "uuid[]"),
+        (['{"ok": 1}'] * n, "text[]"),
+    ]
+    name = "explain_" + secrets.token_hex(4)
+    await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
+    await conn.execute(f"PREPARE {name}(uuid[], uuid[], text[]) AS {q.COMPLETE_GROUP}")
+    try:
+        values = ", ".join(literal(v, t) for v, t in args)
+        raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE {name}({values})")
+    finally:
+        await conn.execute(f"DEALLOCATE {name}")
+    nodes = list(walk((json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]))
+    shown = f"COMPLETE_GROUP {mode}: {describe(nodes)}"
+    assert not [n for n in task_scans(nodes) if n["Node Type"] == "Seq Scan"], shown
+    assert indexes(nodes) == {"tasks_pkey"}, shown

@@ -221,6 +221,28 @@ async def test_concurrent_repeats_of_one_batch_complete_each_task_once(gw, runti
     assert len({r["result"] for r in stored}) == 1 and len(stored) == 100
 
 
+async def test_batches_sent_together_each_get_their_own_outcomes(gw, runtime_id):
+    """Batches that arrive together may share a statement (gateway/completions.py):
+    each answer still holds its own items, in its order, each with its own outcome."""
+    tasks = await claimed(gw, runtime_id, 80)
+    batches = [tasks[k : k + 10] for k in range(0, 80, 10)]
+    sends = []
+    for n, group in enumerate(batches):
+        items = [item(t, result=n) for t in group]
+        items[n % 10] = item(group[n % 10], lease_id=RANDOM_LEASE, result="stolen")
+        sends.append(results(gw, "complete", items))
+    answers = await asyncio.gather(*sends)
+    for n, (group, answer) in enumerate(zip(batches, answers, strict=True)):
+        assert [r["id"] for r in answer] == [t["id"] for t in group]
+        for k, r in enumerate(answer):
+            if k == n % 10:
+                problem_of(r, "lease_lost", 409)
+                assert (await get_task(gw, r["id"]))["status"] == "claimed"
+            else:
+                assert r["outcome"] == "completed", r
+                assert (await get_task(gw, r["id"]))["result"] == n
+
+
 # -- isolation -------------------------------------------------------------------------
 
 

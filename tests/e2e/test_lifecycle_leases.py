@@ -444,3 +444,34 @@ async def test_reclaimed_lease_reaches_a_parked_poll(gw, runtime_id):
     assert report.reclaimed >= 1, report
     got = await asyncio.wait_for(poll, 3)
     assert [(t["id"], t["worker_id"], t["attempts"]) for t in got] == [(task["id"], "next", 2)]
+
+
+async def test_completes_sent_together_each_get_their_own_answer(gw, runtime_id):
+    # Completes that arrive together share a statement (gateway/completions.py); each is
+    # still answered as if it were alone: its own result, a repeat by the same lease as
+    # the first, another lease refused, a requested cancel honoured.
+    for i in range(40):
+        await enqueue(gw, runtime_id, i)
+    tasks = await claim(gw, runtime_id, max_tasks=40)
+    assert len(tasks) == 40
+    cancel = await req(gw, "POST", f"/v1/tasks/{tasks[0]['id']}/cancel")
+    assert cancel.status == 200, cancel.body
+    sends = [lease_op(gw, "complete", t, result={"n": t["payload"]}) for t in tasks]
+    sends += [lease_op(gw, "complete", t, result={"n": t["payload"]}) for t in tasks[:10]]
+    sends += [lease_op(gw, "complete", t, RANDOM_LEASE, result="stolen") for t in tasks[10:20]]
+    answers = await asyncio.gather(*sends)
+    mine, repeats, stolen = answers[:40], answers[40:50], answers[50:]
+    assert [a.status for a in mine] == [200] * 40, [a.body for a in mine]
+    assert mine[0].body["status"] == "cancelled"
+    for task, answer in zip(tasks[1:], mine[1:], strict=True):
+        assert answer.body["id"] == task["id"]
+        assert answer.body["status"] == "completed"
+        assert answer.body["result"] == {"n": task["payload"]}
+    assert [a.status for a in repeats] == [200] * 10
+    assert [a.body for a in repeats] == [a.body for a in mine[:10]]
+    for answer in stolen:
+        assert_problem(answer, 409, "lease_lost")
+    assert (await get_task(gw, tasks[0]["id"]))["status"] == "cancelled"
+    for task in tasks[1:]:
+        stored = await get_task(gw, task["id"])
+        assert stored["result"] == {"n": task["payload"]}

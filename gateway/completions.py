@@ -1,0 +1,254 @@
+"""Single completes (`POST /v1/tasks/{id}/complete`) that arrive together share one
+Postgres statement and one commit.
+
+A daemon that finished a claimed batch reports each task in a request of its own, and
+many daemons report at once: one statement and one commit per task made the commit
+(its WAL flush) and the round trip the cost of every complete. Here a complete joins
+the ones waiting for a statement; up to GROUPS_IN_FLIGHT statements run at a time,
+each for up to GROUP_MAX waiting completes (store.complete_group). Alone, a complete
+is sent at once, in a statement of its own: grouping adds no wait, it only forms
+while statements are already running. Each request is answered after the commit
+that completed its task, as before, with the task as that statement left it.
+
+A complete the statement did not apply (the lease no longer holds the task, a repeat,
+no such task) is then answered by its own request, exactly as a lone complete is
+(store.complete_missed): 200 with the finished task for a repeat by the same lease,
+else 409 lease_lost or 404. A task named twice in one group would be updated once
+with either request's result, so a second complete of a task waits for the next
+statement, where it is a repeat. A failed statement fails every request of its group
+(503, as a lone complete's failure is).
+
+Batch acknowledgements (`POST /v1/tasks:complete`) group the same way, in statements
+of their own (store.complete_many): those waiting together share one when they come
+with the same runtime patterns (the statement checks them once) and name no task in
+common, up to GROUP_MAX tasks (a larger one goes alone). Each gets its own items'
+outcomes, exactly as from a statement of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from .metrics import Metrics
+from .rows import TaskRow
+from .store import ItemResult
+
+# Statements in flight at a time: one slow statement (a row lock held elsewhere)
+# does not hold up every complete of the process, and the pool keeps room for claims.
+GROUPS_IN_FLIGHT = 4
+# Completes per statement at most: a group's rows are locked until its commit.
+GROUP_MAX = 200
+
+
+class GroupStore(Protocol):
+    """What grouped completes need from storage (Store)."""
+
+    async def complete_group(
+        self,
+        task_ids: list[uuid.UUID],
+        lease_ids: list[uuid.UUID],
+        results: list[str | None],
+    ) -> dict[uuid.UUID, TaskRow]: ...
+
+    async def complete_missed(self, task_id: uuid.UUID, lease_id: uuid.UUID) -> TaskRow: ...
+
+    async def complete_many(
+        self,
+        task_ids: Sequence[uuid.UUID],
+        lease_ids: Sequence[uuid.UUID],
+        results: Sequence[str | None],
+        runtimes: Sequence[str] | None,
+    ) -> list[ItemResult]: ...
+
+
+@dataclass(eq=False, slots=True)
+class _Complete:
+    """One request's complete, waiting for its statement. `done` holds the task the
+    statement completed, or None when it did not apply to this one."""
+
+    task_id: uuid.UUID
+    lease_id: uuid.UUID
+    result: str | None
+    done: asyncio.Future[TaskRow | None]
+
+
+@dataclass(eq=False, slots=True)
+class _Acknowledgement:
+    """One batch acknowledgement (`POST /v1/tasks:complete`), waiting for its statement:
+    its items, the caller's runtime patterns (None: every runtime), and `done`, its
+    items' outcomes in its own order."""
+
+    task_ids: list[uuid.UUID]
+    lease_ids: list[uuid.UUID]
+    results: list[str | None]
+    runtimes: tuple[str, ...] | None
+    done: asyncio.Future[list[ItemResult]]
+
+
+class Completions:
+    """Groups the single completes of this process (module doc). Owned by the Gateway,
+    which calls `close()` before the pool closes."""
+
+    def __init__(self, store: GroupStore, metrics: Metrics) -> None:
+        self._store = store
+        self._metrics = metrics
+        self._waiting: deque[_Complete] = deque()
+        self._senders: set[asyncio.Task[None]] = set()
+        self._acks: deque[_Acknowledgement] = deque()
+        self._ack_senders: set[asyncio.Task[None]] = set()
+
+    async def complete(
+        self, task_id: uuid.UUID, lease_id: uuid.UUID, result: str | None
+    ) -> TaskRow:
+        """Complete the task held by `lease_id`: the finished task, or LeaseLost,
+        NotFound or StoreUnavailable, as one statement of its own would answer."""
+        item = _Complete(task_id, lease_id, result, asyncio.get_running_loop().create_future())
+        self._waiting.append(item)
+        if len(self._senders) < GROUPS_IN_FLIGHT:
+            sender = asyncio.create_task(self._send(), name="complete-group")
+            self._senders.add(sender)
+            sender.add_done_callback(self._senders.discard)
+        row = await item.done
+        if row is None:
+            return await self._store.complete_missed(task_id, lease_id)
+        return row
+
+    def _take(self) -> list[_Complete]:
+        """The next group, in arrival order: at most GROUP_MAX completes of distinct
+        tasks. A second complete of a task stays waiting for a later statement, and a
+        complete whose request was cancelled meanwhile is dropped."""
+        group: list[_Complete] = []
+        later: list[_Complete] = []
+        named: set[uuid.UUID] = set()
+        while self._waiting and len(group) < GROUP_MAX:
+            item = self._waiting.popleft()
+            if item.done.done():
+                continue
+            if item.task_id in named:
+                later.append(item)
+                continue
+            named.add(item.task_id)
+            group.append(item)
+        self._waiting.extendleft(reversed(later))
+        return group
+
+    async def _send(self) -> None:
+        """Send groups until nothing waits; each request learns its own outcome."""
+        while self._waiting:
+            group = self._take()
+            if not group:
+                continue
+            self._metrics.complete_statements.inc()
+            try:
+                rows = await self._store.complete_group(
+                    [i.task_id for i in group],
+                    [i.lease_id for i in group],
+                    [i.result for i in group],
+                )
+            except asyncio.CancelledError:
+                for item in group:
+                    item.done.cancel()
+                raise
+            except Exception as exc:
+                # StoreUnavailable (or a bug): every request of the group fails as its
+                # own statement's failure would have failed it.
+                for item in group:
+                    if not item.done.done():
+                        item.done.set_exception(exc)
+                continue
+            for item in group:
+                if not item.done.done():
+                    item.done.set_result(rows.get(item.task_id))
+
+    # -- batch acknowledgements ---------------------------------------------------
+
+    async def complete_many(
+        self,
+        task_ids: Sequence[uuid.UUID],
+        lease_ids: Sequence[uuid.UUID],
+        results: Sequence[str | None],
+        runtimes: Sequence[str] | None,
+    ) -> list[ItemResult]:
+        """A batch acknowledgement's outcomes, one per item in its order, as
+        Store.complete_many answers them; it shares its statement with the others
+        waiting that name none of its tasks and come with the same runtime patterns."""
+        item = _Acknowledgement(
+            list(task_ids),
+            list(lease_ids),
+            list(results),
+            None if runtimes is None else tuple(runtimes),
+            asyncio.get_running_loop().create_future(),
+        )
+        self._acks.append(item)
+        if len(self._ack_senders) < GROUPS_IN_FLIGHT:
+            sender = asyncio.create_task(self._send_acks(), name="acknowledgement-group")
+            self._ack_senders.add(sender)
+            sender.add_done_callback(self._ack_senders.discard)
+        return await item.done
+
+    def _take_acks(self) -> list[_Acknowledgement]:
+        """The next group of acknowledgements, in arrival order: those with the first
+        one's runtime patterns, no task named twice, GROUP_MAX tasks at most (a larger
+        acknowledgement goes alone). The others stay waiting, in their order."""
+        group: list[_Acknowledgement] = []
+        later: list[_Acknowledgement] = []
+        named: set[uuid.UUID] = set()
+        while self._acks:
+            item = self._acks.popleft()
+            if item.done.done():
+                continue
+            if group and (
+                item.runtimes != group[0].runtimes
+                or len(named) + len(item.task_ids) > GROUP_MAX
+                or not named.isdisjoint(item.task_ids)
+            ):
+                later.append(item)
+                continue
+            group.append(item)
+            named.update(item.task_ids)
+        self._acks.extendleft(reversed(later))
+        return group
+
+    async def _send_acks(self) -> None:
+        """Send groups of acknowledgements until none waits; each gets its own items'
+        outcomes back (the statement answers in item order)."""
+        while self._acks:
+            group = self._take_acks()
+            if not group:
+                continue
+            self._metrics.complete_statements.inc()
+            try:
+                outcomes = await self._store.complete_many(
+                    [t for i in group for t in i.task_ids],
+                    [lease for i in group for lease in i.lease_ids],
+                    [r for i in group for r in i.results],
+                    group[0].runtimes,
+                )
+            except asyncio.CancelledError:
+                for item in group:
+                    item.done.cancel()
+                raise
+            except Exception as exc:
+                for item in group:
+                    if not item.done.done():
+                        item.done.set_exception(exc)
+                continue
+            start = 0
+            for item in group:
+                end = start + len(item.task_ids)
+                if not item.done.done():
+                    item.done.set_result(outcomes[start:end])
+                start = end
+
+    async def close(self) -> None:
+        """Let the statements in flight finish (each bounded by the statement timeout)."""
+        senders = [*self._senders, *self._ack_senders]
+        if senders:
+            with contextlib.suppress(Exception):
+                await asyncio.gather(*senders, return_exceptions=True)
