@@ -37,8 +37,20 @@ LINGER_SECONDS = 30.0  # keep an idle runtime's subscription this long, for the 
 # A verdict this process wrote is renewed this long before its life ends (at most; a
 # quarter of a short life), so that a renewal lands before the key lapses.
 RENEW_LEAD_SECONDS = 1.0
+# And earlier by a random share of up to this much of its life: verdicts written
+# together (a fleet's polls parking after a restart) are then not all renewed in one
+# burst, which on a busy process runs Redis calls past their timeout and sends every
+# parked runtime to Postgres (degraded polling).
+RENEW_SPREAD = 0.2
 # Parked waiters whose deadlines fall in the same slot of this length share one timer.
 DEADLINE_SLOT_SECONDS = 0.05
+
+
+def renew_after(ttl: float) -> float:
+    """Seconds after writing a verdict of `ttl` seconds to renew it: RENEW_LEAD_SECONDS
+    before its end (at most a quarter of a short life), and up to RENEW_SPREAD of its
+    life earlier still, at random."""
+    return ttl - min(RENEW_LEAD_SECONDS, ttl / 4) - random.uniform(0.0, ttl * RENEW_SPREAD)
 
 
 class Departure:
@@ -747,7 +759,7 @@ class Claimer:
         self, state: RuntimeState, version: str, now: float, ttl: float, due_at: float | None
     ) -> None:
         state.renew_version = version
-        state.renew_at = now + ttl - min(RENEW_LEAD_SECONDS, ttl / 4)
+        state.renew_at = now + renew_after(ttl)
         state.renew_due_at = due_at
 
     async def _renew(self, state: RuntimeState) -> float | None:
