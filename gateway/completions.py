@@ -31,10 +31,11 @@ import asyncio
 import contextlib
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from . import logs
 from .metrics import Metrics
 from .rows import TaskRow
 from .store import ItemResult
@@ -44,6 +45,9 @@ from .store import ItemResult
 GROUPS_IN_FLIGHT = 4
 # Completes per statement at most: a group's rows are locked until its commit.
 GROUP_MAX = 200
+# And results per statement at most, in bytes of JSON text (one larger result goes
+# alone): the statement sends them and answers with the rows, within its timeout.
+GROUP_MAX_RESULT_BYTES = 16 << 20
 
 
 class GroupStore(Protocol):
@@ -99,9 +103,16 @@ class Completions:
         self._store = store
         self._metrics = metrics
         self._waiting: deque[_Complete] = deque()
-        self._senders: set[asyncio.Task[None]] = set()
         self._acks: deque[_Acknowledgement] = deque()
-        self._ack_senders: set[asyncio.Task[None]] = set()
+        # Senders still sending, counted down by each sender in the same step in which
+        # it finds nothing waiting (not by a done callback, which runs a loop turn
+        # later: a complete arriving in between would wait with no sender for it).
+        self._sending = 0
+        self._sending_acks = 0
+        self._senders: set[asyncio.Task[None]] = set()  # for close()
+        # The newest complete of each task not yet answered: a later complete of the
+        # same task waits for it, then joins a later statement (where it is a repeat).
+        self._latest: dict[uuid.UUID, asyncio.Future[TaskRow | None]] = {}
 
     async def complete(
         self, task_id: uuid.UUID, lease_id: uuid.UUID, result: str | None
@@ -109,15 +120,29 @@ class Completions:
         """Complete the task held by `lease_id`: the finished task, or LeaseLost,
         NotFound or StoreUnavailable, as one statement of its own would answer."""
         item = _Complete(task_id, lease_id, result, asyncio.get_running_loop().create_future())
-        self._waiting.append(item)
-        if len(self._senders) < GROUPS_IN_FLIGHT:
-            sender = asyncio.create_task(self._send(), name="complete-group")
-            self._senders.add(sender)
-            sender.add_done_callback(self._senders.discard)
-        row = await item.done
+        prior = self._latest.get(task_id)
+        self._latest[task_id] = item.done
+        try:
+            if prior is not None:
+                await asyncio.wait((prior,))
+            self._waiting.append(item)
+            if self._sending < GROUPS_IN_FLIGHT:
+                self._sending += 1
+                self._start(self._send(), "complete-group")
+            row = await item.done
+        finally:
+            if not item.done.done():
+                item.done.cancel()  # this request was cancelled: a later one goes on
+            if self._latest.get(task_id) is item.done:
+                del self._latest[task_id]
         if row is None:
             return await self._store.complete_missed(task_id, lease_id)
         return row
+
+    def _start(self, sender: Coroutine[None, None, None], name: str) -> None:
+        task = asyncio.create_task(sender, name=name)
+        self._senders.add(task)
+        task.add_done_callback(self._senders.discard)
 
     def _take(self) -> list[_Complete]:
         """The next group, in arrival order: at most GROUP_MAX completes of distinct
@@ -126,20 +151,35 @@ class Completions:
         group: list[_Complete] = []
         later: list[_Complete] = []
         named: set[uuid.UUID] = set()
+        size = 0
         while self._waiting and len(group) < GROUP_MAX:
-            item = self._waiting.popleft()
+            item = self._waiting[0]
             if item.done.done():
+                self._waiting.popleft()
                 continue
-            if item.task_id in named:
+            grown = size + len(item.result or "")
+            if group and grown > GROUP_MAX_RESULT_BYTES:
+                break
+            self._waiting.popleft()
+            if item.task_id in named:  # not expected: complete() keeps one per task
                 later.append(item)
                 continue
             named.add(item.task_id)
             group.append(item)
+            size = grown
         self._waiting.extendleft(reversed(later))
         return group
 
     async def _send(self) -> None:
-        """Send groups until nothing waits; each request learns its own outcome."""
+        """Send groups until nothing waits; each request learns its own outcome. Counts
+        itself out of `_sending` in the step that finds nothing waiting."""
+        logs.detach()  # started by one request, it sends for many
+        try:
+            await self._send_groups()
+        finally:
+            self._sending -= 1
+
+    async def _send_groups(self) -> None:
         while self._waiting:
             group = self._take()
             if not group:
@@ -186,10 +226,9 @@ class Completions:
             asyncio.get_running_loop().create_future(),
         )
         self._acks.append(item)
-        if len(self._ack_senders) < GROUPS_IN_FLIGHT:
-            sender = asyncio.create_task(self._send_acks(), name="acknowledgement-group")
-            self._ack_senders.add(sender)
-            sender.add_done_callback(self._ack_senders.discard)
+        if self._sending_acks < GROUPS_IN_FLIGHT:
+            self._sending_acks += 1
+            self._start(self._send_acks(), "acknowledgement-group")
         return await item.done
 
     def _take_acks(self) -> list[_Acknowledgement]:
@@ -199,25 +238,37 @@ class Completions:
         group: list[_Acknowledgement] = []
         later: list[_Acknowledgement] = []
         named: set[uuid.UUID] = set()
+        size = 0
         while self._acks:
             item = self._acks.popleft()
             if item.done.done():
                 continue
+            grown = size + sum(len(r or "") for r in item.results)
             if group and (
                 item.runtimes != group[0].runtimes
                 or len(named) + len(item.task_ids) > GROUP_MAX
+                or grown > GROUP_MAX_RESULT_BYTES
                 or not named.isdisjoint(item.task_ids)
             ):
                 later.append(item)
                 continue
             group.append(item)
             named.update(item.task_ids)
+            size = grown
         self._acks.extendleft(reversed(later))
         return group
 
     async def _send_acks(self) -> None:
         """Send groups of acknowledgements until none waits; each gets its own items'
-        outcomes back (the statement answers in item order)."""
+        outcomes back (the statement answers in item order). Counts itself out of
+        `_sending_acks` in the step that finds none waiting."""
+        logs.detach()
+        try:
+            await self._send_ack_groups()
+        finally:
+            self._sending_acks -= 1
+
+    async def _send_ack_groups(self) -> None:
         while self._acks:
             group = self._take_acks()
             if not group:
@@ -248,7 +299,7 @@ class Completions:
 
     async def close(self) -> None:
         """Let the statements in flight finish (each bounded by the statement timeout)."""
-        senders = [*self._senders, *self._ack_senders]
+        senders = list(self._senders)
         if senders:
             with contextlib.suppress(Exception):
                 await asyncio.gather(*senders, return_exceptions=True)

@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -199,6 +200,103 @@ async def test_a_request_cancelled_before_its_statement_is_not_sent(
     assert store.groups == [[busy[0]], [kept[0]]]
     assert gone[0] not in store.done
     await group.close()
+
+
+class GatedFirst(Store):
+    """Holds each of the first `n` statements (completes or acknowledgements) until its
+    own gate is set; later statements run at once."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+        self.gates: list[asyncio.Future[None]] = []
+
+    async def _wait_turn(self) -> None:
+        if len(self.gates) < self.n:
+            gate = asyncio.get_running_loop().create_future()
+            self.gates.append(gate)
+            await gate
+
+    async def complete_group(self, *args: Any) -> dict[uuid.UUID, TaskRow]:
+        await self._wait_turn()
+        return await super().complete_group(*args)
+
+    async def complete_many(self, *args: Any) -> list[ItemResult]:
+        await self._wait_turn()
+        return await super().complete_many(*args)
+
+
+async def test_a_complete_arriving_as_every_sender_finishes_is_still_sent() -> None:
+    # Every sender finds nothing waiting in the same loop turn; a complete arriving
+    # right then must start a sender (a sender that counted itself out only in a done
+    # callback, a turn later, left it waiting with nobody to send it).
+    store = GatedFirst(completions.GROUPS_IN_FLIGHT)
+    group = Completions(store, Metrics())
+    firsts = []
+    for _ in range(completions.GROUPS_IN_FLIGHT):
+        firsts.append(asyncio.create_task(group.complete(*store.hold(), None)))
+        for _ in range(3):
+            await asyncio.sleep(0)
+    assert len(store.gates) == completions.GROUPS_IN_FLIGHT
+    last = store.hold()
+    for gate in store.gates:
+        gate.set_result(None)
+    late = asyncio.create_task(group.complete(*last, None))
+    await asyncio.gather(*firsts)
+    row = await asyncio.wait_for(late, 5)
+    assert row.id == last[0] and row.status == "completed"
+
+
+async def test_an_acknowledgement_arriving_as_every_sender_finishes_is_still_sent() -> None:
+    store = GatedFirst(completions.GROUPS_IN_FLIGHT)
+    group = Completions(store, Metrics())
+    firsts = []
+    for _ in range(completions.GROUPS_IN_FLIGHT):
+        firsts.append(asyncio.create_task(group.complete_many(*_ack(store, 1), [None], None)))
+        for _ in range(3):
+            await asyncio.sleep(0)
+    assert len(store.gates) == completions.GROUPS_IN_FLIGHT
+    ids, leases = _ack(store, 2)
+    for gate in store.gates:
+        gate.set_result(None)
+    late = asyncio.create_task(group.complete_many(ids, leases, [None, None], None))
+    await asyncio.gather(*firsts)
+    outcomes = await asyncio.wait_for(late, 5)
+    assert [(o.status, o.error) for o in outcomes] == [("completed", None)] * 2
+
+
+async def test_many_completes_of_one_task_go_one_after_another() -> None:
+    # A repeat waits for the complete before it, instead of going back into the queue
+    # that every statement would walk again (time quadratic in the repeats).
+    store = Store()
+    group = Completions(store, Metrics())
+    task_id, lease_id = store.hold()
+    others = [store.hold() for _ in range(3)]
+    rows = await asyncio.gather(
+        *(group.complete(task_id, lease_id, f'"{i}"') for i in range(200)),
+        *(group.complete(t, lease, None) for t, lease in others),
+    )
+    assert {r.result for r in rows[:200]} == {'"0"'}  # the first one's; the rest replay
+    assert store.groups[0] == [task_id] + [t for t, _ in others]
+    assert all(g == [task_id] for g in store.groups[1:]) and len(store.groups) == 200
+    assert not group._latest  # nothing left behind
+
+
+async def test_results_past_the_byte_bound_go_in_a_statement_of_their_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(completions, "GROUP_MAX_RESULT_BYTES", 100)
+    store = Store()
+    group = Completions(store, Metrics())
+    held = [store.hold() for _ in range(4)]
+    big = '"' + "x" * 98 + '"'  # 100 bytes: fills a statement alone
+    await asyncio.gather(
+        group.complete(*held[0], big),
+        group.complete(*held[1], '"small"'),
+        group.complete(*held[2], '"small"'),
+        group.complete(*held[3], big),
+    )
+    assert store.groups == [[held[0][0]], [held[1][0], held[2][0]], [held[3][0]]]
 
 
 def _ack(store: Store, n: int) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
