@@ -40,15 +40,17 @@ RETURNING {TASK_COLUMNS}, request_hash
 """
 
 # ENQUEUE for a task due now, written already leased to a poll parked on this instance
-# (sync match, claim.py) as CLAIM would lease it: one attempt, a new lease, the poll's
-# worker and lease length ($10, $11). No task becomes claimable, so no bump follows (I1).
+# (sync match, claim.py) as CLAIM would lease it: one attempt, the poll's worker and
+# lease length ($8, $9). The task and lease ids ($10, $11) come from the caller, so
+# that an enqueue whose answer is lost can give the task back (UNCLAIM_LEASE). No task
+# becomes claimable, so no bump follows (I1).
 ENQUEUE_LEASED = f"""
 WITH due AS (SELECT clock_timestamp() AS t)
-INSERT INTO tasks (runtime_id, status, priority, payload, max_attempts, run_at, expires_at,
-                   idempotency_key, request_hash, attempts, lease_id, lease_expires_at,
-                   worker_id, updated_at)
-SELECT $1, 'claimed', $2, $3, $4, due.t, due.t + make_interval(secs => $5::float8), $6, $7,
-       1, gen_random_uuid(), due.t + make_interval(secs => $9::float8), $8, due.t FROM due
+INSERT INTO tasks (id, runtime_id, status, priority, payload, max_attempts, run_at,
+                   expires_at, idempotency_key, request_hash, attempts, lease_id,
+                   lease_expires_at, worker_id, updated_at)
+SELECT $10, $1, 'claimed', $2, $3, $4, due.t, due.t + make_interval(secs => $5::float8), $6,
+       $7, 1, $11, due.t + make_interval(secs => $9::float8), $8, due.t FROM due
 ON CONFLICT (runtime_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING {TASK_COLUMNS}, request_hash
 """
@@ -149,6 +151,16 @@ UPDATE tasks
        lease_expires_at = NULL, worker_id = NULL, updated_at = clock_timestamp()
  WHERE id = ANY($1::uuid[]) AND status = 'claimed'
 RETURNING {TASK_COLUMNS}
+"""
+
+# A sync-matched enqueue whose answer was lost (it may have committed): its task, if
+# written, goes back to the queue, not as an attempt. By id and lease, so that nothing
+# else is touched.
+UNCLAIM_LEASE = """
+UPDATE tasks
+   SET status = 'queued', attempts = greatest(attempts - 1, 0), lease_id = NULL,
+       lease_expires_at = NULL, worker_id = NULL, updated_at = clock_timestamp()
+ WHERE id = $1 AND lease_id = $2 AND status = 'claimed'
 """
 
 GET_TASK = f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1"

@@ -31,7 +31,7 @@ from . import (
 )
 from .auth import Principal, Scope
 from .claim import Departure
-from .errors import GatewayError, NotFound
+from .errors import GatewayError, NotFound, StoreUnavailable
 from .httpio import (
     CLIENT_LEFT,
     DirectRoute,
@@ -159,6 +159,12 @@ async def enqueue(request: Request, gw: Gateway) -> Response:
         row, created = await gw.store.enqueue(runtime_id, req, waiter.lease if waiter else None)
         if created and row.status == "claimed":
             leased = row
+    except StoreUnavailable:
+        if waiter is not None:
+            # The task may have been written, and then given back to the queue
+            # (Store.enqueue): claimable now, it needs its bump (I1).
+            await gw.claimer.announce(runtime_id)
+        raise
     finally:
         if waiter is not None:
             await gw.claimer.matched(runtime_id, waiter, leased)

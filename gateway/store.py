@@ -233,11 +233,16 @@ class Store:
         one key make one task: the unique index arbitrates.
 
         `lease`: (worker_id, lease_seconds) of a parked poll (sync match, claim.py): a
-        task due now is written already leased to it (status `claimed`)."""
+        task due now is written already leased to it (status `claimed`). If that fails
+        with StoreUnavailable, the task may have been written all the same (an answer
+        lost after the commit): it is given back to the queue before the error goes up,
+        so that it never waits out a lease its poll was not handed."""
+        leased = lease is not None and req.run_at is None and not req.delay_seconds
+        task_id, lease_id = (uuid.uuid4(), uuid.uuid4()) if leased else (None, None)
 
         async def go(c: asyncpg.Connection) -> tuple[Row, bool]:
             key_hash = req.request_hash if req.idempotency_key else None
-            if lease is not None and req.run_at is None and not req.delay_seconds:
+            if lease is not None and leased:
                 row = await c.fetchrow(
                     q.ENQUEUE_LEASED,
                     runtime_id,
@@ -249,6 +254,8 @@ class Store:
                     key_hash,
                     lease[0],
                     lease[1],
+                    task_id,
+                    lease_id,
                 )
             else:
                 row = await c.fetchrow(
@@ -270,7 +277,13 @@ class Store:
                 raise StoreUnavailable("idempotency key changed hands; retry the request")
             return existing, False
 
-        row, created = await self._run(go)
+        try:
+            row, created = await self._run(go)
+        except StoreUnavailable:
+            if leased:
+                with contextlib.suppress(StoreUnavailable):  # else the lease runs out
+                    await self._run(lambda c: c.execute(q.UNCLAIM_LEASE, task_id, lease_id))
+            raise
         if not created and row["request_hash"] != req.request_hash:
             raise IdempotencyKeyReused(
                 f"idempotency key {req.idempotency_key!r} was already used for a different "

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gateway.errors import StoreUnavailable
 from tests.harness import make_settings, running_gateway
 from tests.integration.claim_helpers import (
     cancel_all,
@@ -170,3 +171,40 @@ async def test_a_delayed_task_is_not_handed_to_a_parked_poll(
         assert row["status"] == "scheduled" and matches(gw) == 0
         assert not waiting.done()
         await cancel_all([waiting])
+
+
+async def test_an_enqueue_whose_answer_was_lost_gives_its_task_back(
+    database_url: str, redis_url: str, redis_prefix: str, runtime_id: str, monkeypatch
+) -> None:
+    """The insert of a matched task commits, but its answer is lost (a dropped
+    connection, a timeout after the commit): the producer gets 503, and the task must
+    not wait out a lease its poll was never handed. It goes back to the queue, with its
+    bump, and a poll gets it as a first attempt (max_attempts 1: not buried unrun)."""
+    cfg = make_settings(database_url, redis_url, redis_prefix, empty_ttl_seconds=TTL)
+    async with running_gateway(cfg) as gw:
+        store = gw.gateway.store
+        real_run = store._run
+        calls = 0
+
+        async def answer_lost(fn: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            out = await real_run(fn)
+            if calls == 1:
+                raise StoreUnavailable("the connection dropped after the commit")
+            return out
+
+        parked = asyncio.create_task(poll(gw, runtime_id, "parked", wait_seconds=10))
+        await wait_parked(gw, runtime_id, 1)
+        monkeypatch.setattr(store, "_run", answer_lost)
+        status, body = await gw.call(
+            "POST", f"/v1/runtimes/{runtime_id}/tasks", {"payload": {"n": 1}, "max_attempts": 1}
+        )
+        monkeypatch.setattr(store, "_run", real_run)
+        assert status == 503, body
+        answer = await asyncio.wait_for(parked, 5)
+        [got] = answer.tasks
+        assert got["status"] == "claimed" and got["attempts"] == 1
+        [row] = await task_rows(database_url, runtime_id)
+        assert row["status"] == "claimed" and row["attempts"] == 1
+        assert matches(gw) == 0
