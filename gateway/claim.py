@@ -46,11 +46,11 @@ RENEW_SPREAD = 0.2
 DEADLINE_SLOT_SECONDS = 0.05
 
 
-def renew_after(ttl: float) -> float:
+def renew_after(ttl: float, rng: random.Random) -> float:
     """Seconds after writing a verdict of `ttl` seconds to renew it: RENEW_LEAD_SECONDS
     before its end (at most a quarter of a short life), and up to RENEW_SPREAD of its
     life earlier still, at random."""
-    return ttl - min(RENEW_LEAD_SECONDS, ttl / 4) - random.uniform(0.0, ttl * RENEW_SPREAD)
+    return ttl - min(RENEW_LEAD_SECONDS, ttl / 4) - rng.uniform(0.0, ttl * RENEW_SPREAD)
 
 
 class Departure:
@@ -759,7 +759,7 @@ class Claimer:
         self, state: RuntimeState, version: str, now: float, ttl: float, due_at: float | None
     ) -> None:
         state.renew_version = version
-        state.renew_at = now + renew_after(ttl)
+        state.renew_at = now + renew_after(ttl, self._rng)
         state.renew_due_at = due_at
 
     async def _renew(self, state: RuntimeState) -> float | None:
