@@ -55,6 +55,10 @@ OPERATIONS = (
 )
 MAX_RUNTIMES = 100_000
 JANITOR_PASS_TIMEOUT_SECONDS = 120.0
+# Passes timed at each step. The first of a fresh janitor also counts the queue depth
+# (every live row; after that at most a tenth of the janitor's time): the median of five
+# is the bounded pass, and the per-step medians show where the time goes.
+JANITOR_PASSES = 5
 SLOW_PASS_SECONDS = 10.0
 MIN_SAMPLES = 5
 REQUEST_TIMEOUT_SECONDS = 30.0
@@ -171,8 +175,9 @@ async def load_history(conn: asyncpg.Connection, rows: int) -> float:
 
 async def _janitor_passes(
     database_url: str, redis_url: str, prefix: str, token: str, n: int
-) -> list[float]:
-    """Seconds of `n` janitor passes run in this process against the database."""
+) -> tuple[list[float], dict[str, list[float]]]:
+    """Seconds of `n` janitor passes run in this process against the database, and of
+    each of their steps (by step name)."""
     from gateway.runtime import Gateway
     from gateway.settings import Settings
 
@@ -187,17 +192,20 @@ async def _janitor_passes(
     gw = Gateway(Settings.from_env(env))
     await gw.open()
     out = []
+    steps: dict[str, list[float]] = {}
     try:
         for _ in range(n):
             t0 = time.perf_counter()
             async with asyncio.timeout(JANITOR_PASS_TIMEOUT_SECONDS):
-                await gw.janitor.run_once()
+                report = await gw.janitor.run_once()
             out.append(time.perf_counter() - t0)
+            for step, seconds in report.seconds.items():
+                steps.setdefault(step, []).append(seconds)
             if out[-1] > SLOW_PASS_SECONDS:
                 break  # one slow pass says enough, and keeps the run within its time
     finally:
         await gw.close()
-    return out
+    return out, steps
 
 
 async def _measure(
@@ -256,6 +264,7 @@ async def scale(opts: argparse.Namespace, servers: Servers, workdir: Path) -> li
     failures: list[str] = []
     load_seconds: dict[int, float] = {}
     shape_rows: list[int] = []
+    janitor_steps: dict[int, dict[str, float | None]] = {}
     runtimes: list[int] = []
     async with (
         serving(opts, servers, workdir / "scale.log") as (proc, db),
@@ -285,9 +294,11 @@ async def scale(opts: argparse.Namespace, servers: Servers, workdir: Path) -> li
                 for op, values in (await _measure(api, opts, tallies)).items():
                     timings[op][rows] = values
                 try:
-                    timings["janitor pass"][rows] = await _janitor_passes(
-                        db, servers.redis_url, proc.prefix, proc.token, 3
+                    passes, steps = await _janitor_passes(
+                        db, servers.redis_url, proc.prefix, proc.token, JANITOR_PASSES
                     )
+                    timings["janitor pass"][rows] = passes
+                    janitor_steps[rows] = {k: ms(percentile(v, 50)) for k, v in steps.items()}
                 except Exception as exc:
                     notes.append(f"janitor pass on {rows:,} rows: {type(exc).__name__}: {exc}")
             if loaded_history:
@@ -326,6 +337,8 @@ async def scale(opts: argparse.Namespace, servers: Servers, workdir: Path) -> li
             # The runtimes one pass's repair walk visits: below that, a pass grows with
             # the runtimes; from there on it is bounded.
             "walk_runtimes": REPAIR_PAGES_PER_PASS * JANITOR_BATCH_SIZE,
+            # The median of each step of the janitor's passes, by table rows (ms).
+            "janitor_step_p50_ms": janitor_steps if op == "janitor pass" else None,
         }
         results.append(r)
     first = results[0]
