@@ -16,7 +16,6 @@ import dataclasses
 import logging
 import math
 import random
-import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -450,7 +449,7 @@ class Claimer:
         if waiter.gone:
             self._metrics.sync_matches.labels("given_back").inc()
             waiter.poke()
-            await self.give_back(runtime_id, [task.id])
+            await self.give_back(runtime_id, [task])
             return
         self._metrics.sync_matches.labels("handed").inc()
         self._metrics.observe_claim_delay(task, waiter.req.lease_seconds)
@@ -700,13 +699,13 @@ class Claimer:
             owner = owners[row.slot - 1]
             got.setdefault(owner, []).append(row)
             self._metrics.observe_claim_delay(row.task, owner.req.lease_seconds)
-        undelivered: list[uuid.UUID] = []
+        undelivered: list[TaskRow] = []
         for waiter in waiters:
             waiter.in_flight = False
             parked, waiter.checked = waiter.checked, True
             mine = got.get(waiter)
             if mine and waiter.gone:
-                undelivered.extend(r.task.id for r in mine)
+                undelivered.extend(r.task for r in mine)
                 mine = None
             if mine and parked and woken:
                 self._metrics.wakeups_delivered.inc()
@@ -716,14 +715,16 @@ class Claimer:
             # Their polls left while the claim ran: give the tasks back and wake the others.
             await self.give_back(runtime_id, undelivered)
 
-    async def give_back(self, runtime_id: str, task_ids: list[uuid.UUID]) -> None:
+    async def give_back(self, runtime_id: str, tasks: list[TaskRow]) -> None:
         """Return leases that never reached their poll (it left) to the queue, not as an
-        attempt, and wake the runtime's other polls. On a database error the leases
-        lapse instead and the janitor takes them back."""
+        attempt, and wake the runtime's other polls. Each task goes back only while its
+        lease still holds it. On a database error the leases lapse instead and the
+        janitor takes them back."""
         try:
-            await self._store.unclaim(task_ids)
+            held = [(t.id, t.lease_id) for t in tasks if t.lease_id is not None]
+            await self._store.unclaim([i for i, _ in held], [lease for _, lease in held])
         except StoreUnavailable:
-            log.warning("could not give back %d undelivered leases", len(task_ids))
+            log.warning("could not give back %d undelivered leases", len(tasks))
         else:
             await self.announce(runtime_id)
 

@@ -26,9 +26,11 @@ class ClaimStore(Protocol):
         delayed task comes due (None if none), for the verdict's TTL (I4)."""
         ...
 
-    async def unclaim(self, task_ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
-        """Give back leases that were never delivered, not as an attempt; idempotent.
-        Returns the ids given back."""
+    async def unclaim(
+        self, task_ids: Sequence[uuid.UUID], lease_ids: Sequence[uuid.UUID]
+    ) -> list[uuid.UUID]:
+        """Give back leases that were never delivered, not as an attempt, each task only
+        while `lease_ids` still holds it; idempotent. Returns the ids given back."""
         ...
 
 

@@ -144,13 +144,17 @@ SELECT leased.*, next_due.due_in,
 """
 
 # Gives back leases that were never delivered (the waiter left mid-claim). The claim
-# did not reach anyone, so it does not count as an attempt.
-UNCLAIM = f"""
+# did not reach anyone, so it does not count as an attempt. By task and lease ($1, $2):
+# a give-back that comes after the lease lapsed and the task was claimed again leaves
+# the new holder's lease alone.
+UNCLAIM = """
 UPDATE tasks
    SET status = 'queued', attempts = greatest(attempts - 1, 0), lease_id = NULL,
        lease_expires_at = NULL, worker_id = NULL, updated_at = clock_timestamp()
- WHERE id = ANY($1::uuid[]) AND status = 'claimed'
-RETURNING {TASK_COLUMNS}
+  FROM unnest($1::uuid[], $2::uuid[]) AS given(task_id, lease_id)
+ WHERE tasks.id = given.task_id AND tasks.lease_id = given.lease_id
+   AND tasks.status = 'claimed'
+RETURNING tasks.id
 """
 
 # A sync-matched enqueue whose answer was lost (it may have committed): its task, if

@@ -269,7 +269,7 @@ async def claim(request: Request, gw: Gateway) -> Response:
             watch.stop()
     if rows and (gone.is_set() or await request.is_disconnected()):
         # The client left while its tasks were being leased: nobody would receive them.
-        await gw.claimer.give_back(runtime_id, [row.task.id for row in rows])
+        await gw.claimer.give_back(runtime_id, [row.task for row in rows])
         return Response(status_code=CLIENT_LEFT)
     if not rows:
         return empty_tasks_response()

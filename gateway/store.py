@@ -360,10 +360,13 @@ class Store:
 
         return await self._run(claim_statement)
 
-    async def unclaim(self, task_ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
-        """Give back leases that were never delivered; idempotent. Returns the ids of
-        the tasks given back."""
-        rows: list[Row] = await self._run(lambda c: c.fetch(q.UNCLAIM, list(task_ids)))
+    async def unclaim(
+        self, task_ids: Sequence[uuid.UUID], lease_ids: Sequence[uuid.UUID]
+    ) -> list[uuid.UUID]:
+        """Give back leases that were never delivered, each task by its lease;
+        idempotent. Returns the ids of the tasks given back."""
+        args = (list(task_ids), list(lease_ids))
+        rows: list[Row] = await self._run(lambda c: c.fetch(q.UNCLAIM, *args))
         self._metrics.unclaimed.inc(len(rows))
         return [r["id"] for r in rows]
 

@@ -125,12 +125,14 @@ class FakeStore:
             raise StoreUnavailable("injected: the connection died after the commit")
         return rows, due_in
 
-    async def unclaim(self, task_ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
+    async def unclaim(
+        self, task_ids: Sequence[uuid.UUID], lease_ids: Sequence[uuid.UUID]
+    ) -> list[uuid.UUID]:
         await asyncio.sleep(self._latency())
         out: list[uuid.UUID] = []
-        for task_id in task_ids:
+        for task_id, lease_id in zip(task_ids, lease_ids, strict=True):
             task = self.tasks[task_id]
-            if task.status == "claimed":
+            if task.status == "claimed" and task.lease_id == lease_id:
                 task.status, task.lease_id = "queued", None
                 task.attempts = max(task.attempts - 1, 0)
                 task.claimable_since = max(now(), task.run_at)

@@ -36,8 +36,10 @@ class Fake:
     ) -> tuple[list[Leased], float | None]:
         return await self.store.claim(runtime_id, worker_ids, lease_seconds)
 
-    async def unclaim(self, task_ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
-        return await self.store.unclaim(task_ids)
+    async def unclaim(
+        self, task_ids: Sequence[uuid.UUID], lease_ids: Sequence[uuid.UUID]
+    ) -> list[uuid.UUID]:
+        return await self.store.unclaim(task_ids, lease_ids)
 
 
 class Real:
@@ -64,8 +66,10 @@ class Real:
     ) -> tuple[list[Leased], float | None]:
         return await self.store.claim(runtime_id, worker_ids, lease_seconds)
 
-    async def unclaim(self, task_ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
-        return await self.store.unclaim(task_ids)
+    async def unclaim(
+        self, task_ids: Sequence[uuid.UUID], lease_ids: Sequence[uuid.UUID]
+    ) -> list[uuid.UUID]:
+        return await self.store.unclaim(task_ids, lease_ids)
 
 
 @pytest.fixture(params=["fake", pytest.param("real", marks=pytest.mark.integration)])
@@ -120,7 +124,10 @@ async def test_unclaim_returns_leases_once(subject: Subject, runtime_id: str) ->
     task = await subject.add(runtime_id)
     rows, _ = await subject.claim(runtime_id, ["w"], [30.0])
     assert ids(rows) == [task]
-    assert await subject.unclaim([task]) == [task]
-    assert await subject.unclaim([task]) == []
+    lease = rows[0].task.lease_id
+    assert lease is not None
+    assert await subject.unclaim([task], [uuid.uuid4()]) == []  # another lease: untouched
+    assert await subject.unclaim([task], [lease]) == [task]
+    assert await subject.unclaim([task], [lease]) == []
     rows, _ = await subject.claim(runtime_id, ["w"], [30.0])
     assert ids(rows) == [task]
