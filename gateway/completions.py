@@ -31,9 +31,9 @@ import asyncio
 import contextlib
 import uuid
 from collections import deque
-from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
 
 from . import logs
 from .metrics import Metrics
@@ -95,6 +95,28 @@ class _Acknowledgement:
     done: asyncio.Future[list[ItemResult]]
 
 
+class _Waiting(Protocol):
+    done: asyncio.Future[Any]
+
+
+W = TypeVar("W", bound=_Waiting)
+
+
+@dataclass(eq=False)
+class _Lane(Generic[W]):
+    """One kind of grouped statement: the requests waiting for it, how a group is taken
+    from them (`take`) and sent (`send`, which settles each item's `done`), and how many
+    senders are sending. A sender counts itself out in the same step in which it finds
+    nothing waiting (not in a done callback, which runs a loop turn later: a request
+    arriving in between would wait with no sender for it)."""
+
+    name: str
+    take: Callable[[], list[W]]
+    send: Callable[[list[W]], Awaitable[None]]
+    waiting: deque[W] = field(default_factory=deque)
+    sending: int = 0
+
+
 class Completions:
     """Groups the single completes of this process (module doc). Owned by the Gateway,
     which calls `close()` before the pool closes."""
@@ -102,13 +124,10 @@ class Completions:
     def __init__(self, store: GroupStore, metrics: Metrics) -> None:
         self._store = store
         self._metrics = metrics
-        self._waiting: deque[_Complete] = deque()
-        self._acks: deque[_Acknowledgement] = deque()
-        # Senders still sending, counted down by each sender in the same step in which
-        # it finds nothing waiting (not by a done callback, which runs a loop turn
-        # later: a complete arriving in between would wait with no sender for it).
-        self._sending = 0
-        self._sending_acks = 0
+        self._singles: _Lane[_Complete] = _Lane("complete-group", self._take, self._send)
+        self._acks: _Lane[_Acknowledgement] = _Lane(
+            "acknowledgement-group", self._take_acks, self._send_acks
+        )
         self._senders: set[asyncio.Task[None]] = set()  # for close()
         # The newest complete of each task not yet answered: a later complete of the
         # same task waits for it, then joins a later statement (where it is a repeat).
@@ -125,10 +144,7 @@ class Completions:
         try:
             if prior is not None:
                 await asyncio.wait((prior,))
-            self._waiting.append(item)
-            if self._sending < GROUPS_IN_FLIGHT:
-                self._sending += 1
-                self._start(self._send(), "complete-group")
+            self._submit(self._singles, item)
             row = await item.done
         finally:
             if not item.done.done():
@@ -139,10 +155,38 @@ class Completions:
             return await self._store.complete_missed(task_id, lease_id)
         return row
 
-    def _start(self, sender: Coroutine[None, None, None], name: str) -> None:
-        task = asyncio.create_task(sender, name=name)
-        self._senders.add(task)
-        task.add_done_callback(self._senders.discard)
+    def _submit(self, lane: _Lane[W], item: W) -> None:
+        """Queue `item` on its lane, with a sender for it unless GROUPS_IN_FLIGHT are
+        sending already (one of them takes it)."""
+        lane.waiting.append(item)
+        if lane.sending < GROUPS_IN_FLIGHT:
+            lane.sending += 1
+            task = asyncio.create_task(self._send_all(lane), name=lane.name)
+            self._senders.add(task)
+            task.add_done_callback(self._senders.discard)
+
+    async def _send_all(self, lane: _Lane[W]) -> None:
+        """Send the lane's groups until nothing waits. A failed statement fails every
+        request of its group, as its own statement's failure would have failed it."""
+        logs.detach()  # started by one request, it sends for many
+        try:
+            while lane.waiting:
+                group = lane.take()
+                if not group:
+                    continue
+                self._metrics.complete_statements.inc()
+                try:
+                    await lane.send(group)
+                except asyncio.CancelledError:
+                    for item in group:
+                        item.done.cancel()
+                    raise
+                except Exception as exc:  # StoreUnavailable, or a bug
+                    for item in group:
+                        if not item.done.done():
+                            item.done.set_exception(exc)
+        finally:
+            lane.sending -= 1
 
     def _take(self) -> list[_Complete]:
         """The next group, in arrival order: at most GROUP_MAX completes of distinct
@@ -152,59 +196,33 @@ class Completions:
         later: list[_Complete] = []
         named: set[uuid.UUID] = set()
         size = 0
-        while self._waiting and len(group) < GROUP_MAX:
-            item = self._waiting[0]
+        waiting = self._singles.waiting
+        while waiting and len(group) < GROUP_MAX:
+            item = waiting[0]
             if item.done.done():
-                self._waiting.popleft()
+                waiting.popleft()
                 continue
             grown = size + len(item.result or "")
             if group and grown > GROUP_MAX_RESULT_BYTES:
                 break
-            self._waiting.popleft()
+            waiting.popleft()
             if item.task_id in named:  # not expected: complete() keeps one per task
                 later.append(item)
                 continue
             named.add(item.task_id)
             group.append(item)
             size = grown
-        self._waiting.extendleft(reversed(later))
+        waiting.extendleft(reversed(later))
         return group
 
-    async def _send(self) -> None:
-        """Send groups until nothing waits; each request learns its own outcome. Counts
-        itself out of `_sending` in the step that finds nothing waiting."""
-        logs.detach()  # started by one request, it sends for many
-        try:
-            await self._send_groups()
-        finally:
-            self._sending -= 1
-
-    async def _send_groups(self) -> None:
-        while self._waiting:
-            group = self._take()
-            if not group:
-                continue
-            self._metrics.complete_statements.inc()
-            try:
-                rows = await self._store.complete_group(
-                    [i.task_id for i in group],
-                    [i.lease_id for i in group],
-                    [i.result for i in group],
-                )
-            except asyncio.CancelledError:
-                for item in group:
-                    item.done.cancel()
-                raise
-            except Exception as exc:
-                # StoreUnavailable (or a bug): every request of the group fails as its
-                # own statement's failure would have failed it.
-                for item in group:
-                    if not item.done.done():
-                        item.done.set_exception(exc)
-                continue
-            for item in group:
-                if not item.done.done():
-                    item.done.set_result(rows.get(item.task_id))
+    async def _send(self, group: list[_Complete]) -> None:
+        """One statement for a group of completes; each request learns its own row."""
+        rows = await self._store.complete_group(
+            [i.task_id for i in group], [i.lease_id for i in group], [i.result for i in group]
+        )
+        for item in group:
+            if not item.done.done():
+                item.done.set_result(rows.get(item.task_id))
 
     # -- batch acknowledgements ---------------------------------------------------
 
@@ -225,10 +243,7 @@ class Completions:
             None if runtimes is None else tuple(runtimes),
             asyncio.get_running_loop().create_future(),
         )
-        self._acks.append(item)
-        if self._sending_acks < GROUPS_IN_FLIGHT:
-            self._sending_acks += 1
-            self._start(self._send_acks(), "acknowledgement-group")
+        self._submit(self._acks, item)
         return await item.done
 
     def _take_acks(self) -> list[_Acknowledgement]:
@@ -239,8 +254,9 @@ class Completions:
         later: list[_Acknowledgement] = []
         named: set[uuid.UUID] = set()
         size = 0
-        while self._acks:
-            item = self._acks.popleft()
+        waiting = self._acks.waiting
+        while waiting:
+            item = waiting.popleft()
             if item.done.done():
                 continue
             grown = size + sum(len(r or "") for r in item.results)
@@ -255,47 +271,24 @@ class Completions:
             group.append(item)
             named.update(item.task_ids)
             size = grown
-        self._acks.extendleft(reversed(later))
+        waiting.extendleft(reversed(later))
         return group
 
-    async def _send_acks(self) -> None:
-        """Send groups of acknowledgements until none waits; each gets its own items'
-        outcomes back (the statement answers in item order). Counts itself out of
-        `_sending_acks` in the step that finds none waiting."""
-        logs.detach()
-        try:
-            await self._send_ack_groups()
-        finally:
-            self._sending_acks -= 1
-
-    async def _send_ack_groups(self) -> None:
-        while self._acks:
-            group = self._take_acks()
-            if not group:
-                continue
-            self._metrics.complete_statements.inc()
-            try:
-                outcomes = await self._store.complete_many(
-                    [t for i in group for t in i.task_ids],
-                    [lease for i in group for lease in i.lease_ids],
-                    [r for i in group for r in i.results],
-                    group[0].runtimes,
-                )
-            except asyncio.CancelledError:
-                for item in group:
-                    item.done.cancel()
-                raise
-            except Exception as exc:
-                for item in group:
-                    if not item.done.done():
-                        item.done.set_exception(exc)
-                continue
-            start = 0
-            for item in group:
-                end = start + len(item.task_ids)
-                if not item.done.done():
-                    item.done.set_result(outcomes[start:end])
-                start = end
+    async def _send_acks(self, group: list[_Acknowledgement]) -> None:
+        """One statement for a group of acknowledgements; each gets its own items'
+        outcomes back (the statement answers in item order)."""
+        outcomes = await self._store.complete_many(
+            [t for i in group for t in i.task_ids],
+            [lease for i in group for lease in i.lease_ids],
+            [r for i in group for r in i.results],
+            group[0].runtimes,
+        )
+        start = 0
+        for item in group:
+            end = start + len(item.task_ids)
+            if not item.done.done():
+                item.done.set_result(outcomes[start:end])
+            start = end
 
     async def close(self) -> None:
         """Let the statements in flight finish (each bounded by the statement timeout)."""
