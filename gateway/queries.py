@@ -180,15 +180,19 @@ UPDATE tasks
 RETURNING {TASK_COLUMNS}
 """
 
-# A cancel requested while the task was held wins over the holder's report. The
-# gateway's requests complete through COMPLETE_GROUP (below), the same transition for
+# The complete transition's SET list, shared by COMPLETE, COMPLETE_GROUP and
+# BATCH_COMPLETE; {result} is the result's JSON. A cancel requested while the task was
+# held wins over the holder's report.
+COMPLETE_TRANSITION = """status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'completed' END,
+       result = {result}, lease_expires_at = NULL, finished_at = clock_timestamp(),
+       updated_at = clock_timestamp()"""
+
+# The gateway's requests complete through COMPLETE_GROUP (below), the same transition for
 # several tasks at once; this one-task form is Store.complete's, for the capacity
 # bench and the tests that drive one statement.
 COMPLETE = f"""
 UPDATE tasks
-   SET status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'completed' END,
-       result = $3, lease_expires_at = NULL, finished_at = clock_timestamp(),
-       updated_at = clock_timestamp()
+   SET {COMPLETE_TRANSITION.format(result="$3")}
  WHERE id = $1 AND lease_id = $2 AND status = 'claimed'
 RETURNING {TASK_COLUMNS}
 """
@@ -214,9 +218,7 @@ WITH items AS (
        FOR UPDATE
 )
 UPDATE tasks
-   SET status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'completed' END,
-       result = i.item_result::jsonb, lease_expires_at = NULL,
-       finished_at = clock_timestamp(), updated_at = clock_timestamp()
+   SET {COMPLETE_TRANSITION.format(result="i.item_result::jsonb")}
   FROM items i JOIN held h ON h.held_id = i.item_id
  WHERE tasks.id = i.item_id AND h.held_lease = i.item_lease AND h.held_status = 'claimed'
 RETURNING {TASK_COLUMNS}
@@ -476,9 +478,7 @@ WITH items AS (
            WITH ORDINALITY AS i(item_id, item_lease, item_result, ord)
 ), {_BATCH_HELD.strip()}, done AS (
     UPDATE tasks
-       SET status = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'completed' END,
-           result = i.item_result::jsonb, lease_expires_at = NULL,
-           finished_at = clock_timestamp(), updated_at = clock_timestamp()
+       SET {COMPLETE_TRANSITION.format(result="i.item_result::jsonb")}
       FROM items i JOIN held h ON h.held_id = i.item_id
      WHERE tasks.id = i.item_id AND h.held_lease = i.item_lease AND h.held_status = 'claimed'
     RETURNING i.ord AS done_ord, {EFFECTIVE_STATUS} AS new_status
