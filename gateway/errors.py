@@ -148,6 +148,16 @@ class StoreUnavailable(GatewayError):
     code = "store_unavailable"
 
 
+class DatabaseBusy(StoreUnavailable):
+    """Every pooled Postgres connection stayed busy past the acquire timeout. Nothing
+    was sent to Postgres; the request may be retried as it is."""
+
+    code = "database_busy"
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "1"}
+
+
 class CacheUnavailable(GatewayError):
     """Redis failed or timed out. Callers treat it as a cache miss (I5, fail open)."""
 
@@ -172,6 +182,7 @@ PROBLEMS: dict[type[GatewayError], tuple[int, str]] = {
     Overloaded: (429, "Too many requests"),
     Draining: (503, "Shutting down"),
     StoreUnavailable: (503, "Database unavailable"),
+    DatabaseBusy: (503, "Database busy"),
     CacheUnavailable: (503, "Cache unavailable"),
     ConfigError: (500, "Configuration error"),
 }

@@ -89,6 +89,12 @@ class Metrics:
             "flight).",
             registry=r,
         )
+        self.db_acquire_timeouts = Counter(
+            "gateway_db_acquire_timeouts",
+            "Requests refused (503 database_busy) because no pooled Postgres connection "
+            "came free within GATEWAY_DB_ACQUIRE_TIMEOUT_MS.",
+            registry=r,
+        )
         self.tasks_claimed = Counter(
             "gateway_tasks_claimed", "Tasks handed out with a lease.", registry=r
         )

@@ -43,6 +43,7 @@ ENV_NAMES = frozenset(
         "GATEWAY_MAX_CONCURRENT_CLAIMS",
         "GATEWAY_MAX_QUEUED_CLAIMS",
         "GATEWAY_DB_POOL_MAX",
+        "GATEWAY_DB_ACQUIRE_TIMEOUT_MS",
         "GATEWAY_DB_STATEMENT_CACHE_SIZE",
         "GATEWAY_SHUTDOWN_GRACE_SECONDS",
         "GATEWAY_MAX_JSON_DEPTH",
@@ -110,6 +111,8 @@ class Settings:
     db_pool_min: int = 2
     db_pool_max: int = 20
     db_statement_timeout_ms: int = 10_000
+    # How long a request waits for a pooled connection before a 503 database_busy.
+    db_acquire_timeout_ms: int = 5_000
     # asyncpg's prepared statement cache; 0 behind a transaction pooler (PgBouncer).
     db_statement_cache_size: int = 100
     shutdown_grace_seconds: float = 25.0
@@ -182,6 +185,9 @@ class Settings:
             "max_concurrent_claims": _integer(env, "GATEWAY_MAX_CONCURRENT_CLAIMS", 16, 1, 10_000),
             "max_queued_claims": _integer(env, "GATEWAY_MAX_QUEUED_CLAIMS", 1000, 0, 1_000_000),
             "db_pool_max": _integer(env, "GATEWAY_DB_POOL_MAX", 20, 2, 1000),
+            "db_acquire_timeout_ms": _integer(
+                env, "GATEWAY_DB_ACQUIRE_TIMEOUT_MS", 5_000, 10, 600_000
+            ),
             "db_statement_cache_size": _integer(
                 env, "GATEWAY_DB_STATEMENT_CACHE_SIZE", 100, 0, 100_000
             ),

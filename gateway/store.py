@@ -11,11 +11,12 @@ import contextlib
 import logging
 import math
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, NoReturn, TypeAlias, TypeVar
 
 import asyncpg
 import orjson
@@ -31,6 +32,7 @@ from .controls import (
 )
 from .errors import (
     Conflict,
+    DatabaseBusy,
     GatewayError,
     IdempotencyKeyReused,
     LeaseLost,
@@ -137,6 +139,7 @@ class Store:
         statement_timeout_ms: int = 10_000,
         statement_cache_size: int = 100,
         lock_dsn: str | None = None,
+        acquire_timeout_ms: int = 5_000,
     ) -> None:
         self._dsn = dsn
         self._lock_dsn = lock_dsn or dsn
@@ -145,6 +148,8 @@ class Store:
         self._max_size = max_size
         self._statement_timeout_ms = statement_timeout_ms
         self._statement_cache_size = statement_cache_size
+        self._acquire_timeout_ms = acquire_timeout_ms
+        self._busy_since_log: tuple[float, int] = (0.0, 0)  # (last logged, refused since)
         self._begin = q.BEGIN_WITH_TIMEOUT.format(timeout_ms=statement_timeout_ms)
         self._pool: asyncpg.Pool | None = None
 
@@ -184,19 +189,53 @@ class Store:
         return self._pool
 
     async def _run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        pool = self.pool
         try:
-            async with self.pool.acquire() as conn:
-                return await fn(conn)
+            # Bounded: with every connection busy (or Postgres not answering a new
+            # connection), a request is refused with Retry-After instead of queueing
+            # without end behind the others.
+            conn = await pool.acquire(timeout=self._acquire_timeout_ms / 1000)
+        except TimeoutError:
+            self._metrics.db_acquire_timeouts.inc()
+            self._log_busy()
+            raise DatabaseBusy(
+                f"no database connection came free within {self._acquire_timeout_ms} ms "
+                "(GATEWAY_DB_ACQUIRE_TIMEOUT_MS); retry"
+            ) from None
         except DRIVER_ERRORS as exc:
-            # The driver's text can name hosts, databases, or other callers' values (a
-            # batched claim's worker ids): it goes to the log, never to the client.
-            log.warning("database error: %s: %s", type(exc).__name__, exc)
-            if isinstance(exc, PREPARED_STATEMENT_ERRORS) and self._statement_cache_size:
-                log.error(
-                    "prepared statements are lost between transactions: DATABASE_URL "
-                    "goes through a transaction pooler; set GATEWAY_DB_STATEMENT_CACHE_SIZE=0"
-                )
-            raise StoreUnavailable(UNAVAILABLE) from exc
+            self._driver_error(exc)
+        try:
+            return await fn(conn)
+        except DRIVER_ERRORS as exc:
+            self._driver_error(exc)
+        finally:
+            await pool.release(conn)
+
+    def _log_busy(self) -> None:
+        """One warning per 10 s at most: under overload every request would log one."""
+        logged_at, refused = self._busy_since_log
+        now = time.monotonic()
+        if now - logged_at < 10.0:
+            self._busy_since_log = (logged_at, refused + 1)
+            return
+        self._busy_since_log = (now, 0)
+        log.warning(
+            "every database connection (GATEWAY_DB_POOL_MAX) stayed busy for %d ms: "
+            "requests are refused with 503 and Retry-After (%d more since the last warning)",
+            self._acquire_timeout_ms,
+            refused,
+        )
+
+    def _driver_error(self, exc: BaseException) -> NoReturn:
+        # The driver's text can name hosts, databases, or other callers' values (a
+        # batched claim's worker ids): it goes to the log, never to the client.
+        log.warning("database error: %s: %s", type(exc).__name__, exc)
+        if isinstance(exc, PREPARED_STATEMENT_ERRORS) and self._statement_cache_size:
+            log.error(
+                "prepared statements are lost between transactions: DATABASE_URL "
+                "goes through a transaction pooler; set GATEWAY_DB_STATEMENT_CACHE_SIZE=0"
+            )
+        raise StoreUnavailable(UNAVAILABLE) from exc
 
     @contextlib.asynccontextmanager
     async def _transaction(self, conn: asyncpg.Connection) -> AsyncIterator[None]:

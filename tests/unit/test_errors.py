@@ -31,6 +31,7 @@ EXPECTED: list[tuple[type[GatewayError], int, str, str]] = [
     (errors.Overloaded, 429, "overloaded", "Too many requests"),
     (errors.Draining, 503, "draining", "Shutting down"),
     (errors.StoreUnavailable, 503, "store_unavailable", "Database unavailable"),
+    (errors.DatabaseBusy, 503, "database_busy", "Database busy"),
     (errors.CacheUnavailable, 503, "cache_unavailable", "Cache unavailable"),
     (errors.ConfigError, 500, "config_error", "Configuration error"),
 ]
