@@ -183,7 +183,9 @@ def free_port() -> int:
 
 @dataclass
 class GatewayProcess:
-    """`python -m uvicorn --factory gateway.app:create_app` on a free loopback port."""
+    """The gateway as it ships (`gateway serve`) on a free loopback port; with
+    `workers` >= 1, or an app other than the gateway's (a peer), `python -m uvicorn
+    --factory APP --workers N` instead."""
 
     database_url: str
     redis_url: str
@@ -192,7 +194,9 @@ class GatewayProcess:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     # What uvicorn serves: the gateway, or a peer such as the bare Starlette floor.
     app: str = "gateway.app:create_app"
-    workers: int = 1
+    # 0: `gateway serve`, one process with the gateway's own HTTP protocol (read
+    # deadlines, head limits), no proxy headers; N >= 1: uvicorn's CLI with N workers.
+    workers: int = 0
     # How long SIGTERM may take before SIGKILL: the gateway answers every parked poll
     # first, which takes longer with thousands of them on a busy machine.
     stop_grace_seconds: float = STOP_GRACE_SECONDS
@@ -228,6 +232,20 @@ class GatewayProcess:
         return env
 
     def argv(self) -> list[str]:
+        if self.workers == 0 and self.app == "gateway.app:create_app":
+            return [
+                sys.executable,
+                "-c",
+                "from gateway.cli import main; main()",
+                "--log-level",
+                "warning",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--no-access-log",
+            ]
         return [
             sys.executable,
             "-m",

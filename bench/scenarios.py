@@ -50,7 +50,7 @@ async def running_gateway(
             cache,
             log_path,
             extra_env=opts.gateway_env,
-            workers=getattr(opts, "workers", 1),
+            workers=getattr(opts, "workers", 0),
         )
         try:
             await gw.start()

@@ -61,11 +61,12 @@ async def serving(
     *,
     app: str = GATEWAY_APP,
     cache: bool = True,
-    workers: int = 1,
+    workers: int = 0,
     env: dict[str, str] | None = None,
     stop_grace_seconds: float = 10.0,
 ) -> AsyncIterator[tuple[GatewayProcess, str]]:
-    """A fresh database and a uvicorn process serving `app` on it; both gone afterwards."""
+    """A fresh database and a process serving `app` on it (GatewayProcess: `workers` 0
+    is `gateway serve`, N uvicorn workers otherwise); both gone afterwards."""
     async with fresh_database(servers.database_url) as database_url:
         proc = GatewayProcess(
             database_url,
@@ -79,7 +80,12 @@ async def serving(
         )
         try:
             await proc.start()
-            log(f"{app} pid {proc.pid} ready at {proc.url} ({workers} worker(s))")
+            how = (
+                f"uvicorn, {max(workers, 1)} worker(s)"
+                if workers or app != GATEWAY_APP
+                else "gateway serve"
+            )
+            log(f"{app} pid {proc.pid} ready at {proc.url} ({how})")
             yield proc, database_url
         finally:
             stopping = time.perf_counter()
@@ -218,7 +224,7 @@ async def empty_polls_variant(
     scenario: str = "empty-polls",
     app: str = GATEWAY_APP,
     cache: bool = True,
-    workers: int = 1,
+    workers: int = 0,
 ) -> Result:
     result = Result(scenario, label)
     runtimes = [f"bench-empty-{i:04d}" for i in range(opts.poll_runtimes)]
@@ -257,7 +263,7 @@ async def empty_polls_variant(
     if stalled:
         result.failures.append(stalled)
     # With several workers the two scrapes may come from different processes.
-    pg_claims = client.delta(before, after, client.PG_CLAIMS) if gateway and workers == 1 else None
+    pg_claims = client.delta(before, after, client.PG_CLAIMS) if gateway and workers <= 1 else None
     SAMPLES[f"{scenario}/{label}"] = list(tally.latencies)
     result.numbers = {
         "connections": opts.connections,
