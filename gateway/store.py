@@ -188,6 +188,15 @@ class Store:
             raise StoreUnavailable("the database pool is not open")
         return self._pool
 
+    def connection_free(self) -> bool:
+        """True when a request would get a connection without waiting for another to
+        come back: one is idle, or the pool may open another. A hint, not a promise."""
+        pool = self._pool
+        if pool is None:
+            return False
+        idle: int = pool.get_idle_size()
+        return idle > 0 or pool.get_size() < pool.get_max_size()
+
     async def _run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         pool = self.pool
         try:
@@ -318,6 +327,8 @@ class Store:
 
         try:
             row, created = await self._run(go)
+        except DatabaseBusy:
+            raise  # nothing was sent: nothing to give back
         except StoreUnavailable:
             if leased:
                 with contextlib.suppress(StoreUnavailable):  # else the lease runs out

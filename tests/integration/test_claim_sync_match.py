@@ -208,3 +208,46 @@ async def test_an_enqueue_whose_answer_was_lost_gives_its_task_back(
         [row] = await task_rows(database_url, runtime_id)
         assert row["status"] == "claimed" and row["attempts"] == 1
         assert matches(gw) == 0
+
+
+async def test_no_match_while_every_connection_is_busy_so_the_poll_keeps_its_deadline(
+    database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
+) -> None:
+    """A reserved poll waits for its enqueue: with every pooled connection busy, that
+    would be up to GATEWAY_DB_ACQUIRE_TIMEOUT_MS past its own wait_seconds. The match
+    is skipped, so the poll is answered at its deadline."""
+    cfg = make_settings(
+        database_url,
+        redis_url,
+        redis_prefix,
+        empty_ttl_seconds=TTL,
+        db_pool_max=2,
+        db_acquire_timeout_ms=4_000,
+    )
+    async with running_gateway(cfg) as gw:
+        waiting = asyncio.create_task(poll(gw, runtime_id, "w", wait_seconds=1.0))
+        await wait_parked(gw, runtime_id, 1)
+        release, held = asyncio.Event(), asyncio.Semaphore(0)
+
+        async def hold(_: Any) -> None:
+            held.release()
+            await release.wait()
+
+        store = gw.gateway.store
+        holders = [asyncio.create_task(store.run(hold)) for _ in range(2)]
+        try:
+            for _ in holders:
+                await asyncio.wait_for(held.acquire(), 10)
+            enqueue = asyncio.create_task(
+                gw.call("POST", f"/v1/runtimes/{runtime_id}/tasks", {"payload": {"n": 1}})
+            )
+            answer = await asyncio.wait_for(waiting, 10)
+            # Its 1 s wait, not the 4 s the enqueue waits for a connection.
+            assert answer.status == 200 and answer.body["tasks"] == []
+            assert answer.elapsed < 2.5, answer.elapsed
+            assert matches(gw) == 0
+            status, body = await enqueue
+            assert status == 503 and body["code"] == "database_busy", body
+        finally:
+            release.set()
+            await asyncio.gather(*holders)
