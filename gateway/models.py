@@ -322,70 +322,41 @@ def result_json(
     return result
 
 
-class BatchItems:
-    """A batch body's items, checked to be a list of 1 to MAX_BATCH but not yet one by
-    one: `parse` validates a slice of them when asked, so that a caller can store one
-    slice while the next is validated. Pure; touches no I/O."""
-
-    __slots__ = ("_absent", "_limits", "_max_bytes", "_max_depth", "_plain", "items", "keyed")
-
-    def __init__(self, body: Mapping[str, Any], max_payload_bytes: int, max_depth: int) -> None:
-        self.items: list[Any] = BATCH_BODY["tasks"].read(body, {})
-        # Whether any item gives an idempotency key (not yet checked to be a valid one):
-        # a batch with keys is stored in one statement (Store.enqueue_batch says why).
-        self.keyed = any(
-            isinstance(item, dict) and item.get("idempotency_key") is not None
-            for item in self.items
-        )
-        self._limits = _payload_limits(max_payload_bytes, max_depth)
-        self._absent = absent = _absent_values(max_payload_bytes, max_depth)
-        # What an item that gives nothing but its payload reads as, past the payload.
-        self._plain = (
-            absent["priority"],
-            absent["max_attempts"],
-            absent["run_at"],
-            absent["delay_seconds"] or None,
-            absent["ttl_seconds"],
-            absent["idempotency_key"],
-            "",
-        )
-        self._max_bytes, self._max_depth = max_payload_bytes, max_depth
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def parse(self, start: int = 0, stop: int | None = None) -> list[EnqueueRequest]:
-        """Items [start, stop) as parse_enqueue reads them; the first invalid one raises,
-        naming its index in the whole batch."""
-        items, limits, absent, plain = self.items, self._limits, self._absent, self._plain
-        max_bytes, max_depth = self._max_bytes, self._max_depth
-        out = []
-        index = start
+def parse_batch(
+    body: Mapping[str, Any], max_payload_bytes: int, max_depth: int = DEFAULT_MAX_DEPTH
+) -> list[EnqueueRequest]:
+    """Every item as parse_enqueue; an invalid one fails the batch, naming its index."""
+    items = BATCH_BODY["tasks"].read(body, {})
+    limits = _payload_limits(max_payload_bytes, max_depth)
+    absent = _absent_values(max_payload_bytes, max_depth)
+    # What an item that gives nothing but its payload reads as, past the payload.
+    plain = (
+        absent["priority"],
+        absent["max_attempts"],
+        absent["run_at"],
+        absent["delay_seconds"] or None,
+        absent["ttl_seconds"],
+        absent["idempotency_key"],
+        "",
+    )
+    out = []
+    for index, item in enumerate(items):
         try:
-            for index in range(start, len(items) if stop is None else stop):
-                item = items[index]
-                if not isinstance(item, dict):
-                    raise ValidationFailed("each task must be a JSON object", field="")
-                if len(item) == 1 and "payload" in item:
-                    # Nothing but a payload: no other field to read (the usual item).
-                    text = json_text("payload", item["payload"], max_bytes, max_depth)
-                    out.append(EnqueueRequest(text, *plain))
-                else:
-                    out.append(_parse_enqueue(item, None, limits, absent, hash_without_key=False))
+            if not isinstance(item, dict):
+                raise ValidationFailed("each task must be a JSON object", field="")
+            if len(item) == 1 and "payload" in item:
+                # Nothing but a payload (the usual item): no other field to read.
+                text = json_text("payload", item["payload"], max_payload_bytes, max_depth)
+                out.append(EnqueueRequest(text, *plain))
+            else:
+                out.append(_parse_enqueue(item, None, limits, absent, hash_without_key=False))
         except (ValidationFailed, PayloadTooLarge, BadRequest) as exc:
             inner = exc.extra.get("field")
             field = f"tasks[{index}].{inner}" if inner else f"tasks[{index}]"
             exc.detail = f"tasks[{index}]: {exc.detail}"
             exc.extra.update(field=field, index=index)
             raise
-        return out
-
-
-def parse_batch(
-    body: Mapping[str, Any], max_payload_bytes: int, max_depth: int = DEFAULT_MAX_DEPTH
-) -> list[EnqueueRequest]:
-    """Every item as parse_enqueue; an invalid one fails the batch, naming its index."""
-    return BatchItems(body, max_payload_bytes, max_depth).parse()
+    return out
 
 
 def encode_cursor(row: TaskRow) -> str:

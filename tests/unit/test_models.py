@@ -604,16 +604,3 @@ def test_a_bad_batch_item_is_refused_as_the_single_enqueue_is_naming_its_index(b
     assert batch.value.detail == f"tasks[5]: {single.value.detail}"
     assert batch.value.extra["field"] == f"tasks[5].{single.value.extra['field']}"
     assert batch.value.extra["index"] == 5
-
-
-def test_a_slice_of_batch_items_names_indexes_in_the_whole_batch() -> None:
-    items = models.BatchItems({"tasks": [{"payload": 0}, {"payload": 1}, 7]}, MAX_PAYLOAD, 64)
-    assert len(items) == 3 and not items.keyed
-    assert [r.payload_json for r in items.parse(0, 2)] == ["0", "1"]
-    with pytest.raises(ValidationFailed) as info:
-        items.parse(2, 3)
-    assert info.value.extra["index"] == 2 and info.value.detail.startswith("tasks[2]: ")
-    keyed = {"tasks": [{"payload": 0}, {"payload": 1, "idempotency_key": "k"}]}
-    assert models.BatchItems(keyed, MAX_PAYLOAD, 64).keyed
-    unkeyed = {"tasks": [{"payload": 0, "idempotency_key": None}]}
-    assert not models.BatchItems(unkeyed, MAX_PAYLOAD, 64).keyed
