@@ -280,8 +280,8 @@ async def postgres_part(args: argparse.Namespace, admin_url: str) -> dict[str, A
             batch = [enqueue_request(i) for i in range(args.batch_size)]
 
             async def enqueue_batch(worker: int, i: int) -> tuple[int, bool]:
-                rows, _ = await store.enqueue_batch(rt(worker, i), batch)
-                return len(rows), True
+                await store.enqueue_batch(rt(worker, i), batch)
+                return len(batch), True
 
             def claimer(slots: int) -> Op:
                 workers, lease = ["capacity-bench"] * slots, [LEASE_SECONDS] * slots

@@ -5,7 +5,8 @@ project's: this file imports nothing from the project. It expects pgqueuer's sch
 be installed already (`pgq install`), and prints one JSON object on stdout:
 
 1. batch enqueue: `--jobs` no-op jobs in calls of `--enqueue-batch` (one connection,
-   one call at a time), timed;
+   one call at a time), timed; job i of a call carries the payload `{"k":0,"i":i}`,
+   the bytes the gateway's batch items carry and store in the same scenario;
 2. drain: `--workers` QueueManagers, each on a connection of its own, in drain mode
    with batch size `--batch-size`, until every job ran (bounded by `--timeout-seconds`);
 3. enqueue-to-start: one QueueManager listening; `--latency-samples` jobs enqueued one
@@ -41,6 +42,12 @@ async def _batch_enqueue(dsn: str, jobs: int, batch: int) -> dict[str, Any]:
     conn = await asyncpg.connect(dsn)
     try:
         queries = Queries(AsyncpgDriver(conn))
+        # The payloads the gateway's batch requests carry ({"k": k, "i": i}, k = 0 for
+        # the one sender), serialized as the gateway stores them, made before the clock
+        # starts: both sides then store the same data.
+        payloads = [
+            json.dumps({"k": 0, "i": i}, separators=(",", ":")).encode() for i in range(batch)
+        ]
         latencies: list[float] = []
         started = time.perf_counter()
         cpu_started = time.process_time()
@@ -48,7 +55,7 @@ async def _batch_enqueue(dsn: str, jobs: int, batch: int) -> dict[str, Any]:
         while done < jobs:
             n = min(batch, jobs - done)
             t0 = time.perf_counter()
-            await queries.enqueue([ENTRYPOINT] * n, [None] * n, [0] * n)
+            await queries.enqueue([ENTRYPOINT] * n, payloads[:n], [0] * n)
             latencies.append(time.perf_counter() - t0)
             done += n
         seconds = time.perf_counter() - started

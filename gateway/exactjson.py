@@ -21,8 +21,11 @@ from .errors import BadRequest, ValidationFailed
 
 # A run of 16 digits (dots allowed inside) or an exponent of 3 digits: the only
 # spellings a double may not carry exactly. Matches inside strings just take the
-# slower exact path.
-_RISKY = re.compile(rb"\d[\d.]{15}|[eE][+-]?\d{3}")
+# slower exact path. Looked for as substrings of the body with every digit and dot
+# written as 0: a superset of what the pattern `\d[\d.]{15}|[eE][+-]?\d{3}` matches
+# (a run of dots, or `e.12`, also takes the exact path), found in a tenth of its time.
+_AS_ZEROS = bytes.maketrans(b"123456789.", b"0000000000")
+_RISKY_RUNS = (b"0" * 16, b"e000", b"E000", b"e+000", b"E+000", b"e-000", b"E-000")
 _INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
 # A UTF-16 surrogate left alone by the standard library's parser ("\ud800").
 _SURROGATE = re.compile("[\\ud800-\\udfff]")
@@ -96,7 +99,7 @@ def expansion(text: str, value: Any) -> int:
     """How many characters longer `value` (serialized as `text`) comes back from
     Postgres, which writes every number out in full. 0 when no number in `text` has an
     exponent (the usual case, found without walking the value)."""
-    if not _EXPONENT.search(text):
+    if ("e" not in text and "E" not in text) or not _EXPONENT.search(text):
         return 0
     extra = 0
     stack = [value]
@@ -111,6 +114,12 @@ def expansion(text: str, value: Any) -> int:
             if "e" in spelled or "E" in spelled:
                 extra += max(0, (written_length(spelled) or 0) - len(spelled))
     return extra
+
+
+def might_be_inexact(raw: bytes) -> bool:
+    """True when the body may hold a number a double does not carry exactly."""
+    zeros = raw.translate(_AS_ZEROS)
+    return any(run in zeros for run in _RISKY_RUNS)
 
 
 def _refuse_constant(name: str) -> None:
@@ -129,7 +138,7 @@ def loads(raw: bytes, max_depth: int) -> Any:
         if "infinity" not in str(exc):
             raise BadRequest(f"request body is not valid JSON: {exc}") from None
     else:
-        if not _RISKY.search(raw):
+        if not might_be_inexact(raw):
             return value
         _check_depth(value, max_depth)  # before the recursive parser below runs
     try:

@@ -39,7 +39,7 @@ from .bodies import MAX_WORKER_ID as MAX_WORKER_ID
 from .bodies import STATUSES as STATUSES
 from .errors import BadRequest, NotFound, PayloadTooLarge, ValidationFailed
 from .rows import TaskRow
-from .schema import EARLIEST, LATEST, Field
+from .schema import EARLIEST, LATEST, json_text
 
 RUNTIME_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 DEFAULT_MAX_DEPTH = 64  # GATEWAY_MAX_JSON_DEPTH
@@ -220,11 +220,11 @@ def _parse_enqueue(
     absent: Mapping[str, Any],
     hash_without_key: bool = True,
 ) -> EnqueueRequest:
-    def read(field: Field) -> Any:
-        return absent[field.name] if body.get(field.name) is None else field.read(body, limits)
-
+    # Each optional field is read only when given (null reads as absent), in the order
+    # that decides which of several bad fields a refusal names.
+    get = body.get
     payload_json = _PAYLOAD.read(body, limits)
-    key = read(_KEY)
+    key = absent["idempotency_key"] if get("idempotency_key") is None else _KEY.read(body, limits)
     if header_key is not None:
         longest = IDEMPOTENCY_KEY_HEADER.max_length
         if not header_key or len(header_key) > (longest or 0):
@@ -235,11 +235,13 @@ def _parse_enqueue(
             raise BadRequest("idempotency_key in the body and the Idempotency-Key header differ")
         key = header_key
     ENQUEUE_BODY.check_exclusive(body)
-    delay = read(_DELAY)
-    run_at = read(_RUN_AT)
-    ttl = read(_TTL)
-    priority = read(_PRIORITY)
-    max_attempts = read(_MAX_ATTEMPTS)
+    delay = absent["delay_seconds"] if get("delay_seconds") is None else _DELAY.read(body, limits)
+    run_at = absent["run_at"] if get("run_at") is None else _RUN_AT.read(body, limits)
+    ttl = absent["ttl_seconds"] if get("ttl_seconds") is None else _TTL.read(body, limits)
+    priority = absent["priority"] if get("priority") is None else _PRIORITY.read(body, limits)
+    max_attempts = (
+        absent["max_attempts"] if get("max_attempts") is None else _MAX_ATTEMPTS.read(body, limits)
+    )
     request_hash = ""
     if key is not None or hash_without_key:
         # Hash the request as understood, so a retry that spells out a default matches.
@@ -327,12 +329,27 @@ def parse_batch(
     items = BATCH_BODY["tasks"].read(body, {})
     limits = _payload_limits(max_payload_bytes, max_depth)
     absent = _absent_values(max_payload_bytes, max_depth)
+    # What an item that gives nothing but its payload reads as, past the payload.
+    plain = (
+        absent["priority"],
+        absent["max_attempts"],
+        absent["run_at"],
+        absent["delay_seconds"] or None,
+        absent["ttl_seconds"],
+        absent["idempotency_key"],
+        "",
+    )
     out = []
     for index, item in enumerate(items):
         try:
             if not isinstance(item, dict):
                 raise ValidationFailed("each task must be a JSON object", field="")
-            out.append(_parse_enqueue(item, None, limits, absent, hash_without_key=False))
+            if len(item) == 1 and "payload" in item:
+                # Nothing but a payload (the usual item): no other field to read.
+                text = json_text("payload", item["payload"], max_payload_bytes, max_depth)
+                out.append(EnqueueRequest(text, *plain))
+            else:
+                out.append(_parse_enqueue(item, None, limits, absent, hash_without_key=False))
         except (ValidationFailed, PayloadTooLarge, BadRequest) as exc:
             inner = exc.extra.get("field")
             field = f"tasks[{index}].{inner}" if inner else f"tasks[{index}]"

@@ -333,32 +333,65 @@ NEW_TASK_JSON = (
     f"""|| ',"updated_at":' || {_json_time("updated_at")} || '}}'"""
 )
 
+# What the batch statements insert, from the unnest()ed columns `i` (ord: the item's
+# place in the request) and the CTE `base`: status, run_at and expires_at as ENQUEUE
+# writes them, created_at a microsecond apart in request order.
+_BATCH_ROW = """CASE WHEN d.run_at > clock_timestamp() THEN 'scheduled' ELSE 'queued' END,
+       i.priority, i.payload, i.max_attempts, d.run_at,
+       d.run_at + make_interval(secs => i.ttl)"""
+_BATCH_CREATED_AT = "base.t + (i.ord - 1) * interval '1 microsecond'"
+_BATCH_DUE = """LATERAL (SELECT COALESCE(i.run_at,
+                                base.t + make_interval(secs => COALESCE(i.delay, 0)))
+                       AS run_at) d"""
+
 # A whole batch in one statement; ids are chosen by the caller so that rows can be
 # matched back to request order. Items whose key already exists are skipped here and
 # looked up with GET_BY_IDEMPOTENCY_KEYS. Items not due yet are stored `scheduled`.
 # Each inserted row comes back as its id and its JSON (NEW_TASK_JSON).
-# An optional column no item sets may be sent as a NULL array: unnest pads it with NULLs.
+# An optional column no item sets may be sent as a NULL array: ROWS FROM pads it with
+# NULLs. Payloads and integers go as ENQUEUE_BATCH_NEW says.
 ENQUEUE_BATCH = f"""
 WITH base AS (SELECT clock_timestamp() AS t)
 INSERT INTO tasks (id, runtime_id, status, priority, payload, max_attempts, run_at,
                    expires_at, idempotency_key, request_hash, created_at)
-SELECT i.id, $1, CASE WHEN d.run_at > clock_timestamp() THEN 'scheduled' ELSE 'queued' END,
-       i.priority, i.payload::jsonb, i.max_attempts, d.run_at,
-       d.run_at + make_interval(secs => i.ttl), i.idempotency_key,
-       i.request_hash, base.t + (i.ord - 1) * interval '1 microsecond'
+SELECT i.id, $1, {_BATCH_ROW}, i.idempotency_key, i.request_hash, {_BATCH_CREATED_AT}
   FROM base,
-       unnest($2::uuid[], $3::int[], $4::text[], $5::int[], $6::timestamptz[],
-              $7::float8[], $8::float8[], $9::text[], $10::text[])
+       ROWS FROM (unnest($2::uuid[]), unnest($3::text::int[]), jsonb_array_elements($4::jsonb),
+                  unnest($5::text::int[]), unnest($6::timestamptz[]), unnest($7::float8[]),
+                  unnest($8::float8[]), unnest($9::text[]), unnest($10::text[]))
        WITH ORDINALITY
        AS i(id, priority, payload, max_attempts, run_at, delay, ttl, idempotency_key,
             request_hash, ord),
-       LATERAL (SELECT COALESCE(i.run_at, base.t + make_interval(secs => COALESCE(i.delay, 0)))
-                       AS run_at) d
+       {_BATCH_DUE}
  -- Keys in one order for every batch, so that two batches sharing keys wait for each
  -- other instead of deadlocking; created_at keeps the request's order (FIFO).
  ORDER BY i.idempotency_key NULLS LAST, i.ord
 ON CONFLICT (runtime_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, {NEW_TASK_JSON} AS task_json
+"""
+
+# A batch without idempotency keys: nothing can conflict, so every item is inserted,
+# with an id Postgres picks, and the answer is one row: how many, and the new tasks'
+# JSON objects (NEW_TASK_JSON) joined by commas in request order (created_at order).
+# Payloads come as one JSON array ($3) and the integer columns as array literals
+# ($2, $4): one string each for the driver to encode, which it does for a 1,000-item
+# array element by element (0.3 to 0.45 ms each, measured), and one row to decode
+# instead of 1,000.
+ENQUEUE_BATCH_NEW = f"""
+WITH base AS (SELECT clock_timestamp() AS t),
+new AS (
+INSERT INTO tasks (runtime_id, status, priority, payload, max_attempts, run_at,
+                   expires_at, created_at)
+SELECT $1, {_BATCH_ROW}, {_BATCH_CREATED_AT}
+  FROM base,
+       ROWS FROM (unnest($2::text::int[]), jsonb_array_elements($3::jsonb),
+                  unnest($4::text::int[]), unnest($5::timestamptz[]), unnest($6::float8[]),
+                  unnest($7::float8[]))
+       WITH ORDINALITY AS i(priority, payload, max_attempts, run_at, delay, ttl, ord),
+       {_BATCH_DUE}
+RETURNING created_at, {NEW_TASK_JSON} AS task_json
+)
+SELECT count(*)::int AS n, string_agg(task_json, ',' ORDER BY created_at) AS tasks FROM new
 """
 
 GET_BY_IDEMPOTENCY_KEYS = f"""

@@ -187,7 +187,7 @@ async def enqueue_batch(request: Request, gw: Gateway) -> Response:
         await read_json(request, gw), gw.settings.max_payload_bytes, gw.settings.max_json_depth
     )
     tasks, all_replayed = await gw.store.enqueue_batch(runtime_id, reqs)
-    body = {"tasks": [orjson.Fragment(task) for task in tasks]}
+    body = {"tasks": orjson.Fragment(tasks)}
     if all_replayed:
         return json_response(body, 200, {"Idempotent-Replayed": "true"})
     await gw.claimer.announce(runtime_id)  # one bump for the whole batch

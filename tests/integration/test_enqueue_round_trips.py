@@ -64,8 +64,8 @@ async def test_single_and_keyless_batch_enqueues_are_one_statement(
     rows, replayed = await store.enqueue_batch(
         runtime_id, [item(1), item(2, delay_seconds=60), item(3, priority=90)]
     )
-    assert seen == [q.ENQUEUE_BATCH]
-    tasks = [orjson.loads(row) for row in rows]
+    assert seen == [q.ENQUEUE_BATCH_NEW]
+    tasks = orjson.loads(rows)
     assert [t["priority"] for t in tasks] == [50, 50, 90], "not in request order"
     assert [t["status"] for t in tasks] == ["queued"] * 3 and replayed is False
     stored = await store.run(
@@ -90,11 +90,13 @@ async def test_a_batch_with_keys_is_all_or_nothing(
     assert len(rows) == 1, "a refused batch left rows behind"
 
 
+@pytest.mark.parametrize("keyed", [False, True], ids=["without-keys", "with-keys"])
 async def test_a_new_tasks_json_from_postgres_is_the_one_models_writes(
-    store: Store, runtime_id: str
+    store: Store, runtime_id: str, keyed: bool
 ) -> None:
     # queries.NEW_TASK_JSON writes a batch's new tasks in SQL: byte for byte what
-    # models.task_bytes makes of the stored row, for every field a new task can carry.
+    # models.task_bytes makes of the stored row, for every field a new task can carry,
+    # through either batch statement (ENQUEUE_BATCH_NEW without keys, ENQUEUE_BATCH).
     items = [
         item({"b": [1, 2.5, 'é\u0001"x'], "a": None}),
         item(None, priority=0, max_attempts=1),
@@ -103,6 +105,8 @@ async def test_a_new_tasks_json_from_postgres_is_the_one_models_writes(
         item(0.1, ttl_seconds=1.5),
         item([], run_at="1970-01-01T00:00:00Z", ttl_seconds=86400),
     ]
+    if keyed:
+        items = [r._replace(idempotency_key=f"k{n}") for n, r in enumerate(items)]
     written, _ = await store.enqueue_batch(runtime_id, items)
     stored = await store.run(
         lambda c: c.fetch(
@@ -112,5 +116,5 @@ async def test_a_new_tasks_json_from_postgres_is_the_one_models_writes(
     )
     assert len(stored) == len(items)
     expected = [task_bytes(TaskRow.of(row)).decode() for row in stored]
-    assert written == expected
-    assert orjson.loads(written[5])["status"] == "expired"  # its ttl ran out in 1970
+    assert written == "[" + ",".join(expected) + "]"
+    assert orjson.loads(written)[5]["status"] == "expired"  # its ttl ran out in 1970

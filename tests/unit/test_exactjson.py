@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway import exactjson
 from gateway.errors import BadRequest, ValidationFailed
@@ -129,3 +132,19 @@ def test_numbers_too_long_written_out_cannot_be_written(number: str) -> None:
     value = exactjson.loads(f"[{number}]".encode(), 64)
     with pytest.raises(ValueError, match="digits written out"):
         exactjson.dumps(value)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet="0123456789.eE+-x ", max_size=40))
+def test_every_spelling_the_risky_pattern_matches_takes_the_exact_path(text: str) -> None:
+    # The substring test stands in for this pattern; it may flag more, never less.
+    pattern = re.compile(rb"\d[\d.]{15}|[eE][+-]?\d{3}")
+    raw = text.encode()
+    if pattern.search(raw):
+        assert exactjson.might_be_inexact(raw)
+
+
+@pytest.mark.parametrize("number", ["1e+400", "1E-400", "2.5e308", "12345678.12345678"])
+def test_risky_spellings_are_flagged(number: str) -> None:
+    assert exactjson.might_be_inexact(f'{{"a": [{number}]}}'.encode())
+    assert not exactjson.might_be_inexact(b'{"a": [1e30, 123456789012345, 0.25]}')

@@ -564,3 +564,43 @@ def test_a_batch_item_hashes_as_a_single_enqueue_when_it_has_a_key() -> None:
     assert items[0].request_hash == enqueue(keyed).request_hash
     assert len(items[0].request_hash) == 64
     assert items[1].idempotency_key is None and items[1].request_hash == ""
+
+
+BATCH_ITEMS: list[Any] = [
+    {"payload": None},
+    {"payload": {"k": 0, "i": 1}},
+    {"payload": [models.exactjson.ExactNumber("1e400"), "é", {"b": 1, "a": 2}]},
+    {"payload": "x", "priority": None, "run_at": None},
+    {"payload": 3, "priority": 9, "ttl_seconds": 60, "delay_seconds": 1.5},
+    {"payload": 4, "run_at": "2030-01-01T00:00:00Z", "max_attempts": 2, "other": 1},
+]
+
+
+def test_batch_items_read_as_single_enqueues_without_a_hash() -> None:
+    # Items with a payload alone take a shorter path; they must read the same.
+    parsed = models.parse_batch({"tasks": BATCH_ITEMS}, MAX_PAYLOAD)
+    assert parsed == [enqueue(item)._replace(request_hash="") for item in BATCH_ITEMS]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"payload": "\x00"},
+        {"payload": "x" * 200},
+        {"payload": nested(65)},
+        {"payload": models.exactjson.ExactNumber("9e4300")},
+        {"priority": 3},
+        {"payload": 1, "priority": 5000, "max_attempts": 0, "run_at": "soon"},
+        {"payload": 1, "delay_seconds": 5, "run_at": "2030-01-01T00:00:00Z"},
+        {"payload": 1, "idempotency_key": ""},
+    ],
+)
+def test_a_bad_batch_item_is_refused_as_the_single_enqueue_is_naming_its_index(bad: Any) -> None:
+    with pytest.raises((ValidationFailed, PayloadTooLarge)) as single:
+        models.parse_enqueue(bad, None, 100)
+    items = [{"payload": i} for i in range(5)] + [bad, {"payload": "after"}]
+    with pytest.raises(type(single.value)) as batch:
+        models.parse_batch({"tasks": items}, 100)
+    assert batch.value.detail == f"tasks[5]: {single.value.detail}"
+    assert batch.value.extra["field"] == f"tasks[5].{single.value.extra['field']}"
+    assert batch.value.extra["index"] == 5
