@@ -498,6 +498,9 @@ async def claim_throughput(
     SAMPLES[f"{result.scenario}/{result.cache}"] = list(st.claim_to_done)
     pg_claims = client.delta(before, after, client.PG_CLAIMS)
     pg_completes = client.delta(before, after, client.PG_COMPLETES)
+    pg_claim_seconds = client.seconds_delta(before, after, client.PG_CLAIM_SECONDS)
+    long_poll_seconds = client.seconds_delta(before, after, client.LONG_POLL_SECONDS)
+    long_polls = client.delta(before, after, client.LONG_POLLS)
     result.numbers = {
         "pollers": opts.pollers,
         "runtimes": opts.runtimes,
@@ -531,6 +534,15 @@ async def claim_throughput(
         # Statements that served the completes or batch acknowledgements (grouped).
         "pg_complete_statements": pg_completes,
         "pg_complete_statements_per_task": ratio(pg_completes, completed),
+        # The share of the claim phase a claim statement was running (summed over
+        # statements): one runtime has one in flight per process at a time (I9), so
+        # near 1 the claims pace the drain.
+        "pg_claim_busy": None
+        if (busy := ratio(pg_claim_seconds, claim_seconds)) is None
+        else round(busy, 3),
+        "pg_claim_mean_ms": ms(ratio(pg_claim_seconds, pg_claims or 0)),
+        # A claim's time in the gateway, from its arrival to its answer.
+        "claim_in_gateway_mean_ms": ms(ratio(long_poll_seconds, long_polls or 0)),
         "verdict_hits": client.delta(before, after, client.VERDICT_HIT),
         "verdict_misses": client.delta(before, after, client.VERDICT_MISS),
         "leases_returned": client.delta(before, after, client.LEASES_RETURNED),
