@@ -139,7 +139,17 @@ def delta(before: dict[str, float], after: dict[str, float], key: str) -> int | 
     return int(after.get(key, 0.0) - before.get(key, 0.0))
 
 
+def seconds_delta(before: dict[str, float], after: dict[str, float], key: str) -> float | None:
+    """How much a histogram's sum of seconds grew; None when a scrape is missing."""
+    if not before or not after:
+        return None
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
 PG_CLAIMS = "gateway_postgres_claims_total"
+PG_CLAIM_SECONDS = "gateway_postgres_claim_seconds_sum"
+LONG_POLL_SECONDS = "gateway_long_poll_wait_seconds_sum"
+LONG_POLLS = "gateway_long_poll_wait_seconds_count"
 PG_COMPLETES = "gateway_complete_statements_total"
 VERDICT_HIT = 'gateway_verdict_checks_total{outcome="hit"}'
 VERDICT_MISS = 'gateway_verdict_checks_total{outcome="miss"}'

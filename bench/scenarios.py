@@ -284,28 +284,53 @@ async def _daemon(
     deadline: float,
     st: ThroughputState,
 ) -> None:
-    """One simulated daemon: long-poll for a batch, complete it (concurrently), repeat."""
+    """One simulated daemon: long-poll for a batch, acknowledge it (one complete per
+    task, concurrently, or one batch acknowledgement), and claim the next batch without
+    waiting for the answer, as the client's worker loop does. At most one batch's
+    acknowledgement is in flight: the next waits for the previous one's answer."""
     path = f"/v1/runtimes/{runtime}/claim"
-    while not st.stop.is_set():
-        remaining = deadline - time.perf_counter()
-        if remaining < MIN_WAIT_SECONDS:
-            return
-        # Never wait past the deadline, so that no lease is handed to a cancelled poll.
-        wait = round(min(opts.wait_seconds, remaining), 3)
-        body = {"worker_id": worker, "wait_seconds": wait, "max_tasks": opts.max_tasks}
-        started = time.perf_counter()
-        got = await api.post(path, body, st.claims, seconds=wait + 30.0)
-        if got is None or got[0] != 200:
-            await asyncio.sleep(RETRY_PAUSE_SECONDS)
-            continue
-        tasks = (got[1] or {}).get("tasks") or []
-        if not tasks:
-            st.empty_claims += 1
-            continue
-        if getattr(opts, "batch_ack", False):
-            await _complete_batch(api, tasks, started, st)
-        else:
-            await asyncio.gather(*(_complete(api, t, started, st) for t in tasks))
+    acking: asyncio.Task[None] | None = None
+    try:
+        while not st.stop.is_set():
+            remaining = deadline - time.perf_counter()
+            if remaining < MIN_WAIT_SECONDS:
+                break
+            # Never wait past the deadline, so that no lease is handed to a cancelled poll.
+            wait = round(min(opts.wait_seconds, remaining), 3)
+            body = {"worker_id": worker, "wait_seconds": wait, "max_tasks": opts.max_tasks}
+            started = time.perf_counter()
+            got = await api.post(path, body, st.claims, seconds=wait + 30.0)
+            if got is None or got[0] != 200:
+                await asyncio.sleep(RETRY_PAUSE_SECONDS)
+                continue
+            tasks = (got[1] or {}).get("tasks") or []
+            if not tasks:
+                st.empty_claims += 1
+                continue
+            if acking is not None:
+                await acking
+            acking = asyncio.create_task(_acknowledge(api, opts, tasks, started, st))
+        if acking is not None:
+            await acking
+    finally:
+        # Cancelled (all done, a stall, the hard deadline): no orphan request.
+        if acking is not None and not acking.done():
+            acking.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await acking
+
+
+async def _acknowledge(
+    api: Api,
+    opts: argparse.Namespace,
+    tasks: list[dict[str, Any]],
+    claimed_at: float,
+    st: ThroughputState,
+) -> None:
+    if getattr(opts, "batch_ack", False):
+        await _complete_batch(api, tasks, claimed_at, st)
+    else:
+        await asyncio.gather(*(_complete(api, t, claimed_at, st) for t in tasks))
 
 
 async def _database_counts(database_url: str) -> dict[str, Any]:
@@ -324,9 +349,10 @@ async def _database_counts(database_url: str) -> dict[str, Any]:
 
 
 def _connections(opts: argparse.Namespace) -> int:
-    """Room for every request a daemon has in flight at once: its claim, and then one
-    complete per task of its batch (or one batch acknowledgement). With fewer, the
-    completes queue for a connection in the load generator, not in the gateway."""
+    """Room for every request a daemon has in flight at once: its claim for the next
+    batch, beside the acknowledgement of the last (one complete per task of a batch, or
+    one batch acknowledgement). With fewer, the completes queue for a connection in the
+    load generator, not in the gateway."""
     per_daemon = 2 if getattr(opts, "batch_ack", False) else 1 + opts.max_tasks
     return max(opts.pollers * per_daemon, opts.enqueue_concurrency) + 10
 
@@ -472,6 +498,9 @@ async def claim_throughput(
     SAMPLES[f"{result.scenario}/{result.cache}"] = list(st.claim_to_done)
     pg_claims = client.delta(before, after, client.PG_CLAIMS)
     pg_completes = client.delta(before, after, client.PG_COMPLETES)
+    pg_claim_seconds = client.seconds_delta(before, after, client.PG_CLAIM_SECONDS)
+    long_poll_seconds = client.seconds_delta(before, after, client.LONG_POLL_SECONDS)
+    long_polls = client.delta(before, after, client.LONG_POLLS)
     result.numbers = {
         "pollers": opts.pollers,
         "runtimes": opts.runtimes,
@@ -505,6 +534,15 @@ async def claim_throughput(
         # Statements that served the completes or batch acknowledgements (grouped).
         "pg_complete_statements": pg_completes,
         "pg_complete_statements_per_task": ratio(pg_completes, completed),
+        # The share of the claim phase a claim statement was running (summed over
+        # statements): one runtime has one in flight per process at a time (I9), so
+        # near 1 the claims pace the drain.
+        "pg_claim_busy": None
+        if (busy := ratio(pg_claim_seconds, claim_seconds)) is None
+        else round(busy, 3),
+        "pg_claim_mean_ms": ms(ratio(pg_claim_seconds, pg_claims or 0)),
+        # A claim's time in the gateway, from its arrival to its answer.
+        "claim_in_gateway_mean_ms": ms(ratio(long_poll_seconds, long_polls or 0)),
         "verdict_hits": client.delta(before, after, client.VERDICT_HIT),
         "verdict_misses": client.delta(before, after, client.VERDICT_MISS),
         "leases_returned": client.delta(before, after, client.LEASES_RETURNED),

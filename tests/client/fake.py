@@ -1,5 +1,6 @@
-"""An in-memory gateway for the worker loop's unit tests: a queue, leases, cancels,
-scripted failures, and a record of every call with its (monotonic) time."""
+"""An in-memory gateway for the worker loop's unit tests: a queue, leases (lapsing, if
+asked), cancels, scripted failures, completions held unanswered, and a record of every
+call with its (monotonic) time."""
 
 from __future__ import annotations
 
@@ -46,6 +47,14 @@ class FakeGateway:
     complete_many_errors: list[Exception] = field(default_factory=list)
     # An older gateway: the batch calls' path is unknown (404 for the whole request).
     no_batch_calls: bool = False
+    # While this event is unset, completions (single or batch) are received but not
+    # answered: `held` has the task ids in flight, `most_held` the most at once.
+    hold: asyncio.Event | None = None
+    held: set[str] = field(default_factory=set)
+    most_held: int = 0
+    # Leases lapse lease_seconds after their claim or last heartbeat, as the gateway's do.
+    expire_leases: bool = False
+    expires: dict[str, float] = field(default_factory=dict)
 
     def add(self, *payloads: Any) -> list[Task]:
         tasks = [make_task(p) for p in payloads]
@@ -77,13 +86,29 @@ class FakeGateway:
         for task in self.queue[:max_tasks]:
             lease = f"lease-{next(_ids)}"
             self.leases[task.id] = lease
+            self.expires[task.id] = time.monotonic() + (lease_seconds or 60)
             out.append(replace(task, status="claimed", lease_id=lease, attempts=task.attempts + 1))
         del self.queue[:max_tasks]
         return out
 
     def _check(self, task_id: str, lease_id: str) -> None:
-        if task_id in self.lost or self.leases.get(task_id) != lease_id:
+        lapsed = self.expire_leases and time.monotonic() > self.expires.get(task_id, 0.0)
+        if task_id in self.lost or self.leases.get(task_id) != lease_id or lapsed:
             raise LeaseLost("lease lost", status=409)
+
+    def _extend(self, task_id: str, lease_seconds: int | None) -> None:
+        self.expires[task_id] = time.monotonic() + (lease_seconds or 60)
+
+    async def _held(self, task_ids: list[str]) -> None:
+        """Keeps these completions unanswered while `hold` is unset."""
+        if self.hold is None or self.hold.is_set():
+            return
+        self.held.update(task_ids)
+        self.most_held = max(self.most_held, len(self.held))
+        try:
+            await self.hold.wait()
+        finally:
+            self.held.difference_update(task_ids)
 
     async def heartbeat(
         self, task_id: str, lease_id: str, lease_seconds: int | None = None
@@ -92,6 +117,7 @@ class FakeGateway:
         if self.heartbeat_errors:
             raise self.heartbeat_errors.pop(0)
         self._check(task_id, lease_id)
+        self._extend(task_id, lease_seconds)
         task = replace(make_task(), id=task_id, status="claimed", lease_id=lease_id)
         return replace(task, cancel_requested=task_id in self.cancelled)
 
@@ -104,6 +130,7 @@ class FakeGateway:
         return replace(make_task(), id=task_id, status=status)
 
     async def complete(self, task_id: str, lease_id: str, result: Any = None) -> Task:
+        await self._held([task_id])
         status = "cancelled" if task_id in self.cancelled else "completed"
         return await self._finish("complete", task_id, lease_id, status, result=result)
 
@@ -132,6 +159,7 @@ class FakeGateway:
             raise NotFound("POST /v1/tasks:complete: Not Found", status=404)
         if self.complete_many_errors:
             raise self.complete_many_errors.pop(0)
+        await self._held([i.task_id for i in items])
         out = []
         for i in items:
             try:
@@ -156,6 +184,7 @@ class FakeGateway:
             except LeaseLost:
                 out.append(ItemOutcome(i.task_id, "lease_lost", problem={"code": "lease_lost"}))
                 continue
+            self._extend(i.task_id, i.lease_seconds)
             flagged = i.task_id in self.cancelled
             out.append(ItemOutcome(i.task_id, "extended", cancel_requested=flagged))
         return out

@@ -2,24 +2,32 @@
 heartbeat each lease, and report each outcome.
 
 - A claim asks only for free slots (`max_tasks` = free slots, at most
-  `max_tasks_per_poll`), and only when a slot is free.
-- Each lease is heartbeated about every third of its length; with `concurrency` > 1,
-  every held lease in one request (`heartbeat_many`). A heartbeat answering
-  `cancel_requested` cancels the handler and releases the task, which the gateway then
-  ends `cancelled`; `lease_lost` cancels the handler and reports nothing, since the
-  task may already be another daemon's.
+  `max_tasks_per_poll`), and only when a slot is free. A task holds a slot while its
+  handler runs; once the handler has finished and its outcome is handed to the
+  reporter, the slot is free, so the next claim goes out while that report is in
+  flight.
+- Reports in flight (handed over, queued or sent, not yet answered) are at most
+  `concurrency`: a finished handler waits for room, keeping its slot, so the leases
+  held never exceed 2 x `concurrency`.
+- Each lease is heartbeated about every third of its length, from its claim until its
+  report is answered (a report waiting for room or for its answer never lets the lease
+  lapse); with `concurrency` > 1, every held lease in one request (`heartbeat_many`).
+  While the handler runs, a heartbeat answering `cancel_requested` cancels it and
+  releases the task, which the gateway then ends `cancelled`; `lease_lost` cancels it
+  and reports nothing, since the task may already be another daemon's. Once the
+  handler has finished, the report's own answer says how the task ended.
 - A handler's return value completes the task; its exception fails it (type, message
   and the end of the traceback, bounded), retryable unless it is `TaskFailed(retry=False)`.
 - With `concurrency` > 1, completions are gathered and sent together
   (`complete_many`): as soon as no other handler is still running, else after
-  `complete_window_seconds`, a fraction of a lease that a heartbeat renewed at most a
-  third of a lease ago, so that no completion waits past its lease. A gateway without
-  the batch endpoints (404 or 405 for the whole request) gets single calls instead.
+  `complete_window_seconds`, at most a sixth of a lease. A gateway without the batch
+  endpoints (404 or 405 for the whole request) gets single calls instead.
 - Errors and network failures back off with full jitter, at least as long as a
   `Retry-After` says; the loop never spins.
 - `stop()` (SIGTERM, SIGINT) stops claiming at once and lets running handlers finish
   within `grace_seconds`; what still runs then is cancelled and released. A second
-  `stop()` does that at once.
+  `stop()` does that at once. Either way `run()` returns only once every report in
+  flight is answered (or has given up retrying), so nothing is dropped on SIGTERM.
 """
 
 from __future__ import annotations
@@ -173,8 +181,15 @@ class Worker:
         self.options = options or WorkerOptions()
         self.outcomes: Counter[Outcome] = Counter()
         self._backoff = backoff or Backoff()
+        # Every held task, from its claim until its report is answered.
         self._running: dict[str, asyncio.Task[None]] = {}
         self._runs: dict[str, _Running] = {}
+        # The tasks holding a slot: their handler runs, or waits for room to report.
+        self._slots: set[str] = set()
+        # Room among the reports in flight, so that they and the leases they hold stay
+        # bounded however fast handlers finish.
+        self._report_room = asyncio.Semaphore(self.options.concurrency)
+        self._reports_in_flight = 0
         self._stopping = asyncio.Event()
         self._forced = asyncio.Event()
         self._slot_freed = asyncio.Event()
@@ -186,7 +201,14 @@ class Worker:
 
     @property
     def running(self) -> int:
-        return len(self._running)
+        """Tasks holding a slot: their handler runs, or has finished and waits for
+        room among the reports in flight."""
+        return len(self._slots)
+
+    @property
+    def reporting(self) -> int:
+        """Outcomes handed to the reporter and not yet answered (queued or sent)."""
+        return self._reports_in_flight
 
     def stop(self) -> None:
         """First call: claim no more, let handlers finish within grace_seconds.
@@ -196,10 +218,12 @@ class Worker:
             self._forced.set()
         else:
             log.info(
-                "runtime=%s stopping: no more claims; waiting up to %gs for %d task(s)",
+                "runtime=%s stopping: no more claims; waiting up to %gs for %d task(s), "
+                "then for %d report(s) in flight",
                 self.runtime,
                 self.options.grace_seconds,
                 self.running,
+                self.reporting,
             )
             self._stopping.set()
 
@@ -238,7 +262,7 @@ class Worker:
     async def _claim_loop(self) -> None:
         opts = self.options
         while not self._stopping.is_set():
-            free = opts.concurrency - len(self._running)
+            free = opts.concurrency - len(self._slots)
             if free <= 0:
                 self._slot_freed.clear()
                 await self._until_stopped(self._slot_freed.wait())
@@ -299,13 +323,19 @@ class Worker:
         job = asyncio.create_task(self._process(run), name=f"task-{task.id}")
         self._running[task.id] = job
         self._runs[task.id] = run
+        self._slots.add(task.id)
 
         def finished(_: asyncio.Task[None]) -> None:
             self._running.pop(task.id, None)
             self._runs.pop(task.id, None)
-            self._slot_freed.set()
+            self._free_slot(task.id)
 
         job.add_done_callback(finished)
+
+    def _free_slot(self, task_id: str) -> None:
+        if task_id in self._slots:
+            self._slots.discard(task_id)
+            self._slot_freed.set()
 
     # -- one task ----------------------------------------------------------------
 
@@ -314,18 +344,21 @@ class Worker:
         # Batching: _heartbeat_all extends every held lease, this one's included.
         beat = None if self._batching else asyncio.create_task(self._heartbeat(run))
         try:
-            await asyncio.wait({run.handler})
+            try:
+                await asyncio.wait({run.handler})
+            finally:
+                if not run.handler.done():  # this job itself was cancelled: no report
+                    run.handler.cancel()
+                    with contextlib.suppress(BaseException):
+                        await run.handler
+                self._handler_done.set()
+            outcome, status = await self._hand_over(run)
         finally:
+            # Only now: the lease is held until the report is answered.
             if beat is not None:
                 beat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await beat
-            if not run.handler.done():  # this job itself was cancelled: no report
-                run.handler.cancel()
-                with contextlib.suppress(BaseException):
-                    await run.handler
-            self._handler_done.set()
-        outcome, status = await self._report(run)
         self.outcomes[outcome] += 1
         duration = time.monotonic() - run.started
         log.info(
@@ -349,13 +382,18 @@ class Worker:
         return await self.handler(task)
 
     def _interrupt(self, run: _Running, why: Interrupt) -> None:
+        """Cancels a running handler. A finished one's outcome is already decided and
+        its report's answer says how the task ended, so it is left alone."""
+        if run.handler.done():
+            return
         if run.interrupt is None:
             run.interrupt = why
         run.handler.cancel()
 
     async def _heartbeat(self, run: _Running) -> None:
-        """Extends the lease every third of its length; cancels the handler on a
-        requested cancel or a lost lease. Failed heartbeats are retried sooner."""
+        """Extends the lease every third of its length until cancelled (once the report
+        is answered); cancels a running handler on a requested cancel or a lost lease.
+        Failed heartbeats are retried sooner."""
         lease = self.options.lease_seconds
         interval = lease / 3
         backoff = Backoff(base_seconds=min(0.5, interval / 4), cap_seconds=interval)
@@ -374,7 +412,7 @@ class Worker:
                 continue
             backoff.reset()
             delay = interval
-            if answer.cancel_requested:
+            if answer.cancel_requested and not run.handler.done():
                 self._interrupt(run, Interrupt.CANCEL_REQUESTED)
                 return
 
@@ -404,11 +442,22 @@ class Worker:
             retry_after_seconds=failed.retry_after_seconds,
         )
 
-    async def _report(self, run: _Running) -> tuple[Outcome, str]:
-        """Tells the gateway how the task ended, retrying transient errors for a while.
-        A lost lease is not reported: the task may be another daemon's by now."""
+    async def _hand_over(self, run: _Running) -> tuple[Outcome, str]:
+        """Frees the task's slot once there is room among the reports in flight, then
+        reports. A lost lease is not reported: the task may be another daemon's by now."""
         if run.interrupt is Interrupt.LEASE_LOST:
+            self._free_slot(run.task.id)
             return Outcome.LEASE_LOST, "-"
+        async with self._report_room:
+            self._free_slot(run.task.id)
+            self._reports_in_flight += 1
+            try:
+                return await self._report(run)
+            finally:
+                self._reports_in_flight -= 1
+
+    async def _report(self, run: _Running) -> tuple[Outcome, str]:
+        """Tells the gateway how the task ended, retrying transient errors for a while."""
         handler = run.handler
         if self._batching and not handler.cancelled() and handler.exception() is None:
             waiting = _Completion(
@@ -422,16 +471,17 @@ class Worker:
     # -- batches (concurrency > 1) -------------------------------------------------
 
     async def _heartbeat_all(self) -> None:
-        """Every third of a lease, extends every lease whose handler still runs, in one
-        request; interrupts the handlers whose lease is lost or whose task is to be
-        cancelled. A failed request is retried sooner."""
+        """Every third of a lease, extends every held lease (its handler running, or its
+        report not yet answered) in one request; interrupts the running handlers whose
+        lease is lost or whose task is to be cancelled. A failed request is retried
+        sooner."""
         lease = self.options.lease_seconds
         interval = lease / 3
         backoff = Backoff(base_seconds=min(0.5, interval / 4), cap_seconds=interval)
         delay = interval
         while True:
             await asyncio.sleep(delay)
-            runs = [r for r in self._runs.values() if not r.handler.done()]
+            runs = list(self._runs.values())
             if not runs:
                 delay = interval
                 continue
@@ -491,8 +541,9 @@ class Worker:
         return True
 
     def _window(self) -> float:
-        """How long a completion may wait for company. A lease was last extended at
-        most a third of its length ago, so a sixth leaves half of it untouched."""
+        """How long a completion may wait for company: at most a sixth of a lease, so
+        that waiting for company never costs a lease's worth of latency (the lease
+        itself is heartbeated until the answer)."""
         return min(self.options.complete_window_seconds, self.options.lease_seconds / 6)
 
     def _ready(self) -> bool:
@@ -587,8 +638,9 @@ class Worker:
     # -- stopping ----------------------------------------------------------------
 
     async def _drain(self) -> None:
-        """Waits for running handlers until grace_seconds pass or stop() comes again,
-        then cancels what still runs; each of those is released."""
+        """Waits for running handlers and reports in flight until grace_seconds pass
+        or stop() comes again, then cancels the handlers that still run (each of those
+        is released) and waits for every report to be answered."""
         if self._running:
             everything = asyncio.ensure_future(asyncio.wait(set(self._running.values())))
             forced = asyncio.ensure_future(self._forced.wait())
