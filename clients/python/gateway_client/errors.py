@@ -136,6 +136,14 @@ class StoreUnavailable(GatewayError):
     retryable = True
 
 
+class DatabaseBusy(StoreUnavailable):
+    """503: every database connection of the instance stayed busy; nothing was done,
+    and the call may be sent again as it is after `retry_after_seconds`."""
+
+    code = "database_busy"
+    retryable = True
+
+
 class CacheUnavailable(GatewayError):
     code = "cache_unavailable"
     retryable = True
@@ -177,6 +185,7 @@ BY_CODE: dict[str, type[GatewayError]] = {
         Overloaded,
         Draining,
         StoreUnavailable,
+        DatabaseBusy,
         CacheUnavailable,
         ConfigError,
         ServerError,
