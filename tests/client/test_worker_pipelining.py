@@ -165,3 +165,32 @@ async def test_a_completion_answered_lease_lost_changes_nothing_else(concurrency
     completed = {t.id for t in second}
     assert {c.args["task_id"] for c in fake.named("complete")} >= completed
     assert not fake.named("release") and not cancelled
+
+
+async def test_a_cancel_requested_task_waiting_for_room_to_report_keeps_its_lease() -> None:
+    """One slot: A's completion is held unanswered, B is claimed meanwhile and a cancel
+    is requested for it. B's release waits for A's report to leave room; B's lease must
+    be heartbeated all that time, or it lapses and the release answers lease_lost."""
+    fake = FakeGateway(hold=asyncio.Event(), expire_leases=True)
+    (a,) = fake.add("a")
+    started = asyncio.Event()
+
+    async def handler(task: Task) -> Any:
+        if task.payload == "b":
+            started.set()
+            await asyncio.sleep(3600)
+        return task.payload
+
+    w = worker(fake, handler, concurrency=1, lease_seconds=3)
+    job = asyncio.create_task(w.run())
+    await until(lambda: a.id in fake.held)
+    (b,) = fake.add("b")
+    await asyncio.wait_for(started.wait(), 5)
+    fake.cancelled.add(b.id)
+    await asyncio.sleep(5)  # past B's 3 s lease, A's completion still held
+    fake.hold.set()
+    await until(lambda: sum(w.outcomes.values()) == 2, within=10)
+    w.stop()
+    await asyncio.wait_for(job, 10)
+    assert w.outcomes[Outcome.COMPLETED] == 1, w.outcomes
+    assert w.outcomes[Outcome.CANCELLED] == 1, w.outcomes

@@ -412,9 +412,10 @@ class Worker:
                 continue
             backoff.reset()
             delay = interval
-            if answer.cancel_requested and not run.handler.done():
+            if answer.cancel_requested and run.interrupt is None:
+                # Beating goes on: the release may wait for room among the reports in
+                # flight, and the lease must hold until it is answered.
                 self._interrupt(run, Interrupt.CANCEL_REQUESTED)
-                return
 
     def _outcome(self, run: _Running) -> tuple[Outcome, Callable[[], Awaitable[Task]]]:
         """What to tell the gateway about a finished handler, and the call that does."""
