@@ -261,8 +261,13 @@ async def stats(request: Request, gw: Gateway) -> Response:
 
 async def claim(request: Request, gw: Gateway) -> Response:
     runtime_id = models.check_runtime_id(request.path_params["rt"])
-    body = await read_json(request, gw)
-    req = models.parse_claim(body, gw.settings.max_wait_seconds, gw.settings.default_lease_seconds)
+    # The decoded body is not kept in this frame: a parked poll would hold it for its
+    # whole wait (about 0.2 KiB of its 15).
+    req = models.parse_claim(
+        await read_json(request, gw),
+        gw.settings.max_wait_seconds,
+        gw.settings.default_lease_seconds,
+    )
     gone = Departure()
     watch = DisconnectWatch(request.receive, gone.set) if req.wait_seconds else None
     try:
