@@ -528,26 +528,20 @@ class Store:
         one row (queries.ENQUEUE_BATCH_NEW). New tasks come back already written by
         Postgres (queries.NEW_TASK_JSON); only replayed ones are read whole."""
         keys = [r.idempotency_key for r in reqs if r.idempotency_key]
-        priorities = _int_array([r.priority for r in reqs])
-        payloads = _json_array([r.payload_json for r in reqs])
-        max_attempts = _int_array([r.max_attempts for r in reqs])
-        run_at = _column([r.run_at for r in reqs])
-        delays = _column([r.delay_seconds for r in reqs])
-        ttls = _column([r.ttl_seconds for r in reqs])
+        # Both statements' item columns, in their parameter order.
+        columns = (
+            _int_array([r.priority for r in reqs]),
+            _json_array([r.payload_json for r in reqs]),
+            _int_array([r.max_attempts for r in reqs]),
+            _column([r.run_at for r in reqs]),
+            _column([r.delay_seconds for r in reqs]),
+            _column([r.ttl_seconds for r in reqs]),
+        )
 
         if not keys:
 
             async def insert_new(c: asyncpg.Connection) -> str:
-                row = await c.fetchrow(
-                    q.ENQUEUE_BATCH_NEW,
-                    runtime_id,
-                    priorities,
-                    payloads,
-                    max_attempts,
-                    run_at,
-                    delays,
-                    ttls,
-                )
+                row = await c.fetchrow(q.ENQUEUE_BATCH_NEW, runtime_id, *columns)
                 if row is None or row["n"] != len(reqs):
                     raise StoreUnavailable("a batch item vanished mid-insert; retry")
                 joined: str = row["tasks"]
@@ -564,12 +558,7 @@ class Store:
                 q.ENQUEUE_BATCH,
                 runtime_id,
                 ids,
-                priorities,
-                payloads,
-                max_attempts,
-                run_at,
-                delays,
-                ttls,
+                *columns,
                 _column([r.idempotency_key for r in reqs]),
                 _column([r.request_hash if r.idempotency_key else None for r in reqs]),
             )
