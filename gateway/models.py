@@ -39,7 +39,7 @@ from .bodies import MAX_WORKER_ID as MAX_WORKER_ID
 from .bodies import STATUSES as STATUSES
 from .errors import BadRequest, NotFound, PayloadTooLarge, ValidationFailed
 from .rows import TaskRow
-from .schema import EARLIEST, LATEST, json_text
+from .schema import EARLIEST, LATEST, Field
 
 RUNTIME_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 DEFAULT_MAX_DEPTH = 64  # GATEWAY_MAX_JSON_DEPTH
@@ -220,11 +220,13 @@ def _parse_enqueue(
     absent: Mapping[str, Any],
     hash_without_key: bool = True,
 ) -> EnqueueRequest:
-    # Each optional field is read only when given (null reads as absent), in the order
-    # that decides which of several bad fields a refusal names.
-    get = body.get
+    def read(field: Field) -> Any:
+        # Read only when given (null reads as absent); the order of the calls below
+        # decides which of several bad fields a refusal names.
+        return absent[field.name] if body.get(field.name) is None else field.read(body, limits)
+
     payload_json = _PAYLOAD.read(body, limits)
-    key = absent["idempotency_key"] if get("idempotency_key") is None else _KEY.read(body, limits)
+    key = read(_KEY)
     if header_key is not None:
         longest = IDEMPOTENCY_KEY_HEADER.max_length
         if not header_key or len(header_key) > (longest or 0):
@@ -235,13 +237,11 @@ def _parse_enqueue(
             raise BadRequest("idempotency_key in the body and the Idempotency-Key header differ")
         key = header_key
     ENQUEUE_BODY.check_exclusive(body)
-    delay = absent["delay_seconds"] if get("delay_seconds") is None else _DELAY.read(body, limits)
-    run_at = absent["run_at"] if get("run_at") is None else _RUN_AT.read(body, limits)
-    ttl = absent["ttl_seconds"] if get("ttl_seconds") is None else _TTL.read(body, limits)
-    priority = absent["priority"] if get("priority") is None else _PRIORITY.read(body, limits)
-    max_attempts = (
-        absent["max_attempts"] if get("max_attempts") is None else _MAX_ATTEMPTS.read(body, limits)
-    )
+    delay = read(_DELAY)
+    run_at = read(_RUN_AT)
+    ttl = read(_TTL)
+    priority = read(_PRIORITY)
+    max_attempts = read(_MAX_ATTEMPTS)
     request_hash = ""
     if key is not None or hash_without_key:
         # Hash the request as understood, so a retry that spells out a default matches.
@@ -329,16 +329,18 @@ def parse_batch(
     items = BATCH_BODY["tasks"].read(body, {})
     limits = _payload_limits(max_payload_bytes, max_depth)
     absent = _absent_values(max_payload_bytes, max_depth)
-    # What an item that gives nothing but its payload reads as, past the payload.
-    plain = (
-        absent["priority"],
-        absent["max_attempts"],
-        absent["run_at"],
-        absent["delay_seconds"] or None,
-        absent["ttl_seconds"],
-        absent["idempotency_key"],
-        "",
-    )
+    # What an item that gives nothing but its payload reads as, past the payload (the
+    # first field), as _parse_enqueue would read it.
+    plain = EnqueueRequest(
+        payload_json="",
+        priority=absent["priority"],
+        max_attempts=absent["max_attempts"],
+        run_at=absent["run_at"],
+        delay_seconds=absent["delay_seconds"] or None,
+        ttl_seconds=absent["ttl_seconds"],
+        idempotency_key=absent["idempotency_key"],
+        request_hash="",
+    )[1:]
     out = []
     for index, item in enumerate(items):
         try:
@@ -346,8 +348,7 @@ def parse_batch(
                 raise ValidationFailed("each task must be a JSON object", field="")
             if len(item) == 1 and "payload" in item:
                 # Nothing but a payload (the usual item): no other field to read.
-                text = json_text("payload", item["payload"], max_payload_bytes, max_depth)
-                out.append(EnqueueRequest(text, *plain))
+                out.append(EnqueueRequest(_PAYLOAD.read(item, limits), *plain))
             else:
                 out.append(_parse_enqueue(item, None, limits, absent, hash_without_key=False))
         except (ValidationFailed, PayloadTooLarge, BadRequest) as exc:
