@@ -91,7 +91,8 @@ def _column(values: list[T]) -> list[T] | None:
 
 
 def _json_array(texts: list[str]) -> str:
-    """JSON texts (checked already) as one JSON array, for jsonb_array_elements()."""
+    """JSON texts (checked already) as one JSON array: a batch statement's payloads
+    (json_array_elements()), or the batch answer."""
     return "[" + ",".join(texts) + "]"
 
 
