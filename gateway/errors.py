@@ -123,10 +123,9 @@ class AlreadyExists(GatewayError):
     code = "already_exists"
 
 
-class Overloaded(GatewayError):
-    """Too many Postgres claims are queued in this process; retry later."""
-
-    code = "overloaded"
+class RetryLater(GatewayError):
+    """An error whose request may be sent again as it is after `retry_after_seconds`,
+    said in the Retry-After header and in the problem body."""
 
     def __init__(self, detail: str, retry_after_seconds: int = 1) -> None:
         super().__init__(detail, retry_after_seconds=retry_after_seconds)
@@ -134,6 +133,12 @@ class Overloaded(GatewayError):
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after_seconds)}
+
+
+class Overloaded(RetryLater):
+    """Too many Postgres claims are queued in this process; retry later."""
+
+    code = "overloaded"
 
 
 class Draining(GatewayError):
@@ -148,14 +153,11 @@ class StoreUnavailable(GatewayError):
     code = "store_unavailable"
 
 
-class DatabaseBusy(StoreUnavailable):
+class DatabaseBusy(RetryLater, StoreUnavailable):
     """Every pooled Postgres connection stayed busy past the acquire timeout. Nothing
     was sent to Postgres; the request may be retried as it is."""
 
     code = "database_busy"
-
-    def headers(self) -> dict[str, str]:
-        return {"Retry-After": "1"}
 
 
 class CacheUnavailable(GatewayError):
