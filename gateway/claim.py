@@ -408,9 +408,13 @@ class Claimer:
 
         Doubt: the setting is off; draining; runtime controls apply (a limit or a pause
         decides who gets work, and the claim counts it); a wake-up is pending (another
-        enqueue's task may be waiting, older or more urgent than this one); or no poll
-        is parked (checked since it arrived, not leaving, no claim in flight for it)."""
+        enqueue's task may be waiting, older or more urgent than this one); every
+        database connection is busy (the reserved poll would wait with the enqueue for
+        one, past its wait_seconds); or no poll is parked (checked since it arrived,
+        not leaving, no claim in flight for it)."""
         if not self._settings.sync_match_enabled or self.draining:
+            return None
+        if not self._store.connection_free():
             return None
         state = self._states.get(runtime_id)
         if state is None or state.woken or state.bumped is not None:

@@ -33,6 +33,11 @@ class ClaimStore(Protocol):
         while `lease_ids` still holds it; idempotent. Returns the ids given back."""
         ...
 
+    def connection_free(self) -> bool:
+        """True when a statement would not wait for a connection (a hint: sync match
+        holds a parked poll for the enqueue's statement only when it is)."""
+        ...
+
 
 class ClaimCache(Protocol):
     """The versioned empty verdict (VerdictCache). Every failure is CacheUnavailable,

@@ -152,11 +152,8 @@ async def enqueue(request: Request, gw: Gateway) -> Response:
         gw.settings.max_payload_bytes,
         gw.settings.max_json_depth,
     )
-    # Sync match: a task due now may go straight to a poll parked here (claim.py). Not
-    # while every database connection is busy: the poll would wait with the enqueue for
-    # one, past its wait_seconds.
-    due_now = req.run_at is None and not req.delay_seconds
-    waiter = gw.claimer.match(runtime_id) if due_now and gw.store.connection_free() else None
+    # Sync match: a task due now may go straight to a poll parked here (claim.py).
+    waiter = gw.claimer.match(runtime_id) if req.run_at is None and not req.delay_seconds else None
     leased = None
     try:
         row, created = await gw.store.enqueue(runtime_id, req, waiter.lease if waiter else None)

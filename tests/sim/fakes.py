@@ -125,6 +125,9 @@ class FakeStore:
             raise StoreUnavailable("injected: the connection died after the commit")
         return rows, due_in
 
+    def connection_free(self) -> bool:
+        return True  # no pool: a statement never waits for a connection
+
     async def unclaim(
         self, task_ids: Sequence[uuid.UUID], lease_ids: Sequence[uuid.UUID]
     ) -> list[uuid.UUID]:

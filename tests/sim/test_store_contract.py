@@ -41,6 +41,9 @@ class Fake:
     ) -> list[uuid.UUID]:
         return await self.store.unclaim(task_ids, lease_ids)
 
+    def connection_free(self) -> bool:
+        return self.store.connection_free()
+
 
 class Real:
     def __init__(self, store: Store) -> None:
@@ -70,6 +73,9 @@ class Real:
         self, task_ids: Sequence[uuid.UUID], lease_ids: Sequence[uuid.UUID]
     ) -> list[uuid.UUID]:
         return await self.store.unclaim(task_ids, lease_ids)
+
+    def connection_free(self) -> bool:
+        return self.store.connection_free()
 
 
 @pytest.fixture(params=["fake", pytest.param("real", marks=pytest.mark.integration)])
