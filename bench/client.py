@@ -132,21 +132,20 @@ async def scrape(
         return {}
 
 
-def delta(before: dict[str, float], after: dict[str, float], key: str) -> int | None:
-    """How much a counter grew; None when a scrape is missing."""
-    if not before or not after:
-        return None
-    return int(after.get(key, 0.0) - before.get(key, 0.0))
-
-
 def seconds_delta(before: dict[str, float], after: dict[str, float], key: str) -> float | None:
-    """How much a histogram's sum of seconds grew; None when a scrape is missing."""
+    """How much a sample grew (a histogram's sum of seconds); None when a scrape is
+    missing."""
     if not before or not after:
         return None
     return after.get(key, 0.0) - before.get(key, 0.0)
 
 
-PG_CLAIMS = "gateway_postgres_claims_total"
+def delta(before: dict[str, float], after: dict[str, float], key: str) -> int | None:
+    """How much a counter grew; None when a scrape is missing."""
+    grew = seconds_delta(before, after, key)
+    return None if grew is None else int(grew)
+
+
 PG_CLAIM_SECONDS = "gateway_postgres_claim_seconds_sum"
 LONG_POLL_SECONDS = "gateway_long_poll_wait_seconds_sum"
 LONG_POLLS = "gateway_long_poll_wait_seconds_count"
