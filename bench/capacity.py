@@ -579,10 +579,10 @@ async def _measure_gateway(
             i = n
             while time.monotonic() < deadline:
                 try:
-                    status = await claim_plain(http, gw, runtimes[i % len(runtimes)])
+                    status = str(await claim_plain(http, gw, runtimes[i % len(runtimes)]))
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     status = type(exc).__name__
-                statuses[str(status)] = statuses.get(str(status), 0) + 1
+                statuses[status] = statuses.get(status, 0) + 1
                 i += args.poll_concurrency
 
         log(f"empty polls: {args.poll_concurrency} loops, {args.phase_seconds:g} s")

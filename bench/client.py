@@ -146,6 +146,7 @@ def delta(before: dict[str, float], after: dict[str, float], key: str) -> int | 
     return None if grew is None else int(grew)
 
 
+PG_CLAIMS = "gateway_postgres_claims_total"
 PG_CLAIM_SECONDS = "gateway_postgres_claim_seconds_sum"
 LONG_POLL_SECONDS = "gateway_long_poll_wait_seconds_sum"
 LONG_POLLS = "gateway_long_poll_wait_seconds_count"

@@ -224,7 +224,7 @@ async def _slow_client(port: int, phase: Phase) -> None:
         writer.close()
 
 
-def answer_size(data: bytes) -> int | None:
+def answer_size(data: bytes | bytearray) -> int | None:
     """The full length of the HTTP answer that `data` begins, once its head is in (the
     gateway always sends Content-Length; an answer without one is an error)."""
     end = data.find(b"\r\n\r\n")

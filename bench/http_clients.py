@@ -68,7 +68,7 @@ async def compare(gw: GatewayProcess, opts: argparse.Namespace) -> None:
     async with httpx.AsyncClient(limits=limits, headers=headers) as hx:
 
         async def httpx_post() -> int:
-            return (await hx.post(url, content=body)).status_code
+            return int((await hx.post(url, content=body)).status_code)
 
         await drive(httpx_post, n, 1.0)  # warm-up: open the connections
         ok, bad = await drive(httpx_post, n, seconds)

@@ -294,11 +294,11 @@ async def scale(opts: argparse.Namespace, servers: Servers, workdir: Path) -> li
                 for op, values in (await _measure(api, opts, tallies)).items():
                     timings[op][rows] = values
                 try:
-                    passes, steps = await _janitor_passes(
+                    passes, pass_steps = await _janitor_passes(
                         db, servers.redis_url, proc.prefix, proc.token, JANITOR_PASSES
                     )
                     timings["janitor pass"][rows] = passes
-                    janitor_steps[rows] = {k: ms(percentile(v, 50)) for k, v in steps.items()}
+                    janitor_steps[rows] = {k: ms(percentile(v, 50)) for k, v in pass_steps.items()}
                 except Exception as exc:
                     notes.append(f"janitor pass on {rows:,} rows: {type(exc).__name__}: {exc}")
             if loaded_history:

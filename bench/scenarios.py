@@ -354,7 +354,7 @@ def _connections(opts: argparse.Namespace) -> int:
     one batch acknowledgement). With fewer, the completes queue for a connection in the
     load generator, not in the gateway."""
     per_daemon = 2 if getattr(opts, "batch_ack", False) else 1 + opts.max_tasks
-    return max(opts.pollers * per_daemon, opts.enqueue_concurrency) + 10
+    return int(max(opts.pollers * per_daemon, opts.enqueue_concurrency)) + 10
 
 
 async def claim_throughput(

@@ -66,7 +66,7 @@ async def via_command(gw: GatewayProcess, client: AsyncClient, opts: argparse.Na
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.wait(), 30)
     await check(client, runtime, opts.tasks)
-    return opts.tasks / (finished - started)
+    return float(opts.tasks / (finished - started))
 
 
 async def via_sdk(gw: GatewayProcess, client: AsyncClient, opts: argparse.Namespace) -> float:
@@ -89,7 +89,7 @@ async def via_sdk(gw: GatewayProcess, client: AsyncClient, opts: argparse.Namesp
             worker.stop()
             await asyncio.wait_for(running, 30)
     await check(client, runtime, opts.tasks)
-    return opts.tasks / (finished - started)
+    return float(opts.tasks / (finished - started))
 
 
 async def check(client: AsyncClient, runtime: str, tasks: int) -> None:
