@@ -263,6 +263,67 @@ async def test_claim_uses_the_claim_index(
     check_claim_plan(nodes, f"{mode}, {which}: {describe(nodes)}", backlog=which == "hot")
 
 
+# A drain's claim: one poll of many slots on a runtime with a backlog. On a table of
+# a few ten thousand rows the planner priced 160 primary-key probes above one pass over
+# the table, and joined the leased rows to it by hashing the whole table.
+WIDE = 160
+
+
+def wide_claim_args(runtime: str) -> tuple[Any, ...]:
+    workers = [f"w{i}" for i in range(WIDE)]
+    return (runtime, workers, [60.0] * WIDE, WIDE + CLAIM_WINDOW)
+
+
+def check_reads_tasks_by_index(nodes: list[dict[str, Any]], shown: str) -> None:
+    assert not [n for n in task_scans(nodes) if n["Node Type"] == "Seq Scan"], shown
+    [update] = [n for n in nodes if n["Node Type"] == "ModifyTable"]
+    assert update["Actual Rows"] == WIDE, shown
+    # Under the UPDATE, tasks is read through its primary key alone, a row per slot.
+    below = subtree(update)
+    assert indexes(below) == {"tasks_pkey"}, shown
+    assert rows_read(below) <= WIDE + 10, (rows_read(below), shown)
+
+
+# Whether the planner prices 160 probes above one pass over the table depends on the
+# table's size on disk, which the tests before (their rows rolled back) grow. With
+# nested loops priced out, it must join the leased rows some other way: the check
+# then holds whatever ran before.
+NO_NESTED_LOOPS = "SET LOCAL enable_nestloop = off"
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("no_loops", [False, True], ids=["planner-defaults", "no-nested-loops"])
+async def test_a_wide_claim_updates_its_rows_by_primary_key(
+    conn: asyncpg.Connection, filled: str, mode: str, no_loops: bool
+) -> None:
+    """160 slots on the runtime with 3,000 queued tasks, in a table of 23,000 rows:
+    the leased rows are found by primary key, never by reading the table, even when
+    the planner may not loop over probes."""
+    if no_loops:
+        await conn.execute(NO_NESTED_LOOPS)
+    nodes = await explain(
+        conn, q.CLAIM, CLAIM_TYPES, wide_claim_args(f"{filled}-hot"), mode, analyze=True
+    )
+    check_reads_tasks_by_index(nodes, f"{mode}: {describe(nodes)}")
+
+
+async def test_the_wide_claim_check_catches_the_join_by_id_alone(
+    conn: asyncpg.Connection, filled: str
+) -> None:
+    """Control: CLAIM with the leased rows joined on `t.id = n.id` alone, as it was,
+    reads the whole table when the planner may not loop over probes, and the check
+    above fails on it."""
+    guard = "\n       AND t.id = ANY (ARRAY(SELECT id FROM picked))"
+    assert guard in q.CLAIM
+    old = q.CLAIM.replace(guard, "")
+    await conn.execute(NO_NESTED_LOOPS)
+    nodes = await explain(
+        conn, old, CLAIM_TYPES, wide_claim_args(f"{filled}-hot"), MODES[0], analyze=True
+    )
+    with pytest.raises(AssertionError):
+        check_reads_tasks_by_index(nodes, describe(nodes))
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("which", ["17", "hot"])
 async def test_next_due_uses_the_scheduled_index(
