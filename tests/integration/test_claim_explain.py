@@ -313,9 +313,9 @@ async def test_the_wide_claim_check_catches_the_join_by_id_alone(
     """Control: CLAIM with the leased rows joined on `t.id = n.id` alone, as it was,
     reads the whole table when the planner may not loop over probes, and the check
     above fails on it."""
-    guard = "\n       AND t.id = ANY (ARRAY(SELECT id FROM picked))"
-    assert guard in q.CLAIM
-    old = q.CLAIM.replace(guard, "")
+    probe = "WHERE t.id = ANY (ARRAY[n.id])"
+    assert probe in q.CLAIM
+    old = q.CLAIM.replace(probe, "WHERE t.id = n.id")
     await conn.execute(NO_NESTED_LOOPS)
     nodes = await explain(
         conn, old, CLAIM_TYPES, wide_claim_args(f"{filled}-hot"), MODES[0], analyze=True
