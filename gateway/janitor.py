@@ -24,7 +24,8 @@ from .errors import CacheUnavailable, GatewayError
 from .metrics import Metrics
 from .models import STATUSES
 from .settings import Settings
-from .store import Leadership, Store
+from .store import Store
+from .store_janitor import Leadership
 
 log = logging.getLogger("gateway.janitor")
 

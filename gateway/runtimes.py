@@ -21,7 +21,7 @@ from .httpio import json_response
 from .models import RUNTIME_ID_RE
 from .runtime import Gateway
 from .schema import Body, Field, Kind
-from .store import summarize_runtimes, walk_runtimes
+from .store_runtimes import summarize_runtimes, walk_runtimes
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000

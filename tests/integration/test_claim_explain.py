@@ -23,7 +23,7 @@ import asyncpg
 import pytest
 
 from gateway import queries as q
-from gateway.store import CLAIM_WINDOW
+from gateway.store_leases import CLAIM_WINDOW
 
 pytestmark = pytest.mark.integration
 

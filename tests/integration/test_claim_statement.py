@@ -14,9 +14,10 @@ import asyncpg
 import pytest
 
 from gateway import queries as q
-from gateway import store as store_module
+from gateway import store_leases
 from gateway.metrics import Metrics
-from gateway.store import CLAIM_WINDOW, CONTENDED_RECHECK_SECONDS, Store
+from gateway.store import Store
+from gateway.store_leases import CLAIM_WINDOW, CONTENDED_RECHECK_SECONDS
 
 pytestmark = pytest.mark.integration
 
@@ -121,7 +122,7 @@ async def test_when_held_rows_fill_every_round_the_poll_looks_again_soon(
     """With one round only (so that the test needs few rows): the free row behind the
     held ones is not reached, and the answer says to look again soon instead of
     letting an empty verdict stand over it for its whole life."""
-    monkeypatch.setattr(store_module, "CLAIM_ROUNDS", 1)
+    monkeypatch.setattr(store_leases, "CLAIM_ROUNDS", 1)
     held_count = 1 + CLAIM_WINDOW + 10
     await other.execute(FILL, runtime_id, held_count + 1, 90, "queued", -1.0)
     async with other.transaction():

@@ -190,7 +190,7 @@ async def test_an_enqueue_whose_answer_was_lost_gives_its_task_back(
             # Only the enqueue's own statement: the janitor and the pumps share the store.
             nonlocal calls
             out = await real_run(fn)
-            if fn.__qualname__ == "Store.enqueue.<locals>.go":
+            if fn.__qualname__ == "TaskStatements.enqueue.<locals>.go":
                 calls += 1
                 if calls == 1:
                     raise StoreUnavailable("the connection dropped after the commit")

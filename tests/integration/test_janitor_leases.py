@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gateway.store import RuntimePage
+from gateway.store_janitor import RuntimePage
 from tests.harness import running_gateway
 from tests.integration.janitor_support import (
     first_pass_done,

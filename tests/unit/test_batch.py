@@ -10,7 +10,8 @@ import pytest
 
 from gateway import batch, models
 from gateway.errors import BadRequest, LeaseLost, NotFound, PayloadTooLarge, ValidationFailed
-from gateway.store import ItemResult, lease_lost
+from gateway.store_acks import ItemResult
+from gateway.store_leases import lease_lost
 
 LIMIT = 1000  # payload bytes
 

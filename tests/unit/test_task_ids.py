@@ -1,10 +1,10 @@
-"""The ids a batch enqueue chooses for its tasks (store.new_task_ids)."""
+"""The ids a batch enqueue chooses for its tasks (store_tasks.new_task_ids)."""
 
 from __future__ import annotations
 
 import uuid
 
-from gateway.store import new_task_ids
+from gateway.store_tasks import new_task_ids
 
 
 def test_task_ids_are_distinct_random_uuids_of_version_4() -> None:

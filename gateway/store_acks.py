@@ -1,0 +1,116 @@
+"""Batch lease operations (batch.py; completions.py for grouped completes): complete,
+fail and heartbeat many tasks, each in one statement whatever the batch's size, and
+`ItemResult`, one item's outcome. An item that fails never fails the others.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from . import queries as q
+from .errors import GatewayError, NotFound
+from .store_base import Row, StoreBase
+from .store_leases import COMPLETE_REPLAYS, lease_lost
+
+
+class BatchAckStatements(StoreBase):
+    """Each operation per item, as the single one. `task_ids` are distinct (the parser
+    refuses a repeat). `runtimes`: the caller's runtime patterns, None for every
+    runtime; a task outside them is NotFound, as for a single operation."""
+
+    async def complete_many(
+        self,
+        task_ids: Sequence[uuid.UUID],
+        lease_ids: Sequence[uuid.UUID],
+        results: Sequence[str | None],
+        runtimes: Sequence[str] | None,
+    ) -> list[ItemResult]:
+        """complete, per item; idempotent per item for the same lease, as complete."""
+        args = (list(task_ids), _patterns(runtimes), list(lease_ids), list(results))
+        rows = await self._run(lambda c: c.fetch(q.BATCH_COMPLETE, *args))
+        return _item_results(rows, replay_statuses=COMPLETE_REPLAYS)
+
+    async def fail_many(
+        self,
+        task_ids: Sequence[uuid.UUID],
+        lease_ids: Sequence[uuid.UUID],
+        errors: Sequence[str],
+        retries: Sequence[bool],
+        retry_after_seconds: Sequence[float | None],
+        runtimes: Sequence[str] | None,
+    ) -> list[ItemResult]:
+        """fail, per item."""
+        args = (
+            list(task_ids),
+            _patterns(runtimes),
+            list(lease_ids),
+            list(errors),
+            list(retries),
+            list(retry_after_seconds),
+        )
+        rows = await self._run(lambda c: c.fetch(q.BATCH_FAIL, *args))
+        return _item_results(rows)
+
+    async def heartbeat_many(
+        self,
+        task_ids: Sequence[uuid.UUID],
+        lease_ids: Sequence[uuid.UUID],
+        lease_seconds: Sequence[int],
+        runtimes: Sequence[str] | None,
+    ) -> list[ItemResult]:
+        """heartbeat, per item: each lease runs out its own lease_seconds from now."""
+        seconds = [float(n) for n in lease_seconds]
+        args = (list(task_ids), _patterns(runtimes), list(lease_ids), seconds)
+        rows = await self._run(lambda c: c.fetch(q.BATCH_HEARTBEAT, *args))
+        return _item_results(rows)
+
+
+@dataclass(frozen=True, slots=True)
+class ItemResult:
+    """One item of a batch lease operation, in the request's order. `error` is what the
+    single operation would have raised for it (LeaseLost, NotFound); else it is None
+    and `status` is the task's status after the operation (effective, as answers show
+    it). A fail sets `run_at`; a heartbeat `lease_expires_at` and `cancel_requested`.
+    `runtime_id` is None for a task the caller cannot see: it counts as not found."""
+
+    task_id: uuid.UUID
+    runtime_id: str | None
+    status: str | None
+    error: GatewayError | None = None
+    run_at: datetime | None = None
+    lease_expires_at: datetime | None = None
+    cancel_requested: bool = False
+
+
+def _patterns(runtimes: Sequence[str] | None) -> list[str] | None:
+    return None if runtimes is None else list(runtimes)
+
+
+def _item_results(rows: Sequence[Row], replay_statuses: tuple[str, ...] = ()) -> list[ItemResult]:
+    """A batch statement's answer rows (queries._BATCH_ANSWER) classified as _lease_op
+    classifies a single operation's outcome."""
+    out = []
+    for r in rows:
+        task_id, runtime_id, status = r["item_id"], r["held_runtime"], r["new_status"]
+        if runtime_id is None:
+            out.append(ItemResult(task_id, None, None, NotFound(f"no task with id {task_id}")))
+        elif status is not None:
+            out.append(
+                ItemResult(
+                    task_id,
+                    runtime_id,
+                    status,
+                    run_at=r.get("new_run_at"),
+                    lease_expires_at=r.get("new_lease_expires_at"),
+                    cancel_requested=bool(r.get("new_cancel_requested")),
+                )
+            )
+        elif r["held_status"] in replay_statuses and r["held_lease"] == r["item_lease"]:
+            out.append(ItemResult(task_id, runtime_id, r["held_status"]))
+        else:
+            error = lease_lost(task_id, r["item_lease"], r["held_status"])
+            out.append(ItemResult(task_id, runtime_id, r["held_status"], error))
+    return out

@@ -1,0 +1,208 @@
+"""The Postgres pool and its plumbing, under every group of statements of `Store`.
+
+Owns the asyncpg pool: opening and closing it, each connection's setup, running a
+function on a pooled connection (`_run`, and `run` for modules with statements of their
+own), transactions bounded by the statement timeout. asyncpg and socket errors are
+translated here into StoreUnavailable (DatabaseBusy when no connection comes free in
+time); nothing above the store modules sees a driver exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import NoReturn, TypeAlias, TypeVar
+
+import asyncpg
+import orjson
+
+from . import queries as q
+from .errors import DatabaseBusy, StoreUnavailable
+from .metrics import Metrics
+from .migrate import schema_is_current
+
+# Records of the credential tables (credentials.py); task rows go up as TaskRow.
+Row: TypeAlias = asyncpg.Record
+# What the driver raises when Postgres is unreachable, slow or refuses a statement;
+# translated into StoreUnavailable in the store modules and nowhere else.
+DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
+T = TypeVar("T")
+UNAVAILABLE = "the database failed or could not be reached; the error is in the gateway's log"
+# What a transaction pooler (PgBouncer, pool_mode = transaction) does to asyncpg's named
+# prepared statements: each lives on one server connection, and the next transaction
+# may run on another.
+PREPARED_STATEMENT_ERRORS = (
+    asyncpg.InvalidSQLStatementNameError,
+    asyncpg.DuplicatePreparedStatementError,
+)
+# The logger of every store module, named after Store's module: log settings (and
+# tests) select it by that name.
+log = logging.getLogger("gateway.store")
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    # jsonb goes in as JSON text (already serialized and checked) and comes out as the
+    # text Postgres wrote, embedded in answers verbatim: never re-parsed, so numbers
+    # stay exact and no stored value can fail to serialize.
+    await conn.set_type_codec(
+        "jsonb", encoder=lambda text: text, decoder=orjson.Fragment, schema="pg_catalog"
+    )
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """The pool's reset for a returned connection, beyond asyncpg's own (which rolls
+    back a transaction left open): nothing. Pooled connections carry no session state
+    (no session SET, LISTEN, cursor or advisory lock: those live on connections of
+    their own), so the driver's default reset query would cost a round trip on every
+    request and, through a shared PgBouncer, release other clients' advisory locks."""
+
+
+class StoreBase:
+    """The pool and what runs statements on it; the groups of statements (store_*.py)
+    build on it and `Store` (store.py) is all of them in one object."""
+
+    def __init__(
+        self,
+        dsn: str,
+        metrics: Metrics,
+        *,
+        min_size: int = 2,
+        max_size: int = 20,
+        statement_timeout_ms: int = 10_000,
+        statement_cache_size: int = 100,
+        lock_dsn: str | None = None,
+        acquire_timeout_ms: int = 5_000,
+    ) -> None:
+        self._dsn = dsn
+        self._lock_dsn = lock_dsn or dsn
+        self._metrics = metrics
+        self._min_size = min_size
+        self._max_size = max_size
+        self._statement_timeout_ms = statement_timeout_ms
+        self._statement_cache_size = statement_cache_size
+        self._acquire_timeout_ms = acquire_timeout_ms
+        self._busy_since_log: tuple[float, int] = (0.0, 0)  # (last logged, refused since)
+        self._begin = q.BEGIN_WITH_TIMEOUT.format(timeout_ms=statement_timeout_ms)
+        self._pool: asyncpg.Pool | None = None
+
+    async def open(self) -> None:
+        # No statement_timeout among the startup parameters: PgBouncer refuses the
+        # connection. A transaction sets it with SET LOCAL (`_transaction`); a statement
+        # of its own is bounded by the driver's timeout, which cancels it on the server
+        # (PgBouncer forwards the cancel to the server connection running it).
+        try:
+            self._pool = await asyncpg.create_pool(
+                self._dsn,
+                min_size=self._min_size,
+                max_size=self._max_size,
+                init=_init_connection,
+                reset=_keep_session,
+                statement_cache_size=self._statement_cache_size,
+                command_timeout=self._statement_timeout_ms / 1000,
+                server_settings={"application_name": "claim-gateway"},
+            )
+        except DRIVER_ERRORS as exc:
+            raise StoreUnavailable(f"cannot connect to Postgres: {exc}") from exc
+
+    async def close(self, timeout_seconds: float = 10.0) -> None:
+        """Close the pool, waiting for borrowed connections at most `timeout_seconds`,
+        then closing the rest by force, so that shutdown stays inside its grace period."""
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            try:
+                await asyncio.wait_for(pool.close(), timeout_seconds)
+            except TimeoutError:
+                pool.terminate()
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise StoreUnavailable("the database pool is not open")
+        return self._pool
+
+    def connection_free(self) -> bool:
+        """True when a request would get a connection without waiting for another to
+        come back: one is idle, or the pool may open another. A hint, not a promise."""
+        pool = self._pool
+        if pool is None:
+            return False
+        idle: int = pool.get_idle_size()
+        return idle > 0 or pool.get_size() < pool.get_max_size()
+
+    async def _run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        pool = self.pool
+        try:
+            # Bounded: with every connection busy (or Postgres not answering a new
+            # connection), a request is refused with Retry-After instead of queueing
+            # without end behind the others.
+            conn = await pool.acquire(timeout=self._acquire_timeout_ms / 1000)
+        except TimeoutError:
+            self._metrics.db_acquire_timeouts.inc()
+            self._log_busy()
+            raise DatabaseBusy(
+                f"no database connection came free within {self._acquire_timeout_ms} ms "
+                "(GATEWAY_DB_ACQUIRE_TIMEOUT_MS); retry"
+            ) from None
+        except DRIVER_ERRORS as exc:
+            self._driver_error(exc)
+        try:
+            return await fn(conn)
+        except DRIVER_ERRORS as exc:
+            self._driver_error(exc)
+        finally:
+            await pool.release(conn)
+
+    def _log_busy(self) -> None:
+        """One warning per 10 s at most: under overload every request would log one."""
+        logged_at, refused = self._busy_since_log
+        now = time.monotonic()
+        if now - logged_at < 10.0:
+            self._busy_since_log = (logged_at, refused + 1)
+            return
+        self._busy_since_log = (now, 0)
+        log.warning(
+            "every database connection (GATEWAY_DB_POOL_MAX) stayed busy for %d ms: "
+            "requests are refused with 503 and Retry-After (%d more since the last warning)",
+            self._acquire_timeout_ms,
+            refused,
+        )
+
+    def _driver_error(self, exc: BaseException) -> NoReturn:
+        # The driver's text can name hosts, databases, or other callers' values (a
+        # batched claim's worker ids): it goes to the log, never to the client.
+        log.warning("database error: %s: %s", type(exc).__name__, exc)
+        if isinstance(exc, PREPARED_STATEMENT_ERRORS) and self._statement_cache_size:
+            log.error(
+                "prepared statements are lost between transactions: DATABASE_URL "
+                "goes through a transaction pooler; set GATEWAY_DB_STATEMENT_CACHE_SIZE=0"
+            )
+        raise StoreUnavailable(UNAVAILABLE) from exc
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self, conn: asyncpg.Connection) -> AsyncIterator[None]:
+        """A transaction whose statements stop after the statement timeout. Its BEGIN
+        carries the SET LOCAL, so it costs no more round trips than asyncpg's own."""
+        await conn.execute(self._begin)
+        try:
+            yield
+        except BaseException:
+            # Also on cancellation: a connection back in the pool must not be left
+            # inside a transaction. If even the ROLLBACK fails, the pool's reset on
+            # release rolls back or discards the connection.
+            with contextlib.suppress(*DRIVER_ERRORS):
+                await conn.execute(q.ROLLBACK)
+            raise
+        await conn.execute(q.COMMIT)
+
+    async def run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """Run `fn` on a pooled connection, for storage modules that keep their own
+        statements (credentials). Driver errors become StoreUnavailable, as here;
+        a GatewayError that `fn` raises passes through unchanged."""
+        return await self._run(fn)
+
+    async def schema_is_current(self) -> bool:
+        """True when every migration file has been applied (for readiness)."""
+        return await self._run(schema_is_current)

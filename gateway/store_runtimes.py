@@ -1,0 +1,49 @@
+"""The runtimes listing's reads (GET /v1/runtimes, the console; runtimes.py): the
+runtimes that hold tasks or have controls, a page at a time, and their live counts.
+Functions over a Store, through `Store.run`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from . import queries as q
+from .store import Store
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeSummary:
+    """One runtime's live counts: `queued` includes scheduled (not yet due) tasks and
+    excludes expired ones; the age is in seconds, None when no queued task is due."""
+
+    runtime_id: str
+    queued: int
+    claimed: int
+    oldest_queued_age_seconds: float | None
+    dead: int = 0  # finished dead, from task_counts (not a count of the history)
+
+
+async def walk_runtimes(
+    store: Store, after: str, limit: int, prefixes: Sequence[str] | None = None
+) -> list[str]:
+    """Up to `limit` runtime ids after `after`, in id order, that hold tasks (live, or
+    finished and still stored) or have controls set, from the smallest of `prefixes` on
+    (None: from the start). Reads the live rows' partial indexes, the finished-task
+    counters and the controls, never the history."""
+    starts = None if prefixes is None else list(prefixes)
+    rows = await store.run(lambda c: c.fetch(q.RUNTIMES_WALK, after, limit, starts))
+    return [r["runtime_id"] for r in rows]
+
+
+async def summarize_runtimes(store: Store, runtime_ids: Sequence[str]) -> list[RuntimeSummary]:
+    """Live counts for each of `runtime_ids`, in id order."""
+    if not runtime_ids:
+        return []
+    rows = await store.run(lambda c: c.fetch(q.RUNTIMES_SUMMARY, list(runtime_ids)))
+    return [
+        RuntimeSummary(
+            r["runtime_id"], r["queued"], r["claimed"], r["oldest_queued_age_seconds"], r["dead"]
+        )
+        for r in rows
+    ]
