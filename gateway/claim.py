@@ -5,7 +5,8 @@ Per runtime, one *pump* coroutine works for every local waiter: it reads the
 verdict, and on a miss runs one Postgres claim for all of them, handing rows out
 oldest waiter first (I9). A hit parks everyone until a wake-up, the verdict's TTL
 or their deadline. Waiters register (and the process subscribes to the runtime's
-wake channel) before the pump reads the verdict (I8).
+wake channel) before the pump reads the verdict (I8). The waiters themselves, and what
+the process holds per runtime, are in gateway/waiters.py.
 """
 
 from __future__ import annotations
@@ -14,10 +15,8 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import math
 import random
 from collections.abc import AsyncIterator, Callable, Coroutine
-from dataclasses import dataclass, field
 from typing import Any
 
 from . import logs
@@ -29,6 +28,7 @@ from .models import ClaimRequest
 from .ports import ClaimCache, ClaimStore, WakeChannels
 from .rows import Leased, TaskRow
 from .settings import Settings
+from .waiters import Deadlines, Departure, RuntimeState, Waiter, drop_near, unserved
 
 log = logging.getLogger("gateway.claim")
 
@@ -41,8 +41,6 @@ RENEW_LEAD_SECONDS = 1.0
 # burst, which on a busy process runs Redis calls past their timeout and sends every
 # parked runtime to Postgres (degraded polling).
 RENEW_SPREAD = 0.2
-# Parked waiters whose deadlines fall in the same slot of this length share one timer.
-DEADLINE_SLOT_SECONDS = 0.05
 
 
 def renew_after(ttl: float, rng: random.Random) -> float:
@@ -50,157 +48,6 @@ def renew_after(ttl: float, rng: random.Random) -> float:
     before its end (at most a quarter of a short life), and up to RENEW_SPREAD of its
     life earlier still, at random."""
     return ttl - min(RENEW_LEAD_SECONDS, ttl / 4) - rng.uniform(0.0, ttl * RENEW_SPREAD)
-
-
-class Departure:
-    """Set once, when a poll's client disconnects. A parked poll hears of it at once,
-    through a callback: no task or future of its own waits for it."""
-
-    __slots__ = ("_callbacks", "_gone")
-
-    def __init__(self) -> None:
-        self._gone = False
-        self._callbacks: list[Callable[[], None]] = []
-
-    def is_set(self) -> bool:
-        return self._gone
-
-    def set(self) -> None:
-        if not self._gone:
-            self._gone = True
-            callbacks, self._callbacks = self._callbacks, []
-            for callback in callbacks:
-                callback()
-
-    def on_set(self, callback: Callable[[], None]) -> None:
-        """Call `callback` when set (at once if it already is)."""
-        if self._gone:
-            callback()
-        else:
-            self._callbacks.append(callback)
-
-
-@dataclass(eq=False, slots=True)
-class Waiter:
-    """One claim request parked in this process. Memory per parked poll matters (up to
-    GATEWAY_MAX_PARKED_POLLS of them): it waits on one future at a time, made when it
-    sleeps, rather than on an Event and a task per wait."""
-
-    req: ClaimRequest
-    deadline: float  # loop time
-    rows: list[Leased] | None = None
-    error: GatewayError | None = None
-    checked: bool = False  # a full verdict check or claim ran since it arrived
-    in_flight: bool = False  # has slots in the Postgres claim running now
-    gone: bool = False  # its client disconnected, or its wait ended: it must receive nothing
-    signal: asyncio.Future[None] | None = None  # resolved to wake its request
-    slot: int = 0  # its deadline's slot in Deadlines
-    matched: bool = False  # an enqueue is writing a task leased to it (sync match)
-
-    @property
-    def lease(self) -> tuple[str, float]:
-        """Its worker and lease length, for a task leased to it (sync match)."""
-        return self.req.worker_id, float(self.req.lease_seconds)
-
-    def poke(self) -> None:
-        """Wake the request to look at its state again."""
-        signal = self.signal
-        if signal is not None and not signal.done():
-            signal.set_result(None)
-
-    def leave(self) -> None:
-        """Its client disconnected (Departure's callback)."""
-        self.gone = True
-        self.poke()
-
-    def finish(self, rows: list[Leased] | None = None, error: GatewayError | None = None) -> None:
-        if rows is not None:
-            self.rows = rows
-        if error is not None:
-            self.error = error
-        self.poke()
-
-
-class Deadlines:
-    """Wakes parked waiters when their wait runs out: one timer per slot of
-    DEADLINE_SLOT_SECONDS, shared by every waiter whose deadline falls in it, rather than
-    one timer per waiter (memory per parked poll). A wait ends at most one slot late."""
-
-    def __init__(self) -> None:
-        self._slots: dict[int, dict[Waiter, None]] = {}
-        self._timers: dict[int, asyncio.TimerHandle] = {}
-
-    def add(self, waiter: Waiter) -> None:
-        key = waiter.slot = math.ceil(waiter.deadline / DEADLINE_SLOT_SECONDS)
-        slot = self._slots.get(key)
-        if slot is None:
-            slot = self._slots[key] = {}
-            loop = asyncio.get_running_loop()
-            self._timers[key] = loop.call_at(key * DEADLINE_SLOT_SECONDS, self._expire, key)
-        slot[waiter] = None
-
-    def discard(self, waiter: Waiter) -> None:
-        slot = self._slots.get(waiter.slot)
-        if slot is not None and slot.pop(waiter, 0) is None and not slot:
-            del self._slots[waiter.slot]
-            self._timers.pop(waiter.slot).cancel()
-
-    def _expire(self, key: int) -> None:
-        self._timers.pop(key, None)
-        now = asyncio.get_running_loop().time()
-        for waiter in self._slots.pop(key, {}):
-            # A timer may fire a little early: the wait counts as run out all the same.
-            waiter.deadline = min(waiter.deadline, now)
-            waiter.poke()
-
-
-@dataclass(eq=False)
-class RuntimeState:
-    runtime_id: str
-    channel: str
-    waiters: list[Waiter] = field(default_factory=list)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    pump: asyncio.Task[None] | None = None
-    linger: asyncio.TimerHandle | None = None
-    # A wake-up (pub/sub, or a bump here) arrived since the pump's last cycle began;
-    # a new poll's arrival also sets `wake`, but is not a wake-up.
-    woken: bool = False
-    # The near-cache: the version of a verdict hit kept in this process, and until when
-    # (loop time, never past the verdict's life in Redis). Trusted only while the
-    # runtime's subscription is confirmed and Redis healthy, since then a bump anywhere
-    # reaches this process as a wake-up, which drops it.
-    near_version: str | None = None
-    near_until: float = 0.0
-    # Counts drops of the near-cache: a verdict read before a drop is not kept after it.
-    near_drops: int = 0
-    # An empty verdict this process wrote: while polls are parked, it is renewed in Redis
-    # shortly before its life ends, instead of a Postgres scan, as long as no bump made
-    # it stale, and never past the next delayed task's due time (I4). Its version, when
-    # to renew it, and that due time (loop times; None: nothing delayed).
-    renew_version: str | None = None
-    renew_at: float = 0.0
-    renew_due_at: float | None = None
-    # The version a bump by this process returned, not yet used by the pump: the next
-    # cycle claims under it without reading the verdict (a sure miss).
-    bumped: str | None = None
-    # Runtime controls: a limit cut the last claim short; until this loop time the pump
-    # claims again only after a wake-up (a freed slot, a change of the controls).
-    held_until: float = 0.0
-
-
-def _drop_near(state: RuntimeState) -> None:
-    state.near_version = None
-    state.near_drops += 1
-
-
-def _unserved(state: RuntimeState) -> list[Waiter]:
-    """Waiters still wanting tasks: present, not answered, not failed, not promised
-    an enqueue's task (sync match)."""
-    return [
-        w
-        for w in state.waiters
-        if not w.gone and w.rows is None and w.error is None and not w.matched
-    ]
 
 
 class Claimer:
@@ -240,7 +87,7 @@ class Claimer:
         `bumped`: the version a bump made by this process returned."""
         state = self._states.get(runtime_id)
         if state is not None:
-            _drop_near(state)
+            drop_near(state)
             if bumped is not None:
                 state.bumped = bumped
             state.woken = True
@@ -250,7 +97,7 @@ class Claimer:
         """Every runtime re-checks: the pub/sub connection was replaced or restored, and
         wake-ups may have been lost meanwhile (I8); the near-cache is dropped too."""
         for state in self._states.values():
-            _drop_near(state)
+            drop_near(state)
             state.wake.set()
 
     def redis_trouble(self) -> None:
@@ -262,7 +109,7 @@ class Claimer:
         loop = asyncio.get_running_loop()
         spread = self._settings.degraded_poll_seconds
         for state in self._states.values():
-            _drop_near(state)
+            drop_near(state)
             if state.waiters:
                 loop.call_later(self._rng.uniform(0.0, spread), state.wake.set)
 
@@ -447,7 +294,7 @@ class Claimer:
         state = self._states.get(runtime_id)
         if task is None:
             waiter.poke()  # it may have run out of time meanwhile
-            if state is not None and _unserved(state):
+            if state is not None and unserved(state):
                 self._ensure_pump(state)
             return
         if waiter.gone:
@@ -526,7 +373,7 @@ class Claimer:
         left = state.near_until - asyncio.get_running_loop().time()
         if left > 0 and self._subscriber.confirmed(state.channel) and self._cache.healthy:
             return left
-        _drop_near(state)
+        drop_near(state)
         return None
 
     def _trusted(self, state: RuntimeState) -> bool:
@@ -555,7 +402,7 @@ class Claimer:
     async def _pump(self, state: RuntimeState) -> None:
         logs.detach()  # started by one poll's request, it serves them all
         try:
-            while _unserved(state) and not self.draining:
+            while unserved(state) and not self.draining:
                 state.wake.clear()
                 woken, state.woken = state.woken, False
                 park = await self._cycle(state, woken)
@@ -639,7 +486,7 @@ class Claimer:
                             waiter.poke()
                         return self._park_seconds(state, verdict.ttl_seconds)
                     version = verdict.version
-        waiters = _unserved(state)
+        waiters = unserved(state)
         if not waiters:
             return None
         owners: list[Waiter] = []

@@ -30,7 +30,6 @@ from . import (
     webhooks,
 )
 from .auth import Principal, Scope
-from .claim import Departure
 from .errors import GatewayError, NotFound, StoreUnavailable
 from .httpio import (
     CLIENT_LEFT,
@@ -45,6 +44,7 @@ from .httpio import (
 from .metrics import CONTENT_TYPE
 from .rows import Leased, as_enqueued
 from .runtime import Gateway
+from .waiters import Departure
 
 log = logging.getLogger("gateway.http")
 

@@ -13,11 +13,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.cache import CircuitBreaker, VerdictCache
-from gateway.claim import Claimer, Departure
+from gateway.claim import Claimer
 from gateway.errors import CacheUnavailable, GatewayError, Overloaded, StoreUnavailable
 from gateway.metrics import Metrics
 from gateway.models import ClaimRequest
 from gateway.settings import Settings
+from gateway.waiters import Departure
 
 from . import vloop
 from .fakes import FakeRedis, FakeStore, FakeWakeChannels, now
