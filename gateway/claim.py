@@ -6,7 +6,8 @@ verdict, and on a miss runs one Postgres claim for all of them, handing rows out
 oldest waiter first (I9). A hit parks everyone until a wake-up, the verdict's TTL
 or their deadline. Waiters register (and the process subscribes to the runtime's
 wake channel) before the pump reads the verdict (I8). The waiters themselves, and what
-the process holds per runtime, are in gateway/waiters.py.
+the process holds per runtime, are in gateway/waiters.py; the rules of the near-cache
+(verdict hits kept in the process) in gateway/near_cache.py.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from .controls import ClaimControls
 from .errors import CacheUnavailable, Draining, GatewayError, Overloaded, StoreUnavailable
 from .metrics import Metrics
 from .models import ClaimRequest
+from .near_cache import NearCache, drop_near
 from .ports import ClaimCache, ClaimStore, WakeChannels
 from .rows import Leased, TaskRow
 from .settings import Settings
-from .waiters import Deadlines, Departure, RuntimeState, Waiter, drop_near, unserved
+from .waiters import Deadlines, Departure, RuntimeState, Waiter, unserved
 
 log = logging.getLogger("gateway.claim")
 
@@ -73,7 +75,9 @@ class Claimer:
         self._states: dict[str, RuntimeState] = {}
         self._claim_slots = asyncio.Semaphore(settings.max_concurrent_claims)
         self._claims_queued = 0
-        self._near_enabled = settings.cache_enabled and settings.near_cache_enabled
+        self._near = NearCache(
+            cache, subscriber, settings.cache_enabled and settings.near_cache_enabled
+        )
         self._long_polls = 0  # claims here with a wait: GATEWAY_MAX_PARKED_POLLS bounds them
         self._deadlines = Deadlines()
         self.draining = False
@@ -167,9 +171,9 @@ class Claimer:
         """A claim without a wait, or one refused or cut to no wait (draining, full)."""
         if self.draining:
             raise Draining("this instance is shutting down; retry on another")
-        if not req.wait_seconds and self._near_enabled:
+        if not req.wait_seconds and self._near.enabled:
             state = self._states.get(runtime_id)
-            if state is not None and self._near_hit(state) is not None:
+            if state is not None and self._near.hit(state) is not None:
                 # A verdict hit this process holds: no waiter, no pump, no round trip.
                 self._metrics.near_hits.inc()
                 return []
@@ -365,34 +369,6 @@ class Claimer:
                 loop = asyncio.get_running_loop()
                 state.linger = loop.call_later(LINGER_SECONDS, self._forget, state)
 
-    def _near_hit(self, state: RuntimeState) -> float | None:
-        """Seconds left of the verdict hit this process holds for the runtime, or None
-        (none held, spent, or no longer trusted: it is then dropped)."""
-        if state.near_version is None:
-            return None
-        left = state.near_until - asyncio.get_running_loop().time()
-        if left > 0 and self._subscriber.confirmed(state.channel) and self._cache.healthy:
-            return left
-        drop_near(state)
-        return None
-
-    def _trusted(self, state: RuntimeState) -> bool:
-        """A verdict read now may be kept in the near-cache: a bump after it will reach
-        this process as a wake-up (subscription confirmed, Redis healthy)."""
-        return (
-            self._near_enabled and self._subscriber.confirmed(state.channel) and self._cache.healthy
-        )
-
-    def _keep_near(
-        self, state: RuntimeState, version: str, drops: int, read_at: float, ttl: float
-    ) -> None:
-        """Keep a verdict hit read (or written) under `version`, if nothing dropped the
-        near-cache since `drops` was sampled before the read. Its life counts from
-        `read_at`, before the read, so it never outlives the key in Redis."""
-        if state.near_drops == drops and self._trusted(state):
-            state.near_version = version
-            state.near_until = read_at + ttl
-
     def _forget(self, state: RuntimeState) -> None:
         if state.waiters or self._states.get(state.runtime_id) is not state:
             return
@@ -442,7 +418,7 @@ class Claimer:
         if held is not None:
             return held
         drops, read_at = state.near_drops, loop.time()
-        trusted = self._trusted(state)
+        trusted = self._near.trusted(state)
         if self._settings.cache_enabled:
             if state.bumped is not None:
                 # This process just bumped the runtime: the version the bump returned is
@@ -459,8 +435,12 @@ class Claimer:
                             waiter.checked = True
                             waiter.poke()
                         return self._park_seconds(state, renewed)
-                    drops, read_at, trusted = state.near_drops, loop.time(), self._trusted(state)
-                near = self._near_hit(state)
+                    drops, read_at, trusted = (
+                        state.near_drops,
+                        loop.time(),
+                        self._near.trusted(state),
+                    )
+                near = self._near.hit(state)
                 if near is not None:
                     self._metrics.near_hits.inc()
                     for waiter in arrived:
@@ -477,7 +457,7 @@ class Claimer:
                     if verdict.hit:
                         assert verdict.ttl_seconds is not None  # a hit knows its life (I4)
                         if trusted:
-                            self._keep_near(
+                            self._near.keep(
                                 state, verdict.version, drops, read_at, verdict.ttl_seconds
                             )
                         # Only waiters that were here before the read count as checked.
@@ -604,7 +584,7 @@ class Claimer:
                 drops, read_at, trusted = sampled
                 if trusted:
                     # A bump since the read (the scan's I2 race) dropped it: not kept.
-                    self._keep_near(state, version, drops, read_at, ttl)
+                    self._near.keep(state, version, drops, read_at, ttl)
         return self._park_seconds(state, ttl)
 
     def _schedule_renewal(
@@ -632,7 +612,7 @@ class Claimer:
         # Near a due time, let the verdict lapse: the scan then finds the task (I4).
         if ttl < min(0.5, self._settings.empty_ttl_seconds / 2) or not self._cache.healthy:
             return None
-        drops, trusted = state.near_drops, self._trusted(state)
+        drops, trusted = state.near_drops, self._near.trusted(state)
         try:
             if not await self._cache.renew_empty(state.runtime_id, version, ttl):
                 return None
@@ -640,7 +620,7 @@ class Claimer:
             return None
         self._schedule_renewal(state, version, now, ttl, due_at)
         if trusted:
-            self._keep_near(state, version, drops, now, ttl)
+            self._near.keep(state, version, drops, now, ttl)
         return ttl
 
     @contextlib.asynccontextmanager

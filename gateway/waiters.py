@@ -163,12 +163,6 @@ class RuntimeState:
     held_until: float = 0.0
 
 
-def drop_near(state: RuntimeState) -> None:
-    """Forget the runtime's near-cached verdict hit, and count the drop."""
-    state.near_version = None
-    state.near_drops += 1
-
-
 def unserved(state: RuntimeState) -> list[Waiter]:
     """Waiters still wanting tasks: present, not answered, not failed, not promised
     an enqueue's task (sync match)."""
