@@ -233,7 +233,7 @@ class World:
         self.check(when="answer")
         p.done = now()
         if disconnected is not None and disconnected.is_set() and rows:
-            await self.claimer.give_back(rt, [r.task for r in rows])  # as routes.py does
+            await self.claimer.give_back(rt, [r.task for r in rows])  # as daemon_routes.py does
             return
         p.rows = rows
         for row in rows:
