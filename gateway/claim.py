@@ -5,7 +5,9 @@ Per runtime, one *pump* coroutine works for every local waiter: it reads the
 verdict, and on a miss runs one Postgres claim for all of them, handing rows out
 oldest waiter first (I9). A hit parks everyone until a wake-up, the verdict's TTL
 or their deadline. Waiters register (and the process subscribes to the runtime's
-wake channel) before the pump reads the verdict (I8).
+wake channel) before the pump reads the verdict (I8). The waiters themselves, and what
+the process holds per runtime, are in gateway/waiters.py; the rules of the near-cache
+(verdict hits kept in the process) in gateway/near_cache.py.
 """
 
 from __future__ import annotations
@@ -14,10 +16,8 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import math
 import random
 from collections.abc import AsyncIterator, Callable, Coroutine
-from dataclasses import dataclass, field
 from typing import Any
 
 from . import logs
@@ -26,9 +26,11 @@ from .controls import ClaimControls
 from .errors import CacheUnavailable, Draining, GatewayError, Overloaded, StoreUnavailable
 from .metrics import Metrics
 from .models import ClaimRequest
+from .near_cache import NearCache, drop_near
 from .ports import ClaimCache, ClaimStore, WakeChannels
 from .rows import Leased, TaskRow
 from .settings import Settings
+from .waiters import Deadlines, Departure, RuntimeState, Waiter, unserved
 
 log = logging.getLogger("gateway.claim")
 
@@ -41,8 +43,6 @@ RENEW_LEAD_SECONDS = 1.0
 # burst, which on a busy process runs Redis calls past their timeout and sends every
 # parked runtime to Postgres (degraded polling).
 RENEW_SPREAD = 0.2
-# Parked waiters whose deadlines fall in the same slot of this length share one timer.
-DEADLINE_SLOT_SECONDS = 0.05
 
 
 def renew_after(ttl: float, rng: random.Random) -> float:
@@ -50,157 +50,6 @@ def renew_after(ttl: float, rng: random.Random) -> float:
     before its end (at most a quarter of a short life), and up to RENEW_SPREAD of its
     life earlier still, at random."""
     return ttl - min(RENEW_LEAD_SECONDS, ttl / 4) - rng.uniform(0.0, ttl * RENEW_SPREAD)
-
-
-class Departure:
-    """Set once, when a poll's client disconnects. A parked poll hears of it at once,
-    through a callback: no task or future of its own waits for it."""
-
-    __slots__ = ("_callbacks", "_gone")
-
-    def __init__(self) -> None:
-        self._gone = False
-        self._callbacks: list[Callable[[], None]] = []
-
-    def is_set(self) -> bool:
-        return self._gone
-
-    def set(self) -> None:
-        if not self._gone:
-            self._gone = True
-            callbacks, self._callbacks = self._callbacks, []
-            for callback in callbacks:
-                callback()
-
-    def on_set(self, callback: Callable[[], None]) -> None:
-        """Call `callback` when set (at once if it already is)."""
-        if self._gone:
-            callback()
-        else:
-            self._callbacks.append(callback)
-
-
-@dataclass(eq=False, slots=True)
-class Waiter:
-    """One claim request parked in this process. Memory per parked poll matters (up to
-    GATEWAY_MAX_PARKED_POLLS of them): it waits on one future at a time, made when it
-    sleeps, rather than on an Event and a task per wait."""
-
-    req: ClaimRequest
-    deadline: float  # loop time
-    rows: list[Leased] | None = None
-    error: GatewayError | None = None
-    checked: bool = False  # a full verdict check or claim ran since it arrived
-    in_flight: bool = False  # has slots in the Postgres claim running now
-    gone: bool = False  # its client disconnected, or its wait ended: it must receive nothing
-    signal: asyncio.Future[None] | None = None  # resolved to wake its request
-    slot: int = 0  # its deadline's slot in Deadlines
-    matched: bool = False  # an enqueue is writing a task leased to it (sync match)
-
-    @property
-    def lease(self) -> tuple[str, float]:
-        """Its worker and lease length, for a task leased to it (sync match)."""
-        return self.req.worker_id, float(self.req.lease_seconds)
-
-    def poke(self) -> None:
-        """Wake the request to look at its state again."""
-        signal = self.signal
-        if signal is not None and not signal.done():
-            signal.set_result(None)
-
-    def leave(self) -> None:
-        """Its client disconnected (Departure's callback)."""
-        self.gone = True
-        self.poke()
-
-    def finish(self, rows: list[Leased] | None = None, error: GatewayError | None = None) -> None:
-        if rows is not None:
-            self.rows = rows
-        if error is not None:
-            self.error = error
-        self.poke()
-
-
-class Deadlines:
-    """Wakes parked waiters when their wait runs out: one timer per slot of
-    DEADLINE_SLOT_SECONDS, shared by every waiter whose deadline falls in it, rather than
-    one timer per waiter (memory per parked poll). A wait ends at most one slot late."""
-
-    def __init__(self) -> None:
-        self._slots: dict[int, dict[Waiter, None]] = {}
-        self._timers: dict[int, asyncio.TimerHandle] = {}
-
-    def add(self, waiter: Waiter) -> None:
-        key = waiter.slot = math.ceil(waiter.deadline / DEADLINE_SLOT_SECONDS)
-        slot = self._slots.get(key)
-        if slot is None:
-            slot = self._slots[key] = {}
-            loop = asyncio.get_running_loop()
-            self._timers[key] = loop.call_at(key * DEADLINE_SLOT_SECONDS, self._expire, key)
-        slot[waiter] = None
-
-    def discard(self, waiter: Waiter) -> None:
-        slot = self._slots.get(waiter.slot)
-        if slot is not None and slot.pop(waiter, 0) is None and not slot:
-            del self._slots[waiter.slot]
-            self._timers.pop(waiter.slot).cancel()
-
-    def _expire(self, key: int) -> None:
-        self._timers.pop(key, None)
-        now = asyncio.get_running_loop().time()
-        for waiter in self._slots.pop(key, {}):
-            # A timer may fire a little early: the wait counts as run out all the same.
-            waiter.deadline = min(waiter.deadline, now)
-            waiter.poke()
-
-
-@dataclass(eq=False)
-class RuntimeState:
-    runtime_id: str
-    channel: str
-    waiters: list[Waiter] = field(default_factory=list)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    pump: asyncio.Task[None] | None = None
-    linger: asyncio.TimerHandle | None = None
-    # A wake-up (pub/sub, or a bump here) arrived since the pump's last cycle began;
-    # a new poll's arrival also sets `wake`, but is not a wake-up.
-    woken: bool = False
-    # The near-cache: the version of a verdict hit kept in this process, and until when
-    # (loop time, never past the verdict's life in Redis). Trusted only while the
-    # runtime's subscription is confirmed and Redis healthy, since then a bump anywhere
-    # reaches this process as a wake-up, which drops it.
-    near_version: str | None = None
-    near_until: float = 0.0
-    # Counts drops of the near-cache: a verdict read before a drop is not kept after it.
-    near_drops: int = 0
-    # An empty verdict this process wrote: while polls are parked, it is renewed in Redis
-    # shortly before its life ends, instead of a Postgres scan, as long as no bump made
-    # it stale, and never past the next delayed task's due time (I4). Its version, when
-    # to renew it, and that due time (loop times; None: nothing delayed).
-    renew_version: str | None = None
-    renew_at: float = 0.0
-    renew_due_at: float | None = None
-    # The version a bump by this process returned, not yet used by the pump: the next
-    # cycle claims under it without reading the verdict (a sure miss).
-    bumped: str | None = None
-    # Runtime controls: a limit cut the last claim short; until this loop time the pump
-    # claims again only after a wake-up (a freed slot, a change of the controls).
-    held_until: float = 0.0
-
-
-def _drop_near(state: RuntimeState) -> None:
-    state.near_version = None
-    state.near_drops += 1
-
-
-def _unserved(state: RuntimeState) -> list[Waiter]:
-    """Waiters still wanting tasks: present, not answered, not failed, not promised
-    an enqueue's task (sync match)."""
-    return [
-        w
-        for w in state.waiters
-        if not w.gone and w.rows is None and w.error is None and not w.matched
-    ]
 
 
 class Claimer:
@@ -226,7 +75,9 @@ class Claimer:
         self._states: dict[str, RuntimeState] = {}
         self._claim_slots = asyncio.Semaphore(settings.max_concurrent_claims)
         self._claims_queued = 0
-        self._near_enabled = settings.cache_enabled and settings.near_cache_enabled
+        self._near = NearCache(
+            cache, subscriber, settings.cache_enabled and settings.near_cache_enabled
+        )
         self._long_polls = 0  # claims here with a wait: GATEWAY_MAX_PARKED_POLLS bounds them
         self._deadlines = Deadlines()
         self.draining = False
@@ -240,7 +91,7 @@ class Claimer:
         `bumped`: the version a bump made by this process returned."""
         state = self._states.get(runtime_id)
         if state is not None:
-            _drop_near(state)
+            drop_near(state)
             if bumped is not None:
                 state.bumped = bumped
             state.woken = True
@@ -250,7 +101,7 @@ class Claimer:
         """Every runtime re-checks: the pub/sub connection was replaced or restored, and
         wake-ups may have been lost meanwhile (I8); the near-cache is dropped too."""
         for state in self._states.values():
-            _drop_near(state)
+            drop_near(state)
             state.wake.set()
 
     def redis_trouble(self) -> None:
@@ -262,7 +113,7 @@ class Claimer:
         loop = asyncio.get_running_loop()
         spread = self._settings.degraded_poll_seconds
         for state in self._states.values():
-            _drop_near(state)
+            drop_near(state)
             if state.waiters:
                 loop.call_later(self._rng.uniform(0.0, spread), state.wake.set)
 
@@ -320,9 +171,9 @@ class Claimer:
         """A claim without a wait, or one refused or cut to no wait (draining, full)."""
         if self.draining:
             raise Draining("this instance is shutting down; retry on another")
-        if not req.wait_seconds and self._near_enabled:
+        if not req.wait_seconds and self._near.enabled:
             state = self._states.get(runtime_id)
-            if state is not None and self._near_hit(state) is not None:
+            if state is not None and self._near.hit(state) is not None:
                 # A verdict hit this process holds: no waiter, no pump, no round trip.
                 self._metrics.near_hits.inc()
                 return []
@@ -447,7 +298,7 @@ class Claimer:
         state = self._states.get(runtime_id)
         if task is None:
             waiter.poke()  # it may have run out of time meanwhile
-            if state is not None and _unserved(state):
+            if state is not None and unserved(state):
                 self._ensure_pump(state)
             return
         if waiter.gone:
@@ -518,34 +369,6 @@ class Claimer:
                 loop = asyncio.get_running_loop()
                 state.linger = loop.call_later(LINGER_SECONDS, self._forget, state)
 
-    def _near_hit(self, state: RuntimeState) -> float | None:
-        """Seconds left of the verdict hit this process holds for the runtime, or None
-        (none held, spent, or no longer trusted: it is then dropped)."""
-        if state.near_version is None:
-            return None
-        left = state.near_until - asyncio.get_running_loop().time()
-        if left > 0 and self._subscriber.confirmed(state.channel) and self._cache.healthy:
-            return left
-        _drop_near(state)
-        return None
-
-    def _trusted(self, state: RuntimeState) -> bool:
-        """A verdict read now may be kept in the near-cache: a bump after it will reach
-        this process as a wake-up (subscription confirmed, Redis healthy)."""
-        return (
-            self._near_enabled and self._subscriber.confirmed(state.channel) and self._cache.healthy
-        )
-
-    def _keep_near(
-        self, state: RuntimeState, version: str, drops: int, read_at: float, ttl: float
-    ) -> None:
-        """Keep a verdict hit read (or written) under `version`, if nothing dropped the
-        near-cache since `drops` was sampled before the read. Its life counts from
-        `read_at`, before the read, so it never outlives the key in Redis."""
-        if state.near_drops == drops and self._trusted(state):
-            state.near_version = version
-            state.near_until = read_at + ttl
-
     def _forget(self, state: RuntimeState) -> None:
         if state.waiters or self._states.get(state.runtime_id) is not state:
             return
@@ -555,7 +378,7 @@ class Claimer:
     async def _pump(self, state: RuntimeState) -> None:
         logs.detach()  # started by one poll's request, it serves them all
         try:
-            while _unserved(state) and not self.draining:
+            while unserved(state) and not self.draining:
                 state.wake.clear()
                 woken, state.woken = state.woken, False
                 park = await self._cycle(state, woken)
@@ -595,7 +418,7 @@ class Claimer:
         if held is not None:
             return held
         drops, read_at = state.near_drops, loop.time()
-        trusted = self._trusted(state)
+        trusted = self._near.trusted(state)
         if self._settings.cache_enabled:
             if state.bumped is not None:
                 # This process just bumped the runtime: the version the bump returned is
@@ -612,8 +435,12 @@ class Claimer:
                             waiter.checked = True
                             waiter.poke()
                         return self._park_seconds(state, renewed)
-                    drops, read_at, trusted = state.near_drops, loop.time(), self._trusted(state)
-                near = self._near_hit(state)
+                    drops, read_at, trusted = (
+                        state.near_drops,
+                        loop.time(),
+                        self._near.trusted(state),
+                    )
+                near = self._near.hit(state)
                 if near is not None:
                     self._metrics.near_hits.inc()
                     for waiter in arrived:
@@ -630,7 +457,7 @@ class Claimer:
                     if verdict.hit:
                         assert verdict.ttl_seconds is not None  # a hit knows its life (I4)
                         if trusted:
-                            self._keep_near(
+                            self._near.keep(
                                 state, verdict.version, drops, read_at, verdict.ttl_seconds
                             )
                         # Only waiters that were here before the read count as checked.
@@ -639,7 +466,7 @@ class Claimer:
                             waiter.poke()
                         return self._park_seconds(state, verdict.ttl_seconds)
                     version = verdict.version
-        waiters = _unserved(state)
+        waiters = unserved(state)
         if not waiters:
             return None
         owners: list[Waiter] = []
@@ -757,7 +584,7 @@ class Claimer:
                 drops, read_at, trusted = sampled
                 if trusted:
                     # A bump since the read (the scan's I2 race) dropped it: not kept.
-                    self._keep_near(state, version, drops, read_at, ttl)
+                    self._near.keep(state, version, drops, read_at, ttl)
         return self._park_seconds(state, ttl)
 
     def _schedule_renewal(
@@ -785,7 +612,7 @@ class Claimer:
         # Near a due time, let the verdict lapse: the scan then finds the task (I4).
         if ttl < min(0.5, self._settings.empty_ttl_seconds / 2) or not self._cache.healthy:
             return None
-        drops, trusted = state.near_drops, self._trusted(state)
+        drops, trusted = state.near_drops, self._near.trusted(state)
         try:
             if not await self._cache.renew_empty(state.runtime_id, version, ttl):
                 return None
@@ -793,7 +620,7 @@ class Claimer:
             return None
         self._schedule_renewal(state, version, now, ttl, due_at)
         if trusted:
-            self._keep_near(state, version, drops, now, ttl)
+            self._near.keep(state, version, drops, now, ttl)
         return ttl
 
     @contextlib.asynccontextmanager

@@ -34,13 +34,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
-from .claim import Departure
 from .errors import CacheUnavailable, ValidationFailed
 from .metrics import Metrics
 from .ports import WakeChannels
 from .rows import TaskRow
 from .schema import Body, Field, Kind, Setting
 from .settings import Settings
+from .waiters import Departure
 
 log = logging.getLogger("gateway.results")
 

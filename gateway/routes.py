@@ -1,5 +1,12 @@
-"""HTTP handlers. They parse, call the store and the claimer, and shape answers;
-they import no driver. Errors become problem+json in `api()` via errors.PROBLEMS.
+"""The API's endpoint table: every operation, its handler, the scope it needs and what
+its path names (`ENDPOINTS`), their authorization, and the Starlette routes made from
+them (`ROUTES`). Errors become problem+json in `api()` via errors.PROBLEMS.
+
+The handlers live by resource and caller: producer_routes.py (enqueue, cancel, retry,
+reads), daemon_routes.py (claim and the single lease operations), batch.py (the batch
+lease operations), controls_routes.py, runtimes.py, webhooks.py and admin.py; the
+operational ones (health, readiness, metrics, the OpenAPI document) are below. They
+parse, call the store and the claimer, and shape answers; they import no driver.
 """
 
 from __future__ import annotations
@@ -25,25 +32,21 @@ from . import (
     docs,
     models,
     openapi,
-    results,
     runtimes,
     webhooks,
 )
 from .auth import Principal, Scope
-from .claim import Departure
-from .errors import GatewayError, NotFound, StoreUnavailable
+from .daemon_routes import claim, complete, fail, heartbeat, release
+from .errors import GatewayError, NotFound
 from .httpio import (
     CLIENT_LEFT,
     DirectRoute,
-    DisconnectWatch,
-    empty_tasks_response,
     internal_error_response,
     json_response,
     problem_response,
-    read_json,
 )
 from .metrics import CONTENT_TYPE
-from .rows import Leased, as_enqueued
+from .producer_routes import cancel, enqueue, enqueue_batch, get_task, list_tasks, retry, stats
 from .runtime import Gateway
 
 log = logging.getLogger("gateway.http")
@@ -138,228 +141,6 @@ def _error_response(request: Request, exc: Exception) -> Response:
         return Response(status_code=CLIENT_LEFT)
     log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return internal_error_response()
-
-
-# -- producers --------------------------------------------------------------
-
-
-async def enqueue(request: Request, gw: Gateway) -> Response:
-    runtime_id = models.check_runtime_id(request.path_params["rt"])
-    body = await read_json(request, gw)
-    req = models.parse_enqueue(
-        body,
-        models.header_text(request.headers.get("idempotency-key"), "idempotency_key"),
-        gw.settings.max_payload_bytes,
-        gw.settings.max_json_depth,
-    )
-    # Sync match: a task due now may go straight to a poll parked here (claim.py).
-    waiter = gw.claimer.match(runtime_id) if req.run_at is None and not req.delay_seconds else None
-    leased = None
-    try:
-        row, created = await gw.store.enqueue(runtime_id, req, waiter.lease if waiter else None)
-        if created and row.status == "claimed":
-            leased = row
-    except StoreUnavailable:
-        if waiter is not None:
-            # The task may have been written, and then given back to the queue
-            # (Store.enqueue): claimable now, it needs its bump (I1).
-            await gw.claimer.announce(runtime_id)
-        raise
-    finally:
-        if waiter is not None:
-            await gw.claimer.matched(runtime_id, waiter, leased)
-    if not created:
-        return json_response(models.render_task_or_stub(row), 200, {"Idempotent-Replayed": "true"})
-    if leased is not None:
-        # No task became claimable (it is leased already): no bump. The producer sees
-        # the task as enqueued, as without the match.
-        return json_response(models.render_task_or_stub(as_enqueued(row)), 201)
-    await gw.claimer.announce(runtime_id)
-    return json_response(models.render_task_or_stub(row), 201)
-
-
-async def enqueue_batch(request: Request, gw: Gateway) -> Response:
-    runtime_id = models.check_runtime_id(request.path_params["rt"])
-    reqs = models.parse_batch(
-        await read_json(request, gw), gw.settings.max_payload_bytes, gw.settings.max_json_depth
-    )
-    tasks, all_replayed = await gw.store.enqueue_batch(runtime_id, reqs)
-    body = {"tasks": orjson.Fragment(tasks)}
-    if all_replayed:
-        return json_response(body, 200, {"Idempotent-Replayed": "true"})
-    await gw.claimer.announce(runtime_id)  # one bump for the whole batch
-    return json_response(body, 201)
-
-
-async def cancel(request: Request, gw: Gateway) -> Response:
-    task_id = models.check_task_id(request.path_params["task_id"])
-    row = await gw.store.cancel(task_id)
-    await gw.results.finished([(row.id, row.status)])
-    return json_response(models.render_task_or_stub(row))
-
-
-async def retry(request: Request, gw: Gateway) -> Response:
-    task_id = models.check_task_id(request.path_params["task_id"])
-    row = await gw.store.retry(task_id)
-    await gw.claimer.announce(row.runtime_id)
-    return json_response(models.render_task_or_stub(row))
-
-
-# A listing page stops early, with a next_cursor, once its tasks pass this many bytes:
-# 1000 tasks of 1 MiB payloads would otherwise make one answer of a gigabyte.
-LIST_PAGE_BYTES = 8 * 1024 * 1024
-LIST_FIRST_ROWS = 10  # read before the tasks' sizes are known; later reads follow them
-
-
-async def list_tasks(request: Request, gw: Gateway) -> Response:
-    """A page of tasks, oldest first: `limit` tasks, or fewer once LIST_PAGE_BYTES is
-    passed. Rows are read a few at a time, so memory follows the page, not the limit."""
-    runtime_id = models.check_runtime_id(request.path_params["rt"])
-    query = models.parse_list_query(request.query_params)
-    page: list[orjson.Fragment] = []
-    size, after, last = 0, query.after, None
-    want = min(query.limit, LIST_FIRST_ROWS)
-    while True:
-        rows = await gw.store.list_tasks(runtime_id, query.status, want + 1, after)
-        taken = 0
-        for row in rows[:want]:
-            task = models.task_bytes_or_stub(row)
-            page.append(orjson.Fragment(task))
-            size, last, taken = size + len(task), row, taken + 1
-            if size >= LIST_PAGE_BYTES:
-                break
-        more = taken < len(rows)  # the extra row was read, or the budget cut the read
-        if not more or len(page) >= query.limit or size >= LIST_PAGE_BYTES:
-            break
-        assert last is not None
-        after = (last.created_at, last.id)
-        average = max(size // len(page), 1)
-        want = max(1, min(query.limit - len(page), (LIST_PAGE_BYTES - size) // average))
-    cursor = models.encode_cursor(last) if more and last is not None else None
-    return json_response({"tasks": page, "next_cursor": cursor})
-
-
-async def stats(request: Request, gw: Gateway) -> Response:
-    runtime_id = models.check_runtime_id(request.path_params["rt"])
-    counts, oldest = await gw.store.stats(runtime_id)
-    return json_response(
-        {
-            "runtime_id": runtime_id,
-            "counts": {status: counts.get(status, 0) for status in models.STATUSES},
-            "oldest_queued_age_seconds": oldest,
-            "parked_pollers": gw.claimer.parked(runtime_id),
-            **gw.controls.get(runtime_id).render_pause(),
-        }
-    )
-
-
-# -- daemons ----------------------------------------------------------------
-
-
-async def claim(request: Request, gw: Gateway) -> Response:
-    runtime_id = models.check_runtime_id(request.path_params["rt"])
-    # The decoded body is not kept in this frame: a parked poll would hold it for its
-    # whole wait (about 0.2 KiB of its 15).
-    req = models.parse_claim(
-        await read_json(request, gw),
-        gw.settings.max_wait_seconds,
-        gw.settings.default_lease_seconds,
-    )
-    gone = Departure()
-    watch = DisconnectWatch(request.receive, gone.set) if req.wait_seconds else None
-    try:
-        rows = await gw.claimer.claim(runtime_id, req, gone if watch else None)
-    finally:
-        if watch is not None:
-            watch.stop()
-    if rows and (gone.is_set() or await request.is_disconnected()):
-        # The client left while its tasks were being leased: nobody would receive them.
-        await gw.claimer.give_back(runtime_id, [row.task for row in rows])
-        return Response(status_code=CLIENT_LEFT)
-    if not rows:
-        return empty_tasks_response()
-    return json_response({"tasks": await _deliverable(gw, rows)})
-
-
-async def _deliverable(gw: Gateway, rows: list[Leased]) -> list[orjson.Fragment]:
-    """The claimed tasks as JSON. A task that cannot be shown is not left leased to
-    nobody: it is ended `dead` with the reason, and the others are still delivered."""
-    out = []
-    for row in rows:
-        task = row.task
-        try:
-            out.append(models.render_task(task))
-        except Exception as exc:
-            reason = f"the gateway could not turn this task into a response: {exc}"
-            log.error("task %s of runtime %s ended dead: %s", task.id, task.runtime_id, reason)
-            gw.metrics.tasks_unrenderable.inc()
-            assert task.lease_id is not None  # a claimed row carries its lease
-            try:
-                await gw.store.bury(task.id, task.lease_id, reason)
-                await gw.results.finished([(task.id, "dead")])
-            except GatewayError as bury_error:
-                # Its lease lapses and the janitor takes it back; at max_attempts it dies.
-                log.warning("could not end task %s: %s", task.id, bury_error.detail)
-    return out
-
-
-async def heartbeat(request: Request, gw: Gateway) -> Response:
-    task_id = models.check_task_id(request.path_params["task_id"])
-    body = await read_json(request, gw)
-    lease_id = models.parse_lease_id(body)
-    seconds = models.parse_lease_seconds(body, gw.settings.default_lease_seconds)
-    row = await gw.store.heartbeat(task_id, lease_id, seconds)
-    return json_response(models.render_task_or_stub(row))
-
-
-async def complete(request: Request, gw: Gateway) -> Response:
-    task_id = models.check_task_id(request.path_params["task_id"])
-    body = await read_json(request, gw)
-    lease_id = models.parse_lease_id(body)
-    result = models.result_json(body, gw.settings.max_payload_bytes, gw.settings.max_json_depth)
-    row = await gw.completions.complete(task_id, lease_id, result)
-    await gw.tasks_ended([(row.id, row.status)], [row.runtime_id])
-    return json_response(models.render_task_or_stub(row))
-
-
-async def fail(request: Request, gw: Gateway) -> Response:
-    task_id = models.check_task_id(request.path_params["task_id"])
-    req = models.parse_fail(await read_json(request, gw))
-    row = await gw.store.fail(task_id, req.lease_id, req.error, req.retry, req.retry_after_seconds)
-    if row.status == "queued":
-        await gw.claimer.announce(row.runtime_id)
-    else:
-        await gw.tasks_ended([(row.id, row.status)], [row.runtime_id])
-    return json_response(models.render_task_or_stub(row))
-
-
-async def release(request: Request, gw: Gateway) -> Response:
-    task_id = models.check_task_id(request.path_params["task_id"])
-    lease_id = models.parse_lease_id(await read_json(request, gw))
-    row = await gw.store.release(task_id, lease_id)
-    if row.status == "queued":
-        await gw.claimer.announce(row.runtime_id)
-    else:  # a cancel was requested while it was held: now cancelled
-        await gw.results.finished([(row.id, row.status)])
-    return json_response(models.render_task_or_stub(row))
-
-
-async def get_task(request: Request, gw: Gateway) -> Response:
-    """The task; with `wait_seconds`, once it has finished or the wait ran out
-    (results.py). A waiting request ends when its client leaves."""
-    task_id = models.check_task_id(request.path_params["task_id"])
-    wait_seconds = results.parse_wait(request.query_params, gw.settings.max_wait_seconds)
-    if not wait_seconds:
-        return json_response(models.render_task_or_stub(await gw.store.get(task_id)))
-    gone = Departure()
-    watch = DisconnectWatch(request.receive, gone.set)
-    try:
-        row = await gw.results.wait(task_id, wait_seconds, gone)
-    finally:
-        watch.stop()
-    if gone.is_set():
-        return Response(status_code=CLIENT_LEFT)
-    return json_response(models.render_task_or_stub(row))
 
 
 # -- operations -------------------------------------------------------------

@@ -120,7 +120,7 @@ class Settings:
     read_timeout_seconds: float = 30.0
     max_parked_polls: int = 10_000
     log_format: str = "text"  # text for people, json (one object a line) for collectors
-    # Keep verdict hits of subscribed runtimes in the process (claim.py): an empty poll
+    # Keep verdict hits of subscribed runtimes in the process (near_cache.py): an empty poll
     # then costs no Redis round trip.
     near_cache_enabled: bool = True
     # Sync match (claim.py): an enqueue with a poll parked on this instance for its runtime

@@ -353,9 +353,9 @@ async def test_the_others_are_delivered_even_when_the_bad_task_cannot_be_ended(
 async def test_a_listing_page_stops_at_its_byte_budget_and_the_cursor_continues(
     gw, runtime_id, monkeypatch
 ):
-    from gateway import routes
+    from gateway import producer_routes
 
-    monkeypatch.setattr(routes, "LIST_PAGE_BYTES", 10_000)
+    monkeypatch.setattr(producer_routes, "LIST_PAGE_BYTES", 10_000)
     made = [await enqueue(gw, runtime_id, "x" * 3000) for _ in range(10)]
     pages, cursor = [], None
     for _ in range(20):
@@ -370,7 +370,7 @@ async def test_a_listing_page_stops_at_its_byte_budget_and_the_cursor_continues(
     assert [i for page in pages for i in page] == [t["id"] for t in made]
     assert len(pages) >= 3 and all(pages)
     # A small limit is still a limit, and a single large task still makes a page.
-    monkeypatch.setattr(routes, "LIST_PAGE_BYTES", 100)
+    monkeypatch.setattr(producer_routes, "LIST_PAGE_BYTES", 100)
     one = await list_tasks(gw, runtime_id, "?limit=5")
     assert [t["id"] for t in one.body["tasks"]] == [made[0]["id"]]
     assert one.body["next_cursor"] is not None

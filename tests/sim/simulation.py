@@ -13,11 +13,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.cache import CircuitBreaker, VerdictCache
-from gateway.claim import Claimer, Departure
+from gateway.claim import Claimer
 from gateway.errors import CacheUnavailable, GatewayError, Overloaded, StoreUnavailable
 from gateway.metrics import Metrics
 from gateway.models import ClaimRequest
 from gateway.settings import Settings
+from gateway.waiters import Departure
 
 from . import vloop
 from .fakes import FakeRedis, FakeStore, FakeWakeChannels, now
@@ -232,7 +233,7 @@ class World:
         self.check(when="answer")
         p.done = now()
         if disconnected is not None and disconnected.is_set() and rows:
-            await self.claimer.give_back(rt, [r.task for r in rows])  # as routes.py does
+            await self.claimer.give_back(rt, [r.task for r in rows])  # as daemon_routes.py does
             return
         p.rows = rows
         for row in rows:
