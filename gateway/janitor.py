@@ -193,7 +193,9 @@ class Janitor:
 
     async def _repair(self, report: PassReport) -> None:
         """Runtimes with tasks claimable for over a second are repaired. Those whose
-        verdict says empty lost a bump: bump them. The others get a wake-up publish: if
+        verdict says empty lost a bump, or had a row skipped by a claim while a lease
+        operation that came too late held it (it locks the row before it finds its
+        lease gone): bump them. The others get a wake-up publish: if
         a poll is parked on them, it missed one (a publish lost while the bump landed),
         and it re-checks; if none is, nobody listens.
 
@@ -215,7 +217,8 @@ class Janitor:
             for runtime_id in stale:
                 log.warning(
                     "runtime %s had claimable tasks behind an 'empty' verdict; bumped it "
-                    "(a version bump was lost earlier)",
+                    "(a version bump was lost earlier, or a claim skipped a task's row "
+                    "while a late lease operation held it)",
                     runtime_id,
                 )
                 self._metrics.repairs.inc()

@@ -88,7 +88,7 @@ SELECT extract(epoch FROM min(run_at) - now())::float8 AS due_in FROM tasks
 # runs the statement again with a wider window for the remaining slots.
 #
 # It always returns at least one row: with nothing leased, one whose slot is NULL,
-# carrying due_in, more and contended.
+# carrying due_in and more.
 CLAIM = f"""
 WITH candidates AS (
     SELECT id, priority, created_at, queued FROM (
@@ -144,13 +144,7 @@ SELECT leased.*, next_due.due_in,
        CASE WHEN (SELECT count(*) FROM picked) < cardinality($2::text[])
             THEN (SELECT count(*) FILTER (WHERE queued) >= $4
                          OR count(*) FILTER (WHERE NOT queued) >= $4 FROM candidates)
-            ELSE false END AS more,
-       -- Slots left, yet candidates not leased: another statement held or changed
-       -- them. A lease operation that locks a queued row and leaves it (a late
-       -- complete) leaves it claimable, so an empty verdict must not stand over it.
-       CASE WHEN (SELECT count(*) FROM picked) < cardinality($2::text[])
-            THEN (SELECT count(*) FROM candidates) > (SELECT count(*) FROM picked)
-            ELSE false END AS contended
+            ELSE false END AS more
   FROM next_due LEFT JOIN leased ON true
 """
 

@@ -19,7 +19,7 @@ from .controls import (
     refill_wait_seconds,
 )
 from .rows import Leased, TaskRow
-from .store_leases import CLAIM_WINDOW, LeaseStatements, settled_due_in
+from .store_leases import CLAIM_WINDOW, CONTENDED_RECHECK_SECONDS, LeaseStatements
 
 
 class ControlStatements(LeaseStatements):
@@ -91,7 +91,7 @@ class ControlStatements(LeaseStatements):
                 if len(rows) < allowed:
                     # Fewer than the limits allowed: the runtime ran out of claimable work,
                     # so this is an ordinary empty scan (other claims' rows: look again soon).
-                    due_in = settled_due_in(result[0])
+                    due_in = CONTENDED_RECHECK_SECONDS if result[0]["more"] else result[0]["due_in"]
                     held = None
                 return LimitedClaim(sorted(rows, key=lambda x: x.slot), due_in, held)
 

@@ -23,28 +23,13 @@ from .store_tasks import TaskStatements
 # (queued, due scheduled); candidates that other claims hold count against it. When it
 # runs out with slots left, the claim runs again with a window this many times wider,
 # at most CLAIM_ROUNDS times in all; then the poll checks again after
-# CONTENDED_RECHECK_SECONDS instead of trusting an empty verdict. So it does when due
-# candidates were skipped with slots left: held by a statement that may leave them
-# queued (a late complete locks the row it then finds re-queued).
+# CONTENDED_RECHECK_SECONDS instead of trusting an empty verdict.
 CLAIM_WINDOW = 50
 CLAIM_WINDOW_GROWTH = 20
 CLAIM_ROUNDS = 3
 CONTENDED_RECHECK_SECONDS = 0.05
 # The statuses a repeated complete by the same lease is answered with, as the first was.
 COMPLETE_REPLAYS = ("completed", "cancelled")
-
-
-def settled_due_in(answer: Row) -> float | None:
-    """The `due_in` of a claim that left slots free and runs no wider round: the next
-    delayed task's, or at most CONTENDED_RECHECK_SECONDS when other statements held
-    candidates (`more`: beyond the window; `contended`: within it), so that no long
-    empty verdict stands over rows they may leave queued. `answer`: CLAIM's first row."""
-    due_in: float | None = answer["due_in"]
-    if answer["more"] or answer["contended"]:
-        return (
-            CONTENDED_RECHECK_SECONDS if due_in is None else min(due_in, CONTENDED_RECHECK_SECONDS)
-        )
-    return due_in
 
 
 def lease_lost(task_id: uuid.UUID, lease_id: uuid.UUID, status: str) -> LeaseLost:
@@ -102,7 +87,6 @@ class LeaseStatements(TaskStatements):
                     break
                 due_in = result[0]["due_in"]
                 if not result[0]["more"]:
-                    due_in = settled_due_in(result[0])
                     break
                 if round_ == CLAIM_ROUNDS - 1:
                     # Rows other claims hold may come free: no long empty verdict.

@@ -18,7 +18,7 @@ import asyncpg
 from gateway.models import parse_enqueue
 from gateway.settings import Settings
 from tests.harness import Instance, make_settings
-from tests.support.databases import fetch
+from tests.support.databases import execute, fetch
 from tests.support.waiting import wait_until
 
 # A janitor interval long enough that the loop's first pass (run at start) is the only
@@ -86,3 +86,16 @@ async def enqueue_without_bump(inst: Instance, runtime: str, payload: Any, **fie
     row, created = await inst.gateway.store.enqueue(runtime, req)
     assert created
     return str(row.id)
+
+
+async def claimable_for_a_while(db: str, task_ids: list[Any]) -> None:
+    """Move the rows' creation (and run_at, for due rows) a few seconds into the past:
+    the repair leaves alone tasks that became claimable less than a second ago, whose
+    bump may still be on its way. Delayed rows keep their future run_at."""
+    await execute(
+        db,
+        "UPDATE tasks SET created_at = created_at - interval '5 seconds', "
+        "run_at = CASE WHEN run_at <= now() THEN run_at - interval '5 seconds' ELSE run_at END "
+        "WHERE id = ANY($1::uuid[])",
+        [str(t) for t in task_ids],
+    )

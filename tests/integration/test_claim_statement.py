@@ -133,20 +133,3 @@ async def test_when_held_rows_fill_every_round_the_poll_looks_again_soon(
     # Once the other client lets go, the same claim leases the first row.
     rows, due_in = await store.claim(runtime_id, ["a"], [30.0])
     assert len(rows) == 1 and due_in is None
-
-
-async def test_a_due_row_another_statement_holds_gets_a_short_verdict(
-    store: Store, other: asyncpg.Connection, runtime_id: str
-) -> None:
-    """Within the window: the one due row is locked by a statement that is not a claim
-    (a late complete locks the row it then finds re-queued, and leaves it queued). The
-    claim skips it and leases nothing, and the answer says to look again soon: a
-    long empty verdict would stand over a claimable task."""
-    await other.execute(FILL, runtime_id, 1, 50, "queued", -1.0)
-    async with other.transaction():
-        [held] = await other.fetch(HOLD, runtime_id, 1)
-        rows, due_in = await store.claim(runtime_id, ["a", "b"], [30.0, 30.0])
-        assert rows == []
-        assert due_in == CONTENDED_RECHECK_SECONDS
-    rows, due_in = await store.claim(runtime_id, ["a"], [30.0])
-    assert [r.task.id for r in rows] == [held["id"]] and due_in is None

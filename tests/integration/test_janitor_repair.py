@@ -13,11 +13,13 @@ import asyncio
 import time
 from typing import Any
 
+import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
 from tests.harness import running_gateway
 from tests.integration.janitor_support import (
+    claimable_for_a_while,
     empty_verdict,
     enqueue_without_bump,
     first_pass_done,
@@ -171,19 +173,6 @@ async def test_repair_reaches_runtimes_beyond_one_batch(
         assert stranded in repaired, repaired
 
 
-async def claimable_for_a_while(db: str, task_ids: list[Any]) -> None:
-    """Move the rows' creation (and run_at, for due rows) a few seconds into the past:
-    the repair leaves alone tasks that became claimable less than a second ago, whose
-    bump may still be on its way. Delayed rows keep their future run_at."""
-    await execute(
-        db,
-        "UPDATE tasks SET created_at = created_at - interval '5 seconds', "
-        "run_at = CASE WHEN run_at <= now() THEN run_at - interval '5 seconds' ELSE run_at END "
-        "WHERE id = ANY($1::uuid[])",
-        [str(t) for t in task_ids],
-    )
-
-
 async def test_bump_lost_to_a_real_redis_fault_is_repaired(
     db: str, redis_process: Any, runtime_id: str, redis_prefix: str
 ) -> None:
@@ -302,3 +291,32 @@ async def test_the_walk_is_bounded_per_pass_and_resumes_where_it_stopped(
         # verdict is no longer stale, so it only wakes it).
         report = await janitor.run_once()
         assert report.repaired == [] and report.woken == runtimes[:per_pass], report
+
+
+async def test_a_queued_row_a_lease_operation_held_is_repaired(
+    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+) -> None:
+    """Not a lost bump, but the same stale empty: a lease operation that comes late
+    (a complete whose lease lapsed and was reclaimed) locks the task's row before it
+    finds its lease gone, and a claim that runs meanwhile skips the locked row and
+    records the runtime empty over it. The repair finds it like a lost bump."""
+    cfg = janitor_settings(db, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
+    async with running_gateway(cfg) as gw:
+        await first_pass_done(gw)
+        cache, janitor = gw.gateway.cache, gw.gateway.janitor
+        task = await gw.enqueue(runtime_id, {"job": "held"})
+        conn = await asyncpg.connect(db)
+        try:
+            async with conn.transaction():
+                # What a late COMPLETE_GROUP or batch acknowledgement does first.
+                await conn.execute("SELECT 1 FROM tasks WHERE id = $1::uuid FOR UPDATE", task["id"])
+                assert await gw.claim(runtime_id, "w", wait_seconds=0) == []
+        finally:
+            await conn.close()
+        assert (await cache.read(runtime_id)).hit is True, "the claim recorded no empty verdict"
+        assert await gw.claim(runtime_id, "w", wait_seconds=0) == []
+
+        await claimable_for_a_while(db, [task["id"]])
+        assert (await janitor.run_once()).repaired == [runtime_id]
+        [got] = await gw.claim(runtime_id, "w", wait_seconds=0)
+        assert got["id"] == task["id"]
