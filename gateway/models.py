@@ -213,6 +213,14 @@ def parse_enqueue(
     return _parse_enqueue(body, header_key, limits, _absent_values(max_payload_bytes, max_depth))
 
 
+def _optional(
+    field: Field, body: Mapping[str, Any], limits: Mapping[str, Any], absent: Mapping[str, Any]
+) -> Any:
+    """An optional field's value: read when given, else its default (null reads as
+    absent)."""
+    return absent[field.name] if body.get(field.name) is None else field.read(body, limits)
+
+
 def _parse_enqueue(
     body: Mapping[str, Any],
     header_key: str | None,
@@ -220,13 +228,10 @@ def _parse_enqueue(
     absent: Mapping[str, Any],
     hash_without_key: bool = True,
 ) -> EnqueueRequest:
-    def read(field: Field) -> Any:
-        # Read only when given (null reads as absent); the order of the calls below
-        # decides which of several bad fields a refusal names.
-        return absent[field.name] if body.get(field.name) is None else field.read(body, limits)
-
+    # Each optional field is read only when given; the order of the reads decides which
+    # of several bad fields a refusal names.
     payload_json = _PAYLOAD.read(body, limits)
-    key = read(_KEY)
+    key = _optional(_KEY, body, limits, absent)
     if header_key is not None:
         longest = IDEMPOTENCY_KEY_HEADER.max_length
         if not header_key or len(header_key) > (longest or 0):
@@ -237,11 +242,11 @@ def _parse_enqueue(
             raise BadRequest("idempotency_key in the body and the Idempotency-Key header differ")
         key = header_key
     ENQUEUE_BODY.check_exclusive(body)
-    delay = read(_DELAY)
-    run_at = read(_RUN_AT)
-    ttl = read(_TTL)
-    priority = read(_PRIORITY)
-    max_attempts = read(_MAX_ATTEMPTS)
+    delay = _optional(_DELAY, body, limits, absent)
+    run_at = _optional(_RUN_AT, body, limits, absent)
+    ttl = _optional(_TTL, body, limits, absent)
+    priority = _optional(_PRIORITY, body, limits, absent)
+    max_attempts = _optional(_MAX_ATTEMPTS, body, limits, absent)
     request_hash = ""
     if key is not None or hash_without_key:
         # Hash the request as understood, so a retry that spells out a default matches.
