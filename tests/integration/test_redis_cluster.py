@@ -185,7 +185,8 @@ async def test_a_wait_for_a_result_is_woken_by_a_complete_through_another_instan
         await b.complete(claimed, result="through b")
         status, answer = await asyncio.wait_for(waiting, 15)
         assert status == 200 and answer["result"] == "through b", answer
-        assert sample(b, "gateway_result_publishes_total", outcome="ok") == 1
+        # At least: a janitor pass may also have finished other tests' leftover tasks.
+        assert sample(b, "gateway_result_publishes_total", outcome="ok") >= 1
 
 
 async def test_a_killed_master_fails_open_and_the_cache_comes_back(
