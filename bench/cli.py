@@ -260,7 +260,16 @@ def parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=20_000,
         metavar="N",
-        help="drain, enqueue: tasks (and pgqueuer jobs) (default: 20000)",
+        help="drain: tasks (and pgqueuer jobs) (default: 20000)",
+    )
+    p.add_argument(
+        "--enqueue-tasks",
+        type=_positive_int,
+        default=100_000,
+        metavar="N",
+        help="enqueue: tasks of the batch enqueue, and pgqueuer's jobs beside it; "
+        "100 requests of 1,000 by default, so that one slow request moves the ratio "
+        "little (default: 100000)",
     )
     p.add_argument(
         "--drain-workers",

@@ -68,12 +68,13 @@ class Api:
     async def post(
         self, path: str, body: Any, tally: Tally, *, seconds: float = 30.0
     ) -> tuple[int, Any] | None:
-        """(status, parsed body) or None after a transport error (recorded in tally)."""
+        """(status, parsed body) or None after a transport error (recorded in tally).
+        `body` is sent as JSON, or as it is when it is bytes (JSON made beforehand)."""
         started = time.perf_counter()
         try:
             async with self.session.post(
                 self.base_url + path,
-                data=orjson.dumps(body),
+                data=body if isinstance(body, bytes) else orjson.dumps(body),
                 headers=self.headers,
                 timeout=aiohttp.ClientTimeout(total=seconds),
             ) as resp:

@@ -68,6 +68,7 @@ class PgqueuerVenv:
         dsn: str,
         *,
         jobs: int,
+        enqueue_jobs: int,
         workers: int,
         batch_size: int,
         enqueue_batch: int,
@@ -81,6 +82,8 @@ class PgqueuerVenv:
             dsn,
             "--jobs",
             str(jobs),
+            "--enqueue-jobs",
+            str(enqueue_jobs),
             "--workers",
             str(workers),
             "--batch-size",
@@ -131,6 +134,7 @@ async def run_pgqueuer(
     admin_url: str,
     *,
     jobs: int,
+    enqueue_jobs: int,
     workers: int,
     batch_size: int,
     enqueue_batch: int,
@@ -138,8 +142,8 @@ async def run_pgqueuer(
     timeout_seconds: float,
     venv: PgqueuerVenv | None = None,
 ) -> dict[str, Any]:
-    """pgqueuer's batch enqueue, drain and enqueue-to-start latency, in a fresh database
-    on the same server (dropped afterwards)."""
+    """pgqueuer's batch enqueue (`enqueue_jobs` jobs), drain (`jobs` jobs) and
+    enqueue-to-start latency, in a fresh database on the same server (dropped afterwards)."""
     venv = venv or PgqueuerVenv()
     await ensure_pgqueuer(venv)
     async with fresh_database(admin_url, "bench_pgq_", migrate=False) as dsn:
@@ -148,6 +152,7 @@ async def run_pgqueuer(
         argv = venv.driver_command(
             dsn,
             jobs=jobs,
+            enqueue_jobs=enqueue_jobs,
             workers=workers,
             batch_size=batch_size,
             enqueue_batch=enqueue_batch,

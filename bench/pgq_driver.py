@@ -38,16 +38,18 @@ def _percentile(values: list[float], pct: float) -> float | None:
     return ordered[rank - 1]
 
 
+def _payloads(batch: int) -> list[bytes]:
+    """The payloads the gateway's batch requests carry ({"k": k, "i": i}, k = 0 for the
+    one sender), serialized as the gateway stores them, made before the clock starts:
+    both sides then store the same data."""
+    return [json.dumps({"k": 0, "i": i}, separators=(",", ":")).encode() for i in range(batch)]
+
+
 async def _batch_enqueue(dsn: str, jobs: int, batch: int) -> dict[str, Any]:
     conn = await asyncpg.connect(dsn)
     try:
         queries = Queries(AsyncpgDriver(conn))
-        # The payloads the gateway's batch requests carry ({"k": k, "i": i}, k = 0 for
-        # the one sender), serialized as the gateway stores them, made before the clock
-        # starts: both sides then store the same data.
-        payloads = [
-            json.dumps({"k": 0, "i": i}, separators=(",", ":")).encode() for i in range(batch)
-        ]
+        payloads = _payloads(batch)
         latencies: list[float] = []
         started = time.perf_counter()
         cpu_started = time.process_time()
@@ -168,9 +170,28 @@ async def _latency(dsn: str, samples: int, timeout: float) -> dict[str, Any]:
     }
 
 
+async def _queue_for_the_drain(dsn: str, jobs: int, batch: int) -> None:
+    """Empty the queue and its log (truncated), then queue `jobs` jobs, untimed: the
+    drain then starts from the same `jobs` as the gateway's, whatever the timed batch
+    enqueue wrote before."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        queries = Queries(AsyncpgDriver(conn))
+        await queries.clear_queue()
+        await queries.clear_queue_log()
+        payloads = _payloads(batch)
+        for first in range(0, jobs, batch):
+            n = min(batch, jobs - first)
+            await queries.enqueue([ENTRYPOINT] * n, payloads[:n], [0] * n)
+    finally:
+        await conn.close()
+
+
 async def _main(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    out["batch_enqueue"] = await _batch_enqueue(args.dsn, args.jobs, args.enqueue_batch)
+    out["batch_enqueue"] = await _batch_enqueue(args.dsn, args.enqueue_jobs, args.enqueue_batch)
+    if args.enqueue_jobs != args.jobs:
+        await _queue_for_the_drain(args.dsn, args.jobs, args.enqueue_batch)
     out["drain"] = await _drain(args.dsn, args.workers, args.batch_size, args.timeout_seconds)
     out["enqueue_to_start"] = await _latency(args.dsn, args.latency_samples, args.timeout_seconds)
     return out
@@ -179,13 +200,18 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--dsn", required=True)
-    p.add_argument("--jobs", type=int, default=20_000)
+    p.add_argument("--jobs", type=int, default=20_000, help="jobs of the drain")
+    p.add_argument(
+        "--enqueue-jobs", type=int, default=None, help="jobs of the batch enqueue (--jobs)"
+    )
     p.add_argument("--enqueue-batch", type=int, default=1000)
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--batch-size", type=int, default=10)
     p.add_argument("--latency-samples", type=int, default=200)
     p.add_argument("--timeout-seconds", type=float, default=120.0)
     args = p.parse_args()
+    if args.enqueue_jobs is None:
+        args.enqueue_jobs = args.jobs
     try:
         import uvloop
 

@@ -401,6 +401,31 @@ RETURNING created_at, {NEW_TASK_JSON} AS task_json
 SELECT count(*)::int AS n, string_agg(task_json, ',' ORDER BY created_at) AS tasks FROM new
 """
 
+# A keyless batch whose items set no time (no run_at, delay_seconds or ttl_seconds):
+# every row is queued, due at the batch's time, with no expiry, created and updated a
+# microsecond apart in request order. Postgres sends back only what the gateway cannot
+# know: that time, and each task's id and payload as jsonb writes it (one line per
+# task, request order; jsonb text has no raw newline). The gateway writes the rest of
+# each task's JSON (store_tasks.plain_tasks_json): writing it here cost Postgres about
+# 3.5 ms per 1,000 tasks, a quarter of the statement.
+ENQUEUE_BATCH_PLAIN = """
+WITH new AS (
+INSERT INTO tasks (runtime_id, status, priority, payload, max_attempts, run_at,
+                   created_at, updated_at)
+SELECT $1, 'queued', i.priority, i.payload::jsonb, i.max_attempts, base.t,
+       base.t + (i.ord - 1) * interval '1 microsecond',
+       base.t + (i.ord - 1) * interval '1 microsecond'
+  FROM (SELECT clock_timestamp() AS t) base,
+       ROWS FROM (unnest($2::text::int[]), json_array_elements($3::json),
+                  unnest($4::text::int[]))
+       WITH ORDINALITY AS i(priority, payload, max_attempts, ord)
+RETURNING created_at, id::text || payload::text AS line
+)
+SELECT count(*)::int AS n, min(created_at) AS t,
+       string_agg(line, E'\n' ORDER BY created_at) AS lines
+  FROM new
+"""
+
 GET_BY_IDEMPOTENCY_KEYS = f"""
 SELECT {TASK_COLUMNS}, request_hash, idempotency_key FROM tasks
  WHERE runtime_id = $1 AND idempotency_key = ANY($2::text[])

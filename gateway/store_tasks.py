@@ -12,9 +12,10 @@ import contextlib
 import os
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
+import orjson
 from asyncpg.pgproto.pgproto import UUID as DriverUUID
 
 from . import queries as q
@@ -40,6 +41,49 @@ def _json_array(texts: list[str]) -> str:
 def _int_array(values: list[int]) -> str:
     """Integers as a Postgres array literal, for a `$n::text::int[]` parameter."""
     return "{" + ",".join(map(str, values)) + "}"
+
+
+def is_plain(req: EnqueueRequest) -> bool:
+    """An item that sets no time: due at once, never expiring (queries.ENQUEUE_BATCH_PLAIN)."""
+    return req.run_at is None and not req.delay_seconds and req.ttl_seconds is None
+
+
+def _times(start: datetime, count: int) -> list[str]:
+    """`count` times a microsecond apart from `start`, as models.format_time writes
+    them: the date and second are written once per second crossed, not per time."""
+    second = start.astimezone(UTC).replace(tzinfo=None, microsecond=0)
+    head = second.isoformat(timespec="seconds") + "."
+    micro = start.microsecond
+    out = []
+    for _ in range(count):
+        if micro == 1_000_000:
+            second, micro = second + timedelta(seconds=1), 0
+            head = second.isoformat(timespec="seconds") + "."
+        out.append(f"{head}{micro:06d}Z")
+        micro += 1
+    return out
+
+
+def plain_tasks_json(
+    runtime_id: str, reqs: Sequence[EnqueueRequest], start: datetime, lines: str
+) -> str:
+    """The answer to a plain batch (queries.ENQUEUE_BATCH_PLAIN) as one JSON array: byte
+    for byte what models.task_bytes makes of each stored row. `start` is the batch's
+    time, `lines` Postgres's id-and-payload line per task, in request order."""
+    runtime = orjson.dumps(runtime_id).decode()
+    times = _times(start, len(reqs))
+    run_at = times[0]
+    return (
+        "["
+        + ",".join(
+            f'{{"id":"{line[:36]}","runtime_id":{runtime},"status":"queued",'
+            f'"priority":{req.priority},"payload":{line[36:]},"attempts":0,'
+            f'"max_attempts":{req.max_attempts},"run_at":"{run_at}","expires_at":null,'
+            f'"created_at":"{at}","updated_at":"{at}"}}'
+            for req, line, at in zip(reqs, lines.split("\n"), times, strict=True)
+        )
+        + "]"
+    )
 
 
 def new_task_ids(count: int) -> list[uuid.UUID]:
@@ -162,6 +206,18 @@ class TaskStatements(StoreBase):
             _column([r.delay_seconds for r in reqs]),
             _column([r.ttl_seconds for r in reqs]),
         )
+
+        if not keys and all(is_plain(r) for r in reqs):
+
+            async def insert_plain(c: asyncpg.Connection) -> str:
+                row = await c.fetchrow(q.ENQUEUE_BATCH_PLAIN, runtime_id, *columns[:3])
+                if row is None or row["n"] != len(reqs):
+                    raise StoreUnavailable("a batch item vanished mid-insert; retry")
+                return plain_tasks_json(runtime_id, reqs, row["t"], row["lines"])
+
+            tasks = await self._run(insert_plain)
+            self._metrics.tasks_enqueued.inc(len(reqs))
+            return tasks, False
 
         if not keys:
 

@@ -32,6 +32,7 @@ def test_the_driver_runs_in_the_peer_venv_with_every_size(tmp_path: Path) -> Non
     argv = venv.driver_command(
         "postgresql://u@127.0.0.1/db",
         jobs=20_000,
+        enqueue_jobs=100_000,
         workers=16,
         batch_size=10,
         enqueue_batch=1000,
@@ -43,6 +44,7 @@ def test_the_driver_runs_in_the_peer_venv_with_every_size(tmp_path: Path) -> Non
     assert flags == {
         "--dsn": "postgresql://u@127.0.0.1/db",
         "--jobs": "20000",
+        "--enqueue-jobs": "100000",
         "--workers": "16",
         "--batch-size": "10",
         "--enqueue-batch": "1000",

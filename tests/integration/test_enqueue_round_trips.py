@@ -42,14 +42,15 @@ def item(payload: Any, **fields: Any) -> EnqueueRequest:
 
 
 async def statements_of(store: Store, runtime_id: str) -> list[str]:
-    """What the store's connection sends from now on (after a first batch, on another
-    runtime, has let the driver look up its types)."""
+    """What the store's connection sends from now on (after a first batch of each
+    kind, on another runtime, has let the driver look up its types)."""
     seen: list[str] = []
 
     async def log_queries(conn: asyncpg.Connection) -> None:
         conn.add_query_logger(lambda record: seen.append(record.query))
 
     await store.enqueue_batch(runtime_id + "-warm-up", [item(0)])
+    await store.enqueue_batch(runtime_id + "-warm-up", [item(0, delay_seconds=1)])
     await store.run(log_queries)
     return seen
 
@@ -74,6 +75,11 @@ async def test_single_and_keyless_batch_enqueues_are_one_statement(
         )
     )
     assert [r["status"] for r in stored] == ["queued", "queued", "scheduled", "queued"]
+    # Items that set no time (the usual batch) take the plain statement.
+    seen.clear()
+    rows, _ = await store.enqueue_batch(runtime_id, [item(4), item(5, max_attempts=2)])
+    assert seen == [q.ENQUEUE_BATCH_PLAIN]
+    assert [t["payload"] for t in orjson.loads(rows)] == [4, 5]
 
 
 async def test_a_batch_with_keys_is_all_or_nothing(
@@ -88,6 +94,39 @@ async def test_a_batch_with_keys_is_all_or_nothing(
         )
     rows = await fetch(database_url, "SELECT payload FROM tasks WHERE runtime_id = $1", runtime_id)
     assert len(rows) == 1, "a refused batch left rows behind"
+
+
+# Payloads whose jsonb text differs from what was sent: keys reordered and repeated,
+# spacing, numbers Postgres writes its own way, escapes, text beyond ASCII.
+ODD_PAYLOADS: list[Any] = [
+    {"bb": 1, "a": {"z": [], "y": {}}, "bb ": "x"},
+    'line\nbreak\ttab "quoted" \\ back\u2028sep\u0001',
+    "é 字 😀",
+    ExactNumber("1E+2"),
+    ExactNumber("-0.000"),
+    ExactNumber("12345678901234567890123456789"),
+    [1.5, -0.0, 1e-7, True, None, [[[]]]],
+    "",
+]
+
+
+async def test_a_plain_batchs_json_written_by_the_gateway_is_the_one_models_writes(
+    store: Store, runtime_id: str
+) -> None:
+    # store_tasks.plain_tasks_json writes the answer to a batch of items that set no
+    # time from Postgres's ids and payload texts: byte for byte what models.task_bytes
+    # makes of each stored row, read back.
+    items = [item(p) for p in ODD_PAYLOADS] + [item(None, priority=1000, max_attempts=100)]
+    written, replayed = await store.enqueue_batch(runtime_id, items)
+    assert replayed is False
+    stored = await store.run(
+        lambda c: c.fetch(
+            f"SELECT {q.TASK_COLUMNS} FROM tasks WHERE runtime_id = $1 ORDER BY created_at",
+            runtime_id,
+        )
+    )
+    expected = [task_bytes(TaskRow.of(row)).decode() for row in stored]
+    assert written == "[" + ",".join(expected) + "]"
 
 
 @pytest.mark.parametrize("keyed", [False, True], ids=["without-keys", "with-keys"])
