@@ -46,14 +46,19 @@ redis.call('SET', KEYS[1], nv, 'EX', tonumber(ARGV[2]))
 return nv
 """
 
-# Cluster mode: a cluster pipeline refuses PUBLISH, so the bump publishes from inside
-# the script, on the runtime's own node; PUBLISH in a cluster reaches every node.
+# The bump and its wake-up in one script call: one command to send and one answer to
+# parse, half the client's CPU and round-trip time of the two commands pipelined
+# (measured: 110-120 against 245-250 us of CPU per bump). In a cluster it also runs on
+# the runtime's own node (a cluster pipeline refuses PUBLISH); PUBLISH in a cluster
+# reaches every node.
 BUMP_AND_PUBLISH_SCRIPT = BUMP_SCRIPT.replace(
     "return nv", "redis.call('PUBLISH', ARGV[3], ARGV[4])\nreturn nv"
 )
 
-# Cluster mode: the janitor's wake-ups (ARGV = channel, message, ...) in one round trip
-# to any node.
+# Several publishes (ARGV = channel, message, ...) in one script call, on any node:
+# the result wake-ups of a batch of finished tasks, the janitor's wake-ups. For 10
+# messages it costs the client half the CPU of 10 pipelined PUBLISHes (120 against
+# 205-240 us, measured).
 PUBLISH_ALL_SCRIPT = """
 for i = 1, #ARGV, 2 do redis.call('PUBLISH', ARGV[i], ARGV[i + 1]) end
 return #ARGV / 2
@@ -225,7 +230,6 @@ class VerdictCache:
         self.breaker = breaker
         self._on_trouble = on_trouble
         self._cluster = cluster
-        self._bump = client.register_script(BUMP_SCRIPT)
         self._bump_and_publish = client.register_script(BUMP_AND_PUBLISH_SCRIPT)
         self._publish_all = client.register_script(PUBLISH_ALL_SCRIPT)
         self._renew = client.register_script(RENEW_SCRIPT)
@@ -324,18 +328,8 @@ class VerdictCache:
         k = self.keys(runtime_id)
 
         async def go() -> str:
-            if self._cluster:
-                args: list[str | int] = [new_epoch(), self._version_ttl, k.wake, runtime_id]
-                return str(await self._bump_and_publish(keys=[k.version], args=args))
-            async with self._client.pipeline(transaction=False) as pipe:
-                await self._bump(
-                    keys=[k.version],
-                    args=[new_epoch(), self._version_ttl],
-                    client=pipe,  # type: ignore[arg-type]
-                )
-                pipe.publish(k.wake, runtime_id)
-                version, _ = await pipe.execute()
-            return str(version)
+            args: list[str | int] = [new_epoch(), self._version_ttl, k.wake, runtime_id]
+            return str(await self._bump_and_publish(keys=[k.version], args=args))
 
         try:
             version = await self._call("version bump", go)
@@ -350,14 +344,8 @@ class VerdictCache:
         For the janitor's repair pass: a publish can be lost while the bump landed."""
 
         async def go() -> None:
-            if self._cluster:
-                args = [a for rt in runtime_ids for a in (self.keys(rt).wake, rt)]
-                await self._publish_all(keys=[], args=args)
-                return
-            async with self._client.pipeline(transaction=False) as pipe:
-                for runtime_id in runtime_ids:
-                    pipe.publish(self.keys(runtime_id).wake, runtime_id)
-                await pipe.execute()
+            args = [a for rt in runtime_ids for a in (self.keys(rt).wake, rt)]
+            await self._publish_all(keys=[], args=args)
 
         if runtime_ids:
             await self._call("wake-up publish", go)
@@ -368,13 +356,7 @@ class VerdictCache:
         (controls.py); no version is bumped."""
 
         async def go() -> None:
-            if self._cluster:
-                await self._publish_all(keys=[], args=[part for m in messages for part in m])
-                return
-            async with self._client.pipeline(transaction=False) as pipe:
-                for channel, message in messages:
-                    pipe.publish(channel, message)
-                await pipe.execute()
+            await self._publish_all(keys=[], args=[part for m in messages for part in m])
 
         if messages:
             await self._call("publish", go)
