@@ -18,7 +18,12 @@ from typing import Any, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from gateway.cache import RENEW_SCRIPT, runtime_of_channel
+from gateway.cache import (
+    BUMP_AND_PUBLISH_SCRIPT,
+    PUBLISH_ALL_SCRIPT,
+    RENEW_SCRIPT,
+    runtime_of_channel,
+)
 from gateway.errors import StoreUnavailable
 from gateway.rows import Leased, TaskRow
 
@@ -261,9 +266,12 @@ class FakeRedis:
 
     # the client API VerdictCache uses
 
-    def register_script(self, script: str) -> _BumpScript | _RenewScript:
+    def register_script(self, script: str) -> _BumpScript | _PublishAllScript | _RenewScript:
         if script == RENEW_SCRIPT:
             return _RenewScript(self)
+        if script == PUBLISH_ALL_SCRIPT:
+            return _PublishAllScript(self)
+        assert script == BUMP_AND_PUBLISH_SCRIPT, "a script the fake does not know"
         return _BumpScript(self)
 
     def _renew(self, version_key: str, empty_key: str, version: str, ttl_ms: int) -> int:
@@ -320,13 +328,37 @@ class _Pipeline:
 
 
 class _BumpScript:
+    """BUMP_AND_PUBLISH_SCRIPT: the bump, then its wake-up, in one round trip."""
+
     def __init__(self, redis: FakeRedis) -> None:
         self._redis = redis
 
-    async def __call__(self, keys: list[str], args: list[Any], client: _Pipeline) -> _Pipeline:
+    async def __call__(self, keys: list[str], args: list[Any]) -> str:
         r = self._redis
-        client._ops.append(lambda: r._bump(keys[0], str(args[0]), int(args[1])))
-        return client
+
+        def effect() -> str:
+            version = r._bump(keys[0], str(args[0]), int(args[1]))
+            r._publish(str(args[2]), str(args[3]))
+            return version
+
+        return await r.round_trip(effect)
+
+
+class _PublishAllScript:
+    """PUBLISH_ALL_SCRIPT: every (channel, message) pair of ARGV, in one round trip."""
+
+    def __init__(self, redis: FakeRedis) -> None:
+        self._redis = redis
+
+    async def __call__(self, keys: list[str], args: list[Any]) -> int:
+        r = self._redis
+
+        def effect() -> int:
+            for channel, message in zip(args[::2], args[1::2], strict=True):
+                r._publish(str(channel), str(message))
+            return len(args) // 2
+
+        return await r.round_trip(effect)
 
 
 class _RenewScript:
