@@ -15,7 +15,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -115,9 +115,10 @@ def database_url(pg_admin_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def pgbouncer(pg_admin_url: str) -> Iterator[PgBouncer]:
-    """A PgBouncer of the test's own in transaction pooling mode, in front of the test
-    Postgres (every database), on a free loopback port; stopped by pid afterwards."""
+def make_pgbouncer() -> Iterator[Callable[[str], PgBouncer]]:
+    """Starts a PgBouncer of the test's own in transaction pooling mode in front of a
+    Postgres URL's server (every database), on a free loopback port; each is stopped
+    by pid after the test."""
     binary = pgbouncer_binary()
     if binary is None:
         if IN_CI:
@@ -126,10 +127,23 @@ def pgbouncer(pg_admin_url: str) -> Iterator[PgBouncer]:
                 pytrace=False,
             )
         pytest.skip("pgbouncer is not installed (Debian: apt-get install pgbouncer)")
-    bouncer = PgBouncer(binary, pg_admin_url)
-    bouncer.start()
-    yield bouncer
-    bouncer.stop()
+    started: list[PgBouncer] = []
+
+    def start(postgres_url: str) -> PgBouncer:
+        bouncer = PgBouncer(binary, postgres_url)
+        started.append(bouncer)
+        bouncer.start()
+        return bouncer
+
+    yield start
+    for bouncer in started:
+        bouncer.stop()
+
+
+@pytest.fixture
+def pgbouncer(pg_admin_url: str, make_pgbouncer: Callable[[str], PgBouncer]) -> PgBouncer:
+    """A PgBouncer of the test's own in front of the test Postgres (see make_pgbouncer)."""
+    return make_pgbouncer(pg_admin_url)
 
 
 # The prefixes handed out by `redis_prefix` in this session, whose keys go at its end.

@@ -13,12 +13,13 @@ import random
 import secrets
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import asyncpg
 import pytest
 
+from gateway.embedded import EmbeddedServers
 from gateway.errors import StoreUnavailable
 from gateway.metrics import Metrics
 from gateway.store import Store
@@ -214,6 +215,33 @@ async def test_concurrent_pollers_on_both_gateways_get_each_task_once(
         assert len({lease for _, lease in handed_out}) == total
         rows = await task_rows(db, runtime_id)
         assert Counter((r["status"], r["attempts"]) for r in rows) == {("completed", 1): total}
+
+
+async def _data_directory(url: str) -> str:
+    # PgBouncer keeps a client waiting while it retries a server it cannot reach.
+    conn = await asyncpg.connect(url, statement_cache_size=0, timeout=10)
+    try:
+        return str(await conn.fetchval("SELECT current_setting('data_directory')"))
+    finally:
+        await conn.close()
+
+
+async def test_pgbouncer_reaches_the_embedded_server_over_its_socket(
+    embedded: EmbeddedServers, make_pgbouncer: Callable[[str], PgBouncer]
+) -> None:
+    """The embedded Postgres listens only on a unix socket in its data directory (its
+    own system user's when the suite runs as root): the test's PgBouncer reaches that
+    server, not whatever listens on 127.0.0.1:5432. Runs with TEST_DATABASE_URL set too."""
+    url = embedded.start_postgres()
+    assert "?host=/" in url, url
+    bouncer = make_pgbouncer(url)
+    pgdata = str(embedded.data_dir / "postgres")
+    assert await _data_directory(url) == pgdata
+    try:
+        through = await _data_directory(bouncer.url(url))
+    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+        pytest.fail(f"through PgBouncer: {exc!r}; its log:\n{bouncer.log}")
+    assert through == pgdata
 
 
 async def _active(direct: str, marker: str) -> int:
