@@ -14,7 +14,6 @@ on a transaction held open, and let it go by committing.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -27,7 +26,7 @@ from gateway.store_acks import ItemResult, _item_results
 from gateway.store_leases import COMPLETE_REPLAYS
 from tests.harness import Instance, running_gateway
 from tests.integration.janitor_support import first_pass_done, janitor_settings, row_of
-from tests.support.databases import execute
+from tests.support.databases import execute, waiting_for_a_lock
 
 pytestmark = pytest.mark.integration
 
@@ -150,18 +149,6 @@ async def claimed_task(gw: Instance, runtime_id: str) -> tuple[uuid.UUID, uuid.U
     await gw.enqueue(runtime_id, {"job": 1})
     [task] = await gw.claim(runtime_id, "w", wait_seconds=0, lease_seconds=60)
     return uuid.UUID(task["id"]), uuid.UUID(task["lease_id"])
-
-
-async def waiting_for_a_lock(conn: asyncpg.Connection, pid: int, within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        waiting = await conn.fetchval(
-            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
-        )
-        if waiting:
-            return
-        assert time.monotonic() < deadline, "the statement never waited for the row"
-        await asyncio.sleep(0.01)
 
 
 async def batch_after(
