@@ -193,11 +193,12 @@ class Janitor:
 
     async def _repair(self, report: PassReport) -> None:
         """Runtimes with tasks claimable for over a second are repaired. Those whose
-        verdict says empty lost a bump, or had a row skipped by a claim while a lease
-        operation that came too late held it (it locks the row before it finds its
-        lease gone): bump them. The others get a wake-up publish: if
-        a poll is parked on them, it missed one (a publish lost while the bump landed),
-        and it re-checks; if none is, nobody listens.
+        verdict says empty lost a bump, or had a row skipped by a claim in the instant
+        a lease operation re-checked it: one that began while its lease held the task
+        and waited for the reclaim that queued it again keeps the row locked until its
+        statement ends (queries._LEASE_HELD). Bump them. The others get a wake-up
+        publish: if a poll is parked on them, it missed one (a publish lost while the
+        bump landed), and it re-checks; if none is, nobody listens.
 
         The walk visits at most REPAIR_PAGES_PER_PASS pages of janitor_batch_size
         runtimes with a queued task per pass, and goes on from there at the next pass:
@@ -218,7 +219,7 @@ class Janitor:
                 log.warning(
                     "runtime %s had claimable tasks behind an 'empty' verdict; bumped it "
                     "(a version bump was lost earlier, or a claim skipped a task's row "
-                    "while a late lease operation held it)",
+                    "while a lease operation that had waited for its reclaim re-checked it)",
                     runtime_id,
                 )
                 self._metrics.repairs.inc()

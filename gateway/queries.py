@@ -202,30 +202,58 @@ UPDATE tasks
 RETURNING {TASK_COLUMNS}
 """
 
+# The lease that holds a task now: its lease_id while it is claimed, else none (a
+# finished task keeps the lease_id that finished it, for replays). One expression, not
+# `status = 'claimed' AND lease_id = ...`: a bare condition on status lets the planner
+# walk every claimed task (tasks_lease_idx) instead of probing the primary key.
+HOLDING_LEASE = "CASE WHEN tasks.status = 'claimed' THEN tasks.lease_id END"
+
+# The tasks of `items` (item_id, item_lease) that the item's lease holds, locked, in id
+# order: two statements naming the same tasks, in any order, wait for each other
+# instead of deadlocking. Only those are locked. A lock on a task the lease no longer
+# holds (its lease lapsed and the janitor queued it again) would make a claim running
+# meanwhile skip the task (CLAIM: SKIP LOCKED) and record the runtime empty over it.
+#
+# Why the rows found are right: the scan tests HOLDING_LEASE on the row as the
+# statement's snapshot shows it, and only a row passing it is locked. When that row was
+# changed since (another request reported it, the janitor reclaimed it), the lock waits
+# for that change, takes the newest version, and Postgres tests the conditions again on
+# it (EvalPlanQual): the row is kept only if the item's lease still holds it, and being
+# locked, it holds it until the statement commits. A row that fails the second test is
+# left out, yet Postgres keeps the lock it took for the test until the statement ends;
+# so a claim can still skip a task re-queued in that very instant, as it can with the
+# single-row statements (HEARTBEAT, COMPLETE: an UPDATE does the same). The janitor's
+# repair (I6) covers that rare case, which lasts one statement.
+#
+# Each item's id and lease as one-element arrays (as CLAIM's update): conditions the
+# planner can neither hash nor merge, so it probes the primary key once per item.
+# Joined on plain equalities, it hashed the items against a sequential scan of the
+# whole table.
+_LEASE_HELD = f"""
+held AS MATERIALIZED (
+    SELECT tasks.id AS held_id, tasks.runtime_id AS held_runtime
+      FROM items i JOIN tasks ON tasks.id = ANY (ARRAY[i.item_id])
+     WHERE {HOLDING_LEASE} = ANY (ARRAY[i.item_lease]){{covered}}
+     ORDER BY tasks.id
+       FOR UPDATE OF tasks
+)"""
+
 # COMPLETE for the single completes that arrived together (completions.py): one
 # statement, one commit for all of them. $1 task ids (distinct), $2 lease ids, $3
 # results (JSON text or NULL). Each task this completes comes back whole, as COMPLETE
 # returns it; a task it does not (lease lost, already reported, no such task) is left
-# to its own request. The rows are locked in id order first (as _BATCH_HELD does, and
-# for the same reason): two such statements, or one and a batch, that name the same
-# tasks wait for each other instead of deadlocking. The lease and status are checked on
-# the locked rows (held), so that the update finds its rows by primary key only: a
-# condition on tasks.status lets the planner walk every claimed task instead.
+# to its own request, which reads it afresh (complete_missed). The rows are locked by
+# _LEASE_HELD, so the update needs no condition of its own: a held row is the lease's
+# until commit.
 COMPLETE_GROUP = f"""
 WITH items AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[])
            AS i(item_id, item_lease, item_result)
-), held AS MATERIALIZED (
-    SELECT id AS held_id, lease_id AS held_lease, status AS held_status
-      FROM tasks
-     WHERE id = ANY($1::uuid[])
-     ORDER BY id
-       FOR UPDATE
-)
+), {_LEASE_HELD.format(covered="").strip()}
 UPDATE tasks
    SET {COMPLETE_TRANSITION.format(result="i.item_result::jsonb")}
   FROM items i JOIN held h ON h.held_id = i.item_id
- WHERE tasks.id = i.item_id AND h.held_lease = i.item_lease AND h.held_status = 'claimed'
+ WHERE tasks.id = i.item_id
 RETURNING {TASK_COLUMNS}
 """
 
@@ -508,29 +536,61 @@ RUNTIME_COVERED = """({patterns}::text[] IS NULL OR EXISTS (
            SELECT 1 FROM unnest({patterns}::text[]) AS p(pattern)
             WHERE {runtime} LIKE replace(replace(p.pattern, '_', '\\_'), '*', '%')))"""
 
-# The tasks a batch names, as they are now, locked: in id order, so that two batches
-# naming the same tasks in different orders wait for each other instead of
-# deadlocking. A locking read sees the latest committed row, so a task another
-# request just reported is classified by what that request left. Tasks of runtimes
-# the caller cannot see are left out: to the caller they do not exist. Columns are
-# named apart from the task's, which the SET lists name unqualified.
+# The tasks a batch names, as they are now, held or not (found_*; a task missing
+# from `found` is not found). Tasks of runtimes the caller cannot see are left out: to
+# the caller they do not exist. Columns are named apart from the task's, which the SET
+# lists name unqualified.
+#
+# Those its item's lease holds are locked (_LEASE_HELD) and changed by the statement.
+# The others are read without a lock (a lock would hide a queued task from claims, see
+# _LEASE_HELD), as the statement's snapshot shows them (`seen`): the answer for such an
+# item (lease_lost with the task's status, or a replay) is the one it had when the
+# statement began. Except when the snapshot shows the item's lease holding the task
+# and the lock found it changed since (`moved`: reported meanwhile, by a repeat of this
+# very request, say): then the snapshot is stale, and the answer must be what that
+# change left, as a repeat is answered as the first was. Those rows are read again
+# with a lock, which sees the newest version; it is a lock the statement holds
+# already (the one taken for the second test), so it waits for nobody and adds none.
+_BATCH_COVERED = f"""
+       AND {RUNTIME_COVERED.format(patterns="$2", runtime="tasks.runtime_id")}"""
 _BATCH_HELD = f"""
-held AS MATERIALIZED (
-    SELECT id AS held_id, runtime_id AS held_runtime, lease_id AS held_lease,
-           {EFFECTIVE_STATUS} AS held_status
+{_LEASE_HELD.format(covered=_BATCH_COVERED).strip()},
+seen AS MATERIALIZED (
+    SELECT tasks.id AS seen_id, runtime_id AS seen_runtime, lease_id AS seen_lease,
+           {EFFECTIVE_STATUS} AS seen_status, {HOLDING_LEASE} AS seen_holder
       FROM tasks
-     WHERE id = ANY($1::uuid[])
+     WHERE tasks.id = ANY($1::uuid[])
        AND {RUNTIME_COVERED.format(patterns="$2", runtime="runtime_id")}
-     ORDER BY id
-       FOR UPDATE
+), moved AS MATERIALIZED (
+    SELECT tasks.id AS moved_id, runtime_id AS moved_runtime, lease_id AS moved_lease,
+           {EFFECTIVE_STATUS} AS moved_status
+      FROM tasks
+     -- An array, read whole before this scan starts: so `held` has locked all its
+     -- rows first, and the scan probes the primary key.
+     WHERE tasks.id = ANY (ARRAY(
+               SELECT s.seen_id FROM seen s JOIN items i ON i.item_id = s.seen_id
+                WHERE s.seen_holder = i.item_lease
+                  AND NOT EXISTS (SELECT 1 FROM held h WHERE h.held_id = s.seen_id)))
+     ORDER BY tasks.id
+       FOR UPDATE OF tasks
+), found AS (
+    SELECT h.held_id AS found_id, h.held_runtime AS found_runtime,
+           i.item_lease AS found_lease, 'claimed' AS found_status
+      FROM held h JOIN items i ON i.item_id = h.held_id
+    UNION ALL
+    SELECT moved_id, moved_runtime, moved_lease, moved_status FROM moved
+    UNION ALL
+    SELECT s.seen_id, s.seen_runtime, s.seen_lease, s.seen_status
+      FROM seen s JOIN items i ON i.item_id = s.seen_id
+     WHERE s.seen_holder IS DISTINCT FROM i.item_lease
 )"""
 
-# One row per item, in the request's order: the task as found (held_*: no runtime
+# One row per item, in the request's order: the task as found (found_*: no runtime
 # means not found) and, when this statement changed it, its new state (new_status).
 _BATCH_ANSWER = """
-SELECT i.ord, i.item_id, i.item_lease, h.held_runtime, h.held_status, h.held_lease, d.*
+SELECT i.ord, i.item_id, i.item_lease, f.found_runtime, f.found_status, f.found_lease, d.*
   FROM items i
-  LEFT JOIN held h ON h.held_id = i.item_id
+  LEFT JOIN found f ON f.found_id = i.item_id
   LEFT JOIN done d ON d.done_ord = i.ord
  ORDER BY i.ord
 """
@@ -545,7 +605,7 @@ WITH items AS (
     UPDATE tasks
        SET {COMPLETE_TRANSITION.format(result="i.item_result::jsonb")}
       FROM items i JOIN held h ON h.held_id = i.item_id
-     WHERE tasks.id = i.item_id AND h.held_lease = i.item_lease AND h.held_status = 'claimed'
+     WHERE tasks.id = i.item_id
     RETURNING i.ord AS done_ord, {EFFECTIVE_STATUS} AS new_status
 )
 {_BATCH_ANSWER}"""
@@ -562,7 +622,7 @@ WITH items AS (
            last_error = i.item_error,
            updated_at = clock_timestamp()
       FROM items i JOIN held h ON h.held_id = i.item_id
-     WHERE tasks.id = i.item_id AND h.held_lease = i.item_lease AND h.held_status = 'claimed'
+     WHERE tasks.id = i.item_id
     RETURNING i.ord AS done_ord, {EFFECTIVE_STATUS} AS new_status, run_at AS new_run_at
 )
 {_BATCH_ANSWER}"""
@@ -577,7 +637,7 @@ WITH items AS (
        SET lease_expires_at = clock_timestamp() + make_interval(secs => i.item_seconds),
            updated_at = clock_timestamp()
       FROM items i JOIN held h ON h.held_id = i.item_id
-     WHERE tasks.id = i.item_id AND h.held_lease = i.item_lease AND h.held_status = 'claimed'
+     WHERE tasks.id = i.item_id
     RETURNING i.ord AS done_ord, {EFFECTIVE_STATUS} AS new_status,
               lease_expires_at AS new_lease_expires_at,
               cancel_requested AS new_cancel_requested

@@ -94,7 +94,7 @@ def _item_results(rows: Sequence[Row], replay_statuses: tuple[str, ...] = ()) ->
     classifies a single operation's outcome."""
     out = []
     for r in rows:
-        task_id, runtime_id, status = r["item_id"], r["held_runtime"], r["new_status"]
+        task_id, runtime_id, status = r["item_id"], r["found_runtime"], r["new_status"]
         if runtime_id is None:
             out.append(ItemResult(task_id, None, None, NotFound(f"no task with id {task_id}")))
         elif status is not None:
@@ -108,9 +108,9 @@ def _item_results(rows: Sequence[Row], replay_statuses: tuple[str, ...] = ()) ->
                     cancel_requested=bool(r.get("new_cancel_requested")),
                 )
             )
-        elif r["held_status"] in replay_statuses and r["held_lease"] == r["item_lease"]:
-            out.append(ItemResult(task_id, runtime_id, r["held_status"]))
+        elif r["found_status"] in replay_statuses and r["found_lease"] == r["item_lease"]:
+            out.append(ItemResult(task_id, runtime_id, r["found_status"]))
         else:
-            error = lease_lost(task_id, r["item_lease"], r["held_status"])
-            out.append(ItemResult(task_id, runtime_id, r["held_status"], error))
+            error = lease_lost(task_id, r["item_lease"], r["found_status"])
+            out.append(ItemResult(task_id, runtime_id, r["found_status"], error))
     return out

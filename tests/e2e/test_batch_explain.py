@@ -1,6 +1,8 @@
 """The batch lease statements find their tasks by primary key, under custom and generic
 plans, on the realistic table of tests/integration/test_claim_explain.py (filled in a
-transaction that is rolled back): a batch never scans the task table."""
+transaction that is rolled back): a batch never scans the task table. And they lock
+only the rows their item's lease holds (queries._LEASE_HELD): the lease is tested on
+the scan below the lock, not after it."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from tests.integration.test_claim_explain import (  # noqa: F401  (filled is a f
     describe,
     filled,
     indexes,
+    subtree,
     task_scans,
     walk,
 )
@@ -32,6 +35,22 @@ def literal(value: Any, sql_type: str) -> str:
         return f"NULL::{sql_type}"
     items = ", ".join("NULL" if v is None else f"'{v}'" for v in value)
     return f"ARRAY[{items}]::{sql_type}"
+
+
+def locked_scans(nodes: list[dict[str, Any]], cte: str) -> list[dict[str, Any]]:
+    """The task scans whose rows the CTE `cte` locks."""
+    [node] = [n for n in nodes if n.get("Subplan Name") == f"CTE {cte}"]
+    [lock] = [n for n in subtree(node) if n["Node Type"] == "LockRows"]
+    return task_scans(subtree(lock))
+
+
+def lease_tested_before_lock(nodes: list[dict[str, Any]]) -> bool:
+    """Whether every row `held` locks passed the holding-lease test first."""
+    scans = locked_scans(nodes, "held")
+    conditions = ("Filter", "Index Cond", "Recheck Cond")
+    return bool(scans) and all(
+        "lease_id" in " ".join(str(n.get(c, "")) for c in conditions) for n in scans
+    )
 
 
 def batch_args(n: int, statement: str) -> list[tuple[Any, str]]:
@@ -75,6 +94,13 @@ async def test_batch_statements_use_the_primary_key(
     shown = f"{statement} {mode}: {describe(nodes)}"
     assert not [n for n in task_scans(nodes) if n["Node Type"] == "Seq Scan"], shown
     assert indexes(nodes) == {"tasks_pkey"}, shown
+    assert lease_tested_before_lock(nodes), shown
+    # The rows read again under a lock are those `held` left: ids an InitPlan computes
+    # before the scan, so `held` has locked all its rows first.
+    [node] = [n for n in nodes if n.get("Subplan Name") == "CTE moved"]
+    assert [n for n in subtree(node) if n.get("Parent Relationship") == "InitPlan"], shown
+    [moved] = locked_scans(nodes, "moved")
+    assert "$" in moved.get("Index Cond", moved.get("Recheck Cond", "")), shown
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -103,3 +129,4 @@ async def test_grouped_completes_use_the_primary_key(
     shown = f"COMPLETE_GROUP {mode}: {describe(nodes)}"
     assert not [n for n in task_scans(nodes) if n["Node Type"] == "Seq Scan"], shown
     assert indexes(nodes) == {"tasks_pkey"}, shown
+    assert lease_tested_before_lock(nodes), shown

@@ -245,10 +245,14 @@ async def test_late_holder_loses_to_the_new_holder_even_when_racing(
             assert [t["id"] for t in got] == [task["id"]]
             assert row["status"] == "claimed" and str(row["lease_id"]) == got[0]["lease_id"]
         else:
-            # The late complete's statement held the re-queued row while the claim
-            # looked, so the claim skipped it; then it found the lease gone. Neither
-            # holds the task: it is queued, and the janitor's repair (I6) delivers it
-            # (tests/integration/test_janitor_repair.py makes this case certain).
+            # A late complete locks only a task its lease holds, so it no longer hides
+            # the re-queued task from the claim (test_late_lease_lock.py makes that
+            # certain). One instant is left: a complete that began while its lease
+            # still held the task waits for the reclaim, checks the row again and
+            # finds the lease gone, yet keeps that row's lock until its statement
+            # ends; a claim in that instant skips the row. Neither holds the task: it
+            # is queued, and the janitor's repair (I6) delivers it
+            # (test_janitor_repair.py makes this case certain).
             assert late[0] == 409 and late[1]["code"] == "lease_lost", late
             assert row["status"] == "queued", row
             await claimable_for_a_while(db, [task["id"]])

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from typing import Any
 
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
+from gateway import queries as q
 from tests.harness import running_gateway
 from tests.integration.janitor_support import (
     claimable_for_a_while,
@@ -25,7 +27,7 @@ from tests.integration.janitor_support import (
     first_pass_done,
     janitor_settings,
 )
-from tests.support.databases import execute
+from tests.support.databases import execute, waiting_for_a_lock
 from tests.support.metrics import sample
 from tests.support.waiting import wait_until
 
@@ -296,23 +298,45 @@ async def test_the_walk_is_bounded_per_pass_and_resumes_where_it_stopped(
 async def test_a_queued_row_a_lease_operation_held_is_repaired(
     db: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
-    """Not a lost bump, but the same stale empty: a lease operation that comes late
-    (a complete whose lease lapsed and was reclaimed) locks the task's row before it
-    finds its lease gone, and a claim that runs meanwhile skips the locked row and
-    records the runtime empty over it. The repair finds it like a lost bump."""
+    """Not a lost bump, but the same stale empty. A lease operation locks only the
+    tasks its lease holds (queries._LEASE_HELD), yet one that began while its lease
+    still held the task and had to wait for the reclaim that queued it again keeps the
+    lock Postgres took to check the row again until its statement ends: a claim in
+    that instant skips the row and records the runtime empty over it. The repair finds
+    it like a lost bump. (A late operation that began after the reclaim locks nothing:
+    tests/integration/test_late_lease_lock.py.)"""
     cfg = janitor_settings(db, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
     async with running_gateway(cfg) as gw:
         await first_pass_done(gw)
         cache, janitor = gw.gateway.cache, gw.gateway.janitor
         task = await gw.enqueue(runtime_id, {"job": "held"})
-        conn = await asyncpg.connect(db)
+        [first] = await gw.claim(runtime_id, "late", wait_seconds=0)
+        await execute(
+            db,
+            "UPDATE tasks SET lease_expires_at = now() - interval '1 second' WHERE id = $1::uuid",
+            task["id"],
+        )
+        reclaimer, late = await asyncpg.connect(db), await asyncpg.connect(db)
         try:
-            async with conn.transaction():
-                # What a late COMPLETE_GROUP or batch acknowledgement does first.
-                await conn.execute("SELECT 1 FROM tasks WHERE id = $1::uuid FOR UPDATE", task["id"])
+            async with late.transaction():
+                async with reclaimer.transaction():
+                    # The janitor's reclaim, held open: the late complete, which finds
+                    # the task held by its lease, waits for it.
+                    assert len(await reclaimer.fetch(q.RECLAIM_LEASES, 10)) == 1
+                    completing = asyncio.create_task(
+                        late.fetch(
+                            q.COMPLETE_GROUP,
+                            [uuid.UUID(task["id"])],
+                            [uuid.UUID(first["lease_id"])],
+                            ['"late"'],
+                        )
+                    )
+                    await waiting_for_a_lock(reclaimer, late.get_server_pid())
+                assert await completing == []  # checked again: the lease lost the task
+                await cache.bump(runtime_id)  # the reclaim's bump, after its commit (I1)
                 assert await gw.claim(runtime_id, "w", wait_seconds=0) == []
         finally:
-            await conn.close()
+            await asyncio.gather(reclaimer.close(), late.close())
         assert (await cache.read(runtime_id)).hit is True, "the claim recorded no empty verdict"
         assert await gw.claim(runtime_id, "w", wait_seconds=0) == []
 

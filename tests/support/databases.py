@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import asyncpg
@@ -29,3 +31,13 @@ async def fetch(url: str, query: str, *args: Any) -> list[asyncpg.Record]:
         return list(await conn.fetch(query, *args))
     finally:
         await conn.close()
+
+
+async def waiting_for_a_lock(conn: asyncpg.Connection, pid: int, within: float = 5.0) -> None:
+    """Until the backend `pid` waits for a lock (another transaction holds its row),
+    asked on `conn`: so a test knows the statement it started is blocked, not late."""
+    deadline = time.monotonic() + within
+    query = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1"
+    while not await conn.fetchval(query, pid):
+        assert time.monotonic() < deadline, f"backend {pid} never waited for a lock"
+        await asyncio.sleep(0.01)
