@@ -18,10 +18,11 @@ MIN_ADMIN_TOKEN_CHARS = 32
 LOG_FORMATS = ("text", "json")
 MAX_JSON_DEPTH_LIMIT = 200
 REDIS_MODES = ("standalone", "cluster", "sentinel")
-# Connections of one process's command client (per node in a cluster). A Redis call on
-# the claim path takes well under a millisecond, so 64 carry tens of thousands of calls
-# a second, and 150 processes stay under Redis's default maxclients (10,000) with their
-# pub/sub connections. More would not be faster: a call beyond the bound waits.
+# Connections of one process's command client (per node in a cluster). A call on the
+# claim path holds one for well under a millisecond, so 64 serve tens of thousands of
+# calls a second, four times the default GATEWAY_MAX_CONCURRENT_CLAIMS; and 150
+# processes, each with its pub/sub connection, stay under Redis's default maxclients
+# (10,000). A call beyond the bound waits for a connection (gateway/redis_pool.py).
 DEFAULT_REDIS_MAX_CONNECTIONS = 64
 MAX_REDIS_MAX_CONNECTIONS = 10_000  # Redis's default maxclients: more could never open
 
