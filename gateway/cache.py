@@ -23,10 +23,12 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import MaxConnectionsError, RedisError
 
 from .errors import CacheUnavailable
 from .metrics import Metrics
+from .redis_pool import CallSlots, PoolBusy
+from .settings import DEFAULT_REDIS_MAX_CONNECTIONS
 
 log = logging.getLogger("gateway.cache")
 T = TypeVar("T")
@@ -220,8 +222,10 @@ class VerdictCache:
         breaker: CircuitBreaker,
         on_trouble: Callable[[], None] | None = None,
         cluster: bool = False,
+        max_connections: int = DEFAULT_REDIS_MAX_CONNECTIONS,
     ) -> None:
-        """`on_trouble` is called when a call fails after the last one succeeded."""
+        """`on_trouble` is called when a call fails after the last one succeeded.
+        `max_connections`: calls in flight at once, the bound of the client's pool."""
         self._client = client
         self.prefix = prefix
         self._metrics = metrics
@@ -230,6 +234,7 @@ class VerdictCache:
         self.breaker = breaker
         self._on_trouble = on_trouble
         self._cluster = cluster
+        self.slots = CallSlots(max_connections)
         self._bump_and_publish = client.register_script(BUMP_AND_PUBLISH_SCRIPT)
         self._publish_all = client.register_script(PUBLISH_ALL_SCRIPT)
         self._renew = client.register_script(RENEW_SCRIPT)
@@ -251,9 +256,21 @@ class VerdictCache:
             self._metrics.breaker_open.set(1)
             raise CacheUnavailable(f"Redis skipped for {what}: circuit breaker open")
         try:
-            # Hard bound on top of the socket timeouts: two attempts plus a reconnect.
+            # Hard bound on top of the socket timeouts: two attempts plus a reconnect,
+            # and any wait for a connection, which gets at most one attempt's budget.
             async with asyncio.timeout(self._timeout * 3):
-                result = await fn()
+                await self.slots.acquire(self._timeout)
+                try:
+                    result = await fn()
+                finally:
+                    self.slots.release()
+        except (PoolBusy, MaxConnectionsError) as exc:
+            # Every connection busy: a miss like any failure (I5), but not one for the
+            # breaker nor for `healthy`. A burst on a sound Redis fills the pool, and
+            # opening the breaker then would send every claim to Postgres for nothing;
+            # a sick Redis still opens it, through the calls that hold the connections.
+            self._metrics.redis_pool_timeouts.inc()
+            raise CacheUnavailable(f"Redis {what} not sent: {exc!r}") from exc
         except (RedisError, OSError, TimeoutError) as exc:
             was_healthy = self.healthy
             self.breaker.record_failure()

@@ -115,6 +115,12 @@ class Metrics:
             "Redis commands that failed or timed out; the gateway fell back to Postgres.",
             registry=r,
         )
+        self.redis_pool_timeouts = Counter(
+            "gateway_redis_pool_timeouts",
+            "Redis calls not sent: every connection (GATEWAY_REDIS_MAX_CONNECTIONS) stayed "
+            "busy for GATEWAY_REDIS_TIMEOUT_MS; the gateway fell back to Postgres.",
+            registry=r,
+        )
         self.breaker_open = Gauge(
             "gateway_redis_breaker_open",
             "1 while the Redis circuit breaker skips Redis after repeated errors.",

@@ -19,6 +19,7 @@ from redis.asyncio.sentinel import Sentinel
 
 from .cache import make_client, make_pubsub_client, pubsub_options, redis_options
 from .errors import ConfigError
+from .settings import DEFAULT_REDIS_MAX_CONNECTIONS
 
 MODES = ("standalone", "cluster", "sentinel")
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
@@ -113,14 +114,24 @@ def _sentinel_master(
 
 
 def command_client(
-    mode: str, url: str, timeout_seconds: float, sentinel_master: str | None = None
+    mode: str,
+    url: str,
+    timeout_seconds: float,
+    sentinel_master: str | None = None,
+    max_connections: int = DEFAULT_REDIS_MAX_CONNECTIONS,
 ) -> CommandClient:
-    """The client for commands (verdicts, bumps, publishes), with the gateway's budgets."""
+    """The client for commands (verdicts, bumps, publishes), with the gateway's budgets
+    and at most `max_connections` connections (to each node, in a cluster). A full
+    pool refuses a call (MaxConnectionsError); VerdictCache makes calls wait instead."""
     if mode == "cluster":
-        return RedisCluster.from_url(url, **redis_options(timeout_seconds))
+        return RedisCluster.from_url(
+            url, max_connections=max_connections, **redis_options(timeout_seconds)
+        )
     if mode == "sentinel":
-        return _sentinel_master(url, sentinel_master or "", timeout_seconds)
-    return make_client(url, timeout_seconds)
+        return _sentinel_master(
+            url, sentinel_master or "", timeout_seconds, max_connections=max_connections
+        )
+    return make_client(url, timeout_seconds, max_connections=max_connections)
 
 
 def pubsub_client(

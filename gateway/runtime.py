@@ -66,11 +66,12 @@ class Gateway:
         mode, master = settings.redis_mode, settings.redis_sentinel_master
         commands: CommandClient
         pubsub: PubSubSource
+        bound = settings.redis_max_connections
         if mode == "standalone":
-            commands = make_client(settings.redis_url, timeout)
+            commands = make_client(settings.redis_url, timeout, max_connections=bound)
             pubsub = make_pubsub_client(settings.redis_url, timeout)
         else:
-            commands = command_client(mode, settings.redis_url, timeout, master)
+            commands = command_client(mode, settings.redis_url, timeout, master, bound)
             pubsub = pubsub_client(mode, settings.redis_url, timeout, commands, master)
         self.cache = VerdictCache(
             commands,
@@ -81,6 +82,7 @@ class Gateway:
             breaker=CircuitBreaker(settings.breaker_failures, settings.breaker_open_seconds),
             on_trouble=self._on_redis_trouble,
             cluster=mode == "cluster",
+            max_connections=bound,
         )
         self.subscriber = Subscriber(
             pubsub,

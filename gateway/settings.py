@@ -18,6 +18,13 @@ MIN_ADMIN_TOKEN_CHARS = 32
 LOG_FORMATS = ("text", "json")
 MAX_JSON_DEPTH_LIMIT = 200
 REDIS_MODES = ("standalone", "cluster", "sentinel")
+# Connections of one process's command client (per node in a cluster). A call on the
+# claim path holds one for well under a millisecond, so 64 serve tens of thousands of
+# calls a second, four times the default GATEWAY_MAX_CONCURRENT_CLAIMS; and 150
+# processes, each with its pub/sub connection, stay under Redis's default maxclients
+# (10,000). A call beyond the bound waits for a connection (gateway/redis_pool.py).
+DEFAULT_REDIS_MAX_CONNECTIONS = 64
+MAX_REDIS_MAX_CONNECTIONS = 10_000  # Redis's default maxclients: more could never open
 
 # Every environment variable `Settings.from_env` reads, and no other: it refuses to
 # read a name missing here, so deployment checks can trust this list.
@@ -33,6 +40,7 @@ ENV_NAMES = frozenset(
         "GATEWAY_EMPTY_TTL_SECONDS",
         "GATEWAY_VERSION_TTL_SECONDS",
         "GATEWAY_REDIS_TIMEOUT_MS",
+        "GATEWAY_REDIS_MAX_CONNECTIONS",
         "GATEWAY_MAX_WAIT_SECONDS",
         "GATEWAY_DEFAULT_LEASE_SECONDS",
         "GATEWAY_MAX_PAYLOAD_BYTES",
@@ -95,6 +103,8 @@ class Settings:
     empty_ttl_seconds: float = 30.0
     version_ttl_seconds: int = 7 * 24 * 3600
     redis_timeout_ms: int = 250
+    # Bound of the command client's pool; a call beyond it waits (gateway/cache.py).
+    redis_max_connections: int = DEFAULT_REDIS_MAX_CONNECTIONS
     breaker_failures: int = 3
     breaker_open_seconds: float = 5.0
     degraded_poll_seconds: float = 1.0
@@ -169,6 +179,13 @@ class Settings:
                 env, "GATEWAY_VERSION_TTL_SECONDS", 7 * 24 * 3600, 60, 365 * 86400
             ),
             "redis_timeout_ms": _integer(env, "GATEWAY_REDIS_TIMEOUT_MS", 250, 1, 60_000),
+            "redis_max_connections": _integer(
+                env,
+                "GATEWAY_REDIS_MAX_CONNECTIONS",
+                DEFAULT_REDIS_MAX_CONNECTIONS,
+                1,
+                MAX_REDIS_MAX_CONNECTIONS,
+            ),
             "max_wait_seconds": _number(env, "GATEWAY_MAX_WAIT_SECONDS", 60.0, 0, 3600),
             "default_lease_seconds": _integer(env, "GATEWAY_DEFAULT_LEASE_SECONDS", 60, 1, 3600),
             "max_payload_bytes": _integer(env, "GATEWAY_MAX_PAYLOAD_BYTES", 1_048_576, 1, 1 << 30),

@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
-from gateway.cache import keys_for
-from gateway.redis_modes import ClusterNodes
+from gateway.cache import CircuitBreaker, VerdictCache, keys_for
+from gateway.metrics import Metrics
+from gateway.redis_modes import ClusterNodes, command_client
 from tests.conftest import IN_CI, redis_server_binary
 from tests.harness import Instance, make_settings, running_gateway
 from tests.integration.claim_helpers import pg_claims, poll, timed_enqueue, verdict_hits
@@ -246,3 +248,47 @@ async def test_a_killed_master_fails_open_and_the_cache_comes_back(
         # And wake-ups reach parked polls for its runtimes within a second again.
         await wait_until(lambda: a.gateway.cache.healthy, 10, "A's cache healthy")
         await _wakes_within_a_second(a, b, grouped[victim.port][4])
+
+
+async def test_a_burst_opens_at_most_the_bound_of_connections_to_each_node(
+    cluster: LocalCluster, redis_prefix: str
+) -> None:
+    """GATEWAY_REDIS_MAX_CONNECTIONS bounds each node's connections: 60 concurrent
+    reads and bumps over runtimes on every node all succeed through 2 per node."""
+    name = f"{redis_prefix}-pool"  # to find the client's connections in CLIENT LIST
+    client = command_client("cluster", f"{cluster.url}?client_name={name}", 2.0, None, 2)
+    assert isinstance(client, RedisCluster)
+    cache = VerdictCache(
+        client,
+        redis_prefix,
+        Metrics(60),
+        timeout_seconds=2.0,
+        version_ttl_seconds=3600,
+        breaker=CircuitBreaker(3, 5.0),
+        cluster=True,
+        max_connections=2,
+    )
+    grouped = await runtimes_by_node(cluster, redis_prefix, 30)
+    runtimes = [rt for group in grouped.values() for rt in group]
+    try:
+        await client.initialize()  # as the Gateway does when it opens
+        calls = [cache.read(rt) for rt in runtimes] + [cache.bump(rt) for rt in runtimes]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        assert failures == [], failures[:3]
+        opened = {}
+        for node in cluster.nodes:
+            admin = aioredis.Redis(port=node.port, decode_responses=True)
+            try:
+                listed = await admin.client_list()
+            finally:
+                await admin.aclose()
+            # redis-py keeps the connection that learnt the slot map (CLUSTER SLOTS)
+            # for later re-discovery, apart from the nodes' pools: not a command's.
+            ours = [c for c in listed if c.get("name") == name]
+            assert sum(1 for c in ours if c.get("cmd") == "cluster|slots") <= 1, ours
+            opened[node.port] = sum(1 for c in ours if c.get("cmd") != "cluster|slots")
+        # Idle connections stay pooled: what is open now is all the client ever opened.
+        assert all(1 <= n <= 2 for n in opened.values()), opened
+    finally:
+        await cache.close()

@@ -134,3 +134,32 @@ def test_cluster_pubsub_connections_rotate_over_the_known_nodes() -> None:
     assert seen == [("n2", 7001), ("n3", 7002), ("n1", 7000), ("n2", 7001)]
     client = nodes._clients[("n3", 7002)]
     assert client.connection_pool.connection_kwargs["password"] == "pw"
+
+
+def test_the_command_client_is_bounded_in_every_mode() -> None:
+    """GATEWAY_REDIS_MAX_CONNECTIONS caps the command pool: one server's, the Sentinel
+    master's, and each cluster node's (redis-py's default would be 100 of each)."""
+    standalone = make_client("redis://h:6379/0", 0.25, max_connections=7)
+    assert standalone.connection_pool.max_connections == 7
+    assert (
+        command_client("standalone", "redis://h/0", 0.25, None, 7).connection_pool.max_connections
+        == 7
+    )
+
+    master = command_client("sentinel", "redis+sentinel://s1/0", 0.25, "m", 7)
+    assert isinstance(master, aioredis.Redis)
+    assert isinstance(master.connection_pool, SentinelConnectionPool)
+    assert master.connection_pool.max_connections == 7
+
+    cluster = command_client("cluster", "redis://n1:7000", 0.25, None, 7)
+    assert isinstance(cluster, RedisCluster)
+    assert [n.max_connections for n in cluster.nodes_manager.startup_nodes.values()] == [7]
+    # Nodes learnt later are made with the same keyword arguments.
+    assert cluster.nodes_manager.connection_kwargs["max_connections"] == 7
+
+
+def test_the_pubsub_client_is_not_bounded_by_the_command_setting() -> None:
+    commands = command_client("sentinel", "redis+sentinel://s1/0", 0.25, "m", 1)
+    sub = pubsub_client("sentinel", "redis+sentinel://s1/0", 0.25, commands, "m")
+    assert isinstance(sub, aioredis.Redis)
+    assert sub.connection_pool.max_connections != 1

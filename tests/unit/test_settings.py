@@ -82,6 +82,7 @@ NUMERIC: list[tuple[str, str, str, Any]] = [
     ("GATEWAY_EMPTY_TTL_SECONDS", "empty_ttl_seconds", "2.5", 2.5),
     ("GATEWAY_VERSION_TTL_SECONDS", "version_ttl_seconds", "86400", 86400),
     ("GATEWAY_REDIS_TIMEOUT_MS", "redis_timeout_ms", "100", 100),
+    ("GATEWAY_REDIS_MAX_CONNECTIONS", "redis_max_connections", "8", 8),
     ("GATEWAY_MAX_WAIT_SECONDS", "max_wait_seconds", "20", 20.0),
     ("GATEWAY_DEFAULT_LEASE_SECONDS", "default_lease_seconds", "120", 120),
     ("GATEWAY_MAX_PAYLOAD_BYTES", "max_payload_bytes", "1024", 1024),
@@ -119,6 +120,15 @@ def test_numeric_variable_bad_value_names_it(name: str, bad: str) -> None:
 
 def test_redis_timeout_seconds_follows_ms() -> None:
     assert from_env(GATEWAY_REDIS_TIMEOUT_MS="1500").redis_timeout_seconds == 1.5
+
+
+def test_redis_max_connections_defaults_to_64_and_is_bounded() -> None:
+    assert Settings.from_env(BASE).redis_max_connections == 64
+    assert from_env(GATEWAY_REDIS_MAX_CONNECTIONS="1").redis_max_connections == 1
+    assert from_env(GATEWAY_REDIS_MAX_CONNECTIONS="10000").redis_max_connections == 10_000
+    for bad in ("0", "10001", "2.5"):
+        with pytest.raises(ConfigError, match="GATEWAY_REDIS_MAX_CONNECTIONS"):
+            from_env(GATEWAY_REDIS_MAX_CONNECTIONS=bad)
 
 
 def test_default_lease_above_an_hour_refused() -> None:
