@@ -52,10 +52,19 @@ return nv
 # parse, half the client's CPU and round-trip time of the two commands pipelined
 # (measured: 110-120 against 245-250 us of CPU per bump). In a cluster it also runs on
 # the runtime's own node (a cluster pipeline refuses PUBLISH); PUBLISH in a cluster
-# reaches every node.
+# reaches every node. A Redis that refuses writes (out of memory under noeviction, a
+# failed save, too few replicas) refuses the SET but not the PUBLISH: the wake-up still
+# goes out, as it did when the two were pipelined, and the refusal is the answer, so
+# the caller knows the bump was lost (the janitor repairs it, I6).
 BUMP_AND_PUBLISH_SCRIPT = BUMP_SCRIPT.replace(
-    "return nv", "redis.call('PUBLISH', ARGV[3], ARGV[4])\nreturn nv"
+    "redis.call('SET'", "local set = redis.pcall('SET'"
+).replace(
+    "return nv",
+    "redis.call('PUBLISH', ARGV[3], ARGV[4])\n"
+    "if type(set) == 'table' and set.err then return set end\n"
+    "return nv",
 )
+assert BUMP_AND_PUBLISH_SCRIPT.count("pcall") == 1 and "PUBLISH" in BUMP_AND_PUBLISH_SCRIPT
 
 # Several publishes (ARGV = channel, message, ...) in one script call, on any node:
 # the result wake-ups of a batch of finished tasks, the janitor's wake-ups. For 10

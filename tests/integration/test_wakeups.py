@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.cache import keys_for, make_client, make_pubsub_client
+import pytest
+
+from gateway.cache import CircuitBreaker, VerdictCache, keys_for, make_client, make_pubsub_client
+from gateway.errors import CacheUnavailable
 from gateway.metrics import Metrics
 from gateway.wakeups import Subscriber
 from tests.support.metrics import sample
@@ -78,3 +81,44 @@ async def test_a_connection_the_server_drops_wakes_every_waiter(redis_process, r
     finally:
         await admin.aclose()
         await sub.stop()
+
+
+async def test_a_bump_redis_refuses_to_write_still_publishes_its_wake_up(
+    redis_process, redis_prefix
+):
+    """Redis out of memory under noeviction (or refusing writes for another reason: a
+    failed save, too few replicas) refuses the bump's SET but not a PUBLISH. The bump is
+    lost and reported (the janitor repairs it, I6), but its wake-up must still go out,
+    as it did when the two were pipelined: a poll parked elsewhere without a verdict to
+    trust (none can be written now) then checks Postgres at once rather than at its next
+    degraded poll (I8)."""
+    cache = VerdictCache(
+        make_client(redis_process.url, 0.25),
+        redis_prefix,
+        Metrics(),
+        timeout_seconds=0.25,
+        version_ttl_seconds=600,
+        breaker=CircuitBreaker(100, 1.0),
+    )
+    admin = make_client(redis_process.url, 0.25)
+    listener = admin.pubsub()
+    try:
+        channel = keys_for(redis_prefix, "rt").wake
+        await listener.subscribe(channel)
+        await cache.bump("rt")
+        await admin.config_set("maxmemory-policy", "noeviction")
+        await admin.config_set("maxmemory", 1)  # every write is now refused (OOM)
+        with pytest.raises(CacheUnavailable, match="OutOfMemory"):
+            await cache.bump("rt")
+        await admin.config_set("maxmemory", 0)
+        wake_ups = []
+        async with asyncio.timeout(5):
+            while len(wake_ups) < 2:
+                message = await listener.get_message(timeout=0.2)
+                if message is not None and message["type"] == "message":
+                    wake_ups.append(message["data"])
+        assert wake_ups == ["rt", "rt"]
+    finally:
+        await listener.aclose()
+        await admin.aclose()
+        await cache.close()
