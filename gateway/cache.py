@@ -33,9 +33,23 @@ from .settings import DEFAULT_REDIS_MAX_CONNECTIONS
 log = logging.getLogger("gateway.cache")
 T = TypeVar("T")
 
-# Bumps the counter, keeping the epoch; a missing or unreadable key starts a new epoch
-# (ARGV[1]), so a verdict written under the old one can never match again (I3).
-BUMP_SCRIPT = """
+# The bump (KEYS[1], the version) and its wake-up (ARGV[3] channel, ARGV[4] message) in
+# one script call. The counter goes up, keeping the epoch; a missing or unreadable key
+# starts a new epoch (ARGV[1]), so a verdict written under the old one can never match
+# again (I3). One call, not the two commands pipelined: half the client's CPU and
+# round-trip time (measured: 110-120 against 245-250 us of CPU per bump); in a cluster
+# it also runs on the runtime's own node (a cluster pipeline refuses PUBLISH), and
+# PUBLISH there reaches every node.
+#
+# A Redis that refuses writes (out of memory under noeviction, a failed save, too few
+# replicas) refuses the SET. The bump is then lost, and the refusal is the answer, so
+# the caller counts and logs it (the janitor repairs it, I6). Two things still happen:
+# the wake-up goes out (PUBLISH is not refused), and the runtime's empty verdict
+# (KEYS[2]) is deleted, which out of memory is still allowed. Without that delete the
+# verdict, under a version the failed bump could not change, would go on hiding the new
+# task for the rest of its life (up to GATEWAY_EMPTY_TTL_SECONDS). Deleted, polls
+# scan Postgres, and the verdicts they try to write are refused too.
+BUMP_AND_PUBLISH_SCRIPT = """
 local v = redis.call('GET', KEYS[1])
 local epoch, n = nil, 0
 if v then
@@ -44,27 +58,13 @@ if v then
 end
 if not epoch then epoch = ARGV[1] end
 local nv = epoch .. ':' .. string.format('%d', n + 1)
-redis.call('SET', KEYS[1], nv, 'EX', tonumber(ARGV[2]))
+local set = redis.pcall('SET', KEYS[1], nv, 'EX', tonumber(ARGV[2]))
+local refused = type(set) == 'table' and set.err
+if refused then redis.pcall('DEL', KEYS[2]) end
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+if refused then return set end
 return nv
 """
-
-# The bump and its wake-up in one script call: one command to send and one answer to
-# parse, half the client's CPU and round-trip time of the two commands pipelined
-# (measured: 110-120 against 245-250 us of CPU per bump). In a cluster it also runs on
-# the runtime's own node (a cluster pipeline refuses PUBLISH); PUBLISH in a cluster
-# reaches every node. A Redis that refuses writes (out of memory under noeviction, a
-# failed save, too few replicas) refuses the SET but not the PUBLISH: the wake-up still
-# goes out, as it did when the two were pipelined, and the refusal is the answer, so
-# the caller knows the bump was lost (the janitor repairs it, I6).
-BUMP_AND_PUBLISH_SCRIPT = BUMP_SCRIPT.replace(
-    "redis.call('SET'", "local set = redis.pcall('SET'"
-).replace(
-    "return nv",
-    "redis.call('PUBLISH', ARGV[3], ARGV[4])\n"
-    "if type(set) == 'table' and set.err then return set end\n"
-    "return nv",
-)
-assert BUMP_AND_PUBLISH_SCRIPT.count("pcall") == 1 and "PUBLISH" in BUMP_AND_PUBLISH_SCRIPT
 
 # Several publishes (ARGV = channel, message, ...) in one script call, on any node:
 # the result wake-ups of a batch of finished tasks, the janitor's wake-ups. For 10
@@ -355,7 +355,7 @@ class VerdictCache:
 
         async def go() -> str:
             args: list[str | int] = [new_epoch(), self._version_ttl, k.wake, runtime_id]
-            return str(await self._bump_and_publish(keys=[k.version], args=args))
+            return str(await self._bump_and_publish(keys=[k.version, k.empty], args=args))
 
         try:
             version = await self._call("version bump", go)

@@ -83,7 +83,7 @@ async def test_a_connection_the_server_drops_wakes_every_waiter(redis_process, r
         await sub.stop()
 
 
-async def test_a_bump_redis_refuses_to_write_still_publishes_its_wake_up(
+async def test_a_bump_redis_refuses_to_write_still_publishes_its_wake_up_and_drops_the_verdict(
     redis_process, redis_prefix
 ):
     """Redis out of memory under noeviction (or refusing writes for another reason: a
@@ -106,10 +106,21 @@ async def test_a_bump_redis_refuses_to_write_still_publishes_its_wake_up(
         channel = keys_for(redis_prefix, "rt").wake
         await listener.subscribe(channel)
         await cache.bump("rt")
+        # An empty verdict under the version the refused bump cannot change.
+        version = (await cache.read("rt")).version
+        await cache.write_empty("rt", version, 60.0)
+        assert (await cache.read("rt")).hit
         await admin.config_set("maxmemory-policy", "noeviction")
         await admin.config_set("maxmemory", 1)  # every write is now refused (OOM)
         with pytest.raises(CacheUnavailable, match="OutOfMemory"):
             await cache.bump("rt")
+        # The verdict is gone with the refused bump: the next poll scans Postgres rather
+        # than trust it for the rest of its life (I6), and its own verdict is refused.
+        after = await cache.read("rt")
+        assert after.version == version and not after.hit
+        with pytest.raises(CacheUnavailable, match="OutOfMemory"):
+            await cache.write_empty("rt", version, 60.0)
+        assert not (await cache.read("rt")).hit
         await admin.config_set("maxmemory", 0)
         wake_ups = []
         async with asyncio.timeout(5):

@@ -231,7 +231,7 @@ class FakeRedis:
         return True
 
     def _bump(self, key: str, fresh_epoch: str, ttl: int) -> str:
-        """BUMP_SCRIPT, step for step."""
+        """BUMP_AND_PUBLISH_SCRIPT's bump, step for step."""
         current = self._get(key)
         epoch, n = None, 0
         if current is not None:
