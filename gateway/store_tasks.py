@@ -195,9 +195,13 @@ class TaskStatements(StoreBase):
         without idempotency keys cannot conflict: its one statement is all or nothing by
         itself, and is sent alone (one round trip instead of three), and its answer is
         one row (queries.ENQUEUE_BATCH_NEW). New tasks come back already written by
-        Postgres (queries.NEW_TASK_JSON); only replayed ones are read whole."""
+        Postgres (queries.NEW_TASK_JSON); only replayed ones are read whole. A keyless
+        batch whose items set no time (the usual one) comes back as ids and payloads
+        only (queries.ENQUEUE_BATCH_PLAIN), and the gateway writes the rest, after the
+        connection is given back (plain_tasks_json)."""
         keys = [r.idempotency_key for r in reqs if r.idempotency_key]
-        # Both statements' item columns, in their parameter order.
+        # The statements' item columns, in their parameter order (the plain statement
+        # takes the first three).
         columns = (
             _int_array([r.priority for r in reqs]),
             _json_array([r.payload_json for r in reqs]),
@@ -209,15 +213,14 @@ class TaskStatements(StoreBase):
 
         if not keys and all(is_plain(r) for r in reqs):
 
-            async def insert_plain(c: asyncpg.Connection) -> str:
-                row = await c.fetchrow(q.ENQUEUE_BATCH_PLAIN, runtime_id, *columns[:3])
-                if row is None or row["n"] != len(reqs):
-                    raise StoreUnavailable("a batch item vanished mid-insert; retry")
-                return plain_tasks_json(runtime_id, reqs, row["t"], row["lines"])
+            async def insert_plain(c: asyncpg.Connection) -> Row | None:
+                return await c.fetchrow(q.ENQUEUE_BATCH_PLAIN, runtime_id, *columns[:3])
 
-            tasks = await self._run(insert_plain)
+            row = await self._run(insert_plain)
+            if row is None or row["n"] != len(reqs):
+                raise StoreUnavailable("a batch item vanished mid-insert; retry")
             self._metrics.tasks_enqueued.inc(len(reqs))
-            return tasks, False
+            return plain_tasks_json(runtime_id, reqs, row["t"], row["lines"]), False
 
         if not keys:
 
