@@ -43,7 +43,7 @@ def _int_array(values: list[int]) -> str:
     return "{" + ",".join(map(str, values)) + "}"
 
 
-def is_plain(req: EnqueueRequest) -> bool:
+def _is_plain(req: EnqueueRequest) -> bool:
     """An item that sets no time: due at once, never expiring (queries.ENQUEUE_BATCH_PLAIN)."""
     return req.run_at is None and not req.delay_seconds and req.ttl_seconds is None
 
@@ -200,21 +200,18 @@ class TaskStatements(StoreBase):
         only (queries.ENQUEUE_BATCH_PLAIN), and the gateway writes the rest, after the
         connection is given back (plain_tasks_json)."""
         keys = [r.idempotency_key for r in reqs if r.idempotency_key]
-        # The statements' item columns, in their parameter order (the plain statement
-        # takes the first three).
+        # The statements' item columns, in their parameter order: every statement takes
+        # these three; the others also the three `timed` ones after them.
         columns = (
             _int_array([r.priority for r in reqs]),
             _json_array([r.payload_json for r in reqs]),
             _int_array([r.max_attempts for r in reqs]),
-            _column([r.run_at for r in reqs]),
-            _column([r.delay_seconds for r in reqs]),
-            _column([r.ttl_seconds for r in reqs]),
         )
 
-        if not keys and all(is_plain(r) for r in reqs):
+        if not keys and all(_is_plain(r) for r in reqs):
 
             async def insert_plain(c: asyncpg.Connection) -> Row | None:
-                return await c.fetchrow(q.ENQUEUE_BATCH_PLAIN, runtime_id, *columns[:3])
+                return await c.fetchrow(q.ENQUEUE_BATCH_PLAIN, runtime_id, *columns)
 
             row = await self._run(insert_plain)
             if row is None or row["n"] != len(reqs):
@@ -222,10 +219,15 @@ class TaskStatements(StoreBase):
             self._metrics.tasks_enqueued.inc(len(reqs))
             return plain_tasks_json(runtime_id, reqs, row["t"], row["lines"]), False
 
+        timed = (
+            _column([r.run_at for r in reqs]),
+            _column([r.delay_seconds for r in reqs]),
+            _column([r.ttl_seconds for r in reqs]),
+        )
         if not keys:
 
             async def insert_new(c: asyncpg.Connection) -> str:
-                row = await c.fetchrow(q.ENQUEUE_BATCH_NEW, runtime_id, *columns)
+                row = await c.fetchrow(q.ENQUEUE_BATCH_NEW, runtime_id, *columns, *timed)
                 if row is None or row["n"] != len(reqs):
                     raise StoreUnavailable("a batch item vanished mid-insert; retry")
                 joined: str = row["tasks"]
@@ -243,6 +245,7 @@ class TaskStatements(StoreBase):
                 runtime_id,
                 ids,
                 *columns,
+                *timed,
                 _column([r.idempotency_key for r in reqs]),
                 _column([r.request_hash if r.idempotency_key else None for r in reqs]),
             )
