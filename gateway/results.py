@@ -40,7 +40,7 @@ from .ports import WakeChannels
 from .rows import TaskRow
 from .schema import Body, Field, Kind, Setting
 from .settings import Settings
-from .waiters import Departure
+from .waiters import Departure, wake_signal
 
 log = logging.getLogger("gateway.results")
 
@@ -126,18 +126,11 @@ class _Wait:
 
     def poke(self) -> None:
         self.woken = True
-        signal = self.signal
-        if signal is not None and not signal.done():
-            signal.set_result(None)
+        wake_signal(self.signal)
 
     def leave(self) -> None:
         self.gone = True
         self.poke()
-
-
-def _poke(signal: asyncio.Future[None]) -> None:
-    if not signal.done():
-        signal.set_result(None)
 
 
 class Results:
@@ -295,7 +288,7 @@ class Results:
             seconds = min(seconds, self._settings.degraded_poll_seconds)
         loop = asyncio.get_running_loop()
         signal = wait.signal = loop.create_future()
-        timer = loop.call_later(max(seconds, 0.0), _poke, signal)
+        timer = loop.call_later(max(seconds, 0.0), wake_signal, signal)
         try:
             await signal
         finally:

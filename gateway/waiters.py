@@ -52,6 +52,13 @@ class Departure:
             self._callbacks.append(callback)
 
 
+def wake_signal(signal: asyncio.Future[None] | None) -> None:
+    """Resolve a parked request's signal, if it has one still pending: what ends its
+    wait, for a claim (Waiter) as for a wait for a result (results.py). Idempotent."""
+    if signal is not None and not signal.done():
+        signal.set_result(None)
+
+
 @dataclass(eq=False, slots=True)
 class Waiter:
     """One claim request parked in this process. Memory per parked poll matters (up to
@@ -76,9 +83,7 @@ class Waiter:
 
     def poke(self) -> None:
         """Wake the request to look at its state again."""
-        signal = self.signal
-        if signal is not None and not signal.done():
-            signal.set_result(None)
+        wake_signal(self.signal)
 
     def leave(self) -> None:
         """Its client disconnected (Departure's callback)."""
