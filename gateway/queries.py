@@ -14,6 +14,12 @@ EFFECTIVE_STATUS = (
     " WHEN status = 'scheduled' THEN 'queued' ELSE status END"
 )
 
+# The lease that holds a task now: its lease_id while it is claimed, else none (a
+# finished task keeps the lease_id that finished it, for replays). One expression, not
+# `status = 'claimed' AND lease_id = ...`: a bare condition on status lets the planner
+# walk every claimed task (tasks_lease_idx) instead of probing the primary key.
+HOLDING_LEASE = "CASE WHEN tasks.status = 'claimed' THEN tasks.lease_id END"
+
 TASK_COLUMNS = f"""
     id, runtime_id, {EFFECTIVE_STATUS} AS status, priority, payload, attempts, max_attempts,
     run_at, expires_at, created_at, updated_at, lease_id, lease_expires_at, worker_id,
@@ -115,12 +121,6 @@ WITH candidates AS (
            FOR UPDATE SKIP LOCKED
      ) locked
      LIMIT cardinality($2::text[])
-), numbered AS (
-    SELECT id, row_number() OVER (ORDER BY priority DESC, created_at ASC) AS slot
-      FROM picked
-), slots AS (
-    SELECT worker_id, lease_seconds, slot
-      FROM unnest($2::text[], $3::float8[]) WITH ORDINALITY AS s(worker_id, lease_seconds, slot)
 ), leased AS (
     UPDATE tasks t
        SET status = 'claimed',
@@ -130,14 +130,20 @@ WITH candidates AS (
            worker_id = s.worker_id,
            cancel_requested = false,
            updated_at = clock_timestamp()
-      FROM numbered n JOIN slots s USING (slot)
+      -- The picked ids in claim order, zipped with the slots: the k-th picked task goes
+      -- to slot k, and the slots past the last picked task get no id. One pass, no
+      -- join: numbered and joined to the slots on their number, the slots were read
+      -- once per picked row under a generic plan.
+      FROM unnest(ARRAY(SELECT id FROM picked ORDER BY priority DESC, created_at ASC),
+                  $2::text[], $3::float8[])
+           WITH ORDINALITY AS s(id, worker_id, lease_seconds, slot)
      -- Each picked id as a one-element array: a join the planner cannot hash, so it
      -- probes the primary key once per leased row whatever the slots. Joined on
-     -- t.id = n.id, a claim of 120 slots on a table under about 40,000 rows was a
+     -- t.id = s.id, a claim of 120 slots on a table under about 40,000 rows was a
      -- hash join over a sequential scan of the whole table (3 ms of a 9 ms statement
      -- at 20,000 rows).
-     WHERE t.id = ANY (ARRAY[n.id])
-    RETURNING n.slot, t.*
+     WHERE s.id IS NOT NULL AND t.id = ANY (ARRAY[s.id])
+    RETURNING s.slot, t.*
 ), next_due AS ({NEXT_DUE})
 SELECT leased.*, next_due.due_in,
        -- Only read when slots are left, and then the candidates were all read anyway.
@@ -152,13 +158,18 @@ SELECT leased.*, next_due.due_in,
 # did not reach anyone, so it does not count as an attempt. By task and lease ($1, $2):
 # a give-back that comes after the lease lapsed and the task was claimed again leaves
 # the new holder's lease alone.
-UNCLAIM = """
+#
+# Each task by its id and lease as one-element arrays (as _LEASE_HELD): probed by
+# primary key, whatever the plan. With plain equalities and `status = 'claimed'`, a
+# generic plan walked every claimed task of every runtime (tasks_lease_idx) and tested
+# each against every item: 94 ms for 1,000 items against 9 ms.
+UNCLAIM = f"""
 UPDATE tasks
    SET status = 'queued', attempts = greatest(attempts - 1, 0), lease_id = NULL,
        lease_expires_at = NULL, worker_id = NULL, updated_at = clock_timestamp()
   FROM unnest($1::uuid[], $2::uuid[]) AS given(task_id, lease_id)
- WHERE tasks.id = given.task_id AND tasks.lease_id = given.lease_id
-   AND tasks.status = 'claimed'
+ WHERE tasks.id = ANY (ARRAY[given.task_id])
+   AND {HOLDING_LEASE} = ANY (ARRAY[given.lease_id])
 RETURNING tasks.id
 """
 
@@ -202,12 +213,6 @@ UPDATE tasks
 RETURNING {TASK_COLUMNS}
 """
 
-# The lease that holds a task now: its lease_id while it is claimed, else none (a
-# finished task keeps the lease_id that finished it, for replays). One expression, not
-# `status = 'claimed' AND lease_id = ...`: a bare condition on status lets the planner
-# walk every claimed task (tasks_lease_idx) instead of probing the primary key.
-HOLDING_LEASE = "CASE WHEN tasks.status = 'claimed' THEN tasks.lease_id END"
-
 # The tasks of `items` (item_id, item_lease) that the item's lease holds, locked, in id
 # order: two statements naming the same tasks, in any order, wait for each other
 # instead of deadlocking. Only those are locked. A lock on a task the lease no longer
@@ -229,11 +234,17 @@ HOLDING_LEASE = "CASE WHEN tasks.status = 'claimed' THEN tasks.lease_id END"
 # planner can neither hash nor merge, so it probes the primary key once per item.
 # Joined on plain equalities, it hashed the items against a sequential scan of the
 # whole table.
+#
+# Each held row carries its item's columns (i.*), so that the update that follows
+# reads `held` alone. Joined to `items` again, a generic plan (the one a prepared
+# statement settles on after five runs, which estimates any array at ten elements)
+# scanned the items once per held row: 1,000 items took 92 ms where a custom plan
+# took 12 (tests/e2e/test_batch_explain.py holds every plan to one scan per list).
 _LEASE_HELD = f"""
 held AS MATERIALIZED (
-    SELECT tasks.id AS held_id, tasks.runtime_id AS held_runtime
+    SELECT i.*, tasks.id AS held_id
       FROM items i JOIN tasks ON tasks.id = ANY (ARRAY[i.item_id])
-     WHERE {HOLDING_LEASE} = ANY (ARRAY[i.item_lease]){{covered}}
+     WHERE {HOLDING_LEASE} = ANY (ARRAY[i.item_lease])
      ORDER BY tasks.id
        FOR UPDATE OF tasks
 )"""
@@ -249,11 +260,11 @@ COMPLETE_GROUP = f"""
 WITH items AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[])
            AS i(item_id, item_lease, item_result)
-), {_LEASE_HELD.format(covered="").strip()}
+), {_LEASE_HELD.strip()}
 UPDATE tasks
-   SET {COMPLETE_TRANSITION.format(result="i.item_result::jsonb")}
-  FROM items i JOIN held h ON h.held_id = i.item_id
- WHERE tasks.id = i.item_id
+   SET {COMPLETE_TRANSITION.format(result="h.item_result::jsonb")}
+  FROM held h
+ WHERE tasks.id = ANY (ARRAY[h.held_id])
 RETURNING {TASK_COLUMNS}
 """
 
@@ -536,63 +547,71 @@ RUNTIME_COVERED = """({patterns}::text[] IS NULL OR EXISTS (
            SELECT 1 FROM unnest({patterns}::text[]) AS p(pattern)
             WHERE {runtime} LIKE replace(replace(p.pattern, '_', '\\_'), '*', '%')))"""
 
-# The tasks a batch names, as they are now, held or not (found_*; a task missing
-# from `found` is not found). Tasks of runtimes the caller cannot see are left out: to
-# the caller they do not exist. Columns are named apart from the task's, which the SET
-# lists name unqualified.
+# The tasks a batch names. `seen`: each item with its task as the statement's snapshot
+# shows it (seen_*, NULL when there is no such task). Tasks of runtimes the caller
+# cannot see are left out (NULL): to the caller they do not exist. Columns are named
+# apart from the task's, which the SET lists name unqualified.
 #
-# Those its item's lease holds are locked (_LEASE_HELD) and changed by the statement.
-# The others are read without a lock (a lock would hide a queued task from claims, see
-# _LEASE_HELD), as the statement's snapshot shows them (`seen`): the answer for such an
-# item (lease_lost with the task's status, or a replay) is the one it had when the
-# statement began. Except when the snapshot shows the item's lease holding the task
-# and the lock found it changed since (`moved`: reported meanwhile, by a repeat of this
-# very request, say): then the snapshot is stale, and the answer must be what that
-# change left, as a repeat is answered as the first was. Those rows are read again
-# with a lock, which sees the newest version; it is a lock the statement holds
-# already (the one taken for the second test), so it waits for nobody and adds none.
-_BATCH_COVERED = f"""
-       AND {RUNTIME_COVERED.format(patterns="$2", runtime="tasks.runtime_id")}"""
+# `locked`: the tasks the snapshot shows held by their item's lease, locked in id
+# order (two statements naming the same tasks, in any order, wait for each other
+# instead of deadlocking), as they are once locked (now_*). Only those are locked: a
+# lock on a task the lease no longer holds (its lease lapsed and the janitor queued it
+# again) would make a claim running meanwhile skip it (CLAIM: SKIP LOCKED) and record
+# the runtime empty over it. When such a row was changed since the snapshot (another
+# request reported it, the janitor reclaimed it), the lock waits for that change and
+# reads the newest version: `now_holder` tells whether the item's lease still holds
+# it. A locked row the lease holds is the lease's until commit, and the statement
+# changes it (`done`); one it no longer holds is answered as that change left it, as a
+# repeat is answered as the first was. The lock on such a row lasts one statement; a
+# claim that skips it in that instant is what the janitor's repair (I6) covers, as
+# for the single-row statements (HEARTBEAT, COMPLETE: an UPDATE does the same).
+#
+# The others are read without a lock, as the snapshot shows them: the answer for
+# such an item (lease_lost with the task's status, a replay, not found) is the one it
+# had when the statement began.
+#
+# Each step reads the one before it once and probes the primary key once per item
+# (one-element arrays, as _LEASE_HELD), and the answer is the three kinds of item put
+# together (_BATCH_ANSWER): no step joins two lists of items, which a generic plan
+# would do by scanning one of them once per row of the other (see _LEASE_HELD).
 _BATCH_HELD = f"""
-{_LEASE_HELD.format(covered=_BATCH_COVERED).strip()},
 seen AS MATERIALIZED (
-    SELECT tasks.id AS seen_id, runtime_id AS seen_runtime, lease_id AS seen_lease,
-           {EFFECTIVE_STATUS} AS seen_status, {HOLDING_LEASE} AS seen_holder
-      FROM tasks
-     WHERE tasks.id = ANY($1::uuid[])
-       AND {RUNTIME_COVERED.format(patterns="$2", runtime="runtime_id")}
-), moved AS MATERIALIZED (
-    SELECT tasks.id AS moved_id, runtime_id AS moved_runtime, lease_id AS moved_lease,
-           {EFFECTIVE_STATUS} AS moved_status
-      FROM tasks
-     -- An array, read whole before this scan starts: so `held` has locked all its
-     -- rows first, and the scan probes the primary key.
-     WHERE tasks.id = ANY (ARRAY(
-               SELECT s.seen_id FROM seen s JOIN items i ON i.item_id = s.seen_id
-                WHERE s.seen_holder = i.item_lease
-                  AND NOT EXISTS (SELECT 1 FROM held h WHERE h.held_id = s.seen_id)))
+    SELECT i.*, tasks.id AS seen_id, tasks.runtime_id AS seen_runtime,
+           tasks.lease_id AS seen_lease, {EFFECTIVE_STATUS} AS seen_status,
+           {HOLDING_LEASE} AS seen_holder
+      FROM items i
+      LEFT JOIN tasks ON tasks.id = ANY (ARRAY[i.item_id])
+           AND {RUNTIME_COVERED.format(patterns="$2", runtime="tasks.runtime_id")}
+), locked AS MATERIALIZED (
+    SELECT s.*, tasks.runtime_id AS now_runtime, tasks.lease_id AS now_lease,
+           {EFFECTIVE_STATUS} AS now_status, {HOLDING_LEASE} AS now_holder
+      FROM seen s JOIN tasks ON tasks.id = ANY (ARRAY[s.seen_id])
+     WHERE s.seen_holder = s.item_lease
      ORDER BY tasks.id
        FOR UPDATE OF tasks
-), found AS (
-    SELECT h.held_id AS found_id, h.held_runtime AS found_runtime,
-           i.item_lease AS found_lease, 'claimed' AS found_status
-      FROM held h JOIN items i ON i.item_id = h.held_id
-    UNION ALL
-    SELECT moved_id, moved_runtime, moved_lease, moved_status FROM moved
-    UNION ALL
-    SELECT s.seen_id, s.seen_runtime, s.seen_lease, s.seen_status
-      FROM seen s JOIN items i ON i.item_id = s.seen_id
-     WHERE s.seen_holder IS DISTINCT FROM i.item_lease
 )"""
 
-# One row per item, in the request's order: the task as found (found_*: no runtime
-# means not found) and, when this statement changed it, its new state (new_status).
+# The rows `done` changes: those of `locked` that their item's lease still holds.
+_BATCH_DONE = """
+      FROM locked l
+     WHERE tasks.id = ANY (ARRAY[l.seen_id]) AND l.now_holder = l.item_lease
+    RETURNING l.ord, l.item_id, l.item_lease, l.now_runtime AS found_runtime,
+              'claimed' AS found_status, l.item_lease AS found_lease,"""
+
+# One row per item, in the request's order: the task as found (found_*; no runtime
+# means not found) and, when this statement changed it, its new state (new_*, NULL
+# otherwise: {nulls} is one NULL per new_* column `done` returns). A task that the
+# snapshot showed held by its item's lease but that was gone once locked (deleted
+# meanwhile) has no row: the caller counts a missing item as not found.
 _BATCH_ANSWER = """
-SELECT i.ord, i.item_id, i.item_lease, f.found_runtime, f.found_status, f.found_lease, d.*
-  FROM items i
-  LEFT JOIN found f ON f.found_id = i.item_id
-  LEFT JOIN done d ON d.done_ord = i.ord
- ORDER BY i.ord
+SELECT * FROM done
+UNION ALL
+SELECT ord, item_id, item_lease, now_runtime, now_status, now_lease, {nulls}
+  FROM locked WHERE now_holder IS DISTINCT FROM item_lease
+UNION ALL
+SELECT ord, item_id, item_lease, seen_runtime, seen_status, seen_lease, {nulls}
+  FROM seen WHERE seen_holder IS DISTINCT FROM item_lease
+ ORDER BY ord
 """
 
 # $1 task ids (distinct), $2 runtime patterns or NULL, $3 lease ids, $4 results (JSON
@@ -603,12 +622,12 @@ WITH items AS (
            WITH ORDINALITY AS i(item_id, item_lease, item_result, ord)
 ), {_BATCH_HELD.strip()}, done AS (
     UPDATE tasks
-       SET {COMPLETE_TRANSITION.format(result="i.item_result::jsonb")}
-      FROM items i JOIN held h ON h.held_id = i.item_id
-     WHERE tasks.id = i.item_id
-    RETURNING i.ord AS done_ord, {EFFECTIVE_STATUS} AS new_status
+       SET {COMPLETE_TRANSITION.format(result="l.item_result::jsonb")}
+      {_BATCH_DONE.strip()}
+              {EFFECTIVE_STATUS} AS new_status
 )
-{_BATCH_ANSWER}"""
+{_BATCH_ANSWER.format(nulls="NULL").strip()}
+"""
 
 # $1 task ids, $2 patterns, $3 lease ids, $4 errors, $5 retry flags, $6 retry delays
 # in seconds (NULL: the backoff). The transition is FAIL's (FAIL_TRANSITION).
@@ -618,14 +637,14 @@ WITH items AS (
            WITH ORDINALITY AS i(item_id, item_lease, item_error, item_retry, item_delay, ord)
 ), {_BATCH_HELD.strip()}, done AS (
     UPDATE tasks
-       SET {FAIL_TRANSITION.format(retry="i.item_retry", retry_after="i.item_delay")}
-           last_error = i.item_error,
+       SET {FAIL_TRANSITION.format(retry="l.item_retry", retry_after="l.item_delay")}
+           last_error = l.item_error,
            updated_at = clock_timestamp()
-      FROM items i JOIN held h ON h.held_id = i.item_id
-     WHERE tasks.id = i.item_id
-    RETURNING i.ord AS done_ord, {EFFECTIVE_STATUS} AS new_status, run_at AS new_run_at
+      {_BATCH_DONE.strip()}
+              {EFFECTIVE_STATUS} AS new_status, run_at AS new_run_at
 )
-{_BATCH_ANSWER}"""
+{_BATCH_ANSWER.format(nulls="NULL, NULL").strip()}
+"""
 
 # $1 task ids, $2 patterns, $3 lease ids, $4 lease lengths in seconds. As HEARTBEAT.
 BATCH_HEARTBEAT = f"""
@@ -634,15 +653,15 @@ WITH items AS (
            WITH ORDINALITY AS i(item_id, item_lease, item_seconds, ord)
 ), {_BATCH_HELD.strip()}, done AS (
     UPDATE tasks
-       SET lease_expires_at = clock_timestamp() + make_interval(secs => i.item_seconds),
+       SET lease_expires_at = clock_timestamp() + make_interval(secs => l.item_seconds),
            updated_at = clock_timestamp()
-      FROM items i JOIN held h ON h.held_id = i.item_id
-     WHERE tasks.id = i.item_id
-    RETURNING i.ord AS done_ord, {EFFECTIVE_STATUS} AS new_status,
+      {_BATCH_DONE.strip()}
+              {EFFECTIVE_STATUS} AS new_status,
               lease_expires_at AS new_lease_expires_at,
               cancel_requested AS new_cancel_requested
 )
-{_BATCH_ANSWER}"""
+{_BATCH_ANSWER.format(nulls="NULL, NULL, NULL").strip()}
+"""
 
 # -- janitor --
 

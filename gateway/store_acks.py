@@ -31,7 +31,7 @@ class BatchAckStatements(StoreBase):
         """complete, per item; idempotent per item for the same lease, as complete."""
         args = (list(task_ids), _patterns(runtimes), list(lease_ids), list(results))
         rows = await self._run(lambda c: c.fetch(q.BATCH_COMPLETE, *args))
-        return _item_results(rows, replay_statuses=COMPLETE_REPLAYS)
+        return _item_results(task_ids, rows, replay_statuses=COMPLETE_REPLAYS)
 
     async def fail_many(
         self,
@@ -52,7 +52,7 @@ class BatchAckStatements(StoreBase):
             list(retry_after_seconds),
         )
         rows = await self._run(lambda c: c.fetch(q.BATCH_FAIL, *args))
-        return _item_results(rows)
+        return _item_results(task_ids, rows)
 
     async def heartbeat_many(
         self,
@@ -65,7 +65,7 @@ class BatchAckStatements(StoreBase):
         seconds = [float(n) for n in lease_seconds]
         args = (list(task_ids), _patterns(runtimes), list(lease_ids), seconds)
         rows = await self._run(lambda c: c.fetch(q.BATCH_HEARTBEAT, *args))
-        return _item_results(rows)
+        return _item_results(task_ids, rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,15 +89,22 @@ def _patterns(runtimes: Sequence[str] | None) -> list[str] | None:
     return None if runtimes is None else list(runtimes)
 
 
-def _item_results(rows: Sequence[Row], replay_statuses: tuple[str, ...] = ()) -> list[ItemResult]:
-    """A batch statement's answer rows (queries._BATCH_ANSWER) classified as _lease_op
-    classifies a single operation's outcome."""
+def _item_results(
+    task_ids: Sequence[uuid.UUID], rows: Sequence[Row], replay_statuses: tuple[str, ...] = ()
+) -> list[ItemResult]:
+    """A batch statement's answer rows (queries._BATCH_ANSWER, in item order) classified
+    as _lease_op classifies a single operation's outcome. An item with no row (its task
+    was deleted while the statement waited for its lock) is not found."""
+    by_ord = {r["ord"]: r for r in rows}
     out = []
-    for r in rows:
-        task_id, runtime_id, status = r["item_id"], r["found_runtime"], r["new_status"]
-        if runtime_id is None:
+    for ord_, task_id in enumerate(task_ids, start=1):
+        r = by_ord.get(ord_)
+        runtime_id = None if r is None else r["found_runtime"]
+        if r is None or runtime_id is None:
             out.append(ItemResult(task_id, None, None, NotFound(f"no task with id {task_id}")))
-        elif status is not None:
+            continue
+        status = r["new_status"]
+        if status is not None:
             out.append(
                 ItemResult(
                     task_id,

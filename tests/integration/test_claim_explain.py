@@ -310,12 +310,12 @@ async def test_a_wide_claim_updates_its_rows_by_primary_key(
 async def test_the_wide_claim_check_catches_the_join_by_id_alone(
     conn: asyncpg.Connection, filled: str
 ) -> None:
-    """Control: CLAIM with the leased rows joined on `t.id = n.id` alone, as it was,
+    """Control: CLAIM with the leased rows joined on `t.id = s.id` alone, as it was,
     reads the whole table when the planner may not loop over probes, and the check
     above fails on it."""
-    probe = "WHERE t.id = ANY (ARRAY[n.id])"
+    probe = "t.id = ANY (ARRAY[s.id])"
     assert probe in q.CLAIM
-    old = q.CLAIM.replace(probe, "WHERE t.id = n.id")
+    old = q.CLAIM.replace(probe, "t.id = s.id")
     await conn.execute(NO_NESTED_LOOPS)
     nodes = await explain(
         conn, old, CLAIM_TYPES, wide_claim_args(f"{filled}-hot"), MODES[0], analyze=True

@@ -120,7 +120,8 @@ async def test_a_late_batch_operation_leaves_the_requeued_task_to_a_claim(
     task_id, stale = await SETUPS[setup](gw, db, runtime_id)
     args = [[uuid.UUID(task_id)], None, [stale], *BATCH_TAILS[statement]]
     async with other.transaction():
-        [answer] = _item_results(await other.fetch(getattr(q, statement), *args))
+        rows = await other.fetch(getattr(q, statement), *args)
+        [answer] = _item_results(args[0], rows)
         # Still answered as the single operation would be: the lease lost the task.
         assert answer.error is not None and answer.error.code == "lease_lost", answer
         assert answer.status == "queued", answer
@@ -168,7 +169,7 @@ async def batch_after(
     finally:
         await second.close()
     replays = COMPLETE_REPLAYS if batch[0] == "BATCH_COMPLETE" else ()
-    [answer] = _item_results(rows, replay_statuses=replays)
+    [answer] = _item_results(batch[1], rows, replay_statuses=replays)
     return answer
 
 
@@ -225,3 +226,36 @@ async def test_an_operation_that_waited_for_the_reclaim_is_lease_lost_queued(
     assert answer.status == "queued", answer
     row = await row_of(db, str(task_id))
     assert row["status"] == "queued" and row["lease_id"] is None
+
+
+@pytest.mark.parametrize("statement", sorted(BATCH_TAILS))
+async def test_an_item_whose_task_was_deleted_while_the_statement_waited_is_not_found(
+    gw: Instance, db: str, other: asyncpg.Connection, runtime_id: str, statement: str
+) -> None:
+    """The lease held the task when the statement began, and the task was gone once
+    the statement had its lock: the statement has no row for the item, which is not
+    found, and the other items are answered as usual."""
+    task_id, lease = await claimed_task(gw, runtime_id)
+    kept_id, kept_lease = await claimed_task(gw, runtime_id)
+    tails = [[*tail, *tail] for tail in BATCH_TAILS[statement]]
+    first = await asyncpg.connect(db)
+    try:
+        second = await asyncpg.connect(db)
+        try:
+            async with first.transaction():
+                await first.execute("DELETE FROM tasks WHERE id = $1", task_id)
+                sql = getattr(q, statement)
+                ids = [task_id, kept_id]
+                late = asyncio.create_task(
+                    second.fetch(sql, ids, None, [lease, kept_lease], *tails)
+                )
+                await waiting_for_a_lock(first, second.get_server_pid())
+            rows = await late
+        finally:
+            await second.close()
+    finally:
+        await first.close()
+    assert [r["item_id"] for r in rows] == [kept_id]
+    gone, kept = _item_results(ids, rows)
+    assert gone.error is not None and gone.error.code == "not_found", gone
+    assert kept.error is None and kept.status in ("completed", "queued", "claimed"), kept
