@@ -220,6 +220,17 @@ async def test_a_minimal_batch_wakes_a_parked_claim(gw, runtime_id):
     assert [t["id"] for t in claimed] == ids
 
 
+async def test_a_minimal_enqueue_hands_its_task_to_a_claim_parked_here(gw, runtime_id):
+    # On the instance where the poll is parked, the task is written leased to it (sync
+    # match); the producer still gets the task's id.
+    poll = asyncio.create_task(claim(gw, runtime_id, wait_seconds=30))
+    await wait_until(lambda: gw.gateway.claimer.parked(runtime_id) == 1, 10, "the poll to park")
+    resp = await req(gw, "POST", tasks_path(runtime_id), {"payload": 7}, headers=MINIMAL)
+    task_id = minimal_id(resp)
+    [claimed] = await asyncio.wait_for(poll, 30)
+    assert claimed["id"] == task_id and claimed["payload"] == 7
+
+
 async def test_a_minimal_enqueue_on_another_instance_wakes_a_parked_claim(
     gw, runtime_id, database_url, redis_url
 ):
