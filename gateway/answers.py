@@ -45,8 +45,8 @@ _PAUSE_DETAILS: dict[str, Any] = {
 }
 
 
-def _tasks(extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    properties = {"tasks": {"type": "array", "items": {"$ref": "#/components/schemas/Task"}}}
+def _tasks(extra: Mapping[str, Any] | None = None, item: str = "Task") -> dict[str, Any]:
+    properties = {"tasks": {"type": "array", "items": {"$ref": f"#/components/schemas/{item}"}}}
     properties.update(extra or {})
     return {
         "type": "object",
@@ -104,6 +104,14 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         ],
     },
     "TaskList": _tasks(),
+    "TaskRef": {
+        "type": "object",
+        "description": "A task's id alone: an enqueue's answer under `Prefer: return=minimal`.",
+        "required": ["id"],
+        "properties": {"id": _UUID},
+        "additionalProperties": False,
+    },
+    "TaskRefList": _tasks(item="TaskRef"),
     "TaskPage": _tasks({"next_cursor": {"type": ["string", "null"]}}),
     "Stats": {
         "type": "object",

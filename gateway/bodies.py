@@ -21,6 +21,16 @@ IDEMPOTENCY_KEY_HEADER = Field(
     "The idempotency_key, as a header; if both are given they must be equal.",
     max_length=MAX_IDEMPOTENCY_KEY,
 )
+PREFER_HEADER = Field(
+    "Prefer",
+    Kind.TEXT,
+    "RFC 7240 preferences. `return=minimal` answers each new (or replayed) task as "
+    'its id only, `{"id": ...}`, and the answer carries `Preference-Applied: '
+    "return=minimal`; `return=representation`, or no `return`, answers whole tasks. "
+    "Several preferences may be given, separated by commas "
+    "(`respond-async, return=minimal`); names and values are read without regard to case, "
+    "and preferences the gateway does not know are ignored.",
+)
 ENQUEUE_BODY = Body(
     "EnqueueRequest",
     "A task for the runtime named in the path.",

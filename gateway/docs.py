@@ -68,30 +68,77 @@ REPLAYED = Param(
     required=True,
 )
 
+PREFERENCE_APPLIED = Param(
+    "Preference-Applied",
+    "`return=minimal`: the request's `Prefer: return=minimal` was honoured, and the "
+    "answer holds task ids only. Absent when whole tasks are answered.",
+    {"const": "return=minimal"},
+)
+# An enqueue's answer: whole tasks, or with `Prefer: return=minimal` their ids only.
+ENQUEUED: dict[str, Any] = {
+    "oneOf": [{"$ref": "#/components/schemas/Task"}, {"$ref": "#/components/schemas/TaskRef"}]
+}
+ENQUEUED_LIST: dict[str, Any] = {
+    "oneOf": [
+        {"$ref": "#/components/schemas/TaskList"},
+        {"$ref": "#/components/schemas/TaskRefList"},
+    ]
+}
+
 ENQUEUE = Doc(
     "enqueueTask",
     "Enqueue a task",
     (
-        Reply(201, "Stored; a waiting daemon is woken.", TASK),
-        Reply(200, "A repeated idempotency key with the same request.", TASK, headers=(REPLAYED,)),
+        Reply(
+            201,
+            "Stored; a waiting daemon is woken. The task, or with `Prefer: return=minimal` "
+            "its id only.",
+            ENQUEUED,
+            headers=(PREFERENCE_APPLIED,),
+        ),
+        Reply(
+            200,
+            "A repeated idempotency key with the same request: the task already stored (or "
+            "its id).",
+            ENQUEUED,
+            headers=(REPLAYED, PREFERENCE_APPLIED),
+        ),
     ),
     "The key may come in the body or the Idempotency-Key header; reusing it with "
-    "another request is `422 idempotency_key_reused`.",
+    "another request is `422 idempotency_key_reused`. With `Prefer: return=minimal` the "
+    'answer is `{"id": ...}` alone; everything else (statuses, headers, errors) is the '
+    "same.",
     tag="producers",
     body=bodies.ENQUEUE_BODY,
-    headers=(bodies.IDEMPOTENCY_KEY_HEADER,),
+    headers=(bodies.IDEMPOTENCY_KEY_HEADER, bodies.PREFER_HEADER),
     errors=(IdempotencyKeyReused,),
 )
 ENQUEUE_BATCH = Doc(
     "enqueueTasks",
     "Enqueue a batch of tasks, all or nothing",
     (
-        Reply(201, "Stored, in request order.", "TaskList"),
-        Reply(200, "Every item was an idempotent replay.", "TaskList", headers=(REPLAYED,)),
+        Reply(
+            201,
+            "Stored, in request order: whole tasks, or with `Prefer: return=minimal` "
+            '`{"id": ...}` each.',
+            ENQUEUED_LIST,
+            headers=(PREFERENCE_APPLIED,),
+        ),
+        Reply(
+            200,
+            "Every item was an idempotent replay.",
+            ENQUEUED_LIST,
+            headers=(REPLAYED, PREFERENCE_APPLIED),
+        ),
     ),
-    "One bad item is `422` naming `tasks[i]` (`field` and `index`), and nothing is stored.",
+    "One bad item is `422` naming `tasks[i]` (`field` and `index`), and nothing is stored. "
+    'With `Prefer: return=minimal` each task is answered as `{"id": ...}` alone (a '
+    "replayed item's is the id of the task its key made), which spares the gateway and "
+    "the client a batch's payloads; everything else (statuses, headers, errors) is the "
+    "same.",
     tag="producers",
     body=bodies.BATCH_BODY,
+    headers=(bodies.PREFER_HEADER,),
     errors=(IdempotencyKeyReused,),
 )
 LIST_TASKS = Doc(

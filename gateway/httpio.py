@@ -4,7 +4,8 @@ reading a request body within GATEWAY_MAX_BODY_BYTES. No handler logic lives her
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Mapping
+import re
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -119,6 +120,49 @@ class DisconnectWatch:
             waiting.remove_done_callback(self._step)
         if coro is not None:
             coro.close()
+
+
+# RFC 7240: `Prefer: return=minimal` asks for a smaller answer; the answer that honours
+# it says so in Preference-Applied.
+PREFERENCE_APPLIED = "Preference-Applied"
+RETURN_MINIMAL = "return=minimal"
+# One piece of a Prefer value: a quoted string (its escapes kept), a separator, or a run
+# of anything else. Commas and semicolons inside quotes separate nothing.
+_PREFER_PART = re.compile(r'"(?:[^"\\]|\\.)*"?|[,;=]|[^",;=]+')
+
+
+def _unquote(word: str) -> str:
+    word = word.strip()
+    if len(word) >= 2 and word[0] == word[-1] == '"':
+        return re.sub(r"\\(.)", r"\1", word[1:-1])
+    return word
+
+
+def prefers_minimal(values: Iterable[str]) -> bool:
+    """Whether Prefer headers (RFC 7240; each a comma-separated list, several headers
+    read as one list) ask for `return=minimal`. Names and values are compared without
+    case and spaces around `=`; a preference's parameters (after `;`) and unknown
+    preferences are ignored; of several `return` preferences the first counts."""
+    for value in values:
+        name: list[str] = []
+        word: list[str] | None = None
+        in_params = False
+        for part in [*_PREFER_PART.findall(value), ","]:
+            if part == ",":
+                if "".join(name).strip().lower() == "return":
+                    return _unquote("".join(word or [])).lower() == "minimal"
+                name, word, in_params = [], None, False
+            elif in_params:
+                continue
+            elif part == ";":
+                in_params = True
+            elif part == "=" and word is None:
+                word = []
+            elif word is None:
+                name.append(part)
+            else:
+                word.append(part)
+    return False
 
 
 def internal_error_response() -> Response:

@@ -13,14 +13,36 @@ from starlette.responses import Response
 
 from . import models, results
 from .errors import StoreUnavailable
-from .httpio import CLIENT_LEFT, DisconnectWatch, json_response, read_json
-from .rows import as_enqueued
+from .httpio import (
+    CLIENT_LEFT,
+    PREFERENCE_APPLIED,
+    RETURN_MINIMAL,
+    DisconnectWatch,
+    json_response,
+    prefers_minimal,
+    read_json,
+)
+from .rows import TaskRow, as_enqueued
 from .runtime import Gateway
 from .waiters import Departure
 
 
+def _applied(minimal: bool, headers: dict[str, str] | None = None) -> dict[str, str] | None:
+    """An enqueue's answer headers, with Preference-Applied when `minimal` was."""
+    if minimal:
+        return {**(headers or {}), PREFERENCE_APPLIED: RETURN_MINIMAL}
+    return headers
+
+
+def _enqueued(row: TaskRow, minimal: bool) -> orjson.Fragment | dict[str, str]:
+    """One enqueue's answer body: the task, or with `minimal` its id only."""
+    return {"id": str(row.id)} if minimal else models.render_task_or_stub(row)
+
+
 async def enqueue(request: Request, gw: Gateway) -> Response:
+    """One task. `Prefer: return=minimal` (RFC 7240) answers `{"id": ...}` only."""
     runtime_id = models.check_runtime_id(request.path_params["rt"])
+    minimal = prefers_minimal(request.headers.getlist("prefer"))
     body = await read_json(request, gw)
     req = models.parse_enqueue(
         body,
@@ -45,26 +67,30 @@ async def enqueue(request: Request, gw: Gateway) -> Response:
         if waiter is not None:
             await gw.claimer.matched(runtime_id, waiter, leased)
     if not created:
-        return json_response(models.render_task_or_stub(row), 200, {"Idempotent-Replayed": "true"})
+        replayed = _applied(minimal, {"Idempotent-Replayed": "true"})
+        return json_response(_enqueued(row, minimal), 200, replayed)
     if leased is not None:
         # No task became claimable (it is leased already): no bump. The producer sees
         # the task as enqueued, as without the match.
-        return json_response(models.render_task_or_stub(as_enqueued(row)), 201)
+        return json_response(_enqueued(as_enqueued(row), minimal), 201, _applied(minimal))
     await gw.claimer.announce(runtime_id)
-    return json_response(models.render_task_or_stub(row), 201)
+    return json_response(_enqueued(row, minimal), 201, _applied(minimal))
 
 
 async def enqueue_batch(request: Request, gw: Gateway) -> Response:
+    """A batch, all or nothing. `Prefer: return=minimal` (RFC 7240) answers each task
+    as `{"id": ...}` only, and the store sends no payload back for it."""
     runtime_id = models.check_runtime_id(request.path_params["rt"])
+    minimal = prefers_minimal(request.headers.getlist("prefer"))
     reqs = models.parse_batch(
         await read_json(request, gw), gw.settings.max_payload_bytes, gw.settings.max_json_depth
     )
-    tasks, all_replayed = await gw.store.enqueue_batch(runtime_id, reqs)
+    tasks, all_replayed = await gw.store.enqueue_batch(runtime_id, reqs, ids_only=minimal)
     body = {"tasks": orjson.Fragment(tasks)}
     if all_replayed:
-        return json_response(body, 200, {"Idempotent-Replayed": "true"})
+        return json_response(body, 200, _applied(minimal, {"Idempotent-Replayed": "true"}))
     await gw.claimer.announce(runtime_id)  # one bump for the whole batch
-    return json_response(body, 201)
+    return json_response(body, 201, _applied(minimal))
 
 
 async def cancel(request: Request, gw: Gateway) -> Response:

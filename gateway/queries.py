@@ -388,13 +388,22 @@ _BATCH_DUE = """LATERAL (SELECT COALESCE(i.run_at,
                                 base.t + make_interval(secs => COALESCE(i.delay, 0)))
                        AS run_at) d"""
 
+# A new task's reference, `{"id":"<uuid>"}`: all a batch answers of each task when the
+# request says `Prefer: return=minimal`. The *_IDS statements are their namesakes with
+# this in place of NEW_TASK_JSON (or of the payload text): Postgres neither writes the
+# objects nor sends the payloads back, and the gateway has nothing to decode.
+TASK_REF_JSON = """'{"id":"' || id || '"}'"""
+
+
 # A whole batch in one statement; ids are chosen by the caller so that rows can be
 # matched back to request order. Items whose key already exists are skipped here and
 # looked up with GET_BY_IDEMPOTENCY_KEYS. Items not due yet are stored `scheduled`.
-# Each inserted row comes back as its id and its JSON (NEW_TASK_JSON).
+# Each inserted row comes back as its id and its JSON (`task_json`: NEW_TASK_JSON, or
+# TASK_REF_JSON for ENQUEUE_BATCH_IDS).
 # An optional column no item sets may be sent as a NULL array: ROWS FROM pads it with
 # NULLs. Payloads and integers go as ENQUEUE_BATCH_NEW says.
-ENQUEUE_BATCH = f"""
+def _enqueue_batch(task_json: str) -> str:
+    return f"""
 WITH base AS (SELECT clock_timestamp() AS t)
 INSERT INTO tasks (id, runtime_id, status, priority, payload, max_attempts, run_at,
                    expires_at, idempotency_key, request_hash, created_at)
@@ -411,8 +420,13 @@ SELECT i.id, $1, {_BATCH_ROW}, i.idempotency_key, i.request_hash, {_BATCH_CREATE
  -- other instead of deadlocking; created_at keeps the request's order (FIFO).
  ORDER BY i.idempotency_key NULLS LAST, i.ord
 ON CONFLICT (runtime_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING id, {NEW_TASK_JSON} AS task_json
+RETURNING id, {task_json} AS task_json
 """
+
+
+ENQUEUE_BATCH = _enqueue_batch(NEW_TASK_JSON)
+ENQUEUE_BATCH_IDS = _enqueue_batch(TASK_REF_JSON)
+
 
 # A batch without idempotency keys: nothing can conflict, so every item is inserted,
 # with an id Postgres picks, and the answer is one row: how many, and the new tasks'
@@ -423,7 +437,9 @@ RETURNING id, {NEW_TASK_JSON} AS task_json
 # 1,000. The array is split as `json` and each payload cast to jsonb on its own: one
 # jsonb value is capped at 256 MiB in Postgres's binary form, which a large body of
 # small numbers (about 12 bytes each there, 2 in the text) could pass.
-ENQUEUE_BATCH_NEW = f"""
+# ENQUEUE_BATCH_NEW_IDS joins TASK_REF_JSON instead.
+def _enqueue_batch_new(task_json: str) -> str:
+    return f"""
 WITH base AS (SELECT clock_timestamp() AS t),
 new AS (
 INSERT INTO tasks (runtime_id, status, priority, payload, max_attempts, run_at,
@@ -435,10 +451,14 @@ SELECT $1, {_BATCH_ROW}, {_BATCH_CREATED_AT}
                   unnest($7::float8[]))
        WITH ORDINALITY AS i(priority, payload, max_attempts, run_at, delay, ttl, ord),
        {_BATCH_DUE}
-RETURNING created_at, {NEW_TASK_JSON} AS task_json
+RETURNING created_at, {task_json} AS task_json
 )
 SELECT count(*)::int AS n, string_agg(task_json, ',' ORDER BY created_at) AS tasks FROM new
 """
+
+
+ENQUEUE_BATCH_NEW = _enqueue_batch_new(NEW_TASK_JSON)
+ENQUEUE_BATCH_NEW_IDS = _enqueue_batch_new(TASK_REF_JSON)
 
 # A keyless batch whose items set no time (no run_at, delay_seconds or ttl_seconds):
 # every row is queued, due at the batch's time, with no expiry, created and updated a
@@ -447,8 +467,7 @@ SELECT count(*)::int AS n, string_agg(task_json, ',' ORDER BY created_at) AS tas
 # task, request order; jsonb text has no raw newline). The gateway writes the rest of
 # each task's JSON (store_tasks.plain_tasks_json): writing it here cost Postgres about
 # 3.5 ms per 1,000 tasks, a quarter of the statement.
-ENQUEUE_BATCH_PLAIN = """
-WITH new AS (
+_BATCH_PLAIN_INSERT = """
 INSERT INTO tasks (runtime_id, status, priority, payload, max_attempts, run_at,
                    created_at, updated_at)
 SELECT $1, 'queued', i.priority, i.payload::jsonb, i.max_attempts, base.t,
@@ -457,12 +476,24 @@ SELECT $1, 'queued', i.priority, i.payload::jsonb, i.max_attempts, base.t,
   FROM (SELECT clock_timestamp() AS t) base,
        ROWS FROM (unnest($2::text::int[]), json_array_elements($3::json),
                   unnest($4::text::int[]))
-       WITH ORDINALITY AS i(priority, payload, max_attempts, ord)
+       WITH ORDINALITY AS i(priority, payload, max_attempts, ord)"""
+ENQUEUE_BATCH_PLAIN = f"""
+WITH new AS ({_BATCH_PLAIN_INSERT}
 RETURNING created_at, id::text || payload::text AS line
 )
 SELECT count(*)::int AS n, min(created_at) AS t,
        string_agg(line, E'\n' ORDER BY created_at) AS lines
   FROM new
+"""
+
+# ENQUEUE_BATCH_PLAIN for `Prefer: return=minimal`: the same rows, answered as
+# ENQUEUE_BATCH_NEW_IDS is (how many, and the TASK_REF_JSON of each joined by commas in
+# request order), so that no payload text comes back and no object is written.
+ENQUEUE_BATCH_PLAIN_IDS = f"""
+WITH new AS ({_BATCH_PLAIN_INSERT}
+RETURNING created_at, {TASK_REF_JSON} AS task_json
+)
+SELECT count(*)::int AS n, string_agg(task_json, ',' ORDER BY created_at) AS tasks FROM new
 """
 
 GET_BY_IDEMPOTENCY_KEYS = f"""

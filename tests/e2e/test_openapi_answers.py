@@ -95,6 +95,21 @@ def test_replays_and_reused_keys(served: Served) -> None:
     assert bad_item.json()["field"] == "tasks[1].payload"
 
 
+def test_minimal_answers_and_replays(served: Served) -> None:
+    c = Client(served)
+    minimal = {"Prefer": "return=minimal", "Idempotency-Key": "m"}
+    for status in (201, 200):  # new, then a replay
+        one = c.call("POST", ENQUEUE, {"payload": 1}, headers=minimal)
+        assert one.status_code == status and list(one.json()) == ["id"], one.text
+        assert one.headers["Preference-Applied"] == "return=minimal"
+    batch = {"tasks": [{"payload": 1, "idempotency_key": "mb"}, {"payload": {"n": 2}}]}
+    minimal_batch = {"Prefer": "return=minimal"}
+    made = c.call("POST", BATCH, batch, headers=minimal_batch)
+    assert made.status_code == 201 and len(made.json()["tasks"]) == 2, made.text
+    replay = c.call("POST", BATCH, {"tasks": batch["tasks"][:1]}, headers=minimal_batch)
+    assert replay.status_code == 200 and replay.json()["tasks"] == made.json()["tasks"][:1]
+
+
 def test_every_task_state(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
     c = Client(served)
     delayed = c.enqueue(delay_seconds=3600, ttl_seconds=60)

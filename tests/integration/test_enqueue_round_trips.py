@@ -157,3 +157,31 @@ async def test_a_new_tasks_json_from_postgres_is_the_one_models_writes(
     expected = [task_bytes(TaskRow.of(row)).decode() for row in stored]
     assert written == "[" + ",".join(expected) + "]"
     assert orjson.loads(written)[5]["status"] == "expired"  # its ttl ran out in 1970
+
+
+@pytest.mark.parametrize(
+    ("items", "statement"),
+    [
+        ([item(1), item(2, priority=90)], "ENQUEUE_BATCH_PLAIN_IDS"),
+        ([item(1), item(2, delay_seconds=60)], "ENQUEUE_BATCH_NEW_IDS"),
+        ([item(1), item(2, idempotency_key="k")], "ENQUEUE_BATCH_IDS"),
+    ],
+    ids=["plain", "timed", "keyed"],
+)
+async def test_a_batch_asked_for_ids_only_gets_no_payload_back(
+    store: Store, runtime_id: str, items: list[EnqueueRequest], statement: str
+) -> None:
+    # `Prefer: return=minimal`: each kind of batch goes through its statement's *_IDS
+    # twin, which answers `{"id":...}` per task and sends no payload text back.
+    seen = await statements_of(store, runtime_id)
+    written, replayed = await store.enqueue_batch(runtime_id, items, ids_only=True)
+    assert getattr(q, statement) in seen, seen
+    assert not {q.ENQUEUE_BATCH, q.ENQUEUE_BATCH_NEW, q.ENQUEUE_BATCH_PLAIN} & set(seen)
+    assert "payload" not in getattr(q, statement).split("RETURNING")[-1]
+    stored = await store.run(
+        lambda c: c.fetch(
+            "SELECT id FROM tasks WHERE runtime_id = $1 ORDER BY created_at", runtime_id
+        )
+    )
+    assert written == "[" + ",".join(f'{{"id":"{r["id"]}"}}' for r in stored) + "]"
+    assert replayed is False

@@ -165,9 +165,34 @@ def test_enqueue_documents_the_replay_header_and_the_idempotency_key_header() ->
     assert operation["responses"]["200"]["headers"]["Idempotent-Replayed"]["schema"] == {
         "const": "true"
     }
-    assert set(operation["responses"]["201"]["headers"]) == {"X-Request-ID"}
-    (header,) = [p for p in operation["parameters"] if p["in"] == "header"]
-    assert header["name"] == "Idempotency-Key" and header["schema"]["maxLength"] == 200
+    assert set(operation["responses"]["201"]["headers"]) == {"X-Request-ID", "Preference-Applied"}
+    (header,) = [p for p in operation["parameters"] if p["name"] == "Idempotency-Key"]
+    assert header["in"] == "header" and header["schema"]["maxLength"] == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/runtimes/{rt}/tasks", "/v1/runtimes/{rt}/tasks:batch"])
+def test_enqueues_document_prefer_return_minimal_and_its_answers(path: str) -> None:
+    operation = DOC["paths"][path]["post"]
+    (prefer,) = [p for p in operation["parameters"] if p["name"] == "Prefer"]
+    assert prefer["in"] == "header" and "return=minimal" in prefer["description"]
+    whole, minimal = ("Task", "TaskRef") if path.endswith("tasks") else ("TaskList", "TaskRefList")
+    for status in ("200", "201"):
+        answer = operation["responses"][status]
+        applied = answer["headers"]["Preference-Applied"]
+        assert applied["schema"] == {"const": "return=minimal"} and not applied["required"]
+        schema = answer["content"]["application/json"]["schema"]
+        assert schema == {
+            "oneOf": [
+                {"$ref": f"#/components/schemas/{whole}"},
+                {"$ref": f"#/components/schemas/{minimal}"},
+            ]
+        }
+    schemas = DOC["components"]["schemas"]
+    assert schemas["TaskRef"]["required"] == ["id"]
+    assert schemas["TaskRef"]["additionalProperties"] is False
+    assert schemas["TaskRefList"]["properties"]["tasks"]["items"] == {
+        "$ref": "#/components/schemas/TaskRef"
+    }
 
 
 def test_path_parameters() -> None:

@@ -13,7 +13,7 @@ import os
 from collections.abc import AsyncIterator, Iterable, Mapping
 from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal, overload
 
 import aiohttp
 
@@ -52,6 +52,8 @@ FINISHED = frozenset({"completed", "dead", "expired", "cancelled"})
 # One request of `wait()` waits at most this long on the gateway: within the default
 # GATEWAY_MAX_WAIT_SECONDS (60), and short enough for proxies' idle timeouts.
 WAIT_STEP_SECONDS = 20.0
+# RFC 7240: asks an enqueue to answer the tasks' ids only (`minimal=True`).
+PREFER_MINIMAL = {"Prefer": "return=minimal"}
 
 
 def config_from_env(url: str | None = None, token: str | None = None) -> tuple[str, str | None]:
@@ -150,6 +152,7 @@ class AsyncClient:
 
     # -- producers ---------------------------------------------------------------
 
+    @overload
     async def enqueue(
         self,
         runtime: str,
@@ -161,18 +164,72 @@ class AsyncClient:
         run_at: str | None = None,
         ttl_seconds: float | None = None,
         max_attempts: int | None = None,
-    ) -> Task:
-        """A new task (or, for a repeated idempotency key, the one already stored)."""
+        minimal: Literal[False] = False,
+    ) -> Task: ...
+
+    @overload
+    async def enqueue(
+        self,
+        runtime: str,
+        payload: Any,
+        *,
+        priority: int | None = None,
+        idempotency_key: str | None = None,
+        delay_seconds: float | None = None,
+        run_at: str | None = None,
+        ttl_seconds: float | None = None,
+        max_attempts: int | None = None,
+        minimal: Literal[True],
+    ) -> str: ...
+
+    async def enqueue(
+        self,
+        runtime: str,
+        payload: Any,
+        *,
+        priority: int | None = None,
+        idempotency_key: str | None = None,
+        delay_seconds: float | None = None,
+        run_at: str | None = None,
+        ttl_seconds: float | None = None,
+        max_attempts: int | None = None,
+        minimal: bool = False,
+    ) -> Task | str:
+        """A new task (or, for a repeated idempotency key, the one already stored).
+        With `minimal=True`, only its id: the gateway answers no more
+        (`Prefer: return=minimal`)."""
         new = NewTask(
             payload, priority, idempotency_key, delay_seconds, run_at, ttl_seconds, max_attempts
         )
-        return await self._task("POST", f"/v1/runtimes/{runtime}/tasks", new.to_json())
+        path = f"/v1/runtimes/{runtime}/tasks"
+        if not minimal:
+            return await self._task("POST", path, new.to_json())
+        _, data, _ = await self.request("POST", path, new.to_json(), headers=PREFER_MINIMAL)
+        return str(data["id"])  # a gateway that ignores Prefer answers the task: same id
 
-    async def enqueue_batch(self, runtime: str, tasks: Iterable[NewTask]) -> list[Task]:
-        """1-1000 tasks, all or nothing; answered in the order given."""
+    @overload
+    async def enqueue_batch(
+        self, runtime: str, tasks: Iterable[NewTask], *, minimal: Literal[False] = False
+    ) -> list[Task]: ...
+
+    @overload
+    async def enqueue_batch(
+        self, runtime: str, tasks: Iterable[NewTask], *, minimal: Literal[True]
+    ) -> list[str]: ...
+
+    async def enqueue_batch(
+        self, runtime: str, tasks: Iterable[NewTask], *, minimal: bool = False
+    ) -> list[Task] | list[str]:
+        """1-1000 tasks, all or nothing; answered in the order given. With
+        `minimal=True`, only their ids, which spares the gateway and this client the
+        payloads coming back (`Prefer: return=minimal`)."""
         body = {"tasks": [t.to_json() for t in tasks]}
-        _, data, _ = await self.request("POST", f"/v1/runtimes/{runtime}/tasks:batch", body)
-        return [Task.from_json(t) for t in data["tasks"]]
+        path = f"/v1/runtimes/{runtime}/tasks:batch"
+        if not minimal:
+            _, data, _ = await self.request("POST", path, body)
+            return [Task.from_json(t) for t in data["tasks"]]
+        _, data, _ = await self.request("POST", path, body, headers=PREFER_MINIMAL)
+        return [str(t["id"]) for t in data["tasks"]]
 
     async def cancel(self, task_id: str) -> Task:
         return await self._task("POST", f"/v1/tasks/{task_id}/cancel")

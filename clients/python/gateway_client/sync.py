@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Coroutine, Iterable, Iterator
 from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from .client import DEFAULT_TIMEOUT_SECONDS, AsyncClient
 from .models import (
@@ -69,11 +69,43 @@ class Client:
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self._runner.run(coro)
 
-    def enqueue(self, runtime: str, payload: Any, **fields: Any) -> Task:
-        """Fields as AsyncClient.enqueue: priority, idempotency_key, delay_seconds, ..."""
-        return self._run(self.aio.enqueue(runtime, payload, **fields))
+    @overload
+    def enqueue(
+        self, runtime: str, payload: Any, *, minimal: Literal[False] = False, **fields: Any
+    ) -> Task: ...
 
-    def enqueue_batch(self, runtime: str, tasks: Iterable[NewTask]) -> list[Task]:
+    @overload
+    def enqueue(
+        self, runtime: str, payload: Any, *, minimal: Literal[True], **fields: Any
+    ) -> str: ...
+
+    def enqueue(
+        self, runtime: str, payload: Any, *, minimal: bool = False, **fields: Any
+    ) -> Task | str:
+        """Fields as AsyncClient.enqueue: priority, idempotency_key, delay_seconds, ...
+        With `minimal=True`, the task's id only."""
+        if minimal:
+            task_id: str = self._run(self.aio.enqueue(runtime, payload, minimal=True, **fields))
+            return task_id
+        task: Task = self._run(self.aio.enqueue(runtime, payload, **fields))
+        return task
+
+    @overload
+    def enqueue_batch(
+        self, runtime: str, tasks: Iterable[NewTask], *, minimal: Literal[False] = False
+    ) -> list[Task]: ...
+
+    @overload
+    def enqueue_batch(
+        self, runtime: str, tasks: Iterable[NewTask], *, minimal: Literal[True]
+    ) -> list[str]: ...
+
+    def enqueue_batch(
+        self, runtime: str, tasks: Iterable[NewTask], *, minimal: bool = False
+    ) -> list[Task] | list[str]:
+        """As AsyncClient.enqueue_batch; with `minimal=True`, the tasks' ids only."""
+        if minimal:
+            return self._run(self.aio.enqueue_batch(runtime, tasks, minimal=True))
         return self._run(self.aio.enqueue_batch(runtime, tasks))
 
     def claim(self, runtime: str, worker_id: str, **fields: Any) -> list[Task]:
