@@ -57,7 +57,9 @@ Scenarios (--scenario, comma-separated, default all; about 10 minutes on 2 cores
                   plus one Redis MGET per request. req/s, p50/p99, Postgres claims
                   per poll (the gateway's own counter).
   enqueue         batch enqueue (1,000 per request) tasks/s against pgqueuer's batch
-                  enqueue, and single enqueues/s beside it.
+                  enqueue, answering the new tasks' ids (Prefer: return=minimal,
+                  as pgqueuer answers its jobs' ids) and whole tasks; single
+                  enqueues/s beside it.
   drain           --drain-tasks queued tasks, --drain-workers workers, max_tasks
                   --drain-max-tasks: one complete per task, then batch
                   acknowledgement (POST /v1/tasks:complete), against pgqueuer's

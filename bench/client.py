@@ -66,16 +66,23 @@ class Api:
         self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
 
     async def post(
-        self, path: str, body: Any, tally: Tally, *, seconds: float = 30.0
+        self,
+        path: str,
+        body: Any,
+        tally: Tally,
+        *,
+        seconds: float = 30.0,
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, Any] | None:
         """(status, parsed body) or None after a transport error (recorded in tally).
-        `body` is sent as JSON, or as it is when it is bytes (JSON made beforehand)."""
+        `body` is sent as JSON, or as it is when it is bytes (JSON made beforehand);
+        `headers` are sent beside the token's."""
         started = time.perf_counter()
         try:
             async with self.session.post(
                 self.base_url + path,
                 data=body if isinstance(body, bytes) else orjson.dumps(body),
-                headers=self.headers,
+                headers=self.headers if headers is None else {**self.headers, **headers},
                 timeout=aiohttp.ClientTimeout(total=seconds),
             ) as resp:
                 raw = await resp.read()

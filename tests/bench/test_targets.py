@@ -57,6 +57,7 @@ def test_drain_and_enqueue_against_pgqueuer_and_a_missing_batch_ack() -> None:
                 _r("drain", "single ack", tasks_per_second=1200.0),
                 _r("drain", "batch ack", available=False),
                 _r("enqueue", "gateway batch 1000", tasks_per_second=3000.0),
+                _r("enqueue", "gateway batch 1000, ids only", tasks_per_second=4400.0),
                 pgq,
             ]
         )
@@ -65,7 +66,26 @@ def test_drain_and_enqueue_against_pgqueuer_and_a_missing_batch_ack() -> None:
     batch = rows["drain, batch ack vs pgqueuer"]
     assert batch.verdict == "n/a"
     assert "not available" in batch.shown
-    assert rows["batch enqueue (1,000 per request) vs pgqueuer"].verdict == "MISS"
+    enqueue = rows["batch enqueue (1,000 per request, ids answered) vs pgqueuer"]
+    assert enqueue.verdict == "PASS"
+    assert enqueue.value == 1.1
+    assert "whole tasks answered: 0.75x" in enqueue.shown
+
+
+def test_batch_enqueue_without_the_ids_only_answer_is_not_available() -> None:
+    pgq = _r("pgqueuer", "pgqueuer 1.6.0", batch_enqueue={"jobs_per_second": 4000.0})
+    rows = _by_target(
+        evaluate(
+            [
+                _r("enqueue", "gateway batch 1000", tasks_per_second=4400.0),
+                _r("enqueue", "gateway batch 1000, ids only", available=False),
+                pgq,
+            ]
+        )
+    )
+    enqueue = rows["batch enqueue (1,000 per request, ids answered) vs pgqueuer"]
+    assert enqueue.verdict == "n/a"
+    assert enqueue.shown.startswith("not available") and "1.10x" in enqueue.shown
 
 
 def test_parked_polls_memory_and_statements() -> None:
