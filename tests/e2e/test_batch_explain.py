@@ -93,9 +93,10 @@ def holder_tested_before_lock(nodes: list[dict[str, Any]]) -> bool:
 def rescanned_lists(nodes: list[dict[str, Any]]) -> list[str]:
     """The lists (CTE results, unnest()ed arrays) that a nested loop reads again for
     each row of its outer side, unless that side is one row by its kind (CLAIM joins
-    its leased rows to the one row of NEXT_DUE). Subplans are left out: the only one
-    over a list is a token's runtime patterns, a handful, tested per task
-    (queries.RUNTIME_COVERED)."""
+    its leased rows to the one row of NEXT_DUE), and those a correlated subquery reads
+    once per row it is evaluated for (a SubPlan; an InitPlan or a hashed SubPlan runs
+    once). The one list a subquery may read per task is a token's runtime patterns
+    (`p` in queries.RUNTIME_COVERED), a handful."""
 
     def below(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield node
@@ -110,17 +111,23 @@ def rescanned_lists(nodes: list[dict[str, Any]]) -> list[str]:
             node["Node Type"] == "Aggregate" and node.get("Strategy") == "Plain"
         )
 
+    def lists(node: dict[str, Any]) -> list[str]:
+        return [
+            f"{n['Node Type']} {n.get('CTE Name', n.get('Alias', ''))}"
+            for n in below(node)
+            if n["Node Type"] in ("CTE Scan", "Function Scan", "WorkTable Scan")
+        ]
+
     found = []
+    for sub in (n for n in nodes if n.get("Parent Relationship") == "SubPlan"):
+        if not sub.get("Subplan Name", "").startswith("hashed "):
+            found += [f"{x} (per row)" for x in lists(sub) if x != "Function Scan p"]
     for loop in (n for n in nodes if n["Node Type"] == "Nested Loop"):
         [outer] = [c for c in loop["Plans"] if c.get("Parent Relationship") == "Outer"]
         [inner] = [c for c in loop["Plans"] if c.get("Parent Relationship") == "Inner"]
         if one_row(outer):
             continue
-        found += [
-            f"{n['Node Type']} {n.get('CTE Name', n.get('Alias', ''))}"
-            for n in below(inner)
-            if n["Node Type"] in ("CTE Scan", "Function Scan", "WorkTable Scan")
-        ]
+        found += lists(inner)
     return found
 
 
@@ -216,9 +223,12 @@ async def test_no_list_is_read_again_for_each_item(
     by one probe: time linear in the items. A prepared statement runs its generic plan
     after five runs, and there a nested loop that read the items once per held row made
     a batch of 1,000 ten times slower than its custom plan (about 120 ms against 15)."""
-    args = list_args(statement, f"{filled}-hot", 200)
-    nodes = await plan_of(conn, mode, getattr(q, statement), args)
-    assert rescanned_lists(nodes) == [], f"{statement} {mode}: {describe(nodes)}"
+    # The one list the check lets a subquery read per task: the token's patterns.
+    assert "AS p(pattern)" in q.RUNTIME_COVERED
+    for items in (1, 10, 200, 1000):
+        args = list_args(statement, f"{filled}-hot", items)
+        nodes = await plan_of(conn, mode, getattr(q, statement), args)
+        assert rescanned_lists(nodes) == [], f"{statement} {mode} {items}: {describe(nodes)}"
 
 
 async def test_the_check_catches_a_join_of_two_lists(
@@ -234,3 +244,21 @@ async def test_the_check_catches_a_join_of_two_lists(
     )
     nodes = await plan_of(conn, "force_generic_plan", old, group_args(200))
     assert rescanned_lists(nodes) == ["CTE Scan items"], describe(nodes)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_check_catches_a_list_read_by_a_subquery_per_row(
+    conn: asyncpg.Connection,  # noqa: F811
+    filled: str,  # noqa: F811
+    mode: str,
+) -> None:
+    """Control: COMPLETE_GROUP taking each result by a subquery over the items, run for
+    every task it completes, reads the items once per task under either plan, with no
+    nested loop to show it; the check sees it."""
+    result = "result = h.item_result::jsonb"
+    assert result in q.COMPLETE_GROUP
+    per_row = q.COMPLETE_GROUP.replace(
+        result, "result = (SELECT i.item_result::jsonb FROM items i WHERE i.item_id = tasks.id)"
+    )
+    nodes = await plan_of(conn, mode, per_row, group_args(200))
+    assert rescanned_lists(nodes) == ["CTE Scan items (per row)"], describe(nodes)

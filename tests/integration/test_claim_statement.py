@@ -133,3 +133,41 @@ async def test_when_held_rows_fill_every_round_the_poll_looks_again_soon(
     # Once the other client lets go, the same claim leases the first row.
     rows, due_in = await store.claim(runtime_id, ["a"], [30.0])
     assert len(rows) == 1 and due_in is None
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+async def test_each_slot_gets_the_task_of_its_rank_with_its_own_worker_and_lease(
+    store: Store, other: asyncpg.Connection, runtime_id: str, mode: str
+) -> None:
+    """One claim serves several polls (I9), each with its worker and lease length: slot
+    k gets the k-th task in claim order (priority, then age; a due delayed task takes
+    its place among the queued ones), and slot k's worker and lease length. The slots
+    past the last task get nothing. Under both plans a prepared statement may run."""
+    await other.execute(FILL, runtime_id, 2, 10, "queued", -1.0)
+    await other.execute(FILL, runtime_id, 2, 90, "queued", -1.0)
+    await other.execute(FILL, runtime_id, 1, 50, "scheduled", -1.0)
+    order = [
+        r["id"]
+        for r in await other.fetch(
+            "SELECT id FROM tasks WHERE runtime_id = $1 ORDER BY priority DESC, created_at",
+            runtime_id,
+        )
+    ]
+
+    async def plan_mode(conn: asyncpg.Connection) -> None:
+        await conn.execute(f"SET plan_cache_mode = {mode}")
+
+    await store.run(plan_mode)
+    workers = ["a", "b", "c", "d", "e", "f"]
+    rows, due_in = await store.claim(runtime_id, workers, [10.0, 20.0, 30.0, 40.0, 50.0, 60.0])
+    assert [r.slot for r in rows] == [1, 2, 3, 4, 5]
+    assert [r.task.id for r in rows] == order
+    assert [r.task.worker_id for r in rows] == workers[:5]
+    lengths = await other.fetch(
+        "SELECT id, round(extract(epoch FROM lease_expires_at - updated_at))::int AS s"
+        " FROM tasks WHERE runtime_id = $1",
+        runtime_id,
+    )
+    by_id = {r["id"]: r["s"] for r in lengths}
+    assert [by_id[r.task.id] for r in rows] == [10, 20, 30, 40, 50]
+    assert due_in is None
