@@ -1,13 +1,13 @@
-"""The claim path (design section 3): verdict check, single-flight Postgres claim,
-long polling, wake-ups.
+"""The claim path's public face (design section 3): a claim registers a waiter for
+its runtime and parks until it is served, its wait runs out or its client leaves; also
+wake-ups, sync match (an enqueue hands its task to a parked poll), drain and the bound
+on long waits.
 
-Per runtime, one *pump* coroutine works for every local waiter: it reads the
-verdict, and on a miss runs one Postgres claim for all of them, handing rows out
-oldest waiter first (I9). A hit parks everyone until a wake-up, the verdict's TTL
-or their deadline. Waiters register (and the process subscribes to the runtime's
-wake channel) before the pump reads the verdict (I8). The waiters themselves, and what
-the process holds per runtime, are in gateway/waiters.py; the rules of the near-cache
-(verdict hits kept in the process) in gateway/near_cache.py.
+Waiters register (and the process subscribes to the runtime's wake channel) before
+the runtime's pump reads the verdict (I8). The pump, one coroutine per runtime that
+checks the verdict and claims for every waiter (I9), is in gateway/pump.py; the
+waiters, and what the process holds per runtime, in gateway/waiters.py; the rules of
+the near-cache (verdict hits kept in the process) in gateway/near_cache.py.
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ import contextlib
 import dataclasses
 import logging
 import random
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
-from . import logs
 from .activity import ClaimActivity
 from .controls import ClaimControls
-from .errors import CacheUnavailable, Draining, GatewayError, Overloaded, StoreUnavailable
+from .errors import CacheUnavailable, Draining, Overloaded, StoreUnavailable
 from .metrics import Metrics
 from .models import ClaimRequest
 from .near_cache import NearCache, drop_near
 from .ports import ClaimCache, ClaimStore, WakeChannels
+from .pump import Pumps
 from .rows import Leased, TaskRow
 from .settings import Settings
 from .waiters import Deadlines, Departure, RuntimeState, Waiter, unserved
@@ -35,21 +35,6 @@ from .waiters import Deadlines, Departure, RuntimeState, Waiter, unserved
 log = logging.getLogger("gateway.claim")
 
 LINGER_SECONDS = 30.0  # keep an idle runtime's subscription this long, for the next poll
-# A verdict this process wrote is renewed this long before its life ends (at most; a
-# quarter of a short life), so that a renewal lands before the key lapses.
-RENEW_LEAD_SECONDS = 1.0
-# And earlier by a random share of up to this much of its life: verdicts written
-# together (a fleet's polls parking after a restart) are then not all renewed in one
-# burst, which on a busy process runs Redis calls past their timeout and sends every
-# parked runtime to Postgres (degraded polling).
-RENEW_SPREAD = 0.2
-
-
-def renew_after(ttl: float, rng: random.Random) -> float:
-    """Seconds after writing a verdict of `ttl` seconds to renew it: RENEW_LEAD_SECONDS
-    before its end (at most a quarter of a short life), and up to RENEW_SPREAD of its
-    life earlier still, at random."""
-    return ttl - min(RENEW_LEAD_SECONDS, ttl / 4) - rng.uniform(0.0, ttl * RENEW_SPREAD)
 
 
 class Claimer:
@@ -73,8 +58,6 @@ class Claimer:
         self._metrics = metrics
         self._rng = rng or random.Random()
         self._states: dict[str, RuntimeState] = {}
-        self._claim_slots = asyncio.Semaphore(settings.max_concurrent_claims)
-        self._claims_queued = 0
         self._near = NearCache(
             cache, subscriber, settings.cache_enabled and settings.near_cache_enabled
         )
@@ -83,6 +66,19 @@ class Claimer:
         self.draining = False
         self._drain_hooks: list[Callable[[], None]] = []
         self.activity = ClaimActivity()  # tasks handed out here, for the runtimes listing
+        self._pumps = Pumps(
+            store,
+            cache,
+            subscriber,
+            settings,
+            metrics,
+            self._rng,
+            controls,
+            self._near,
+            self.activity,
+            give_back=self.give_back,
+            draining=lambda: self.draining,
+        )
 
     # -- wake-ups ------------------------------------------------------------
 
@@ -210,7 +206,7 @@ class Claimer:
             state.waiters.append(waiter)
             self._metrics.parked_polls.inc()
             state.wake.set()
-            self._ensure_pump(state)
+            self._pumps.ensure(state)
             if disconnected is not None:
                 disconnected.on_set(waiter.leave)
             if waiting:
@@ -243,12 +239,18 @@ class Claimer:
             raise waiter.error
         return waiter.rows or []
 
-    def _ensure_pump(self, state: RuntimeState) -> None:
-        if state.pump is None:
-            # A bump seen while no pump ran is old news: other claims may have written a
-            # verdict under its version since, so the new pump reads the verdict first.
-            state.bumped = None
-            state.pump = asyncio.create_task(self._pump(state), name=f"pump:{state.runtime_id}")
+    async def give_back(self, runtime_id: str, tasks: list[TaskRow]) -> None:
+        """Return leases that never reached their poll (it left) to the queue, not as an
+        attempt, and wake the runtime's other polls. Each task goes back only while its
+        lease still holds it. On a database error the leases lapse instead and the
+        janitor takes them back."""
+        try:
+            held = [(t.id, t.lease_id) for t in tasks if t.lease_id is not None]
+            await self._store.unclaim([i for i, _ in held], [lease for _, lease in held])
+        except StoreUnavailable:
+            log.warning("could not give back %d undelivered leases", len(tasks))
+        else:
+            await self.announce(runtime_id)
 
     # -- sync match: an enqueue hands its task to a parked poll -----------------
 
@@ -299,7 +301,7 @@ class Claimer:
         if task is None:
             waiter.poke()  # it may have run out of time meanwhile
             if state is not None and unserved(state):
-                self._ensure_pump(state)
+                self._pumps.ensure(state)
             return
         if waiter.gone:
             self._metrics.sync_matches.labels("given_back").inc()
@@ -374,267 +376,3 @@ class Claimer:
             return
         del self._states[state.runtime_id]
         self._subscriber.unsubscribe(state.channel)
-
-    async def _pump(self, state: RuntimeState) -> None:
-        logs.detach()  # started by one poll's request, it serves them all
-        try:
-            while unserved(state) and not self.draining:
-                state.wake.clear()
-                woken, state.woken = state.woken, False
-                park = await self._cycle(state, woken)
-                if park is None:
-                    # Run again at once, but first let served waiters leave: a cycle
-                    # need not await anything (cache off, breaker open).
-                    await asyncio.sleep(0)
-                    continue
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(park):
-                        await state.wake.wait()
-        except Exception:
-            log.exception("claim pump for runtime %s died", state.runtime_id)
-            for waiter in state.waiters:
-                waiter.finish(error=StoreUnavailable("internal error in the claim path"))
-        finally:
-            state.pump = None
-
-    def _park_seconds(self, state: RuntimeState, verdict_ttl: float | None) -> float:
-        """How long the pump sleeps without a wake-up. Wake-ups may be lost when this
-        runtime's subscription is not confirmed, or when Redis is failing (other
-        instances' bumps and publishes fail too): then it polls Postgres instead (I5)."""
-        park = verdict_ttl if verdict_ttl is not None else self._settings.empty_ttl_seconds
-        if not (self._subscriber.confirmed(state.channel) and self._cache.healthy):
-            park = min(park, self._settings.degraded_poll_seconds)
-        if state.renew_version is not None:
-            park = min(park, state.renew_at - asyncio.get_running_loop().time())
-        return max(park, 0.001)
-
-    async def _cycle(self, state: RuntimeState, woken: bool = False) -> float | None:
-        """One verdict check and, on a miss, one claim. Returns how long to park, or
-        None to run again at once. `woken`: a wake-up started this cycle."""
-        runtime_id = state.runtime_id
-        version: str | None = None
-        loop = asyncio.get_running_loop()
-        held = self._held(state, woken)
-        if held is not None:
-            return held
-        drops, read_at = state.near_drops, loop.time()
-        trusted = self._near.trusted(state)
-        if self._settings.cache_enabled:
-            if state.bumped is not None:
-                # This process just bumped the runtime: the version the bump returned is
-                # a sample taken before the scan below (I2), and a miss for sure, so no
-                # read is needed. A later bump elsewhere only makes the verdict stale.
-                version, state.bumped = state.bumped, None
-                state.renew_version = None
-            else:
-                arrived = list(state.waiters)
-                if state.renew_version is not None and read_at >= state.renew_at:
-                    renewed = await self._renew(state)
-                    if renewed is not None:
-                        for waiter in arrived:
-                            waiter.checked = True
-                            waiter.poke()
-                        return self._park_seconds(state, renewed)
-                    drops, read_at, trusted = (
-                        state.near_drops,
-                        loop.time(),
-                        self._near.trusted(state),
-                    )
-                near = self._near.hit(state)
-                if near is not None:
-                    self._metrics.near_hits.inc()
-                    for waiter in arrived:
-                        waiter.checked = True
-                        waiter.poke()
-                    return self._park_seconds(state, near)
-                try:
-                    verdict = await self._cache.read(runtime_id)
-                except CacheUnavailable:
-                    self._metrics.verdict_checks.labels("error").inc()
-                else:
-                    if verdict.version != state.renew_version:
-                        state.renew_version = None  # a bump made what we wrote stale
-                    if verdict.hit:
-                        assert verdict.ttl_seconds is not None  # a hit knows its life (I4)
-                        if trusted:
-                            self._near.keep(
-                                state, verdict.version, drops, read_at, verdict.ttl_seconds
-                            )
-                        # Only waiters that were here before the read count as checked.
-                        for waiter in arrived:
-                            waiter.checked = True
-                            waiter.poke()
-                        return self._park_seconds(state, verdict.ttl_seconds)
-                    version = verdict.version
-        waiters = unserved(state)
-        if not waiters:
-            return None
-        owners: list[Waiter] = []
-        for waiter in waiters:
-            owners.extend([waiter] * waiter.req.max_tasks)
-            waiter.in_flight = True
-        hold: float | None = None
-        try:
-            async with self._admission():
-                worker_ids = [w.req.worker_id for w in owners]
-                lease_seconds = [float(w.req.lease_seconds) for w in owners]
-                if self._controls is not None and self._controls.limited(runtime_id):
-                    limited = await self._controls.claim(runtime_id, worker_ids, lease_seconds)
-                    rows, due_in, hold = limited.rows, limited.due_in, limited.held
-                else:
-                    rows, due_in = await self._store.claim(runtime_id, worker_ids, lease_seconds)
-        except GatewayError as exc:
-            for waiter in waiters:
-                waiter.in_flight = False
-                waiter.finish(error=exc)
-            return self._settings.degraded_poll_seconds
-        await self._hand_out(runtime_id, waiters, owners, rows, woken)
-        if len(rows) == len(owners):
-            return None  # every slot filled: there may be more work for newer waiters
-        if hold is not None:
-            # A limit, not a lack of work, left slots empty: no empty verdict.
-            state.held_until = loop.time() + hold
-            return hold
-        return await self._record_empty(state, version, due_in, (drops, read_at, trusted))
-
-    def _held(self, state: RuntimeState, woken: bool) -> float | None:
-        """Runtime controls (gateway/controls.py), from this process's copy: how long to
-        park without a claim, or None to go on. A paused runtime, or one a limit held
-        back with no wake-up since, costs no Postgres statement however many polls
-        park; its polls without a wait are answered at once."""
-        if self._controls is None:
-            return None
-        now = asyncio.get_running_loop().time()
-        if self._controls.paused(state.runtime_id):
-            park = self._settings.empty_ttl_seconds  # a resume wakes it
-        elif state.held_until > now and not woken:
-            park = state.held_until - now
-        else:
-            state.held_until = 0.0
-            return None
-        for waiter in state.waiters:
-            waiter.checked = True
-            waiter.poke()
-        return park
-
-    async def _hand_out(
-        self,
-        runtime_id: str,
-        waiters: list[Waiter],
-        owners: list[Waiter],
-        rows: list[Leased],
-        woken: bool = False,
-    ) -> None:
-        got: dict[Waiter, list[Leased]] = {}
-        for row in rows:
-            owner = owners[row.slot - 1]
-            got.setdefault(owner, []).append(row)
-            self._metrics.observe_claim_delay(row.task, owner.req.lease_seconds)
-        undelivered: list[TaskRow] = []
-        for waiter in waiters:
-            waiter.in_flight = False
-            parked, waiter.checked = waiter.checked, True
-            mine = got.get(waiter)
-            if mine and waiter.gone:
-                undelivered.extend(r.task for r in mine)
-                mine = None
-            if mine and parked and woken:
-                self._metrics.wakeups_delivered.inc()
-            waiter.finish(rows=mine)  # wakes it: served, or checked and still waiting
-        self.activity.add(runtime_id, len(rows) - len(undelivered))
-        if undelivered:
-            # Their polls left while the claim ran: give the tasks back and wake the others.
-            await self.give_back(runtime_id, undelivered)
-
-    async def give_back(self, runtime_id: str, tasks: list[TaskRow]) -> None:
-        """Return leases that never reached their poll (it left) to the queue, not as an
-        attempt, and wake the runtime's other polls. Each task goes back only while its
-        lease still holds it. On a database error the leases lapse instead and the
-        janitor takes them back."""
-        try:
-            held = [(t.id, t.lease_id) for t in tasks if t.lease_id is not None]
-            await self._store.unclaim([i for i, _ in held], [lease for _, lease in held])
-        except StoreUnavailable:
-            log.warning("could not give back %d undelivered leases", len(tasks))
-        else:
-            await self.announce(runtime_id)
-
-    async def _record_empty(
-        self,
-        state: RuntimeState,
-        version: str | None,
-        due_in: float | None,
-        sampled: tuple[int, float, bool] = (-1, 0.0, False),
-    ) -> float:
-        """The scan found fewer tasks than wanted: write the verdict under the version
-        read before the scan (I2), never outliving the next due task (I4). `sampled`:
-        the near-cache drop count, loop time and trust taken before that read."""
-        ttl = self._settings.empty_ttl_seconds
-        if due_in is not None:
-            ttl = min(ttl, due_in)
-        if version is not None:
-            try:
-                await self._cache.write_empty(state.runtime_id, version, ttl)
-            except CacheUnavailable:
-                pass
-            else:
-                now = asyncio.get_running_loop().time()
-                due_at = None if due_in is None else now + due_in
-                self._schedule_renewal(state, version, now, ttl, due_at)
-                drops, read_at, trusted = sampled
-                if trusted:
-                    # A bump since the read (the scan's I2 race) dropped it: not kept.
-                    self._near.keep(state, version, drops, read_at, ttl)
-        return self._park_seconds(state, ttl)
-
-    def _schedule_renewal(
-        self, state: RuntimeState, version: str, now: float, ttl: float, due_at: float | None
-    ) -> None:
-        state.renew_version = version
-        state.renew_at = now + renew_after(ttl, self._rng)
-        state.renew_due_at = due_at
-
-    async def _renew(self, state: RuntimeState) -> float | None:
-        """Renew the verdict this process wrote, instead of scanning Postgres again: its
-        new life in seconds, or None when that cannot be (a bump made it stale, a task
-        comes due first, Redis fails or refuses writes): then check as usual.
-
-        Safe because every change that makes a task claimable, or delays one, bumps the
-        version (I1), which makes the renewal fail; a bump lost to a Redis fault is the
-        janitor's repair's to find (I6), as for any verdict."""
-        version, due_at = state.renew_version, state.renew_due_at
-        state.renew_version = None
-        assert version is not None
-        now = asyncio.get_running_loop().time()
-        ttl = self._settings.empty_ttl_seconds
-        if due_at is not None:
-            ttl = min(ttl, due_at - now)
-        # Near a due time, let the verdict lapse: the scan then finds the task (I4).
-        if ttl < min(0.5, self._settings.empty_ttl_seconds / 2) or not self._cache.healthy:
-            return None
-        drops, trusted = state.near_drops, self._near.trusted(state)
-        try:
-            if not await self._cache.renew_empty(state.runtime_id, version, ttl):
-                return None
-        except CacheUnavailable:
-            return None
-        self._schedule_renewal(state, version, now, ttl, due_at)
-        if trusted:
-            self._near.keep(state, version, drops, now, ttl)
-        return ttl
-
-    @contextlib.asynccontextmanager
-    async def _admission(self) -> AsyncIterator[None]:
-        """A global bound on Postgres claims in flight; beyond the queue limit, 429 (I9)."""
-        if self._claim_slots.locked() and self._claims_queued >= self._settings.max_queued_claims:
-            self._metrics.claims_rejected.labels("database_queue").inc()
-            raise Overloaded("too many claims are waiting for the database; retry shortly")
-        self._claims_queued += 1
-        try:
-            await self._claim_slots.acquire()
-        finally:
-            self._claims_queued -= 1
-        try:
-            yield
-        finally:
-            self._claim_slots.release()

@@ -2,7 +2,8 @@
 (`Waiter`), the signal that its client left (`Departure`, which a wait for a task's
 result uses too), the shared timers that end parked waits (`Deadlines`), and what the
 process holds per runtime (`RuntimeState`: its waiters, its pump, its near-cache and
-the verdict it renews). The `Claimer` owns them all and decides what they hold.
+the verdict it renews). The `Claimer` owns them all; it and the runtimes' pumps
+(gateway/pump.py) decide what they hold.
 
 Memory per parked poll matters here (up to GATEWAY_MAX_PARKED_POLLS of them): a parked
 poll waits on one future at a time, hears of its client leaving through a callback,

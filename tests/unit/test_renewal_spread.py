@@ -1,4 +1,4 @@
-"""When a process renews the empty verdicts it wrote (claim.renew_after): before the
+"""When a process renews the empty verdicts it wrote (pump.renew_after): before the
 verdict's end, and spread at random, so that verdicts written together are not all
 renewed in one burst."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from gateway.claim import RENEW_LEAD_SECONDS, RENEW_SPREAD, renew_after
+from gateway.pump import RENEW_LEAD_SECONDS, RENEW_SPREAD, renew_after
 
 
 def test_a_renewal_lands_before_the_verdict_ends() -> None:
