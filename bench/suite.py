@@ -710,45 +710,47 @@ async def enqueue(opts: argparse.Namespace, servers: Servers, workdir: Path) -> 
         client.session(80) as http,
     ):
         api = Api(http, proc.url, proc.token)
-        for r, headers, what in (
-            (batch_r, None, "whole tasks answered"),
-            (ids_r, IDS_ONLY, "ids answered (Prefer: return=minimal)"),
-        ):
-            log(f"enqueue: {opts.enqueue_tasks} tasks in batches of 1000, one at a time, {what}")
+
+        async def measure(
+            r: Result,
+            what: str,
+            count: int,
+            batch: int,
+            concurrency: int,
+            seconds: float,
+            headers: dict[str, str] | None = None,
+        ) -> Any:
+            """One loop of _enqueue_loop into `r`; the last answer's body."""
+            log(f"enqueue: {what}")
             tally = Tally()
             before = (cpu_seconds_tree(proc.pid), time.process_time())
             made, secs, last = await _enqueue_loop(
-                api, opts.enqueue_tasks, 1000, 1, opts.drain_seconds, tally, headers
+                api, count, batch, concurrency, seconds, tally, headers
             )
-            check_tally(r, "batch enqueue", tally)
+            check_tally(r, "batch enqueue" if batch > 1 else "single enqueue", tally)
+            rate = "tasks_per_second" if batch > 1 else "requests_per_second"
             r.numbers = {
                 "tasks": made,
                 "seconds": round(secs, 3),
-                "tasks_per_second": round(made / secs, 1) if secs else None,
+                rate: round(made / secs, 1) if secs else None,
                 "request_p50_ms": ms(percentile(tally.latencies, 50)),
                 "request_p99_ms": ms(percentile(tally.latencies, 99)),
                 **_cpu_ms_per_request(proc.pid, before, tally.responses),
             }
-            if headers is not None and not _ids_only(last):
-                # A gateway that ignores the preference answers whole tasks: this row
-                # would only repeat the one above.
-                r.numbers = {"available": False}
-        log("enqueue: single enqueues, 64 at a time")
-        tally = Tally()
-        before = (cpu_seconds_tree(proc.pid), time.process_time())
-        made, secs, _ = await _enqueue_loop(
-            api, 10**9, 1, opts.connections, opts.poll_seconds, tally
-        )
-        check_tally(single_r, "single enqueue", tally)
-        SAMPLES["enqueue/single"] = list(tally.latencies)
-        single_r.numbers = {
-            "tasks": made,
-            "seconds": round(secs, 3),
-            "requests_per_second": round(made / secs, 1) if secs else None,
-            "request_p50_ms": ms(percentile(tally.latencies, 50)),
-            "request_p99_ms": ms(percentile(tally.latencies, 99)),
-            **_cpu_ms_per_request(proc.pid, before, tally.responses),
-        }
+            if batch == 1:
+                SAMPLES["enqueue/single"] = list(tally.latencies)
+            return last
+
+        n, batch_seconds = opts.enqueue_tasks, opts.drain_seconds
+        whole = f"{n} tasks in batches of 1000, one at a time, whole tasks answered"
+        await measure(batch_r, whole, n, 1000, 1, batch_seconds)
+        ids = f"{n} tasks in batches of 1000, one at a time, ids answered (Prefer: return=minimal)"
+        if not _ids_only(await measure(ids_r, ids, n, 1000, 1, batch_seconds, IDS_ONLY)):
+            # A gateway that ignores the preference answers whole tasks: this row would
+            # only repeat the one above.
+            ids_r.numbers = {"available": False}
+        single = f"single enqueues, {opts.connections} at a time"
+        await measure(single_r, single, 10**9, 1, opts.connections, opts.poll_seconds)
         finish(batch_r, proc)
     return [batch_r, ids_r, single_r, *await pgqueuer_once(opts, servers)]
 
