@@ -39,7 +39,7 @@ from .bodies import MAX_WORKER_ID as MAX_WORKER_ID
 from .bodies import STATUSES as STATUSES
 from .errors import BadRequest, NotFound, PayloadTooLarge, ValidationFailed
 from .rows import TaskRow
-from .schema import EARLIEST, LATEST, Field
+from .schema import EARLIEST, LATEST, Field, json_text, resolve
 
 RUNTIME_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 DEFAULT_MAX_DEPTH = 64  # GATEWAY_MAX_JSON_DEPTH
@@ -333,6 +333,7 @@ def parse_batch(
     """Every item as parse_enqueue; an invalid one fails the batch, naming its index."""
     items = BATCH_BODY["tasks"].read(body, {})
     limits = _payload_limits(max_payload_bytes, max_depth)
+    bounds = (resolve(_PAYLOAD.max_bytes, limits), resolve(_PAYLOAD.max_depth, limits))
     absent = _absent_values(max_payload_bytes, max_depth)
     # What an item that gives nothing but its payload reads as, past the payload (the
     # first field), as _parse_enqueue would read it.
@@ -352,8 +353,10 @@ def parse_batch(
             if not isinstance(item, dict):
                 raise ValidationFailed("each task must be a JSON object", field="")
             if len(item) == 1 and "payload" in item:
-                # Nothing but a payload (the usual item): no other field to read.
-                out.append(EnqueueRequest(_PAYLOAD.read(item, limits), *plain))
+                # Nothing but a payload (the usual item): no other field to read, and
+                # the payload read as _PAYLOAD's reader reads a present one, without
+                # its lookups (a sixth of the batch's validation).
+                out.append(EnqueueRequest(json_text("payload", item["payload"], *bounds), *plain))
             else:
                 out.append(_parse_enqueue(item, None, limits, absent, hash_without_key=False))
         except (ValidationFailed, PayloadTooLarge, BadRequest) as exc:
