@@ -1,7 +1,8 @@
 """The answer to a batch of items that set no time, written by the gateway from
 Postgres's ids and payload texts (store_tasks.plain_tasks_json): it must be byte for
 byte what models.task_bytes writes of each stored row, across second, day and year
-boundaries of the microsecond-apart times."""
+boundaries of the microsecond-apart times. And the integer columns the batch
+statements take as array literals."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from gateway.models import EnqueueRequest, task_bytes
 from gateway.rows import TaskRow
-from gateway.store_tasks import plain_tasks_json
+from gateway.store_tasks import _int_array, plain_tasks_json
 
 
 def request(priority: int, max_attempts: int) -> EnqueueRequest:
@@ -52,3 +53,11 @@ def test_a_count_that_does_not_match_the_lines_is_refused() -> None:
     start = datetime(2026, 11, 26, tzinfo=UTC)
     with pytest.raises(ValueError):
         plain_tasks_json("rt", [request(50, 5)] * 2, start, str(uuid.uuid4()) + "1")
+
+
+@pytest.mark.parametrize(
+    "values", [[], [7], [50] * 1000, [5, 5, 6], [1, 2, 3], [0, 0], [-1, -1, -1], [3] * 999 + [4]]
+)
+def test_int_array_writes_every_value_in_order(values: list[int]) -> None:
+    literal = _int_array(values)
+    assert literal == "{" + ",".join(str(v) for v in values) + "}"
