@@ -501,6 +501,13 @@ SELECT {TASK_COLUMNS}, request_hash, idempotency_key FROM tasks
  WHERE runtime_id = $1 AND idempotency_key = ANY($2::text[])
 """
 
+# GET_BY_IDEMPOTENCY_KEYS for a batch answered with ids only (ENQUEUE_BATCH_IDS): a
+# replayed item needs its task's id and the hash to compare, not its payload or result.
+GET_REFS_BY_IDEMPOTENCY_KEYS = """
+SELECT id, request_hash, idempotency_key FROM tasks
+ WHERE runtime_id = $1 AND idempotency_key = ANY($2::text[])
+"""
+
 # A queued (or scheduled) task is cancelled at once; a claimed one is flagged, and ends
 # `cancelled` when its holder next reports.
 CANCEL = f"""

@@ -201,7 +201,8 @@ class TaskStatements(StoreBase):
         JSON array, each task's object as the API shows it (models.task_bytes), in
         request order, and whether every item was an idempotent replay. With
         `ids_only`, each task is only `{"id": ...}` (a replayed one's is the stored
-        task's id), and no statement sends a payload back (queries.TASK_REF_JSON). A key reused
+        task's id), and no statement sends a payload back (queries.TASK_REF_JSON,
+        queries.GET_REFS_BY_IDEMPOTENCY_KEYS). A key reused
         with a different request fails the whole batch, naming the item's index. A batch
         without idempotency keys cannot conflict: its one statement is all or nothing by
         itself, and is sent alone (one round trip instead of three), and its answer is
@@ -278,7 +279,8 @@ class TaskStatements(StoreBase):
             if len(by_id) == len(reqs):  # every item new: nothing to match by key
                 return [by_id[task_id] for task_id in ids], len(by_id)
             existing = {}
-            for row in await c.fetch(q.GET_BY_IDEMPOTENCY_KEYS, runtime_id, keys):
+            lookup = q.GET_REFS_BY_IDEMPOTENCY_KEYS if ids_only else q.GET_BY_IDEMPOTENCY_KEYS
+            for row in await c.fetch(lookup, runtime_id, keys):
                 existing[row["idempotency_key"]] = row
             out: list[str] = []
             for index, (task_id, req) in enumerate(zip(ids, reqs, strict=True)):

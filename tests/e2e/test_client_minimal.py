@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from gateway import producer_routes
 from gateway_client import AsyncClient, Client, NewTask, ValidationFailed
 from tests.harness import TOKEN
 
@@ -72,3 +73,20 @@ async def test_blocking_minimal_enqueues_return_ids(gw, runtime_id):
         listed = (await client.list_tasks(runtime_id)).tasks
     assert [t.id for t in listed] == [*ids, one]
     assert [t.payload for t in listed] == ["a", "b", "c"]
+
+
+async def test_minimal_against_a_gateway_that_answers_whole_tasks(gw, runtime_id, monkeypatch):
+    # A gateway from before `Prefer: return=minimal` ignores the header (RFC 7240 lets
+    # any server do so) and answers whole tasks: the client takes the ids from those.
+    monkeypatch.setattr(producer_routes, "prefers_minimal", lambda values: False)
+    async with AsyncClient(gw.url, TOKEN) as client:
+        answers = spy_on_answers(client)
+        items = [NewTask(n, idempotency_key="k" if n == 1 else None) for n in range(3)]
+        ids = await client.enqueue_batch(runtime_id, items, minimal=True)
+        one = await client.enqueue(runtime_id, "one", minimal=True)
+        replayed = await client.enqueue(runtime_id, 1, idempotency_key="k", minimal=True)
+        assert all("Preference-Applied" not in headers for _, headers in answers)
+        assert "payload" in answers[0][0]["tasks"][0] and "payload" in answers[1][0]
+        assert all(isinstance(i, str) for i in [*ids, one]) and replayed == ids[1]
+        listed = (await client.list_tasks(runtime_id)).tasks
+        assert [t.id for t in listed] == [*ids, one]

@@ -244,3 +244,89 @@ async def test_a_minimal_enqueue_on_another_instance_wakes_a_parked_claim(
         task_id = minimal_id(resp)
         [claimed] = await asyncio.wait_for(poll, 30)
         assert claimed["id"] == task_id and claimed["payload"] == 1
+
+
+# Each batch kind, sent as is to one runtime and with `Prefer: return=minimal` to
+# another; the steps before the last one make keys exist already (replays).
+FAR = "2031-01-01T00:00:00Z"
+EQUIVALENT_BATCHES: dict[str, list[list[dict[str, Any]]]] = {
+    "plain": [
+        [{"payload": {"i": i}, "priority": i % 7, "max_attempts": 1 + i % 3} for i in range(60)]
+    ],
+    "timed": [
+        [
+            {"payload": 0, "delay_seconds": 3600},
+            {"payload": 1, "ttl_seconds": 600, "priority": 9},
+            {"payload": 2, "run_at": FAR, "max_attempts": 1},
+            {"payload": 3},
+        ]
+    ],
+    "keyed": [
+        [
+            {"payload": 0, "idempotency_key": "b"},
+            {"payload": 1, "delay_seconds": 5},
+            {"payload": 2, "idempotency_key": "a", "ttl_seconds": 60},
+            {"payload": 0, "idempotency_key": "b"},  # the same item twice in one batch
+        ]
+    ],
+    "replayed": [
+        [{"payload": n, "idempotency_key": f"k{n}"} for n in range(3)],
+        [{"payload": n, "idempotency_key": f"k{n}"} for n in (2, 0, 1)],
+    ],
+    "partly replayed": [
+        [{"payload": n, "idempotency_key": f"k{n}"} for n in range(3)],
+        [
+            {"payload": "new"},
+            {"payload": 1, "idempotency_key": "k1"},
+            {"payload": "later", "idempotency_key": "n", "run_at": FAR},
+            {"payload": 0, "idempotency_key": "k0"},
+        ],
+    ],
+}
+
+
+async def stored_rows(gw: Any, runtime: str) -> dict[str, tuple[Any, ...]]:
+    """Each task's stored row by id, without its id, runtime and clock times; run_at
+    and expires_at are kept where the request sets them: an absolute run_at, or the
+    delay and ttl (each from the batch's own time, so exact)."""
+    query = """SELECT *, payload::text AS payload_text, result::text AS result_text
+                 FROM tasks WHERE runtime_id = $1"""
+    rows = await gw.gateway.store.run(lambda c: c.fetch(query, runtime))
+    out = {}
+    for row in rows:
+        fields = dict(row)
+        created, run_at, expires = fields["created_at"], fields["run_at"], fields["expires_at"]
+        for name in (
+            *("id", "runtime_id", "created_at", "updated_at", "run_at", "expires_at"),
+            *("payload", "result"),  # as their text instead
+        ):
+            del fields[name]
+        due = run_at if run_at.year >= 2031 else run_at - created
+        out[str(row["id"])] = (*sorted(fields.items()), due, expires and expires - run_at)
+    return out
+
+
+@pytest.mark.parametrize("kind", list(EQUIVALENT_BATCHES))
+async def test_a_minimal_batch_stores_what_the_same_batch_without_it_stores(gw, runtime_id, kind):
+    # The same batches go to two runtimes; the last one is sent to the second with
+    # `Prefer: return=minimal`. Item by item, in request order, the ids answered must
+    # name the same stored rows (field by field) as the whole tasks answered.
+    whole, minimal = runtime_id + "-whole", runtime_id + "-minimal"
+    same: dict[str, str] = {}  # the minimal runtime's task id -> the other's
+    for step, items in enumerate(EQUIVALENT_BATCHES[kind]):
+        last = step == len(EQUIVALENT_BATCHES[kind]) - 1
+        plain = await req(gw, "POST", batch_path(whole), {"tasks": items})
+        resp = await req(
+            gw, "POST", batch_path(minimal), {"tasks": items}, headers=MINIMAL if last else None
+        )
+        assert plain.status in (200, 201) and resp.status == plain.status, (plain, resp)
+        assert resp.headers.get("Idempotent-Replayed") == plain.headers.get("Idempotent-Replayed")
+        ids = minimal_ids(resp, plain.status) if last else [t["id"] for t in resp.body["tasks"]]
+        for index, (a, b) in enumerate(zip(plain.body["tasks"], ids, strict=True)):
+            assert same.setdefault(b, a["id"]) == a["id"], (kind, step, index)
+    rows = {runtime: await stored_rows(gw, runtime) for runtime in (whole, minimal)}
+    assert len(rows[whole]) == len(rows[minimal]) == len(same)
+    for b, a in same.items():
+        assert rows[minimal][b] == rows[whole][a], (kind, rows[minimal][b], rows[whole][a])
+    listed = [[t["id"] for t in await all_tasks(gw, rt)] for rt in (whole, minimal)]
+    assert [same[b] for b in listed[1]] == listed[0]
