@@ -194,6 +194,22 @@ class TaskStatements(StoreBase):
             raise NotFound(f"no task with id {task_id}")
         return str(runtime_id)
 
+    async def _inserted(self, statement: str, count: int, *args: object) -> str:
+        """Runs a keyless batch statement (`count` items) whose one row is how many it
+        inserted (`n`) and their JSON objects joined by commas (`tasks`); returns them
+        as one JSON array."""
+
+        async def insert(c: asyncpg.Connection) -> str:
+            row = await c.fetchrow(statement, *args)
+            if row is None or row["n"] != count:
+                raise StoreUnavailable("a batch item vanished mid-insert; retry")
+            joined: str = row["tasks"]
+            return "[" + joined + "]"
+
+        tasks = await self._run(insert)
+        self._metrics.tasks_enqueued.inc(count)
+        return tasks
+
     async def enqueue_batch(
         self, runtime_id: str, reqs: Sequence[EnqueueRequest], ids_only: bool = False
     ) -> tuple[str, bool]:
@@ -202,11 +218,11 @@ class TaskStatements(StoreBase):
         request order, and whether every item was an idempotent replay. With
         `ids_only`, each task is only `{"id": ...}` (a replayed one's is the stored
         task's id), and no statement sends a payload back (queries.TASK_REF_JSON,
-        queries.GET_REFS_BY_IDEMPOTENCY_KEYS). A key reused
-        with a different request fails the whole batch, naming the item's index. A batch
-        without idempotency keys cannot conflict: its one statement is all or nothing by
-        itself, and is sent alone (one round trip instead of three), and its answer is
-        one row (queries.ENQUEUE_BATCH_NEW). New tasks come back already written by
+        queries.GET_REFS_BY_IDEMPOTENCY_KEYS). A key reused with a different request
+        fails the whole batch, naming the item's index. A batch without idempotency
+        keys cannot conflict: its one statement is all or nothing by itself, and is sent
+        alone (one round trip instead of three), and its answer is one row
+        (queries.ENQUEUE_BATCH_NEW, _inserted). New tasks come back already written by
         Postgres (queries.NEW_TASK_JSON); only replayed ones are read whole. A keyless
         batch whose items set no time (the usual one) comes back as ids and payloads
         only (queries.ENQUEUE_BATCH_PLAIN), and the gateway writes the rest, after the
@@ -220,20 +236,13 @@ class TaskStatements(StoreBase):
             _int_array([r.max_attempts for r in reqs]),
         )
 
-        if not keys and ids_only and all(_is_plain(r) for r in reqs):
+        plain = not keys and all(_is_plain(r) for r in reqs)
+        if plain and ids_only:
+            return await self._inserted(
+                q.ENQUEUE_BATCH_PLAIN_IDS, len(reqs), runtime_id, *columns
+            ), False
 
-            async def insert_plain_ids(c: asyncpg.Connection) -> str:
-                row = await c.fetchrow(q.ENQUEUE_BATCH_PLAIN_IDS, runtime_id, *columns)
-                if row is None or row["n"] != len(reqs):
-                    raise StoreUnavailable("a batch item vanished mid-insert; retry")
-                joined: str = row["tasks"]
-                return "[" + joined + "]"
-
-            tasks = await self._run(insert_plain_ids)
-            self._metrics.tasks_enqueued.inc(len(reqs))
-            return tasks, False
-
-        if not keys and all(_is_plain(r) for r in reqs):
+        if plain:
 
             async def insert_plain(c: asyncpg.Connection) -> Row | None:
                 return await c.fetchrow(q.ENQUEUE_BATCH_PLAIN, runtime_id, *columns)
@@ -251,17 +260,7 @@ class TaskStatements(StoreBase):
         )
         if not keys:
             statement = q.ENQUEUE_BATCH_NEW_IDS if ids_only else q.ENQUEUE_BATCH_NEW
-
-            async def insert_new(c: asyncpg.Connection) -> str:
-                row = await c.fetchrow(statement, runtime_id, *columns, *timed)
-                if row is None or row["n"] != len(reqs):
-                    raise StoreUnavailable("a batch item vanished mid-insert; retry")
-                joined: str = row["tasks"]
-                return "[" + joined + "]"
-
-            tasks = await self._run(insert_new)
-            self._metrics.tasks_enqueued.inc(len(reqs))
-            return tasks, False
+            return await self._inserted(statement, len(reqs), runtime_id, *columns, *timed), False
 
         ids = new_task_ids(len(reqs))
 
