@@ -116,6 +116,9 @@ async def test_json_lines_request_ids_and_no_secret(
     lines = [orjson.loads(line) for line in text.splitlines()]  # each line is JSON
     assert all({"time", "level", "logger", "message"} <= set(line) for line in lines)
     assert any(line["logger"].startswith("uvicorn") for line in lines)
+    # Start-up's objects are frozen out of garbage collection (cli.freeze_startup_heap).
+    [frozen] = [line["message"] for line in lines if "from start-up frozen" in line["message"]]
+    assert int(frozen.split()[2]) > 10_000, frozen
     access = [line for line in lines if line["logger"] == "gateway.access"]
     by_id: dict[str, list[dict[str, Any]]] = {}
     for line in access:

@@ -1,0 +1,32 @@
+"""`gateway serve` freezes what start-up made out of garbage collection
+(cli.freeze_startup_heap), so that full collections walk only what requests make:
+they had made one request in a hundred wait 20 to 35 ms."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+from gateway.cli import freeze_startup_heap
+
+
+class Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_start_up_garbage_is_collected_and_the_rest_frozen() -> None:
+    gc.disable()  # no automatic collection frees the cycle before the call does
+    try:
+        before = weakref.ref(Cycle())  # garbage in a cycle: only a collection frees it
+        frozen = freeze_startup_heap()
+        assert frozen == gc.get_freeze_count() > 10_000
+        assert before() is None  # collected first, not frozen alive
+        # What is made afterwards is collected as before.
+        after = weakref.ref(Cycle())
+        assert after() is not None
+        gc.collect()
+        assert after() is None
+    finally:
+        gc.unfreeze()
+        gc.enable()
