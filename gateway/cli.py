@@ -173,7 +173,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         else:
             print(banner, file=sys.stderr, flush=True)
         frozen = freeze_startup_heap()
-        log.info("garbage collector: %d objects from start-up frozen, never walked again", frozen)
+        log.info(
+            "garbage collector: %d objects from start-up frozen; collections skip them", frozen
+        )
         server.run()
         return 0
     except GatewayError as exc:
