@@ -116,6 +116,12 @@ def render_task_or_stub(row: TaskRow) -> orjson.Fragment:
     return orjson.Fragment(task_bytes_or_stub(row))
 
 
+def task_ref_json(task_id: uuid.UUID) -> str:
+    """A task's reference, `{"id":"<uuid>"}`: all an enqueue answers of a task under
+    `Prefer: return=minimal` (queries.TASK_REF_JSON writes the same in Postgres)."""
+    return f'{{"id":"{task_id}"}}'
+
+
 def check_runtime_id(runtime_id: str) -> str:
     if not RUNTIME_ID_RE.fullmatch(runtime_id):
         raise ValidationFailed(

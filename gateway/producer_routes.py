@@ -34,9 +34,11 @@ def _applied(minimal: bool, headers: dict[str, str] | None = None) -> dict[str, 
     return headers
 
 
-def _enqueued(row: TaskRow, minimal: bool) -> orjson.Fragment | dict[str, str]:
+def _enqueued(row: TaskRow, minimal: bool) -> orjson.Fragment:
     """One enqueue's answer body: the task, or with `minimal` its id only."""
-    return {"id": str(row.id)} if minimal else models.render_task_or_stub(row)
+    if minimal:
+        return orjson.Fragment(models.task_ref_json(row.id))
+    return models.render_task_or_stub(row)
 
 
 async def enqueue(request: Request, gw: Gateway) -> Response:

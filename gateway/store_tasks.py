@@ -20,7 +20,7 @@ from asyncpg.pgproto.pgproto import UUID as DriverUUID
 
 from . import queries as q
 from .errors import Conflict, DatabaseBusy, IdempotencyKeyReused, NotFound, StoreUnavailable
-from .models import EnqueueRequest, task_bytes_or_stub
+from .models import EnqueueRequest, task_bytes_or_stub, task_ref_json
 from .rows import TaskRow
 from .store_base import Row, StoreBase, T
 
@@ -88,11 +88,6 @@ def plain_tasks_json(
         )
         + "]"
     )
-
-
-def task_ref_json(task_id: uuid.UUID) -> str:
-    """A task's reference, as queries.TASK_REF_JSON writes it: `{"id":"<uuid>"}`."""
-    return f'{{"id":"{task_id}"}}'
 
 
 def new_task_ids(count: int) -> list[uuid.UUID]:
