@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -91,11 +92,17 @@ def plain_tasks_json(
 
 
 def new_task_ids(count: int) -> list[uuid.UUID]:
-    """`count` random (version 4) UUIDs, as the driver's own UUID type: the same ids
-    uuid.uuid4() makes, at a quarter of its cost, which showed in a 1,000-task batch."""
+    """`count` new task ids (RFC 9562 version 7: Unix time in milliseconds, then 74
+    random bits), as the driver's own UUID type: the form Postgres's default for
+    tasks.id writes (migration 0009), so that ids grow with time and a batch's rows
+    land on the last pages of the id index. One random read for all of them: building
+    them one by one with the uuid module showed in a 1,000-task batch."""
     raw = bytearray(os.urandom(16 * count))
-    raw[6::16] = bytes(b & 0x0F | 0x40 for b in raw[6::16])  # version 4
-    raw[8::16] = bytes(b & 0x3F | 0x80 for b in raw[8::16])  # RFC 4122 variant
+    millis = (time.time_ns() // 1_000_000).to_bytes(6, "big")
+    for offset, byte in enumerate(millis):
+        raw[offset::16] = bytes((byte,)) * count
+    raw[6::16] = bytes(b & 0x0F | 0x70 for b in raw[6::16])  # version 7
+    raw[8::16] = bytes(b & 0x3F | 0x80 for b in raw[8::16])  # RFC 9562 variant
     return [DriverUUID(bytes(raw[i : i + 16])) for i in range(0, len(raw), 16)]
 
 
@@ -116,7 +123,7 @@ class TaskStatements(StoreBase):
         lost after the commit): it is given back to the queue before the error goes up,
         so that it never waits out a lease its poll was not handed."""
         leased = lease is not None and req.run_at is None and not req.delay_seconds
-        task_id, lease_id = (uuid.uuid4(), uuid.uuid4()) if leased else (None, None)
+        task_id, lease_id = (new_task_ids(1)[0], uuid.uuid4()) if leased else (None, None)
 
         async def go(c: asyncpg.Connection) -> tuple[Row, bool]:
             key_hash = req.request_hash if req.idempotency_key else None

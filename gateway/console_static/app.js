@@ -465,7 +465,9 @@ function showRuntime(rt) {
                     h(
                       "a",
                       { href: `#/task/${encodeURIComponent(t.id)}`, class: "mono", title: t.id },
-                      t.id.slice(0, 8),
+                      // The end of the id: its start is its creation time (UUIDv7),
+                      // alike for every task made in the same minute.
+                      t.id.slice(-8),
                     ),
                   ),
                   h("td", {}, badge(t.status), t.cancel_requested ? " cancelling" : ""),
