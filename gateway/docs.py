@@ -78,11 +78,13 @@ PREFERENCE_APPLIED = Param(
 ENQUEUED: dict[str, Any] = {
     "oneOf": [{"$ref": "#/components/schemas/Task"}, {"$ref": "#/components/schemas/TaskRef"}]
 }
+# A batch is never empty: with one task or more, exactly one of the two forms matches.
 ENQUEUED_LIST: dict[str, Any] = {
     "oneOf": [
         {"$ref": "#/components/schemas/TaskList"},
         {"$ref": "#/components/schemas/TaskRefList"},
-    ]
+    ],
+    "properties": {"tasks": {"minItems": 1}},
 }
 
 ENQUEUE = Doc(

@@ -96,7 +96,8 @@ def rescanned_lists(nodes: list[dict[str, Any]]) -> list[str]:
     its leased rows to the one row of NEXT_DUE), and those a correlated subquery reads
     once per row it is evaluated for (a SubPlan; an InitPlan or a hashed SubPlan runs
     once). The one list a subquery may read per task is a token's runtime patterns
-    (`p` in queries.RUNTIME_COVERED), a handful."""
+    (`p` in queries.RUNTIME_COVERED), a handful. A CTE whose plan is one row by its
+    kind counts as one row where it is scanned."""
 
     def below(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield node
@@ -104,9 +105,14 @@ def rescanned_lists(nodes: list[dict[str, Any]]) -> list[str]:
             if child.get("Parent Relationship") not in ("SubPlan", "InitPlan"):
                 yield from below(child)
 
+    ctes = {n["Subplan Name"][4:]: n for n in nodes if n.get("Subplan Name", "").startswith("CTE ")}
+
     def one_row(node: dict[str, Any]) -> bool:
-        # A Result over nothing but its InitPlans, or an aggregate with no groups.
+        # A Result over nothing but its InitPlans, or an aggregate with no groups, or a
+        # scan of a CTE that is one of those (the enqueues' `base`: the batch's time).
         plans = [c for c in node.get("Plans", []) if c.get("Parent Relationship") != "InitPlan"]
+        if node["Node Type"] == "CTE Scan" and node.get("CTE Name") in ctes:
+            return one_row(ctes[node["CTE Name"]])
         return (node["Node Type"] == "Result" and not plans) or (
             node["Node Type"] == "Aggregate" and node.get("Strategy") == "Plain"
         )

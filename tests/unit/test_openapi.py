@@ -8,6 +8,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import jsonschema
 import pytest
 from openapi_spec_validator import validate
 
@@ -181,18 +182,33 @@ def test_enqueues_document_prefer_return_minimal_and_its_answers(path: str) -> N
         applied = answer["headers"]["Preference-Applied"]
         assert applied["schema"] == {"const": "return=minimal"} and not applied["required"]
         schema = answer["content"]["application/json"]["schema"]
-        assert schema == {
-            "oneOf": [
-                {"$ref": f"#/components/schemas/{whole}"},
-                {"$ref": f"#/components/schemas/{minimal}"},
-            ]
-        }
+        assert schema["oneOf"] == [
+            {"$ref": f"#/components/schemas/{whole}"},
+            {"$ref": f"#/components/schemas/{minimal}"},
+        ]
     schemas = DOC["components"]["schemas"]
     assert schemas["TaskRef"]["required"] == ["id"]
     assert schemas["TaskRef"]["additionalProperties"] is False
     assert schemas["TaskRefList"]["properties"]["tasks"]["items"] == {
         "$ref": "#/components/schemas/TaskRef"
     }
+
+
+def test_a_batch_answer_matches_exactly_one_of_its_two_forms() -> None:
+    """The batch's answer schema is a oneOf, so a list of ids must not also read as a
+    list of tasks. A batch is never empty (an empty list would match both forms), and
+    the schema says so for readers and client generators."""
+    schema = DOC["paths"]["/v1/runtimes/{rt}/tasks:batch"]["post"]["responses"]["201"]
+    validator = jsonschema.Draft202012Validator(
+        {**schema["content"]["application/json"]["schema"], "components": DOC["components"]}
+    )
+    assert schema["content"]["application/json"]["schema"]["properties"] == {
+        "tasks": {"minItems": 1}
+    }
+    task_id = "0196f2b0-43c1-7b5e-9d4a-1f3c2b8e6a01"
+    assert validator.is_valid({"tasks": [{"id": task_id}]})
+    assert not validator.is_valid({"tasks": []})
+    assert not validator.is_valid({"tasks": [{"id": task_id, "payload": {}}]})
 
 
 def test_path_parameters() -> None:
