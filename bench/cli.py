@@ -32,6 +32,7 @@ from .targets import evaluate, targets_table
 # Every scenario of the comparison suite, in the order `all` runs them.
 SUITE_ORDER = [
     "empty-polls",
+    "round-trips",
     "enqueue",
     "drain",
     "wake-latency",
@@ -56,6 +57,10 @@ Scenarios (--scenario, comma-separated, default all; about 10 minutes on 2 cores
                   the cache on, with it off, the bare Starlette floor, and the floor
                   plus one Redis MGET per request. req/s, p50/p99, Postgres claims
                   per poll (the gateway's own counter).
+  round-trips     each kind of request (empty claim, claim of a task, enqueue,
+                  complete, batch enqueue of 100) --round-trip-requests times, one
+                  at a time, with the cache off and on, through a relay that counts
+                  the gateway's round trips to Postgres on the wire.
   enqueue         batch enqueue (1,000 per request) tasks/s against pgqueuer's batch
                   enqueue, answering the new tasks' ids (Prefer: return=minimal,
                   as pgqueuer answers its jobs' ids) and whole tasks; single
@@ -263,6 +268,14 @@ def parser() -> argparse.ArgumentParser:
         default=20_000,
         metavar="N",
         help="drain: tasks (and pgqueuer jobs) (default: 20000)",
+    )
+    p.add_argument(
+        "--round-trip-requests",
+        type=_positive_int,
+        default=100,
+        metavar="N",
+        help="round-trips: measured requests of each kind, after two unmeasured "
+        "rounds as long (default: 100)",
     )
     p.add_argument(
         "--enqueue-tasks",
@@ -541,6 +554,14 @@ DETAIL_COLUMNS: dict[str, list[str]] = {
         "pg_claims_per_poll",
         "server_cpu_percent",
         "redis_connections_by_process",
+    ],
+    "round-trips": [
+        "empty_claim_round_trips",
+        "claim_round_trips",
+        "enqueue_round_trips",
+        "complete_round_trips",
+        "batch_enqueue_round_trips",
+        "requests_each",
     ],
     "enqueue": [
         "tasks",

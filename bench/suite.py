@@ -26,6 +26,7 @@ from . import client
 from .client import Api, Tally
 from .infra import GatewayProcess, Servers, delete_redis_keys, fresh_database, log, log_name
 from .peers import run_pgqueuer
+from .round_trips import round_trips
 from .scenarios import (
     HANG_GRACE_SECONDS,
     RETRY_PAUSE_SECONDS,
@@ -791,5 +792,6 @@ SUITES: dict[str, Suite] = {
     "wake-latency": wake_latency,
     "drain": drain,
     "enqueue": enqueue,
+    "round-trips": round_trips,
     "workers": workers,
 }

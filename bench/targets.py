@@ -209,6 +209,7 @@ def evaluate(results: list[Result]) -> list[Row]:
         rows[
             -1
         ].shown = f"not available (Prefer: return=minimal ignored); whole tasks: {_fmt(whole, 2)}x"
+    rows.append(_round_trips_row(results))
     wake = next((r for r in results if r.scenario == "wake-latency"), None)
     for pct, bound in (("p50", 2.0), ("p99", 5.0)):
         v = None if wake is None else wake.numbers.get(f"{pct}_ms")
@@ -257,6 +258,29 @@ def evaluate(results: list[Result]) -> list[Row]:
         )
     )
     return rows
+
+
+def _round_trips_row(results: list[Result]) -> Row:
+    """A claim's Postgres round trips, counted on the wire: the most of a claim that
+    takes a task (cache on and off) and of an empty claim with the cache off (with it
+    on, an empty claim is answered from Redis)."""
+
+    def trips(label: str, key: str) -> float | None:
+        r = find(results, "round-trips", label)
+        value = None if r is None else r.numbers.get(key)
+        return float(value) if isinstance(value, (int, float)) else None
+
+    seen = {
+        "empty, cache off": trips("cache off", "empty_claim_round_trips"),
+        "with a task, cache off": trips("cache off", "claim_round_trips"),
+        "with a task, cache on": trips("cache on", "claim_round_trips"),
+    }
+    title = "claim: Postgres round trips per claim (counted on the wire)"
+    values = [v for v in seen.values() if v is not None]
+    if len(values) < len(seen):
+        return Row(title, None, "<=", 1.0, "not measured")
+    detail = ", ".join(f"{k}: {_fmt(v, 2)}" for k, v in seen.items())
+    return Row(title, max(values), "<=", 1.0, f"{_fmt(max(values), 2)} ({detail})")
 
 
 def _pgq_label(results: list[Result]) -> str:

@@ -169,3 +169,30 @@ def test_scenario_and_size_options() -> None:
     for bad, parse in (("nope", _scenarios), ("0", _sizes), ("2000", _park_sizes)):
         with pytest.raises(argparse.ArgumentTypeError):
             parse(bad)
+
+
+def test_a_claim_is_judged_by_its_round_trips_on_the_wire() -> None:
+    title = "claim: Postgres round trips per claim (counted on the wire)"
+    one = {"empty_claim_round_trips": 1.0, "claim_round_trips": 1.0}
+    rows = _by_target(
+        evaluate(
+            [
+                _r("round-trips", "cache off", **one),
+                _r("round-trips", "cache on", empty_claim_round_trips=0.0, claim_round_trips=1.0),
+            ]
+        )
+    )
+    assert (rows[title].value, rows[title].verdict) == (1.0, "PASS")
+    # BEGIN, CLAIM, NEXT_DUE, COMMIT: four.
+    rows = _by_target(
+        evaluate(
+            [
+                _r("round-trips", "cache off", empty_claim_round_trips=4.0, claim_round_trips=4.0),
+                _r("round-trips", "cache on", empty_claim_round_trips=0.0, claim_round_trips=1.0),
+            ]
+        )
+    )
+    assert (rows[title].value, rows[title].verdict) == (4.0, "MISS")
+    # One variant missing: not measured, never PASS.
+    rows = _by_target(evaluate([_r("round-trips", "cache off", **one)]))
+    assert rows[title].verdict == "n/a"
