@@ -75,6 +75,10 @@ async def test_a_batch_insert_reads_no_task_and_each_list_once(
         shown = f"{statement} {mode} {items}: {describe(nodes)}"
         assert task_scans(nodes) == [], shown
         assert rescanned_lists(nodes) == [], shown
+        # The items are read by their one ROWS FROM (`i`): a second read of them, even
+        # hashed or merged rather than rescanned, is a list read twice.
+        reads = [n.get("Alias") for n in nodes if n["Node Type"] == "Function Scan"]
+        assert reads == ["i"], shown
         [insert] = [n for n in nodes if n["Node Type"] == "ModifyTable"]
         # Only a batch with keys can conflict, and it settles on the idempotency index.
         keyed = statement in ("ENQUEUE_BATCH", "ENQUEUE_BATCH_IDS")

@@ -104,3 +104,19 @@ async def test_the_default_of_tasks_id_is_the_time_ordered_function(database_url
     # 74 random bits: the digits after the time and version vary.
     for position in (15, 20, 35):
         assert len({str(task_id)[position] for task_id in ids}) > 8
+
+
+async def test_the_time_of_an_id_is_the_unix_millisecond_it_was_made_in(database_url: str) -> None:
+    """Rounded down, as RFC 9562 and new_task_ids have it: an id never carries a
+    millisecond its clock had not reached. Read between two readings of the same clock,
+    so that rounding to the nearest would show in about half of the rows."""
+    made = await fetch(
+        database_url,
+        "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS before,"
+        " time_ordered_uuid() AS id,"
+        " floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS after"
+        " FROM generate_series(1, 2000)",
+    )
+    for row in made:
+        task_id = uuid.UUID(str(row["id"]))
+        assert row["before"] <= millis_of(task_id) <= row["after"], (row, task_id)

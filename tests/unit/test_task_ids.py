@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 import uuid
 
+import pytest
+
 from gateway.store_tasks import new_task_ids
 
 
@@ -31,6 +33,13 @@ def test_task_ids_start_with_the_time_they_were_made() -> None:
     later = new_task_ids(1)[0]
     # A later millisecond sorts after, whatever the random bits.
     assert all(str(task_id) < str(later) for task_id in ids)
+
+
+def test_task_ids_round_their_time_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 0.999999 ms past a millisecond is still in it, as Postgres's default has it.
+    monkeypatch.setattr(time, "time_ns", lambda: 1_795_000_000_123_999_999)
+    [task_id] = new_task_ids(1)
+    assert int.from_bytes(task_id.bytes[:6], "big") == 1_795_000_000_123
 
 
 def test_no_ids_for_an_empty_batch() -> None:
