@@ -156,6 +156,13 @@ async def _apply_one(conn: asyncpg.Connection, migration: Migration) -> None:
         else:
             await conn.execute(migration.sql)
             await conn.execute(q.MIGRATIONS_INSERT_APPLIED, *record)
+    except asyncpg.LockNotAvailableError as exc:
+        # The file's own lock_timeout: a long transaction holds a table it changes.
+        raise MigrationError(
+            f"migration {migration.name} could not lock a table in time ({exc}) and was not "
+            "applied: a long-running transaction holds it; run the migration again, when "
+            "that transaction has ended"
+        ) from exc
     except asyncpg.PostgresError as exc:
         raise MigrationError(
             f"migration {migration.name} failed and was not recorded: "

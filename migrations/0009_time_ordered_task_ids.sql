@@ -8,12 +8,18 @@
 -- "enqueue", sixth pass), and completes of tasks enqueued together touch neighbouring pages.
 --
 -- An id is 48 bits of Unix time in milliseconds, the version, 74 random bits and the
--- variant: unique without coordination, unguessable, and the same type and text form as
--- before, so clients see no change. Ids made before this migration keep their value.
--- The gateway writes ids of the same form when it chooses them itself
--- (store_tasks.new_task_ids).
+-- variant: unique without coordination, and not to be guessed from another id. It has
+-- the same type and text form as before; what a reader can see is its version digit
+-- (7), that ids sort by the time they were made, and that an id tells the millisecond
+-- it was made in. Ids made before this migration keep their value. The gateway writes
+-- ids of the same form when it chooses them itself (store_tasks.new_task_ids).
 --
--- Runs in one transaction; SET DEFAULT changes the catalog only (no rewrite, no scan).
+-- Runs in one transaction; SET DEFAULT changes the catalog only (no rewrite, no scan),
+-- but it waits for an exclusive lock on tasks, and every enqueue and claim would queue
+-- behind that wait. If a long transaction holds the table for more than 5 s, the
+-- migration fails instead (nothing applied) and can be run again.
+SET LOCAL lock_timeout = '5s';
+
 CREATE FUNCTION time_ordered_uuid() RETURNS uuid LANGUAGE sql VOLATILE PARALLEL SAFE
 RETURN encode(
     -- Bits 52 and 53 turn gen_random_uuid()'s version 4 (0100) into 7 (0111).

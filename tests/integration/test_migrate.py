@@ -242,3 +242,31 @@ async def test_concurrent_runs_apply_each_file_once(
     assert counts == [0, 2]
     assert await applied_versions(conn) == [1, 2]
     assert await schema_is_current(conn, tmp_path) is True
+
+
+async def test_time_ordered_ids_give_up_on_a_held_table_and_apply_later(
+    fresh_database_url: str, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """Migration 0009 waits at most its lock_timeout (5 s) for the task table, so that
+    enqueues and claims do not queue behind it while a long transaction holds the table;
+    it fails with nothing applied, and applies once the table is free."""
+    shipped = load_migrations()
+    for m in shipped:
+        if m.version < 9:
+            write(tmp_path, m.name, m.sql)
+    await apply_migrations(fresh_database_url, tmp_path, log=lambda _m: None)
+    holder = await asyncpg.connect(fresh_database_url)
+    try:
+        transaction = holder.transaction()
+        await transaction.start()
+        await holder.execute("LOCK TABLE tasks IN ACCESS SHARE MODE")  # as a long read does
+        # Without its lock_timeout the migration would wait as long as the holder does.
+        with pytest.raises(MigrationError, match="could not lock a table in time") as caught:
+            await asyncio.wait_for(apply_migrations(fresh_database_url, log=lambda _m: None), 30)
+        assert "0009_time_ordered_task_ids.sql" in str(caught.value)
+        assert 9 not in await applied_versions(conn)
+        await transaction.rollback()
+    finally:
+        await holder.close()
+    applied = await apply_migrations(fresh_database_url, log=lambda _m: None)
+    assert [m.version for m in applied] == [9]

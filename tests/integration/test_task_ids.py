@@ -92,7 +92,8 @@ async def test_the_default_of_tasks_id_is_the_time_ordered_function(database_url
     rows = await fetch(
         database_url,
         "SELECT column_default FROM information_schema.columns"
-        " WHERE table_name = 'tasks' AND column_name = 'id'",
+        " WHERE table_schema = current_schema() AND table_name = 'tasks'"
+        " AND column_name = 'id'",
     )
     assert rows[0]["column_default"] == "time_ordered_uuid()"
     made = await fetch(
