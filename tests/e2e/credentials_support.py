@@ -86,16 +86,24 @@ async def rows(inst: Instance, query: str, *args: Any) -> list[dict[str, Any]]:
     ]
 
 
-async def snapshot(inst: Instance) -> dict[str, list[dict[str, Any]]]:
-    """Every column of every row of the tasks, credentials and runtime controls tables."""
+async def snapshot(inst: Instance, runtime_prefix: str) -> dict[str, list[dict[str, Any]]]:
+    """Every column of every row of the credentials and runtime controls tables, and of
+    the tasks of runtimes named `runtime_prefix`...: the tasks table is shared by the
+    session's tests, and a janitor pass may change another test's leftover task (a
+    lease running out, a retry coming due) between two snapshots."""
+    tasks = await rows(
+        inst, "SELECT * FROM tasks WHERE starts_with(runtime_id, $1) ORDER BY id", runtime_prefix
+    )
     return {
-        table: await rows(inst, f"SELECT * FROM {table} ORDER BY {order}")
-        for table, order in (
-            ("tasks", "id"),
-            ("api_tokens", "id"),
-            ("webhook_secrets", "id"),
-            ("runtime_controls", "runtime_id"),
-        )
+        "tasks": tasks,
+        **{
+            table: await rows(inst, f"SELECT * FROM {table} ORDER BY {order}")
+            for table, order in (
+                ("api_tokens", "id"),
+                ("webhook_secrets", "id"),
+                ("runtime_controls", "runtime_id"),
+            )
+        },
     }
 
 

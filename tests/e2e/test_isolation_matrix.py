@@ -35,6 +35,9 @@ from tests.support.http import req
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 
+# The world's runtimes are named from this; a refusal must change none of their tasks.
+WORLD_PREFIX = "iso"
+
 
 @dataclass
 class World:
@@ -133,7 +136,7 @@ async def make_world(gw, rt: str) -> World:
     victim = await enqueue(gw, rt, "to be cancelled")
     cancelled = await req(gw, "POST", f"/v1/tasks/{victim['id']}/cancel")
     assert cancelled.body["status"] == "cancelled"
-    other = unique("iso-other")
+    other = unique(f"{WORLD_PREFIX}-other")
     everything = [s.value for s in Scope if s is not Scope.ADMIN]
     lacking = {
         scope: (await make_token(gw, [s for s in everything if s != scope.value]))["token"]
@@ -154,7 +157,7 @@ async def make_world(gw, rt: str) -> World:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def world(gw) -> World:
-    return await make_world(gw, unique("iso"))
+    return await make_world(gw, unique(WORLD_PREFIX))
 
 
 def path_of(e: Endpoint, w: World, recipe: Recipe) -> str:
@@ -189,7 +192,8 @@ async def test_refusals_change_nothing(gw, world, endpoint):
         assert resp.status in (200, 503), resp.body  # answers without credentials
         return
     recipe = recipe_for(endpoint)
-    before = await snapshot(gw)
+    before = await snapshot(gw, WORLD_PREFIX)
+    assert len(before["tasks"]) == 2, before["tasks"]  # the world's: claimed, cancelled
 
     if key(endpoint) in SIGNED:
         assert endpoint.scope is None and endpoint.target is Target.RUNTIME
@@ -219,7 +223,7 @@ async def test_refusals_change_nothing(gw, world, endpoint):
                 # A foreign task is indistinguishable from one that does not exist.
                 assert_problem(resp, 404, "not_found")
 
-    assert await snapshot(gw) == before
+    assert await snapshot(gw, WORLD_PREFIX) == before
 
 
 @pytest.mark.parametrize(
