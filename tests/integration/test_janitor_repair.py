@@ -215,7 +215,11 @@ async def test_bump_lost_to_a_real_redis_fault_is_repaired(
             assert sample(gw, "gateway_version_bumps_total", outcome="error") == 1, (
                 "the bump was not lost"
             )
-            assert (await cache.read(runtime_id)).hit is True, "the verdict was not stale"
+            # Stale, unless a janitor pass (every 0.3 s) has repaired it already: on a slow
+            # machine one may run between the fault's end and this read.
+            stale = (await cache.read(runtime_id)).hit
+            repairs = sample(gw, "gateway_verdict_repairs_total")
+            assert stale or repairs >= 1, "the verdict was neither stale nor repaired"
             assert not polling.done()
 
             status, body = await asyncio.wait_for(polling, 10)
