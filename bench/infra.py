@@ -4,6 +4,7 @@ run, and the gateway itself as a separate uvicorn process.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -15,7 +16,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from gateway.migrate import apply_migrations
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_SECONDS = 30.0
 STOP_GRACE_SECONDS = 10.0
+GATEWAY_APP = "gateway.app:create_app"
 # Inherited variables that would change what is measured; the bench sets its own.
 _SCRUBBED_ENV = ("DATABASE_URL", "REDIS_URL")
 
@@ -193,7 +195,7 @@ class GatewayProcess:
     log_path: Path
     extra_env: Mapping[str, str] = field(default_factory=dict)
     # What uvicorn serves: the gateway, or a peer such as the bare Starlette floor.
-    app: str = "gateway.app:create_app"
+    app: str = GATEWAY_APP
     # 0: `gateway serve`, one process with the gateway's own HTTP protocol (read
     # deadlines, head limits), no proxy headers; N >= 1: uvicorn's CLI with N workers.
     workers: int = 0
@@ -232,7 +234,7 @@ class GatewayProcess:
         return env
 
     def argv(self) -> list[str]:
-        if self.workers == 0 and self.app == "gateway.app:create_app":
+        if self.workers == 0 and self.app == GATEWAY_APP:
             return [
                 sys.executable,
                 "-c",
@@ -329,3 +331,52 @@ class GatewayProcess:
 
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    opts: argparse.Namespace,
+    servers: Servers,
+    log_path: Path,
+    *,
+    app: str = GATEWAY_APP,
+    cache: bool = True,
+    workers: int = 0,
+    env: dict[str, str] | None = None,
+    stop_grace_seconds: float = 10.0,
+    database_via: Callable[[str], str] | None = None,
+) -> AsyncIterator[tuple[GatewayProcess, str]]:
+    """A fresh database and a process serving `app` on it (GatewayProcess: `workers` 0
+    is `gateway serve`, N uvicorn workers otherwise); both gone afterwards.
+    `database_via` maps the database's URL to the one the process is given (a relay in
+    front of it); the process's direct connections (GATEWAY_DIRECT_DATABASE_URL: the
+    janitor's leader lock) then go to the database itself."""
+    async with fresh_database(servers.database_url) as database_url:
+        direct = {"GATEWAY_DIRECT_DATABASE_URL": database_url} if database_via else {}
+        proc = GatewayProcess(
+            database_via(database_url) if database_via else database_url,
+            servers.redis_url,
+            cache,
+            log_path,
+            extra_env={**opts.gateway_env, **direct, **(env or {})},
+            app=app,
+            workers=workers,
+            stop_grace_seconds=stop_grace_seconds,
+        )
+        try:
+            await proc.start()
+            how = (
+                f"uvicorn, {max(workers, 1)} worker(s)"
+                if workers or app != GATEWAY_APP
+                else "gateway serve"
+            )
+            log(f"{app} pid {proc.pid} ready at {proc.url} ({how})")
+            yield proc, database_url
+        finally:
+            stopping = time.perf_counter()
+            code = await proc.stop()
+            proc.stop_seconds = time.perf_counter() - stopping
+            if code not in (0, None, -15):
+                log(f"pid {proc.pid} exited with code {code}")
+            with contextlib.suppress(Exception):
+                await delete_redis_keys(servers.redis_url, proc.prefix)

@@ -22,14 +22,14 @@ import argparse
 import asyncio
 import contextlib
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from . import client
 from .client import Api, Tally
-from .infra import GatewayProcess, Servers, fresh_database, log
+from .infra import Servers, serving
 from .scenarios import check_tally, finish
 from .stats import Result
 
@@ -168,31 +168,9 @@ async def _pipe(
             sink.close()
 
 
-@contextlib.asynccontextmanager
-async def relayed_gateway(
-    opts: argparse.Namespace, servers: Servers, log_path: Path, *, cache: bool
-) -> AsyncIterator[tuple[GatewayProcess, RoundTripRelay]]:
-    """A fresh database, a relay in front of it, and a gateway that reaches it through
-    the relay; all gone afterwards."""
-    async with (
-        fresh_database(servers.database_url) as database_url,
-        RoundTripRelay(database_url) as relay,
-    ):
-        env = {
-            **opts.gateway_env,
-            "GATEWAY_DIRECT_DATABASE_URL": database_url,
-            "GATEWAY_JANITOR_INTERVAL_SECONDS": "3600",
-        }
-        proc = GatewayProcess(relay.url(database_url), servers.redis_url, cache, log_path, env)
-        try:
-            await proc.start()
-            log(
-                f"round-trips: gateway pid {proc.pid} ready at {proc.url}, "
-                f"its Postgres through :{relay.port}"
-            )
-            yield proc, relay
-        finally:
-            await proc.stop()
+# The janitor's passes an hour apart: its leader lock goes around the relay (serving's
+# database_via), and no pass runs while requests are counted.
+JANITOR_ASIDE = {"GATEWAY_JANITOR_INTERVAL_SECONDS": "3600"}
 
 
 async def _variant(
@@ -203,7 +181,10 @@ async def _variant(
     n = opts.round_trip_requests
     log_path = workdir / f"round-trips-{label.replace(' ', '-')}.log"
     async with (
-        relayed_gateway(opts, servers, log_path, cache=cache) as (proc, relay),
+        RoundTripRelay(servers.database_url) as relay,
+        serving(
+            opts, servers, log_path, cache=cache, env=JANITOR_ASIDE, database_via=relay.url
+        ) as (proc, _database_url),
         client.session(4) as http,
     ):
         api = Api(http, proc.url, proc.token)

@@ -39,10 +39,9 @@ from gateway.janitor import REPAIR_PAGES_PER_PASS
 
 from . import client
 from .client import Api, Tally
-from .infra import Servers, log
+from .infra import Servers, log, serving
 from .scenarios import check_tally, finish
 from .stats import Result, ms, percentile
-from .suite import serving
 
 JANITOR_BATCH_SIZE = 1000  # the gateway's default GATEWAY_JANITOR_BATCH_SIZE
 

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,13 @@ import redis.asyncio as aioredis
 
 from . import client
 from .client import Api, Tally
-from .infra import GatewayProcess, Servers, delete_redis_keys, fresh_database, log, log_name
+from .infra import (
+    GATEWAY_APP,
+    Servers,
+    log,
+    log_name,
+    serving,
+)
 from .peers import run_pgqueuer
 from .round_trips import round_trips
 from .scenarios import (
@@ -38,7 +44,6 @@ from .scenarios import (
 from .stats import SAMPLES, Result, ms, percentile, ratio
 from .watch import Watchdog
 
-GATEWAY_APP = "gateway.app:create_app"
 FLOOR_APP = "bench.floor:create_app"
 FLOOR_MGET_APP = "bench.floor:create_mget_app"
 PARKED_GAUGE = "gateway_parked_polls"
@@ -53,50 +58,6 @@ Suite = Callable[[argparse.Namespace, Servers, Path], Awaitable[list[Result]]]
 
 
 # -- processes ----------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def serving(
-    opts: argparse.Namespace,
-    servers: Servers,
-    log_path: Path,
-    *,
-    app: str = GATEWAY_APP,
-    cache: bool = True,
-    workers: int = 0,
-    env: dict[str, str] | None = None,
-    stop_grace_seconds: float = 10.0,
-) -> AsyncIterator[tuple[GatewayProcess, str]]:
-    """A fresh database and a process serving `app` on it (GatewayProcess: `workers` 0
-    is `gateway serve`, N uvicorn workers otherwise); both gone afterwards."""
-    async with fresh_database(servers.database_url) as database_url:
-        proc = GatewayProcess(
-            database_url,
-            servers.redis_url,
-            cache,
-            log_path,
-            extra_env={**opts.gateway_env, **(env or {})},
-            app=app,
-            workers=workers,
-            stop_grace_seconds=stop_grace_seconds,
-        )
-        try:
-            await proc.start()
-            how = (
-                f"uvicorn, {max(workers, 1)} worker(s)"
-                if workers or app != GATEWAY_APP
-                else "gateway serve"
-            )
-            log(f"{app} pid {proc.pid} ready at {proc.url} ({how})")
-            yield proc, database_url
-        finally:
-            stopping = time.perf_counter()
-            code = await proc.stop()
-            proc.stop_seconds = time.perf_counter() - stopping
-            if code not in (0, None, -15):
-                log(f"pid {proc.pid} exited with code {code}")
-            with contextlib.suppress(Exception):
-                await delete_redis_keys(servers.redis_url, proc.prefix)
 
 
 def tree(pid: int | None) -> list[psutil.Process]:

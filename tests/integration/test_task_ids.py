@@ -10,31 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from datetime import datetime
 
 import orjson
 import pytest
 
-from gateway.metrics import Metrics
-from gateway.models import EnqueueRequest, parse_enqueue
 from gateway.store import Store
-from tests.support.databases import execute, fetch
+from tests.integration.test_enqueue_round_trips import item, store  # noqa: F401  (a fixture)
+from tests.support.databases import fetch
 
 pytestmark = pytest.mark.integration
 
-
-@pytest.fixture
-async def store(database_url: str, runtime_id: str) -> AsyncIterator[Store]:
-    s = Store(database_url, Metrics(), min_size=1, max_size=2)
-    await s.open()
-    yield s
-    await s.close()
-    await execute(database_url, "DELETE FROM tasks WHERE runtime_id LIKE $1", runtime_id + "%")
-
-
-def item(**fields: object) -> EnqueueRequest:
-    return parse_enqueue({"payload": {"n": 1}, **fields}, None, 1_000_000)
+PAYLOAD = {"n": 1}
 
 
 def millis_of(task_id: uuid.UUID) -> int:
@@ -56,11 +43,13 @@ async def assert_time_ordered(database_url: str, ids: list[str]) -> None:
 
 
 async def test_a_single_enqueue_gets_a_time_ordered_id(
-    store: Store, database_url: str, runtime_id: str
+    store: Store,  # noqa: F811
+    database_url: str,
+    runtime_id: str,
 ) -> None:
-    first, _ = await store.enqueue(runtime_id, item())
+    first, _ = await store.enqueue(runtime_id, item(PAYLOAD))
     await asyncio.sleep(0.005)
-    second, _ = await store.enqueue(runtime_id, item())
+    second, _ = await store.enqueue(runtime_id, item(PAYLOAD))
     await assert_time_ordered(database_url, [str(first.id), str(second.id)])
     # Ids made milliseconds apart sort in the order they were made, as text and as uuid.
     assert str(first.id) < str(second.id)
@@ -68,20 +57,25 @@ async def test_a_single_enqueue_gets_a_time_ordered_id(
 
 
 async def test_a_task_leased_at_enqueue_gets_a_time_ordered_id(
-    store: Store, database_url: str, runtime_id: str
+    store: Store,  # noqa: F811
+    database_url: str,
+    runtime_id: str,
 ) -> None:
     # Sync match: the gateway chooses the id, so that it can name the lease's task.
-    row, created = await store.enqueue(runtime_id, item(), lease=("worker-1", 30.0))
+    row, created = await store.enqueue(runtime_id, item(PAYLOAD), lease=("worker-1", 30.0))
     assert created and row.status == "claimed"
     await assert_time_ordered(database_url, [str(row.id)])
 
 
 @pytest.mark.parametrize("keyed", [False, True], ids=["keyless", "with keys"])
 async def test_a_batch_gets_time_ordered_ids(
-    store: Store, database_url: str, runtime_id: str, keyed: bool
+    store: Store,  # noqa: F811
+    database_url: str,
+    runtime_id: str,
+    keyed: bool,
 ) -> None:
     # Without keys Postgres's default makes the ids; with keys, the gateway does.
-    reqs = [item(idempotency_key=f"k{i}") if keyed else item() for i in range(50)]
+    reqs = [item(PAYLOAD, idempotency_key=f"k{i}") if keyed else item(PAYLOAD) for i in range(50)]
     answer, _ = await store.enqueue_batch(runtime_id, reqs, ids_only=True)
     ids = [task["id"] for task in orjson.loads(answer)]
     assert len(set(ids)) == 50
