@@ -195,7 +195,7 @@ async def run_phase(
     """`connections` loops calling op(worker, iteration) -> (tasks, more) until the
     deadline, or until op says there is no more work for that loop."""
     calls = tasks = errors = 0
-    deadline = time.monotonic() + seconds
+    deadline = 0.0  # set once the snapshots are taken: they may outlast a short phase
     stopped: list[float] = []
 
     async def loop(worker: int) -> None:
@@ -220,6 +220,7 @@ async def run_phase(
     cpu_before = await cpu.snapshot()
     bench_before = time.process_time()
     started = time.monotonic()
+    deadline = started + seconds
     await asyncio.gather(*(loop(w) for w in range(connections)))
     elapsed = max(stopped, default=time.monotonic()) - started
     bench_cpu = time.process_time() - bench_before
