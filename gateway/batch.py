@@ -28,7 +28,7 @@ from .bodies import COMPLETE_MANY_BODY, FAIL_MANY_BODY, HEARTBEAT_MANY_BODY, TAS
 from .errors import BadRequest, PayloadTooLarge, ValidationFailed, problem_for
 from .httpio import json_response, read_json
 from .runtime import Gateway
-from .schema import Body
+from .schema import Body, in_item
 from .store_acks import ItemResult
 
 # What a failed task's outcome says when it is to run again, whenever that is.
@@ -67,12 +67,7 @@ def _naming(index: int) -> Iterator[None]:
     try:
         yield
     except (ValidationFailed, PayloadTooLarge, BadRequest) as exc:
-        inner = exc.extra.get("field")
-        exc.detail = f"tasks[{index}]: {exc.detail}"
-        exc.extra.update(
-            field=f"tasks[{index}].{inner}" if inner else f"tasks[{index}]", index=index
-        )
-        raise
+        raise in_item(exc, index) from None
 
 
 def _items(body: Mapping[str, Any], spec: Body) -> list[tuple[uuid.UUID, Mapping[str, Any]]]:

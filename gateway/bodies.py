@@ -8,6 +8,10 @@ from .schema import Body, Field, Kind, Setting
 
 MAX_WORKER_ID = 200
 MAX_IDEMPOTENCY_KEY = 200
+# A signed webhook delivery's idempotency key is this plus its webhook-id. Producers'
+# keys live beside them on a runtime, so a producer may not make one: it could take a
+# delivery's key before the delivery arrives, and the delivery would be refused.
+WEBHOOK_KEY_PREFIX = "webhook:"
 MAX_ERROR_CHARS = 10_000
 PAYLOAD_BYTES = Setting("max_payload_bytes")
 JSON_DEPTH = Setting("max_json_depth")
@@ -57,7 +61,9 @@ ENQUEUE_BODY = Body(
             "idempotency_key",
             Kind.STRING,
             "Names the request: repeating it with the same key and the same request "
-            "answers the task already stored; with another request it is refused.",
+            "answers the task already stored; with another request it is refused. "
+            f"Keys starting with `{WEBHOOK_KEY_PREFIX}` are kept for signed webhook "
+            "deliveries and refused here.",
             max_length=MAX_IDEMPOTENCY_KEY,
         ),
         Field(

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from .errors import BadRequest, ValidationFailed
+from .errors import BadRequest, PayloadTooLarge, ValidationFailed
 
 # A run of 16 digits (dots allowed inside) or an exponent of 3 digits: the only
 # spellings a double may not carry exactly. Matches inside strings just take the
@@ -34,6 +34,14 @@ _SURROGATE = re.compile("[\\ud800-\\udfff]")
 # so such a number could not be read back by a Python daemon either.
 MAX_NUMBER_CHARS = 4300
 _EXPONENT = re.compile(r"\d[eE]")
+_EXPONENT_BYTES = re.compile(rb"\d[eE]")
+# Levels of a body kept when it nests deeper than the parsers go (orjson stops at 1,024,
+# the standard library's recursion near 1,000): far above any field's limit
+# (GATEWAY_MAX_JSON_DEPTH is at most 200), so what is cut is refused as too deep anyway.
+CUT_DEPTH = 512
+# A string (escapes skipped, an unclosed one taken to the end) or a bracket: all that
+# decides the nesting of JSON text.
+_NESTING_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]')
 
 
 def written_length(text: str) -> int | None:
@@ -95,11 +103,14 @@ def _parse_float(text: str) -> float | ExactNumber:
     return ExactNumber(text)
 
 
-def expansion(text: str, value: Any) -> int:
-    """How many characters longer `value` (serialized as `text`) comes back from
-    Postgres, which writes every number out in full. 0 when no number in `text` has an
-    exponent (the usual case, found without walking the value)."""
-    if ("e" not in text and "E" not in text) or not _EXPONENT.search(text):
+def expansion(text: str | bytes, value: Any) -> int:
+    """How many characters longer `value` (serialized as `text`, or parsed from it)
+    comes back from Postgres, which writes every number out in full. 0 when no number
+    in `text` has an exponent (the usual case, found without walking the value)."""
+    if isinstance(text, bytes):
+        if not _EXPONENT_BYTES.search(text):
+            return 0
+    elif ("e" not in text and "E" not in text) or not _EXPONENT.search(text):
         return 0
     extra = 0
     stack = [value]
@@ -126,19 +137,75 @@ def _refuse_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-def loads(raw: bytes, max_depth: int) -> Any:
+class NestedTooDeep(Exception):
+    """The body nests deeper than the parsers go. `value` is what they read of it: its
+    text up to the first container deeper than CUT_DEPTH, that container as `0` and
+    the open ones closed (cut_deep), so that the caller can name the field it is in."""
+
+    def __init__(self, value: Any) -> None:
+        super().__init__("nested deeper than the JSON parsers go")
+        self.value = value
+
+
+def cut_deep(raw: bytes, keep: int = CUT_DEPTH) -> bytes | None:
+    """`raw` up to its first container opened deeper than `keep` levels, that container
+    written as `0` and every open one closed: text the parsers can read, still nested
+    `keep` levels deep at the cut. None when `raw` never nests deeper than `keep`.
+    Reads `raw` only up to the cut, one token (string or bracket) at a time."""
+    opened = bytearray()
+    for token in _NESTING_TOKENS.finditer(raw):
+        first = raw[token.start()]
+        if first in b"[{":
+            if len(opened) == keep:
+                closers = bytes(0x5D if c == 0x5B else 0x7D for c in reversed(opened))
+                return raw[: token.start()] + b"0" + closers
+            opened.append(first)
+        elif first in b"]}" and opened:
+            opened.pop()
+    return None
+
+
+def _too_deep(raw: bytes, max_bytes: int | None) -> Exception:
+    """NestedTooDeep with the cut body parsed; BadRequest (raised) when what comes
+    before the cut is not JSON."""
+    cut = cut_deep(raw)
+    if cut is None:  # not expected: both parsers stop deeper than CUT_DEPTH
+        return ValidationFailed("body is nested too deeply (GATEWAY_MAX_JSON_DEPTH)", field="body")
+    return NestedTooDeep(loads(cut, CUT_DEPTH + 1, max_bytes))
+
+
+def check_written_size(raw: bytes, value: Any, max_bytes: int) -> None:
+    """PayloadTooLarge when `value`, parsed from `raw`, is longer than `max_bytes` with
+    its numbers written out in full, as Postgres writes them and every answer then
+    carries them: a body is bounded by what it becomes, not only by what was sent."""
+    if len(raw) + expansion(raw, value) > max_bytes:
+        raise PayloadTooLarge(
+            f"request body is larger than {max_bytes} bytes with its numbers written out "
+            "in full, as answers carry them (1e300 is 301 digits); "
+            "the limit is GATEWAY_MAX_BODY_BYTES",
+            field="body",
+        )
+
+
+def loads(raw: bytes, max_depth: int, max_bytes: int | None = None) -> Any:
     """Parse a request body, numbers kept exactly. BadRequest if it is not JSON.
     Before the standard library's recursive parser runs, ValidationFailed names the
     top-level field (or `body`) nested deeper than `max_depth`; otherwise depth is left
-    to the fields that store JSON, so a body is not walked twice."""
+    to the fields that store JSON, so a body is not walked twice. A body nested deeper
+    than the parsers go raises NestedTooDeep. With `max_bytes`, the body written out
+    must fit in it (check_written_size)."""
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        if "depth limit" in str(exc):
+            raise _too_deep(raw, max_bytes) from None
         # orjson refuses numbers beyond a double (1e400); they are valid JSON.
         if "infinity" not in str(exc):
             raise BadRequest(f"request body is not valid JSON: {exc}") from None
     else:
         if not might_be_inexact(raw):
+            if max_bytes is not None:
+                check_written_size(raw, value, max_bytes)
             return value
         _check_depth(value, max_depth)  # before the recursive parser below runs
     try:
@@ -146,9 +213,7 @@ def loads(raw: bytes, max_depth: int) -> Any:
             raw, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_refuse_constant
         )
     except RecursionError:
-        raise ValidationFailed(
-            "body is nested too deeply (GATEWAY_MAX_JSON_DEPTH)", field="body"
-        ) from None
+        raise _too_deep(raw, max_bytes) from None
     except ValueError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if _has_lone_surrogate(value):
@@ -158,7 +223,34 @@ def loads(raw: bytes, max_depth: int) -> Any:
             "request body is not valid JSON: a string holds a lone surrogate (\\ud800-\\udfff)"
         )
     _check_depth(value, max_depth)
+    if max_bytes is not None:
+        check_written_size(raw, value, max_bytes)
     return value
+
+
+class _Repeated(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> None:
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _Repeated(key)
+        seen.add(key)
+
+
+def repeated_key(raw: bytes) -> str | None:
+    """The first key that an object in `raw` holds twice, or None. `raw` must be JSON
+    that loads() has read, so within the standard library parser's depth. Parsers
+    disagree on which of two values counts (orjson and Postgres keep the last), so a
+    signed body that repeats a key would mean different things to different readers."""
+    try:
+        json.loads(raw, object_pairs_hook=_unique_pairs, parse_int=len, parse_float=len)
+    except _Repeated as repeated:
+        return repeated.key
+    return None
 
 
 def _has_lone_surrogate(value: Any) -> bool:

@@ -32,6 +32,7 @@ from .bodies import (
     LIST_QUERY,
     MAX_ERROR_CHARS,
     PAYLOAD_BYTES,
+    WEBHOOK_KEY_PREFIX,
 )
 from .bodies import MAX_BATCH as MAX_BATCH  # re-exported: callers know them as models.*
 from .bodies import MAX_IDEMPOTENCY_KEY as MAX_IDEMPOTENCY_KEY
@@ -39,12 +40,14 @@ from .bodies import MAX_WORKER_ID as MAX_WORKER_ID
 from .bodies import STATUSES as STATUSES
 from .errors import BadRequest, NotFound, PayloadTooLarge, ValidationFailed
 from .rows import TaskRow
-from .schema import EARLIEST, LATEST, Field, json_text, resolve
+from .schema import EARLIEST, LATEST, Field, in_item, json_text, resolve, too_deep
 
 RUNTIME_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 DEFAULT_MAX_DEPTH = 64  # GATEWAY_MAX_JSON_DEPTH
 # Levels a body may add around a payload: {"tasks": [{"payload": ...}]}.
 BODY_DEPTH_MARGIN = 3
+# The list of items in every batch body (bodies.BATCH_BODY, COMPLETE_MANY_BODY ...).
+_BATCH_ITEMS = BATCH_BODY["tasks"].name
 
 TASK_FIELDS = (
     "id",
@@ -139,22 +142,54 @@ def check_task_id(raw: str) -> uuid.UUID:
         raise NotFound(f"no task with id {raw!r}") from None
 
 
-def decode_body(raw: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> dict[str, Any]:
+def decode_body(
+    raw: bytes, max_depth: int = DEFAULT_MAX_DEPTH, max_bytes: int | None = None
+) -> dict[str, Any]:
     """The request body as a JSON object; an empty body counts as {}. Numbers are
     kept exactly (see exactjson); the fields that store JSON (payload, result) are
-    held to `max_depth` when they are read."""
+    held to `max_depth` when they are read. With `max_bytes` (GATEWAY_MAX_BODY_BYTES),
+    the body with its numbers written out in full must fit in it."""
     if not raw.strip():
         return {}
-    body = exactjson.loads(raw, max_depth + BODY_DEPTH_MARGIN)
+    try:
+        body = exactjson.loads(raw, max_depth + BODY_DEPTH_MARGIN, max_bytes)
+    except exactjson.NestedTooDeep as exc:
+        raise _nested_too_deep(exc.value, max_depth, "body") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     return body
 
 
-def decode_json(raw: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
-    """A whole body that is one JSON value (a webhook's payload), numbers kept exactly.
-    Only bounded here; the field it becomes holds it to `max_depth`, naming itself."""
-    return exactjson.loads(raw, max_depth + BODY_DEPTH_MARGIN)
+def decode_json(
+    raw: bytes, field: str, max_depth: int = DEFAULT_MAX_DEPTH, max_bytes: int | None = None
+) -> Any:
+    """A whole body that is one JSON value, the `field` it becomes (a webhook's
+    payload), numbers kept exactly. Only bounded here; the field holds it to
+    `max_depth`, naming itself. `max_bytes` as for decode_body."""
+    try:
+        return exactjson.loads(raw, max_depth + BODY_DEPTH_MARGIN, max_bytes)
+    except exactjson.NestedTooDeep as exc:
+        raise _nested_too_deep(exc.value, max_depth, field) from None
+
+
+def _nested_too_deep(cut: Any, max_depth: int, name: str) -> ValidationFailed:
+    """The refusal of a body nested deeper than the parsers go, `cut` being what they
+    read of it (exactjson.NestedTooDeep): the answer a body nested just within their
+    reach gets. It names a top-level field, or a field of an item of a batch's `tasks`
+    (`tasks[3].payload`, as the batch parsers name it); `name` for a body that is not
+    an object."""
+    if not isinstance(cut, dict):
+        return too_deep(name, max_depth)
+    for key, value in cut.items():
+        if exactjson.depth(value, max_depth) <= max_depth:
+            continue
+        if key == _BATCH_ITEMS and isinstance(value, list):
+            for index, item in enumerate(value):
+                for inner, field in item.items() if isinstance(item, dict) else ():
+                    if exactjson.depth(field, max_depth) > max_depth:
+                        return in_item(too_deep(inner, max_depth), index)
+        return too_deep(str(key)[:100], max_depth)
+    return too_deep(name, max_depth)  # not reached: the cut nests deeper than any limit
 
 
 def header_text(raw: str | None, field: str) -> str | None:
@@ -247,6 +282,12 @@ def _parse_enqueue(
         if key is not None and key != header_key:
             raise BadRequest("idempotency_key in the body and the Idempotency-Key header differ")
         key = header_key
+    if key is not None and key.startswith(WEBHOOK_KEY_PREFIX):
+        raise ValidationFailed(
+            f"idempotency keys starting with {WEBHOOK_KEY_PREFIX!r} are kept for signed "
+            "webhook deliveries; choose another key",
+            field="idempotency_key",
+        )
     ENQUEUE_BODY.check_exclusive(body)
     delay = _optional(_DELAY, body, limits, absent)
     run_at = _optional(_RUN_AT, body, limits, absent)
@@ -372,11 +413,7 @@ def parse_batch(
             else:
                 out.append(_parse_enqueue(item, None, limits, absent, hash_without_key=False))
         except (ValidationFailed, PayloadTooLarge, BadRequest) as exc:
-            inner = exc.extra.get("field")
-            field = f"tasks[{index}].{inner}" if inner else f"tasks[{index}]"
-            exc.detail = f"tasks[{index}]: {exc.detail}"
-            exc.extra.update(field=field, index=index)
-            raise
+            raise in_item(exc, index) from None
     return out
 
 

@@ -15,12 +15,13 @@ import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from . import exactjson
-from .errors import PayloadTooLarge, ValidationFailed
+from .errors import GatewayError, PayloadTooLarge, ValidationFailed
 
 Limits = Mapping[str, Any]
+E = TypeVar("E", bound=GatewayError)
 
 # orjson writes NUL as \u0000; an escaped backslash before "u0000" is not a NUL.
 NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
@@ -311,12 +312,27 @@ def parse_time(field: str, raw: Any) -> datetime:
     return value
 
 
+def too_deep(field: str, max_depth: int) -> ValidationFailed:
+    """The refusal of a JSON field nested deeper than `max_depth`."""
+    return ValidationFailed(
+        f"{field} is nested more than {max_depth} levels deep (GATEWAY_MAX_JSON_DEPTH)",
+        field=field,
+    )
+
+
 def check_depth(field: str, value: Any, max_depth: int) -> None:
     if exactjson.depth(value, max_depth) > max_depth:
-        raise ValidationFailed(
-            f"{field} is nested more than {max_depth} levels deep (GATEWAY_MAX_JSON_DEPTH)",
-            field=field,
-        )
+        raise too_deep(field, max_depth)
+
+
+def in_item(error: E, index: int, array: str = "tasks") -> E:
+    """`error`, raised by an item of a list field, made to name the item:
+    `tasks[3]: ...`, field `tasks[3].lease_id`, index 3."""
+    inner = error.extra.get("field")
+    error.detail = f"{array}[{index}]: {error.detail}"
+    error.extra.update(field=f"{array}[{index}].{inner}" if inner else f"{array}[{index}]")
+    error.extra.update(index=index)
+    return error
 
 
 def json_text(field: str, value: Any, max_bytes: int, max_depth: int) -> str:

@@ -26,8 +26,9 @@ from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import models
+from . import exactjson, models
 from .auth import LocalCache
+from .bodies import WEBHOOK_KEY_PREFIX
 from .errors import BadRequest, InvalidSignature, ValidationFailed
 from .httpio import json_response, read_body
 
@@ -46,9 +47,9 @@ NUMBER_RE = re.compile(r"^-?[0-9]{1,15}(\.[0-9]{1,15})?$")
 TIMESTAMP_RE = re.compile(r"^[0-9]{1,15}$")
 
 REFUSED = "no webhook-signature matches a live webhook secret covering this runtime"
-# Deliveries' ids live beside producers' Idempotency-Keys on a runtime; the prefix keeps
-# a sender's id from ever meeting a producer's key.
-KEY_PREFIX = "webhook:"
+# Deliveries' ids live beside producers' Idempotency-Keys on a runtime; producers may
+# not make a key with this prefix (models refuses it), so a sender's id never meets one.
+KEY_PREFIX = WEBHOOK_KEY_PREFIX
 MAX_MSG_ID = models.MAX_IDEMPOTENCY_KEY - len(KEY_PREFIX)
 
 
@@ -161,11 +162,21 @@ async def receive(request: Request, gw: Gateway) -> Response:
     fields: dict[str, Any] = dict(query_fields(request.query_params))
     if not raw.strip():
         raise BadRequest("the delivery's body is empty; it must be a JSON value")
-    fields["payload"] = models.decode_json(raw, gw.settings.max_json_depth)
-    key = KEY_PREFIX + delivery.msg_id
-    req = models.parse_enqueue(
-        fields, key, gw.settings.max_payload_bytes, gw.settings.max_json_depth
+    settings = gw.settings
+    fields["payload"] = models.decode_json(
+        raw, "payload", settings.max_json_depth, settings.max_body_bytes
     )
+    # The key is set after parsing: the prefix is refused to whoever sends it as a key.
+    req = models.parse_enqueue(
+        fields, None, settings.max_payload_bytes, settings.max_json_depth
+    )._replace(idempotency_key=KEY_PREFIX + delivery.msg_id)
+    repeated = exactjson.repeated_key(raw)
+    if repeated is not None:
+        raise ValidationFailed(
+            f"the delivery's body holds the key {repeated[:100]!r} twice in one object; "
+            "JSON readers differ on which value counts, so a signed body must not",
+            field="payload",
+        )
     row, created = await gw.store.enqueue(runtime_id, req)
     if not created:
         return json_response(models.render_task_or_stub(row), 200, {"Idempotent-Replayed": "true"})

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway import exactjson
-from gateway.errors import BadRequest, ValidationFailed
+from gateway.errors import BadRequest, PayloadTooLarge, ValidationFailed
 
 
 def roundtrip(text: str) -> str:
@@ -148,3 +148,58 @@ def test_every_spelling_the_risky_pattern_matches_takes_the_exact_path(text: str
 def test_risky_spellings_are_flagged(number: str) -> None:
     assert exactjson.might_be_inexact(f'{{"a": [{number}]}}'.encode())
     assert not exactjson.might_be_inexact(b'{"a": [1e30, 123456789012345, 0.25]}')
+
+
+# -- bodies nested past the parsers, bodies that expand, repeated keys -----------------
+
+
+@pytest.mark.parametrize("levels", [1024, 1100, 5000])
+def test_a_body_nested_past_the_parsers_is_cut_to_what_they_read(levels):
+    raw = b'{"a": "[{\\"", "b": ' + b"[" * levels + b"1" + b"]" * levels + b', "c": 2}'
+    with pytest.raises(exactjson.NestedTooDeep) as caught:
+        exactjson.loads(raw, 64)
+    cut = caught.value.value
+    # What comes before the deep part is kept (brackets inside strings are no nesting),
+    # the deep part is nested exactly CUT_DEPTH levels, and what follows it is dropped.
+    assert list(cut) == ["a", "b"] and cut["a"] == '[{"'
+    assert exactjson.depth(cut["b"], 10_000) == exactjson.CUT_DEPTH - 1
+
+
+def test_a_body_within_the_cut_depth_is_not_cut():
+    raw = b"[" * exactjson.CUT_DEPTH + b"]" * exactjson.CUT_DEPTH
+    assert exactjson.cut_deep(raw) is None
+
+
+def test_what_is_not_json_before_the_cut_is_a_bad_request():
+    with pytest.raises(BadRequest):
+        exactjson.loads(b'{"a": 1 2, "b": ' + b"[" * 2000 + b"]" * 2000 + b"}", 64)
+
+
+@pytest.mark.parametrize("number", ["1e300", "1e99", "1E+99", "-1e-300", "1.5e4000"])
+def test_a_body_is_bounded_by_its_size_with_numbers_written_out(number):
+    raw = ("[" + ",".join([number] * 10) + "]").encode()
+    written = len(raw) + exactjson.expansion(raw, exactjson.loads(raw, 64))
+    assert written > 10 * 99
+    assert exactjson.loads(raw, 64, max_bytes=written) is not None
+    with pytest.raises(PayloadTooLarge) as caught:
+        exactjson.loads(raw, 64, max_bytes=written - 1)
+    assert "GATEWAY_MAX_BODY_BYTES" in caught.value.detail
+
+
+def test_a_body_without_exponents_is_bounded_by_its_size_as_sent():
+    raw = b'{"a": [1, 2.5, "1e300"], "b": 123456789}'
+    assert exactjson.loads(raw, 64, max_bytes=len(raw)) is not None
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        (b'{"a": 1, "a": 1}', "a"),
+        (b'[{"x": {"y": 1, "z": 2, "y": 3}}]', "y"),
+        (b'{"a": {"a": 1}, "b": {"a": 2}}', None),
+        (b'{"\\u0061": 1, "a": 2}', "a"),
+        (b"[1e400, 12345678901234567890]", None),
+    ],
+)
+def test_repeated_keys_are_found_in_any_object(raw, key):
+    assert exactjson.repeated_key(raw) == key
