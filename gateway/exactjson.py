@@ -34,7 +34,12 @@ _SURROGATE = re.compile("[\\ud800-\\udfff]")
 # so such a number could not be read back by a Python daemon either.
 MAX_NUMBER_CHARS = 4300
 _EXPONENT = re.compile(r"\d[eE]")
-_EXPONENT_BYTES = re.compile(rb"\d[eE]")
+# A number with an exponent where JSON text may hold a number: at the start, or after
+# `[`, `,` or `:`. Ids in strings ("…-2e4f…") do not match, so a body of UUIDs (a batch
+# of acknowledgements) is not walked; a string that looks like such text just is.
+_EXPONENT_NUMBER = r"(?:^|[\[,:])\s*-?\d+(?:\.\d+)?[eE]"
+_EXPONENT_NUMBER_TEXT = re.compile(_EXPONENT_NUMBER)
+_EXPONENT_NUMBER_BYTES = re.compile(_EXPONENT_NUMBER.encode())
 # Levels of a body kept when it nests deeper than the parsers go (orjson stops at 1,024,
 # the standard library's recursion near 1,000): far above any field's limit
 # (GATEWAY_MAX_JSON_DEPTH is at most 200), so what is cut is refused as too deep anyway.
@@ -103,14 +108,19 @@ def _parse_float(text: str) -> float | ExactNumber:
     return ExactNumber(text)
 
 
+def may_expand(text: str | bytes) -> bool:
+    """True when JSON `text` may hold a number written with an exponent, which Postgres
+    writes out in full; False when it cannot (found without parsing it)."""
+    if isinstance(text, bytes):
+        return _EXPONENT_NUMBER_BYTES.search(text) is not None
+    return ("e" in text or "E" in text) and _EXPONENT_NUMBER_TEXT.search(text) is not None
+
+
 def expansion(text: str | bytes, value: Any) -> int:
     """How many characters longer `value` (serialized as `text`, or parsed from it)
     comes back from Postgres, which writes every number out in full. 0 when no number
     in `text` has an exponent (the usual case, found without walking the value)."""
-    if isinstance(text, bytes):
-        if not _EXPONENT_BYTES.search(text):
-            return 0
-    elif ("e" not in text and "E" not in text) or not _EXPONENT.search(text):
+    if not may_expand(text):
         return 0
     extra = 0
     stack = [value]

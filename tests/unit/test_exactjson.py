@@ -203,3 +203,19 @@ def test_a_body_without_exponents_is_bounded_by_its_size_as_sent():
 )
 def test_repeated_keys_are_found_in_any_object(raw, key):
     assert exactjson.repeated_key(raw) == key
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b"1e5", True),
+        (b'{"a": -12.5E+3}', True),
+        (b"[1,\n 2e1]", True),
+        (b'{"lease_id": "0b1e2e3f-2e4f-4e5f-9e6f-7e8f9e0f1e2f", "n": 12}', False),
+        (b'{"a": "x1e5", "b": 1.5}', False),
+    ],
+)
+def test_only_text_with_a_number_written_with_an_exponent_may_expand(raw, expected):
+    # A batch of acknowledgements is all UUIDs: it is not walked for numbers.
+    assert exactjson.may_expand(raw) is expected
+    assert exactjson.may_expand(raw.decode()) is expected
