@@ -34,12 +34,18 @@ _SURROGATE = re.compile("[\\ud800-\\udfff]")
 # so such a number could not be read back by a Python daemon either.
 MAX_NUMBER_CHARS = 4300
 _EXPONENT = re.compile(r"\d[eE]")
-# A number with an exponent where JSON text may hold a number: at the start, or after
-# `[`, `,` or `:`. Ids in strings ("…-2e4f…") do not match, so a body of UUIDs (a batch
-# of acknowledgements) is not walked; a string that looks like such text just is.
-_EXPONENT_NUMBER = r"(?:^|[\[,:])\s*-?\d+(?:\.\d+)?[eE]"
+_EXPONENT_BYTES = re.compile(rb"\d[eE]")
+# A number with an exponent where JSON text may hold a number: after `[`, `,` or `:`,
+# or (matched at the start only) as the whole text. Ids in strings ("…-2e4f…") do not
+# match, so a body of UUIDs (a batch of acknowledgements) is not walked; a string that
+# looks like such text just is. Possessive, and with no `^|` alternative in the searched
+# pattern, which tripled its time.
+_EXPONENT_NUMBER = r"[\[,:]\s*+-?\d++(?:\.\d++)?[eE]"
 _EXPONENT_NUMBER_TEXT = re.compile(_EXPONENT_NUMBER)
 _EXPONENT_NUMBER_BYTES = re.compile(_EXPONENT_NUMBER.encode())
+_EXPONENT_FIRST = r"\s*+-?\d++(?:\.\d++)?[eE]"
+_EXPONENT_FIRST_TEXT = re.compile(_EXPONENT_FIRST)
+_EXPONENT_FIRST_BYTES = re.compile(_EXPONENT_FIRST.encode())
 # Levels of a body kept when it nests deeper than the parsers go (orjson stops at 1,024,
 # the standard library's recursion near 1,000): far above any field's limit
 # (GATEWAY_MAX_JSON_DEPTH is at most 200), so what is cut is refused as too deep anyway.
@@ -110,10 +116,15 @@ def _parse_float(text: str) -> float | ExactNumber:
 
 def may_expand(text: str | bytes) -> bool:
     """True when JSON `text` may hold a number written with an exponent, which Postgres
-    writes out in full; False when it cannot (found without parsing it)."""
+    writes out in full; False when it cannot (found without parsing it). A digit then
+    an `e` is looked for first: most bodies have none, and it takes no time."""
     if isinstance(text, bytes):
-        return _EXPONENT_NUMBER_BYTES.search(text) is not None
-    return ("e" in text or "E" in text) and _EXPONENT_NUMBER_TEXT.search(text) is not None
+        if not _EXPONENT_BYTES.search(text):
+            return False
+        return bool(_EXPONENT_NUMBER_BYTES.search(text) or _EXPONENT_FIRST_BYTES.match(text))
+    if not _EXPONENT.search(text):
+        return False
+    return bool(_EXPONENT_NUMBER_TEXT.search(text) or _EXPONENT_FIRST_TEXT.match(text))
 
 
 def expansion(text: str | bytes, value: Any) -> int:

@@ -174,22 +174,18 @@ def decode_json(
 
 def _nested_too_deep(cut: Any, max_depth: int, name: str) -> ValidationFailed:
     """The refusal of a body nested deeper than the parsers go, `cut` being what they
-    read of it (exactjson.NestedTooDeep): the answer a body nested just within their
-    reach gets. It names a top-level field, or a field of an item of a batch's `tasks`
-    (`tasks[3].payload`, as the batch parsers name it); `name` for a body that is not
-    an object."""
-    if not isinstance(cut, dict):
+    read of it (exactjson.NestedTooDeep), whose deep part is last at every level: the
+    answer a body nested just within their reach gets. It names a top-level field, or
+    a field of an item of a batch's `tasks` (`tasks[3].payload`, as the batch parsers
+    name it); `name` for a body that is not an object."""
+    if not isinstance(cut, dict) or not cut:
         return too_deep(name, max_depth)
-    for key, value in cut.items():
-        if exactjson.depth(value, max_depth) <= max_depth:
-            continue
-        if key == _BATCH_ITEMS and isinstance(value, list):
-            for index, item in enumerate(value):
-                for inner, field in item.items() if isinstance(item, dict) else ():
-                    if exactjson.depth(field, max_depth) > max_depth:
-                        return in_item(too_deep(inner, max_depth), index)
-        return too_deep(str(key)[:100], max_depth)
-    return too_deep(name, max_depth)  # not reached: the cut nests deeper than any limit
+    key, value = next(reversed(cut.items()))
+    if key == _BATCH_ITEMS and isinstance(value, list) and value and isinstance(value[-1], dict):
+        item = value[-1]
+        if item:
+            return in_item(too_deep(next(reversed(item)), max_depth), len(value) - 1)
+    return too_deep(str(key)[:100], max_depth)
 
 
 def header_text(raw: str | None, field: str) -> str | None:
