@@ -152,6 +152,7 @@ def principal_of(row: Mapping[str, Any]) -> Principal:
         name=row["name"],
         scopes=frozenset(Scope(s) for s in row["scopes"]),
         runtimes=None if runtimes is None else tuple(runtimes),
+        token_id=row["id"],
     )
 
 

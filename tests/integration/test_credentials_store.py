@@ -43,7 +43,7 @@ async def test_a_token_is_stored_as_the_hash_of_its_secret(creds, conn):
     assert bytes(stored["secret_hash"]) == hash_token(secret)
     assert all(secret not in str(value) for value in stored.values())
     assert await creds.principal_by_hash(hash_token(secret)) == Principal(
-        name, frozenset({Scope.READ}), None
+        name, frozenset({Scope.READ}), None, row["id"]
     )
     assert await creds.principal_by_hash(hash_token(secret + "x")) is None
 
