@@ -10,8 +10,6 @@ the token they were issued to.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -19,7 +17,7 @@ from .auth import Principal
 from .cursors import REFUSED, CursorSeal
 from .errors import ValidationFailed
 from .httpio import json_response
-from .models import RUNTIME_ID_RE
+from .models import RUNTIME_ID_RE, parse_limit
 from .runtime import Gateway
 from .schema import Body, Field, Kind
 from .store_runtimes import summarize_runtimes, walk_runtimes
@@ -79,19 +77,6 @@ def _bound_to(principal: Principal | None) -> bytes:
     return b"" if principal is None else principal.identity
 
 
-def parse_limit(params: Mapping[str, str]) -> int:
-    """`limit`, 1 to MAX_LIMIT (DEFAULT_LIMIT when absent), or 422 naming it."""
-    raw = params.get("limit", str(DEFAULT_LIMIT))
-    digits = raw.lstrip("0") or "0"  # int() refuses over 4300 digits with its own error
-    if (
-        not (digits.isascii() and digits.isdigit())
-        or len(digits) > len(str(MAX_LIMIT))
-        or not 1 <= int(digits) <= MAX_LIMIT
-    ):
-        raise ValidationFailed(f"limit must be an integer from 1 to {MAX_LIMIT}", field="limit")
-    return int(digits)
-
-
 def page_of(
     walked: list[str], limit: int, walk: int, principal: Principal | None
 ) -> tuple[list[str], str | None]:
@@ -111,7 +96,7 @@ async def list_runtimes(request: Request, gw: Gateway) -> Response:
     """A page of runtimes with live tasks: counts from Postgres, parked pollers and
     tasks handed out in the last minute over every instance."""
     params = request.query_params
-    limit = parse_limit(params)
+    limit = parse_limit(params, RUNTIMES_QUERY["limit"])
     cursor = params.get("cursor")
     principal: Principal | None = request.state.principal
     after = decode_cursor(gw.runtime_cursors, cursor, principal) if cursor else ""
