@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import credentials
+from . import credentials, models
 from .errors import NotFound, ValidationFailed
 from .httpio import json_response, read_json
 
@@ -47,8 +47,27 @@ async def create_token(request: Request, gw: Gateway) -> Response:
 
 
 async def list_tokens(request: Request, gw: Gateway) -> Response:
-    rows = await gw.credentials.list_tokens(_include_revoked(request.query_params))
-    return json_response({"tokens": [credentials.token_json(r) for r in rows]})
+    """A page of tokens, oldest first, with the cursor after its last one while more
+    follow: that token's (created_at, id) in base64, as the task listing's cursor is.
+    It need not be sealed as the runtimes listing's is (cursors.py): only an admin
+    lists tokens, and an admin sees every one."""
+    params = request.query_params
+    include_revoked = _include_revoked(params)
+    limit = models.parse_limit(params, credentials.TOKENS_LIMIT)
+    cursor = params.get("cursor")
+    after = models.decode_cursor(cursor) if cursor else None
+    # One more than the page shows, so that a full page knows whether more follow.
+    rows = await gw.credentials.list_tokens(include_revoked, limit + 1, after)
+    page = rows[:limit]
+    last = page[-1] if len(rows) > limit else None
+    return json_response(
+        {
+            "tokens": [credentials.token_json(r) for r in page],
+            "next_cursor": (
+                None if last is None else models.keyset_cursor(last["created_at"], last["id"])
+            ),
+        }
+    )
 
 
 async def revoke_token(request: Request, gw: Gateway) -> Response:

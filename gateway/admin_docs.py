@@ -128,18 +128,43 @@ CREATE_TOKEN = Doc(
     body=TOKEN_REQUEST,
     errors=(AlreadyExists,),
 )
+TOKENS_QUERY = Body(
+    "TokensQuery",
+    "A page of tokens, oldest first.",
+    (
+        INCLUDE_REVOKED["include_revoked"],
+        credentials.TOKENS_LIMIT,
+        Field("cursor", Kind.STRING, "The next_cursor of the previous page."),
+    ),
+)
 LIST_TOKENS = Doc(
     "listTokens",
     "List API tokens, never their secrets",
     (
         Reply(
             200,
-            "Live tokens, oldest first.",
-            _list("tokens", _object([*_TOKEN_BASE, "revoked_at"], {**_TOKEN_BASE, **_REVOKED})),
+            "A page of tokens (live ones, unless include_revoked), oldest first; next_cursor "
+            "is null on the last one.",
+            _object(
+                ["tokens", "next_cursor"],
+                {
+                    "tokens": {
+                        "type": "array",
+                        "items": _object([*_TOKEN_BASE, "revoked_at"], {**_TOKEN_BASE, **_REVOKED}),
+                    },
+                    "next_cursor": {
+                        "type": ["string", "null"],
+                        "description": "Where the next page starts; null on the last one.",
+                    },
+                },
+            ),
         ),
     ),
+    f"At most `limit` ({credentials.MAX_TOKENS_PAGE} at most) tokens per page; pass "
+    "`next_cursor` back as `cursor` for the next page. A bad `limit` or `cursor` is `422` "
+    "naming it.",
     tag="admin",
-    query=INCLUDE_REVOKED,
+    query=TOKENS_QUERY,
 )
 REVOKE_TOKEN = _revoke("revokeToken", "token", "token_id")
 CREATE_WEBHOOK_SECRET = Doc(

@@ -17,6 +17,7 @@ import hashlib
 import hmac
 import re
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
@@ -63,11 +64,23 @@ def glob_match(pattern: str, runtime_id: str) -> bool:
 
 @dataclass(frozen=True)
 class Principal:
-    """An authenticated caller. `runtimes` None means every runtime."""
+    """An authenticated caller. `runtimes` None means every runtime. `token_id` is the
+    issued token's id; None for the bootstrap admin (GATEWAY_ADMIN_TOKEN, or anyone
+    with GATEWAY_AUTH=off)."""
 
     name: str
     scopes: frozenset[Scope]
     runtimes: tuple[str, ...] | None = None
+    token_id: uuid.UUID | None = None
+
+    @property
+    def identity(self) -> bytes:
+        """Who this is, as bytes that differ between any two tokens (ids, not names,
+        since a revoked token's name may be given again); what a sealed cursor is bound
+        to (cursors.py)."""
+        if self.token_id is not None:
+            return b"token:" + self.token_id.bytes
+        return b"principal:" + self.name.encode()
 
     @property
     def all_runtimes(self) -> bool:

@@ -19,6 +19,7 @@ from . import credentials as c
 from .errors import AlreadyExists, GatewayError, ValidationFailed
 from .metrics import Metrics
 from .store import Store
+from .store_base import Row
 
 
 def _credentials(prog: str, command: Callable[[c.Credentials], Awaitable[int]]) -> int:
@@ -72,6 +73,19 @@ def _created(kind: str, out: dict[str, Any], secret_key: str, as_json: bool) -> 
     )
 
 
+async def _every_token(creds: c.Credentials, include_revoked: bool) -> list[Row]:
+    """Every token, oldest first, read a page (MAX_TOKENS_PAGE) at a time, each page
+    starting after the last one's (created_at, id), as the API's next_cursor does."""
+    rows: list[Row] = []
+    after = None
+    while True:
+        page = await creds.list_tokens(include_revoked, c.MAX_TOKENS_PAGE, after)
+        rows += page
+        if len(page) < c.MAX_TOKENS_PAGE:
+            return rows
+        after = (page[-1]["created_at"], page[-1]["id"])
+
+
 def cmd_token(args: argparse.Namespace) -> int:
     prog = f"gateway token {args.action}"
     if args.action == "create":
@@ -88,7 +102,7 @@ def cmd_token(args: argparse.Namespace) -> int:
             row, secret = await creds.create_token(spec)
             _created("token", c.token_json(row, secret), "token", args.json)
         elif args.action == "list":
-            rows = await creds.list_tokens(args.all)
+            rows = await _every_token(creds, args.all)
             _show([c.token_json(r) for r in rows], "tokens", args.json)
         else:
             row = await creds.revoke_token(c.parse_ref(args.ref))

@@ -15,6 +15,7 @@ import secrets
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -23,6 +24,7 @@ from . import queries as q
 from .auth import RUNTIME_PATTERN_RE, TOKEN_PREFIX, Principal, Scope, hash_token
 from .errors import AlreadyExists, NotFound, ValidationFailed
 from .models import format_time
+from .schema import Field, Kind
 from .store import Store
 from .store_base import Row
 
@@ -31,6 +33,12 @@ WEBHOOK_KEY_BYTES = 32  # Standard Webhooks asks for 24 to 64 random bytes
 TOKEN_SECRET_BYTES = 32
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,99}$")
 MAX_PATTERNS = 100
+# The token listing's page (GET /v1/admin/tokens, `gateway token list`), as the other
+# listings page.
+MAX_TOKENS_PAGE = 1000
+TOKENS_LIMIT = Field(
+    "limit", Kind.INTEGER, "Tokens per page.", default=100, minimum=1, maximum=MAX_TOKENS_PAGE
+)
 TOKEN_FIELDS = frozenset({"name", "scopes", "runtimes"})
 WEBHOOK_SECRET_FIELDS = frozenset({"name", "runtimes"})
 
@@ -152,6 +160,7 @@ def principal_of(row: Mapping[str, Any]) -> Principal:
         name=row["name"],
         scopes=frozenset(Scope(s) for s in row["scopes"]),
         runtimes=None if runtimes is None else tuple(runtimes),
+        token_id=row["id"],
     )
 
 
@@ -230,9 +239,19 @@ class Credentials:
         )
         return row, secret
 
-    async def list_tokens(self, include_revoked: bool = False) -> list[Row]:
-        """Live tokens (or all), oldest first; rows hold no secret."""
-        return await self._store.run(lambda c: c.fetch(q.LIST_TOKENS, include_revoked))
+    async def list_tokens(
+        self,
+        include_revoked: bool = False,
+        limit: int = MAX_TOKENS_PAGE,
+        after: tuple[datetime, uuid.UUID] | None = None,
+    ) -> list[Row]:
+        """A page of live tokens (or all), oldest first: at most `limit`, after the
+        (created_at, id) of the last one of the previous page (None: from the first);
+        rows hold no secret."""
+        since, last_id = after or (None, None)
+        return await self._store.run(
+            lambda c: c.fetch(q.LIST_TOKENS, include_revoked, since, last_id, limit)
+        )
 
     async def revoke_token(self, ref: uuid.UUID | str) -> Row:
         """Revoke by id (idempotent: a revoked token keeps its first revoked_at) or by

@@ -302,7 +302,9 @@ LIST_RUNTIMES = Doc(
     f"`limit` ({MAX_RUNTIMES_LIMIT} at most) per page. A token limited to runtime patterns "
     f"sees only the runtimes they cover: each page looks at {PATTERN_WALK} runtimes at "
     "most, so its page may hold fewer than `limit`, even none, with a next_cursor to go on "
-    "from.",
+    "from. A next_cursor is opaque and only good for the token it was given to: any other "
+    "cursor, or one made before the server's admin token changed, is `422` naming `cursor` "
+    "(list again from the first page).",
     tag="producers",
     query=RUNTIMES_QUERY,
 )

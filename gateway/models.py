@@ -42,6 +42,7 @@ from .errors import BadRequest, NotFound, PayloadTooLarge, ValidationFailed
 from .rows import TaskRow
 from .schema import EARLIEST, LATEST, Field, in_item, json_text, resolve, too_deep
 
+RUNTIME_ID_MAX_CHARS = 128
 RUNTIME_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 DEFAULT_MAX_DEPTH = 64  # GATEWAY_MAX_JSON_DEPTH
 # Levels a body may add around a payload: {"tasks": [{"payload": ...}]}.
@@ -414,11 +415,19 @@ def parse_batch(
 
 
 def encode_cursor(row: TaskRow) -> str:
-    raw = f"{row.created_at.astimezone(UTC).isoformat()}|{row.id}"
+    return keyset_cursor(row.created_at, row.id)
+
+
+def keyset_cursor(created_at: datetime, row_id: uuid.UUID) -> str:
+    """The cursor after a row of a listing ordered by (created_at, id), for a caller who
+    may see every row of it (a runtime's tasks, the tokens): opaque to clients, but not
+    sealed, since it names a row the caller was just shown."""
+    raw = f"{created_at.astimezone(UTC).isoformat()}|{row_id}"
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    """The (created_at, id) a keyset_cursor continues after, or 422 naming `cursor`."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         created, task_id = raw.split("|")
@@ -445,10 +454,17 @@ def parse_list_query(params: Mapping[str, str]) -> ListQuery:
     status = params.get("status") or None
     if status is not None and status not in statuses:
         raise ValidationFailed(f"status must be one of {', '.join(statuses)}", field="status")
-    limit = LIST_QUERY["limit"]
+    limit = parse_limit(params, LIST_QUERY["limit"])
+    cursor = params.get("cursor")
+    return ListQuery(status, limit, decode_cursor(cursor) if cursor else None)
+
+
+def parse_limit(params: Mapping[str, str], limit: Field) -> int:
+    """A listing's `limit` query parameter, within the field's bounds (its default when
+    absent), or 422 naming it."""
     low, high = limit.minimum, limit.maximum
     assert isinstance(low, int) and isinstance(high, int)
-    raw_limit = params.get("limit", str(limit.default))
+    raw_limit = params.get(limit.name, str(limit.default))
     # Leading zeros off first: int() refuses over 4300 digits with an error of its own.
     digits = raw_limit.lstrip("0") or "0"
     if (
@@ -456,6 +472,7 @@ def parse_list_query(params: Mapping[str, str]) -> ListQuery:
         or len(digits) > len(str(high))
         or not low <= int(digits) <= high
     ):
-        raise ValidationFailed(f"limit must be an integer from {low} to {high}", field="limit")
-    cursor = params.get("cursor")
-    return ListQuery(status, int(digits), decode_cursor(cursor) if cursor else None)
+        raise ValidationFailed(
+            f"{limit.name} must be an integer from {low} to {high}", field=limit.name
+        )
+    return int(digits)

@@ -922,9 +922,17 @@ LIVE_TOKEN_BY_HASH = f"""
 SELECT {TOKEN_COLUMNS} FROM api_tokens WHERE secret_hash = $1 AND revoked_at IS NULL
 """
 
-# Live tokens, or every token when $1, oldest first.
+# A page of live tokens, or of every token when $1, oldest first: at most $4 after
+# (created_at, id) = ($2, $3), keyset paged on api_tokens_listing_idx (migration 0010).
+# The first page passes NULLs, which start before any token; the row comparison stays a
+# range of the index under a generic plan too.
 LIST_TOKENS = f"""
-SELECT {TOKEN_COLUMNS} FROM api_tokens WHERE $1 OR revoked_at IS NULL ORDER BY created_at, id
+SELECT {TOKEN_COLUMNS} FROM api_tokens
+ WHERE ($1 OR revoked_at IS NULL)
+   AND (created_at, id) > (COALESCE($2::timestamptz, '-infinity'),
+                           COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000'))
+ ORDER BY created_at, id
+ LIMIT $4
 """
 
 # Revoking twice keeps the first revoked_at, so a repeated revoke is harmless.

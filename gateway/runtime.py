@@ -22,9 +22,11 @@ from .claim import Claimer
 from .completions import Completions
 from .controls import RuntimeControls
 from .credentials import Credentials
+from .cursors import CursorSeal
 from .errors import ConfigError, GatewayError
 from .janitor import Janitor
 from .metrics import Metrics
+from .models import RUNTIME_ID_MAX_CHARS
 from .parked import ParkedReport
 from .redis_modes import CommandClient, PubSubSource, command_client, pubsub_client
 from .results import Results
@@ -62,6 +64,11 @@ class Gateway:
         self.credentials = Credentials(self.store)
         self.auth = Authenticator(settings, self.credentials.principal_by_hash)
         self.webhooks = Verifier(self.credentials.webhook_keys)
+        # The runtimes listing's cursors (runtimes.py), keyed from the admin token that
+        # every replica holds, so that any replica opens another's cursor (cursors.py).
+        self.runtime_cursors = CursorSeal(
+            settings.admin_token or "", "runtimes", RUNTIME_ID_MAX_CHARS
+        )
         timeout = settings.redis_timeout_seconds
         mode, master = settings.redis_mode, settings.redis_sentinel_master
         commands: CommandClient

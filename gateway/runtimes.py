@@ -3,22 +3,21 @@ counts, a page at a time in runtime id order (the console's first page).
 
 Only runtimes holding a queued, scheduled or claimed task are listed: the listing reads
 the live rows' partial indexes, so its cost follows the live tasks and not the finished
-history. A token limited to runtime patterns sees only the runtimes they cover.
+history. A token limited to runtime patterns sees only the runtimes they cover, and
+its cursors tell it nothing of the others: they are sealed (cursors.py) and bound to
+the token they were issued to.
 """
 
 from __future__ import annotations
-
-import base64
-import binascii
-from collections.abc import Mapping
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from .auth import Principal
+from .cursors import REFUSED, CursorSeal
 from .errors import ValidationFailed
 from .httpio import json_response
-from .models import RUNTIME_ID_RE
+from .models import RUNTIME_ID_RE, parse_limit
 from .runtime import Gateway
 from .schema import Body, Field, Kind
 from .store_runtimes import summarize_runtimes, walk_runtimes
@@ -42,53 +41,54 @@ RUNTIMES_QUERY = Body(
             minimum=1,
             maximum=MAX_LIMIT,
         ),
-        Field("cursor", Kind.STRING, "The next_cursor of the previous page."),
+        Field(
+            "cursor",
+            Kind.STRING,
+            "The next_cursor of the previous page, as this token received it: opaque, "
+            "and refused from another token.",
+        ),
     ),
 )
 
 
-def encode_cursor(runtime_id: str) -> str:
-    """The cursor after `runtime_id`: opaque to clients, base64url without padding."""
-    return base64.urlsafe_b64encode(runtime_id.encode()).decode().rstrip("=")
+def encode_cursor(seal: CursorSeal, runtime_id: str, principal: Principal | None) -> str:
+    """The cursor after `runtime_id`, sealed for the caller (cursors.py).
+
+    The runtime it names is often one the caller may not see: for a token limited to
+    patterns, a walk that ends short of the page goes on after the last runtime it
+    walked, covered or not. Sealed, the cursor tells the caller nothing of it, and the
+    caller cannot write one for a place of its choosing (which would let it ask which
+    runtime follows any name), nor use another caller's."""
+    return seal.seal(runtime_id.encode(), _bound_to(principal))
 
 
-def decode_cursor(cursor: str) -> str:
-    """The runtime id a cursor continues after, or 422 naming `cursor`."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        raw = ""
+def decode_cursor(seal: CursorSeal, cursor: str, principal: Principal | None) -> str:
+    """The runtime id a cursor issued to this caller continues after, or 422 naming
+    `cursor` for any other text: made up, altered, issued to another token (or by a
+    server with another admin token: the client then lists again from the start)."""
+    raw = seal.open(cursor, _bound_to(principal)).decode("ascii", "replace")
     if not RUNTIME_ID_RE.fullmatch(raw):
-        raise ValidationFailed(
-            "cursor is not one this server returned as next_cursor", field="cursor"
-        )
+        raise ValidationFailed(REFUSED, field="cursor")
     return raw
 
 
-def parse_limit(params: Mapping[str, str]) -> int:
-    """`limit`, 1 to MAX_LIMIT (DEFAULT_LIMIT when absent), or 422 naming it."""
-    raw = params.get("limit", str(DEFAULT_LIMIT))
-    digits = raw.lstrip("0") or "0"  # int() refuses over 4300 digits with its own error
-    if (
-        not (digits.isascii() and digits.isdigit())
-        or len(digits) > len(str(MAX_LIMIT))
-        or not 1 <= int(digits) <= MAX_LIMIT
-    ):
-        raise ValidationFailed(f"limit must be an integer from 1 to {MAX_LIMIT}", field="limit")
-    return int(digits)
+def _bound_to(principal: Principal | None) -> bytes:
+    # No principal: authentication is off, and every caller is the same admin.
+    return b"" if principal is None else principal.identity
 
 
 def page_of(
     walked: list[str], limit: int, walk: int, principal: Principal | None
 ) -> tuple[list[str], str | None]:
-    """The page among the runtimes walked (at most `walk` of them), and the cursor to go
-    on from: after the page's last runtime when the page is full, after the last one
-    walked when the walk may have stopped short of the end, else None."""
+    """The page among the runtimes walked (at most `walk` of them), and the runtime id
+    to go on after: the page's last runtime when the page is full, the last one walked
+    (perhaps one the principal does not cover) when the walk may have stopped short of
+    the end, else None."""
     visible = [r for r in walked if principal is None or principal.covers(r)]
     if len(visible) > limit:
-        return visible[:limit], encode_cursor(visible[limit - 1])
+        return visible[:limit], visible[limit - 1]
     if len(walked) >= walk:
-        return visible, encode_cursor(walked[-1])
+        return visible, walked[-1]
     return visible, None
 
 
@@ -96,10 +96,10 @@ async def list_runtimes(request: Request, gw: Gateway) -> Response:
     """A page of runtimes with live tasks: counts from Postgres, parked pollers and
     tasks handed out in the last minute over every instance."""
     params = request.query_params
-    limit = parse_limit(params)
+    limit = parse_limit(params, RUNTIMES_QUERY["limit"])
     cursor = params.get("cursor")
-    after = decode_cursor(cursor) if cursor else ""
     principal: Principal | None = request.state.principal
+    after = decode_cursor(gw.runtime_cursors, cursor, principal) if cursor else ""
     # One more than the page shows, so that a full page knows whether more follow.
     walk = limit + 1
     prefixes = None
@@ -111,7 +111,10 @@ async def list_runtimes(request: Request, gw: Gateway) -> Response:
         if "" in prefixes:
             prefixes = None
     walked = await walk_runtimes(gw.store, after, walk, prefixes)
-    page, next_cursor = page_of(walked, limit, walk, principal)
+    page, resume_after = page_of(walked, limit, walk, principal)
+    next_cursor = (
+        None if resume_after is None else encode_cursor(gw.runtime_cursors, resume_after, principal)
+    )
     rows = await summarize_runtimes(gw.store, page)
     ids = [row.runtime_id for row in rows]
     fleet = await gw.parked.fleet(

@@ -34,6 +34,26 @@ async def make_token(
     return resp.body
 
 
+async def every_token(
+    inst: Instance, query: str = "", limit: int = 1000
+) -> tuple[list[dict[str, Any]], list[int]]:
+    """Every token GET /v1/admin/tokens lists (`query`: more parameters), following
+    next_cursor, and the size of each page."""
+    tokens: list[dict[str, Any]] = []
+    sizes: list[int] = []
+    cursor = None
+    for _ in range(10_000):
+        path = f"/v1/admin/tokens?limit={limit}{query}" + (f"&cursor={cursor}" if cursor else "")
+        resp = await req(inst, "GET", path)
+        assert resp.status == 200, (resp.status, resp.body)
+        tokens += resp.body["tokens"]
+        sizes.append(len(resp.body["tokens"]))
+        cursor = resp.body["next_cursor"]
+        if cursor is None:
+            return tokens, sizes
+    raise AssertionError("the token listing never ended")
+
+
 async def make_secret(inst: Instance, runtimes: list[str]) -> dict[str, Any]:
     """A webhook secret made through the admin API: its JSON, with `secret`."""
     body = {"name": unique("whs"), "runtimes": runtimes}

@@ -21,6 +21,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from gateway.auth import hash_token
+from gateway.credentials import MAX_TOKENS_PAGE
 
 pytestmark = pytest.mark.integration
 
@@ -113,6 +114,34 @@ def test_list_shows_no_secrets_and_hides_revoked_tokens_unless_asked(database_ur
     by_name = {t["name"]: t for t in listed["tokens"]}
     assert set(by_name[live]) == LISTED_TOKEN_FIELDS
     assert by_name[live]["revoked_at"] is None and by_name[gone]["revoked_at"] is not None
+
+
+def test_list_follows_the_pages(database_url):
+    """More live tokens than a page (MAX_TOKENS_PAGE): `token list` prints every one once,
+    in both forms. They share one created_at, so a page ends inside a tie and the next
+    one goes on by id."""
+    prefix = name()
+    count = MAX_TOKENS_PAGE + 1
+    fetch(
+        database_url,
+        "INSERT INTO api_tokens (name, secret_hash, scopes, created_at)"
+        " SELECT $1 || '-' || lpad(i::text, 4, '0'), sha256(convert_to($1 || i, 'UTF8')),"
+        " ARRAY['read'], now() FROM generate_series(1, $2) AS i",
+        prefix,
+        count,
+    )
+    try:
+        mine = [f"{prefix}-{i:04d}" for i in range(1, count + 1)]
+        listed = orjson.loads(cli(database_url, "token", "list", "--json").stdout)["tokens"]
+        names = [t["name"] for t in listed]
+        assert len(names) == len(set(t["id"] for t in listed)) > MAX_TOKENS_PAGE
+        assert sorted(n for n in names if n.startswith(prefix)) == mine
+        done = cli(database_url, "token", "list")
+        assert done.returncode == 0, done.stderr
+        printed = re.findall(re.escape(prefix) + r"-\d{4}", done.stdout)
+        assert sorted(printed) == mine
+    finally:
+        fetch(database_url, "DELETE FROM api_tokens WHERE name LIKE $1 || '-%'", prefix)
 
 
 def test_revoke_by_id_and_by_name(database_url):

@@ -171,6 +171,30 @@ def test_listing_and_stats(served: Served) -> None:
     assert c.call("POST", CLAIM, {"worker_id": "w", "wait_seconds": 0.1}).status_code == 200
 
 
+def test_token_and_runtime_pages(served: Served) -> None:
+    """The paged admin and runtimes listings, with and without a next_cursor."""
+    c = Client(served)
+    for _ in range(2):
+        made = c.call(
+            "POST", "/v1/admin/tokens", {"name": "ans-" + secrets.token_hex(4), "scopes": ["read"]}
+        )
+        assert made.status_code == 201, made.text
+    page = c.call("GET", "/v1/admin/tokens", params={"limit": "1"}).json()
+    assert len(page["tokens"]) == 1 and page["next_cursor"] is not None
+    params = {"limit": "1000", "cursor": page["next_cursor"], "include_revoked": "true"}
+    assert c.call("GET", "/v1/admin/tokens", params=params).status_code == 200
+    bad = c.call("GET", "/v1/admin/tokens", params={"cursor": "nope"})
+    assert (bad.status_code, bad.json()["field"]) == (422, "cursor")
+    for rt in (c.runtime, c.runtime + "-2"):
+        assert c.call("POST", ENQUEUE, {"payload": 1}, rt=rt).status_code == 201
+    runtimes = c.call("GET", "/v1/runtimes", params={"limit": "1"}).json()
+    assert runtimes["next_cursor"] is not None
+    rest = c.call("GET", "/v1/runtimes", params={"cursor": runtimes["next_cursor"]})
+    assert rest.status_code == 200 and rest.json()["runtimes"]
+    forged = c.call("GET", "/v1/runtimes", params={"cursor": "YQ"})  # base64 of "a"
+    assert (forged.status_code, forged.json()["field"]) == (422, "cursor")
+
+
 def test_refusals(served: Served) -> None:
     c = Client(served)
     assert c.call("POST", ENQUEUE, data=b"{").status_code == 400

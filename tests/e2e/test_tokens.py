@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from gateway.auth import TOKEN_CACHE_TTL_SECONDS
-from tests.e2e.credentials_support import make_secret, make_token, rows, unique
+from tests.e2e.credentials_support import every_token, make_secret, make_token, rows, unique
 from tests.e2e.lifecycle_support import (
     assert_problem,
     enqueue,
@@ -34,12 +34,11 @@ async def test_create_answers_the_secret_once(gw):
     assert set(resp.body) == {"id", "name", "scopes", "runtimes", "token", "created_at"}
     assert TOKEN_RE.match(resp.body["token"])
     assert (resp.body["scopes"], resp.body["runtimes"]) == (["read"], ["a"])
-    listed = await req(gw, "GET", "/v1/admin/tokens")
-    assert listed.status == 200
-    [mine] = [t for t in listed.body["tokens"] if t["id"] == resp.body["id"]]
+    listed, _ = await every_token(gw)
+    [mine] = [t for t in listed if t["id"] == resp.body["id"]]
     assert set(mine) == {"id", "name", "scopes", "runtimes", "created_at", "revoked_at"}
     assert mine["revoked_at"] is None
-    assert "gwt_" not in str(listed.body)
+    assert "gwt_" not in str(listed)
 
 
 @pytest.mark.parametrize(
@@ -87,13 +86,55 @@ async def test_revoke(gw, runtime_id):
     refused = await req(gw, "GET", f"/v1/runtimes/{runtime_id}/stats", auth=token["token"])
     assert_problem(refused, 401, "unauthorized")
     assert (await req(gw, "DELETE", f"/v1/admin/tokens/{token['id']}")).status == 204
-    listed = await req(gw, "GET", "/v1/admin/tokens")
-    assert token["id"] not in [t["id"] for t in listed.body["tokens"]]
-    every = await req(gw, "GET", "/v1/admin/tokens?include_revoked=true")
-    [gone] = [t for t in every.body["tokens"] if t["id"] == token["id"]]
+    listed, _ = await every_token(gw)
+    assert token["id"] not in [t["id"] for t in listed]
+    every, _ = await every_token(gw, "&include_revoked=true")
+    [gone] = [t for t in every if t["id"] == token["id"]]
     assert gone["revoked_at"] is not None
     bad = await req(gw, "GET", "/v1/admin/tokens?include_revoked=maybe")
     assert_problem(bad, 422, "validation_failed", "include_revoked")
+
+
+async def test_the_listing_pages_through_more_tokens_than_a_page(gw):
+    """With a small `limit`, every token is listed once, oldest first, a page at a time;
+    revoked ones only with include_revoked, in their place."""
+    made = [await make_token(gw, ["read"], name=unique("page")) for _ in range(7)]
+    gone = made[3]
+    assert (await req(gw, "DELETE", f"/v1/admin/tokens/{gone['id']}")).status == 204
+    live, sizes = await every_token(gw, limit=2)
+    assert all(size == 2 for size in sizes[:-1]) and sizes[-1] <= 2 and len(sizes) >= 4
+    ids = [t["id"] for t in live]
+    assert len(ids) == len(set(ids))
+    assert [i for i in ids if i in {t["id"] for t in made}] == [
+        t["id"] for t in made if t is not gone
+    ]
+    keys = [(t["created_at"], t["id"]) for t in live]
+    assert keys == sorted(keys)  # oldest first (times compare as strings)
+    every, _ = await every_token(gw, "&include_revoked=true", limit=3)
+    assert [t["id"] for t in every if t["id"] in {m["id"] for m in made}] == [t["id"] for t in made]
+    first = await req(gw, "GET", "/v1/admin/tokens?limit=1")
+    assert len(first.body["tokens"]) == 1 and first.body["next_cursor"]
+    whole = await req(gw, "GET", "/v1/admin/tokens?limit=1000")
+    assert whole.body["tokens"][:1] == first.body["tokens"]
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("limit=0", "limit"),
+        ("limit=1001", "limit"),
+        ("limit=-1", "limit"),
+        ("limit=ten", "limit"),
+        ("limit=" + "9" * 5000, "limit"),
+        ("cursor=***", "cursor"),
+        ("cursor=bm9wZQ", "cursor"),  # base64 of "nope"
+        ("cursor=%00", "cursor"),
+        ("include_revoked=maybe&limit=2", "include_revoked"),
+    ],
+)
+async def test_bad_listing_queries_are_422_naming_the_field(gw, query, field):
+    resp = await req(gw, "GET", "/v1/admin/tokens?" + query)
+    assert assert_problem(resp, 422, "validation_failed", field)["field"] == field
 
 
 @pytest.mark.parametrize("token_id", [str(uuid.uuid4()), "not-a-uuid"])

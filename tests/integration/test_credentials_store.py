@@ -43,7 +43,7 @@ async def test_a_token_is_stored_as_the_hash_of_its_secret(creds, conn):
     assert bytes(stored["secret_hash"]) == hash_token(secret)
     assert all(secret not in str(value) for value in stored.values())
     assert await creds.principal_by_hash(hash_token(secret)) == Principal(
-        name, frozenset({Scope.READ}), None
+        name, frozenset({Scope.READ}), None, row["id"]
     )
     assert await creds.principal_by_hash(hash_token(secret + "x")) is None
 
@@ -90,11 +90,27 @@ async def test_list_hides_revoked_tokens_unless_asked(creds):
     live, _ = await creds.create_token(TokenSpec(unique(), (Scope.READ,), None))
     gone, _ = await creds.create_token(TokenSpec(unique(), (Scope.READ,), None))
     await creds.revoke_token(gone["id"])
-    ids = [r["id"] for r in await creds.list_tokens()]
+    # From just before `live`: the session's database holds other tests' tokens too.
+    start = (live["created_at"], uuid.UUID(int=0))
+    ids = [r["id"] for r in await creds.list_tokens(after=start)]
     assert live["id"] in ids and gone["id"] not in ids
-    every = [r["id"] for r in await creds.list_tokens(include_revoked=True)]
+    every = [r["id"] for r in await creds.list_tokens(include_revoked=True, after=start)]
     assert live["id"] in every and gone["id"] in every
     assert every.index(live["id"]) < every.index(gone["id"])  # oldest first
+
+
+async def test_list_pages_after_the_last_token_of_the_previous_page(creds):
+    made = [
+        (await creds.create_token(TokenSpec(unique(), (Scope.READ,), None)))[0] for _ in range(5)
+    ]
+    after = (made[0]["created_at"], uuid.UUID(int=0))
+    seen = []
+    while len(seen) < len(made):
+        page = await creds.list_tokens(limit=2, after=after)
+        assert 1 <= len(page) <= 2
+        seen += [r["id"] for r in page]
+        after = (page[-1]["created_at"], page[-1]["id"])
+    assert seen[: len(made)] == [r["id"] for r in made]
 
 
 async def test_webhook_secrets_by_runtime(creds, conn):
