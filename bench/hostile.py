@@ -495,6 +495,7 @@ async def run(args: argparse.Namespace, servers: Servers, log_path: Path) -> tup
     """Run the phases against a fresh gateway; returns the report and whether it passed."""
     await check_servers(servers)
     env = {
+        **args.gateway_env,
         "GATEWAY_READ_TIMEOUT_SECONDS": f"{args.read_timeout_seconds:g}",
         "GATEWAY_MAX_BODY_BYTES": str(args.max_body_bytes),
         "GATEWAY_MAX_PAYLOAD_BYTES": str(PAYLOAD_BYTES),
@@ -641,7 +642,8 @@ async def _measure(
     out = [
         "claim-gateway hostile clients, against gateway serve with GATEWAY_READ_TIMEOUT_SECONDS="
         f"{args.read_timeout_seconds:g}, GATEWAY_MAX_BODY_BYTES={args.max_body_bytes} and "
-        f"GATEWAY_MAX_PAYLOAD_BYTES={PAYLOAD_BYTES}",
+        f"GATEWAY_MAX_PAYLOAD_BYTES={PAYLOAD_BYTES}"
+        + "".join(f", {key}={value}" for key, value in args.gateway_env.items()),
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; RSS in MiB",
         "",
         f"{'phase':<14}{'clients':>8}{'refused':>9}{'peak RSS':>10}{'growth':>8}"
@@ -698,6 +700,13 @@ def _raise_file_limit(needed: int) -> None:
             "lower --slow or raise the limit (ulimit -Hn)"
         )
     resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
 
 
 def _phases(text: str) -> tuple[str, ...]:
@@ -785,6 +794,15 @@ def parser() -> argparse.ArgumentParser:
         help="how late after the read timeout a slow client may be cut (3)",
     )
     p.add_argument(
+        "--gateway-env",
+        type=_env_pair,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment for the gateway, e.g. GATEWAY_DB_STATEMENT_TIMEOUT_MS=60000 "
+        "(repeatable); the read timeout and the body and payload limits stay the script's",
+    )
+    p.add_argument(
         "--database-url",
         metavar="URL",
         help="Postgres; default $BENCH_DATABASE_URL, else $TEST_DATABASE_URL, else embedded",
@@ -806,6 +824,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
+    args.gateway_env = dict(args.gateway_env)
     if args.clients < 2 or args.slow < 1 or args.unread < 0 or args.read_timeout_seconds < 0.1:
         p.error(
             "--clients must be at least 2, --slow at least 1, --unread at least 0, "
