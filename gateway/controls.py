@@ -81,7 +81,7 @@ CONTROLS_BODY = Body(
             Kind.NUMBER,
             "At most this many tasks leased per second, greater than 0 (a token bucket "
             "whose burst is one second's worth, at least 1); null: no limit.",
-            minimum=0,
+            exclusive_minimum=0,
             maximum=MAX_CLAIMS_PER_SECOND,
         ),
     ),
@@ -179,16 +179,10 @@ def parse_controls(body: Any) -> ControlsChange:
         paused = CONTROLS_BODY["paused"].read(body, {})
     max_in_flight = CONTROLS_BODY["max_in_flight"].read(body, {})
     rate = CONTROLS_BODY["claims_per_second"].read(body, {})
-    if rate is not None and not rate > 0:
-        raise ValidationFailed(
-            f"claims_per_second must be greater than 0 and at most {MAX_CLAIMS_PER_SECOND:g}, "
-            "or null for no limit",
-            field="claims_per_second",
-        )
     return ControlsChange(
         paused=paused,
         max_in_flight=max_in_flight,
-        claims_per_second=None if rate is None else float(rate),
+        claims_per_second=rate,
         sets_max_in_flight="max_in_flight" in body,
         sets_claims_per_second="claims_per_second" in body,
     )

@@ -33,7 +33,7 @@ class Kind(enum.Enum):
     """How a field is read. Unless a kind says otherwise, null is the same as absent."""
 
     INTEGER = "integer"  # a whole number in [minimum, maximum]
-    NUMBER = "number"  # any number in [minimum, maximum]
+    NUMBER = "number"  # any number in [minimum, maximum], or (exclusive_minimum, maximum]
     BOOLEAN = "boolean"  # true or false; null is refused
     STRING = "string"  # non-empty, at most max_length characters, no NUL
     TEXT = "text"  # any string, taken as sent
@@ -72,6 +72,7 @@ class Field:
     default: Any = None  # a value, or a Setting
     minimum: Bound | None = None
     maximum: Bound | None = None
+    exclusive_minimum: Bound | None = None  # NUMBER: values must be greater (not with minimum)
     max_length: int | None = None  # STRING, UUID
     max_bytes: Bound | None = None  # JSON: serialized size
     max_depth: Bound | None = None  # JSON: nesting
@@ -83,7 +84,8 @@ class Field:
 
     def settings(self) -> Iterator[str]:
         """Names of the settings this field's rules depend on."""
-        for value in (self.default, self.minimum, self.maximum, self.max_bytes, self.max_depth):
+        bounds = (self.minimum, self.maximum, self.exclusive_minimum)
+        for value in (self.default, *bounds, self.max_bytes, self.max_depth):
             if isinstance(value, Setting):
                 yield value.name
         if self.items is not None:
@@ -209,7 +211,11 @@ def _number(f: Field, body: Mapping[str, Any], limits: Limits) -> float | None:
         raw = float(raw)  # a duration need not be exact; inf is refused as out of range
     if isinstance(raw, bool) or not isinstance(raw, int | float):
         raise f.fail(f"{f.name} must be a number")
-    if not low <= raw <= high:
+    above = resolve(f.exclusive_minimum, limits)
+    if above is not None:
+        if not above < raw <= high:
+            raise f.fail(f"{f.name} must be greater than {above:g} and at most {high:g}")
+    elif not low <= raw <= high:
         raise f.fail(f"{f.name} must be between {low:g} and {high:g}")
     return float(raw)
 
@@ -352,6 +358,8 @@ def _bounded(json_type: str, f: Field, limits: Limits) -> dict[str, Any]:
     out: dict[str, Any] = {"type": json_type}
     if f.minimum is not None:
         out["minimum"] = resolve(f.minimum, limits)
+    if f.exclusive_minimum is not None:
+        out["exclusiveMinimum"] = resolve(f.exclusive_minimum, limits)
     if f.maximum is not None:
         out["maximum"] = resolve(f.maximum, limits)
     return out

