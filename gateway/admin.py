@@ -15,8 +15,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from . import credentials
-from .errors import NotFound, ValidationFailed
+from .errors import NotFound
 from .httpio import json_response, read_json
+from .schema import Body, Field, Kind, read_query
 
 if TYPE_CHECKING:
     from .runtime import Gateway
@@ -24,12 +25,22 @@ if TYPE_CHECKING:
 # A secret in an answer must not be kept by caches or proxies along the way.
 SECRET_HEADERS = {"Cache-Control": "no-store"}
 
+INCLUDE_REVOKED = Body(
+    "IncludeRevoked",
+    "Listing options.",
+    (
+        Field(
+            "include_revoked",
+            Kind.STRING,
+            "`true` also lists revoked ones, with their revoked_at.",
+            enum=("true", "false", "1", "0"),
+        ),
+    ),
+)
+
 
 def _include_revoked(params: Mapping[str, str]) -> bool:
-    raw = params.get("include_revoked", "false").lower()
-    if raw not in ("true", "false", "1", "0"):
-        raise ValidationFailed("include_revoked must be true or false", field="include_revoked")
-    return raw in ("true", "1")
+    return read_query(INCLUDE_REVOKED["include_revoked"], params, {}) in ("true", "1")
 
 
 def _path_id(request: Request, param: str, kind: str) -> uuid.UUID:

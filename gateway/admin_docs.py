@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import bodies, credentials, webhooks
+from .admin import INCLUDE_REVOKED
 from .auth import RUNTIME_PATTERN_RE, Scope
 from .docs import REPLAYED, TASK, Doc, Param, Reply
 from .errors import AlreadyExists, IdempotencyKeyReused, InvalidSignature, NotFound
@@ -82,18 +83,6 @@ _WEBHOOK_SECRET = {
     }
 }
 NO_STORE = Param("Cache-Control", "The answer holds a secret: never cached.", {"const": "no-store"})
-INCLUDE_REVOKED = Body(
-    "IncludeRevoked",
-    "Listing options.",
-    (
-        Field(
-            "include_revoked",
-            Kind.STRING,
-            "`true` also lists revoked ones, with their revoked_at.",
-            enum=("true", "false", "1", "0"),
-        ),
-    ),
-)
 
 
 def _list(key: str, item: dict[str, Any]) -> dict[str, Any]:

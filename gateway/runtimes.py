@@ -20,7 +20,7 @@ from .errors import ValidationFailed
 from .httpio import json_response
 from .models import RUNTIME_ID_RE
 from .runtime import Gateway
-from .schema import Body, Field, Kind
+from .schema import Body, Field, Kind, read_query
 from .store_runtimes import summarize_runtimes, walk_runtimes
 
 DEFAULT_LIMIT = 100
@@ -97,7 +97,7 @@ async def list_runtimes(request: Request, gw: Gateway) -> Response:
     tasks handed out in the last minute over every instance."""
     params = request.query_params
     limit = parse_limit(params)
-    cursor = params.get("cursor")
+    cursor = read_query(RUNTIMES_QUERY["cursor"], params, {})
     after = decode_cursor(cursor) if cursor else ""
     principal: Principal | None = request.state.principal
     # One more than the page shows, so that a full page knows whether more follow.

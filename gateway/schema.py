@@ -299,6 +299,45 @@ _READERS = {
 }
 
 
+# -- reading a query string -----------------------------------------------------
+
+# A query value read as a number: what a JSON number may be, leading zeros allowed.
+_QUERY_NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$")
+# More digits than any bound a query field has: not read by int() (which refuses over
+# 4300 digits with an error of its own).
+_QUERY_DIGITS = 20
+
+
+def read_query(field: Field, params: Mapping[str, str], limits: Limits) -> Any:
+    """A query parameter read by its field's rules, as a body field is read: absent,
+    its default; present, even empty, a value of its kind, so that `?limit=` or
+    `?cursor=` is a 422 naming the parameter, as the document's schema says, and not
+    the same as leaving it out."""
+    raw = params.get(field.name)
+    if raw is None:
+        return field.read({}, limits)
+    if field.enum and raw not in field.enum:
+        raise field.fail(f"{field.name} must be one of {', '.join(field.enum)}")
+    return field.read({field.name: query_value(field, raw)}, limits)
+
+
+def query_value(field: Field, raw: str) -> Any:
+    """A query string's text as the JSON value its field reads: a number for an
+    INTEGER or NUMBER field, else the text itself."""
+    if field.kind is Kind.INTEGER:
+        digits = raw.removeprefix("-").lstrip("0") or "0"
+        if not (digits.isascii() and digits.isdigit()):
+            raise field.fail(f"{field.name} must be an integer")
+        # Beyond every bound: the reader refuses it as out of range.
+        value = int(digits) if len(digits) <= _QUERY_DIGITS else 10**_QUERY_DIGITS
+        return -value if raw.startswith("-") else value
+    if field.kind is Kind.NUMBER:
+        if not _QUERY_NUMBER.fullmatch(raw):
+            raise field.fail(f"{field.name} must be a number")
+        return float(raw)  # beyond a float's range: inf, refused as out of range
+    return raw
+
+
 def parse_time(field: str, raw: Any) -> datetime:
     if not isinstance(raw, str):
         raise ValidationFailed(f"{field} must be an RFC 3339 time string", field=field)

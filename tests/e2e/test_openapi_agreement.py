@@ -7,6 +7,7 @@ without being named here."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
@@ -61,3 +62,33 @@ async def test_claims_per_second_valid_per_the_document_is_accepted(gw, rate):
     # The answer's schema describes the stored value the same way.
     answer = doc["components"]["schemas"]["Controls"]["properties"]["claims_per_second"]
     assert valid(answer, rate, doc) == valid(schema, body, doc), answer
+
+
+# -- query parameters -------------------------------------------------------------------
+
+
+def query_parameters(doc: dict[str, Any]) -> Iterator[tuple[str, str, str, dict[str, Any]]]:
+    for path, item in doc["paths"].items():
+        for method, operation in item.items():
+            if operation["operationId"] == "receiveWebhook":
+                continue  # its signature is checked before anything else (401)
+            for param in operation.get("parameters", []):
+                if param["in"] == "query":
+                    yield method.upper(), path, param["name"], param["schema"]
+
+
+async def test_an_empty_query_value_is_422_wherever_the_document_forbids_it(gw):
+    """`?name=` for every query parameter of every operation: the document's schema
+    refuses an empty string for each of them (a number, a non-empty string, an enum),
+    so the server must answer 422 naming the parameter, not read it as absent."""
+    doc = await document(gw)
+    found = list(query_parameters(doc))
+    names = {name for _, _, name, _ in found}
+    assert {"cursor", "wait_seconds", "limit", "status", "include_revoked"} <= names, names
+    accepted = []
+    for method, path, name, schema in found:
+        assert not valid(schema, "", doc), (path, name, schema)
+        resp = await req(gw, method, f"{concrete(path)}?{name}=")
+        if resp.status != 422 or resp.body.get("field") != name:
+            accepted.append(f"{method} {path}?{name}= answered {resp.status} {resp.body}")
+    assert not accepted, "\n".join(accepted)

@@ -16,7 +16,7 @@ from gateway import bodies, controls, docs, errors, models, openapi
 from gateway.auth import Scope
 from gateway.errors import ValidationFailed
 from gateway.routes import ENDPOINTS, Endpoint, Target, healthz
-from gateway.schema import RawBody
+from gateway.schema import Kind, RawBody, read_query
 from gateway.settings import Settings
 
 
@@ -404,3 +404,25 @@ def test_every_answer_documents_its_request_id() -> None:
             for status, response in operation["responses"].items():
                 header = response["headers"]["X-Request-ID"]
                 assert header["required"], (method, path, status)
+
+
+QUERIES = [docs.LIST_TASKS.query, docs.GET_TASK.query, docs.LIST_RUNTIMES.query]
+QUERY_FIELDS = [f for q in QUERIES if q is not None for f in q.fields]
+
+
+@pytest.mark.parametrize("field", QUERY_FIELDS, ids=lambda f: f.name)
+def test_a_query_parameter_is_read_by_its_field(field: Any) -> None:
+    """Absent reads as the documented default; empty, or not of its kind, is refused
+    naming it, as the document's schema (no empty string validates) says."""
+    schema = field.json_schema(LIMITS, nullable=False)
+    assert read_query(field, {}, LIMITS) == schema.get("default")
+    assert not jsonschema.Draft202012Validator(schema).is_valid("")
+    for raw in ("", "x" if field.kind is not Kind.STRING else "\x00"):
+        with pytest.raises(ValidationFailed) as info:
+            read_query(field, {field.name: raw}, LIMITS)
+        assert info.value.extra["field"] == field.name
+    if "maximum" in schema:
+        assert read_query(field, {field.name: str(schema["maximum"])}, LIMITS) == schema["maximum"]
+        for raw in (str(schema["maximum"] + 1), "9" * 5000, "-1"):
+            with pytest.raises(ValidationFailed):
+                read_query(field, {field.name: raw}, LIMITS)
