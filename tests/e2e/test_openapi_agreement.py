@@ -92,3 +92,31 @@ async def test_an_empty_query_value_is_422_wherever_the_document_forbids_it(gw):
         if resp.status != 422 or resp.body.get("field") != name:
             accepted.append(f"{method} {path}?{name}= answered {resp.status} {resp.body}")
     assert not accepted, "\n".join(accepted)
+
+
+# -- methods ----------------------------------------------------------------------------
+
+
+def served_methods(item: dict[str, Any]) -> set[str]:
+    """The methods the server answers on a path: the documented ones, and HEAD beside
+    GET (Starlette serves HEAD wherever GET is, and the document leaves it out)."""
+    methods = {method.upper() for method in item}
+    return methods | {"HEAD"} if "GET" in methods else methods
+
+
+async def test_a_method_a_path_lacks_is_405_allowing_every_method_it_has(gw):
+    """For every path of the document, every other method is 405 with an `Allow` that
+    lists exactly the path's methods, however many routes serve them."""
+    doc = await document(gw)
+    wrong = []
+    for path, item in doc["paths"].items():
+        allowed = served_methods(item)
+        for method in sorted(set(METHODS) - allowed):
+            resp = await req(gw, method, concrete(path))
+            header = resp.headers.get("Allow", "")
+            listed = {m.strip() for m in header.split(",") if m.strip()}
+            if resp.status != 405 or listed != allowed:
+                wrong.append((method, path, resp.status, header, sorted(allowed)))
+            elif method != "HEAD":  # a HEAD answer has no body
+                assert_problem(resp, 405, "method_not_allowed")
+    assert not wrong, "\n".join(map(str, wrong))
