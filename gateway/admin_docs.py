@@ -49,10 +49,24 @@ TOKEN_REQUEST = RawBody(
     "TokenRequest",
     "A token to create. Without runtimes it covers every runtime; an admin token "
     "always does, so it may not have any.",
-    _object(
-        ["name", "scopes"],
-        {"name": _NAME, "scopes": _SCOPES, "runtimes": {**_PATTERNS, "type": ["array", "null"]}},
-    ),
+    {
+        **_object(
+            ["name", "scopes"],
+            {
+                "name": _NAME,
+                "scopes": _SCOPES,
+                "runtimes": {**_PATTERNS, "type": ["array", "null"]},
+            },
+        ),
+        # credentials.parse_token_spec: no runtimes beside the admin scope.
+        "not": {
+            "required": ["scopes", "runtimes"],
+            "properties": {
+                "scopes": {"contains": {"const": Scope.ADMIN.value}},
+                "runtimes": {"type": "array"},
+            },
+        },
+    },
 )
 WEBHOOK_SECRET_REQUEST = RawBody(
     "WebhookSecretRequest",

@@ -61,6 +61,7 @@ PAUSE_BODY = Body(
             "left out: until resumed.",
         ),
     ),
+    closed=True,
 )
 
 CONTROLS_BODY = Body(
@@ -85,6 +86,8 @@ CONTROLS_BODY = Body(
             maximum=MAX_CLAIMS_PER_SECOND,
         ),
     ),
+    closed=True,
+    min_fields=1,
 )
 
 
@@ -161,19 +164,7 @@ class ControlsChange:
 
 def parse_controls(body: Any) -> ControlsChange:
     """A PATCH/PUT body, or 422 naming the field. At least one field must be given."""
-    if not isinstance(body, dict):
-        raise ValidationFailed("the body must be a JSON object", field="body")
-    unknown = sorted(set(body) - {f.name for f in CONTROLS_BODY.fields})
-    if unknown:
-        raise ValidationFailed(
-            f"unknown field {unknown[0]!r}; the fields are paused, max_in_flight and "
-            "claims_per_second",
-            field=unknown[0],
-        )
-    if not body:
-        raise ValidationFailed(
-            "give at least one of paused, max_in_flight, claims_per_second", field="body"
-        )
+    CONTROLS_BODY.check_fields(body)
     paused = None
     if "paused" in body:
         paused = CONTROLS_BODY["paused"].read(body, {})
@@ -191,13 +182,7 @@ def parse_controls(body: Any) -> ControlsChange:
 def parse_pause(body: Any, now: datetime | None = None) -> ControlsChange:
     """A pause's body ({} when empty), or 422 naming the field: `until` must be an
     RFC 3339 time after `now` (the wall clock)."""
-    if not isinstance(body, dict):
-        raise ValidationFailed("the body must be a JSON object", field="body")
-    unknown = sorted(set(body) - {f.name for f in PAUSE_BODY.fields})
-    if unknown:
-        raise ValidationFailed(
-            f"unknown field {unknown[0]!r}; the fields are reason and until", field=unknown[0]
-        )
+    PAUSE_BODY.check_fields(body)
     reason = PAUSE_BODY["reason"].read(body, {})
     until = PAUSE_BODY["until"].read(body, {})
     if until is not None and until <= (now or datetime.now(UTC)):

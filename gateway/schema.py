@@ -27,6 +27,11 @@ NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 # Times a request may carry: well inside what both Python and Postgres can store.
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+# An RFC 3339 time with a zone, as a TIME field reads it and the document says it (the
+# `date-time` format alone only annotates: an empty string would be valid).
+TIME_RE = re.compile(
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$"
+)
 
 
 class Kind(enum.Enum):
@@ -126,6 +131,8 @@ class Body:
     description: str
     fields: tuple[Field, ...]
     exclusive: tuple[tuple[str, str], ...] = ()  # pairs that may not both be given
+    closed: bool = False  # a field it does not declare is refused
+    min_fields: int = 0  # fields that must be given at least
 
     def __getitem__(self, name: str) -> Field:
         for field in self.fields:
@@ -135,11 +142,27 @@ class Body:
 
     @property
     def required(self) -> bool:
-        return any(f.required for f in self.fields)
+        """Whether a request must carry the body: a field or min_fields say so."""
+        return self.min_fields > 0 or any(f.required for f in self.fields)
 
     def settings(self) -> Iterator[str]:
         for field in self.fields:
             yield from field.settings()
+
+    def check_fields(self, body: Any) -> None:
+        """For a closed body: an object of its fields only, at least min_fields of them;
+        else ValidationFailed naming what is wrong."""
+        if not isinstance(body, dict):
+            raise ValidationFailed("the body must be a JSON object", field="body")
+        names = [f.name for f in self.fields]
+        unknown = sorted(set(body) - set(names))
+        if self.closed and unknown:
+            raise ValidationFailed(
+                f"unknown field {unknown[0]!r}; the fields are {', '.join(names)}",
+                field=unknown[0],
+            )
+        if len(body) < self.min_fields:
+            raise ValidationFailed(f"give at least one of {', '.join(names)}", field="body")
 
     def check_exclusive(self, body: Mapping[str, Any]) -> None:
         for first, second in self.exclusive:
@@ -155,6 +178,10 @@ class Body:
         required = [f.name for f in self.fields if f.required]
         if required:
             out["required"] = required
+        if self.closed:
+            out["additionalProperties"] = False
+        if self.min_fields:
+            out["minProperties"] = self.min_fields
         for first, second in self.exclusive:
             given = {"not": {"type": "null"}}
             out.setdefault("allOf", []).append(
@@ -342,6 +369,8 @@ def parse_time(field: str, raw: Any) -> datetime:
     if not isinstance(raw, str):
         raise ValidationFailed(f"{field} must be an RFC 3339 time string", field=field)
     try:
+        if not TIME_RE.fullmatch(raw):
+            raise ValueError(raw)
         value = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
         raise ValidationFailed(
@@ -450,7 +479,11 @@ _SCHEMAS: dict[Kind, Any] = {
     Kind.STRING: _string_schema,
     Kind.TEXT: lambda f, limits: {"type": "string"},
     Kind.UUID: lambda f, limits: {"type": "string", "format": "uuid"},
-    Kind.TIME: lambda f, limits: {"type": "string", "format": "date-time"},
+    Kind.TIME: lambda f, limits: {
+        "type": "string",
+        "format": "date-time",
+        "pattern": TIME_RE.pattern,
+    },
     Kind.JSON: lambda f, limits: {},  # any JSON value
     Kind.ARRAY: _array_schema,
 }
