@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from . import __version__, errors
 from .answers import SCHEMAS
 from .auth import Scope
-from .docs import Doc, Param, Reply
+from .docs import Doc, Link, Param, Reply
 from .errors import GatewayError
 from .models import RUNTIME_ID_RE
 from .settings import Settings
@@ -170,6 +170,8 @@ def _operation(
         _add(responses, reply.status, reply.description, reply.media_type, _schema(reply))
         for header in reply.headers:
             _header(responses, reply.status, header)
+        for link in reply.links:
+            _link(responses, reply.status, link)
     by_status: dict[int, list[type[GatewayError]]] = {}
     for cls in operation_errors(endpoint):
         by_status.setdefault(status_of(cls), []).append(cls)
@@ -259,6 +261,13 @@ def _header(responses: dict[str, Any], status: int, header: Param) -> None:
         "required": header.required,
         "schema": dict(header.schema),
     }
+
+
+def _link(responses: dict[str, Any], status: int, link: Link) -> None:
+    out: dict[str, Any] = {"operationId": link.operation_id, "parameters": dict(link.parameters)}
+    if link.request_body is not None:
+        out["requestBody"] = dict(link.request_body)
+    responses[str(status)].setdefault("links", {})[link.name] = out
 
 
 def _problem(status: int, classes: Sequence[type[GatewayError]]) -> dict[str, Any]:
