@@ -12,7 +12,7 @@ from .admin import INCLUDE_REVOKED
 from .auth import RUNTIME_PATTERN_RE, Scope
 from .docs import REPLAYED, TASK, Doc, Param, Reply
 from .errors import AlreadyExists, IdempotencyKeyReused, InvalidSignature, NotFound
-from .schema import Body, Field, Kind, RawBody
+from .schema import JSON_VALUE, Body, Field, Kind, RawBody
 
 _UUID = {"type": "string", "format": "uuid"}
 _TIME = {"type": "string", "format": "date-time"}
@@ -213,7 +213,11 @@ RECEIVE_WEBHOOK = Doc(
     "The signature authenticates it: no bearer token. A bad, missing or stale signature, "
     "or no secret covering the runtime, is `401 invalid_signature` and nothing is stored.",
     tag="producers",
-    body=RawBody("WebhookPayload", "The event: any JSON value, kept exactly.", {}),
+    body=RawBody(
+        "WebhookPayload",
+        "The event: any JSON value, kept exactly.",
+        {"$ref": f"#/components/schemas/{JSON_VALUE}"},
+    ),
     query=Body(
         "WebhookQuery",
         "Enqueue options.",

@@ -19,6 +19,7 @@ from .auth import Scope
 from .docs import Doc, Link, Param, Reply
 from .errors import GatewayError
 from .models import RUNTIME_ID_RE
+from .schema import JSON_VALUE, JSON_VALUE_SCHEMA
 from .settings import Settings
 
 PATH_PARAMS = {
@@ -119,6 +120,7 @@ def build(endpoints: Iterable[Documented], settings: Settings) -> dict[str, Any]
         item = paths.setdefault(endpoint.path, {})
         item[endpoint.method.lower()] = _operation(endpoint, endpoint.doc, settings, schemas)
     schemas.update(SCHEMAS)
+    schemas[JSON_VALUE] = JSON_VALUE_SCHEMA
     schemas["Problem"] = _problem_schema()
     return {
         "openapi": "3.1.0",

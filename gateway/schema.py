@@ -421,6 +421,19 @@ def json_text(field: str, value: Any, max_bytes: int, max_depth: int) -> str:
 
 # -- documenting --------------------------------------------------------------
 
+# What a JSON field may hold, in the document's components: any JSON value but one with
+# the NUL character in a string or a key, which json_text refuses (Postgres cannot
+# store it).
+JSON_VALUE = "JsonValue"
+_NO_NUL = "^[^\\u0000]*$"
+JSON_VALUE_SCHEMA: dict[str, Any] = {
+    "description": "Any JSON value without the NUL character (\\u0000) in a string or a key.",
+    "pattern": _NO_NUL,
+    "propertyNames": {"pattern": _NO_NUL},
+    "items": {"$ref": f"#/components/schemas/{JSON_VALUE}"},
+    "additionalProperties": {"$ref": f"#/components/schemas/{JSON_VALUE}"},
+}
+
 
 def _bounded(json_type: str, f: Field, limits: Limits) -> dict[str, Any]:
     out: dict[str, Any] = {"type": json_type}
@@ -434,7 +447,7 @@ def _bounded(json_type: str, f: Field, limits: Limits) -> dict[str, Any]:
 
 
 def _string_schema(f: Field, limits: Limits) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": "string", "minLength": 1, "pattern": "^[^\\u0000]*$"}
+    out: dict[str, Any] = {"type": "string", "minLength": 1, "pattern": _NO_NUL}
     if f.max_length is not None:
         out["maxLength"] = f.max_length
     return out
@@ -484,6 +497,6 @@ _SCHEMAS: dict[Kind, Any] = {
         "format": "date-time",
         "pattern": TIME_RE.pattern,
     },
-    Kind.JSON: lambda f, limits: {},  # any JSON value
+    Kind.JSON: lambda f, limits: {"$ref": f"#/components/schemas/{JSON_VALUE}"},
     Kind.ARRAY: _array_schema,
 }
