@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LINT_PATHS := gateway tests bench clients/python examples
 
-.PHONY: run test lint format bench simulate faults model soak clean
+.PHONY: run test lint format bench simulate faults model fuzz soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ simulate: $(STAMP)
 ## model: the stateful model test with many more examples (MODEL_EXAMPLES, MODEL_STEPS), random seeds
 model: $(STAMP)
 	MODEL_EXAMPLES=$${MODEL_EXAMPLES:-500} MODEL_STEPS=$${MODEL_STEPS:-50} $(BIN)/python -m pytest tests/model -q -p no:cacheprovider
+
+FUZZ_SECONDS ?= 240
+## fuzz: schemathesis over the whole API for FUZZ_SECONDS (240) from a random seed (FUZZ_SEED to replay one); every check and phase
+fuzz: $(STAMP)
+	FUZZ_SECONDS=$(FUZZ_SECONDS) $(BIN)/python -m pytest tests/e2e/test_schemathesis_run.py -q -p no:cacheprovider
 
 ## bench: every performance and scale target against its peers, in one run (~10 min; see bench/README.md)
 bench: $(STAMP)

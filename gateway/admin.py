@@ -15,8 +15,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from . import credentials, models
-from .errors import NotFound, ValidationFailed
+from .errors import NotFound
 from .httpio import json_response, read_json
+from .schema import Body, Field, Kind, read_query
 
 if TYPE_CHECKING:
     from .runtime import Gateway
@@ -24,12 +25,25 @@ if TYPE_CHECKING:
 # A secret in an answer must not be kept by caches or proxies along the way.
 SECRET_HEADERS = {"Cache-Control": "no-store"}
 
+INCLUDE_REVOKED = Body(
+    "IncludeRevoked",
+    "Listing options.",
+    (
+        Field(
+            "include_revoked",
+            Kind.STRING,
+            "`true` also lists revoked ones, with their revoked_at.",
+            enum=("true", "false", "1", "0"),
+        ),
+    ),
+)
+
+
+TOKENS_CURSOR = Field("cursor", Kind.STRING, "The next_cursor of the previous page.")
+
 
 def _include_revoked(params: Mapping[str, str]) -> bool:
-    raw = params.get("include_revoked", "false").lower()
-    if raw not in ("true", "false", "1", "0"):
-        raise ValidationFailed("include_revoked must be true or false", field="include_revoked")
-    return raw in ("true", "1")
+    return read_query(INCLUDE_REVOKED["include_revoked"], params, {}) in ("true", "1")
 
 
 def _path_id(request: Request, param: str, kind: str) -> uuid.UUID:
@@ -54,7 +68,7 @@ async def list_tokens(request: Request, gw: Gateway) -> Response:
     params = request.query_params
     include_revoked = _include_revoked(params)
     limit = models.parse_limit(params, credentials.TOKENS_LIMIT)
-    cursor = params.get("cursor")
+    cursor = read_query(TOKENS_CURSOR, params, {})
     after = models.decode_cursor(cursor) if cursor else None
     # One more than the page shows, so that a full page knows whether more follow.
     rows = await gw.credentials.list_tokens(include_revoked, limit + 1, after)

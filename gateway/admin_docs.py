@@ -8,10 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from . import bodies, credentials, webhooks
+from .admin import INCLUDE_REVOKED, TOKENS_CURSOR
 from .auth import RUNTIME_PATTERN_RE, Scope
 from .docs import REPLAYED, TASK, Doc, Param, Reply
 from .errors import AlreadyExists, IdempotencyKeyReused, InvalidSignature, NotFound
-from .schema import Body, Field, Kind, RawBody
+from .schema import JSON_VALUE, Body, Field, Kind, RawBody
 
 _UUID = {"type": "string", "format": "uuid"}
 _TIME = {"type": "string", "format": "date-time"}
@@ -48,10 +49,24 @@ TOKEN_REQUEST = RawBody(
     "TokenRequest",
     "A token to create. Without runtimes it covers every runtime; an admin token "
     "always does, so it may not have any.",
-    _object(
-        ["name", "scopes"],
-        {"name": _NAME, "scopes": _SCOPES, "runtimes": {**_PATTERNS, "type": ["array", "null"]}},
-    ),
+    {
+        **_object(
+            ["name", "scopes"],
+            {
+                "name": _NAME,
+                "scopes": _SCOPES,
+                "runtimes": {**_PATTERNS, "type": ["array", "null"]},
+            },
+        ),
+        # credentials.parse_token_spec: no runtimes beside the admin scope.
+        "not": {
+            "required": ["scopes", "runtimes"],
+            "properties": {
+                "scopes": {"contains": {"const": Scope.ADMIN.value}},
+                "runtimes": {"type": "array"},
+            },
+        },
+    },
 )
 WEBHOOK_SECRET_REQUEST = RawBody(
     "WebhookSecretRequest",
@@ -82,18 +97,6 @@ _WEBHOOK_SECRET = {
     }
 }
 NO_STORE = Param("Cache-Control", "The answer holds a secret: never cached.", {"const": "no-store"})
-INCLUDE_REVOKED = Body(
-    "IncludeRevoked",
-    "Listing options.",
-    (
-        Field(
-            "include_revoked",
-            Kind.STRING,
-            "`true` also lists revoked ones, with their revoked_at.",
-            enum=("true", "false", "1", "0"),
-        ),
-    ),
-)
 
 
 def _list(key: str, item: dict[str, Any]) -> dict[str, Any]:
@@ -134,7 +137,7 @@ TOKENS_QUERY = Body(
     (
         INCLUDE_REVOKED["include_revoked"],
         credentials.TOKENS_LIMIT,
-        Field("cursor", Kind.STRING, "The next_cursor of the previous page."),
+        TOKENS_CURSOR,
     ),
 )
 LIST_TOKENS = Doc(
@@ -235,7 +238,11 @@ RECEIVE_WEBHOOK = Doc(
     "The signature authenticates it: no bearer token. A bad, missing or stale signature, "
     "or no secret covering the runtime, is `401 invalid_signature` and nothing is stored.",
     tag="producers",
-    body=RawBody("WebhookPayload", "The event: any JSON value, kept exactly.", {}),
+    body=RawBody(
+        "WebhookPayload",
+        "The event: any JSON value, kept exactly.",
+        {"$ref": f"#/components/schemas/{JSON_VALUE}"},
+    ),
     query=Body(
         "WebhookQuery",
         "Enqueue options.",

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import bodies
-from .controls import MAX_CLAIMS_PER_SECOND, MAX_IN_FLIGHT, MAX_PAUSE_REASON
+from .controls import CONTROLS_BODY, MAX_PAUSE_REASON
 from .models import LEASE_FIELDS, RUNTIME_ID_RE, TASK_FIELDS
 
 # -- answer bodies ------------------------------------------------------------------------
@@ -343,16 +343,13 @@ SCHEMAS["Controls"] = {
         "runtime_id": {"type": "string", "pattern": RUNTIME_ID_RE.pattern},
         "paused": {"type": "boolean", "description": "While true, claims hand out nothing."},
         **_PAUSE_DETAILS,
+        # The bounds of the stored limits are those of the request's fields.
         "max_in_flight": {
-            "type": ["integer", "null"],
-            "minimum": 1,
-            "maximum": MAX_IN_FLIGHT,
+            **CONTROLS_BODY["max_in_flight"].json_schema({}),
             "description": "Most tasks leased at once over every instance; null: no limit.",
         },
         "claims_per_second": {
-            "type": ["number", "null"],
-            "exclusiveMinimum": 0,
-            "maximum": MAX_CLAIMS_PER_SECOND,
+            **CONTROLS_BODY["claims_per_second"].json_schema({}),
             "description": "Most tasks leased per second (burst: one second's worth, at "
             "least 1); null: no limit.",
         },

@@ -9,6 +9,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Match, Route
 from starlette.types import ASGIApp
 
 from . import console
@@ -35,12 +36,32 @@ class GatewayApp(Starlette):
         return RequestLog(stack, metrics=self.request_log_metrics)
 
 
+# The order methods are listed in an Allow header.
+METHOD_ORDER = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
 async def _http_exception(request: Request, exc: Exception) -> Response:
     """Unknown paths and methods answer problem+json like every other error."""
     assert isinstance(exc, HTTPException)
     kind = {404: NotFound, 405: MethodNotAllowed}.get(exc.status_code, BadRequest)
     error = kind(f"{request.method} {request.url.path}: {exc.detail}")
-    return problem_response(error, exc.headers)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = allowed_methods(request)
+    return problem_response(error, headers)
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method the request's path serves, for a 405's Allow header. A path with
+    several methods is several routes (one per endpoint), and Starlette's own header
+    names the first route's methods only."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if isinstance(route, Route) and route.methods:
+            match, _ = route.matches(request.scope)
+            if match is not Match.NONE:
+                methods |= route.methods
+    return ", ".join(m for m in METHOD_ORDER if m in methods)
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:

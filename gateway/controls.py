@@ -34,6 +34,10 @@ log = logging.getLogger("gateway.controls")
 
 MAX_IN_FLIGHT = 100_000
 MAX_CLAIMS_PER_SECOND = 100_000.0
+# The slowest rate, one task in 1,000 s. Far below it, Postgres's float8 underflows
+# when the bucket refills (rate times elapsed seconds, 5e-324 at the extreme), and
+# every claim on the runtime would fail.
+MIN_CLAIMS_PER_SECOND = 0.001
 # How often each process reloads every runtime's controls, in seconds, when no change
 # message arrived: the bound on how long a lost message keeps a change from a process.
 REFRESH_SECONDS = 5.0
@@ -61,6 +65,7 @@ PAUSE_BODY = Body(
             "left out: until resumed.",
         ),
     ),
+    closed=True,
 )
 
 CONTROLS_BODY = Body(
@@ -79,12 +84,14 @@ CONTROLS_BODY = Body(
         Field(
             "claims_per_second",
             Kind.NUMBER,
-            "At most this many tasks leased per second, greater than 0 (a token bucket "
-            "whose burst is one second's worth, at least 1); null: no limit.",
-            minimum=0,
+            "At most this many tasks leased per second (a token bucket whose burst is one "
+            "second's worth, at least 1); null: no limit.",
+            minimum=MIN_CLAIMS_PER_SECOND,
             maximum=MAX_CLAIMS_PER_SECOND,
         ),
     ),
+    closed=True,
+    min_fields=1,
 )
 
 
@@ -161,34 +168,16 @@ class ControlsChange:
 
 def parse_controls(body: Any) -> ControlsChange:
     """A PATCH/PUT body, or 422 naming the field. At least one field must be given."""
-    if not isinstance(body, dict):
-        raise ValidationFailed("the body must be a JSON object", field="body")
-    unknown = sorted(set(body) - {f.name for f in CONTROLS_BODY.fields})
-    if unknown:
-        raise ValidationFailed(
-            f"unknown field {unknown[0]!r}; the fields are paused, max_in_flight and "
-            "claims_per_second",
-            field=unknown[0],
-        )
-    if not body:
-        raise ValidationFailed(
-            "give at least one of paused, max_in_flight, claims_per_second", field="body"
-        )
+    CONTROLS_BODY.check_fields(body)
     paused = None
     if "paused" in body:
         paused = CONTROLS_BODY["paused"].read(body, {})
     max_in_flight = CONTROLS_BODY["max_in_flight"].read(body, {})
     rate = CONTROLS_BODY["claims_per_second"].read(body, {})
-    if rate is not None and not rate > 0:
-        raise ValidationFailed(
-            f"claims_per_second must be greater than 0 and at most {MAX_CLAIMS_PER_SECOND:g}, "
-            "or null for no limit",
-            field="claims_per_second",
-        )
     return ControlsChange(
         paused=paused,
         max_in_flight=max_in_flight,
-        claims_per_second=None if rate is None else float(rate),
+        claims_per_second=rate,
         sets_max_in_flight="max_in_flight" in body,
         sets_claims_per_second="claims_per_second" in body,
     )
@@ -197,13 +186,7 @@ def parse_controls(body: Any) -> ControlsChange:
 def parse_pause(body: Any, now: datetime | None = None) -> ControlsChange:
     """A pause's body ({} when empty), or 422 naming the field: `until` must be an
     RFC 3339 time after `now` (the wall clock)."""
-    if not isinstance(body, dict):
-        raise ValidationFailed("the body must be a JSON object", field="body")
-    unknown = sorted(set(body) - {f.name for f in PAUSE_BODY.fields})
-    if unknown:
-        raise ValidationFailed(
-            f"unknown field {unknown[0]!r}; the fields are reason and until", field=unknown[0]
-        )
+    PAUSE_BODY.check_fields(body)
     reason = PAUSE_BODY["reason"].read(body, {})
     until = PAUSE_BODY["until"].read(body, {})
     if until is not None and until <= (now or datetime.now(UTC)):

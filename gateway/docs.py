@@ -31,6 +31,17 @@ class Param:
 
 
 @dataclass(frozen=True)
+class Link:
+    """An OpenAPI link: an operation this answer's values can be passed to (a task's id,
+    a lease), so that a client or a fuzzer can follow the task's life."""
+
+    name: str
+    operation_id: str
+    parameters: Mapping[str, str]  # parameter -> runtime expression
+    request_body: Mapping[str, str] | None = None  # body field -> runtime expression
+
+
+@dataclass(frozen=True)
 class Reply:
     """A success answer (or any answer that is not problem+json)."""
 
@@ -39,6 +50,7 @@ class Reply:
     schema: str | Mapping[str, Any] | None  # a name in SCHEMAS, a JSON Schema, or no body
     media_type: str = "application/json"
     headers: tuple[Param, ...] = ()
+    links: tuple[Link, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,31 @@ ENQUEUED_LIST: dict[str, Any] = {
     "properties": {"tasks": {"minItems": 1}},
 }
 
+
+def _task_links(task: str) -> tuple[Link, ...]:
+    """What can be done with the task at JSON pointer `task` of an answer."""
+    task_id = {"task_id": f"$response.body#{task}/id"}
+    return (
+        Link("GetTask", "getTask", task_id),
+        Link("CancelTask", "cancelTask", task_id),
+    )
+
+
+def _lease_links(task: str) -> tuple[Link, ...]:
+    """The lease operations on the claimed task at JSON pointer `task` of an answer."""
+    task_id = {"task_id": f"$response.body#{task}/id"}
+    lease = {"lease_id": f"$response.body#{task}/lease_id"}
+    return tuple(
+        Link(name, operation_id, task_id, lease)
+        for name, operation_id in (
+            ("CompleteTask", "completeTask"),
+            ("HeartbeatTask", "heartbeatTask"),
+            ("FailTask", "failTask"),
+            ("ReleaseTask", "releaseTask"),
+        )
+    )
+
+
 ENQUEUE = Doc(
     "enqueueTask",
     "Enqueue a task",
@@ -97,6 +134,7 @@ ENQUEUE = Doc(
             "its id only.",
             ENQUEUED,
             headers=(PREFERENCE_APPLIED,),
+            links=_task_links(""),
         ),
         Reply(
             200,
@@ -104,6 +142,7 @@ ENQUEUE = Doc(
             "its id).",
             ENQUEUED,
             headers=(REPLAYED, PREFERENCE_APPLIED),
+            links=_task_links(""),
         ),
     ),
     "The key may come in the body or the Idempotency-Key header; reusing it with "
@@ -159,7 +198,14 @@ STATS = Doc(
 CANCEL = Doc(
     "cancelTask",
     "Cancel a task",
-    (Reply(200, "Queued: now cancelled. Claimed: cancel_requested until reported.", TASK),),
+    (
+        Reply(
+            200,
+            "Queued: now cancelled. Claimed: cancel_requested until reported.",
+            TASK,
+            links=(Link("RetryTask", "retryTask", {"task_id": "$response.body#/id"}),),
+        ),
+    ),
     "Cancelling a cancelled task answers it again; a finished one is `409 invalid_state`.",
     tag="producers",
     errors=(Conflict,),
@@ -191,7 +237,14 @@ GET_TASK = Doc(
 CLAIM = Doc(
     "claimTasks",
     "Claim tasks, waiting for work if there is none",
-    (Reply(200, "Leased tasks; empty when the wait ran out.", "TaskList"),),
+    (
+        Reply(
+            200,
+            "Leased tasks; empty when the wait ran out.",
+            "TaskList",
+            links=_lease_links("/tasks/0"),
+        ),
+    ),
     "Overloaded is `429` with Retry-After; a shutting-down instance is `503 draining`.",
     tag="daemons",
     body=bodies.CLAIM_BODY,

@@ -40,7 +40,7 @@ from .bodies import MAX_WORKER_ID as MAX_WORKER_ID
 from .bodies import STATUSES as STATUSES
 from .errors import BadRequest, NotFound, PayloadTooLarge, ValidationFailed
 from .rows import TaskRow
-from .schema import EARLIEST, LATEST, Field, in_item, json_text, resolve, too_deep
+from .schema import EARLIEST, LATEST, Field, in_item, json_text, read_query, resolve, too_deep
 
 RUNTIME_ID_MAX_CHARS = 128
 RUNTIME_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
@@ -449,30 +449,15 @@ class ListQuery:
 
 
 def parse_list_query(params: Mapping[str, str]) -> ListQuery:
-    """The listing's query (LIST_QUERY): strings, so read here rather than by the fields."""
-    statuses = LIST_QUERY["status"].enum
-    status = params.get("status") or None
-    if status is not None and status not in statuses:
-        raise ValidationFailed(f"status must be one of {', '.join(statuses)}", field="status")
+    """The listing's query, read by LIST_QUERY's fields (schema.read_query)."""
+    status = read_query(LIST_QUERY["status"], params, {})
     limit = parse_limit(params, LIST_QUERY["limit"])
-    cursor = params.get("cursor")
-    return ListQuery(status, limit, decode_cursor(cursor) if cursor else None)
+    cursor = read_query(LIST_QUERY["cursor"], params, {})
+    return ListQuery(status, limit, None if cursor is None else decode_cursor(cursor))
 
 
 def parse_limit(params: Mapping[str, str], limit: Field) -> int:
-    """A listing's `limit` query parameter, within the field's bounds (its default when
-    absent), or 422 naming it."""
-    low, high = limit.minimum, limit.maximum
-    assert isinstance(low, int) and isinstance(high, int)
-    raw_limit = params.get(limit.name, str(limit.default))
-    # Leading zeros off first: int() refuses over 4300 digits with an error of its own.
-    digits = raw_limit.lstrip("0") or "0"
-    if (
-        not (digits.isascii() and digits.isdigit())
-        or len(digits) > len(str(high))
-        or not low <= int(digits) <= high
-    ):
-        raise ValidationFailed(
-            f"{limit.name} must be an integer from {low} to {high}", field=limit.name
-        )
-    return int(digits)
+    """A listing's `limit` query parameter, read by its field (schema.read_query):
+    within the field's bounds, its default when absent, or 422 naming it."""
+    value: int = read_query(limit, params, {})
+    return value

@@ -16,9 +16,10 @@ from typing import Any, Protocol
 from . import __version__, errors
 from .answers import SCHEMAS
 from .auth import Scope
-from .docs import Doc, Param, Reply
+from .docs import Doc, Link, Param, Reply
 from .errors import GatewayError
 from .models import RUNTIME_ID_RE
+from .schema import JSON_VALUE, JSON_VALUE_SCHEMA
 from .settings import Settings
 
 PATH_PARAMS = {
@@ -119,6 +120,7 @@ def build(endpoints: Iterable[Documented], settings: Settings) -> dict[str, Any]
         item = paths.setdefault(endpoint.path, {})
         item[endpoint.method.lower()] = _operation(endpoint, endpoint.doc, settings, schemas)
     schemas.update(SCHEMAS)
+    schemas[JSON_VALUE] = JSON_VALUE_SCHEMA
     schemas["Problem"] = _problem_schema()
     return {
         "openapi": "3.1.0",
@@ -170,6 +172,8 @@ def _operation(
         _add(responses, reply.status, reply.description, reply.media_type, _schema(reply))
         for header in reply.headers:
             _header(responses, reply.status, header)
+        for link in reply.links:
+            _link(responses, reply.status, link)
     by_status: dict[int, list[type[GatewayError]]] = {}
     for cls in operation_errors(endpoint):
         by_status.setdefault(status_of(cls), []).append(cls)
@@ -259,6 +263,13 @@ def _header(responses: dict[str, Any], status: int, header: Param) -> None:
         "required": header.required,
         "schema": dict(header.schema),
     }
+
+
+def _link(responses: dict[str, Any], status: int, link: Link) -> None:
+    out: dict[str, Any] = {"operationId": link.operation_id, "parameters": dict(link.parameters)}
+    if link.request_body is not None:
+        out["requestBody"] = dict(link.request_body)
+    responses[str(status)].setdefault("links", {})[link.name] = out
 
 
 def _problem(status: int, classes: Sequence[type[GatewayError]]) -> dict[str, Any]:

@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
-from .errors import CacheUnavailable, ValidationFailed
+from .errors import CacheUnavailable
 from .metrics import Metrics
 from .ports import WakeChannels
 from .rows import TaskRow
-from .schema import Body, Field, Kind, Setting
+from .schema import Body, Field, Kind, Setting, read_query
 from .settings import Settings
 from .waiters import Departure, wake_signal
 
@@ -67,17 +67,9 @@ WAIT_QUERY = Body(
 
 def parse_wait(params: Mapping[str, str], max_wait_seconds: float) -> float:
     """`wait_seconds` from the query string (WAIT_QUERY): 0 when absent; a 422 naming
-    the field when it is no number, negative, or above the server's cap."""
-    raw = params.get("wait_seconds")
-    if raw is None or raw == "":
-        return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValidationFailed("wait_seconds must be a number", field="wait_seconds") from None
-    field = WAIT_QUERY["wait_seconds"]
-    seconds = field.read({"wait_seconds": value}, {"max_wait_seconds": max_wait_seconds})
-    return float(seconds or 0.0)
+    the field when it is empty, no number, negative, or above the server's cap."""
+    limits = {"max_wait_seconds": max_wait_seconds}
+    return float(read_query(WAIT_QUERY["wait_seconds"], params, limits) or 0.0)
 
 
 def done_channel(prefix: str, task_id: uuid.UUID) -> str:

@@ -19,7 +19,7 @@ from .errors import ValidationFailed
 from .httpio import json_response
 from .models import RUNTIME_ID_RE, parse_limit
 from .runtime import Gateway
-from .schema import Body, Field, Kind
+from .schema import Body, Field, Kind, read_query
 from .store_runtimes import summarize_runtimes, walk_runtimes
 
 DEFAULT_LIMIT = 100
@@ -97,7 +97,7 @@ async def list_runtimes(request: Request, gw: Gateway) -> Response:
     tasks handed out in the last minute over every instance."""
     params = request.query_params
     limit = parse_limit(params, RUNTIMES_QUERY["limit"])
-    cursor = params.get("cursor")
+    cursor = read_query(RUNTIMES_QUERY["cursor"], params, {})
     principal: Principal | None = request.state.principal
     after = decode_cursor(gw.runtime_cursors, cursor, principal) if cursor else ""
     # One more than the page shows, so that a full page knows whether more follow.

@@ -28,6 +28,11 @@ NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 # Times a request may carry: well inside what both Python and Postgres can store.
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+# An RFC 3339 time with a zone, as a TIME field reads it and the document says it (the
+# `date-time` format alone only annotates: an empty string would be valid).
+TIME_RE = re.compile(
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$"
+)
 
 
 class Kind(enum.Enum):
@@ -125,6 +130,8 @@ class Body:
     description: str
     fields: tuple[Field, ...]
     exclusive: tuple[tuple[str, str], ...] = ()  # pairs that may not both be given
+    closed: bool = False  # a field it does not declare is refused
+    min_fields: int = 0  # fields that must be given at least
 
     def __getitem__(self, name: str) -> Field:
         for field in self.fields:
@@ -134,11 +141,27 @@ class Body:
 
     @property
     def required(self) -> bool:
-        return any(f.required for f in self.fields)
+        """Whether a request must carry the body: a field or min_fields say so."""
+        return self.min_fields > 0 or any(f.required for f in self.fields)
 
     def settings(self) -> Iterator[str]:
         for field in self.fields:
             yield from field.settings()
+
+    def check_fields(self, body: Any) -> None:
+        """For a closed body: an object of its fields only, at least min_fields of them;
+        else ValidationFailed naming what is wrong."""
+        if not isinstance(body, dict):
+            raise ValidationFailed("the body must be a JSON object", field="body")
+        names = [f.name for f in self.fields]
+        unknown = sorted(set(body) - set(names))
+        if self.closed and unknown:
+            raise ValidationFailed(
+                f"unknown field {unknown[0]!r}; the fields are {', '.join(names)}",
+                field=unknown[0],
+            )
+        if len(body) < self.min_fields:
+            raise ValidationFailed(f"give at least one of {', '.join(names)}", field="body")
 
     def check_exclusive(self, body: Mapping[str, Any]) -> None:
         for first, second in self.exclusive:
@@ -154,6 +177,10 @@ class Body:
         required = [f.name for f in self.fields if f.required]
         if required:
             out["required"] = required
+        if self.closed:
+            out["additionalProperties"] = False
+        if self.min_fields:
+            out["minProperties"] = self.min_fields
         for first, second in self.exclusive:
             given = {"not": {"type": "null"}}
             out.setdefault("allOf", []).append(
@@ -294,10 +321,51 @@ _READERS = {
 }
 
 
+# -- reading a query string -----------------------------------------------------
+
+# A query value read as a number: what a JSON number may be, leading zeros allowed.
+_QUERY_NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$")
+# More digits than any bound a query field has: not read by int() (which refuses over
+# 4300 digits with an error of its own).
+_QUERY_DIGITS = 20
+
+
+def read_query(field: Field, params: Mapping[str, str], limits: Limits) -> Any:
+    """A query parameter read by its field's rules, as a body field is read: absent,
+    its default; present, even empty, a value of its kind, so that `?limit=` or
+    `?cursor=` is a 422 naming the parameter, as the document's schema says, and not
+    the same as leaving it out."""
+    raw = params.get(field.name)
+    if raw is None:
+        return field.read({}, limits)
+    if field.enum and raw not in field.enum:
+        raise field.fail(f"{field.name} must be one of {', '.join(field.enum)}")
+    return field.read({field.name: query_value(field, raw)}, limits)
+
+
+def query_value(field: Field, raw: str) -> Any:
+    """A query string's text as the JSON value its field reads: a number for an
+    INTEGER or NUMBER field, else the text itself."""
+    if field.kind is Kind.INTEGER:
+        digits = raw.removeprefix("-").lstrip("0") or "0"
+        if not (digits.isascii() and digits.isdigit()):
+            raise field.fail(f"{field.name} must be an integer")
+        # Beyond every bound: the reader refuses it as out of range.
+        value = int(digits) if len(digits) <= _QUERY_DIGITS else 10**_QUERY_DIGITS
+        return -value if raw.startswith("-") else value
+    if field.kind is Kind.NUMBER:
+        if not _QUERY_NUMBER.fullmatch(raw):
+            raise field.fail(f"{field.name} must be a number")
+        return float(raw)  # beyond a float's range: inf, refused as out of range
+    return raw
+
+
 def parse_time(field: str, raw: Any) -> datetime:
     if not isinstance(raw, str):
         raise ValidationFailed(f"{field} must be an RFC 3339 time string", field=field)
     try:
+        if not TIME_RE.fullmatch(raw):
+            raise ValueError(raw)
         value = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
         raise ValidationFailed(
@@ -363,6 +431,19 @@ def json_text(field: str, value: Any, max_bytes: int, max_depth: int) -> str:
 
 # -- documenting --------------------------------------------------------------
 
+# What a JSON field may hold, in the document's components: any JSON value but one with
+# the NUL character in a string or a key, which json_text refuses (Postgres cannot
+# store it).
+JSON_VALUE = "JsonValue"
+_NO_NUL = "^[^\\u0000]*$"
+JSON_VALUE_SCHEMA: dict[str, Any] = {
+    "description": "Any JSON value without the NUL character (\\u0000) in a string or a key.",
+    "pattern": _NO_NUL,
+    "propertyNames": {"pattern": _NO_NUL},
+    "items": {"$ref": f"#/components/schemas/{JSON_VALUE}"},
+    "additionalProperties": {"$ref": f"#/components/schemas/{JSON_VALUE}"},
+}
+
 
 def _bounded(json_type: str, f: Field, limits: Limits) -> dict[str, Any]:
     out: dict[str, Any] = {"type": json_type}
@@ -374,7 +455,7 @@ def _bounded(json_type: str, f: Field, limits: Limits) -> dict[str, Any]:
 
 
 def _string_schema(f: Field, limits: Limits) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": "string", "minLength": 1, "pattern": "^[^\\u0000]*$"}
+    out: dict[str, Any] = {"type": "string", "minLength": 1, "pattern": _NO_NUL}
     if f.max_length is not None:
         out["maxLength"] = f.max_length
     return out
@@ -419,7 +500,11 @@ _SCHEMAS: dict[Kind, Any] = {
     Kind.STRING: _string_schema,
     Kind.TEXT: lambda f, limits: {"type": "string"},
     Kind.UUID: lambda f, limits: {"type": "string", "format": "uuid"},
-    Kind.TIME: lambda f, limits: {"type": "string", "format": "date-time"},
-    Kind.JSON: lambda f, limits: {},  # any JSON value
+    Kind.TIME: lambda f, limits: {
+        "type": "string",
+        "format": "date-time",
+        "pattern": TIME_RE.pattern,
+    },
+    Kind.JSON: lambda f, limits: {"$ref": f"#/components/schemas/{JSON_VALUE}"},
     Kind.ARRAY: _array_schema,
 }

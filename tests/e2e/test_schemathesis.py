@@ -1,6 +1,8 @@
-"""Schemathesis fuzzes every operation of the OpenAPI document against a real gateway
-(Postgres and Redis from the fixtures): no answer may be a 5xx, and every status,
-content type, header and body must be one the document promises.
+"""Schemathesis fuzzes the task operations of the OpenAPI document on live tasks (a
+claimed one, a cancelled one) against a real gateway (Postgres and Redis from the
+fixtures): no answer may be a 5xx, and every status, content type, header and body must
+be one the document promises. Every operation, with every check and phase, is fuzzed by
+schemathesis's own run in tests/e2e/test_schemathesis_run.py.
 
 schemathesis calls the gateway synchronously, so it runs in a thread of its own, with
 GATEWAY_MAX_WAIT_SECONDS at 1 so that generated long polls stay short. Examples come
@@ -62,12 +64,6 @@ schema.config.generation.update(
 fuzz_settings = hypothesis.settings(
     max_examples=EXAMPLES_PER_OPERATION, deadline=None, derandomize=True, database=None
 )
-
-
-@schema.parametrize()
-@fuzz_settings
-def test_every_operation_answers_as_documented(case: schemathesis.Case, served: Served) -> None:
-    case.call_and_validate(base_url=served.url, checks=CHECKS, timeout=30)
 
 
 def live_task(base: str, cancelled: bool) -> dict[str, Any]:

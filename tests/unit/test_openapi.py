@@ -12,11 +12,11 @@ import jsonschema
 import pytest
 from openapi_spec_validator import validate
 
-from gateway import bodies, docs, errors, models, openapi
+from gateway import bodies, controls, docs, errors, models, openapi
 from gateway.auth import Scope
 from gateway.errors import ValidationFailed
 from gateway.routes import ENDPOINTS, Endpoint, Target, healthz
-from gateway.schema import RawBody
+from gateway.schema import Kind, RawBody, read_query
 from gateway.settings import Settings
 
 
@@ -328,6 +328,8 @@ PARSERS: dict[str, tuple[Callable[[dict[str, Any]], Any], dict[str, Any]]] = {
     ),
     "FailRequest": (models.parse_fail, {"lease_id": LEASE, "error": "e"}),
     "ReleaseRequest": (models.parse_lease_id, {"lease_id": LEASE}),
+    "RuntimeControls": (controls.parse_controls, {"paused": True}),
+    "Pause": (controls.parse_pause, {}),
 }
 LIMITS = {
     "max_wait_seconds": WAIT,
@@ -339,7 +341,8 @@ LIMITS = {
 
 def documented_cases() -> list[tuple[str, str, Any, bool]]:
     """(body, field, value, accepted) for each documented bound of each body field."""
-    specs = [v for v in vars(bodies).values() if isinstance(v, bodies.Body) and v.name in PARSERS]
+    bodies_ = [*vars(bodies).values(), controls.CONTROLS_BODY, controls.PAUSE_BODY]
+    specs = [v for v in bodies_ if isinstance(v, bodies.Body) and v.name in PARSERS]
     assert {s.name for s in specs} == set(PARSERS)
     out = []
     for spec in specs:
@@ -398,3 +401,25 @@ def test_every_answer_documents_its_request_id() -> None:
             for status, response in operation["responses"].items():
                 header = response["headers"]["X-Request-ID"]
                 assert header["required"], (method, path, status)
+
+
+QUERIES = [docs.LIST_TASKS.query, docs.GET_TASK.query, docs.LIST_RUNTIMES.query]
+QUERY_FIELDS = [f for q in QUERIES if q is not None for f in q.fields]
+
+
+@pytest.mark.parametrize("field", QUERY_FIELDS, ids=lambda f: f.name)
+def test_a_query_parameter_is_read_by_its_field(field: Any) -> None:
+    """Absent reads as the documented default; empty, or not of its kind, is refused
+    naming it, as the document's schema (no empty string validates) says."""
+    schema = field.json_schema(LIMITS, nullable=False)
+    assert read_query(field, {}, LIMITS) == schema.get("default")
+    assert not jsonschema.Draft202012Validator(schema).is_valid("")
+    for raw in ("", "x" if field.kind is not Kind.STRING else "\x00"):
+        with pytest.raises(ValidationFailed) as info:
+            read_query(field, {field.name: raw}, LIMITS)
+        assert info.value.extra["field"] == field.name
+    if "maximum" in schema:
+        assert read_query(field, {field.name: str(schema["maximum"])}, LIMITS) == schema["maximum"]
+        for raw in (str(schema["maximum"] + 1), "9" * 5000, "-1"):
+            with pytest.raises(ValidationFailed):
+                read_query(field, {field.name: raw}, LIMITS)

@@ -88,13 +88,15 @@ def results(
 
 
 @pytest.mark.parametrize(
-    ("raw", "expected"), [(None, 0.0), ("", 0.0), ("0", 0.0), ("2.5", 2.5), ("60", 60.0)]
+    ("raw", "expected"), [(None, 0.0), ("0", 0.0), ("2.5", 2.5), ("60", 60.0), ("1e1", 10.0)]
 )
 def test_wait_seconds_within_the_cap(raw: str | None, expected: float) -> None:
     assert parse_wait({} if raw is None else {"wait_seconds": raw}, 60.0) == expected
 
 
-@pytest.mark.parametrize("raw", ["-1", "60.01", "abc", "nan", "inf", "-inf", "1e999", "0x10"])
+@pytest.mark.parametrize(
+    "raw", ["", "-1", "60.01", "abc", "nan", "inf", "-inf", "1e999", "0x10", " 1", "1_0"]
+)
 def test_wait_seconds_out_of_range_or_not_a_number_is_refused(raw: str) -> None:
     with pytest.raises(ValidationFailed) as caught:
         parse_wait({"wait_seconds": raw}, 60.0)
