@@ -94,8 +94,10 @@ EXPANSION_NUMBER = "1e4299"
 EXPANSION_DIGITS = 4300
 EXPANSION_ITEMS = 400
 EXPANSION_PER_ITEM = 243
-# GATEWAY_MAX_PAYLOAD_BYTES, the gateway's default, set so that the payloads above fit it.
-PAYLOAD_BYTES = MIB
+# GATEWAY_MAX_PAYLOAD_BYTES, twice its default: one payload may then be larger, written
+# out, than the body limit (1 MiB), so that a single enqueue or webhook delivery can be
+# refused for what its one payload becomes rather than for its own size.
+PAYLOAD_BYTES = 2 * MIB
 CLAIM_BATCH = 100  # the most one claim takes
 ANSWER_KEPT_BYTES = 64 * 1024  # of an answer, what a client keeps to read its problem
 PHASES = ("bodies", "heads", "slow", "all", "unread", "expansion")
@@ -318,12 +320,12 @@ def written_out(raw: bytes) -> int:
     return len(raw) + raw.count(EXPANSION_NUMBER.encode()) * extra
 
 
-def over_by_one(raw: bytes, max_body_bytes: int) -> bytes:
-    """`raw` and enough trailing spaces (JSON whitespace) that, written out, it is one
-    byte longer than `max_body_bytes`. A payload of EXPANSION_PER_ITEM numbers fits the
-    payload limit written out; the body around it, with the spaces, does not fit the
-    body limit, while as sent it stays within it (5 KB with a 1 MiB body limit)."""
-    return raw + b" " * max(0, max_body_bytes + 1 - written_out(raw))
+def over_the_body_limit(max_body_bytes: int) -> bytes:
+    """A payload that, written out, is larger than `max_body_bytes` and fits the payload
+    limit (PAYLOAD_BYTES): 244 numbers, 1.7 KB as sent, with a 1 MiB body limit."""
+    payload = numbers(max_body_bytes // EXPANSION_DIGITS + 1)
+    assert max_body_bytes < written_out(payload) <= PAYLOAD_BYTES
+    return payload
 
 
 def sign(secret: str, msg_id: str, body: bytes) -> dict[str, str]:
@@ -385,13 +387,13 @@ async def expansion_setup(
         Expanding(
             "enqueue",
             runtime + "/tasks",
-            over_by_one(b'{"payload": ' + numbers(EXPANSION_PER_ITEM) + b"}", max_body_bytes),
+            b'{"payload": ' + over_the_body_limit(max_body_bytes) + b"}",
         ),
         Expanding("batch complete", "/v1/tasks:complete", orjson.dumps({"tasks": results})),
         Expanding(
             "webhook",
             runtime + "/webhooks",
-            over_by_one(numbers(EXPANSION_PER_ITEM), max_body_bytes),
+            over_the_body_limit(max_body_bytes),
             webhook_secret=secret,
         ),
     ]
@@ -776,7 +778,7 @@ def parser() -> argparse.ArgumentParser:
         default=MIB,
         metavar="N",
         help="GATEWAY_MAX_BODY_BYTES for the gateway: each chunked client may "
-        "make it hold this much before its 413; at least 1048576 for the expansion "
+        "make it hold this much before its 413; 1048576 to 1572864 for the expansion "
         "phase, whose bodies are up to 0.72 MB as sent (1048576)",
     )
     p.add_argument(
@@ -832,9 +834,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.expansion_clients < 1 or args.expansion_rounds < 1:
         p.error("--expansion-clients and --expansion-rounds must be at least 1")
-    if "expansion" in args.phases and args.max_body_bytes < MIB:
-        # Below that its bodies would be refused as sent, not for what they expand to.
-        p.error(f"the expansion phase needs --max-body-bytes of at least {MIB}")
+    if "expansion" in args.phases and not MIB <= args.max_body_bytes <= MIB * 3 // 2:
+        # Below, its bodies would be refused as sent, not for what they expand to; above,
+        # a payload larger than the body limit written out would not fit PAYLOAD_BYTES.
+        p.error(f"the expansion phase needs --max-body-bytes from {MIB} to {MIB * 3 // 2}")
     _raise_file_limit(args.slow + 4 * args.clients + 2 * UNREAD_WAVES * args.unread + 256)
     started = time.monotonic()
     workdir = args.log_dir or Path(tempfile.mkdtemp(prefix="gateway-hostile-"))

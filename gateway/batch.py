@@ -97,15 +97,20 @@ def _items(body: Mapping[str, Any], spec: Body) -> list[tuple[uuid.UUID, Mapping
 
 
 def parse_complete_many(
-    body: Mapping[str, Any], max_payload_bytes: int, max_depth: int = models.DEFAULT_MAX_DEPTH
+    body: Mapping[str, Any],
+    max_payload_bytes: int,
+    max_depth: int = models.DEFAULT_MAX_DEPTH,
+    max_body_bytes: int | None = None,
 ) -> list[CompleteItem]:
     """A complete-many body (bodies.COMPLETE_MANY_BODY); each result within the payload
-    limits, as for a single complete."""
+    limits, as for a single complete, and all of them written out within
+    `max_body_bytes` together."""
     out = []
+    budget = models.written_budget(max_body_bytes)
     for index, (task_id, item) in enumerate(_items(body, COMPLETE_MANY_BODY)):
         with _naming(index):
             lease_id = models.parse_lease_id(item)
-            result = models.result_json(item, max_payload_bytes, max_depth)
+            result = models.result_json(item, max_payload_bytes, max_depth, budget)
             out.append(CompleteItem(task_id, lease_id, result))
     return out
 
@@ -188,7 +193,10 @@ def _runtimes(request: Request) -> Sequence[str] | None:
 async def complete_many(request: Request, gw: Gateway) -> Response:
     settings = gw.settings
     items = parse_complete_many(
-        await read_json(request, gw), settings.max_payload_bytes, settings.max_json_depth
+        await read_json(request, gw),
+        settings.max_payload_bytes,
+        settings.max_json_depth,
+        settings.max_body_bytes,
     )
     results = await gw.completions.complete_many(
         [i.task_id for i in items],

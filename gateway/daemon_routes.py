@@ -82,7 +82,13 @@ async def complete(request: Request, gw: Gateway) -> Response:
     task_id = models.check_task_id(request.path_params["task_id"])
     body = await read_json(request, gw)
     lease_id = models.parse_lease_id(body)
-    result = models.result_json(body, gw.settings.max_payload_bytes, gw.settings.max_json_depth)
+    settings = gw.settings
+    result = models.result_json(
+        body,
+        settings.max_payload_bytes,
+        settings.max_json_depth,
+        models.written_budget(settings.max_body_bytes),
+    )
     row = await gw.completions.complete(task_id, lease_id, result)
     await gw.tasks_ended([(row.id, row.status)], [row.runtime_id])
     return json_response(models.render_task_or_stub(row))

@@ -64,6 +64,11 @@ class PayloadTooLarge(GatewayError):
     code = "payload_too_large"
 
 
+class RequestTooLarge(PayloadTooLarge):
+    """The request as a whole is over a limit, not one of its items: a batch names no
+    item for it."""
+
+
 class Unauthorized(GatewayError):
     """No usable credentials. `invalid_token`: some were sent, and they are wrong."""
 

@@ -10,6 +10,7 @@ stores numbers as `numeric`, exactly, and the stored text is sent back verbatim
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from decimal import Decimal, InvalidOperation
@@ -17,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from .errors import BadRequest, PayloadTooLarge, ValidationFailed
+from .errors import BadRequest, ValidationFailed
 
 # A run of 16 digits (dots allowed inside) or an exponent of 3 digits: the only
 # spellings a double may not carry exactly. Matches inside strings just take the
@@ -34,22 +35,21 @@ _SURROGATE = re.compile("[\\ud800-\\udfff]")
 # so such a number could not be read back by a Python daemon either.
 MAX_NUMBER_CHARS = 4300
 _EXPONENT = re.compile(r"\d[eE]")
-_EXPONENT_BYTES = re.compile(rb"\d[eE]")
 # A number with an exponent where JSON text may hold a number: after `[`, `,` or `:`,
 # or (matched at the start only) as the whole text. Ids in strings ("…-2e4f…") do not
-# match, so a body of UUIDs (a batch of acknowledgements) is not walked; a string that
-# looks like such text just is. Possessive, and with no `^|` alternative in the searched
-# pattern, which tripled its time.
-_EXPONENT_NUMBER = r"[\[,:]\s*+-?\d++(?:\.\d++)?[eE]"
-_EXPONENT_NUMBER_TEXT = re.compile(_EXPONENT_NUMBER)
-_EXPONENT_NUMBER_BYTES = re.compile(_EXPONENT_NUMBER.encode())
-_EXPONENT_FIRST = r"\s*+-?\d++(?:\.\d++)?[eE]"
-_EXPONENT_FIRST_TEXT = re.compile(_EXPONENT_FIRST)
-_EXPONENT_FIRST_BYTES = re.compile(_EXPONENT_FIRST.encode())
+# match, so a value of UUIDs is not walked; a string that looks like such text just
+# is. Possessive, and with no `^|` alternative in the searched pattern, which tripled
+# its time.
+_EXPONENT_NUMBER = re.compile(r"[\[,:]\s*+-?\d++(?:\.\d++)?[eE]")
+_EXPONENT_FIRST = re.compile(r"\s*+-?\d++(?:\.\d++)?[eE]")
 # Levels of a body kept when it nests deeper than the parsers go (orjson stops at 1,024,
 # the standard library's recursion near 1,000): far above any field's limit
 # (GATEWAY_MAX_JSON_DEPTH is at most 200), so what is cut is refused as too deep anyway.
 CUT_DEPTH = 512
+# Tokens (strings and brackets) read to find where a body is cut, at most: the search
+# runs on the event loop, and a 16 MiB body can hold millions of them (a second or
+# more). Past this many, the body is refused as too deep without naming a field.
+CUT_SCAN_TOKENS = 200_000
 # A string (escapes skipped, an unclosed one taken to the end) or a bracket: all that
 # decides the nesting of JSON text.
 _NESTING_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]')
@@ -114,23 +114,19 @@ def _parse_float(text: str) -> float | ExactNumber:
     return ExactNumber(text)
 
 
-def may_expand(text: str | bytes) -> bool:
+def may_expand(text: str) -> bool:
     """True when JSON `text` may hold a number written with an exponent, which Postgres
     writes out in full; False when it cannot (found without parsing it). A digit then
-    an `e` is looked for first: most bodies have none, and it takes no time."""
-    if isinstance(text, bytes):
-        if not _EXPONENT_BYTES.search(text):
-            return False
-        return bool(_EXPONENT_NUMBER_BYTES.search(text) or _EXPONENT_FIRST_BYTES.match(text))
+    an `e` is looked for first: most values have none, and it takes no time."""
     if not _EXPONENT.search(text):
         return False
-    return bool(_EXPONENT_NUMBER_TEXT.search(text) or _EXPONENT_FIRST_TEXT.match(text))
+    return bool(_EXPONENT_NUMBER.search(text) or _EXPONENT_FIRST.match(text))
 
 
-def expansion(text: str | bytes, value: Any) -> int:
-    """How many characters longer `value` (serialized as `text`, or parsed from it)
-    comes back from Postgres, which writes every number out in full. 0 when no number
-    in `text` has an exponent (the usual case, found without walking the value)."""
+def expansion(text: str, value: Any) -> int:
+    """How many characters longer `value` (serialized as `text`) comes back from
+    Postgres, which writes every number out in full. 0 when no number in `text` has an
+    exponent (the usual case, found without walking the value)."""
     if not may_expand(text):
         return 0
     extra = 0
@@ -168,13 +164,13 @@ class NestedTooDeep(Exception):
         self.value = value
 
 
-def cut_deep(raw: bytes, keep: int = CUT_DEPTH) -> bytes | None:
+def cut_deep(raw: bytes, keep: int = CUT_DEPTH, max_tokens: int = CUT_SCAN_TOKENS) -> bytes | None:
     """`raw` up to its first container opened deeper than `keep` levels, that container
     written as `0` and every open one closed: text the parsers can read, still nested
-    `keep` levels deep at the cut. None when `raw` never nests deeper than `keep`.
-    Reads `raw` only up to the cut, one token (string or bracket) at a time."""
+    `keep` levels deep at the cut. None when `raw` does not nest deeper than `keep`
+    within its first `max_tokens` tokens (strings and brackets), read one at a time."""
     opened = bytearray()
-    for token in _NESTING_TOKENS.finditer(raw):
+    for token in itertools.islice(_NESTING_TOKENS.finditer(raw), max_tokens):
         first = raw[token.start()]
         if first in b"[{":
             if len(opened) == keep:
@@ -186,47 +182,31 @@ def cut_deep(raw: bytes, keep: int = CUT_DEPTH) -> bytes | None:
     return None
 
 
-def _too_deep(raw: bytes, max_bytes: int | None) -> Exception:
+def _too_deep(raw: bytes) -> Exception:
     """NestedTooDeep with the cut body parsed; BadRequest (raised) when what comes
     before the cut is not JSON."""
     cut = cut_deep(raw)
-    if cut is None:  # not expected: both parsers stop deeper than CUT_DEPTH
+    if cut is None:  # the deep part lies past CUT_SCAN_TOKENS
         return ValidationFailed("body is nested too deeply (GATEWAY_MAX_JSON_DEPTH)", field="body")
-    return NestedTooDeep(loads(cut, CUT_DEPTH + 1, max_bytes))
+    return NestedTooDeep(loads(cut, CUT_DEPTH + 1))
 
 
-def check_written_size(raw: bytes, value: Any, max_bytes: int) -> None:
-    """PayloadTooLarge when `value`, parsed from `raw`, is longer than `max_bytes` with
-    its numbers written out in full, as Postgres writes them and every answer then
-    carries them: a body is bounded by what it becomes, not only by what was sent."""
-    if len(raw) + expansion(raw, value) > max_bytes:
-        raise PayloadTooLarge(
-            f"request body is larger than {max_bytes} bytes with its numbers written out "
-            "in full, as answers carry them (1e300 is 301 digits); "
-            "the limit is GATEWAY_MAX_BODY_BYTES",
-            field="body",
-        )
-
-
-def loads(raw: bytes, max_depth: int, max_bytes: int | None = None) -> Any:
+def loads(raw: bytes, max_depth: int) -> Any:
     """Parse a request body, numbers kept exactly. BadRequest if it is not JSON.
     Before the standard library's recursive parser runs, ValidationFailed names the
     top-level field (or `body`) nested deeper than `max_depth`; otherwise depth is left
     to the fields that store JSON, so a body is not walked twice. A body nested deeper
-    than the parsers go raises NestedTooDeep. With `max_bytes`, the body written out
-    must fit in it (check_written_size)."""
+    than the parsers go raises NestedTooDeep."""
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         if "depth limit" in str(exc):
-            raise _too_deep(raw, max_bytes) from None
+            raise _too_deep(raw) from None
         # orjson refuses numbers beyond a double (1e400); they are valid JSON.
         if "infinity" not in str(exc):
             raise BadRequest(f"request body is not valid JSON: {exc}") from None
     else:
         if not might_be_inexact(raw):
-            if max_bytes is not None:
-                check_written_size(raw, value, max_bytes)
             return value
         _check_depth(value, max_depth)  # before the recursive parser below runs
     try:
@@ -234,7 +214,7 @@ def loads(raw: bytes, max_depth: int, max_bytes: int | None = None) -> Any:
             raw, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_refuse_constant
         )
     except RecursionError:
-        raise _too_deep(raw, max_bytes) from None
+        raise _too_deep(raw) from None
     except ValueError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if _has_lone_surrogate(value):
@@ -244,8 +224,6 @@ def loads(raw: bytes, max_depth: int, max_bytes: int | None = None) -> Any:
             "request body is not valid JSON: a string holds a lone surrogate (\\ud800-\\udfff)"
         )
     _check_depth(value, max_depth)
-    if max_bytes is not None:
-        check_written_size(raw, value, max_bytes)
     return value
 
 

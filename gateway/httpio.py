@@ -206,8 +206,5 @@ async def read_body(request: Request, gw: Gateway) -> bytes:
 
 
 async def read_json(request: Request, gw: Gateway) -> dict[str, Any]:
-    """The body as a JSON object (models.decode_body), within the body limit as sent
-    and as written out."""
-    settings = gw.settings
-    raw = await read_body(request, gw)
-    return models.decode_body(raw, settings.max_json_depth, settings.max_body_bytes)
+    """The body as a JSON object (models.decode_body), within the body limit."""
+    return models.decode_body(await read_body(request, gw), gw.settings.max_json_depth)

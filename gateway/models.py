@@ -40,7 +40,18 @@ from .bodies import MAX_WORKER_ID as MAX_WORKER_ID
 from .bodies import STATUSES as STATUSES
 from .errors import BadRequest, NotFound, PayloadTooLarge, ValidationFailed
 from .rows import TaskRow
-from .schema import EARLIEST, LATEST, Field, in_item, json_text, read_query, resolve, too_deep
+from .schema import (
+    EARLIEST,
+    LATEST,
+    WRITTEN_BUDGET,
+    Field,
+    WrittenBudget,
+    in_item,
+    json_text,
+    read_query,
+    resolve,
+    too_deep,
+)
 
 RUNTIME_ID_MAX_CHARS = 128
 RUNTIME_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
@@ -143,17 +154,14 @@ def check_task_id(raw: str) -> uuid.UUID:
         raise NotFound(f"no task with id {raw!r}") from None
 
 
-def decode_body(
-    raw: bytes, max_depth: int = DEFAULT_MAX_DEPTH, max_bytes: int | None = None
-) -> dict[str, Any]:
+def decode_body(raw: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> dict[str, Any]:
     """The request body as a JSON object; an empty body counts as {}. Numbers are
     kept exactly (see exactjson); the fields that store JSON (payload, result) are
-    held to `max_depth` when they are read. With `max_bytes` (GATEWAY_MAX_BODY_BYTES),
-    the body with its numbers written out in full must fit in it."""
+    held to `max_depth`, and to the request's WrittenBudget, when they are read."""
     if not raw.strip():
         return {}
     try:
-        body = exactjson.loads(raw, max_depth + BODY_DEPTH_MARGIN, max_bytes)
+        body = exactjson.loads(raw, max_depth + BODY_DEPTH_MARGIN)
     except exactjson.NestedTooDeep as exc:
         raise _nested_too_deep(exc.value, max_depth, "body") from None
     if not isinstance(body, dict):
@@ -161,14 +169,12 @@ def decode_body(
     return body
 
 
-def decode_json(
-    raw: bytes, field: str, max_depth: int = DEFAULT_MAX_DEPTH, max_bytes: int | None = None
-) -> Any:
+def decode_json(raw: bytes, field: str, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
     """A whole body that is one JSON value, the `field` it becomes (a webhook's
     payload), numbers kept exactly. Only bounded here; the field holds it to
-    `max_depth`, naming itself. `max_bytes` as for decode_body."""
+    `max_depth`, naming itself."""
     try:
-        return exactjson.loads(raw, max_depth + BODY_DEPTH_MARGIN, max_bytes)
+        return exactjson.loads(raw, max_depth + BODY_DEPTH_MARGIN)
     except exactjson.NestedTooDeep as exc:
         raise _nested_too_deep(exc.value, max_depth, field) from None
 
@@ -199,8 +205,20 @@ def header_text(raw: str | None, field: str) -> str | None:
         raise ValidationFailed(f"the {field} header must be UTF-8 text", field=field) from None
 
 
-def _payload_limits(max_payload_bytes: int, max_depth: int) -> dict[str, int]:
-    return {PAYLOAD_BYTES.name: max_payload_bytes, JSON_DEPTH.name: max_depth}
+def _payload_limits(
+    max_payload_bytes: int, max_depth: int, budget: WrittenBudget | None = None
+) -> dict[str, Any]:
+    """The limits a request's JSON fields are read with; `budget`, when given, is what
+    they may come to together (GATEWAY_MAX_BODY_BYTES, see schema.WrittenBudget)."""
+    limits: dict[str, Any] = {PAYLOAD_BYTES.name: max_payload_bytes, JSON_DEPTH.name: max_depth}
+    if budget is not None:
+        limits[WRITTEN_BUDGET] = budget
+    return limits
+
+
+def written_budget(max_body_bytes: int | None) -> WrittenBudget | None:
+    """A request's WrittenBudget, or None (no bound) when `max_body_bytes` is None."""
+    return None if max_body_bytes is None else WrittenBudget(max_body_bytes)
 
 
 class EnqueueRequest(NamedTuple):
@@ -246,8 +264,11 @@ def parse_enqueue(
     header_key: str | None,
     max_payload_bytes: int,
     max_depth: int = DEFAULT_MAX_DEPTH,
+    max_body_bytes: int | None = None,
 ) -> EnqueueRequest:
-    limits = _payload_limits(max_payload_bytes, max_depth)
+    """One task. `max_body_bytes` (GATEWAY_MAX_BODY_BYTES) bounds its payload written
+    out, as for a batch's payloads together."""
+    limits = _payload_limits(max_payload_bytes, max_depth, written_budget(max_body_bytes))
     return _parse_enqueue(body, header_key, limits, _absent_values(max_payload_bytes, max_depth))
 
 
@@ -363,10 +384,15 @@ def parse_fail(body: Mapping[str, Any]) -> FailRequest:
 
 
 def result_json(
-    body: Mapping[str, Any], max_payload_bytes: int, max_depth: int = DEFAULT_MAX_DEPTH
+    body: Mapping[str, Any],
+    max_payload_bytes: int,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    budget: WrittenBudget | None = None,
 ) -> str | None:
+    """A complete's result, serialized and checked; its written size is spent from the
+    request's `budget` (one for a batch of completes)."""
     result: str | None = COMPLETE_BODY["result"].read(
-        body, _payload_limits(max_payload_bytes, max_depth)
+        body, _payload_limits(max_payload_bytes, max_depth, budget)
     )
     return result
 
@@ -375,12 +401,21 @@ _new_tuple = tuple.__new__
 
 
 def parse_batch(
-    body: Mapping[str, Any], max_payload_bytes: int, max_depth: int = DEFAULT_MAX_DEPTH
+    body: Mapping[str, Any],
+    max_payload_bytes: int,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    max_body_bytes: int | None = None,
 ) -> list[EnqueueRequest]:
-    """Every item as parse_enqueue; an invalid one fails the batch, naming its index."""
+    """Every item as parse_enqueue; an invalid one fails the batch, naming its index.
+    The payloads written out come to at most `max_body_bytes` together."""
     items = BATCH_BODY["tasks"].read(body, {})
-    limits = _payload_limits(max_payload_bytes, max_depth)
-    bounds = (resolve(_PAYLOAD.max_bytes, limits), resolve(_PAYLOAD.max_depth, limits))
+    budget = written_budget(max_body_bytes)
+    limits = _payload_limits(max_payload_bytes, max_depth, budget)
+    bounds = (
+        resolve(_PAYLOAD.max_bytes, limits),
+        resolve(_PAYLOAD.max_depth, limits),
+        budget,
+    )
     absent = _absent_values(max_payload_bytes, max_depth)
     # What an item that gives nothing but its payload reads as, past the payload (the
     # first field), as _parse_enqueue would read it.

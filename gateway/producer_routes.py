@@ -51,6 +51,7 @@ async def enqueue(request: Request, gw: Gateway) -> Response:
         models.header_text(request.headers.get("idempotency-key"), "idempotency_key"),
         gw.settings.max_payload_bytes,
         gw.settings.max_json_depth,
+        gw.settings.max_body_bytes,
     )
     # Sync match: a task due now may go straight to a poll parked here (claim.py).
     waiter = gw.claimer.match(runtime_id) if req.run_at is None and not req.delay_seconds else None
@@ -84,8 +85,12 @@ async def enqueue_batch(request: Request, gw: Gateway) -> Response:
     as `{"id": ...}` only, and the store sends no payload back for it."""
     runtime_id = models.check_runtime_id(request.path_params["rt"])
     minimal = prefers_minimal(request.headers.getlist("prefer"))
+    settings = gw.settings
     reqs = models.parse_batch(
-        await read_json(request, gw), gw.settings.max_payload_bytes, gw.settings.max_json_depth
+        await read_json(request, gw),
+        settings.max_payload_bytes,
+        settings.max_json_depth,
+        settings.max_body_bytes,
     )
     tasks, all_replayed = await gw.store.enqueue_batch(runtime_id, reqs, ids_only=minimal)
     body = {"tasks": orjson.Fragment(tasks)}

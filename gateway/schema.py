@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from . import exactjson
-from .errors import GatewayError, PayloadTooLarge, ValidationFailed
+from .errors import GatewayError, PayloadTooLarge, RequestTooLarge, ValidationFailed
 
 Limits = Mapping[str, Any]
 E = TypeVar("E", bound=GatewayError)
@@ -298,7 +298,7 @@ def _json(f: Field, body: Mapping[str, Any], limits: Limits) -> str | None:
     if not f.required and body.get(f.name) is None:
         return None
     max_bytes, max_depth = resolve(f.max_bytes, limits), resolve(f.max_depth, limits)
-    return json_text(f.name, body[f.name], max_bytes, max_depth)
+    return json_text(f.name, body[f.name], max_bytes, max_depth, limits.get(WRITTEN_BUDGET))
 
 
 def _array(f: Field, body: Mapping[str, Any], limits: Limits) -> list[Any]:
@@ -396,6 +396,8 @@ def check_depth(field: str, value: Any, max_depth: int) -> None:
 def in_item(error: E, index: int, array: str = "tasks") -> E:
     """`error`, raised by an item of a list field, made to name the item:
     `tasks[3]: ...`, field `tasks[3].lease_id`, index 3."""
+    if isinstance(error, RequestTooLarge):
+        return error
     inner = error.extra.get("field")
     error.detail = f"{array}[{index}]: {error.detail}"
     error.extra.update(field=f"{array}[{index}].{inner}" if inner else f"{array}[{index}]")
@@ -403,10 +405,40 @@ def in_item(error: E, index: int, array: str = "tasks") -> E:
     return error
 
 
-def json_text(field: str, value: Any, max_bytes: int, max_depth: int) -> str:
-    """A JSON value serialized for storage, depth- and size-checked, numbers exact.
-    Postgres jsonb cannot hold the NUL character, so it is refused here rather than
-    failing in the database."""
+class WrittenBudget:
+    """What the JSON values one request stores (payloads, results) may come to
+    together, written out as Postgres writes them and answers then carry them
+    (GATEWAY_MAX_BODY_BYTES): numbers written short, such as 1e4299, must not turn a
+    small request into a huge answer. One per request; json_text spends from it."""
+
+    __slots__ = ("left", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.left = limit
+
+    def spend(self, written: int) -> None:
+        """Counts one value's written size; PayloadTooLarge naming `body` past the limit."""
+        self.left -= written
+        if self.left < 0:
+            raise RequestTooLarge(
+                f"the request's JSON values come to more than {self.limit} bytes written "
+                "out in full, as answers carry them (1e300 is 301 digits); the limit is "
+                "GATEWAY_MAX_BODY_BYTES",
+                field="body",
+            )
+
+
+# The key under which a parser's limits carry the request's WrittenBudget, if any.
+WRITTEN_BUDGET = "written_budget"
+
+
+def json_text(
+    field: str, value: Any, max_bytes: int, max_depth: int, budget: WrittenBudget | None = None
+) -> str:
+    """A JSON value serialized for storage, depth- and size-checked, numbers exact,
+    its written size spent from the request's `budget`. Postgres jsonb cannot hold the
+    NUL character, so it is refused here rather than failing in the database."""
     try:
         raw = exactjson.dumps(value)
     except ValueError as exc:
@@ -418,11 +450,14 @@ def json_text(field: str, value: Any, max_bytes: int, max_depth: int) -> str:
         check_depth(field, value, max_depth)
     text = raw.decode()
     # Counted as it will be answered: Postgres writes 1e300 out as 301 digits.
-    if len(raw) + exactjson.expansion(text, value) > max_bytes:
+    written = len(raw) + exactjson.expansion(text, value)
+    if written > max_bytes:
         raise PayloadTooLarge(
             f"{field} is larger than {max_bytes} bytes serialized (numbers written out)",
             field=field,
         )
+    if budget is not None:
+        budget.spend(written)
     # The substring test first: the pattern costs more than the rest of this function.
     if "\\u0000" in text and NUL_ESCAPE.search(text):
         raise ValidationFailed(f"{field} must not contain NUL characters (\\u0000)", field=field)

@@ -163,12 +163,10 @@ async def receive(request: Request, gw: Gateway) -> Response:
     if not raw.strip():
         raise BadRequest("the delivery's body is empty; it must be a JSON value")
     settings = gw.settings
-    fields["payload"] = models.decode_json(
-        raw, "payload", settings.max_json_depth, settings.max_body_bytes
-    )
+    fields["payload"] = models.decode_json(raw, "payload", settings.max_json_depth)
     # The key is set after parsing: the prefix is refused to whoever sends it as a key.
     req = models.parse_enqueue(
-        fields, None, settings.max_payload_bytes, settings.max_json_depth
+        fields, None, settings.max_payload_bytes, settings.max_json_depth, settings.max_body_bytes
     )._replace(idempotency_key=KEY_PREFIX + delivery.msg_id)
     repeated = exactjson.repeated_key(raw)
     if repeated is not None:

@@ -26,7 +26,8 @@ from tests.support.http import get_task, req
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 
-# Small enough that a test's bodies stay small; a payload may be as large as a body.
+# Small enough that a test's bodies stay small, and far below the payload limit (1 MiB),
+# so that what is refused is the request as a whole.
 BODY_LIMIT = 40_000
 # 1e300 is sent as 5 characters and answered as 301 digits; 1e99 takes orjson's own
 # path (a double holds it) and is answered as 100 digits.
@@ -39,10 +40,8 @@ AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def small(database_url, redis_url):
-    """A gateway whose body limit is BODY_LIMIT and whose payload limit is the same."""
-    async with gateway(
-        database_url, redis_url, max_body_bytes=BODY_LIMIT, max_payload_bytes=BODY_LIMIT
-    ) as inst:
+    """A gateway whose body limit is BODY_LIMIT."""
+    async with gateway(database_url, redis_url, max_body_bytes=BODY_LIMIT) as inst:
         yield inst
 
 
@@ -84,6 +83,15 @@ async def test_numbers_a_double_holds_count_written_out_too(small, rt):
     assert await all_tasks(small, rt) == []
 
 
+async def test_numbers_stored_longer_than_sent_count_too(small, rt):
+    # 9e15 is read as a double and stored as 9000000000000000.0: 18 characters for 4.
+    raw = orjson.dumps({"tasks": [{"payload": orjson.Fragment(numbers(100, "9e15"))}] * 25})
+    assert len(raw) < BODY_LIMIT / 3
+    resp = await req(small, "POST", f"/v1/runtimes/{rt}/tasks:batch", raw=raw)
+    assert_body_too_large(resp)
+    assert await all_tasks(small, rt) == []
+
+
 async def test_a_batch_that_fits_written_out_is_answered_within_the_limit(small, rt):
     items, per_item = 10, 10
     raw = orjson.dumps({"tasks": [{"payload": orjson.Fragment(numbers(per_item))}] * items})
@@ -99,7 +107,6 @@ async def test_a_batch_that_fits_written_out_is_answered_within_the_limit(small,
 
 
 async def test_a_single_enqueue_is_bounded_by_the_body_limit_written_out(small, rt):
-    # The payload limit would be met too; the body limit, checked first, names the body.
     raw = b'{"payload": %s}' % numbers(BODY_LIMIT // BIG_WRITTEN + 1).encode()
     resp = await req(small, "POST", f"/v1/runtimes/{rt}/tasks", raw=raw)
     assert_body_too_large(resp)

@@ -604,3 +604,50 @@ def test_a_bad_batch_item_is_refused_as_the_single_enqueue_is_naming_its_index(b
     assert batch.value.detail == f"tasks[5]: {single.value.detail}"
     assert batch.value.extra["field"] == f"tasks[5].{single.value.extra['field']}"
     assert batch.value.extra["index"] == 5
+
+
+# -- what a request's JSON values come to, written out (GATEWAY_MAX_BODY_BYTES) --------
+
+
+def _batch_of(number: str, per_item: int, items: int) -> dict:
+    payload = "[" + ",".join([number] * per_item) + "]"
+    return models.decode_body(
+        ('{"tasks": [' + ",".join([f'{{"payload": {payload}}}'] * items) + "]}").encode()
+    )
+
+
+@pytest.mark.parametrize(
+    ("number", "written"),
+    # 1e300 is written as 301 digits; 9e15 is read as a double and stored as
+    # 9000000000000000.0, 18 characters for 4 sent.
+    [("1e300", 301), ("9e15", 18), ("-1E-5", 8)],
+)
+def test_a_batch_is_bounded_by_its_payloads_written_out_together(number, written):
+    per_item, items = 10, 5
+    size = items * (per_item * (written + 1) + 1)  # each payload: numbers, commas, brackets
+    body = _batch_of(number, per_item, items)
+    assert len(models.parse_batch(body, 1 << 20, 64, max_body_bytes=size)) == items
+    with pytest.raises(PayloadTooLarge) as caught:
+        models.parse_batch(body, 1 << 20, 64, max_body_bytes=size - 1)
+    # The request as a whole is named, not the item that passed the limit.
+    assert caught.value.extra == {"field": "body"}
+    assert "GATEWAY_MAX_BODY_BYTES" in caught.value.detail
+
+
+def test_a_single_payload_and_a_result_are_bounded_written_out_too():
+    body = models.decode_body(b'{"payload": [1e300, 1e300], "result": [1e300]}')
+    assert models.parse_enqueue(body, None, 1 << 20, 64, max_body_bytes=605)
+    with pytest.raises(PayloadTooLarge) as caught:
+        models.parse_enqueue(body, None, 1 << 20, 64, max_body_bytes=604)
+    assert caught.value.extra == {"field": "body"}
+    budget = models.written_budget(303)
+    assert models.result_json(body, 1 << 20, 64, budget) is not None
+    with pytest.raises(PayloadTooLarge):
+        models.result_json(body, 1 << 20, 64, budget)  # the same budget: 606 in all
+
+
+def test_the_payload_limit_still_names_the_payload():
+    body = models.decode_body(b'{"payload": [1e300, 1e300]}')
+    with pytest.raises(PayloadTooLarge) as caught:
+        models.parse_enqueue(body, None, 600, 64, max_body_bytes=10_000)
+    assert caught.value.extra == {"field": "payload"}
