@@ -418,7 +418,7 @@ class WrittenBudget:
         self.left = limit
 
     def spend(self, written: int) -> None:
-        """Counts one value's written size; PayloadTooLarge naming `body` past the limit."""
+        """Counts one value's written size; RequestTooLarge naming `body` past the limit."""
         self.left -= written
         if self.left < 0:
             raise RequestTooLarge(
