@@ -274,3 +274,24 @@ async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     client = aioredis.Redis.from_url(redis_url, socket_timeout=2)
     yield client
     await client.aclose()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Gives every item a node id of its own. Schemathesis makes one item per operation
+    (`test_x[GET /v1/tasks/{task_id}]`) under one node id, and pytest-xdist's
+    schedulers key their work by node id: all but one of them would never run."""
+    for item in items:
+        suffix = item.name[len(getattr(item, "originalname", item.name)) :]
+        if suffix and not item.nodeid.endswith(suffix):
+            _rename(item, item.nodeid + suffix)
+
+
+def _rename(item: pytest.Item, nodeid: str) -> None:
+    # pytest has no public way to set a node id; 9.2 keeps it as a structured `_id`,
+    # earlier releases as the string `_nodeid`.
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import coerce_node_id
+
+        item._id = coerce_node_id(nodeid)
+    else:
+        item._nodeid = nodeid
