@@ -55,7 +55,7 @@ def _path_id(request: Request, param: str, kind: str) -> uuid.UUID:
 
 
 async def create_token(request: Request, gw: Gateway) -> Response:
-    spec = credentials.parse_token_spec(await read_json(request, gw))
+    spec = credentials.parse_token_spec(await read_json(request, gw.settings))
     row, secret = await gw.credentials.create_token(spec)
     return json_response(credentials.token_json(row, secret), 201, SECRET_HEADERS)
 
@@ -92,7 +92,7 @@ async def revoke_token(request: Request, gw: Gateway) -> Response:
 
 
 async def create_webhook_secret(request: Request, gw: Gateway) -> Response:
-    spec = credentials.parse_webhook_secret_spec(await read_json(request, gw))
+    spec = credentials.parse_webhook_secret_spec(await read_json(request, gw.settings))
     row, secret = await gw.credentials.create_webhook_secret(spec)
     return json_response(credentials.webhook_secret_json(row, secret), 201, SECRET_HEADERS)
 

@@ -193,7 +193,7 @@ def _runtimes(request: Request) -> Sequence[str] | None:
 async def complete_many(request: Request, gw: Gateway) -> Response:
     settings = gw.settings
     items = parse_complete_many(
-        await read_json(request, gw),
+        await read_json(request, gw.settings),
         settings.max_payload_bytes,
         settings.max_json_depth,
         settings.max_body_bytes,
@@ -210,7 +210,7 @@ async def complete_many(request: Request, gw: Gateway) -> Response:
 
 
 async def fail_many(request: Request, gw: Gateway) -> Response:
-    items = parse_fail_many(await read_json(request, gw))
+    items = parse_fail_many(await read_json(request, gw.settings))
     results = await gw.store.fail_many(
         [i.task_id for i in items],
         [i.request.lease_id for i in items],
@@ -233,7 +233,9 @@ async def fail_many(request: Request, gw: Gateway) -> Response:
 
 
 async def heartbeat_many(request: Request, gw: Gateway) -> Response:
-    items = parse_heartbeat_many(await read_json(request, gw), gw.settings.default_lease_seconds)
+    items = parse_heartbeat_many(
+        await read_json(request, gw.settings), gw.settings.default_lease_seconds
+    )
     results = await gw.store.heartbeat_many(
         [i.task_id for i in items],
         [i.lease_id for i in items],

@@ -22,7 +22,7 @@ async def get_controls(request: Request, gw: Gateway) -> Response:
 
 async def set_controls(request: Request, gw: Gateway) -> Response:
     runtime_id = models.check_runtime_id(request.path_params["rt"])
-    change = parse_controls(await read_json(request, gw))
+    change = parse_controls(await read_json(request, gw.settings))
     return json_response((await gw.controls.change(runtime_id, change)).render())
 
 
@@ -30,7 +30,7 @@ async def pause(request: Request, gw: Gateway) -> Response:
     """Pause, with an optional body {"reason", "until"}; an empty body pauses until
     resumed. A second pause replaces the reason and end, keeping paused_since."""
     runtime_id = models.check_runtime_id(request.path_params["rt"])
-    change = parse_pause(await read_json(request, gw))
+    change = parse_pause(await read_json(request, gw.settings))
     controls = await gw.controls.change(runtime_id, change)
     return json_response(controls.render())
 

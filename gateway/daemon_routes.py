@@ -27,7 +27,7 @@ async def claim(request: Request, gw: Gateway) -> Response:
     # The decoded body is not kept in this frame: a parked poll would hold it for its
     # whole wait (about 0.2 KiB of its 15).
     req = models.parse_claim(
-        await read_json(request, gw),
+        await read_json(request, gw.settings),
         gw.settings.max_wait_seconds,
         gw.settings.default_lease_seconds,
     )
@@ -71,7 +71,7 @@ async def _deliverable(gw: Gateway, rows: list[Leased]) -> list[orjson.Fragment]
 
 async def heartbeat(request: Request, gw: Gateway) -> Response:
     task_id = models.check_task_id(request.path_params["task_id"])
-    body = await read_json(request, gw)
+    body = await read_json(request, gw.settings)
     lease_id = models.parse_lease_id(body)
     seconds = models.parse_lease_seconds(body, gw.settings.default_lease_seconds)
     row = await gw.store.heartbeat(task_id, lease_id, seconds)
@@ -80,7 +80,7 @@ async def heartbeat(request: Request, gw: Gateway) -> Response:
 
 async def complete(request: Request, gw: Gateway) -> Response:
     task_id = models.check_task_id(request.path_params["task_id"])
-    body = await read_json(request, gw)
+    body = await read_json(request, gw.settings)
     lease_id = models.parse_lease_id(body)
     settings = gw.settings
     result = models.result_json(
@@ -96,7 +96,7 @@ async def complete(request: Request, gw: Gateway) -> Response:
 
 async def fail(request: Request, gw: Gateway) -> Response:
     task_id = models.check_task_id(request.path_params["task_id"])
-    req = models.parse_fail(await read_json(request, gw))
+    req = models.parse_fail(await read_json(request, gw.settings))
     row = await gw.store.fail(task_id, req.lease_id, req.error, req.retry, req.retry_after_seconds)
     if row.status == "queued":
         await gw.claimer.announce(row.runtime_id)
@@ -107,7 +107,7 @@ async def fail(request: Request, gw: Gateway) -> Response:
 
 async def release(request: Request, gw: Gateway) -> Response:
     task_id = models.check_task_id(request.path_params["task_id"])
-    lease_id = models.parse_lease_id(await read_json(request, gw))
+    lease_id = models.parse_lease_id(await read_json(request, gw.settings))
     row = await gw.store.release(task_id, lease_id)
     if row.status == "queued":
         await gw.claimer.announce(row.runtime_id)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from starlette.requests import Request
@@ -16,9 +16,7 @@ from starlette.types import ASGIApp, Message, Receive
 
 from . import models
 from .errors import GatewayError, PayloadTooLarge, problem_for
-
-if TYPE_CHECKING:  # runtime.py builds parts whose modules use these helpers
-    from .runtime import Gateway
+from .settings import Settings
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -187,10 +185,10 @@ def problem_response(error: GatewayError, headers: Mapping[str, str] | None = No
     )
 
 
-async def read_body(request: Request, gw: Gateway) -> bytes:
-    """The raw body, refusing more than GATEWAY_MAX_BODY_BYTES (413) before reading it
-    all when Content-Length says so, and as soon as the stream passes the limit."""
-    limit = gw.settings.max_body_bytes
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body, refusing more than `limit` bytes (GATEWAY_MAX_BODY_BYTES: 413)
+    before reading it all when Content-Length says so, and as soon as the stream passes
+    the limit."""
     declared = request.headers.get("content-length")
     # More than 18 digits is over any limit, and int() has a digit limit of its own.
     if declared and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
@@ -205,6 +203,7 @@ async def read_body(request: Request, gw: Gateway) -> bytes:
     return b"".join(chunks)
 
 
-async def read_json(request: Request, gw: Gateway) -> dict[str, Any]:
+async def read_json(request: Request, settings: Settings) -> dict[str, Any]:
     """The body as a JSON object (models.decode_body), within the body limit."""
-    return models.decode_body(await read_body(request, gw), gw.settings.max_json_depth)
+    raw = await read_body(request, settings.max_body_bytes)
+    return models.decode_body(raw, settings.max_json_depth)

@@ -45,7 +45,7 @@ async def enqueue(request: Request, gw: Gateway) -> Response:
     """One task. `Prefer: return=minimal` (RFC 7240) answers `{"id": ...}` only."""
     runtime_id = models.check_runtime_id(request.path_params["rt"])
     minimal = prefers_minimal(request.headers.getlist("prefer"))
-    body = await read_json(request, gw)
+    body = await read_json(request, gw.settings)
     req = models.parse_enqueue(
         body,
         models.header_text(request.headers.get("idempotency-key"), "idempotency_key"),
@@ -87,7 +87,7 @@ async def enqueue_batch(request: Request, gw: Gateway) -> Response:
     minimal = prefers_minimal(request.headers.getlist("prefer"))
     settings = gw.settings
     reqs = models.parse_batch(
-        await read_json(request, gw),
+        await read_json(request, gw.settings),
         settings.max_payload_bytes,
         settings.max_json_depth,
         settings.max_body_bytes,

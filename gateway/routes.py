@@ -4,7 +4,7 @@ them (`ROUTES`). Errors become problem+json in `api()` via errors.PROBLEMS.
 
 The handlers live by resource and caller: producer_routes.py (enqueue, cancel, retry,
 reads), daemon_routes.py (claim and the single lease operations), batch.py (the batch
-lease operations), controls_routes.py, runtimes.py, webhooks.py and admin.py; the
+lease operations), controls_routes.py, runtimes.py, webhook_routes.py and admin.py; the
 operational ones (health, readiness, metrics, the OpenAPI document) are below. They
 parse, call the store and the claimer, and shape answers; they import no driver.
 """
@@ -33,7 +33,7 @@ from . import (
     models,
     openapi,
     runtimes,
-    webhooks,
+    webhook_routes,
 )
 from .auth import Principal, Scope
 from .daemon_routes import claim, complete, fail, heartbeat, release
@@ -217,11 +217,11 @@ ENDPOINTS = [
     ),
     Endpoint("POST", "/v1/tasks/{task_id}/cancel", cancel, Scope.ENQUEUE, Target.TASK, docs.CANCEL),
     Endpoint("POST", "/v1/tasks/{task_id}/retry", retry, Scope.ENQUEUE, Target.TASK, docs.RETRY),
-    # No bearer token: the Standard Webhooks signature authenticates (webhooks.receive).
+    # No bearer token: the Standard Webhooks signature authenticates (webhook_routes.receive).
     Endpoint(
         "POST",
         "/v1/runtimes/{rt}/webhooks",
-        webhooks.receive,
+        webhook_routes.receive,
         None,
         Target.RUNTIME,
         admin_docs.RECEIVE_WEBHOOK,
