@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LINT_PATHS := gateway tests bench clients/python examples
 
-.PHONY: run test lint format bench simulate faults model fuzz soak clean
+.PHONY: run test check lint format bench simulate faults model fuzz soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ TEST_WORKERS ?= 4
 ## test: the whole suite; uses TEST_DATABASE_URL / TEST_REDIS_URL when set, else embedded servers
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+## check: the fast inner loop, under a minute: unit tests, the claim-path simulation and a short model run
+check: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 -p no:cacheprovider tests/unit tests/sim
+	MODEL_EXAMPLES=5 MODEL_STEPS=20 $(BIN)/python -m pytest -q -p no:cacheprovider tests/model
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)

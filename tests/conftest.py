@@ -276,11 +276,19 @@ async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     await client.aclose()
 
 
+# The markers that say which servers a test needs, from the fixtures it uses.
+_SERVER_MARKERS = {"pg_admin_url": "pg", "redis_url": "redis"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Gives every item a node id of its own. Schemathesis makes one item per operation
+    """Marks each test with the servers its fixtures reach (`pg`, `redis`), and gives
+    every item a node id of its own. Schemathesis makes one item per operation
     (`test_x[GET /v1/tasks/{task_id}]`) under one node id, and pytest-xdist's
     schedulers key their work by node id: all but one of them would never run."""
     for item in items:
+        for fixture, marker in _SERVER_MARKERS.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(marker)
         suffix = item.name[len(getattr(item, "originalname", item.name)) :]
         if suffix and not item.nodeid.endswith(suffix):
             _rename(item, item.nodeid + suffix)

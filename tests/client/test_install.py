@@ -21,6 +21,7 @@ print(" ".join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is not Non
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)  # a fresh venv and a real install: about 15 s with a warm pip cache
 def test_the_client_installs_without_the_server_dependencies(tmp_path: Path) -> None:
     env_dir = tmp_path / "venv"

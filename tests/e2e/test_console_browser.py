@@ -19,7 +19,7 @@ from tests.conftest import IN_CI
 from tests.e2e.console_browser import MISSING, Api, browser_page, chromium_missing
 from tests.harness import TOKEN, serve_process
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.slow]
 
 BIG = "18446744073709551616.000000000000000000001"  # JSON.parse would round it
 HOSTILE = "<img src=x onerror=document.title='pwned'>"

@@ -13,7 +13,7 @@ import pytest
 from gateway import queries as q
 from tests.support.databases import migrate
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 RUNTIMES = 40
 HISTORY_PER_RUNTIME = 5000  # 200,000 finished rows in all

@@ -31,6 +31,7 @@ EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "10"))
 SEED = int(os.environ.get("FUZZ_SEED") or (random.randrange(2**31) if SECONDS else 20260601))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(SECONDS + 240)
 def test_schemathesis_finds_no_disagreement(database_url: str, redis_url: str, tmp_path: Path):
     prefix = "gwt" + secrets.token_hex(4)

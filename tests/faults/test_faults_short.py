@@ -10,7 +10,7 @@ import pytest
 from tests.faults.faults import SHORT
 from tests.faults.matrix import Timing, run_matrix, table
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SHORT_TIMING = Timing(warmup=1.5, after=2.5, drain=15.0)
 

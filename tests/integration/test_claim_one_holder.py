@@ -17,7 +17,7 @@ from tests.support.http import get_task
 
 # A load test with bounds of its own (claimers give up after 40 s, and are awaited
 # for 45 s): the suite's 30 s would cut it before it can report what went wrong.
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(60)]
 
 TASKS = 2000
 CLAIMERS = 60

@@ -27,7 +27,7 @@ from tests.support.metrics import sample
 from tests.support.redis_servers import LocalCluster, Node
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(90)]
 
 
 @pytest.fixture(scope="module")
