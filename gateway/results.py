@@ -15,7 +15,7 @@ A finish publishes whether or not anybody waits (asking Redis whether anybody do
 cost the same round trip), but never makes its request wait for Redis: publishes go out
 in the background, those made during one round trip together in the next. Awaited in
 each complete, the publish cost 28% of the completion rate (0.72x in one run of
-`python -m tests.scale results`); sent in the background, 1.18x and 0.89x in two runs:
+`python -m bench.measure results`); sent in the background, 1.18x and 0.89x in two runs:
 within this shared machine's noise.
 
 Expiry publishes nothing: a waiter sleeps at most until the task's expires_at, when a

@@ -1,11 +1,11 @@
 """Measurements at scale, on a database of their own (dropped afterwards):
 
-    python -m tests.scale stats    [--finished 1000000]
-    python -m tests.scale janitor  [--runtimes 100000 --per-runtime 10 --passes 5 --interval 5]
-    python -m tests.scale drain    [--tasks 20000 --completers 8 --rounds 3]
-    python -m tests.scale hotpath  [--tasks 5000 --clients 8 --rounds 3]
-    python -m tests.scale results  [--tasks 2000 --completers 8 --rounds 3]
-    python -m tests.scale controls [--tasks 3000 --clients 4 --rounds 3]
+    python -m bench.measure stats    [--finished 1000000]
+    python -m bench.measure janitor  [--runtimes 100000 --per-runtime 10 --passes 5 --interval 5]
+    python -m bench.measure drain    [--tasks 20000 --completers 8 --rounds 3]
+    python -m bench.measure hotpath  [--tasks 5000 --clients 8 --rounds 3]
+    python -m bench.measure results  [--tasks 2000 --completers 8 --rounds 3]
+    python -m bench.measure controls [--tasks 3000 --clients 4 --rounds 3]
 
 `stats`: the stats of a runtime with `--finished` finished tasks against those of a
 runtime with ten tasks, with the statements before migration 0005 and with today's, in
@@ -357,7 +357,7 @@ async def measure_results(tasks: int, completers: int, rounds: int) -> None:
                     leased: list[dict[str, Any]] = []
                     while got := await gw.claim(runtime_id, "w", max_tasks=100):
                         leased.extend(got)
-                    results.finished = publish if label == "with" else skip_publish  # type: ignore[method-assign]
+                    results.finished = publish if label == "with" else skip_publish  # type: ignore[method-assign,assignment]
 
                     async def completer(share: list[dict[str, Any]]) -> None:
                         for task in share:
@@ -418,11 +418,13 @@ async def measure_controls(tasks: int, clients: int, rounds: int) -> None:
                 await asyncio.gather(*(claimer(runtime_id, limited) for _ in range(clients)))
                 rate = (tasks // clients * clients) / (time.perf_counter() - started)
                 rates.setdefault(label, []).append(rate)
-        unlimited, limited = (statistics.median(rates[x]) for x in ("unlimited", "limited"))
+        unlimited_rate, limited_rate = (
+            statistics.median(rates[x]) for x in ("unlimited", "limited")
+        )
         print(
             f"claims of one runtime by {clients} concurrent caller(s): "
-            f"{unlimited:,.0f}/s without controls, "
-            f"{limited:,.0f}/s with a max_in_flight ({limited / unlimited:.2f}x); rounds "
+            f"{unlimited_rate:,.0f}/s without controls, {limited_rate:,.0f}/s with a "
+            f"max_in_flight ({limited_rate / unlimited_rate:.2f}x); rounds "
             "without "
             + ", ".join(f"{r:,.0f}" for r in rates["unlimited"])
             + "; with "
@@ -436,7 +438,7 @@ async def measure_controls(tasks: int, clients: int, rounds: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m tests.scale", description=__doc__.split("\n\n")[0]
+        prog="python -m bench.measure", description=__doc__.split("\n\n")[0]
     )
     sub = parser.add_subparsers(dest="what", required=True)
     stats = sub.add_parser("stats", help="stats on a long history against a small runtime")

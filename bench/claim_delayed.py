@@ -3,8 +3,8 @@ median claim on a runtime with many delayed tasks of a higher priority ahead of 
 due ones, measured in one run (absolute times vary with the machine's load; the
 ratio is the figure).
 
-    python -m tests.support.claim_scale --delayed 1000000
-    python -m tests.support.claim_scale --delayed 1000000 --backlog 100000
+    python -m bench.claim_delayed --delayed 1000000
+    python -m bench.claim_delayed --delayed 1000000 --backlog 100000
 
 With --backlog, the runtime with the delayed tasks also has that many more due tasks
 (of the due tasks' low priority): then neither of a planner's ways through a single
@@ -95,7 +95,9 @@ async def measure(url: str, claims: int, warm_up: int) -> dict[str, list[float]]
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.claim_delayed", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--delayed", type=int, default=1_000_000, help="delayed tasks (big)")
     parser.add_argument("--backlog", type=int, default=0, help="more due tasks (big)")
     parser.add_argument("--claims", type=int, default=300, help="measured claims per runtime")
