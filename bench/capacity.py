@@ -4,7 +4,7 @@ Three parts, each on a database of its own (`bench_<random>`, migrated with the 
 migrations, dropped at the end), over loopback only:
 
 postgres: the gateway's own Store (gateway/store.py, hence its statements from
-gateway/queries.py with the parameters the routes pass) driven by --connections
+gateway/store/queries.py with the parameters the routes pass) driven by --connections
 concurrent asyncpg connections, one phase after the other, each bounded by
 --phase-seconds (at most 20):
 

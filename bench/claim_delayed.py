@@ -29,8 +29,8 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from gateway.metrics import Metrics
-from gateway.migrate import apply_migrations
 from gateway.store import Store
+from gateway.store.migrate import apply_migrations
 
 # Delayed tasks are written as the gateway writes them: `scheduled` where the schema
 # has that status, else (before it) `queued` with a future run_at.

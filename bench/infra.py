@@ -26,7 +26,7 @@ import aiohttp
 import asyncpg
 import redis.asyncio as aioredis
 
-from gateway.migrate import apply_migrations
+from gateway.store.migrate import apply_migrations
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_SECONDS = 30.0

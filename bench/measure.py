@@ -40,8 +40,8 @@ from typing import Any
 
 import asyncpg
 
-from gateway import queries as q
-from gateway.migrate import apply_migrations
+from gateway.store import queries as q
+from gateway.store.migrate import apply_migrations
 
 # The statements the stats ran before migration 0005, for the comparison.
 OLD_STATS_COUNTS = f"""

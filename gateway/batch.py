@@ -29,7 +29,7 @@ from .errors import BadRequest, PayloadTooLarge, ValidationFailed, problem_for
 from .httpio import json_response, read_json
 from .runtime import Gateway
 from .schema import Body, in_item
-from .store_acks import ItemResult
+from .store.acks import ItemResult
 
 # What a failed task's outcome says when it is to run again, whenever that is.
 RETRYING = "queued"

@@ -120,8 +120,8 @@ def freeze_startup_heap() -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from .app import create_app
-    from .migrate import apply_migrations
     from .server import DrainingServer, server_config
+    from .store.migrate import apply_migrations
 
     env = dict(os.environ)
     embedded = None
@@ -192,7 +192,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_migrate(args: argparse.Namespace) -> int:
     import asyncpg
 
-    from .migrate import apply_migrations, pending_migrations
+    from .store.migrate import apply_migrations, pending_migrations
 
     # The migration lock is a session advisory lock: it needs a connection that no
     # transaction pooler shares, so the direct URL wins when set.

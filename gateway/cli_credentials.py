@@ -19,7 +19,7 @@ from . import credentials as c
 from .errors import AlreadyExists, GatewayError, ValidationFailed
 from .metrics import Metrics
 from .store import Store
-from .store_base import Row
+from .store.base import Row
 
 
 def _credentials(prog: str, command: Callable[[c.Credentials], Awaitable[int]]) -> int:

@@ -38,7 +38,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from . import logs
 from .metrics import Metrics
 from .rows import TaskRow
-from .store_acks import ItemResult
+from .store.acks import ItemResult
 
 # Statements in flight at a time: one slow statement (a row lock held elsewhere)
 # does not hold up every complete of the process, and the pool keeps room for claims.

@@ -20,13 +20,13 @@ from typing import Any
 
 import asyncpg
 
-from . import queries as q
 from .auth import RUNTIME_PATTERN_RE, TOKEN_PREFIX, Principal, Scope, hash_token
 from .errors import AlreadyExists, NotFound, ValidationFailed
 from .models import format_time
 from .schema import Field, Kind
 from .store import Store
-from .store_base import Row
+from .store import queries as q
+from .store.base import Row
 
 WEBHOOK_SECRET_PREFIX = "whsec_"
 WEBHOOK_KEY_BYTES = 32  # Standard Webhooks asks for 24 to 64 random bytes

@@ -25,7 +25,7 @@ from .metrics import Metrics
 from .models import STATUSES
 from .settings import Settings
 from .store import Store
-from .store_janitor import Leadership
+from .store.janitor import Leadership
 
 log = logging.getLogger("gateway.janitor")
 

@@ -20,7 +20,7 @@ from .httpio import json_response
 from .models import RUNTIME_ID_RE, parse_limit
 from .runtime import Gateway
 from .schema import Body, Field, Kind, read_query
-from .store_runtimes import summarize_runtimes, walk_runtimes
+from .store.runtimes import summarize_runtimes, walk_runtimes
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000

@@ -104,7 +104,7 @@ def fresh_database_url(pg_admin_url: str) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def database_url(pg_admin_url: str) -> Iterator[str]:
     """One migrated database shared by the session; tests isolate by runtime id."""
-    from gateway.migrate import apply_migrations
+    from gateway.store.migrate import apply_migrations
 
     name = "gwtest_" + secrets.token_hex(6)
     asyncio.run(_create_database(pg_admin_url, name))

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import asyncpg
 
-from gateway.migrate import apply_migrations
+from gateway.store.migrate import apply_migrations
 from tests.e2e.console_browser import MISSING, Api, browser_page, chromium_missing
 from tests.harness import TOKEN, serve_process
 

@@ -18,7 +18,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway import queries as q
+from gateway.store import queries as q
 from tests.integration.conftest import conn  # noqa: F401  (a fixture)
 from tests.integration.test_claim_explain import (  # noqa: F401  (filled is a fixture)
     MODES,

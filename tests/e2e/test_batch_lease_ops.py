@@ -13,8 +13,8 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway import queries
 from gateway.auth import glob_match
+from gateway.store import queries
 from tests.e2e.credentials_support import make_token, rows, unique
 from tests.e2e.lifecycle_support import (
     RANDOM_LEASE,

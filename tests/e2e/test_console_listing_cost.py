@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway import queries as q
+from gateway.store import queries as q
 from tests.support.databases import migrate
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

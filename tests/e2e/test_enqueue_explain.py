@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway import queries as q
+from gateway.store import queries as q
 from tests.e2e.test_batch_explain import plan_of, rescanned_lists
 from tests.integration.conftest import conn  # noqa: F401  (a fixture)
 from tests.integration.test_claim_explain import (  # noqa: F401  (filled is a fixture)
@@ -26,7 +26,7 @@ from tests.integration.test_claim_explain import (  # noqa: F401  (filled is a f
 pytestmark = pytest.mark.integration
 
 # The item columns each statement takes after the runtime ($1), as the store sends them
-# for items that set every field (store_tasks): the integer columns and the payloads
+# for items that set every field (store/tasks.py): the integer columns and the payloads
 # as one text each, the rest as arrays.
 TIMED = [("timestamptz[]", None), ("float8[]", 5.0), ("float8[]", 60.0)]
 

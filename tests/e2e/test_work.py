@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 import pytest
 
-from gateway.migrate import apply_migrations
+from gateway.store.migrate import apply_migrations
 from gateway_client import AsyncClient, NewTask
 from tests.harness import TOKEN, make_settings, running_gateway
 from tests.support.waiting import wait_until

@@ -22,8 +22,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway import queries as q
-from gateway.store_leases import CLAIM_WINDOW
+from gateway.store import queries as q
+from gateway.store.leases import CLAIM_WINDOW
 
 pytestmark = pytest.mark.integration
 

@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from gateway import queries as q
-from gateway import store_leases
 from gateway.metrics import Metrics
 from gateway.store import Store
-from gateway.store_leases import CLAIM_WINDOW, CONTENDED_RECHECK_SECONDS
+from gateway.store import leases as store_leases
+from gateway.store import queries as q
+from gateway.store.leases import CLAIM_WINDOW, CONTENDED_RECHECK_SECONDS
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from gateway import queries as q
+from gateway.store import queries as q
 from tests.integration.test_claim_explain import MODES, describe, explain, filled, task_scans
 
 pytestmark = pytest.mark.integration

@@ -15,13 +15,13 @@ import asyncpg
 import orjson
 import pytest
 
-from gateway import queries as q
 from gateway.errors import IdempotencyKeyReused
 from gateway.exactjson import ExactNumber
 from gateway.metrics import Metrics
 from gateway.models import EnqueueRequest, parse_enqueue, task_bytes
 from gateway.rows import TaskRow
 from gateway.store import Store
+from gateway.store import queries as q
 from tests.support.databases import execute, fetch
 
 pytestmark = pytest.mark.integration
@@ -113,7 +113,7 @@ ODD_PAYLOADS: list[Any] = [
 async def test_a_plain_batchs_json_written_by_the_gateway_is_the_one_models_writes(
     store: Store, runtime_id: str
 ) -> None:
-    # store_tasks.plain_tasks_json writes the answer to a batch of items that set no
+    # store.tasks.plain_tasks_json writes the answer to a batch of items that set no
     # time from Postgres's ids and payload texts: byte for byte what models.task_bytes
     # makes of each stored row, read back.
     items = [item(p) for p in ODD_PAYLOADS] + [item(None, priority=1000, max_attempts=100)]

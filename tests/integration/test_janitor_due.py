@@ -82,7 +82,7 @@ async def test_task_coming_due_while_the_empty_scan_finishes_is_not_missed(
     """The task comes due while the claim is still working out the next due time (a
     slow statement, here made slow on purpose). The verdict must not outlive the
     task's run_at: the scan and the due time measure from the statement's instant."""
-    from gateway import queries
+    from gateway.store import queries
 
     # The due-time part of the claim statement (NEXT_DUE inside CLAIM) sleeps first.
     slow_next_due = queries.NEXT_DUE.replace("FROM tasks", "FROM pg_sleep(0.6), tasks", 1)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gateway.store_janitor import RuntimePage
+from gateway.store.janitor import RuntimePage
 from tests.harness import running_gateway
 from tests.integration.janitor_support import (
     claimable_for_a_while,

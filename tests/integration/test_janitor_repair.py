@@ -18,7 +18,7 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from gateway import queries as q
+from gateway.store import queries as q
 from tests.harness import running_gateway
 from tests.integration.janitor_support import (
     claimable_for_a_while,

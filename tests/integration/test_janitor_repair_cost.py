@@ -14,7 +14,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway import queries as q
+from gateway.store import queries as q
 
 pytestmark = pytest.mark.integration
 

@@ -21,9 +21,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway import queries as q
-from gateway.store_acks import ItemResult, _item_results
-from gateway.store_leases import COMPLETE_REPLAYS
+from gateway.store import queries as q
+from gateway.store.acks import ItemResult, _item_results
+from gateway.store.leases import COMPLETE_REPLAYS
 from tests.harness import Instance, running_gateway
 from tests.integration.janitor_support import first_pass_done, janitor_settings, row_of
 from tests.support.databases import execute, waiting_for_a_lock

@@ -10,7 +10,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from gateway.migrate import (
+from gateway.store.migrate import (
     LOCK_KEY,
     MigrationError,
     apply_migrations,

@@ -312,7 +312,7 @@ async def test_a_slow_claim_is_stopped_on_the_server(
     bounds it: the driver's timeout (the statement timeout setting, here 300 ms) does,
     and its cancel request, forwarded by PgBouncer, stops the statement on the server.
     The statement is made slow on purpose (a 5 s sleep inside it)."""
-    from gateway import queries
+    from gateway.store import queries
 
     marker = "slow_claim_" + secrets.token_hex(4)
     slow = queries.CLAIM.replace(

@@ -19,11 +19,11 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway import queries as q
 from gateway.metrics import Metrics
-from gateway.migrate import apply_migrations, migrations_dir
 from gateway.models import parse_enqueue
 from gateway.store import Store
+from gateway.store import queries as q
+from gateway.store.migrate import apply_migrations, migrations_dir
 from tests.support.databases import execute, fetch
 
 pytestmark = pytest.mark.integration

@@ -22,8 +22,8 @@ import pytest
 import pytest_asyncio
 
 from bench.measure import bulk_finished
-from gateway import queries as q
-from gateway.migrate import apply_migrations
+from gateway.store import queries as q
+from gateway.store.migrate import apply_migrations
 from tests.conftest import _create_database, _drop_database, _with_database
 from tests.integration.test_claim_explain import MODES, describe, explain, task_scans, walk
 

@@ -1,6 +1,6 @@
 """Task ids start with their creation time (RFC 9562 version 7, migration 0009), on
 every path that makes one: Postgres's default for tasks.id (single enqueue, a batch
-without keys) and store_tasks.new_task_ids (a batch with keys, a task leased by sync
+without keys) and store.tasks.new_task_ids (a batch with keys, a task leased by sync
 match).
 
 Runs on the session's shared database, on runtime ids of its own, removed after.

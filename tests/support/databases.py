@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg
 
-from gateway.migrate import apply_migrations
+from gateway.store.migrate import apply_migrations
 
 
 async def migrate(url: str) -> str:

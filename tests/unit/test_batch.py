@@ -10,8 +10,8 @@ import pytest
 
 from gateway import batch, models
 from gateway.errors import BadRequest, LeaseLost, NotFound, PayloadTooLarge, ValidationFailed
-from gateway.store_acks import ItemResult
-from gateway.store_leases import lease_lost
+from gateway.store.acks import ItemResult
+from gateway.store.leases import lease_lost
 
 LIMIT = 1000  # payload bytes
 

@@ -20,7 +20,7 @@ from gateway.completions import Completions
 from gateway.errors import LeaseLost, StoreUnavailable
 from gateway.metrics import Metrics
 from gateway.rows import TaskRow
-from gateway.store_acks import ItemResult
+from gateway.store.acks import ItemResult
 
 NOW = datetime.now(UTC)
 TASK = TaskRow(

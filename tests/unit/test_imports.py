@@ -25,28 +25,59 @@ HANDLERS = (
 DRIVERS = ("asyncpg", "redis")
 
 
-def imports(path: Path) -> tuple[set[str], set[str]]:
-    """(the gateway modules `path` imports, the top-level packages it imports)."""
+def module_name(path: Path) -> str:
+    """`store.tasks` for gateway/store/tasks.py, `store` for its __init__.py."""
+    parts = list(path.relative_to(GATEWAY).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, known: set[str]) -> tuple[set[str], set[str]]:
+    """(the gateway modules among `known` that `path` imports, as module_name() names
+    them, and the top-level packages it imports). `from .store import queries` imports
+    the module store.queries; `from .store import Store`, the package store."""
+    name = module_name(path)
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     own: set[str] = set()
     packages: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            packages.update(alias.name.split(".")[0] for alias in node.names)
+            for alias in node.names:
+                packages.add(alias.name.split(".")[0])
+                if alias.name.startswith("gateway."):
+                    own.add(alias.name[len("gateway.") :])
         elif isinstance(node, ast.ImportFrom):
-            if node.level == 0 and node.module:
-                packages.add(node.module.split(".")[0])
-                if node.module.startswith("gateway."):
-                    own.add(node.module.split(".")[1])
-            elif node.level == 1 and node.module:
-                own.add(node.module.split(".")[0])
-            elif node.level == 1:
-                own.update(alias.name for alias in node.names)
-    return own, packages
+            if node.level == 0:
+                module = node.module or ""
+                packages.add(module.split(".")[0])
+                if not module.startswith("gateway."):
+                    continue
+                base = module[len("gateway.") :].split(".")
+            else:
+                base = package[: len(package) - node.level + 1] + (node.module or "").split(".")
+            prefix = ".".join(part for part in base if part)
+            for alias in node.names:
+                child = f"{prefix}.{alias.name}" if prefix else alias.name
+                own.add(child if child in known else prefix)
+    return own & known, packages
 
 
 def graph() -> dict[str, set[str]]:
-    modules = {path.stem: path for path in GATEWAY.glob("*.py")}
-    return {name: imports(path)[0] & set(modules) for name, path in modules.items()}
+    """Each module's imports, with the packages an import runs on the way: importing
+    store.queries runs store/__init__.py first, and all that it imports. A module's
+    own packages are already running when it runs, and are left out."""
+    modules = {module_name(path): path for path in GATEWAY.rglob("*.py")}
+    modules.pop("", None)  # gateway/__init__.py
+    known = set(modules)
+    edges: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        parts = name.split(".")
+        running = {".".join(parts[:i]) for i in range(1, len(parts))}
+        targets: set[str] = set()
+        for target in imports(path, known)[0]:
+            pieces = target.split(".")
+            targets.update(".".join(pieces[:i]) for i in range(1, len(pieces) + 1))
+        edges[name] = (targets & known) - running - {name}
+    return edges
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -104,7 +135,7 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 def test_no_handler_imports_a_driver() -> None:
     for name in HANDLERS:
-        path = GATEWAY / f"{name}.py"
+        path = GATEWAY / f"{name.replace('.', '/')}.py"
         assert path.exists(), f"{name} is listed as a handler module but does not exist"
-        drivers = imports(path)[1] & set(DRIVERS)
+        drivers = imports(path, set())[1] & set(DRIVERS)
         assert not drivers, f"gateway/{name}.py imports {sorted(drivers)}"

@@ -1,5 +1,5 @@
 """The answer to a batch of items that set no time, written by the gateway from
-Postgres's ids and payload texts (store_tasks.plain_tasks_json): it must be byte for
+Postgres's ids and payload texts (store.tasks.plain_tasks_json): it must be byte for
 byte what models.task_bytes writes of each stored row, across second, day and year
 boundaries of the microsecond-apart times. And the integer columns the batch
 statements take as array literals."""
@@ -14,7 +14,7 @@ import pytest
 
 from gateway.models import EnqueueRequest, task_bytes
 from gateway.rows import TaskRow
-from gateway.store_tasks import _int_array, plain_tasks_json
+from gateway.store.tasks import _int_array, plain_tasks_json
 
 
 def request(priority: int, max_attempts: int) -> EnqueueRequest:

@@ -1,4 +1,4 @@
-"""The ids the gateway chooses for new tasks itself (store_tasks.new_task_ids): the
+"""The ids the gateway chooses for new tasks itself (store.tasks.new_task_ids): the
 form Postgres's default for tasks.id writes (migration 0009)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from gateway.store_tasks import new_task_ids
+from gateway.store.tasks import new_task_ids
 
 
 def test_task_ids_are_distinct_uuids_of_version_7() -> None:

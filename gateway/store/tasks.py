@@ -19,11 +19,11 @@ import asyncpg
 import orjson
 from asyncpg.pgproto.pgproto import UUID as DriverUUID
 
+from ..errors import Conflict, DatabaseBusy, IdempotencyKeyReused, NotFound, StoreUnavailable
+from ..models import EnqueueRequest, task_bytes_or_stub, task_ref_json
+from ..rows import TaskRow
 from . import queries as q
-from .errors import Conflict, DatabaseBusy, IdempotencyKeyReused, NotFound, StoreUnavailable
-from .models import EnqueueRequest, task_bytes_or_stub, task_ref_json
-from .rows import TaskRow
-from .store_base import Row, StoreBase, T
+from .base import Row, StoreBase, T
 
 
 def _column(values: list[T]) -> list[T] | None:

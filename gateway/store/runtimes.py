@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from . import Store
 from . import queries as q
-from .store import Store
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,8 +23,9 @@ from pathlib import Path
 import asyncpg
 
 import gateway
-from gateway import queries as q
-from gateway.errors import GatewayError
+
+from ..errors import GatewayError
+from . import queries as q
 
 logger = logging.getLogger("gateway.migrate")
 
@@ -56,7 +57,7 @@ def migrations_dir() -> Path:
     packaged = Path(gateway.__file__).parent / "migrations"
     if packaged.is_dir():
         return packaged
-    return Path(__file__).parent.parent / "migrations"
+    return Path(gateway.__file__).parent.parent / "migrations"
 
 
 def _is_no_transaction(sql: str) -> bool:

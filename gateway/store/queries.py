@@ -465,7 +465,7 @@ ENQUEUE_BATCH_NEW_IDS = _enqueue_batch_new(TASK_REF_JSON)
 # microsecond apart in request order. Postgres sends back only what the gateway cannot
 # know: that time, and each task's id and payload as jsonb writes it (one line per
 # task, request order; jsonb text has no raw newline). The gateway writes the rest of
-# each task's JSON (store_tasks.plain_tasks_json): writing it here cost Postgres about
+# each task's JSON (store.tasks.plain_tasks_json): writing it here cost Postgres about
 # 3.5 ms per 1,000 tasks, a quarter of the statement.
 _BATCH_PLAIN_INSERT = """
 INSERT INTO tasks (runtime_id, status, priority, payload, max_attempts, run_at,

@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from ..errors import GatewayError, NotFound
 from . import queries as q
-from .errors import GatewayError, NotFound
-from .store_base import Row, StoreBase
-from .store_leases import COMPLETE_REPLAYS, lease_lost
+from .base import Row, StoreBase
+from .leases import COMPLETE_REPLAYS, lease_lost
 
 
 class BatchAckStatements(StoreBase):

@@ -2,7 +2,7 @@
 candidates), and one task's operations under its lease: heartbeat, complete (alone, or
 grouped by completions.py), fail, release, bury, and unclaim for leases never
 delivered. An operation whose lease no longer holds the task is refused with
-LeaseLost (`lease_lost`, which the batch operations of store_acks.py share).
+LeaseLost (`lease_lost`, which the batch operations of store/acks.py share).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Any
 
 import asyncpg
 
+from ..errors import LeaseLost, StoreUnavailable
+from ..rows import Leased, TaskRow
 from . import queries as q
-from .errors import LeaseLost, StoreUnavailable
-from .rows import Leased, TaskRow
-from .store_base import Row
-from .store_tasks import TaskStatements
+from .base import Row
+from .tasks import TaskStatements
 
 # CLAIM reads at most this many candidates beyond the slots wanted from each source
 # (queued, due scheduled); candidates that other claims hold count against it. When it

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from ..errors import StoreUnavailable
+from ..rows import Reclaimed
 from . import queries as q
-from .errors import StoreUnavailable
-from .rows import Reclaimed
-from .store_base import DRIVER_ERRORS, StoreBase, log
+from .base import DRIVER_ERRORS, StoreBase, log
 
 
 @dataclass(frozen=True)

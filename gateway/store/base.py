@@ -19,9 +19,9 @@ from typing import NoReturn, TypeAlias, TypeVar
 import asyncpg
 import orjson
 
+from ..errors import DatabaseBusy, StoreUnavailable
+from ..metrics import Metrics
 from . import queries as q
-from .errors import DatabaseBusy, StoreUnavailable
-from .metrics import Metrics
 from .migrate import schema_is_current
 
 # Records of the credential tables (credentials.py); task rows go up as TaskRow.

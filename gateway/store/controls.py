@@ -10,16 +10,16 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from . import queries as q
-from .controls import (
+from ..controls import (
     HELD_RECHECK_SECONDS,
     Controls,
     ControlsChange,
     LimitedClaim,
     refill_wait_seconds,
 )
-from .rows import Leased, TaskRow
-from .store_leases import CLAIM_WINDOW, CONTENDED_RECHECK_SECONDS, LeaseStatements
+from ..rows import Leased, TaskRow
+from . import queries as q
+from .leases import CLAIM_WINDOW, CONTENDED_RECHECK_SECONDS, LeaseStatements
 
 
 class ControlStatements(LeaseStatements):

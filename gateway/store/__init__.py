@@ -1,0 +1,26 @@
+"""Task storage in Postgres: `Store`, every group of statements over one pool.
+
+Each group is a module of this package, on the pool and its plumbing (base.py, where
+asyncpg and socket errors become StoreUnavailable: nothing above the store sees a
+driver exception):
+
+- tasks.py: enqueue, batch enqueue, and a task's statements without a lease;
+- leases.py: the claim and one task's lease operations;
+- acks.py: batch lease operations;
+- janitor.py: the janitor's statements and its leadership lock;
+- controls.py: runtime controls and the claim of a runtime with limits.
+
+The runtimes listing reads through functions over a Store (runtimes.py). The SQL of
+all of them is in queries.py, and the schema's migrations are applied by migrate.py.
+The rows they return are gateway/rows.py's, which the layers above share.
+"""
+
+from __future__ import annotations
+
+from .acks import BatchAckStatements
+from .controls import ControlStatements
+from .janitor import JanitorStatements
+
+
+class Store(ControlStatements, BatchAckStatements, JanitorStatements):
+    """Task storage in Postgres. `open()` and `close()` are called by the app's lifespan."""
