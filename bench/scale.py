@@ -177,7 +177,7 @@ async def _janitor_passes(
 ) -> tuple[list[float], dict[str, list[float]]]:
     """Seconds of `n` janitor passes run in this process against the database, and of
     each of their steps (by step name)."""
-    from gateway.runtime import Gateway
+    from gateway.instance import Gateway
     from gateway.settings import Settings
 
     env = {

@@ -20,7 +20,7 @@ from .httpio import json_response, read_json
 from .schema import Body, Field, Kind, read_query
 
 if TYPE_CHECKING:
-    from .runtime import Gateway
+    from .instance import Gateway
 
 # A secret in an answer must not be kept by caches or proxies along the way.
 SECRET_HEADERS = {"Cache-Control": "no-store"}

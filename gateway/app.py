@@ -16,9 +16,9 @@ from . import console
 from .access import RequestLog
 from .errors import BadRequest, MethodNotAllowed, NotFound
 from .httpio import internal_error_response, problem_response
+from .instance import Gateway
 from .metrics import Metrics
 from .routes import ROUTES
-from .runtime import Gateway
 from .settings import Settings
 
 

@@ -27,7 +27,7 @@ from . import models
 from .bodies import COMPLETE_MANY_BODY, FAIL_MANY_BODY, HEARTBEAT_MANY_BODY, TASK_ID
 from .errors import BadRequest, PayloadTooLarge, ValidationFailed, problem_for
 from .httpio import json_response, read_json
-from .runtime import Gateway
+from .instance import Gateway
 from .schema import Body, in_item
 from .store.acks import ItemResult
 

@@ -10,7 +10,7 @@ from starlette.responses import Response
 from . import models
 from .controls import ControlsChange, parse_controls, parse_pause
 from .httpio import json_response, read_json
-from .runtime import Gateway
+from .instance import Gateway
 
 
 async def get_controls(request: Request, gw: Gateway) -> Response:

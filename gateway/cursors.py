@@ -28,7 +28,7 @@ feature): encrypt-then-MAC with HMAC-SHA256 as the PRF.
 
 The secret must be one every replica behind a load balancer already holds, so that a
 cursor from one is accepted by the next without a new setting: the gateway uses
-GATEWAY_ADMIN_TOKEN (runtime.py), which is long and random (at least 32 characters).
+GATEWAY_ADMIN_TOKEN (instance.py), which is long and random (at least 32 characters).
 Changing that token changes the keys: cursors issued before are refused (422) and the
 client lists again from the first page; during a rolling change, replicas with the old
 and the new token refuse each other's cursors until the rollout ends. With

@@ -15,8 +15,8 @@ from starlette.responses import Response
 from . import models
 from .errors import GatewayError
 from .httpio import CLIENT_LEFT, DisconnectWatch, empty_tasks_response, json_response, read_json
+from .instance import Gateway
 from .rows import Leased
-from .runtime import Gateway
 from .waiters import Departure
 
 log = logging.getLogger("gateway.http")

@@ -1,7 +1,7 @@
 """The claim path's seams: what the Claimer needs from Postgres, Redis and pub/sub.
 
 The concrete Store, VerdictCache and Subscriber satisfy these structurally (mypy
-checks it where runtime.py wires them), so tests can run the real Claimer over
+checks it where instance.py wires them), so tests can run the real Claimer over
 in-memory fakes with a virtual clock (tests/sim/).
 """
 

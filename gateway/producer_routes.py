@@ -22,8 +22,8 @@ from .httpio import (
     prefers_minimal,
     read_json,
 )
+from .instance import Gateway
 from .rows import TaskRow, as_enqueued
-from .runtime import Gateway
 from .waiters import Departure
 
 

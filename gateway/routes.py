@@ -45,9 +45,9 @@ from .httpio import (
     json_response,
     problem_response,
 )
+from .instance import Gateway
 from .metrics import CONTENT_TYPE
 from .producer_routes import cancel, enqueue, enqueue_batch, get_task, list_tasks, retry, stats
-from .runtime import Gateway
 
 log = logging.getLogger("gateway.http")
 

@@ -17,8 +17,8 @@ from .auth import Principal
 from .cursors import REFUSED, CursorSeal
 from .errors import ValidationFailed
 from .httpio import json_response
+from .instance import Gateway
 from .models import RUNTIME_ID_RE, parse_limit
-from .runtime import Gateway
 from .schema import Body, Field, Kind, read_query
 from .store.runtimes import summarize_runtimes, walk_runtimes
 

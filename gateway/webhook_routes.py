@@ -14,7 +14,7 @@ from starlette.responses import Response
 from . import exactjson, models
 from .errors import BadRequest, ValidationFailed
 from .httpio import json_response, read_body
-from .runtime import Gateway
+from .instance import Gateway
 from .webhooks import KEY_PREFIX, MAX_MSG_ID, parse_headers, query_fields
 
 

@@ -14,7 +14,7 @@ import aiohttp
 import uvicorn
 
 from gateway.app import create_app
-from gateway.runtime import Gateway
+from gateway.instance import Gateway
 from gateway.server import server_config
 from gateway.settings import Settings
 from tests.support.net import free_port

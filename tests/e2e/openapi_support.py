@@ -20,8 +20,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from gateway import openapi
+from gateway.instance import Gateway
 from gateway.routes import ENDPOINTS
-from gateway.runtime import Gateway
 from tests.harness import TOKEN, make_settings, running_gateway
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

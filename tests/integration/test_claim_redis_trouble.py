@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-import gateway.runtime
+import gateway.instance
 from gateway.cache import make_pubsub_client
 from tests.faults.proxy import BlackholeProxy
 from tests.harness import make_settings, running_gateway
@@ -47,7 +47,7 @@ async def test_a_parked_poll_learns_that_redis_commands_fail_and_polls_postgres(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(
-        gateway.runtime,
+        gateway.instance,
         "make_pubsub_client",
         lambda _url, timeout: make_pubsub_client(redis_process.url, timeout),
     )

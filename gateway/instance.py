@@ -1,4 +1,5 @@
-"""The Gateway: every long-lived part of one process, opened and closed together.
+"""The Gateway: every long-lived part of one gateway process (an instance of the
+service), opened and closed together; not to be confused with a runtime, a tenant's queue.
 
 Only the app's lifespan calls `open()` and `close()`; handlers reach the parts
 through `request.app.state.gateway`.
