@@ -86,10 +86,10 @@ from bench.infra import (
     resolve_servers,
 )
 from gateway.auth import Scope, hash_token
-from gateway.cache import keys_for
 from gateway.credentials import Credentials, TokenSpec
 from gateway.metrics import Metrics
 from gateway.models import EnqueueRequest
+from gateway.redis.keys import keys_for
 from gateway.store import Store
 
 MAX_PHASE_SECONDS = 20.0

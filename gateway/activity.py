@@ -1,5 +1,5 @@
 """Tasks handed out per runtime by this instance over the last minute, for the runtimes
-listing's `claims_per_minute` (gateway/runtimes.py; gateway/parked.py reports the counts
+listing's `claims_per_minute` (gateway/runtimes.py; gateway/redis/parked.py reports the counts
 to the other instances).
 
 Memory only, so the claim path pays a dict increment and no round trip: per runtime, a

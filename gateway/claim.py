@@ -141,7 +141,7 @@ class Claimer:
         return len(state.waiters) if state else 0
 
     def parked_counts(self) -> dict[str, int]:
-        """Parked claims per runtime on this instance (gateway/parked.py reports them)."""
+        """Parked claims per runtime on this instance (gateway/redis/parked.py reports them)."""
         return {rt: len(state.waiters) for rt, state in self._states.items() if state.waiters}
 
     # -- the claim -----------------------------------------------------------

@@ -18,7 +18,6 @@ from redis.exceptions import RedisError
 
 from .auth import Authenticator
 from .background import stop_task
-from .cache import CircuitBreaker, VerdictCache, make_client, make_pubsub_client
 from .claim import Claimer
 from .completions import Completions
 from .controls import RuntimeControls
@@ -28,12 +27,21 @@ from .errors import ConfigError, GatewayError
 from .janitor import Janitor
 from .metrics import Metrics
 from .models import RUNTIME_ID_MAX_CHARS
-from .parked import ParkedReport
-from .redis_modes import CommandClient, PubSubSource, command_client, pubsub_client
+from .redis.breaker import CircuitBreaker
+from .redis.clients import (
+    CommandClient,
+    PubSubSource,
+    command_client,
+    make_client,
+    make_pubsub_client,
+    pubsub_client,
+)
+from .redis.parked import ParkedReport
+from .redis.verdict import VerdictCache
+from .redis.wakeups import Subscriber
 from .results import Results
 from .settings import Settings
 from .store import Store
-from .wakeups import Subscriber
 from .webhooks import Verifier
 
 log = logging.getLogger("gateway")

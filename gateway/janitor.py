@@ -19,10 +19,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from .background import stop_task
-from .cache import VerdictCache
 from .errors import CacheUnavailable, GatewayError
 from .metrics import Metrics
 from .models import STATUSES
+from .redis.verdict import VerdictCache
 from .settings import Settings
 from .store import Store
 from .store.janitor import Leadership

@@ -11,7 +11,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Protocol
 
-from .cache import Keys, Verdict
+from .redis.keys import Keys
+from .redis.verdict import Verdict
 from .rows import Leased
 
 

@@ -22,7 +22,7 @@ REDIS_MODES = ("standalone", "cluster", "sentinel")
 # claim path holds one for well under a millisecond, so 64 serve tens of thousands of
 # calls a second, four times the default GATEWAY_MAX_CONCURRENT_CLAIMS; and 150
 # processes, each with its pub/sub connection, stay under Redis's default maxclients
-# (10,000). A call beyond the bound waits for a connection (gateway/redis_pool.py).
+# (10,000). A call beyond the bound waits for a connection (gateway/redis/slots.py).
 DEFAULT_REDIS_MAX_CONNECTIONS = 64
 MAX_REDIS_MAX_CONNECTIONS = 10_000  # Redis's default maxclients: more could never open
 
@@ -98,12 +98,12 @@ class Settings:
     auth_enabled: bool = True
     cache_enabled: bool = True
     redis_prefix: str = "gw"
-    redis_mode: str = "standalone"  # one of REDIS_MODES; see gateway/redis_modes.py
+    redis_mode: str = "standalone"  # one of REDIS_MODES; see gateway/redis/clients.py
     redis_sentinel_master: str | None = None  # the master's name, in sentinel mode
     empty_ttl_seconds: float = 30.0
     version_ttl_seconds: int = 7 * 24 * 3600
     redis_timeout_ms: int = 250
-    # Bound of the command client's pool; a call beyond it waits (gateway/cache.py).
+    # Bound of the command client's pool; a call beyond it waits (gateway/redis/verdict.py).
     redis_max_connections: int = DEFAULT_REDIS_MAX_CONNECTIONS
     breaker_failures: int = 3
     breaker_open_seconds: float = 5.0

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import gateway.instance
-from gateway.cache import make_pubsub_client
+from gateway.redis.clients import make_pubsub_client
 from tests.faults.proxy import BlackholeProxy
 from tests.harness import make_settings, running_gateway
 from tests.integration.janitor_support import empty_verdict

@@ -160,7 +160,7 @@ async def test_verdict_under_the_pre_scan_version_is_stale_in_redis(
     and finds the task."""
     import redis.asyncio as aioredis
 
-    from gateway.cache import keys_for
+    from gateway.redis.keys import keys_for
 
     cfg = settings(database_url, redis_url, redis_prefix)
     client = aioredis.Redis.from_url(redis_url, decode_responses=True)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.cache import keys_for
+from gateway.redis.keys import keys_for
 from tests.harness import Instance, running_gateway
 from tests.integration.janitor_support import (
     first_pass_done,

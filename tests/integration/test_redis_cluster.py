@@ -16,9 +16,11 @@ import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
-from gateway.cache import CircuitBreaker, VerdictCache, keys_for
 from gateway.metrics import Metrics
-from gateway.redis_modes import ClusterNodes, command_client
+from gateway.redis.breaker import CircuitBreaker
+from gateway.redis.clients import ClusterNodes, command_client
+from gateway.redis.keys import keys_for
+from gateway.redis.verdict import VerdictCache
 from tests.conftest import IN_CI, redis_server_binary
 from tests.harness import Instance, make_settings, running_gateway
 from tests.integration.claim_helpers import pg_claims, poll, timed_enqueue, verdict_hits

@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.cache import CircuitBreaker, VerdictCache, make_client
 from gateway.errors import CacheUnavailable
 from gateway.metrics import Metrics
-from gateway.redis_pool import PoolBusy
+from gateway.redis.breaker import CircuitBreaker
+from gateway.redis.clients import make_client
+from gateway.redis.slots import PoolBusy
+from gateway.redis.verdict import VerdictCache
 from tests.harness import make_settings, running_gateway
 from tests.integration.claim_helpers import pg_claims, poll
 from tests.support.metrics import sample

@@ -6,10 +6,13 @@ import asyncio
 
 import pytest
 
-from gateway.cache import CircuitBreaker, VerdictCache, keys_for, make_client, make_pubsub_client
 from gateway.errors import CacheUnavailable
 from gateway.metrics import Metrics
-from gateway.wakeups import Subscriber
+from gateway.redis.breaker import CircuitBreaker
+from gateway.redis.clients import make_client, make_pubsub_client
+from gateway.redis.keys import keys_for
+from gateway.redis.verdict import VerdictCache
+from gateway.redis.wakeups import Subscriber
 from tests.support.metrics import sample
 
 

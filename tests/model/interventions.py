@@ -14,7 +14,7 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
-from gateway.cache import Keys, keys_for
+from gateway.redis.keys import Keys, keys_for
 from tests.harness import Instance
 
 from .model import LONG_AGO, Model, Task

@@ -18,13 +18,9 @@ from typing import Any, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from gateway.cache import (
-    BUMP_AND_PUBLISH_SCRIPT,
-    PUBLISH_ALL_SCRIPT,
-    RENEW_SCRIPT,
-    runtime_of_channel,
-)
 from gateway.errors import StoreUnavailable
+from gateway.redis.keys import runtime_of_channel
+from gateway.redis.verdict import BUMP_AND_PUBLISH_SCRIPT, PUBLISH_ALL_SCRIPT, RENEW_SCRIPT
 from gateway.rows import Leased, TaskRow
 
 T = TypeVar("T")
@@ -376,7 +372,7 @@ class _RenewScript:
 class FakeWakeChannels:
     """The Subscriber's contract: subscribe/confirmed/unsubscribe, wake-ups through
     on_wake, and on_reset both when a dead connection is noticed and once its
-    replacement is confirmed, as gateway/wakeups.py does.
+    replacement is confirmed, as gateway/redis/wakeups.py does.
 
     An outage has a silent phase (publishes are lost, subscriptions still look
     confirmed: the PING has not failed yet), then a noticed phase (nothing confirmed).

@@ -12,11 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gateway.cache import CircuitBreaker, VerdictCache
 from gateway.claim import Claimer
 from gateway.errors import CacheUnavailable, GatewayError, Overloaded, StoreUnavailable
 from gateway.metrics import Metrics
 from gateway.models import ClaimRequest
+from gateway.redis.breaker import CircuitBreaker
+from gateway.redis.verdict import VerdictCache
 from gateway.settings import Settings
 from gateway.waiters import Departure
 

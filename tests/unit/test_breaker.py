@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.cache import CircuitBreaker
+from gateway.redis.breaker import CircuitBreaker
 
 
 class FakeClock:

@@ -10,9 +10,11 @@ from typing import Any
 import fakeredis
 import pytest
 
-from gateway.cache import CircuitBreaker, VerdictCache, keys_for, runtime_of_channel
 from gateway.errors import CacheUnavailable
 from gateway.metrics import Metrics
+from gateway.redis.breaker import CircuitBreaker
+from gateway.redis.keys import keys_for, runtime_of_channel
+from gateway.redis.verdict import VerdictCache
 from tests.support.metrics import sample
 
 PREFIX = "gw"

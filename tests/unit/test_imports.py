@@ -6,6 +6,7 @@ loaded, so that an import inside a function or an `if TYPE_CHECKING:` block coun
 from __future__ import annotations
 
 import ast
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
@@ -25,6 +26,14 @@ HANDLERS = (
 DRIVERS = ("asyncpg", "redis")
 
 
+def parse(path: Path) -> ast.Module:
+    """The module's syntax tree, parsed in a thread of its own: CPython 3.11's parser
+    can fail with "AST constructor recursion depth mismatch" in a thread where an
+    earlier test ran into a RecursionError (deeply nested JSON does, on purpose)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(ast.parse, path.read_text()).result()
+
+
 def module_name(path: Path) -> str:
     """`store.tasks` for gateway/store/tasks.py, `store` for its __init__.py."""
     parts = list(path.relative_to(GATEWAY).with_suffix("").parts)
@@ -39,7 +48,7 @@ def imports(path: Path, known: set[str]) -> tuple[set[str], set[str]]:
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     own: set[str] = set()
     packages: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse(path)):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 packages.add(alias.name.split(".")[0])

@@ -9,9 +9,14 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import SSLConnection
 from redis.asyncio.sentinel import SentinelConnectionPool, SentinelManagedSSLConnection
 
-from gateway.cache import make_client
 from gateway.errors import ConfigError
-from gateway.redis_modes import ClusterNodes, command_client, parse_sentinel_url, pubsub_client
+from gateway.redis.clients import (
+    ClusterNodes,
+    command_client,
+    make_client,
+    parse_sentinel_url,
+    pubsub_client,
+)
 from gateway.settings import Settings
 
 TOKEN = "t" * 40

@@ -21,8 +21,8 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
-from .background import stop_task
-from .errors import CacheUnavailable
+from ..background import stop_task
+from ..errors import CacheUnavailable
 
 log = logging.getLogger("gateway.parked")
 

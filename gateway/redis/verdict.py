@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,14 +20,14 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import MaxConnectionsError, RedisError
 
-from .errors import CacheUnavailable
-from .metrics import Metrics
-from .redis_pool import CallSlots, PoolBusy
-from .settings import DEFAULT_REDIS_MAX_CONNECTIONS
+from ..errors import CacheUnavailable
+from ..metrics import Metrics
+from ..settings import DEFAULT_REDIS_MAX_CONNECTIONS
+from .breaker import CircuitBreaker
+from .keys import CLAIMS_FIELD, Keys, keys_for, new_epoch, parked_key
+from .slots import CallSlots, PoolBusy
 
 log = logging.getLogger("gateway.cache")
 T = TypeVar("T")
@@ -91,41 +90,6 @@ return 0
 """
 
 
-def new_epoch() -> str:
-    """A random epoch token: 64 bits, so two epochs never collide in practice."""
-    return secrets.token_hex(8)
-
-
-@dataclass(frozen=True)
-class Keys:
-    version: str
-    empty: str
-    wake: str
-
-
-def keys_for(prefix: str, runtime_id: str) -> Keys:
-    base = f"{prefix}:{{{runtime_id}}}"
-    return Keys(version=f"{base}:version", empty=f"{base}:empty", wake=f"{base}:wake")
-
-
-# The suffix of an instance's field for tasks it handed out in the last minute, in the
-# runtime's parked hash (gateway/parked.py, gateway/activity.py).
-CLAIMS_FIELD = "/claims"
-
-
-def parked_key(prefix: str, runtime_id: str) -> str:
-    """The hash of the runtime's parked claims per instance (gateway/parked.py), in the
-    runtime's cluster slot."""
-    return f"{prefix}:{{{runtime_id}}}:parked"
-
-
-def runtime_of_channel(prefix: str, channel: str) -> str | None:
-    head, tail = f"{prefix}:{{", "}:wake"
-    if channel.startswith(head) and channel.endswith(tail):
-        return channel[len(head) : -len(tail)]
-    return None
-
-
 @dataclass(frozen=True)
 class Verdict:
     """What one read found: the runtime's version and whether its verdict says empty."""
@@ -133,84 +97,6 @@ class Verdict:
     version: str
     hit: bool
     ttl_seconds: float | None  # remaining life of the empty verdict (> 0) on a hit, else None
-
-
-class CircuitBreaker:
-    """Opens after `failures` consecutive errors; while open, Redis is skipped for
-    `open_seconds`, then one call is let through to probe it."""
-
-    def __init__(
-        self, failures: int, open_seconds: float, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.failures = failures
-        self.open_seconds = open_seconds
-        self._clock = clock
-        self._errors = 0
-        self._open_until = 0.0
-
-    @property
-    def consecutive_failures(self) -> int:
-        return self._errors
-
-    @property
-    def is_open(self) -> bool:
-        return self._errors >= self.failures and self._clock() < self._open_until
-
-    def allow(self) -> bool:
-        if self._errors < self.failures:
-            return True
-        if self._clock() >= self._open_until:
-            # Half-open: let this call probe; another failure re-opens at once.
-            self._open_until = self._clock() + self.open_seconds
-            return True
-        return False
-
-    def record_success(self) -> None:
-        self._errors = 0
-
-    def record_failure(self) -> None:
-        self._errors += 1
-        if self._errors >= self.failures:
-            self._open_until = self._clock() + self.open_seconds
-
-
-def redis_options(timeout_seconds: float, **extra: object) -> dict[str, object]:
-    """The gateway's budgets for a redis client: short timeouts, one retry, no backoff.
-
-    redis-py's defaults (several retries with backoff) can stall a call for far
-    longer than a claim may wait on Redis.
-    """
-    options: dict[str, object] = {
-        "socket_timeout": timeout_seconds,
-        "socket_connect_timeout": timeout_seconds,
-        "retry": Retry(NoBackoff(), 1),
-        "decode_responses": True,
-    }
-    options.update(extra)
-    return options
-
-
-def pubsub_options() -> dict[str, object]:
-    """What the pub/sub subscriber's client changes in `redis_options`: no socket
-    timeout (its reads block for long stretches by design; its own PINGs find a dead
-    connection), raw bytes (redis-py mis-parses a subscribed PONG when it decodes
-    responses), and no retry.
-
-    With a retry, redis-py's pub/sub reconnects and subscribes again inside the failed
-    read and returns as if nothing happened: the subscriber would never learn of the
-    gap, nor wake its waiters for the wake-ups lost in it (I8).
-    """
-    return {"socket_timeout": None, "decode_responses": False, "retry": Retry(NoBackoff(), 0)}
-
-
-def make_client(url: str, timeout_seconds: float, **extra: object) -> aioredis.Redis:
-    """A redis client for one server with the gateway's budgets (`redis_options`)."""
-    return aioredis.Redis.from_url(url, **redis_options(timeout_seconds, **extra))  # type: ignore[arg-type]
-
-
-def make_pubsub_client(url: str, timeout_seconds: float) -> aioredis.Redis:
-    """The pub/sub subscriber's client for one server (see `pubsub_options`)."""
-    return make_client(url, timeout_seconds, **pubsub_options())
 
 
 class VerdictCache:
@@ -395,7 +281,7 @@ class VerdictCache:
         claims: Mapping[str, int] | None = None,
     ) -> None:
         """This instance's parked claims per runtime, and the tasks it handed out in the
-        last minute (gateway/parked.py): one hash per runtime, `<prefix>:{<rt>}:parked`,
+        last minute (gateway/redis/parked.py): one hash per runtime, `<prefix>:{<rt>}:parked`,
         field `instance` for the parked claims and `instance` + CLAIMS_FIELD for the
         tasks; a zero removes the field. One round trip."""
         expires_ms = int((time.time() + ttl_seconds) * 1000)
@@ -430,7 +316,7 @@ class VerdictCache:
     ) -> tuple[dict[str, int], dict[str, int]]:
         """Parked claims, and tasks handed out in the last minute, per runtime, as
         reported by instances other than `exclude` and not yet expired
-        (gateway/parked.py); one round trip."""
+        (gateway/redis/parked.py); one round trip."""
 
         async def go() -> list[Any]:
             async with self._client.pipeline(transaction=False) as pipe:

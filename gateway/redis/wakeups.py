@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .background import stop_task
-from .cache import runtime_of_channel
-from .metrics import Metrics
+from ..background import stop_task
+from ..metrics import Metrics
+from .keys import runtime_of_channel
 
 if TYPE_CHECKING:
-    from .redis_modes import PubSubSource
+    from .clients import PubSubSource
 
 log = logging.getLogger("gateway.wakeups")
 
@@ -30,7 +30,7 @@ CONTROL_CHANNEL_SUFFIX = ":__gateway__"
 
 class Subscriber:
     """Owns the process's pub/sub connection and `client` (a Redis client, or in
-    cluster mode `redis_modes.ClusterNodes`). `start()`/`stop()` belong to the lifespan."""
+    cluster mode `clients.ClusterNodes`). `start()`/`stop()` belong to the lifespan."""
 
     def __init__(
         self,

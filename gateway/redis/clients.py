@@ -1,5 +1,7 @@
 """How the gateway reaches Redis: one server, a Redis Cluster, or a master found through
-Sentinel (GATEWAY_REDIS_MODE). Builds the command client and the pub/sub client.
+Sentinel (GATEWAY_REDIS_MODE). Builds the command client and the pub/sub client, in
+every mode with the gateway's budgets (`redis_options`: short timeouts, one retry, no
+backoff, where redis-py's defaults can stall a call for a minute).
 
 Wake-ups use plain PUBLISH in every mode. In a cluster a PUBLISH reaches every node over
 the cluster bus, so the process keeps one pub/sub connection to any one node, and the
@@ -15,11 +17,52 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
 
-from .cache import make_client, make_pubsub_client, pubsub_options, redis_options
-from .errors import ConfigError
-from .settings import DEFAULT_REDIS_MAX_CONNECTIONS
+from ..errors import ConfigError
+from ..settings import DEFAULT_REDIS_MAX_CONNECTIONS
+
+
+def redis_options(timeout_seconds: float, **extra: object) -> dict[str, object]:
+    """The gateway's budgets for a redis client: short timeouts, one retry, no backoff.
+
+    redis-py's defaults (several retries with backoff) can stall a call for far
+    longer than a claim may wait on Redis.
+    """
+    options: dict[str, object] = {
+        "socket_timeout": timeout_seconds,
+        "socket_connect_timeout": timeout_seconds,
+        "retry": Retry(NoBackoff(), 1),
+        "decode_responses": True,
+    }
+    options.update(extra)
+    return options
+
+
+def pubsub_options() -> dict[str, object]:
+    """What the pub/sub subscriber's client changes in `redis_options`: no socket
+    timeout (its reads block for long stretches by design; its own PINGs find a dead
+    connection), raw bytes (redis-py mis-parses a subscribed PONG when it decodes
+    responses), and no retry.
+
+    With a retry, redis-py's pub/sub reconnects and subscribes again inside the failed
+    read and returns as if nothing happened: the subscriber would never learn of the
+    gap, nor wake its waiters for the wake-ups lost in it (I8).
+    """
+    return {"socket_timeout": None, "decode_responses": False, "retry": Retry(NoBackoff(), 0)}
+
+
+def make_client(url: str, timeout_seconds: float, **extra: object) -> aioredis.Redis:
+    """A redis client for one server with the gateway's budgets (`redis_options`)."""
+    return aioredis.Redis.from_url(url, **redis_options(timeout_seconds, **extra))  # type: ignore[arg-type]
+
+
+def make_pubsub_client(url: str, timeout_seconds: float) -> aioredis.Redis:
+    """The pub/sub subscriber's client for one server (see `pubsub_options`)."""
+    return make_client(url, timeout_seconds, **pubsub_options())
+
 
 MODES = ("standalone", "cluster", "sentinel")
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
