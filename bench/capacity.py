@@ -85,8 +85,8 @@ from bench.infra import (
     log,
     resolve_servers,
 )
-from gateway.auth import Scope, hash_token
-from gateway.credentials import Credentials, TokenSpec
+from gateway.auth.credentials import Credentials, TokenSpec
+from gateway.auth.principals import Scope, hash_token
 from gateway.metrics import Metrics
 from gateway.models import EnqueueRequest
 from gateway.redis.keys import keys_for

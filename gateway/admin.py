@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import credentials, models
+from . import models
+from .auth import credentials
 from .errors import NotFound
 from .httpio import json_response, read_json
 from .schema import Body, Field, Kind, read_query

@@ -1,5 +1,5 @@
 """Documentation of the admin API and the signed webhook, beside docs.py's. Schemas are
-built from the rules their parsers use (credentials.py, webhooks.py, auth.py,
+built from the rules their parsers use (auth/credentials.py, auth/webhooks.py, auth/principals.py,
 bodies.py), so the document cannot promise what the code refuses.
 """
 
@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import bodies, credentials, webhooks
+from . import bodies
 from .admin import INCLUDE_REVOKED, TOKENS_CURSOR
-from .auth import RUNTIME_PATTERN_RE, Scope
+from .auth import credentials, webhooks
+from .auth.principals import RUNTIME_PATTERN_RE, Scope
 from .docs import REPLAYED, TASK, Doc, Param, Reply
 from .errors import AlreadyExists, IdempotencyKeyReused, InvalidSignature, NotFound
 from .schema import JSON_VALUE, Body, Field, Kind, RawBody

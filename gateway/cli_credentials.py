@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from . import credentials as c
+from .auth import credentials as c
 from .errors import AlreadyExists, GatewayError, ValidationFailed
 from .metrics import Metrics
 from .store import Store

@@ -16,12 +16,13 @@ from collections.abc import Iterable, Sequence
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
-from .auth import Authenticator
+from .auth.credentials import Credentials
+from .auth.principals import Authenticator
+from .auth.webhooks import Verifier
 from .background import stop_task
 from .claim import Claimer
 from .completions import Completions
 from .controls import RuntimeControls
-from .credentials import Credentials
 from .cursors import CursorSeal
 from .errors import ConfigError, GatewayError
 from .janitor import Janitor
@@ -42,7 +43,6 @@ from .redis.wakeups import Subscriber
 from .results import Results
 from .settings import Settings
 from .store import Store
-from .webhooks import Verifier
 
 log = logging.getLogger("gateway")
 

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from . import __version__, errors
 from .answers import SCHEMAS
-from .auth import Scope
+from .auth.principals import Scope
 from .docs import Doc, Link, Param, Reply
 from .errors import GatewayError
 from .models import RUNTIME_ID_RE

@@ -35,7 +35,7 @@ from . import (
     runtimes,
     webhook_routes,
 )
-from .auth import Principal, Scope
+from .auth.principals import Principal, Scope
 from .daemon_routes import claim, complete, fail, heartbeat, release
 from .errors import GatewayError, NotFound
 from .httpio import (

@@ -13,7 +13,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .auth import Principal
+from .auth.principals import Principal
 from .cursors import REFUSED, CursorSeal
 from .errors import ValidationFailed
 from .httpio import json_response

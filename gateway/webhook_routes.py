@@ -1,5 +1,5 @@
 """The signed enqueue's handler, `POST /v1/runtimes/{rt}/webhooks`: a Standard Webhooks
-delivery, checked by the Verifier (webhooks.py), becomes a task whose idempotency key
+delivery, checked by the Verifier (auth/webhooks.py), becomes a task whose idempotency key
 is `webhook:<webhook-id>`. It imports no driver; gateway/routes.py holds the endpoint
 table and turns its errors into answers.
 """
@@ -12,10 +12,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from . import exactjson, models
+from .auth.webhooks import KEY_PREFIX, MAX_MSG_ID, parse_headers, query_fields
 from .errors import BadRequest, ValidationFailed
 from .httpio import json_response, read_body
 from .instance import Gateway
-from .webhooks import KEY_PREFIX, MAX_MSG_ID, parse_headers, query_fields
 
 
 async def receive(request: Request, gw: Gateway) -> Response:

@@ -24,7 +24,7 @@ from ..metrics import Metrics
 from . import queries as q
 from .migrate import schema_is_current
 
-# Records of the credential tables (credentials.py); task rows go up as TaskRow.
+# Records of the credential tables (auth/credentials.py); task rows go up as TaskRow.
 Row: TypeAlias = asyncpg.Record
 # What the driver raises when Postgres is unreachable, slow or refuses a statement;
 # translated into StoreUnavailable in the store modules and nowhere else.

@@ -580,7 +580,7 @@ SELECT extract(epoch FROM clock_timestamp() - min(created_at))::float8
 
 # Whether a token's runtime patterns ({patterns}, a text[]; NULL: every runtime) cover
 # the runtime in {runtime}. A pattern's * becomes LIKE's %, its _ is escaped, as in
-# WEBHOOK_KEYS_FOR_RUNTIME: it matches exactly what auth.glob_match matches.
+# WEBHOOK_KEYS_FOR_RUNTIME: it matches exactly what auth.principals.glob_match matches.
 RUNTIME_COVERED = """({patterns}::text[] IS NULL OR EXISTS (
            SELECT 1 FROM unnest({patterns}::text[]) AS p(pattern)
             WHERE {runtime} LIKE replace(replace(p.pattern, '_', '\\_'), '*', '%')))"""
@@ -976,8 +976,9 @@ RETURNING {WEBHOOK_SECRET_COLUMNS}
 
 # The keys of live secrets with a pattern covering runtime $1. A pattern's * becomes
 # LIKE's %, and its _ (a plain character in runtime ids) is escaped; patterns cannot
-# hold % or \ (auth.RUNTIME_PATTERN_RE), so this matches exactly what auth.glob_match
-# matches. The table is small (one row per sender): a scan of the live rows is fine.
+# hold % or \ (auth.principals.RUNTIME_PATTERN_RE), so this matches exactly what
+# auth.principals.glob_match matches. The table is small (one row per sender): a scan
+# of the live rows is fine.
 WEBHOOK_KEYS_FOR_RUNTIME = """
 SELECT signing_key FROM webhook_secrets
  WHERE revoked_at IS NULL

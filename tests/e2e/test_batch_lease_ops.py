@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.auth import glob_match
+from gateway.auth.principals import glob_match
 from gateway.store import queries
 from tests.e2e.credentials_support import make_token, rows, unique
 from tests.e2e.lifecycle_support import (
@@ -388,7 +388,7 @@ GLOB_CASES = [
 
 
 async def test_the_statements_runtime_check_matches_the_tokens_glob(gw):
-    """queries.RUNTIME_COVERED decides in SQL what auth.glob_match decides for a task
+    """queries.RUNTIME_COVERED decides in SQL what auth.principals.glob_match decides for a task
     path: for a batch, it is the only check between a token and another's tasks."""
     covered = queries.RUNTIME_COVERED.format(patterns="$1", runtime="$2::text")
     for pattern, runtime in GLOB_CASES:

@@ -20,8 +20,8 @@ import orjson
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from gateway.auth import hash_token
-from gateway.credentials import MAX_TOKENS_PAGE
+from gateway.auth.credentials import MAX_TOKENS_PAGE
+from gateway.auth.principals import hash_token
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ import aiohttp
 import orjson
 import pytest
 
-from gateway.auth import TOKEN_CACHE_TTL_SECONDS
-from gateway.webhooks import SECRET_CACHE_TTL_SECONDS
+from gateway.auth.principals import TOKEN_CACHE_TTL_SECONDS
+from gateway.auth.webhooks import SECRET_CACHE_TTL_SECONDS
 from tests.e2e.credentials_support import deliver, make_secret, make_token, sign, unique, within
 from tests.e2e.lifecycle_support import (
     all_tasks,

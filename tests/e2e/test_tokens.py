@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from gateway.auth import TOKEN_CACHE_TTL_SECONDS
+from gateway.auth.principals import TOKEN_CACHE_TTL_SECONDS
 from tests.e2e.credentials_support import every_token, make_secret, make_token, rows, unique
 from tests.e2e.lifecycle_support import (
     assert_problem,

@@ -1,4 +1,4 @@
-"""Token and webhook-secret storage against a real Postgres (gateway.credentials)."""
+"""Token and webhook-secret storage against a real Postgres (gateway.auth.credentials)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from gateway.auth import Principal, Scope, glob_match, hash_token
-from gateway.credentials import (
+from gateway.auth.credentials import (
     Credentials,
     TokenSpec,
     WebhookSecretSpec,
     parse_token_spec,
 )
+from gateway.auth.principals import Principal, Scope, glob_match, hash_token
 from gateway.errors import AlreadyExists, NotFound
 from gateway.metrics import Metrics
 from gateway.store import Store

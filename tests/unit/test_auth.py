@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.auth import (
+from gateway.auth.principals import (
     ADMIN,
     TOKEN_CACHE_TTL_SECONDS,
     TOKEN_PREFIX,

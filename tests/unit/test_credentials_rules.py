@@ -8,14 +8,14 @@ import uuid
 
 import pytest
 
-from gateway.auth import Scope
-from gateway.credentials import (
+from gateway.auth.credentials import (
     new_token_secret,
     parse_ref,
     parse_token_spec,
     parse_webhook_secret_spec,
     webhook_secret_text,
 )
+from gateway.auth.principals import Scope
 from gateway.errors import ValidationFailed
 
 

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from gateway.auth import ADMIN, Principal, Scope
+from gateway.auth.principals import ADMIN, Principal, Scope
 from gateway.cursors import CursorSeal
 from gateway.errors import ValidationFailed
 

@@ -13,7 +13,7 @@ import pytest
 from openapi_spec_validator import validate
 
 from gateway import bodies, controls, docs, errors, models, openapi
-from gateway.auth import Scope
+from gateway.auth.principals import Scope
 from gateway.errors import ValidationFailed
 from gateway.routes import ENDPOINTS, Endpoint, Target, healthz
 from gateway.schema import Kind, RawBody, read_query

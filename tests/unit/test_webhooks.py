@@ -11,8 +11,8 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 from starlette.datastructures import QueryParams
 
+from gateway.auth.webhooks import TOLERANCE_SECONDS, Verifier, parse_headers, query_fields
 from gateway.errors import InvalidSignature, ValidationFailed
-from gateway.webhooks import TOLERANCE_SECONDS, Verifier, parse_headers, query_fields
 
 NOW = 1_800_000_000
 KEY = bytes(range(32))

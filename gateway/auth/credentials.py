@@ -4,7 +4,7 @@ A token is stored as the SHA-256 of its secret (`gwt_...`), shown once at creati
 webhook secret (`whsec_<base64 key>`) is also shown once, but its key is stored in
 clear: verifying an HMAC needs the key itself. Statements run through `Store.run`, so
 driver errors become StoreUnavailable as everywhere else; this module keeps no
-connection and no cache of its own (auth.Authenticator and webhooks.Verifier cache).
+connection and no cache of its own (principals.Authenticator and webhooks.Verifier cache).
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from typing import Any
 
 import asyncpg
 
-from .auth import RUNTIME_PATTERN_RE, TOKEN_PREFIX, Principal, Scope, hash_token
-from .errors import AlreadyExists, NotFound, ValidationFailed
-from .models import format_time
-from .schema import Field, Kind
-from .store import Store
-from .store import queries as q
-from .store.base import Row
+from ..errors import AlreadyExists, NotFound, ValidationFailed
+from ..models import format_time
+from ..schema import Field, Kind
+from ..store import Store
+from ..store import queries as q
+from ..store.base import Row
+from .principals import RUNTIME_PATTERN_RE, TOKEN_PREFIX, Principal, Scope, hash_token
 
 WEBHOOK_SECRET_PREFIX = "whsec_"
 WEBHOOK_KEY_BYTES = 32  # Standard Webhooks asks for 24 to 64 random bytes

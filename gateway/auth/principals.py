@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from .errors import Forbidden, Unauthorized
-from .settings import Settings
+from ..errors import Forbidden, Unauthorized
+from ..settings import Settings
 
 
 class Scope(enum.StrEnum):

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 from starlette.datastructures import QueryParams
 
-from . import models
-from .auth import LocalCache
-from .bodies import WEBHOOK_KEY_PREFIX
-from .errors import InvalidSignature, ValidationFailed
+from .. import models
+from ..bodies import WEBHOOK_KEY_PREFIX
+from ..errors import InvalidSignature, ValidationFailed
+from .principals import LocalCache
 
 # How far webhook-timestamp may be from this clock, either way, in seconds (the spec's 5 min).
 TOLERANCE_SECONDS = 300
