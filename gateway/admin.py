@@ -68,7 +68,7 @@ async def list_tokens(request: Request, gw: Gateway) -> Response:
     lists tokens, and an admin sees every one."""
     params = request.query_params
     include_revoked = _include_revoked(params)
-    limit = models.parse_limit(params, credentials.TOKENS_LIMIT)
+    limit = read_query(credentials.TOKENS_LIMIT, params, {})
     cursor = read_query(TOKENS_CURSOR, params, {})
     after = models.decode_cursor(cursor) if cursor else None
     # One more than the page shows, so that a full page knows whether more follow.

@@ -54,7 +54,7 @@ from .schema import (
 )
 
 RUNTIME_ID_MAX_CHARS = 128
-RUNTIME_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+RUNTIME_ID_RE = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._:-]{{0,{RUNTIME_ID_MAX_CHARS - 1}}}$")
 DEFAULT_MAX_DEPTH = 64  # GATEWAY_MAX_JSON_DEPTH
 # Levels a body may add around a payload: {"tasks": [{"payload": ...}]}.
 BODY_DEPTH_MARGIN = 3
@@ -486,13 +486,6 @@ class ListQuery:
 def parse_list_query(params: Mapping[str, str]) -> ListQuery:
     """The listing's query, read by LIST_QUERY's fields (schema.read_query)."""
     status = read_query(LIST_QUERY["status"], params, {})
-    limit = parse_limit(params, LIST_QUERY["limit"])
+    limit = read_query(LIST_QUERY["limit"], params, {})
     cursor = read_query(LIST_QUERY["cursor"], params, {})
     return ListQuery(status, limit, None if cursor is None else decode_cursor(cursor))
-
-
-def parse_limit(params: Mapping[str, str], limit: Field) -> int:
-    """A listing's `limit` query parameter, read by its field (schema.read_query):
-    within the field's bounds, its default when absent, or 422 naming it."""
-    value: int = read_query(limit, params, {})
-    return value

@@ -18,7 +18,7 @@ from .cursors import REFUSED, CursorSeal
 from .errors import ValidationFailed
 from .httpio import json_response
 from .instance import Gateway
-from .models import RUNTIME_ID_RE, parse_limit
+from .models import RUNTIME_ID_RE
 from .schema import Body, Field, Kind, read_query
 from .store.runtimes import summarize_runtimes, walk_runtimes
 
@@ -96,7 +96,7 @@ async def list_runtimes(request: Request, gw: Gateway) -> Response:
     """A page of runtimes with live tasks: counts from Postgres, parked pollers and
     tasks handed out in the last minute over every instance."""
     params = request.query_params
-    limit = parse_limit(params, RUNTIMES_QUERY["limit"])
+    limit = read_query(RUNTIMES_QUERY["limit"], params, {})
     cursor = read_query(RUNTIMES_QUERY["cursor"], params, {})
     principal: Principal | None = request.state.principal
     after = decode_cursor(gw.runtime_cursors, cursor, principal) if cursor else ""
