@@ -85,10 +85,10 @@ from bench.infra import (
     log,
     resolve_servers,
 )
+from gateway.api.models import EnqueueRequest
 from gateway.auth.credentials import Credentials, TokenSpec
 from gateway.auth.principals import Scope, hash_token
 from gateway.metrics import Metrics
-from gateway.models import EnqueueRequest
 from gateway.redis.keys import keys_for
 from gateway.store import Store
 

@@ -31,7 +31,7 @@ from gateway.store.migrate import apply_migrations
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_SECONDS = 30.0
 STOP_GRACE_SECONDS = 10.0
-GATEWAY_APP = "gateway.app:create_app"
+GATEWAY_APP = "gateway.http.app:create_app"
 # Inherited variables that would change what is measured; the bench sets its own.
 _SCRUBBED_ENV = ("DATABASE_URL", "REDIS_URL")
 
@@ -88,7 +88,7 @@ def resolve_servers(database_url: str | None, redis_url: str | None) -> Servers:
     servers = Servers(db or "", rd or "", db_source, rd_source)
     if db and rd:
         return servers
-    from gateway.embedded import EmbeddedServers
+    from gateway.cli.embedded import EmbeddedServers
 
     servers._data_dir = tempfile.mkdtemp(prefix="gateway-bench-")
     servers._embedded = EmbeddedServers(Path(servers._data_dir))
@@ -238,7 +238,7 @@ class GatewayProcess:
             return [
                 sys.executable,
                 "-c",
-                "from gateway.cli import main; main()",
+                "from gateway.cli.main import main; main()",
                 "--log-level",
                 "warning",
                 "serve",

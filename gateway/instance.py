@@ -16,18 +16,19 @@ from collections.abc import Iterable, Sequence
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
+from .api.cursors import CursorSeal
+from .api.models import RUNTIME_ID_MAX_CHARS
 from .auth.credentials import Credentials
 from .auth.principals import Authenticator
 from .auth.webhooks import Verifier
 from .background import stop_task
-from .claim import Claimer
-from .completions import Completions
-from .controls import RuntimeControls
-from .cursors import CursorSeal
+from .claim.claimer import Claimer
+from .claim.completions import Completions
+from .claim.controls import RuntimeControls
+from .claim.results import Results
 from .errors import ConfigError, GatewayError
 from .janitor import Janitor
 from .metrics import Metrics
-from .models import RUNTIME_ID_MAX_CHARS
 from .redis.breaker import CircuitBreaker
 from .redis.clients import (
     CommandClient,
@@ -40,7 +41,6 @@ from .redis.clients import (
 from .redis.parked import ParkedReport
 from .redis.verdict import VerdictCache
 from .redis.wakeups import Subscriber
-from .results import Results
 from .settings import Settings
 from .store import Store
 

@@ -18,10 +18,10 @@ import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from .api.models import STATUSES
 from .background import stop_task
 from .errors import CacheUnavailable, GatewayError
 from .metrics import Metrics
-from .models import STATUSES
 from .redis.verdict import VerdictCache
 from .settings import Settings
 from .store import Store

@@ -1,7 +1,7 @@
 """Log lines: text for people, JSON for collectors (GATEWAY_LOG_FORMAT), and the
 request id that ties a request's lines together.
 
-The request id lives in a contextvar set by `RequestLog` (gateway/access.py) for the
+The request id lives in a contextvar set by `RequestLog` (gateway/http/access.py) for the
 task that serves the request, so every line written while serving it carries the id,
 whatever logger writes it. Background tasks started from a request copy its context:
 they call `detach()` first, so that their lines carry no request's id.

@@ -273,7 +273,7 @@ class Metrics:
             "wake-up; gateway_verdict_checks_total counts the reads that did go to Redis.",
             registry=r,
         )
-        # Waits for a task's result (gateway/results.py).
+        # Waits for a task's result (gateway/claim/results.py).
         self.result_wait_reads = Counter(
             "gateway_result_wait_reads",
             "Reads of a task from Postgres by requests waiting for its result "

@@ -45,7 +45,7 @@ def embedded_dir() -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def embedded(embedded_dir: Path) -> Iterator[object]:
-    from gateway.embedded import EmbeddedServers
+    from gateway.cli.embedded import EmbeddedServers
 
     servers = EmbeddedServers(embedded_dir)
     yield servers

@@ -13,9 +13,9 @@ from typing import Any
 import aiohttp
 import uvicorn
 
-from gateway.app import create_app
+from gateway.http.app import create_app
+from gateway.http.server import server_config
 from gateway.instance import Gateway
-from gateway.server import server_config
 from gateway.settings import Settings
 from tests.support.net import free_port
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import asyncpg
 
+from ..api.fields import Field, Kind
+from ..api.models import format_time
 from ..errors import AlreadyExists, NotFound, ValidationFailed
-from ..models import format_time
-from ..schema import Field, Kind
 from ..store import Store
 from ..store import queries as q
 from ..store.base import Row

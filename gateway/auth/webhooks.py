@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from starlette.datastructures import QueryParams
 
-from .. import models
-from ..bodies import WEBHOOK_KEY_PREFIX
+from ..api import models
+from ..api.bodies import WEBHOOK_KEY_PREFIX
 from ..errors import InvalidSignature, ValidationFailed
 from .principals import LocalCache
 

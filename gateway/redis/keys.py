@@ -26,7 +26,7 @@ def keys_for(prefix: str, runtime_id: str) -> Keys:
 
 
 # The suffix of an instance's field for tasks it handed out in the last minute, in the
-# runtime's parked hash (gateway/redis/parked.py, gateway/activity.py).
+# runtime's parked hash (gateway/redis/parked.py, gateway/claim/activity.py).
 CLAIMS_FIELD = "/claims"
 
 

@@ -9,7 +9,7 @@ instances' reported ones, so a single instance answers exactly as before; withou
 it answers its own count alone.
 
 The same report carries, in a second field per instance, the tasks the instance handed
-out in the last minute (gateway/activity.py), read the same way for the listing's
+out in the last minute (gateway/claim/activity.py), read the same way for the listing's
 `claims_per_minute`.
 """
 
@@ -58,7 +58,7 @@ class ParkedReport:
     """This instance's side of the fleet-wide count. Owned by the Gateway; `start()` and
     `stop()` belong to the lifespan. `counts` gives this instance's parked claims per
     runtime (the Claimer's, memory only); `claims` the tasks it handed out per runtime
-    in the last minute (gateway/activity.py, only runtimes with some)."""
+    in the last minute (gateway/claim/activity.py, only runtimes with some)."""
 
     def __init__(
         self,

@@ -345,7 +345,7 @@ class VerdictCache:
 
     async def publish_control(self, message: str) -> None:
         """Publish `message` on the process-wide control channel, which every instance's
-        Subscriber reads (a change of a runtime's controls, gateway/controls.py)."""
+        Subscriber reads (a change of a runtime's controls, gateway/claim/controls.py)."""
         await self.publish([(self.prefix + ":__gateway__", message)])  # CONTROL_CHANNEL_SUFFIX
 
     async def says_empty(self, runtime_ids: list[str]) -> list[str]:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from ..controls import (
+from ..claim.controls import (
     HELD_RECHECK_SECONDS,
     Controls,
     ControlsChange,

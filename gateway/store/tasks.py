@@ -19,8 +19,8 @@ import asyncpg
 import orjson
 from asyncpg.pgproto.pgproto import UUID as DriverUUID
 
+from ..api.models import EnqueueRequest, task_bytes_or_stub, task_ref_json
 from ..errors import Conflict, DatabaseBusy, IdempotencyKeyReused, NotFound, StoreUnavailable
-from ..models import EnqueueRequest, task_bytes_or_stub, task_ref_json
 from ..rows import TaskRow
 from . import queries as q
 from .base import Row, StoreBase, T

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.infra import GatewayProcess
-from gateway.cli import build_parser
+from gateway.cli.main import build_parser
 
 
 def _process(**more: object) -> GatewayProcess:
@@ -17,7 +17,7 @@ def test_the_gateway_runs_as_gateway_serve() -> None:
     proc = _process(port=12345)
     argv = proc.argv()
     assert "uvicorn" not in argv
-    assert argv[1:3] == ["-c", "from gateway.cli import main; main()"]
+    assert argv[1:3] == ["-c", "from gateway.cli.main import main; main()"]
     # The arguments are ones `gateway` itself accepts.
     args = build_parser().parse_args(argv[3:])
     assert args.func.__name__ == "cmd_serve"

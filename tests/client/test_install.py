@@ -56,7 +56,7 @@ def test_the_gateway_command_loads_no_server_package_for_work_and_enqueue() -> N
     """`gateway work` and `gateway enqueue` run where only the client's packages are:
     building the parser and starting either imports none of the server's drivers."""
     check = (
-        "import sys; import gateway.cli as c; c.build_parser(); "
+        "import sys; import gateway.cli.main as c; c.build_parser(); "
         "import gateway_client.command, gateway_client.worker; "
         "print(' '.join(m for m in ('asyncpg', 'redis', 'starlette', 'uvicorn') "
         "if m in sys.modules))"

@@ -129,7 +129,7 @@ def test_no_compilers_or_pip_cache_in_the_final_stage(stages: list[Stage]) -> No
 def test_console_script_gateway(pyproject: dict[str, object]) -> None:
     project = pyproject["project"]
     assert isinstance(project, dict)
-    assert project["scripts"] == {"gateway": "gateway.cli:main"}
+    assert project["scripts"] == {"gateway": "gateway.cli.main:main"}
 
 
 # -- the build context and the wheel made from it --------------------------------------
@@ -188,7 +188,7 @@ def test_context_leaves_out_what_the_image_does_not_need() -> None:
     ]
     for path in (".git/config", ".venv/bin/python", "tests/conftest.py", ".gateway/dev-token"):
         assert ignored(path, patterns), path
-    for path in ("gateway/cli.py", "clients/python/gateway_client/cli.py", "pyproject.toml"):
+    for path in ("gateway/cli/main.py", "clients/python/gateway_client/cli.py", "pyproject.toml"):
         assert not ignored(path, patterns), path
     assert ignored("gateway/__pycache__/cli.cpython-312.pyc", patterns)
 
@@ -221,8 +221,8 @@ def test_wheel_from_the_context_has_both_packages_migrations_and_the_script(
         names = set(archive.namelist())
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
         scripts = archive.read(entry_points).decode()
-    assert "gateway/cli.py" in names
+    assert "gateway/cli/main.py" in names
     assert "gateway_client/cli.py" in names  # `gateway work` and `gateway enqueue`
     shipped = {p.name for p in (ROOT / "migrations").glob("*.sql")}
     assert shipped and {f"gateway/migrations/{n}" for n in shipped} <= names
-    assert "gateway = gateway.cli:main" in scripts
+    assert "gateway = gateway.cli.main:main" in scripts

@@ -14,8 +14,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gateway.http.routes import ENDPOINTS, ROUTES
 from gateway.metrics import Metrics
-from gateway.routes import ENDPOINTS, ROUTES
 from gateway.settings import ENV_NAMES, Settings
 from tests.conftest import IN_CI
 

@@ -19,9 +19,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from gateway import openapi
+from gateway.http import openapi
+from gateway.http.routes import ENDPOINTS
 from gateway.instance import Gateway
-from gateway.routes import ENDPOINTS
 from tests.harness import TOKEN, make_settings, running_gateway
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

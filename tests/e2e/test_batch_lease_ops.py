@@ -222,7 +222,7 @@ async def test_concurrent_repeats_of_one_batch_complete_each_task_once(gw, runti
 
 
 async def test_batches_sent_together_each_get_their_own_outcomes(gw, runtime_id):
-    """Batches that arrive together may share a statement (gateway/completions.py):
+    """Batches that arrive together may share a statement (gateway/claim/completions.py):
     each answer still holds its own items, in its order, each with its own outcome."""
     tasks = await claimed(gw, runtime_id, 80)
     batches = [tasks[k : k + 10] for k in range(0, 80, 10)]

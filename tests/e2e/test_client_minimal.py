@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway import producer_routes
+from gateway.http.handlers import producer as producer_routes
 from gateway_client import AsyncClient, Client, NewTask, ValidationFailed
 from tests.harness import TOKEN
 

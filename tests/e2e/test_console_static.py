@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway import console
-from gateway.cli import _banner
+from gateway.cli.main import _banner
+from gateway.http import console
 from gateway.settings import Settings
 from tests.e2e.lifecycle_support import assert_problem
 from tests.support.http import req
@@ -126,7 +126,7 @@ async def test_the_wheel_ships_every_console_file(tmp_path):
     (wheel,) = tmp_path.glob("claim_gateway-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-    assert {f"gateway/console_static/{name}" for name in console.FILES} <= names
+    assert {f"gateway/http/console_static/{name}" for name in console.FILES} <= names
 
 
 async def test_the_serve_banner_links_the_console(tmp_path):

@@ -14,7 +14,7 @@ import orjson
 import pytest
 import pytest_asyncio
 
-from gateway.server import LINGER_SECONDS, MAX_HEAD_BYTES
+from gateway.http.server import LINGER_SECONDS, MAX_HEAD_BYTES
 from tests.e2e.connection_support import (
     AUTH,
     MARGIN,

@@ -13,7 +13,7 @@ import orjson
 import pytest
 import pytest_asyncio
 
-from gateway import models
+from gateway.api import models
 from tests.e2e.lifecycle_support import (
     all_tasks,
     assert_problem,
@@ -353,7 +353,7 @@ async def test_the_others_are_delivered_even_when_the_bad_task_cannot_be_ended(
 async def test_a_listing_page_stops_at_its_byte_budget_and_the_cursor_continues(
     gw, runtime_id, monkeypatch
 ):
-    from gateway import producer_routes
+    from gateway.http.handlers import producer as producer_routes
 
     monkeypatch.setattr(producer_routes, "LIST_PAGE_BYTES", 10_000)
     made = [await enqueue(gw, runtime_id, "x" * 3000) for _ in range(10)]

@@ -447,7 +447,7 @@ async def test_reclaimed_lease_reaches_a_parked_poll(gw, runtime_id):
 
 
 async def test_completes_sent_together_each_get_their_own_answer(gw, runtime_id):
-    # Completes that arrive together share a statement (gateway/completions.py); each is
+    # Completes that arrive together share a statement (gateway/claim/completions.py); each is
     # still answered as if it were alone: its own result, a repeat by the same lease as
     # the first, another lease refused, a requested cancel honoured.
     for i in range(40):

@@ -13,8 +13,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
-from gateway.access import UNMATCHED
-from gateway.routes import ENDPOINTS
+from gateway.http.access import UNMATCHED
+from gateway.http.routes import ENDPOINTS
 from tests.e2e.credentials_support import sign, unique
 from tests.harness import TOKEN, serve_process
 

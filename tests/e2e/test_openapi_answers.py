@@ -13,7 +13,7 @@ import pytest
 import requests
 import schemathesis
 
-from gateway import models
+from gateway.api import models
 from tests.e2e.openapi_support import AUTH, OVERRIDES, Served, check, document, gateway_thread
 
 LIMITS: dict[str, Any] = {**OVERRIDES, "max_payload_bytes": 1000, "max_body_bytes": 100_000}

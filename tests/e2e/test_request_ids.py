@@ -14,8 +14,8 @@ import orjson
 import pytest
 import pytest_asyncio
 
+from gateway.http.server import MAX_HEAD_BYTES
 from gateway.logs import JsonFormatter
-from gateway.server import MAX_HEAD_BYTES
 from tests.e2e.connection_support import (
     MARGIN,
     READ_TIMEOUT,

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from gateway import models
+from gateway.api import models
 from tests.harness import Instance, make_settings, running_gateway
 from tests.integration.claim_helpers import pg_claims, poll, wait_parked
 from tests.support.metrics import sample

@@ -10,12 +10,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from gateway.auth.credentials import (
-    Credentials,
-    TokenSpec,
-    WebhookSecretSpec,
-    parse_token_spec,
-)
+from gateway.auth.credentials import Credentials, TokenSpec, WebhookSecretSpec, parse_token_spec
 from gateway.auth.principals import Principal, Scope, glob_match, hash_token
 from gateway.errors import AlreadyExists, NotFound
 from gateway.metrics import Metrics

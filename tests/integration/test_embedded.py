@@ -15,7 +15,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from gateway.embedded import PREFERRED_REDIS_PORT, EmbeddedServers, _port_free
+from gateway.cli.embedded import PREFERRED_REDIS_PORT, EmbeddedServers, _port_free
 from gateway.errors import ConfigError
 
 pytestmark = pytest.mark.integration

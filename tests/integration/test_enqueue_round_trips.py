@@ -15,10 +15,10 @@ import asyncpg
 import orjson
 import pytest
 
+from gateway.api.exactjson import ExactNumber
+from gateway.api.models import EnqueueRequest, parse_enqueue, task_bytes
 from gateway.errors import IdempotencyKeyReused
-from gateway.exactjson import ExactNumber
 from gateway.metrics import Metrics
-from gateway.models import EnqueueRequest, parse_enqueue, task_bytes
 from gateway.rows import TaskRow
 from gateway.store import Store
 from gateway.store import queries as q

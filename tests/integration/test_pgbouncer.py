@@ -19,7 +19,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway.embedded import EmbeddedServers
+from gateway.cli.embedded import EmbeddedServers
 from gateway.errors import StoreUnavailable
 from gateway.metrics import Metrics
 from gateway.store import Store
@@ -439,7 +439,7 @@ def test_migrate_takes_its_lock_over_the_direct_url(
 ) -> None:
     """`gateway migrate` prefers GATEWAY_DIRECT_DATABASE_URL: DATABASE_URL (here a port
     where nothing listens, standing for the pooler) is not used."""
-    from gateway.cli import build_parser, cmd_migrate
+    from gateway.cli.main import build_parser, cmd_migrate
     from tests.support.net import free_port
 
     monkeypatch.setenv("DATABASE_URL", f"postgresql://postgres@127.0.0.1:{free_port()}/x")

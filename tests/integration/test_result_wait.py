@@ -1,4 +1,4 @@
-"""Waiting for a task's result (GET /v1/tasks/{id}?wait_seconds, gateway/results.py):
+"""Waiting for a task's result (GET /v1/tasks/{id}?wait_seconds, gateway/claim/results.py):
 woken once by the request (or the janitor's pass) that finishes the task, through
 Redis pub/sub, with no Postgres read while it waits; bounded by
 GATEWAY_MAX_PARKED_POLLS; answered at once on drain; ended by a client that leaves."""
@@ -16,9 +16,9 @@ import aiohttp
 import pytest
 import redis.asyncio as redis
 
-from gateway import models
+from gateway.api import models
+from gateway.claim.results import done_channel
 from gateway.errors import CacheUnavailable
-from gateway.results import done_channel
 from tests.harness import TOKEN, Instance, make_settings, running_gateway, serve_process
 from tests.integration.janitor_support import first_pass_done, janitor_settings, wait_lapsed
 from tests.support.databases import execute

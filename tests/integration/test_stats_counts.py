@@ -19,8 +19,8 @@ from typing import Any
 import asyncpg
 import pytest
 
+from gateway.api.models import parse_enqueue
 from gateway.metrics import Metrics
-from gateway.models import parse_enqueue
 from gateway.store import Store
 from gateway.store import queries as q
 from gateway.store.migrate import apply_migrations, migrations_dir

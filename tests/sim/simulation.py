@@ -12,14 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gateway.claim import Claimer
+from gateway.api.models import ClaimRequest
+from gateway.claim.claimer import Claimer
+from gateway.claim.waiters import Departure
 from gateway.errors import CacheUnavailable, GatewayError, Overloaded, StoreUnavailable
 from gateway.metrics import Metrics
-from gateway.models import ClaimRequest
 from gateway.redis.breaker import CircuitBreaker
 from gateway.redis.verdict import VerdictCache
 from gateway.settings import Settings
-from gateway.waiters import Departure
 
 from . import vloop
 from .fakes import FakeRedis, FakeStore, FakeWakeChannels, now

@@ -11,9 +11,9 @@ from typing import Any, Protocol
 
 import pytest
 
+from gateway.api.models import EnqueueRequest
+from gateway.claim.ports import ClaimStore
 from gateway.metrics import Metrics
-from gateway.models import EnqueueRequest
-from gateway.ports import ClaimStore
 from gateway.rows import Leased
 from gateway.store import Store
 

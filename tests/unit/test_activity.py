@@ -1,9 +1,9 @@
-"""The per-instance sliding minute of tasks handed out (gateway/activity.py), on a fake
+"""The per-instance sliding minute of tasks handed out (gateway/claim/activity.py), on a fake
 clock."""
 
 from __future__ import annotations
 
-from gateway.activity import BUCKET_SECONDS, BUCKETS, ClaimActivity
+from gateway.claim.activity import BUCKET_SECONDS, BUCKETS, ClaimActivity
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""The batch lease operations' parsers and per-item answers (gateway/batch.py)."""
+"""The batch lease operations' parsers and per-item answers (gateway/http/handlers/batch.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from gateway import batch, models
+from gateway.api import models
 from gateway.errors import BadRequest, LeaseLost, NotFound, PayloadTooLarge, ValidationFailed
+from gateway.http.handlers import batch
 from gateway.store.acks import ItemResult
 from gateway.store.leases import lease_lost
 

@@ -1,4 +1,4 @@
-"""gateway/completions.py over an in-memory store: completes that arrive together share
+"""gateway/claim/completions.py over an in-memory store: completes that arrive together share
 a statement, a task named twice waits for the next one, a complete the statement did
 not apply is answered by its own request, a failed statement fails its whole group, and
 a request cancelled before its statement is not sent. Batch acknowledgements group the
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from gateway import completions
-from gateway.completions import Completions
+from gateway.claim import completions
+from gateway.claim.completions import Completions
 from gateway.errors import LeaseLost, StoreUnavailable
 from gateway.metrics import Metrics
 from gateway.rows import TaskRow

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.controls import (
+from gateway.claim.controls import (
     Controls,
     ControlsChange,
     LimitedClaim,

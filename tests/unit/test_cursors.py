@@ -1,4 +1,4 @@
-"""Sealed cursors (gateway/cursors.py): what a client holds says nothing of the position,
+"""Sealed cursors (gateway/api/cursors.py): what a client holds says nothing of the position,
 and only the exact text issued to a caller opens, for that caller."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
+from gateway.api.cursors import CursorSeal
 from gateway.auth.principals import ADMIN, Principal, Scope
-from gateway.cursors import CursorSeal
 from gateway.errors import ValidationFailed
 
 SECRET = "s" * 40

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.httpio import DisconnectWatch
+from gateway.http.io import DisconnectWatch
 
 
 class FakeReceive:

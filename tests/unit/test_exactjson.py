@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway import exactjson
+from gateway.api import exactjson
 from gateway.errors import BadRequest, ValidationFailed
 
 

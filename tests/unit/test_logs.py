@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 from gateway import logs
-from gateway.access import status_class
 from gateway.errors import ConfigError
+from gateway.http.access import status_class
 from gateway.metrics import wait_buckets
 from gateway.settings import Settings
 

@@ -1,4 +1,4 @@
-"""Request parsers and the JSON forms in gateway/models.py."""
+"""Request parsers and the JSON forms in gateway/api/models.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway import models
+from gateway.api import models
 from gateway.errors import BadRequest, NotFound, PayloadTooLarge, ValidationFailed
 from gateway.rows import TaskRow
 

@@ -12,11 +12,14 @@ import jsonschema
 import pytest
 from openapi_spec_validator import validate
 
-from gateway import bodies, controls, docs, errors, models, openapi
+from gateway import errors
+from gateway.api import bodies, models
+from gateway.api.fields import Kind, RawBody, read_query
 from gateway.auth.principals import Scope
+from gateway.claim import controls
 from gateway.errors import ValidationFailed
-from gateway.routes import ENDPOINTS, Endpoint, Target, healthz
-from gateway.schema import Kind, RawBody, read_query
+from gateway.http import docs, openapi
+from gateway.http.routes import ENDPOINTS, Endpoint, Target, healthz
 from gateway.settings import Settings
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.httpio import prefers_minimal
+from gateway.http.io import prefers_minimal
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from gateway.pump import RENEW_LEAD_SECONDS, RENEW_SPREAD, renew_after
+from gateway.claim.pump import RENEW_LEAD_SECONDS, RENEW_SPREAD, renew_after
 
 
 def test_a_renewal_lands_before_the_verdict_ends() -> None:

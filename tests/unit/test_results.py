@@ -1,4 +1,4 @@
-"""gateway/results.py over in-memory fakes: the query's validation, the read after
+"""gateway/claim/results.py over in-memory fakes: the query's validation, the read after
 subscribing (a finish between the first read and the subscription is not missed), the
 fallback read while wake-ups cannot arrive, and the expiry bound."""
 
@@ -11,9 +11,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from gateway.claim.results import Results, _until_expiry, done_channel, parse_wait
 from gateway.errors import Overloaded, ValidationFailed
 from gateway.metrics import Metrics
-from gateway.results import Results, _until_expiry, done_channel, parse_wait
 from gateway.rows import TaskRow
 from gateway.settings import Settings
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from gateway.cli import freeze_startup_heap
+from gateway.cli.main import freeze_startup_heap
 
 
 class Cycle:

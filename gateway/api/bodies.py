@@ -1,0 +1,252 @@
+"""The request bodies and query of the API, each declared once (see schema.py): the
+parsers in models.py read them, and the OpenAPI document describes them, from these
+specs."""
+
+from __future__ import annotations
+
+from .fields import Body, Field, Kind, Setting
+
+MAX_WORKER_ID = 200
+MAX_IDEMPOTENCY_KEY = 200
+# A signed webhook delivery's idempotency key is this plus its webhook-id. Producers'
+# keys live beside them on a runtime, so a producer may not make one: it could take a
+# delivery's key before the delivery arrives, and the delivery would be refused.
+WEBHOOK_KEY_PREFIX = "webhook:"
+MAX_ERROR_CHARS = 10_000
+PAYLOAD_BYTES = Setting("max_payload_bytes")
+JSON_DEPTH = Setting("max_json_depth")
+MAX_DELAY_SECONDS = 365 * 86400
+MAX_BATCH = 1000
+STATUSES = ("queued", "claimed", "completed", "dead", "expired", "cancelled")
+
+IDEMPOTENCY_KEY_HEADER = Field(
+    "Idempotency-Key",
+    Kind.STRING,
+    "The idempotency_key, as a header; if both are given they must be equal.",
+    max_length=MAX_IDEMPOTENCY_KEY,
+)
+PREFER_HEADER = Field(
+    "Prefer",
+    Kind.TEXT,
+    "RFC 7240 preferences. `return=minimal` answers each new (or replayed) task as "
+    'its id only, `{"id": ...}`, and the answer carries `Preference-Applied: '
+    "return=minimal`; `return=representation`, or no `return`, answers whole tasks. "
+    "Several preferences may be given, separated by commas "
+    "(`respond-async, return=minimal`); names and values are read without regard to case, "
+    "and preferences the gateway does not know are ignored.",
+)
+ENQUEUE_BODY = Body(
+    "EnqueueRequest",
+    "A task for the runtime named in the path.",
+    (
+        Field(
+            "payload",
+            Kind.JSON,
+            "The work, any JSON value (null included); a daemon receives it exactly as "
+            "sent, numbers included.",
+            required=True,
+            max_bytes=PAYLOAD_BYTES,
+            max_depth=JSON_DEPTH,
+            hint="any JSON value",
+        ),
+        Field(
+            "priority",
+            Kind.INTEGER,
+            "Higher is claimed first; first in, first out within a priority.",
+            default=50,
+            minimum=0,
+            maximum=1000,
+        ),
+        Field(
+            "idempotency_key",
+            Kind.STRING,
+            "Names the request: repeating it with the same key and the same request "
+            "answers the task already stored; with another request it is refused. "
+            f"Keys starting with `{WEBHOOK_KEY_PREFIX}` are kept for signed webhook "
+            "deliveries and refused here.",
+            max_length=MAX_IDEMPOTENCY_KEY,
+        ),
+        Field(
+            "delay_seconds",
+            Kind.NUMBER,
+            "Not claimable before this many seconds from now. Not with run_at.",
+            minimum=0,
+            maximum=MAX_DELAY_SECONDS,
+        ),
+        Field(
+            "run_at",
+            Kind.TIME,
+            "Not claimable before this time (RFC 3339 with a zone, years 1970 to 9000). "
+            "Not with delay_seconds.",
+        ),
+        Field(
+            "ttl_seconds",
+            Kind.NUMBER,
+            "Expires if not claimed within this many seconds from when it becomes claimable.",
+            minimum=1,
+            maximum=MAX_DELAY_SECONDS,
+        ),
+        Field(
+            "max_attempts",
+            Kind.INTEGER,
+            "Claims allowed; a failed or lapsed task at this many attempts ends dead.",
+            default=5,
+            minimum=1,
+            maximum=100,
+        ),
+    ),
+    exclusive=(("delay_seconds", "run_at"),),
+)
+BATCH_BODY = Body(
+    "EnqueueBatchRequest",
+    "Tasks stored all or nothing; a bad item fails the batch, naming tasks[i].",
+    (
+        Field(
+            "tasks",
+            Kind.ARRAY,
+            "The tasks, each as for a single enqueue.",
+            required=True,
+            min_items=1,
+            max_items=MAX_BATCH,
+            items=ENQUEUE_BODY,
+            hint="tasks",
+        ),
+    ),
+)
+LEASE_ID = Field(
+    "lease_id",
+    Kind.UUID,
+    "The lease_id the claim returned.",
+    required=True,
+    max_length=64,
+    hint="the lease_id a claim returned",
+)
+LEASE_SECONDS = Field(
+    "lease_seconds",
+    Kind.INTEGER,
+    "The lease runs out this many seconds from now.",
+    default=Setting("default_lease_seconds"),
+    minimum=1,
+    maximum=3600,
+)
+CLAIM_BODY = Body(
+    "ClaimRequest",
+    "A daemon asking for work, waiting for it if there is none yet.",
+    (
+        Field(
+            "worker_id",
+            Kind.STRING,
+            "Who claims: shown on the task while it holds the lease.",
+            required=True,
+            max_length=MAX_WORKER_ID,
+        ),
+        Field(
+            "max_tasks", Kind.INTEGER, "Tasks to claim at most.", default=1, minimum=1, maximum=100
+        ),
+        Field(
+            "wait_seconds",
+            Kind.NUMBER,
+            "How long to wait for work when there is none; 0 answers at once.",
+            default=0.0,
+            minimum=0,
+            maximum=Setting("max_wait_seconds"),
+        ),
+        LEASE_SECONDS,
+    ),
+)
+HEARTBEAT_BODY = Body("HeartbeatRequest", "Extends a lease.", (LEASE_ID, LEASE_SECONDS))
+COMPLETE_BODY = Body(
+    "CompleteRequest",
+    "Reports a task done.",
+    (
+        LEASE_ID,
+        Field(
+            "result",
+            Kind.JSON,
+            "What the task produced, any JSON value; null or absent: none.",
+            max_bytes=PAYLOAD_BYTES,
+            max_depth=JSON_DEPTH,
+        ),
+    ),
+)
+FAIL_BODY = Body(
+    "FailRequest",
+    "Reports a task failed.",
+    (
+        LEASE_ID,
+        Field(
+            "error",
+            Kind.TEXT,
+            f"What went wrong; kept up to {MAX_ERROR_CHARS} characters.",
+            required=True,
+            hint="a string describing the failure",
+        ),
+        Field(
+            "retry",
+            Kind.BOOLEAN,
+            "Queue the task again (after an exponential backoff with jitter) unless it "
+            "has reached max_attempts; false ends it dead.",
+            default=True,
+        ),
+        Field(
+            "retry_after_seconds",
+            Kind.NUMBER,
+            "Wait this long before the retry instead of the backoff.",
+            minimum=0,
+            maximum=7 * 86400,
+        ),
+    ),
+)
+RELEASE_BODY = Body("ReleaseRequest", "Gives a task back, queued again at once.", (LEASE_ID,))
+LIST_QUERY = Body(
+    "ListQuery",
+    "A page of a runtime's tasks, oldest first.",
+    (
+        Field("status", Kind.STRING, "Only tasks in this status.", enum=STATUSES),
+        Field("limit", Kind.INTEGER, "Tasks per page.", default=100, minimum=1, maximum=1000),
+        Field("cursor", Kind.STRING, "The next_cursor of the previous page."),
+    ),
+)
+
+# -- batch lease operations (gateway/http/handlers/batch.py) --
+
+MAX_LEASE_BATCH = 1000
+TASK_ID = Field(
+    "id",
+    Kind.UUID,
+    "The task's id.",
+    required=True,
+    max_length=64,
+    hint="the id of a task",
+)
+
+
+def _lease_batch(name: str, description: str, item: Body) -> Body:
+    """A batch body: `tasks`, each item the single operation's body plus the task's id."""
+    return Body(
+        name,
+        description,
+        (
+            Field(
+                "tasks",
+                Kind.ARRAY,
+                "One item per task, each task at most once; answered in this order.",
+                required=True,
+                min_items=1,
+                max_items=MAX_LEASE_BATCH,
+                items=Body(item.name + "Item", item.description, (TASK_ID, *item.fields)),
+                hint="tasks",
+            ),
+        ),
+    )
+
+
+COMPLETE_MANY_BODY = _lease_batch(
+    "CompleteManyRequest", "Reports several tasks done, each as a single complete.", COMPLETE_BODY
+)
+FAIL_MANY_BODY = _lease_batch(
+    "FailManyRequest", "Reports several tasks failed, each as a single fail.", FAIL_BODY
+)
+HEARTBEAT_MANY_BODY = _lease_batch(
+    "HeartbeatManyRequest", "Extends several leases, each as a single heartbeat.", HEARTBEAT_BODY
+)

@@ -1,0 +1,545 @@
+"""Request fields, declared once. A `Field` says what one body field is (JSON type,
+bounds, default, meaning); models.py reads bodies through these specs, and the OpenAPI
+document describes them from the same objects, so validation and documentation
+cannot drift apart.
+
+Bounds that depend on the deployment are `Setting`s, filled in from `limits` (setting
+name -> value) when a body is read or documented.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from ..errors import GatewayError, PayloadTooLarge, RequestTooLarge, ValidationFailed
+from . import exactjson
+
+Limits = Mapping[str, Any]
+E = TypeVar("E", bound=GatewayError)
+
+# orjson writes NUL as \u0000; an escaped backslash before "u0000" is not a NUL.
+NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+# Times a request may carry: well inside what both Python and Postgres can store.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+# An RFC 3339 time with a zone, as a TIME field reads it and the document says it (the
+# `date-time` format alone only annotates: an empty string would be valid).
+TIME_RE = re.compile(
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$"
+)
+
+
+class Kind(enum.Enum):
+    """How a field is read. Unless a kind says otherwise, null is the same as absent."""
+
+    INTEGER = "integer"  # a whole number in [minimum, maximum]
+    NUMBER = "number"  # any number in [minimum, maximum]
+    BOOLEAN = "boolean"  # true or false; null is refused
+    STRING = "string"  # non-empty, at most max_length characters, no NUL
+    TEXT = "text"  # any string, taken as sent
+    UUID = "uuid"  # a STRING that is a UUID; `hint` says which one
+    TIME = "time"  # an RFC 3339 time with a zone, between EARLIEST and LATEST
+    JSON = "json"  # any JSON value, stored: depth- and size-checked; a required one may be null
+    ARRAY = "array"  # a list of min_items to max_items `items` objects, read by the caller
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A bound taken from the gateway's settings: the name of a Settings attribute."""
+
+    name: str
+
+    @property
+    def variable(self) -> str:
+        return "GATEWAY_" + self.name.upper()
+
+
+Bound = int | float | Setting
+
+
+def resolve(value: Any, limits: Limits) -> Any:
+    return limits[value.name] if isinstance(value, Setting) else value
+
+
+@dataclass(frozen=True)
+class Field:
+    """One body (or query, or header) field: the single place its rules are written."""
+
+    name: str
+    kind: Kind
+    description: str
+    required: bool = False
+    default: Any = None  # a value, or a Setting
+    minimum: Bound | None = None
+    maximum: Bound | None = None
+    max_length: int | None = None  # STRING, UUID
+    max_bytes: Bound | None = None  # JSON: serialized size
+    max_depth: Bound | None = None  # JSON: nesting
+    min_items: int = 0  # ARRAY
+    max_items: int | None = None  # ARRAY
+    items: Body | None = None  # ARRAY
+    enum: tuple[str, ...] = ()  # documented; the reader of a query checks it
+    hint: str = ""  # what a valid value is, in words, for error messages
+
+    def settings(self) -> Iterator[str]:
+        """Names of the settings this field's rules depend on."""
+        for value in (self.default, self.minimum, self.maximum, self.max_bytes, self.max_depth):
+            if isinstance(value, Setting):
+                yield value.name
+        if self.items is not None:
+            yield from self.items.settings()
+
+    def read(self, body: Mapping[str, Any], limits: Limits) -> Any:
+        """The field's value from a decoded body, or ValidationFailed naming it."""
+        return _READERS[self.kind](self, body, limits)
+
+    @property
+    def null_means_absent(self) -> bool:
+        """True when null reads as leaving the field out, and so does a missing key."""
+        return not self.required and self.kind in _NULL_MEANS_ABSENT
+
+    def fail(self, message: str) -> ValidationFailed:
+        return ValidationFailed(message, field=self.name)
+
+    def json_schema(self, limits: Limits, nullable: bool = True) -> dict[str, Any]:
+        """The field as JSON Schema (2020-12, as OpenAPI 3.1 uses it). `nullable`:
+        document that null is the same as leaving an optional field out (bodies)."""
+        out: dict[str, Any] = _SCHEMAS[self.kind](self, limits)
+        if self.enum:
+            out["enum"] = list(self.enum)
+        default = resolve(self.default, limits)
+        if default is not None:
+            out["default"] = default
+        if nullable and not self.required and self.kind in _NULL_MEANS_ABSENT:
+            out["type"] = [out["type"], "null"]
+        out["description"] = self.description + _limits_text(self, limits)
+        return out
+
+
+@dataclass(frozen=True)
+class Body:
+    """A JSON object body (or a set of query parameters) made of fields."""
+
+    name: str  # its schema's name in the document
+    description: str
+    fields: tuple[Field, ...]
+    exclusive: tuple[tuple[str, str], ...] = ()  # pairs that may not both be given
+    closed: bool = False  # a field it does not declare is refused
+    min_fields: int = 0  # fields that must be given at least
+
+    def __getitem__(self, name: str) -> Field:
+        for field in self.fields:
+            if field.name == name:
+                return field
+        raise KeyError(name)
+
+    @property
+    def required(self) -> bool:
+        """Whether a request must carry the body: a field or min_fields say so."""
+        return self.min_fields > 0 or any(f.required for f in self.fields)
+
+    def settings(self) -> Iterator[str]:
+        for field in self.fields:
+            yield from field.settings()
+
+    def check_fields(self, body: Any) -> None:
+        """For a closed body: an object of its fields only, at least min_fields of them;
+        else ValidationFailed naming what is wrong."""
+        if not isinstance(body, dict):
+            raise ValidationFailed("the body must be a JSON object", field="body")
+        names = [f.name for f in self.fields]
+        unknown = sorted(set(body) - set(names))
+        if self.closed and unknown:
+            raise ValidationFailed(
+                f"unknown field {unknown[0]!r}; the fields are {', '.join(names)}",
+                field=unknown[0],
+            )
+        if len(body) < self.min_fields:
+            raise ValidationFailed(f"give at least one of {', '.join(names)}", field="body")
+
+    def check_exclusive(self, body: Mapping[str, Any]) -> None:
+        for first, second in self.exclusive:
+            if body.get(first) is not None and body.get(second) is not None:
+                raise ValidationFailed(f"give {first} or {second}, not both", field=second)
+
+    def json_schema(self, limits: Limits) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "type": "object",
+            "description": self.description,
+            "properties": {f.name: f.json_schema(limits) for f in self.fields},
+        }
+        required = [f.name for f in self.fields if f.required]
+        if required:
+            out["required"] = required
+        if self.closed:
+            out["additionalProperties"] = False
+        if self.min_fields:
+            out["minProperties"] = self.min_fields
+        for first, second in self.exclusive:
+            given = {"not": {"type": "null"}}
+            out.setdefault("allOf", []).append(
+                {"not": {"required": [first, second], "properties": {first: given, second: given}}}
+            )
+        return out
+
+
+@dataclass(frozen=True)
+class RawBody:
+    """A body documented by a JSON Schema given as is, for a body a handler reads
+    itself: a webhook's payload, which may be any JSON."""
+
+    name: str
+    description: str
+    schema: Mapping[str, Any]
+    required: bool = True
+
+    def settings(self) -> Iterator[str]:
+        return iter(())
+
+    def json_schema(self, limits: Limits) -> dict[str, Any]:
+        return {**self.schema, "description": self.description}
+
+
+# -- reading ------------------------------------------------------------------
+
+
+def _integer(f: Field, body: Mapping[str, Any], limits: Limits) -> int | None:
+    low, high = resolve(f.minimum, limits), resolve(f.maximum, limits)
+    raw = body.get(f.name)
+    if raw is None:
+        if f.required:
+            raise f.fail(f"{f.name} is required")
+        raw = resolve(f.default, limits)
+        if raw is None:
+            return None
+    if isinstance(raw, exactjson.ExactNumber):  # beyond 64 bits, or not a whole number
+        raise f.fail(f"{f.name} must be an integer from {low} to {high}")
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or raw != int(raw):
+        raise f.fail(f"{f.name} must be an integer")
+    if not low <= raw <= high:
+        raise f.fail(f"{f.name} must be between {low} and {high}")
+    return int(raw)
+
+
+def _number(f: Field, body: Mapping[str, Any], limits: Limits) -> float | None:
+    low, high = resolve(f.minimum, limits), resolve(f.maximum, limits)
+    raw = body.get(f.name)
+    if raw is None:
+        default = resolve(f.default, limits)
+        return None if default is None else float(default)
+    if isinstance(raw, exactjson.ExactNumber):
+        raw = float(raw)  # a duration need not be exact; inf is refused as out of range
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        raise f.fail(f"{f.name} must be a number")
+    if not low <= raw <= high:
+        raise f.fail(f"{f.name} must be between {low:g} and {high:g}")
+    return float(raw)
+
+
+def _boolean(f: Field, body: Mapping[str, Any], limits: Limits) -> bool:
+    raw = body.get(f.name, resolve(f.default, limits))
+    if not isinstance(raw, bool):
+        raise f.fail(f"{f.name} must be true or false")
+    return raw
+
+
+def _string(f: Field, body: Mapping[str, Any], limits: Limits) -> str | None:
+    raw = body.get(f.name)
+    if raw is None:
+        if f.required:
+            raise f.fail(f"{f.name} is required")
+        return None
+    if not isinstance(raw, str) or not raw:
+        raise f.fail(f"{f.name} must be a non-empty string")
+    if f.max_length is not None and len(raw) > f.max_length:
+        raise f.fail(f"{f.name} must be at most {f.max_length} characters")
+    if "\x00" in raw:
+        raise f.fail(f"{f.name} must not contain NUL characters")
+    return raw
+
+
+def _text(f: Field, body: Mapping[str, Any], limits: Limits) -> str | None:
+    raw = body.get(f.name)
+    if raw is None and not f.required:
+        return None
+    if not isinstance(raw, str):
+        raise f.fail(f"{f.name} is required: {f.hint}")
+    return raw
+
+
+def _uuid(f: Field, body: Mapping[str, Any], limits: Limits) -> uuid.UUID | None:
+    raw = _string(f, body, limits)
+    if raw is None:
+        return None
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise f.fail(f"{f.name} must be {f.hint}") from None
+
+
+def _time(f: Field, body: Mapping[str, Any], limits: Limits) -> datetime | None:
+    raw = body.get(f.name)
+    if raw is None:
+        if f.required:
+            raise f.fail(f"{f.name} is required")
+        return None
+    return parse_time(f.name, raw)
+
+
+def _json(f: Field, body: Mapping[str, Any], limits: Limits) -> str | None:
+    if f.required and f.name not in body:
+        raise f.fail(f"{f.name} is required ({f.hint})")
+    if not f.required and body.get(f.name) is None:
+        return None
+    max_bytes, max_depth = resolve(f.max_bytes, limits), resolve(f.max_depth, limits)
+    return json_text(f.name, body[f.name], max_bytes, max_depth, limits.get(WRITTEN_BUDGET))
+
+
+def _array(f: Field, body: Mapping[str, Any], limits: Limits) -> list[Any]:
+    raw = body.get(f.name)
+    if not isinstance(raw, list) or not f.min_items <= len(raw) <= (f.max_items or len(raw)):
+        raise f.fail(f"{f.name} must be a list of {f.min_items} to {f.max_items} {f.hint}")
+    return raw
+
+
+_READERS = {
+    Kind.INTEGER: _integer,
+    Kind.NUMBER: _number,
+    Kind.BOOLEAN: _boolean,
+    Kind.STRING: _string,
+    Kind.TEXT: _text,
+    Kind.UUID: _uuid,
+    Kind.TIME: _time,
+    Kind.JSON: _json,
+    Kind.ARRAY: _array,
+}
+
+
+# -- reading a query string -----------------------------------------------------
+
+# A query value read as a number: what a JSON number may be, leading zeros allowed.
+_QUERY_NUMBER = re.compile(r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$")
+# More digits than any bound a query field has: not read by int() (which refuses over
+# 4300 digits with an error of its own).
+_QUERY_DIGITS = 20
+
+
+def read_query(field: Field, params: Mapping[str, str], limits: Limits) -> Any:
+    """A query parameter read by its field's rules, as a body field is read: absent,
+    its default; present, even empty, a value of its kind, so that `?limit=` or
+    `?cursor=` is a 422 naming the parameter, as the document's schema says, and not
+    the same as leaving it out."""
+    raw = params.get(field.name)
+    if raw is None:
+        return field.read({}, limits)
+    if field.enum and raw not in field.enum:
+        raise field.fail(f"{field.name} must be one of {', '.join(field.enum)}")
+    return field.read({field.name: query_value(field, raw)}, limits)
+
+
+def query_value(field: Field, raw: str) -> Any:
+    """A query string's text as the JSON value its field reads: a number for an
+    INTEGER or NUMBER field, else the text itself."""
+    if field.kind is Kind.INTEGER:
+        digits = raw.removeprefix("-").lstrip("0") or "0"
+        if not (digits.isascii() and digits.isdigit()):
+            raise field.fail(f"{field.name} must be an integer")
+        # Beyond every bound: the reader refuses it as out of range.
+        value = int(digits) if len(digits) <= _QUERY_DIGITS else 10**_QUERY_DIGITS
+        return -value if raw.startswith("-") else value
+    if field.kind is Kind.NUMBER:
+        if not _QUERY_NUMBER.fullmatch(raw):
+            raise field.fail(f"{field.name} must be a number")
+        return float(raw)  # beyond a float's range: inf, refused as out of range
+    return raw
+
+
+def parse_time(field: str, raw: Any) -> datetime:
+    if not isinstance(raw, str):
+        raise ValidationFailed(f"{field} must be an RFC 3339 time string", field=field)
+    try:
+        if not TIME_RE.fullmatch(raw):
+            raise ValueError(raw)
+        value = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ValidationFailed(
+            f"{field} must be an RFC 3339 time such as 2026-11-25T21:02:03Z", field=field
+        ) from None
+    if value.tzinfo is None:
+        raise ValidationFailed(f"{field} must carry a time zone (Z or +hh:mm)", field=field)
+    if not EARLIEST <= value <= LATEST:
+        raise ValidationFailed(
+            f"{field} must lie between {EARLIEST.year} and {LATEST.year}", field=field
+        )
+    return value
+
+
+def too_deep(field: str, max_depth: int) -> ValidationFailed:
+    """The refusal of a JSON field nested deeper than `max_depth`."""
+    return ValidationFailed(
+        f"{field} is nested more than {max_depth} levels deep (GATEWAY_MAX_JSON_DEPTH)",
+        field=field,
+    )
+
+
+def check_depth(field: str, value: Any, max_depth: int) -> None:
+    if exactjson.depth(value, max_depth) > max_depth:
+        raise too_deep(field, max_depth)
+
+
+def in_item(error: E, index: int, array: str = "tasks") -> E:
+    """`error`, raised by an item of a list field, made to name the item:
+    `tasks[3]: ...`, field `tasks[3].lease_id`, index 3."""
+    if isinstance(error, RequestTooLarge):
+        return error
+    inner = error.extra.get("field")
+    error.detail = f"{array}[{index}]: {error.detail}"
+    error.extra.update(field=f"{array}[{index}].{inner}" if inner else f"{array}[{index}]")
+    error.extra.update(index=index)
+    return error
+
+
+class WrittenBudget:
+    """What the JSON values one request stores (payloads, results) may come to
+    together, written out as Postgres writes them and answers then carry them
+    (GATEWAY_MAX_BODY_BYTES): numbers written short, such as 1e4299, must not turn a
+    small request into a huge answer. One per request; json_text spends from it."""
+
+    __slots__ = ("left", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.left = limit
+
+    def spend(self, written: int) -> None:
+        """Counts one value's written size; RequestTooLarge naming `body` past the limit."""
+        self.left -= written
+        if self.left < 0:
+            raise RequestTooLarge(
+                f"the request's JSON values come to more than {self.limit} bytes written "
+                "out in full, as answers carry them (1e300 is 301 digits); the limit is "
+                "GATEWAY_MAX_BODY_BYTES",
+                field="body",
+            )
+
+
+# The key under which a parser's limits carry the request's WrittenBudget, if any.
+WRITTEN_BUDGET = "written_budget"
+
+
+def json_text(
+    field: str, value: Any, max_bytes: int, max_depth: int, budget: WrittenBudget | None = None
+) -> str:
+    """A JSON value serialized for storage, depth- and size-checked, numbers exact,
+    its written size spent from the request's `budget`. Postgres jsonb cannot hold the
+    NUL character, so it is refused here rather than failing in the database."""
+    try:
+        raw = exactjson.dumps(value)
+    except ValueError as exc:
+        check_depth(field, value, max_depth)  # too deep to write is refused as too deep
+        raise ValidationFailed(f"{field}: {exc}", field=field) from None
+    # Each level of nesting takes two characters at least (`[]`): a shorter text
+    # cannot be too deep, and is not walked.
+    if len(raw) > 2 * max_depth:
+        check_depth(field, value, max_depth)
+    text = raw.decode()
+    # Counted as it will be answered: Postgres writes 1e300 out as 301 digits.
+    written = len(raw) + exactjson.expansion(text, value)
+    if written > max_bytes:
+        raise PayloadTooLarge(
+            f"{field} is larger than {max_bytes} bytes serialized (numbers written out)",
+            field=field,
+        )
+    if budget is not None:
+        budget.spend(written)
+    # The substring test first: the pattern costs more than the rest of this function.
+    if "\\u0000" in text and NUL_ESCAPE.search(text):
+        raise ValidationFailed(f"{field} must not contain NUL characters (\\u0000)", field=field)
+    return text
+
+
+# -- documenting --------------------------------------------------------------
+
+# What a JSON field may hold, in the document's components: any JSON value but one with
+# the NUL character in a string or a key, which json_text refuses (Postgres cannot
+# store it).
+JSON_VALUE = "JsonValue"
+_NO_NUL = "^[^\\u0000]*$"
+JSON_VALUE_SCHEMA: dict[str, Any] = {
+    "description": "Any JSON value without the NUL character (\\u0000) in a string or a key.",
+    "pattern": _NO_NUL,
+    "propertyNames": {"pattern": _NO_NUL},
+    "items": {"$ref": f"#/components/schemas/{JSON_VALUE}"},
+    "additionalProperties": {"$ref": f"#/components/schemas/{JSON_VALUE}"},
+}
+
+
+def _bounded(json_type: str, f: Field, limits: Limits) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": json_type}
+    if f.minimum is not None:
+        out["minimum"] = resolve(f.minimum, limits)
+    if f.maximum is not None:
+        out["maximum"] = resolve(f.maximum, limits)
+    return out
+
+
+def _string_schema(f: Field, limits: Limits) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "string", "minLength": 1, "pattern": _NO_NUL}
+    if f.max_length is not None:
+        out["maxLength"] = f.max_length
+    return out
+
+
+def _limits_text(f: Field, limits: Limits) -> str:
+    """The settings behind a field's bounds, and the limits JSON Schema cannot say."""
+    text = ""
+    if isinstance(f.default, Setting):
+        text += f" The default is set by {f.default.variable}."
+    if isinstance(f.maximum, Setting):
+        text += f" The maximum is set by {f.maximum.variable}."
+    if f.max_bytes is not None:
+        text += f" At most {resolve(f.max_bytes, limits)} bytes serialized"
+        if isinstance(f.max_bytes, Setting):
+            text += f" ({f.max_bytes.variable})"
+        text += "."
+    if f.max_depth is not None:
+        text += f" Nested at most {resolve(f.max_depth, limits)} levels deep"
+        if isinstance(f.max_depth, Setting):
+            text += f" ({f.max_depth.variable})"
+        text += "."
+    return text
+
+
+def _array_schema(f: Field, limits: Limits) -> dict[str, Any]:
+    assert f.items is not None
+    out: dict[str, Any] = {"type": "array", "items": f.items.json_schema(limits)}
+    out["minItems"] = f.min_items
+    if f.max_items is not None:
+        out["maxItems"] = f.max_items
+    return out
+
+
+# Kinds whose optional fields take null as "not given" (a JSON field's null is a value).
+_NULL_MEANS_ABSENT = (Kind.INTEGER, Kind.NUMBER, Kind.STRING, Kind.TEXT, Kind.UUID, Kind.TIME)
+
+_SCHEMAS: dict[Kind, Any] = {
+    Kind.INTEGER: lambda f, limits: _bounded("integer", f, limits),
+    Kind.NUMBER: lambda f, limits: _bounded("number", f, limits),
+    Kind.BOOLEAN: lambda f, limits: {"type": "boolean"},
+    Kind.STRING: _string_schema,
+    Kind.TEXT: lambda f, limits: {"type": "string"},
+    Kind.UUID: lambda f, limits: {"type": "string", "format": "uuid"},
+    Kind.TIME: lambda f, limits: {
+        "type": "string",
+        "format": "date-time",
+        "pattern": TIME_RE.pattern,
+    },
+    Kind.JSON: lambda f, limits: {"$ref": f"#/components/schemas/{JSON_VALUE}"},
+    Kind.ARRAY: _array_schema,
+}

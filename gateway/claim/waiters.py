@@ -1,0 +1,179 @@
+"""The waiters of the claim path (gateway/claim/claimer.py): one parked claim request
+(`Waiter`), the signal that its client left (`Departure`, which a wait for a task's
+result uses too), the shared timers that end parked waits (`Deadlines`), and what the
+process holds per runtime (`RuntimeState`: its waiters, its pump, its near-cache and
+the verdict it renews). The `Claimer` owns them all; it and the runtimes' pumps
+(gateway/claim/pump.py) decide what they hold.
+
+Memory per parked poll matters here (up to GATEWAY_MAX_PARKED_POLLS of them): a parked
+poll waits on one future at a time, hears of its client leaving through a callback,
+and shares its deadline's timer with the others in its slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..api.models import ClaimRequest
+from ..errors import GatewayError
+from ..rows import Leased
+
+# Parked waiters whose deadlines fall in the same slot of this length share one timer.
+DEADLINE_SLOT_SECONDS = 0.05
+
+
+class Departure:
+    """Set once, when a poll's client disconnects. A parked poll hears of it at once,
+    through a callback: no task or future of its own waits for it."""
+
+    __slots__ = ("_callbacks", "_gone")
+
+    def __init__(self) -> None:
+        self._gone = False
+        self._callbacks: list[Callable[[], None]] = []
+
+    def is_set(self) -> bool:
+        return self._gone
+
+    def set(self) -> None:
+        if not self._gone:
+            self._gone = True
+            callbacks, self._callbacks = self._callbacks, []
+            for callback in callbacks:
+                callback()
+
+    def on_set(self, callback: Callable[[], None]) -> None:
+        """Call `callback` when set (at once if it already is)."""
+        if self._gone:
+            callback()
+        else:
+            self._callbacks.append(callback)
+
+
+def wake_signal(signal: asyncio.Future[None] | None) -> None:
+    """Resolve a parked request's signal, if it has one still pending: what ends its
+    wait, for a claim (Waiter) as for a wait for a result (results.py). Idempotent."""
+    if signal is not None and not signal.done():
+        signal.set_result(None)
+
+
+@dataclass(eq=False, slots=True)
+class Waiter:
+    """One claim request parked in this process. Memory per parked poll matters (up to
+    GATEWAY_MAX_PARKED_POLLS of them): it waits on one future at a time, made when it
+    sleeps, rather than on an Event and a task per wait."""
+
+    req: ClaimRequest
+    deadline: float  # loop time
+    rows: list[Leased] | None = None
+    error: GatewayError | None = None
+    checked: bool = False  # a full verdict check or claim ran since it arrived
+    in_flight: bool = False  # has slots in the Postgres claim running now
+    gone: bool = False  # its client disconnected, or its wait ended: it must receive nothing
+    signal: asyncio.Future[None] | None = None  # resolved to wake its request
+    slot: int = 0  # its deadline's slot in Deadlines
+    matched: bool = False  # an enqueue is writing a task leased to it (sync match)
+
+    @property
+    def lease(self) -> tuple[str, float]:
+        """Its worker and lease length, for a task leased to it (sync match)."""
+        return self.req.worker_id, float(self.req.lease_seconds)
+
+    def poke(self) -> None:
+        """Wake the request to look at its state again."""
+        wake_signal(self.signal)
+
+    def leave(self) -> None:
+        """Its client disconnected (Departure's callback)."""
+        self.gone = True
+        self.poke()
+
+    def finish(self, rows: list[Leased] | None = None, error: GatewayError | None = None) -> None:
+        if rows is not None:
+            self.rows = rows
+        if error is not None:
+            self.error = error
+        self.poke()
+
+
+class Deadlines:
+    """Wakes parked waiters when their wait runs out: one timer per slot of
+    DEADLINE_SLOT_SECONDS, shared by every waiter whose deadline falls in it, rather than
+    one timer per waiter (memory per parked poll). A wait ends at most one slot late."""
+
+    def __init__(self) -> None:
+        self._slots: dict[int, dict[Waiter, None]] = {}
+        self._timers: dict[int, asyncio.TimerHandle] = {}
+
+    def add(self, waiter: Waiter) -> None:
+        key = waiter.slot = math.ceil(waiter.deadline / DEADLINE_SLOT_SECONDS)
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = {}
+            loop = asyncio.get_running_loop()
+            self._timers[key] = loop.call_at(key * DEADLINE_SLOT_SECONDS, self._expire, key)
+        slot[waiter] = None
+
+    def discard(self, waiter: Waiter) -> None:
+        slot = self._slots.get(waiter.slot)
+        if slot is not None and slot.pop(waiter, 0) is None and not slot:
+            del self._slots[waiter.slot]
+            self._timers.pop(waiter.slot).cancel()
+
+    def _expire(self, key: int) -> None:
+        self._timers.pop(key, None)
+        now = asyncio.get_running_loop().time()
+        for waiter in self._slots.pop(key, {}):
+            # A timer may fire a little early: the wait counts as run out all the same.
+            waiter.deadline = min(waiter.deadline, now)
+            waiter.poke()
+
+
+@dataclass(eq=False)
+class RuntimeState:
+    """What this process holds for one runtime while polls park for it (and for
+    LINGER_SECONDS after the last has left, gateway/claim/claimer.py)."""
+
+    runtime_id: str
+    channel: str
+    waiters: list[Waiter] = field(default_factory=list)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    pump: asyncio.Task[None] | None = None
+    linger: asyncio.TimerHandle | None = None
+    # A wake-up (pub/sub, or a bump here) arrived since the pump's last cycle began;
+    # a new poll's arrival also sets `wake`, but is not a wake-up.
+    woken: bool = False
+    # The near-cache: the version of a verdict hit kept in this process, and until when
+    # (loop time, never past the verdict's life in Redis). Trusted only while the
+    # runtime's subscription is confirmed and Redis healthy, since then a bump anywhere
+    # reaches this process as a wake-up, which drops it.
+    near_version: str | None = None
+    near_until: float = 0.0
+    # Counts drops of the near-cache: a verdict read before a drop is not kept after it.
+    near_drops: int = 0
+    # An empty verdict this process wrote: while polls are parked, it is renewed in Redis
+    # shortly before its life ends, instead of a Postgres scan, as long as no bump made
+    # it stale, and never past the next delayed task's due time (I4). Its version, when
+    # to renew it, and that due time (loop times; None: nothing delayed).
+    renew_version: str | None = None
+    renew_at: float = 0.0
+    renew_due_at: float | None = None
+    # The version a bump by this process returned, not yet used by the pump: the next
+    # cycle claims under it without reading the verdict (a sure miss).
+    bumped: str | None = None
+    # Runtime controls: a limit cut the last claim short; until this loop time the pump
+    # claims again only after a wake-up (a freed slot, a change of the controls).
+    held_until: float = 0.0
+
+
+def unserved(state: RuntimeState) -> list[Waiter]:
+    """Waiters still wanting tasks: present, not answered, not failed, not promised
+    an enqueue's task (sync match)."""
+    return [
+        w
+        for w in state.waiters
+        if not w.gone and w.rows is None and w.error is None and not w.matched
+    ]

@@ -1,0 +1,2 @@
+"""The `gateway` command (`main.py`), its credential commands (`credentials.py`) and the
+embedded development servers of `gateway serve --embedded` (`embedded.py`)."""

@@ -1,0 +1,169 @@
+"""Request ids and the access log: one line per request, and the request counter.
+
+`RequestLog` wraps the whole app, Starlette's error middleware included
+(app.GatewayApp). For each HTTP request it sets the request id (logs.REQUEST_ID),
+returns it as `X-Request-ID` on the answer, and when the answer is done writes one
+access line (logger `gateway.access`, INFO) and counts the request by route template
+and status class. The route is the
+template (`/v1/runtimes/{rt}/claim`), never the raw path: runtime and task ids would
+make the log's and the metric's values unbounded.
+
+Answers the server writes itself, outside the app (408, 431: gateway/http/server.py), log
+their line there with `access_line`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable
+from typing import Any
+
+from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .. import logs
+from ..metrics import Metrics
+from .io import DirectRoute, internal_error_response
+
+log = logging.getLogger("gateway.access")
+
+REQUEST_ID_HEADER = b"x-request-id"
+UNMATCHED = "unmatched"  # the route of a request no endpoint's path matched
+
+
+def status_class(status: int) -> str:
+    """`2xx`, `4xx`, ...: the request counter's label (499, client left, is 4xx)."""
+    return f"{min(max(status // 100, 1), 5)}xx"
+
+
+def access_line(
+    metrics: Metrics | None,
+    method: str,
+    route: str,
+    status: int,
+    seconds: float,
+    request_id: str,
+) -> None:
+    """Log one request's access line and count it."""
+    if metrics is not None:
+        metrics.http_requests.inc(route, method, status_class(status))
+    if log.isEnabledFor(logging.INFO):
+        duration_ms = round(seconds * 1000, 3)
+        log.info(
+            "%s %s %d %.1fms",
+            method,
+            route,
+            status,
+            duration_ms,
+            extra={
+                "method": method,
+                "route": route,
+                "status": status,
+                "duration_ms": duration_ms,
+                "request_id": request_id,
+            },
+        )
+
+
+def server_answer(metrics: Metrics | None, head: object, status: int, seconds: float) -> str:
+    """For an answer the server writes itself (408, 431): log and count it, and return
+    its request id. `head` is the request's scope when its head was parsed."""
+    scope: Scope = head if isinstance(head, dict) else {}
+    request_id = logs.request_id_from(_header(scope, REQUEST_ID_HEADER))
+    method = str(scope.get("method", "-"))
+    access_line(metrics, method, UNMATCHED, status, seconds, request_id)
+    return request_id
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return bytes(value)
+    return None
+
+
+class RequestLog:
+    """ASGI middleware: request id, access line and request counter (module doc)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+        self._direct: list[DirectRoute] | None = None  # found on the first request
+
+    def _direct_routes(self, scope: Scope) -> list[DirectRoute]:
+        if self._direct is None:
+            router = getattr(scope.get("app"), "router", None)
+            routes = getattr(router, "routes", ())
+            self._direct = [r for r in routes if isinstance(r, DirectRoute)]
+        return self._direct
+
+    def _target(self, scope: Scope) -> ASGIApp:
+        """A DirectRoute's request goes straight to its handler; the rest through the
+        app (error and exception middleware, router). Not a coroutine of its own: a
+        parked poll holds every frame between uvicorn and its wait."""
+        for route in self._direct_routes(scope):
+            match, child_scope = route.matches(scope)
+            if match is Match.FULL:
+                scope["route"] = route  # as the router does: the access line's route
+                scope.update(child_scope)
+                return route.app
+        return self.app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        request_id = logs.request_id_from(_header(scope, REQUEST_ID_HEADER))
+        # Not reset afterwards: uvicorn serves each request in a task of its own, and
+        # its own line about an exception, written after this returns, should carry it.
+        logs.REQUEST_ID.set(request_id)
+        send_with_id = _SendWithId(send, request_id)
+        try:
+            await self._target(scope)(scope, receive, send_with_id)
+        except Exception:
+            # Starlette's error middleware, inside this one, answers 500 through
+            # send_with_id (with the request id) and reraises. A DirectRoute's handler
+            # runs without it: answer here when nothing was answered yet.
+            if not send_with_id.status:
+                with contextlib.suppress(Exception):  # the client may be gone too
+                    await internal_error_response()(scope, receive, send_with_id)
+            raise
+        finally:
+            route = _route_of(scope)
+            # No answer at all: the client left, or the server's own error answer.
+            access_line(
+                self.metrics,
+                scope["method"],
+                route,
+                send_with_id.status or 500,
+                time.perf_counter() - started,
+                request_id,
+            )
+
+
+class _SendWithId:
+    """The app's send(): adds the request id to the answer's headers and notes its
+    status. An object with slots rather than a closure: a parked poll holds it."""
+
+    __slots__ = ("request_id", "send", "status")
+
+    def __init__(self, send: Send, request_id: str) -> None:
+        self.send = send
+        self.request_id = request_id
+        self.status = 0
+
+    def __call__(self, message: Message) -> Awaitable[None]:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            headers = [*message.get("headers", ()), (REQUEST_ID_HEADER, self.request_id.encode())]
+            message = {**message, "headers": headers}
+        return self.send(message)
+
+
+def _route_of(scope: Scope) -> str:
+    route: Any = scope.get("route")  # set by Starlette's router on a (partial) match
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else UNMATCHED

@@ -1,0 +1,254 @@
+"""Documentation of the admin API and the signed webhook, beside docs.py's. Schemas are
+built from the rules their parsers use (auth/credentials.py, auth/webhooks.py, auth/principals.py,
+bodies.py), so the document cannot promise what the code refuses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..api import bodies
+from ..api.fields import JSON_VALUE, Body, Field, Kind, RawBody
+from ..auth import credentials, webhooks
+from ..auth.principals import RUNTIME_PATTERN_RE, Scope
+from ..errors import AlreadyExists, IdempotencyKeyReused, InvalidSignature, NotFound
+from .docs import REPLAYED, TASK, Doc, Param, Reply
+from .handlers.admin import INCLUDE_REVOKED, TOKENS_CURSOR
+
+_UUID = {"type": "string", "format": "uuid"}
+_TIME = {"type": "string", "format": "date-time"}
+_NAME = {
+    "type": "string",
+    "pattern": credentials.NAME_RE.pattern,
+    "description": "1-100 letters, digits and . _ : @ -, starting with a letter or digit; "
+    "not shaped like a UUID. Unique among live ones.",
+}
+_PATTERNS = {
+    "type": "array",
+    "minItems": 1,
+    "maxItems": credentials.MAX_PATTERNS,
+    "items": {"type": "string", "pattern": RUNTIME_PATTERN_RE.pattern},
+    "description": "Runtime ids in which `*` matches any run of characters.",
+}
+_SCOPES = {
+    "type": "array",
+    "minItems": 1,
+    "items": {"enum": [scope.value for scope in Scope]},
+}
+
+
+def _object(required: list[str], properties: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": required,
+        "properties": properties,
+        "additionalProperties": False,
+    }
+
+
+TOKEN_REQUEST = RawBody(
+    "TokenRequest",
+    "A token to create. Without runtimes it covers every runtime; an admin token "
+    "always does, so it may not have any.",
+    {
+        **_object(
+            ["name", "scopes"],
+            {
+                "name": _NAME,
+                "scopes": _SCOPES,
+                "runtimes": {**_PATTERNS, "type": ["array", "null"]},
+            },
+        ),
+        # credentials.parse_token_spec: no runtimes beside the admin scope.
+        "not": {
+            "required": ["scopes", "runtimes"],
+            "properties": {
+                "scopes": {"contains": {"const": Scope.ADMIN.value}},
+                "runtimes": {"type": "array"},
+            },
+        },
+    },
+)
+WEBHOOK_SECRET_REQUEST = RawBody(
+    "WebhookSecretRequest",
+    "A webhook signing secret to create, for the runtimes it may enqueue into.",
+    _object(["name", "runtimes"], {"name": _NAME, "runtimes": _PATTERNS}),
+)
+
+_TOKEN_BASE = {
+    "id": _UUID,
+    "name": {"type": "string"},
+    "scopes": _SCOPES,
+    "runtimes": {"type": ["array", "null"], "items": {"type": "string"}},
+    "created_at": _TIME,
+}
+_SECRET_BASE = {
+    "id": _UUID,
+    "name": {"type": "string"},
+    "runtimes": {"type": "array", "items": {"type": "string"}},
+    "created_at": _TIME,
+}
+_REVOKED = {"revoked_at": {**_TIME, "type": ["string", "null"]}}
+_TOKEN_SECRET = {"token": {"type": "string", "description": "The secret, shown this once."}}
+_WEBHOOK_SECRET = {
+    "secret": {
+        "type": "string",
+        "pattern": f"^{credentials.WEBHOOK_SECRET_PREFIX}",
+        "description": "The whsec_ secret, shown this once.",
+    }
+}
+NO_STORE = Param("Cache-Control", "The answer holds a secret: never cached.", {"const": "no-store"})
+
+
+def _list(key: str, item: dict[str, Any]) -> dict[str, Any]:
+    return _object([key], {key: {"type": "array", "items": item}})
+
+
+def _revoke(operation_id: str, what: str, param: str) -> Doc:
+    return Doc(
+        operation_id,
+        f"Revoke a {what}",
+        (Reply(204, "Revoked (also when it was revoked before).", None),),
+        "Every instance refuses it within 2 s. An unknown id is `404`.",
+        tag="admin",
+        path_params=(Param(param, f"The {what}'s id.", _UUID),),
+        errors=(NotFound,),
+    )
+
+
+CREATE_TOKEN = Doc(
+    "createToken",
+    "Create a scoped API token",
+    (
+        Reply(
+            201,
+            "Created; the secret is in `token`, shown this once.",
+            _object([*_TOKEN_BASE, "token"], {**_TOKEN_BASE, **_TOKEN_SECRET}),
+            headers=(NO_STORE,),
+        ),
+    ),
+    "Only the SHA-256 of the secret is kept.",
+    tag="admin",
+    body=TOKEN_REQUEST,
+    errors=(AlreadyExists,),
+)
+TOKENS_QUERY = Body(
+    "TokensQuery",
+    "A page of tokens, oldest first.",
+    (
+        INCLUDE_REVOKED["include_revoked"],
+        credentials.TOKENS_LIMIT,
+        TOKENS_CURSOR,
+    ),
+)
+LIST_TOKENS = Doc(
+    "listTokens",
+    "List API tokens, never their secrets",
+    (
+        Reply(
+            200,
+            "A page of tokens (live ones, unless include_revoked), oldest first; next_cursor "
+            "is null on the last one.",
+            _object(
+                ["tokens", "next_cursor"],
+                {
+                    "tokens": {
+                        "type": "array",
+                        "items": _object([*_TOKEN_BASE, "revoked_at"], {**_TOKEN_BASE, **_REVOKED}),
+                    },
+                    "next_cursor": {
+                        "type": ["string", "null"],
+                        "description": "Where the next page starts; null on the last one.",
+                    },
+                },
+            ),
+        ),
+    ),
+    f"At most `limit` ({credentials.MAX_TOKENS_PAGE} at most) tokens per page; pass "
+    "`next_cursor` back as `cursor` for the next page. A bad `limit` or `cursor` is `422` "
+    "naming it.",
+    tag="admin",
+    query=TOKENS_QUERY,
+)
+REVOKE_TOKEN = _revoke("revokeToken", "token", "token_id")
+CREATE_WEBHOOK_SECRET = Doc(
+    "createWebhookSecret",
+    "Create a webhook signing secret",
+    (
+        Reply(
+            201,
+            "Created; the secret is in `secret`, shown this once.",
+            _object([*_SECRET_BASE, "secret"], {**_SECRET_BASE, **_WEBHOOK_SECRET}),
+            headers=(NO_STORE,),
+        ),
+    ),
+    "Verifying a signature needs the key, so it is stored in clear in the database.",
+    tag="admin",
+    body=WEBHOOK_SECRET_REQUEST,
+    errors=(AlreadyExists,),
+)
+LIST_WEBHOOK_SECRETS = Doc(
+    "listWebhookSecrets",
+    "List webhook secrets, never the secrets themselves",
+    (
+        Reply(
+            200,
+            "Live secrets, oldest first.",
+            _list(
+                "webhook_secrets",
+                _object([*_SECRET_BASE, "revoked_at"], {**_SECRET_BASE, **_REVOKED}),
+            ),
+        ),
+    ),
+    tag="admin",
+    query=INCLUDE_REVOKED,
+)
+REVOKE_WEBHOOK_SECRET = _revoke("revokeWebhookSecret", "webhook secret", "secret_id")
+
+_SIGNATURE_HEADERS = (
+    Field(
+        "webhook-id",
+        Kind.STRING,
+        "The delivery's id, also its idempotency key: a redelivery with the same id "
+        "answers the task already stored.",
+        required=True,
+        max_length=webhooks.MAX_MSG_ID,
+    ),
+    Field(
+        "webhook-timestamp",
+        Kind.STRING,
+        f"Unix seconds; more than {webhooks.TOLERANCE_SECONDS} s from the gateway's clock "
+        "is refused.",
+        required=True,
+    ),
+    Field(
+        "webhook-signature",
+        Kind.STRING,
+        "Space-separated `v1,<base64 HMAC-SHA256 of id.timestamp.body>` signatures; one "
+        "matching a live secret covering the runtime is enough.",
+        required=True,
+    ),
+)
+RECEIVE_WEBHOOK = Doc(
+    "receiveWebhook",
+    "Enqueue a delivery signed the Standard Webhooks way",
+    (
+        Reply(201, "Stored; its body is the task's payload.", TASK),
+        Reply(200, "A redelivery of the same webhook-id.", TASK, headers=(REPLAYED,)),
+    ),
+    "The signature authenticates it: no bearer token. A bad, missing or stale signature, "
+    "or no secret covering the runtime, is `401 invalid_signature` and nothing is stored.",
+    tag="producers",
+    body=RawBody(
+        "WebhookPayload",
+        "The event: any JSON value, kept exactly.",
+        {"$ref": f"#/components/schemas/{JSON_VALUE}"},
+    ),
+    query=Body(
+        "WebhookQuery",
+        "Enqueue options.",
+        tuple(bodies.ENQUEUE_BODY[name] for name in webhooks.QUERY_FIELDS),
+    ),
+    headers=_SIGNATURE_HEADERS,
+    errors=(InvalidSignature, IdempotencyKeyReused),
+)

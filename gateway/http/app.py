@@ -1,0 +1,95 @@
+"""The ASGI application: routes plus a lifespan that opens and closes the Gateway."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Match, Route
+from starlette.types import ASGIApp
+
+from ..errors import BadRequest, MethodNotAllowed, NotFound
+from ..instance import Gateway
+from ..metrics import Metrics
+from ..settings import Settings
+from . import console
+from .access import RequestLog
+from .io import internal_error_response, problem_response
+from .routes import ROUTES
+
+
+class GatewayApp(Starlette):
+    """Starlette with `RequestLog` outside its whole middleware stack, error middleware
+    included. RequestLog answers a claim (a DirectRoute) straight from there, so a
+    parked poll holds no frame of the error middleware; every other request goes on
+    through it, and its 500s still pass RequestLog, which adds the request id."""
+
+    request_log_metrics: Metrics | None = None
+
+    def build_middleware_stack(self) -> ASGIApp:
+        stack = super().build_middleware_stack()
+        assert self.request_log_metrics is not None  # set by create_app
+        return RequestLog(stack, metrics=self.request_log_metrics)
+
+
+# The order methods are listed in an Allow header.
+METHOD_ORDER = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    """Unknown paths and methods answer problem+json like every other error."""
+    assert isinstance(exc, HTTPException)
+    kind = {404: NotFound, 405: MethodNotAllowed}.get(exc.status_code, BadRequest)
+    error = kind(f"{request.method} {request.url.path}: {exc.detail}")
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = allowed_methods(request)
+    return problem_response(error, headers)
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method the request's path serves, for a 405's Allow header. A path with
+    several methods is several routes (one per endpoint), and Starlette's own header
+    names the first route's methods only."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if isinstance(route, Route) and route.methods:
+            match, _ = route.matches(request.scope)
+            if match is not Match.NONE:
+                methods |= route.methods
+    return ", ".join(m for m in METHOD_ORDER if m in methods)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    """An error outside any endpoint: answer problem+json 500. Not logged here: the
+    server logs it once when it reraises (endpoints log their own, see routes.api)."""
+    return internal_error_response()
+
+
+def create_app(settings: Settings | None = None) -> Starlette:
+    """Build the app. Settings default to the environment's."""
+    gateway = Gateway(settings or Settings.from_env())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await gateway.open()
+        try:
+            yield
+        finally:
+            await gateway.close()
+
+    app = GatewayApp(
+        routes=[*ROUTES, *console.ROUTES],  # the console: static files only
+        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
+    )
+    # A trailing slash is a 404 like any unknown path: Starlette's redirect would echo
+    # the request's Host header back in its Location.
+    app.router.redirect_slashes = False
+    app.request_log_metrics = gateway.metrics
+    app.state.gateway = gateway
+    return app

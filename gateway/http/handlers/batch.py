@@ -1,0 +1,245 @@
+"""Batch lease operations: complete, fail and heartbeat many tasks in one request.
+
+Each item is what the single operation (`/v1/tasks/{id}/complete`, `/fail`,
+`/heartbeat`) would do with it, and each answers its own outcome, in the request's
+order: the single operation's status as `outcome`, or the problem it would have
+answered (`lease_lost`, `not_found`). One item's problem never undoes another's
+success. A problem with the request as a whole (not JSON, no items or more than
+bodies.MAX_LEASE_BATCH, a malformed item, a task named twice) is a 4xx naming the item,
+and nothing is stored.
+
+A token limited to some runtimes sees another runtime's task as `not_found`, as on a
+single operation. The handlers call the store; they import no driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ...api import models
+from ...api.bodies import COMPLETE_MANY_BODY, FAIL_MANY_BODY, HEARTBEAT_MANY_BODY, TASK_ID
+from ...api.fields import Body, in_item
+from ...errors import BadRequest, PayloadTooLarge, ValidationFailed, problem_for
+from ...instance import Gateway
+from ...store.acks import ItemResult
+from ..io import json_response, read_json
+
+# What a failed task's outcome says when it is to run again, whenever that is.
+RETRYING = "queued"
+# Outcomes that end the task: anything else a fail answers will run again.
+FAIL_ENDS = ("dead", "cancelled")
+EXTENDED = "extended"
+
+
+@dataclass(frozen=True)
+class CompleteItem:
+    task_id: uuid.UUID
+    lease_id: uuid.UUID
+    result_json: str | None  # serialized and checked, as for a single complete
+
+
+@dataclass(frozen=True)
+class FailItem:
+    task_id: uuid.UUID
+    request: models.FailRequest
+
+
+@dataclass(frozen=True)
+class HeartbeatItem:
+    task_id: uuid.UUID
+    lease_id: uuid.UUID
+    lease_seconds: int
+
+
+# -- parsing ------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _naming(index: int) -> Iterator[None]:
+    """Errors raised inside name the item: `tasks[3]: ...`, field `tasks[3].lease_id`."""
+    try:
+        yield
+    except (ValidationFailed, PayloadTooLarge, BadRequest) as exc:
+        raise in_item(exc, index) from None
+
+
+def _items(body: Mapping[str, Any], spec: Body) -> list[tuple[uuid.UUID, Mapping[str, Any]]]:
+    """(task id, item) per item of a batch body; refuses a task named twice."""
+    field = spec["tasks"]
+    raw = body.get("tasks")
+    if isinstance(raw, list) and field.max_items is not None and len(raw) > field.max_items:
+        raise ValidationFailed(
+            f"tasks holds {len(raw)} items; a request may hold at most {field.max_items}",
+            field="tasks",
+        )
+    out: list[tuple[uuid.UUID, Mapping[str, Any]]] = []
+    seen: dict[uuid.UUID, int] = {}
+    for index, item in enumerate(field.read(body, {})):
+        with _naming(index):
+            if not isinstance(item, dict):
+                raise ValidationFailed("each task must be a JSON object", field="")
+            task_id: uuid.UUID = TASK_ID.read(item, {})
+            if task_id in seen:
+                raise ValidationFailed(
+                    f"task {task_id} is also tasks[{seen[task_id]}]; a batch may name a task once",
+                    field="id",
+                )
+            seen[task_id] = index
+            out.append((task_id, item))
+    return out
+
+
+def parse_complete_many(
+    body: Mapping[str, Any],
+    max_payload_bytes: int,
+    max_depth: int = models.DEFAULT_MAX_DEPTH,
+    max_body_bytes: int | None = None,
+) -> list[CompleteItem]:
+    """A complete-many body (bodies.COMPLETE_MANY_BODY); each result within the payload
+    limits, as for a single complete, and all of them written out within
+    `max_body_bytes` together."""
+    out = []
+    budget = models.written_budget(max_body_bytes)
+    for index, (task_id, item) in enumerate(_items(body, COMPLETE_MANY_BODY)):
+        with _naming(index):
+            lease_id = models.parse_lease_id(item)
+            result = models.result_json(item, max_payload_bytes, max_depth, budget)
+            out.append(CompleteItem(task_id, lease_id, result))
+    return out
+
+
+def parse_fail_many(body: Mapping[str, Any]) -> list[FailItem]:
+    """A fail-many body (bodies.FAIL_MANY_BODY): each item as a single fail's body."""
+    out = []
+    for index, (task_id, item) in enumerate(_items(body, FAIL_MANY_BODY)):
+        with _naming(index):
+            out.append(FailItem(task_id, models.parse_fail(item)))
+    return out
+
+
+def parse_heartbeat_many(
+    body: Mapping[str, Any], default_lease_seconds: int
+) -> list[HeartbeatItem]:
+    """A heartbeat-many body (bodies.HEARTBEAT_MANY_BODY); lease_seconds per item."""
+    out = []
+    for index, (task_id, item) in enumerate(_items(body, HEARTBEAT_MANY_BODY)):
+        with _naming(index):
+            lease_id = models.parse_lease_id(item)
+            seconds = models.parse_lease_seconds(item, default_lease_seconds)
+            out.append(HeartbeatItem(task_id, lease_id, seconds))
+    return out
+
+
+# -- answers ------------------------------------------------------------------
+
+
+def _entry(result: ItemResult, outcome: str | None = None, **extra: Any) -> dict[str, Any]:
+    """One item's answer: its outcome, or the problem the single operation answers."""
+    entry: dict[str, Any] = {"id": str(result.task_id)}
+    if result.error is not None:
+        _, problem = problem_for(result.error)
+        entry["outcome"] = result.error.code
+        entry["problem"] = problem
+        return entry
+    entry["outcome"] = outcome or result.status
+    entry.update(extra)
+    return entry
+
+
+def complete_entry(result: ItemResult) -> dict[str, Any]:
+    """`completed`, or `cancelled` when a cancel was requested while it was held."""
+    return _entry(result)
+
+
+def fail_entry(result: ItemResult) -> dict[str, Any]:
+    """`queued` with the retry's run_at, or `dead`, or `cancelled`."""
+    if result.error is None and result.status not in FAIL_ENDS:
+        return _entry(result, RETRYING, run_at=models.format_time(result.run_at))
+    return _entry(result)
+
+
+def heartbeat_entry(result: ItemResult) -> dict[str, Any]:
+    """`extended`, with the new lease expiry and whether a cancel was requested."""
+    return _entry(
+        result,
+        EXTENDED,
+        lease_expires_at=models.format_time(result.lease_expires_at),
+        cancel_requested=result.cancel_requested,
+    )
+
+
+def _ended(results: Sequence[ItemResult]) -> list[tuple[uuid.UUID, str]]:
+    """(id, status) of the items that succeeded, for the result wake-ups: the ones that
+    finished a task wake the requests waiting for it (results.py)."""
+    return [(r.task_id, r.status) for r in results if r.error is None and r.status is not None]
+
+
+def _runtimes(request: Request) -> Sequence[str] | None:
+    """The runtime patterns of the caller's token; None: every runtime."""
+    principal = getattr(request.state, "principal", None)
+    return None if principal is None else principal.runtimes
+
+
+# -- handlers -----------------------------------------------------------------
+
+
+async def complete_many(request: Request, gw: Gateway) -> Response:
+    settings = gw.settings
+    items = parse_complete_many(
+        await read_json(request, gw.settings),
+        settings.max_payload_bytes,
+        settings.max_json_depth,
+        settings.max_body_bytes,
+    )
+    results = await gw.completions.complete_many(
+        [i.task_id for i in items],
+        [i.lease_id for i in items],
+        [i.result_json for i in items],
+        _runtimes(request),
+    )
+    # A limited runtime's parked polls may claim again (runtime controls).
+    await gw.tasks_ended(_ended(results), [r.runtime_id for r in results if r.runtime_id])
+    return json_response({"results": [complete_entry(r) for r in results]})
+
+
+async def fail_many(request: Request, gw: Gateway) -> Response:
+    items = parse_fail_many(await read_json(request, gw.settings))
+    results = await gw.store.fail_many(
+        [i.task_id for i in items],
+        [i.request.lease_id for i in items],
+        [i.request.error for i in items],
+        [i.request.retry for i in items],
+        [i.request.retry_after_seconds for i in items],
+        _runtimes(request),
+    )
+    entries = [fail_entry(r) for r in results]
+    # Tasks queued again are claimable (now or at their run_at): one bump per runtime,
+    # after the commit (I1), as a single fail makes for its task.
+    again = {
+        r.runtime_id for r, e in zip(results, entries, strict=True) if e["outcome"] == RETRYING
+    }
+    for runtime_id in sorted(rt for rt in again if rt is not None):
+        await gw.claimer.announce(runtime_id)
+    ended = [r.runtime_id for r in results if r.runtime_id is not None]
+    await gw.tasks_ended(_ended(results), [rt for rt in ended if rt not in again])
+    return json_response({"results": entries})
+
+
+async def heartbeat_many(request: Request, gw: Gateway) -> Response:
+    items = parse_heartbeat_many(
+        await read_json(request, gw.settings), gw.settings.default_lease_seconds
+    )
+    results = await gw.store.heartbeat_many(
+        [i.task_id for i in items],
+        [i.lease_id for i in items],
+        [i.lease_seconds for i in items],
+        _runtimes(request),
+    )
+    return json_response({"results": [heartbeat_entry(r) for r in results]})

@@ -1,0 +1,209 @@
+"""HTTP plumbing shared by every handler module: JSON and problem+json answers, and
+reading a request body within GATEWAY_MAX_BODY_BYTES. No handler logic lives here."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive
+
+from ..api import models
+from ..errors import GatewayError, PayloadTooLarge, problem_for
+from ..settings import Settings
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE),
+        status,
+        headers,
+        media_type="application/json",
+    )
+
+
+class _ConstantResponse(Response):
+    """A 200 JSON answer whose body and headers were encoded once, at import."""
+
+    def __init__(self, body: bytes, raw_headers: list[tuple[bytes, bytes]]) -> None:
+        self.status_code = 200
+        self.background = None
+        self.body = body
+        self.raw_headers = raw_headers
+
+
+_EMPTY_TASKS_BODY = orjson.dumps({"tasks": []}, option=orjson.OPT_APPEND_NEWLINE)
+_EMPTY_TASKS_HEADERS = [
+    (b"content-length", str(len(_EMPTY_TASKS_BODY)).encode()),
+    (b"content-type", b"application/json"),
+]
+
+
+def empty_tasks_response() -> Response:
+    """`{"tasks":[]}`: most claims' answer, encoded once rather than per request."""
+    return _ConstantResponse(_EMPTY_TASKS_BODY, list(_EMPTY_TASKS_HEADERS))
+
+
+class DirectRoute(Route):
+    """A route whose ASGI app runs as it is, for the claim: `access.RequestLog` matches
+    it before Starlette's error and exception middleware and router, and Starlette's
+    request wrapper is skipped too. A parked poll holds its coroutine frames for its
+    whole wait, so fewer layers is less memory per parked poll, and less time per empty
+    poll. The app must answer every exception itself (routes.direct_api does)."""
+
+    def __init__(self, path: str, app: ASGIApp, method: str, name: str) -> None:
+        super().__init__(path, app, methods=[method], name=name)
+        self.app = app  # not wrapped by Starlette's request_response
+
+
+class DisconnectWatch:
+    """Calls `on_disconnect` once, when the request's client leaves (its receive()
+    returns `http.disconnect`), until `stop()`. Starlette does not cancel a handler whose
+    client left, so a long wait watches for it itself.
+
+    A parked poll holds its watch for its whole wait, so the watch is lean: it steps
+    the pending receive() coroutine by hand from the done callback of the future that
+    coroutine waits on, as an asyncio Task would, but without a Task (its object, its
+    entry in the loop's task registry, a coroutine frame of its own). An error from
+    receive() ends the watch, as it would end a watching task."""
+
+    __slots__ = ("_coro", "_on_disconnect", "_receive", "_waiting")
+
+    def __init__(self, receive: Receive, on_disconnect: Callable[[], None]) -> None:
+        self._receive = receive
+        self._on_disconnect = on_disconnect
+        self._coro: Coroutine[Any, Any, Message] | None = None
+        self._waiting: asyncio.Future[Any] | None = None
+        self._ask()
+
+    def _ask(self) -> None:
+        self._coro = self._receive()  # type: ignore[assignment]
+        self._step()
+
+    def _step(self, _done: object = None) -> None:
+        self._waiting = None
+        coro = self._coro
+        if coro is None:  # stopped
+            return
+        try:
+            awaited = coro.send(None)
+        except StopIteration as end:
+            self._coro = None
+            if end.value.get("type") == "http.disconnect":
+                self._on_disconnect()
+            else:  # more of the body, say: ask again
+                self._ask()
+            return
+        except Exception:
+            self._coro = None
+            return
+        if isinstance(awaited, asyncio.Future):
+            awaited._asyncio_future_blocking = False  # as Task.__step does
+            self._waiting = awaited
+            awaited.add_done_callback(self._step)
+        else:  # a bare yield (asyncio.sleep(0)): step again on the next loop turn
+            asyncio.get_running_loop().call_soon(self._step)
+
+    def stop(self) -> None:
+        """Stop watching: the pending receive() is closed (its waits are released)."""
+        coro, self._coro = self._coro, None
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            waiting.remove_done_callback(self._step)
+        if coro is not None:
+            coro.close()
+
+
+# RFC 7240: `Prefer: return=minimal` asks for a smaller answer; the answer that honours
+# it says so in Preference-Applied.
+PREFERENCE_APPLIED = "Preference-Applied"
+RETURN_MINIMAL = "return=minimal"
+# One piece of a Prefer value: a quoted string (its escapes kept), a separator, or a run
+# of anything else. Commas and semicolons inside quotes separate nothing.
+_PREFER_PART = re.compile(r'"(?:[^"\\]|\\.)*"?|[,;=]|[^",;=]+')
+
+
+def _unquote(word: str) -> str:
+    word = word.strip()
+    if len(word) >= 2 and word[0] == word[-1] == '"':
+        return re.sub(r"\\(.)", r"\1", word[1:-1])
+    return word
+
+
+def prefers_minimal(values: Iterable[str]) -> bool:
+    """Whether Prefer headers (RFC 7240; each a comma-separated list, several headers
+    read as one list) ask for `return=minimal`. Names and values are compared without
+    case and spaces around `=`; a preference's parameters (after `;`) and unknown
+    preferences are ignored; of several `return` preferences the first counts."""
+    for value in values:
+        name: list[str] = []
+        word: list[str] | None = None
+        in_params = False
+        for part in [*_PREFER_PART.findall(value), ","]:
+            if part == ",":
+                if "".join(name).strip().lower() == "return":
+                    return _unquote("".join(word or [])).lower() == "minimal"
+                name, word, in_params = [], None, False
+            elif in_params:
+                continue
+            elif part == ";":
+                in_params = True
+            elif part == "=" and word is None:
+                word = []
+            elif word is None:
+                name.append(part)
+            else:
+                word.append(part)
+    return False
+
+
+def internal_error_response() -> Response:
+    """The 500 answer to an unexpected exception; the detail goes to the log only."""
+    return problem_response(
+        GatewayError("the gateway failed to handle this request; the error is in its log")
+    )
+
+
+# The status nginx logs for a client that left: nobody receives this answer.
+CLIENT_LEFT = 499
+
+
+def problem_response(error: GatewayError, headers: Mapping[str, str] | None = None) -> Response:
+    """RFC 9457 problem+json for any gateway error, status from errors.PROBLEMS."""
+    status, body = problem_for(error)
+    return Response(
+        orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE),
+        status,
+        {**(headers or {}), **error.headers()},
+        media_type="application/problem+json",
+    )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body, refusing more than `limit` bytes (GATEWAY_MAX_BODY_BYTES: 413)
+    before reading it all when Content-Length says so, and as soon as the stream passes
+    the limit."""
+    declared = request.headers.get("content-length")
+    # More than 18 digits is over any limit, and int() has a digit limit of its own.
+    if declared and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
+        raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json(request: Request, settings: Settings) -> dict[str, Any]:
+    """The body as a JSON object (models.decode_body), within the body limit."""
+    raw = await read_body(request, settings.max_body_bytes)
+    return models.decode_body(raw, settings.max_json_depth)

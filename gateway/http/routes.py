@@ -1,0 +1,300 @@
+"""The API's endpoint table: every operation, its handler, the scope it needs and what
+its path names (`ENDPOINTS`), their authorization, and the Starlette routes made from
+them (`ROUTES`). Errors become problem+json in `api()` via errors.PROBLEMS.
+
+The handlers live by resource and caller: producer_routes.py (enqueue, cancel, retry,
+reads), daemon_routes.py (claim and the single lease operations), batch.py (the batch
+lease operations), controls_routes.py, runtimes.py, webhook_routes.py and admin.py; the
+operational ones (health, readiness, metrics, the OpenAPI document) are below. They
+parse, call the store and the claimer, and shape answers; they import no driver.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import orjson
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Send
+from starlette.types import Scope as ASGIScope
+
+from ..api import models
+from ..auth.principals import Principal, Scope
+from ..errors import GatewayError, NotFound
+from ..instance import Gateway
+from ..metrics import CONTENT_TYPE
+from . import admin_docs, docs, openapi
+from .handlers import admin, batch, runtimes
+from .handlers import controls as controls_routes
+from .handlers import webhooks as webhook_routes
+from .handlers.daemon import claim, complete, fail, heartbeat, release
+from .handlers.producer import cancel, enqueue, enqueue_batch, get_task, list_tasks, retry, stats
+from .io import CLIENT_LEFT, DirectRoute, internal_error_response, json_response, problem_response
+
+log = logging.getLogger("gateway.http")
+
+Handler = Callable[[Request, Gateway], Awaitable[Response]]
+
+
+class Target(enum.Enum):
+    """What an endpoint's path names, and so what a token's runtime patterns must cover."""
+
+    NONE = "none"  # no runtime: operations, admin
+    RUNTIME = "runtime"  # {rt}: a foreign runtime is 403
+    TASK = "task"  # {task_id}: a foreign task is 404, as if it did not exist
+    TASKS = "tasks"  # task ids in the body: a foreign task is that item's not_found
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One operation of the API: the single place that says who may call what."""
+
+    method: str
+    path: str
+    handler: Handler
+    # None: no bearer token. Public, or the handler authenticates (signed webhooks).
+    scope: Scope | None
+    target: Target = Target.NONE
+    doc: docs.Doc | None = None  # required in practice: tests/unit/test_openapi.py checks
+
+
+async def authorize(request: Request, gw: Gateway, endpoint: Endpoint) -> Principal | None:
+    """Authenticate and check scope and runtime coverage, or raise 401/403/404."""
+    if endpoint.scope is None:
+        return None
+    principal = await gw.auth.authenticate(request.headers.get("authorization"))
+    principal.require(endpoint.scope)
+    if endpoint.target is Target.RUNTIME:
+        runtime_id = models.check_runtime_id(request.path_params["rt"])
+        principal.require_runtime(runtime_id)
+    elif endpoint.target is Target.TASK and not principal.all_runtimes:
+        task_id = models.check_task_id(request.path_params["task_id"])
+        if not principal.covers(await gw.store.task_runtime(task_id)):
+            raise NotFound(f"no task with id {task_id}")
+    return principal
+
+
+def api(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
+    """The ASGI endpoint: authorization, the handler, and the error table. Unexpected
+    exceptions are logged here, once, and answered 500."""
+
+    @functools.wraps(endpoint.handler)
+    async def run(request: Request) -> Response:
+        gw: Gateway = request.app.state.gateway
+        try:
+            request.state.principal = await authorize(request, gw, endpoint)
+            return await endpoint.handler(request, gw)
+        except Exception as exc:
+            return _error_response(request, exc)
+
+    return run
+
+
+def direct_api(endpoint: Endpoint, *, keep_principal: bool) -> ASGIApp:
+    """api() as a plain ASGI app, for a DirectRoute: it also sends the answer, so that a
+    parked poll holds one frame fewer. `keep_principal`: put it in `request.state` for
+    a handler that reads it (a batch limits itself to the token's runtimes); the claim
+    does not, so none is kept for a parked poll (an object fewer)."""
+
+    async def app(scope: ASGIScope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive, send)
+        gw: Gateway = request.app.state.gateway
+        try:
+            principal = await authorize(request, gw, endpoint)
+            if keep_principal:
+                request.state.principal = principal
+            response = await endpoint.handler(request, gw)
+        except Exception as exc:
+            response = _error_response(request, exc)
+        await response(scope, receive, send)
+
+    return app
+
+
+def _error_response(request: Request, exc: Exception) -> Response:
+    """The error table: a GatewayError becomes its problem+json, a client that left
+    before its request was read gets no real answer, anything else is logged and
+    answered 500."""
+    if isinstance(exc, GatewayError):
+        return problem_response(exc)
+    if isinstance(exc, ClientDisconnect):
+        # The client left before its request was read: nobody is there to answer.
+        log.debug("client left during %s %s", request.method, request.url.path)
+        return Response(status_code=CLIENT_LEFT)
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return internal_error_response()
+
+
+# -- operations -------------------------------------------------------------
+
+
+async def healthz(request: Request, gw: Gateway) -> Response:
+    return json_response({"status": "ok"})
+
+
+async def readyz(request: Request, gw: Gateway) -> Response:
+    problems = await gw.readiness_problems()
+    if problems:
+        return json_response({"status": "not ready", "problems": problems}, 503)
+    return json_response({"status": "ready"})
+
+
+async def metrics(request: Request, gw: Gateway) -> Response:
+    return Response(gw.metrics.render(), media_type=CONTENT_TYPE)
+
+
+async def openapi_document(request: Request, gw: Gateway) -> Response:
+    """The OpenAPI document, built once per app: it depends on the app's settings."""
+    state = request.app.state
+    if getattr(state, "openapi", None) is None:
+        state.openapi = orjson.dumps(openapi.build(ENDPOINTS, gw.settings))
+    return Response(state.openapi, media_type="application/json")
+
+
+ENDPOINTS = [
+    Endpoint(
+        "POST", "/v1/runtimes/{rt}/tasks", enqueue, Scope.ENQUEUE, Target.RUNTIME, docs.ENQUEUE
+    ),
+    Endpoint(
+        "GET", "/v1/runtimes/{rt}/tasks", list_tasks, Scope.READ, Target.RUNTIME, docs.LIST_TASKS
+    ),
+    Endpoint(
+        "POST",
+        "/v1/runtimes/{rt}/tasks:batch",
+        enqueue_batch,
+        Scope.ENQUEUE,
+        Target.RUNTIME,
+        docs.ENQUEUE_BATCH,
+    ),
+    Endpoint("GET", "/v1/runtimes/{rt}/stats", stats, Scope.READ, Target.RUNTIME, docs.STATS),
+    Endpoint("POST", "/v1/runtimes/{rt}/claim", claim, Scope.CLAIM, Target.RUNTIME, docs.CLAIM),
+    Endpoint("GET", "/v1/tasks/{task_id}", get_task, Scope.READ, Target.TASK, docs.GET_TASK),
+    Endpoint(
+        "POST", "/v1/tasks/{task_id}/heartbeat", heartbeat, Scope.CLAIM, Target.TASK, docs.HEARTBEAT
+    ),
+    Endpoint(
+        "POST", "/v1/tasks/{task_id}/complete", complete, Scope.CLAIM, Target.TASK, docs.COMPLETE
+    ),
+    Endpoint("POST", "/v1/tasks/{task_id}/fail", fail, Scope.CLAIM, Target.TASK, docs.FAIL),
+    Endpoint(
+        "POST", "/v1/tasks/{task_id}/release", release, Scope.CLAIM, Target.TASK, docs.RELEASE
+    ),
+    # Batch lease operations: the handler checks each task's runtime (batch.py).
+    Endpoint(
+        "POST",
+        "/v1/tasks:complete",
+        batch.complete_many,
+        Scope.CLAIM,
+        Target.TASKS,
+        docs.COMPLETE_MANY,
+    ),
+    Endpoint("POST", "/v1/tasks:fail", batch.fail_many, Scope.CLAIM, Target.TASKS, docs.FAIL_MANY),
+    Endpoint(
+        "POST",
+        "/v1/tasks:heartbeat",
+        batch.heartbeat_many,
+        Scope.CLAIM,
+        Target.TASKS,
+        docs.HEARTBEAT_MANY,
+    ),
+    Endpoint("POST", "/v1/tasks/{task_id}/cancel", cancel, Scope.ENQUEUE, Target.TASK, docs.CANCEL),
+    Endpoint("POST", "/v1/tasks/{task_id}/retry", retry, Scope.ENQUEUE, Target.TASK, docs.RETRY),
+    # No bearer token: the Standard Webhooks signature authenticates (webhook_routes.receive).
+    Endpoint(
+        "POST",
+        "/v1/runtimes/{rt}/webhooks",
+        webhook_routes.receive,
+        None,
+        Target.RUNTIME,
+        admin_docs.RECEIVE_WEBHOOK,
+    ),
+    Endpoint(
+        "POST", "/v1/admin/tokens", admin.create_token, Scope.ADMIN, doc=admin_docs.CREATE_TOKEN
+    ),
+    Endpoint("GET", "/v1/admin/tokens", admin.list_tokens, Scope.ADMIN, doc=admin_docs.LIST_TOKENS),
+    Endpoint(
+        "DELETE",
+        "/v1/admin/tokens/{token_id}",
+        admin.revoke_token,
+        Scope.ADMIN,
+        doc=admin_docs.REVOKE_TOKEN,
+    ),
+    Endpoint(
+        "POST",
+        "/v1/admin/webhook-secrets",
+        admin.create_webhook_secret,
+        Scope.ADMIN,
+        doc=admin_docs.CREATE_WEBHOOK_SECRET,
+    ),
+    Endpoint(
+        "GET",
+        "/v1/admin/webhook-secrets",
+        admin.list_webhook_secrets,
+        Scope.ADMIN,
+        doc=admin_docs.LIST_WEBHOOK_SECRETS,
+    ),
+    Endpoint(
+        "DELETE",
+        "/v1/admin/webhook-secrets/{secret_id}",
+        admin.revoke_webhook_secret,
+        Scope.ADMIN,
+        doc=admin_docs.REVOKE_WEBHOOK_SECRET,
+    ),
+    # The runtimes listing (the console's first page); tokens see the runtimes they cover.
+    Endpoint("GET", "/v1/runtimes", runtimes.list_runtimes, Scope.READ, doc=docs.LIST_RUNTIMES),
+    # Runtime controls: reading them is `read`, changing them `control`.
+    Endpoint(
+        "GET",
+        "/v1/runtimes/{rt}/controls",
+        controls_routes.get_controls,
+        Scope.READ,
+        Target.RUNTIME,
+        docs.GET_CONTROLS,
+    ),
+    Endpoint(
+        "PATCH",
+        "/v1/runtimes/{rt}/controls",
+        controls_routes.set_controls,
+        Scope.CONTROL,
+        Target.RUNTIME,
+        docs.SET_CONTROLS,
+    ),
+    Endpoint(
+        "POST",
+        "/v1/runtimes/{rt}:pause",
+        controls_routes.pause,
+        Scope.CONTROL,
+        Target.RUNTIME,
+        docs.PAUSE,
+    ),
+    Endpoint(
+        "POST",
+        "/v1/runtimes/{rt}:resume",
+        controls_routes.resume,
+        Scope.CONTROL,
+        Target.RUNTIME,
+        docs.RESUME,
+    ),
+    Endpoint("GET", "/healthz", healthz, None, doc=docs.HEALTHZ),
+    Endpoint("GET", "/readyz", readyz, None, doc=docs.READYZ),
+    Endpoint("GET", "/metrics", metrics, None, doc=docs.METRICS),
+    Endpoint("GET", "/openapi.json", openapi_document, None, doc=docs.OPENAPI),
+]
+
+# These run as DirectRoutes: the claim because every parked poll holds its frames for
+# its wait, the completes because a drain sends one per task (or per claimed batch).
+DIRECT = (claim, complete, batch.complete_many)
+ROUTES = [
+    DirectRoute(
+        e.path, direct_api(e, keep_principal=e.handler is not claim), e.method, e.handler.__name__
+    )
+    if e.handler in DIRECT
+    else Route(e.path, api(e), methods=[e.method])
+    for e in ENDPOINTS
+]

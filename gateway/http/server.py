@@ -1,0 +1,449 @@
+"""The HTTP server: uvicorn, with a connection protocol that cuts hostile clients.
+
+uvicorn (0.54) bounds neither how long a client may take to send a request nor how
+large its head may be, and after an early answer (a 413, say) it goes on reading
+whatever body is still coming. `GatewayHttpProtocol` adds, per connection:
+
+- a request must arrive in full (head and body) within GATEWAY_READ_TIMEOUT_SECONDS,
+  counted from the connection's opening for its first request and from the first
+  byte for later ones; otherwise it is answered 408 and the connection closed. The
+  clock stops once the request has arrived: the time taken to answer (a long poll)
+  is never counted. Idle keep-alive connections stay uvicorn's business.
+- a head (request line and headers) over MAX_HEAD_BYTES is answered 431 and the
+  connection closed; no more than the limit of it is parsed.
+- an answer given before the request's body arrived carries `Connection: close`,
+  and the rest of the body is not read.
+- an answer must keep moving: while it waits in the gateway's buffer for a client
+  that does not take it (the transport paused writing, or a close waits for it to
+  drain), at least MIN_DRAIN_BYTES of it must leave per GATEWAY_READ_TIMEOUT_SECONDS,
+  or the connection is aborted and the answer dropped. So that setting bounds both
+  directions: a client that never reads cannot hold its answer's memory.
+
+Closing a socket while the client is still sending makes the kernel reset the
+connection, which can destroy the answer before the client reads it. So those closes
+send the answer, stop reading, shut down the sending side and wait LINGER_SECONDS
+before closing for good (RFC 9112, section 9.6; Go's net/http does the same). What
+the client sends meanwhile stays in the kernel's buffers and is never read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http
+import logging
+import signal
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from types import FrameType
+from typing import Any, cast
+
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.types import Message, Receive, Scope, Send
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.server import ServerState
+
+from ..errors import GatewayError, HeadersTooLarge, RequestTimeout, problem_for
+from ..metrics import Metrics
+from ..settings import Settings
+from .access import REQUEST_ID_HEADER, server_answer
+
+log = logging.getLogger("gateway.server")
+
+MAX_HEAD_BYTES = 64 * 1024
+LINGER_SECONDS = 1.0
+# What an answer waiting for its client must lose per GATEWAY_READ_TIMEOUT_SECONDS
+# (asyncio's low-water mark). Any progress at all would let a client hold a large answer
+# for days, taking a kilobyte now and then.
+MIN_DRAIN_BYTES = 16 * 1024
+
+
+class _Transport:
+    """The transport as uvicorn sees it: its `close()` goes through the protocol, which
+    half-closes first when the client may still be sending; writes after that are
+    dropped (the answer has been sent)."""
+
+    __slots__ = ("_protocol", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, protocol: GatewayHttpProtocol) -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    def close(self) -> None:
+        self._protocol.close_softly()
+
+    def is_closing(self) -> bool:
+        return self._protocol.lingering or self._transport.is_closing()
+
+    def write(self, data: bytes) -> None:
+        if not self._protocol.lingering:
+            self._transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class _ClosingSend:
+    """A request's `send`: an answer that starts before the request's body has all
+    arrived asks the client to close the connection, since the rest of the body will
+    not be read. An object with slots, not a closure, for the memory of parked polls."""
+
+    __slots__ = ("_protocol", "_scope", "_send")
+
+    def __init__(self, protocol: GatewayHttpProtocol, scope: Scope, send: Send) -> None:
+        self._protocol = protocol
+        self._scope = scope
+        self._send = send
+
+    async def __call__(self, message: Message) -> None:
+        protocol = self._protocol
+        if message["type"] == "http.response.start" and self._scope is protocol._pending_body:
+            # Answered before its body arrived: the rest of it will not be read.
+            headers = [*message.get("headers", ()), (b"connection", b"close")]
+            message = {**message, "headers": headers}
+            if not protocol.lingering:  # not already cut
+                protocol._count("body_unread")
+        await self._send(message)
+
+
+class GatewayHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with read and write deadlines, a head limit and
+    lingering closes (see the module docstring). Build a configured subclass with
+    `protocol_class()`; uvicorn makes one instance per connection.
+
+    Written against uvicorn 0.54: it overrides the parser callbacks, reads the
+    attributes `app`, `scope`, `cycle`, `pipeline`, `flow` and `server_state`, and marks
+    request cycles gone as uvicorn's connection_lost does (`response_complete`,
+    `disconnected`, `message_event`)."""
+
+    # Slots, not the instance dict: uvicorn's protocol keeps 27 attributes there, and
+    # 14 more took the dict past what CPython shares between instances (30 keys), so
+    # each connection's dict grew from 288 bytes to 1.5 KiB: about a tenth of what a
+    # parked poll costs.
+    __slots__ = (
+        "_cycles",
+        "_deadline",
+        "_got_bytes",
+        "_head_bytes",
+        "_inner_app",
+        "_linger",
+        "_pending_body",
+        "_raw",
+        "_receiving",
+        "_request_started",
+        "_unsent",
+        "_write_deadline",
+        "_write_paused",
+        "lingering",
+    )
+
+    read_timeout_seconds: float = 30.0
+    metrics: Metrics | None = None
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self._inner_app = self.app
+        self.app = self._app
+        self.lingering = False
+        self._raw: asyncio.Transport | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._linger: asyncio.TimerHandle | None = None
+        self._receiving = True  # a request is due or arriving, and its clock runs
+        self._got_bytes = False  # some of that request has arrived
+        self._head_bytes = 0  # of its head, so far
+        self._pending_body: object | None = None  # its scope once the head is in
+        self._cycles: list[RequestResponseCycle] = []  # requests not yet fully answered
+        self._write_paused = False  # the transport's buffer is over its high-water mark
+        self._write_deadline: asyncio.TimerHandle | None = None
+        self._unsent = 0  # bytes in the transport's buffer when that clock started
+        self._request_started = 0.0  # loop time its read clock started
+
+    # -- connection events ---------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._raw = transport
+        super().connection_made(cast(asyncio.Transport, _Transport(transport, self)))
+        self._start_request()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_clock()
+        self._stop_write_clock()
+        if self._linger is not None:
+            self._linger.cancel()
+        self._leave()
+        self._raw = None  # gone: nothing left to close, write or time
+        super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._write_paused = True
+        self._start_write_clock()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._write_paused = False
+        self._start_write_clock()
+
+    def data_received(self, data: bytes) -> None:
+        if self.lingering:
+            return  # read before reading was paused: the rest of a refused request
+        if not self._receiving:
+            self._start_request()
+        self._got_bytes = True
+        while data:
+            if self._pending_body is not None:
+                super().data_received(data)
+                return
+            # Feed a head no further than the limit, so the parser never holds more;
+            # what follows the head in the same read is fed next, as body. (A head
+            # pipelined behind a body in one read is counted from the next read: at
+            # most one read, 256 KiB, more.)
+            room = MAX_HEAD_BYTES - self._head_bytes
+            piece, data = data[:room], data[room:]
+            self._head_bytes += len(piece)
+            super().data_received(piece)
+            if self.transport.is_closing():
+                return
+            if self._pending_body is None and self._head_bytes >= MAX_HEAD_BYTES:
+                self._cut("head_too_large")
+                return
+
+    # -- parser events -------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if not self._receiving:  # pipelined behind the previous request, in the same read
+            self._start_request()
+        self._got_bytes = True
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        self._pending_body = self.scope
+        if self.cycle is not None and self.cycle not in self._cycles:
+            self._cycles = [c for c in self._cycles if not c.response_complete]
+            self._cycles.append(self.cycle)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._stop_clock()
+        self._receiving = self._got_bytes = False
+        self._head_bytes = 0
+        self._pending_body = None
+
+    def handle_websocket_upgrade(self) -> None:
+        # The connection now belongs to uvicorn's WebSocket protocol and its limits.
+        self._stop_clock()
+        self._receiving = False
+        super().handle_websocket_upgrade()
+
+    # -- the application -----------------------------------------------------
+
+    def _app(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        # Not a coroutine of its own: its frame would be held for as long as the request
+        # runs, which for a parked poll is its whole wait.
+        answer: Awaitable[None] = self._inner_app(scope, receive, _ClosingSend(self, scope, send))
+        return answer
+
+    # -- deadline and cuts ---------------------------------------------------
+
+    def _start_request(self) -> None:
+        self._receiving = True
+        self._request_started = self.loop.time()
+        self._stop_clock()
+        self._deadline = self.loop.call_later(self.read_timeout_seconds, self._read_timed_out)
+
+    def _stop_clock(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _read_timed_out(self) -> None:
+        self._deadline = None
+        if self.flow.read_paused:
+            # The server stopped reading (an earlier request is still being answered, or
+            # the body was not consumed yet): the client cannot be late. Look again later.
+            self._deadline = self.loop.call_later(self.read_timeout_seconds, self._read_timed_out)
+            return
+        self._cut("read_timeout")
+
+    def _start_write_clock(self) -> None:
+        """(Re)start the write deadline if an answer waits in the buffer for the client:
+        writes are paused, or a close waits for the buffer to drain."""
+        self._stop_write_clock()
+        raw = self._raw
+        if raw is None:
+            return
+        self._unsent = raw.get_write_buffer_size()
+        if self._unsent and (self._write_paused or raw.is_closing()):
+            self._write_deadline = self.loop.call_later(
+                self.read_timeout_seconds, self._write_timed_out
+            )
+
+    def _stop_write_clock(self) -> None:
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None
+
+    def _write_timed_out(self) -> None:
+        self._write_deadline = None
+        raw = self._raw
+        assert raw is not None
+        if self._unsent - raw.get_write_buffer_size() >= min(MIN_DRAIN_BYTES, self._unsent):
+            # A single large answer resumes writing only once nearly all of it is sent:
+            # a slow client that reads steadily shows here, by what left the buffer.
+            self._start_write_clock()
+            return
+        self._leave()
+        self._count("write_timeout")
+        log.debug("aborting the connection from %s: write_timeout", _peer(self.client))
+        raw.abort()  # drops the buffer, and the answer with it
+
+    def _may_answer(self) -> bool:
+        # uvicorn 0.54: `cycle` is the latest request's exchange (the previous one while
+        # a head is arriving); `pipeline` holds requests waiting for an earlier answer.
+        if self.pipeline:
+            return False
+        if self._pending_body is None:
+            return self.cycle is None or self.cycle.response_complete
+        return self.cycle is not None and not self.cycle.response_started
+
+    def _cut(self, reason: str) -> None:
+        """Close the connection of a request that broke a limit, answering it when no
+        other answer is under way; `reason` labels gateway_connections_cut_total."""
+        answer = self._answer(reason) if self._got_bytes and self._may_answer() else None
+        self._leave()
+        self._count(reason)
+        log.debug("closing the connection from %s: %s", _peer(self.client), reason)
+        if answer is not None and self._raw is not None:
+            self._raw.write(answer)
+        self.close_softly()
+
+    def _leave(self) -> None:
+        """Tell every request of this connection not yet answered that its client left:
+        its receive() returns http.disconnect and its answer is dropped. uvicorn 0.54
+        tells only the latest (`cycle`), so a long poll with a request pipelined behind
+        it would never learn that its client is gone."""
+        for cycle in self._cycles:
+            if not cycle.response_complete:
+                cycle.disconnected = True  # as uvicorn's connection_lost does
+            cycle.message_event.set()
+        self._cycles = []
+
+    def _answer(self, reason: str) -> bytes:
+        error: GatewayError
+        if reason == "head_too_large":
+            error = HeadersTooLarge(
+                f"the request line and headers are larger than {MAX_HEAD_BYTES} bytes; "
+                "the connection is closed"
+            )
+        else:
+            error = RequestTimeout(
+                f"the request did not arrive in full within {self.read_timeout_seconds:g} "
+                "seconds (GATEWAY_READ_TIMEOUT_SECONDS); the connection is closed"
+            )
+        status, body = problem_for(error)
+        content = orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
+        # The app never saw this request: its request id and access line are made here.
+        seconds = self.loop.time() - self._request_started
+        request_id = server_answer(self.metrics, self._pending_body, status, seconds)
+        lines = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}".encode()]
+        lines += [name + b": " + value for name, value in self.server_state.default_headers]
+        lines += [
+            b"content-type: application/problem+json",
+            b"content-length: %d" % len(content),
+            REQUEST_ID_HEADER + b": " + request_id.encode(),
+            b"connection: close",
+        ]
+        return b"\r\n".join(lines) + b"\r\n\r\n" + content
+
+    def close_softly(self) -> None:
+        """Close, or, when part of a request may still be on its way, stop reading,
+        shut down the sending side, and close LINGER_SECONDS later."""
+        raw = self._raw
+        if raw is None:
+            return
+        unread = self._receiving and self._got_bytes
+        if self.lingering or raw.is_closing() or not unread or not raw.can_write_eof():
+            raw.close()
+            if self._write_deadline is None:
+                self._start_write_clock()  # the close waits for what is still unsent
+            return
+        self.lingering = True
+        self._stop_clock()
+        self.flow.pause_reading()
+        raw.write_eof()
+        self._linger = self.loop.call_later(LINGER_SECONDS, self.close_softly)
+
+    def _count(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.connections_cut.labels(reason).inc()
+
+
+def _peer(client: tuple[str, int] | None) -> str:
+    return f"{client[0]}:{client[1]}" if client else "an unknown client"
+
+
+def protocol_class(settings: Settings, metrics: Metrics | None = None) -> type[GatewayHttpProtocol]:
+    """GatewayHttpProtocol bound to these settings (uvicorn builds the protocol from
+    the class, with no room for arguments of ours)."""
+    attrs = {"read_timeout_seconds": settings.read_timeout_seconds, "metrics": metrics}
+    return type("GatewayHttpProtocol", (GatewayHttpProtocol,), attrs)
+
+
+def server_config(
+    app: Starlette, settings: Settings, host: str, port: int, **options: Any
+) -> uvicorn.Config:
+    """uvicorn's configuration for a gateway app from `create_app`: the protocol above,
+    no trust in proxy headers, no access log of uvicorn's (the app writes its own,
+    gateway/http/access.py), and in-flight requests given at most
+    GATEWAY_SHUTDOWN_GRACE_SECONDS at shutdown. `options` go to uvicorn.Config as they
+    are (log_level, log_config, loop, lifespan)."""
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http=protocol_class(settings, app.state.gateway.metrics),
+        proxy_headers=False,
+        access_log=False,
+        timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
+        **options,
+    )
+
+
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn waits for open requests before the lifespan shutdown runs, so parked
+    polls would hold up SIGTERM for their whole wait: drain them at the signal (I10)."""
+
+    def __init__(self, config: uvicorn.Config, on_exit_signal: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit_signal = on_exit_signal
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._on_exit_signal()
+        super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn re-raises the signal once it has stopped, which would kill the process
+        # before the embedded servers are stopped; handle it and return instead.
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
