@@ -85,7 +85,7 @@ from bench.infra import (
     log,
     resolve_servers,
 )
-from gateway.api.models import EnqueueRequest
+from gateway.api.requests import EnqueueRequest
 from gateway.auth.credentials import Credentials, TokenSpec
 from gateway.auth.principals import Scope, hash_token
 from gateway.metrics import Metrics

@@ -277,7 +277,7 @@ async def measure_drain(tasks: int, completers: int, rounds: int) -> None:
 
 
 async def measure_hotpath(tasks: int, clients: int, rounds: int) -> None:
-    from gateway.api.models import parse_enqueue
+    from gateway.api.requests import parse_enqueue
     from gateway.metrics import Metrics
     from gateway.store import Store
 
@@ -383,9 +383,9 @@ async def measure_results(tasks: int, completers: int, rounds: int) -> None:
 
 
 async def measure_controls(tasks: int, clients: int, rounds: int) -> None:
-    from gateway.api.models import parse_enqueue
-    from gateway.claim.controls import ControlsChange
+    from gateway.api.requests import parse_enqueue
     from gateway.metrics import Metrics
+    from gateway.rows import ControlsChange
     from gateway.store import Store
 
     url, drop = await scratch_database()

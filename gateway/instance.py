@@ -17,7 +17,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from .api.cursors import CursorSeal
-from .api.models import RUNTIME_ID_MAX_CHARS
+from .api.decode import RUNTIME_ID_MAX_CHARS
 from .auth.credentials import Credentials
 from .auth.principals import Authenticator
 from .auth.webhooks import Verifier

@@ -18,7 +18,7 @@ import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from .api.models import STATUSES
+from .api.bodies import STATUSES
 from .background import stop_task
 from .errors import CacheUnavailable, GatewayError
 from .metrics import Metrics

@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 
@@ -68,3 +68,66 @@ class Reclaimed:
     runtime_id: str
     status: str
     task_id: uuid.UUID | None = None  # for the wake-up of a wait for its result
+
+
+@dataclass(frozen=True, slots=True)
+class Controls:
+    """One runtime's controls. A runtime without a stored row has NO_CONTROLS."""
+
+    runtime_id: str
+    paused: bool = False
+    max_in_flight: int | None = None
+    claims_per_second: float | None = None
+    updated_at: datetime | None = None
+    paused_reason: str | None = None
+    paused_at: datetime | None = None  # the server's time of the pause
+    paused_until: datetime | None = None  # the pause ends by itself then
+
+    def paused_now(self, now: datetime | None = None) -> bool:
+        """Paused and, if the pause has an end, not past it (`now`: wall clock, UTC)."""
+        if not self.paused:
+            return False
+        return self.paused_until is None or self.paused_until > (now or datetime.now(UTC))
+
+    @property
+    def limited(self) -> bool:
+        """True when its claims go through the limited claim (a transaction)."""
+        return self.max_in_flight is not None or self.claims_per_second is not None
+
+    @classmethod
+    def of(cls, record: Mapping[str, Any]) -> Controls:
+        return cls(
+            record["runtime_id"],
+            record["paused"],
+            record["max_in_flight"],
+            record["claims_per_second"],
+            record["updated_at"],
+            record["paused_reason"],
+            record["paused_at"],
+            record["paused_until"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ControlsChange:
+    """What a request sets; None in `*_set` fields means "left as it is"."""
+
+    paused: bool | None = None
+    max_in_flight: int | None = None
+    claims_per_second: float | None = None
+    sets_max_in_flight: bool = False
+    sets_claims_per_second: bool = False
+    paused_reason: str | None = None  # with paused=True only
+    paused_until: datetime | None = None  # with paused=True only
+
+
+@dataclass(frozen=True, slots=True)
+class LimitedClaim:
+    """What a limited runtime's claim leased. `held`: a limit (or a pause) cut it
+    short, and for how long the pump should park, in seconds, before claiming again
+    without a wake-up; None when it looked for every slot (an empty verdict may then be
+    written as usual)."""
+
+    rows: list[Leased]
+    due_in: float | None
+    held: float | None

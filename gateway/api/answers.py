@@ -9,14 +9,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..claim.controls import CONTROLS_BODY, MAX_PAUSE_REASON
 from . import bodies
-from .models import LEASE_FIELDS, RUNTIME_ID_RE, TASK_FIELDS
+from .bodies import CONTROLS_BODY, MAX_PAUSE_REASON
+from .decode import RUNTIME_ID_RE
+from .render import LEASE_FIELDS, TASK_FIELDS
 
 # -- answer bodies ------------------------------------------------------------------------
 
-_UUID = {"type": "string", "format": "uuid"}
-_TIME = {
+# A UUID and a time as every answer writes them (render.format_time); admin answers too.
+UUID_SCHEMA = {"type": "string", "format": "uuid"}
+TIME_SCHEMA = {
     "type": "string",
     "format": "date-time",
     "pattern": r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$",
@@ -32,12 +34,12 @@ _PAUSE_DETAILS: dict[str, Any] = {
         "description": "Why the runtime is paused, as given to the pause; null if none.",
     },
     "paused_since": {
-        **_TIME,
+        **TIME_SCHEMA,
         "type": ["string", "null"],
         "description": "When the pause began (the server's time); null unless paused.",
     },
     "paused_until": {
-        **_TIME,
+        **TIME_SCHEMA,
         "type": ["string", "null"],
         "description": "When the pause ends by itself; null unless paused with an end. "
         "Once past, the runtime reads as not paused.",
@@ -63,19 +65,19 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "result; after a failure the last error.",
         "required": list(TASK_FIELDS),
         "properties": {
-            "id": _UUID,
+            "id": UUID_SCHEMA,
             "runtime_id": {"type": "string", "pattern": RUNTIME_ID_RE.pattern},
             "status": {"enum": list(bodies.STATUSES)},
             "priority": bodies.ENQUEUE_BODY["priority"].json_schema({}, nullable=False),
             "payload": {"description": "As enqueued, exactly; null in a stub."},
             "attempts": {**_COUNT, "description": "Claims so far."},
             "max_attempts": bodies.ENQUEUE_BODY["max_attempts"].json_schema({}, nullable=False),
-            "run_at": _TIME,
-            "expires_at": {**_TIME, "type": ["string", "null"]},
-            "created_at": _TIME,
-            "updated_at": _TIME,
-            "lease_id": {**_UUID, "description": "Present while claimed."},
-            "lease_expires_at": _TIME,
+            "run_at": TIME_SCHEMA,
+            "expires_at": {**TIME_SCHEMA, "type": ["string", "null"]},
+            "created_at": TIME_SCHEMA,
+            "updated_at": TIME_SCHEMA,
+            "lease_id": {**UUID_SCHEMA, "description": "Present while claimed."},
+            "lease_expires_at": TIME_SCHEMA,
             "worker_id": {"type": "string", "description": "Who holds the lease."},
             "cancel_requested": {
                 "type": "boolean",
@@ -108,7 +110,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "type": "object",
         "description": "A task's id alone: an enqueue's answer under `Prefer: return=minimal`.",
         "required": ["id"],
-        "properties": {"id": _UUID},
+        "properties": {"id": UUID_SCHEMA},
         "additionalProperties": False,
     },
     "TaskRefList": _tasks(item="TaskRef"),
@@ -240,7 +242,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "description": "The field at fault: `priority`, `tasks[2].payload`.",
             },
             "index": {**_COUNT, "description": "The batch item at fault."},
-            "task_id": _UUID,
+            "task_id": UUID_SCHEMA,
             "task_status": {"enum": list(bodies.STATUSES)},
             "retry_after_seconds": _COUNT,
         },
@@ -277,7 +279,7 @@ def _batch_results(description: str, outcomes: Mapping[str, Mapping[str, Any]]) 
         "type": "object",
         "required": ["id", "outcome"],
         "properties": {
-            "id": _UUID,
+            "id": UUID_SCHEMA,
             "outcome": {"enum": [*outcomes, *_ITEM_PROBLEMS]},
             "problem": {
                 "$ref": "#/components/schemas/Problem",
@@ -309,7 +311,7 @@ SCHEMAS.update(
             "`dead`: no retry (attempts used up, or retry false); `cancelled`: a cancel "
             "was requested while it was held.",
             {
-                "queued": {"run_at": {**_TIME, "description": "When it is claimable again."}},
+                "queued": {"run_at": {**TIME_SCHEMA, "description": "When it is claimable again."}},
                 "dead": {},
                 "cancelled": {},
             },
@@ -319,7 +321,7 @@ SCHEMAS.update(
             "`lease_expires_at`; `cancel_requested` says whether to stop.",
             {
                 "extended": {
-                    "lease_expires_at": _TIME,
+                    "lease_expires_at": TIME_SCHEMA,
                     "cancel_requested": {"type": "boolean"},
                 }
             },
@@ -353,7 +355,7 @@ SCHEMAS["Controls"] = {
             "description": "Most tasks leased per second (burst: one second's worth, at "
             "least 1); null: no limit.",
         },
-        "updated_at": {**_TIME, "type": ["string", "null"]},
+        "updated_at": {**TIME_SCHEMA, "type": ["string", "null"]},
     },
     "additionalProperties": False,
 }

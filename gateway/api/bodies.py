@@ -250,3 +250,118 @@ FAIL_MANY_BODY = _lease_batch(
 HEARTBEAT_MANY_BODY = _lease_batch(
     "HeartbeatManyRequest", "Extends several leases, each as a single heartbeat.", HEARTBEAT_BODY
 )
+
+
+MAX_IN_FLIGHT = 100_000
+
+
+MAX_CLAIMS_PER_SECOND = 100_000.0
+
+
+# The slowest rate, one task in 1,000 s. Far below it, Postgres's float8 underflows
+# when the bucket refills (rate times elapsed seconds, 5e-324 at the extreme), and
+# every claim on the runtime would fail.
+MIN_CLAIMS_PER_SECOND = 0.001
+
+
+MAX_PAUSE_REASON = 500  # characters
+
+
+PAUSE_BODY = Body(
+    "Pause",
+    "Why the runtime is paused and until when; both optional, and so is the body.",
+    (
+        Field(
+            "reason",
+            Kind.STRING,
+            "Why the runtime is paused, shown with its controls, stats and in the console.",
+            max_length=MAX_PAUSE_REASON,
+        ),
+        Field(
+            "until",
+            Kind.TIME,
+            "When the pause ends by itself (RFC 3339 with a zone, in the future); "
+            "left out: until resumed.",
+        ),
+    ),
+    closed=True,
+)
+
+
+CONTROLS_BODY = Body(
+    "RuntimeControls",
+    "The runtime's controls to change. A field left out keeps its value; null removes a limit.",
+    (
+        Field("paused", Kind.BOOLEAN, "While true, claims hand out nothing; enqueues work."),
+        Field(
+            "max_in_flight",
+            Kind.INTEGER,
+            "At most this many of the runtime's tasks leased at once, over every gateway "
+            "instance; null: no limit.",
+            minimum=1,
+            maximum=MAX_IN_FLIGHT,
+        ),
+        Field(
+            "claims_per_second",
+            Kind.NUMBER,
+            "At most this many tasks leased per second (a token bucket whose burst is one "
+            "second's worth, at least 1); null: no limit.",
+            minimum=MIN_CLAIMS_PER_SECOND,
+            maximum=MAX_CLAIMS_PER_SECOND,
+        ),
+    ),
+    closed=True,
+    min_fields=1,
+)
+
+
+WAIT_QUERY = Body(
+    "TaskWaitQuery",
+    "Wait for the task to finish.",
+    (
+        Field(
+            "wait_seconds",
+            Kind.NUMBER,
+            "How long to wait for the task to finish (completed, dead, expired or "
+            "cancelled) when it has not; 0 answers at once. The answer is the task either "
+            "way: its status tells whether it finished.",
+            default=0.0,
+            minimum=0,
+            maximum=Setting("max_wait_seconds"),
+        ),
+    ),
+)
+
+
+RUNTIMES_DEFAULT_LIMIT = 100
+
+
+RUNTIMES_MAX_LIMIT = 1000
+
+
+# Runtimes one request walks for a token limited to patterns, which may cover few of
+# them: the page then holds the covered ones among these, possibly none, with a
+# next_cursor to go on from. Bounds the request's work whatever the patterns.
+PATTERN_WALK = 1000
+
+
+RUNTIMES_QUERY = Body(
+    "RuntimesQuery",
+    "A page of the runtimes that have live tasks, in runtime id order.",
+    (
+        Field(
+            "limit",
+            Kind.INTEGER,
+            "Runtimes per page.",
+            default=RUNTIMES_DEFAULT_LIMIT,
+            minimum=1,
+            maximum=RUNTIMES_MAX_LIMIT,
+        ),
+        Field(
+            "cursor",
+            Kind.STRING,
+            "The next_cursor of the previous page, as this token received it: opaque, "
+            "and refused from another token.",
+        ),
+    ),
+)

@@ -1,5 +1,6 @@
-"""Sealed cursors: a listing position that the client carries but can neither read,
-forge nor hand to another caller.
+"""Listing cursors. Keyset cursors (`keyset_cursor`) continue a listing whose every row
+the caller may see: a runtime's tasks, the tokens. Sealed cursors: a listing position
+that the client carries but can neither read, forge nor hand to another caller.
 
 Why sealed. The runtimes listing (runtimes.py) walks every runtime in id order and
 keeps the ones the token covers; when a token limited to patterns reaches the end of
@@ -44,8 +45,12 @@ import binascii
 import hashlib
 import hmac
 import secrets
+import uuid
+from datetime import UTC, datetime
 
 from ..errors import ValidationFailed
+from ..rows import TaskRow
+from .values import EARLIEST, LATEST
 
 LABEL = b"claim-gateway sealed cursor"
 VERSION = 1
@@ -121,3 +126,30 @@ class CursorSeal:
         if base64.urlsafe_b64encode(raw).decode().rstrip("=") != cursor:
             return None  # not the canonical text: characters skipped, or bits changed
         return raw
+
+
+def encode_cursor(row: TaskRow) -> str:
+    return keyset_cursor(row.created_at, row.id)
+
+
+def keyset_cursor(created_at: datetime, row_id: uuid.UUID) -> str:
+    """The cursor after a row of a listing ordered by (created_at, id), for a caller who
+    may see every row of it (a runtime's tasks, the tokens): opaque to clients, but not
+    sealed, since it names a row the caller was just shown."""
+    raw = f"{created_at.astimezone(UTC).isoformat()}|{row_id}"
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    """The (created_at, id) a keyset_cursor continues after, or 422 naming `cursor`."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        created, task_id = raw.split("|")
+        when = datetime.fromisoformat(created)
+        if when.tzinfo is None or not EARLIEST <= when <= LATEST:
+            raise ValueError(created)
+        return when, uuid.UUID(task_id)
+    except (ValueError, UnicodeDecodeError):
+        raise ValidationFailed(
+            "cursor is not one this server returned as next_cursor", field="cursor"
+        ) from None

@@ -21,7 +21,7 @@ from typing import Any
 import asyncpg
 
 from ..api.fields import Field, Kind
-from ..api.models import format_time
+from ..api.render import format_time
 from ..errors import AlreadyExists, NotFound, ValidationFailed
 from ..store import Store
 from ..store import queries as q

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from starlette.datastructures import QueryParams
 
-from ..api import models
+from ..api import bodies
 from ..api.bodies import WEBHOOK_KEY_PREFIX
 from ..errors import InvalidSignature, ValidationFailed
 from .principals import LocalCache
@@ -43,7 +43,7 @@ REFUSED = "no webhook-signature matches a live webhook secret covering this runt
 # Deliveries' ids live beside producers' Idempotency-Keys on a runtime; producers may
 # not make a key with this prefix (models refuses it), so a sender's id never meets one.
 KEY_PREFIX = WEBHOOK_KEY_PREFIX
-MAX_MSG_ID = models.MAX_IDEMPOTENCY_KEY - len(KEY_PREFIX)
+MAX_MSG_ID = bodies.MAX_IDEMPOTENCY_KEY - len(KEY_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ class Verifier:
 
 
 def query_fields(params: QueryParams) -> dict[str, int | float]:
-    """The enqueue options of the query string as numbers, for models.parse_enqueue to
+    """The enqueue options of the query string as numbers, for requests.parse_enqueue to
     range-check; an unknown, repeated or non-numeric parameter is ValidationFailed."""
     out: dict[str, int | float] = {}
     for name, value in params.multi_items():

@@ -20,7 +20,7 @@ import random
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from ..api.models import ClaimRequest
+from ..api.requests import ClaimRequest
 from ..errors import CacheUnavailable, Draining, Overloaded, StoreUnavailable
 from ..metrics import Metrics
 from ..rows import Leased, TaskRow

@@ -18,194 +18,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Protocol
 
-from ..api.fields import Body, Field, Kind
-from ..api.models import format_time
 from ..background import stop_task
-from ..errors import CacheUnavailable, GatewayError, ValidationFailed
-from ..rows import Leased
+from ..errors import CacheUnavailable, GatewayError
+from ..rows import Controls, ControlsChange, LimitedClaim
 
 log = logging.getLogger("gateway.controls")
 
-MAX_IN_FLIGHT = 100_000
-MAX_CLAIMS_PER_SECOND = 100_000.0
-# The slowest rate, one task in 1,000 s. Far below it, Postgres's float8 underflows
-# when the bucket refills (rate times elapsed seconds, 5e-324 at the extreme), and
-# every claim on the runtime would fail.
-MIN_CLAIMS_PER_SECOND = 0.001
 # How often each process reloads every runtime's controls, in seconds, when no change
 # message arrived: the bound on how long a lost message keeps a change from a process.
 REFRESH_SECONDS = 5.0
-# How long a pump holds a runtime at its max_in_flight before it claims again without a
-# wake-up (seconds). A freed slot wakes it at once; this only bounds a lost wake-up.
-HELD_RECHECK_SECONDS = 5.0
 # What a control-channel message starts with: the rest is the runtime id.
 MESSAGE_PREFIX = "controls:"
-MAX_PAUSE_REASON = 500  # characters
-
-PAUSE_BODY = Body(
-    "Pause",
-    "Why the runtime is paused and until when; both optional, and so is the body.",
-    (
-        Field(
-            "reason",
-            Kind.STRING,
-            "Why the runtime is paused, shown with its controls, stats and in the console.",
-            max_length=MAX_PAUSE_REASON,
-        ),
-        Field(
-            "until",
-            Kind.TIME,
-            "When the pause ends by itself (RFC 3339 with a zone, in the future); "
-            "left out: until resumed.",
-        ),
-    ),
-    closed=True,
-)
-
-CONTROLS_BODY = Body(
-    "RuntimeControls",
-    "The runtime's controls to change. A field left out keeps its value; null removes a limit.",
-    (
-        Field("paused", Kind.BOOLEAN, "While true, claims hand out nothing; enqueues work."),
-        Field(
-            "max_in_flight",
-            Kind.INTEGER,
-            "At most this many of the runtime's tasks leased at once, over every gateway "
-            "instance; null: no limit.",
-            minimum=1,
-            maximum=MAX_IN_FLIGHT,
-        ),
-        Field(
-            "claims_per_second",
-            Kind.NUMBER,
-            "At most this many tasks leased per second (a token bucket whose burst is one "
-            "second's worth, at least 1); null: no limit.",
-            minimum=MIN_CLAIMS_PER_SECOND,
-            maximum=MAX_CLAIMS_PER_SECOND,
-        ),
-    ),
-    closed=True,
-    min_fields=1,
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Controls:
-    """One runtime's controls. A runtime without a stored row has NO_CONTROLS."""
-
-    runtime_id: str
-    paused: bool = False
-    max_in_flight: int | None = None
-    claims_per_second: float | None = None
-    updated_at: datetime | None = None
-    paused_reason: str | None = None
-    paused_at: datetime | None = None  # the server's time of the pause
-    paused_until: datetime | None = None  # the pause ends by itself then
-
-    def paused_now(self, now: datetime | None = None) -> bool:
-        """Paused and, if the pause has an end, not past it (`now`: wall clock, UTC)."""
-        if not self.paused:
-            return False
-        return self.paused_until is None or self.paused_until > (now or datetime.now(UTC))
-
-    @property
-    def limited(self) -> bool:
-        """True when its claims go through the limited claim (a transaction)."""
-        return self.max_in_flight is not None or self.claims_per_second is not None
-
-    @classmethod
-    def of(cls, record: Mapping[str, Any]) -> Controls:
-        return cls(
-            record["runtime_id"],
-            record["paused"],
-            record["max_in_flight"],
-            record["claims_per_second"],
-            record["updated_at"],
-            record["paused_reason"],
-            record["paused_at"],
-            record["paused_until"],
-        )
-
-    def render(self) -> dict[str, Any]:
-        return {
-            "runtime_id": self.runtime_id,
-            "max_in_flight": self.max_in_flight,
-            "claims_per_second": self.claims_per_second,
-            "updated_at": format_time(self.updated_at),
-            **self.render_pause(),
-        }
-
-    def render_pause(self) -> dict[str, Any]:
-        """`paused` as in force now, and the pause's reason, start and end (null unless
-        paused): the fields that controls and stats share."""
-        on = self.paused_now()
-        return {
-            "paused": on,
-            "paused_reason": self.paused_reason if on else None,
-            "paused_since": format_time(self.paused_at) if on else None,
-            "paused_until": format_time(self.paused_until) if on else None,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class ControlsChange:
-    """What a request sets; None in `*_set` fields means "left as it is"."""
-
-    paused: bool | None = None
-    max_in_flight: int | None = None
-    claims_per_second: float | None = None
-    sets_max_in_flight: bool = False
-    sets_claims_per_second: bool = False
-    paused_reason: str | None = None  # with paused=True only
-    paused_until: datetime | None = None  # with paused=True only
-
-
-def parse_controls(body: Any) -> ControlsChange:
-    """A PATCH/PUT body, or 422 naming the field. At least one field must be given."""
-    CONTROLS_BODY.check_fields(body)
-    paused = None
-    if "paused" in body:
-        paused = CONTROLS_BODY["paused"].read(body, {})
-    max_in_flight = CONTROLS_BODY["max_in_flight"].read(body, {})
-    rate = CONTROLS_BODY["claims_per_second"].read(body, {})
-    return ControlsChange(
-        paused=paused,
-        max_in_flight=max_in_flight,
-        claims_per_second=rate,
-        sets_max_in_flight="max_in_flight" in body,
-        sets_claims_per_second="claims_per_second" in body,
-    )
-
-
-def parse_pause(body: Any, now: datetime | None = None) -> ControlsChange:
-    """A pause's body ({} when empty), or 422 naming the field: `until` must be an
-    RFC 3339 time after `now` (the wall clock)."""
-    PAUSE_BODY.check_fields(body)
-    reason = PAUSE_BODY["reason"].read(body, {})
-    until = PAUSE_BODY["until"].read(body, {})
-    if until is not None and until <= (now or datetime.now(UTC)):
-        raise ValidationFailed(
-            "until must be in the future (leave it out to pause until resumed)", field="until"
-        )
-    return ControlsChange(paused=True, paused_reason=reason, paused_until=until)
-
-
-@dataclass(frozen=True, slots=True)
-class LimitedClaim:
-    """What a limited runtime's claim leased. `held`: a limit (or a pause) cut it
-    short, and for how long the pump should park, in seconds, before claiming again
-    without a wake-up; None when it looked for every slot (an empty verdict may then be
-    written as usual)."""
-
-    rows: list[Leased]
-    due_in: float | None
-    held: float | None
 
 
 class ControlsStore(Protocol):
@@ -417,8 +245,3 @@ class RuntimeControls:
                 await self.refresh()
             except GatewayError as exc:
                 log.warning("could not reload runtime controls: %s", exc.detail)
-
-
-def refill_wait_seconds(tokens: float, rate: float) -> float:
-    """Seconds until a bucket holding `tokens` (< 1) at `rate` per second holds one."""
-    return max((1.0 - tokens) / rate, 0.001) if rate > 0 else math.inf

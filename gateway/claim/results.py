@@ -29,12 +29,11 @@ import contextlib
 import logging
 import random
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
-from ..api.fields import Body, Field, Kind, Setting, read_query
 from ..errors import CacheUnavailable
 from ..metrics import Metrics
 from ..rows import TaskRow
@@ -46,30 +45,6 @@ log = logging.getLogger("gateway.results")
 
 # The statuses a task never leaves by itself: a wait for its result ends there.
 FINISHED = frozenset({"completed", "dead", "expired", "cancelled"})
-
-WAIT_QUERY = Body(
-    "TaskWaitQuery",
-    "Wait for the task to finish.",
-    (
-        Field(
-            "wait_seconds",
-            Kind.NUMBER,
-            "How long to wait for the task to finish (completed, dead, expired or "
-            "cancelled) when it has not; 0 answers at once. The answer is the task either "
-            "way: its status tells whether it finished.",
-            default=0.0,
-            minimum=0,
-            maximum=Setting("max_wait_seconds"),
-        ),
-    ),
-)
-
-
-def parse_wait(params: Mapping[str, str], max_wait_seconds: float) -> float:
-    """`wait_seconds` from the query string (WAIT_QUERY): 0 when absent; a 422 naming
-    the field when it is empty, no number, negative, or above the server's cap."""
-    limits = {"max_wait_seconds": max_wait_seconds}
-    return float(read_query(WAIT_QUERY["wait_seconds"], params, limits) or 0.0)
 
 
 def done_channel(prefix: str, task_id: uuid.UUID) -> str:

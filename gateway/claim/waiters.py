@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..api.models import ClaimRequest
+from ..api.requests import ClaimRequest
 from ..errors import GatewayError
 from ..rows import Leased
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import bodies
+from ..api.answers import TIME_SCHEMA, UUID_SCHEMA
 from ..api.fields import JSON_VALUE, Body, Field, Kind, RawBody
 from ..auth import credentials, webhooks
 from ..auth.principals import RUNTIME_PATTERN_RE, Scope
@@ -15,8 +16,6 @@ from ..errors import AlreadyExists, IdempotencyKeyReused, InvalidSignature, NotF
 from .docs import REPLAYED, TASK, Doc, Param, Reply
 from .handlers.admin import INCLUDE_REVOKED, TOKENS_CURSOR
 
-_UUID = {"type": "string", "format": "uuid"}
-_TIME = {"type": "string", "format": "date-time"}
 _NAME = {
     "type": "string",
     "pattern": credentials.NAME_RE.pattern,
@@ -76,19 +75,19 @@ WEBHOOK_SECRET_REQUEST = RawBody(
 )
 
 _TOKEN_BASE = {
-    "id": _UUID,
+    "id": UUID_SCHEMA,
     "name": {"type": "string"},
     "scopes": _SCOPES,
     "runtimes": {"type": ["array", "null"], "items": {"type": "string"}},
-    "created_at": _TIME,
+    "created_at": TIME_SCHEMA,
 }
 _SECRET_BASE = {
-    "id": _UUID,
+    "id": UUID_SCHEMA,
     "name": {"type": "string"},
     "runtimes": {"type": "array", "items": {"type": "string"}},
-    "created_at": _TIME,
+    "created_at": TIME_SCHEMA,
 }
-_REVOKED = {"revoked_at": {**_TIME, "type": ["string", "null"]}}
+_REVOKED = {"revoked_at": {**TIME_SCHEMA, "type": ["string", "null"]}}
 _TOKEN_SECRET = {"token": {"type": "string", "description": "The secret, shown this once."}}
 _WEBHOOK_SECRET = {
     "secret": {
@@ -111,7 +110,7 @@ def _revoke(operation_id: str, what: str, param: str) -> Doc:
         (Reply(204, "Revoked (also when it was revoked before).", None),),
         "Every instance refuses it within 2 s. An unknown id is `404`.",
         tag="admin",
-        path_params=(Param(param, f"The {what}'s id.", _UUID),),
+        path_params=(Param(param, f"The {what}'s id.", UUID_SCHEMA),),
         errors=(NotFound,),
     )
 

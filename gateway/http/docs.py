@@ -12,12 +12,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api import bodies
+from ..api.bodies import (
+    CONTROLS_BODY,
+    PATTERN_WALK,
+    PAUSE_BODY,
+    RUNTIMES_MAX_LIMIT,
+    RUNTIMES_QUERY,
+    WAIT_QUERY,
+)
 from ..api.fields import Body, Field, RawBody
-from ..claim.controls import CONTROLS_BODY, PAUSE_BODY, REFRESH_SECONDS
-from ..claim.results import WAIT_QUERY
+from ..claim.controls import REFRESH_SECONDS
 from ..errors import Conflict, Draining, GatewayError, IdempotencyKeyReused, LeaseLost, Overloaded
-from .handlers.runtimes import MAX_LIMIT as MAX_RUNTIMES_LIMIT
-from .handlers.runtimes import PATTERN_WALK, RUNTIMES_QUERY
 
 
 @dataclass(frozen=True)
@@ -352,7 +357,7 @@ LIST_RUNTIMES = Doc(
     ),
     "Lists every runtime holding tasks (queued, due or not yet due; claimed; or finished and "
     "not yet removed by retention) or with controls set, in runtime id order, at most "
-    f"`limit` ({MAX_RUNTIMES_LIMIT} at most) per page. A token limited to runtime patterns "
+    f"`limit` ({RUNTIMES_MAX_LIMIT} at most) per page. A token limited to runtime patterns "
     f"sees only the runtimes they cover: each page looks at {PATTERN_WALK} runtimes at "
     "most, so its page may hold fewer than `limit`, even none, with a next_cursor to go on "
     "from. A next_cursor is opaque and only good for the token it was given to: any other "

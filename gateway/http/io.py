@@ -14,7 +14,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive
 
-from ..api import models
+from ..api import decode
 from ..errors import GatewayError, PayloadTooLarge, problem_for
 from ..settings import Settings
 
@@ -204,6 +204,6 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 async def read_json(request: Request, settings: Settings) -> dict[str, Any]:
-    """The body as a JSON object (models.decode_body), within the body limit."""
+    """The body as a JSON object (decode.decode_body), within the body limit."""
     raw = await read_body(request, settings.max_body_bytes)
-    return models.decode_body(raw, settings.max_json_depth)
+    return decode.decode_body(raw, settings.max_json_depth)

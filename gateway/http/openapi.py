@@ -15,8 +15,8 @@ from typing import Any, Protocol
 
 from .. import __version__, errors
 from ..api.answers import SCHEMAS
+from ..api.decode import RUNTIME_ID_RE
 from ..api.fields import JSON_VALUE, JSON_VALUE_SCHEMA
-from ..api.models import RUNTIME_ID_RE
 from ..auth.principals import Scope
 from ..errors import GatewayError
 from ..settings import Settings

@@ -24,7 +24,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Send
 from starlette.types import Scope as ASGIScope
 
-from ..api import models
+from ..api import decode
 from ..auth.principals import Principal, Scope
 from ..errors import GatewayError, NotFound
 from ..instance import Gateway
@@ -71,10 +71,10 @@ async def authorize(request: Request, gw: Gateway, endpoint: Endpoint) -> Princi
     principal = await gw.auth.authenticate(request.headers.get("authorization"))
     principal.require(endpoint.scope)
     if endpoint.target is Target.RUNTIME:
-        runtime_id = models.check_runtime_id(request.path_params["rt"])
+        runtime_id = decode.check_runtime_id(request.path_params["rt"])
         principal.require_runtime(runtime_id)
     elif endpoint.target is Target.TASK and not principal.all_runtimes:
-        task_id = models.check_task_id(request.path_params["task_id"])
+        task_id = decode.check_task_id(request.path_params["task_id"])
         if not principal.covers(await gw.store.task_runtime(task_id)):
             raise NotFound(f"no task with id {task_id}")
     return principal

@@ -1,4 +1,4 @@
-"""Runtime controls (controls.py) in Postgres: reading and storing them, and the claim
+"""Runtime controls (gateway/claim/controls.py) in Postgres: reading and storing them, and the claim
 of a runtime with limits (`claim_limited`), which leases in the same transaction that
 locks the runtime's control row and spends its tokens.
 """
@@ -10,16 +10,18 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from ..claim.controls import (
-    HELD_RECHECK_SECONDS,
-    Controls,
-    ControlsChange,
-    LimitedClaim,
-    refill_wait_seconds,
-)
-from ..rows import Leased, TaskRow
+from ..rows import Controls, ControlsChange, Leased, LimitedClaim, TaskRow
 from . import queries as q
 from .leases import CLAIM_WINDOW, CONTENDED_RECHECK_SECONDS, LeaseStatements
+
+# How long a pump holds a runtime at its max_in_flight before it claims again without a
+# wake-up (seconds). A freed slot wakes it at once; this only bounds a lost wake-up.
+HELD_RECHECK_SECONDS = 5.0
+
+
+def refill_wait_seconds(tokens: float, rate: float) -> float:
+    """Seconds until a bucket holding `tokens` (< 1) at `rate` per second holds one."""
+    return max((1.0 - tokens) / rate, 0.001) if rate > 0 else math.inf
 
 
 class ControlStatements(LeaseStatements):

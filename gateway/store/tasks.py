@@ -19,7 +19,8 @@ import asyncpg
 import orjson
 from asyncpg.pgproto.pgproto import UUID as DriverUUID
 
-from ..api.models import EnqueueRequest, task_bytes_or_stub, task_ref_json
+from ..api.render import task_bytes_or_stub, task_ref_json
+from ..api.requests import EnqueueRequest
 from ..errors import Conflict, DatabaseBusy, IdempotencyKeyReused, NotFound, StoreUnavailable
 from ..rows import TaskRow
 from . import queries as q

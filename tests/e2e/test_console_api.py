@@ -18,7 +18,7 @@ import orjson
 import pytest
 import pytest_asyncio
 
-from gateway.http.handlers.runtimes import PATTERN_WALK
+from gateway.api.bodies import PATTERN_WALK
 from gateway_client import AsyncClient, ValidationFailed
 from tests.e2e.credentials_support import make_token
 from tests.e2e.lifecycle_support import assert_problem, claim, enqueue, gateway

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.api.models import TASK_FIELDS
+from gateway.api.render import TASK_FIELDS
 from tests.e2e.lifecycle_support import UUID_RE, all_tasks, assert_problem, claim, enqueue
 from tests.harness import TOKEN, make_settings, running_gateway
 from tests.support.http import Resp, get_task, req

@@ -13,7 +13,7 @@ import orjson
 import pytest
 import pytest_asyncio
 
-from gateway.api import models
+from gateway.api import render
 from tests.e2e.lifecycle_support import (
     all_tasks,
     assert_problem,
@@ -141,14 +141,14 @@ async def test_stored_deep_payloads_and_results_are_still_delivered(gw, runtime_
 
 def _break_rendering(monkeypatch, poison: Any) -> None:
     """Any failure to turn a row into JSON, whatever its cause."""
-    real = models.task_bytes
+    real = render.task_bytes
 
-    def render(row):
+    def broken(row):
         if orjson.loads(orjson.dumps(row.payload)) == poison:
             raise ValueError("this row cannot be written")
         return real(row)
 
-    monkeypatch.setattr(models, "task_bytes", render)
+    monkeypatch.setattr(render, "task_bytes", broken)
 
 
 async def test_an_unrenderable_claimed_task_ends_dead_and_the_others_are_delivered(

@@ -13,7 +13,7 @@ import pytest
 import requests
 import schemathesis
 
-from gateway.api import models
+from gateway.api import decode, render
 from tests.e2e.openapi_support import AUTH, OVERRIDES, Served, check, document, gateway_thread
 
 LIMITS: dict[str, Any] = {**OVERRIDES, "max_payload_bytes": 1000, "max_body_bytes": 100_000}
@@ -145,14 +145,14 @@ def test_every_task_state(served: Served, monkeypatch: pytest.MonkeyPatch) -> No
     assert c.call("GET", TASK, task=expiring["id"]).json()["status"] == "expired"
 
     poison = c.enqueue(payload={"poison": True})
-    real = models.task_bytes
+    real = render.task_bytes
 
-    def render(row: Any) -> Any:
-        if row.id == models.check_task_id(poison["id"]):
+    def broken(row: Any) -> Any:
+        if row.id == decode.check_task_id(poison["id"]):
             raise ValueError("this row cannot be written")
         return real(row)
 
-    monkeypatch.setattr(models, "task_bytes", render)
+    monkeypatch.setattr(render, "task_bytes", broken)
     stub = c.call("GET", TASK, task=poison["id"]).json()
     assert stub["render_error"] and stub["payload"] is None
 

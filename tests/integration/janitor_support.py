@@ -15,7 +15,7 @@ from typing import Any
 
 import asyncpg
 
-from gateway.api.models import parse_enqueue
+from gateway.api.requests import parse_enqueue
 from gateway.settings import Settings
 from tests.harness import Instance, make_settings
 from tests.support.databases import execute, fetch

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.api import models
+from gateway.api import requests
 from tests.harness import Instance, make_settings, running_gateway
 from tests.integration.claim_helpers import pg_claims, poll, wait_parked
 from tests.support.metrics import sample
@@ -52,7 +52,7 @@ async def test_a_bump_whose_wake_up_was_lost_stops_the_renewal(
     async with running_gateway(cfg) as a:
         waiting = asyncio.create_task(poll(a, runtime_id, "w", wait_seconds=8))
         await wait_parked(a, runtime_id, 1)
-        req = models.parse_enqueue({"payload": {"lost": "wake-up"}}, None, 1 << 20, 64)
+        req = requests.parse_enqueue({"payload": {"lost": "wake-up"}}, None, 1 << 20, 64)
         row, _ = await a.gateway.store.enqueue(runtime_id, req)  # no bump, no publish
         redis = aioredis.Redis.from_url(redis_url, decode_responses=True)
         try:

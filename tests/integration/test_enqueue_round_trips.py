@@ -16,7 +16,8 @@ import orjson
 import pytest
 
 from gateway.api.exactjson import ExactNumber
-from gateway.api.models import EnqueueRequest, parse_enqueue, task_bytes
+from gateway.api.render import task_bytes
+from gateway.api.requests import EnqueueRequest, parse_enqueue
 from gateway.errors import IdempotencyKeyReused
 from gateway.metrics import Metrics
 from gateway.rows import TaskRow

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 import redis.asyncio as redis
 
-from gateway.api import models
+from gateway.api import render
 from gateway.claim.results import done_channel
 from gateway.errors import CacheUnavailable
 from tests.harness import TOKEN, Instance, make_settings, running_gateway, serve_process
@@ -468,14 +468,14 @@ async def test_a_claimed_task_ended_dead_because_it_cannot_be_shown_wakes_its_wa
         waiter = asyncio.create_task(wait_for_result(gw, task["id"]))
         await waiting(gw, 1)
         before = reads(gw)
-        real = models.task_bytes
+        real = render.task_bytes
 
-        def render(row: Any) -> bytes:
+        def broken(row: Any) -> bytes:
             if row.status == "claimed":
                 raise ValueError("this row cannot be written")
             return real(row)
 
-        monkeypatch.setattr(models, "task_bytes", render)
+        monkeypatch.setattr(render, "task_bytes", broken)
         assert await gw.claim(runtime_id) == []
         answer = await asyncio.wait_for(waiter, 10)
         assert answer["status"] == "dead" and "could not turn" in answer["last_error"]

@@ -13,7 +13,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway.claim.controls import HELD_RECHECK_SECONDS
+from gateway.store.controls import HELD_RECHECK_SECONDS
 from tests.harness import Instance, make_settings, running_gateway
 from tests.integration.janitor_support import (
     enqueue_without_bump,

@@ -19,7 +19,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway.api.models import parse_enqueue
+from gateway.api.requests import parse_enqueue
 from gateway.metrics import Metrics
 from gateway.store import Store
 from gateway.store import queries as q

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gateway.api.models import ClaimRequest
+from gateway.api.requests import ClaimRequest
 from gateway.claim.claimer import Claimer
 from gateway.claim.waiters import Departure
 from gateway.errors import CacheUnavailable, GatewayError, Overloaded, StoreUnavailable

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import pytest
 
-from gateway.api.models import EnqueueRequest
+from gateway.api.requests import EnqueueRequest
 from gateway.claim.ports import ClaimStore
 from gateway.metrics import Metrics
 from gateway.rows import Leased

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway.api import models
+from gateway.api import bodies, requests
 from gateway.errors import BadRequest, LeaseLost, NotFound, PayloadTooLarge, ValidationFailed
 from gateway.http.handlers import batch
 from gateway.store.acks import ItemResult
@@ -53,10 +53,10 @@ def test_fail_items_read_as_the_single_fail() -> None:
     body = items(2, error="boom")
     body[1].update(retry=False, retry_after_seconds=5, error="x" * 20_000)
     first, second = batch.parse_fail_many({"tasks": body})
-    assert first.request == models.parse_fail(body[0])
+    assert first.request == requests.parse_fail(body[0])
     assert (first.request.retry, first.request.retry_after_seconds) == (True, None)
     assert (second.request.retry, second.request.retry_after_seconds) == (False, 5.0)
-    assert len(second.request.error) == models.MAX_ERROR_CHARS
+    assert len(second.request.error) == bodies.MAX_ERROR_CHARS
 
 
 def test_heartbeat_lease_seconds_default_per_item() -> None:

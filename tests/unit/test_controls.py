@@ -10,16 +10,12 @@ from typing import Any
 
 import pytest
 
-from gateway.claim.controls import (
-    Controls,
-    ControlsChange,
-    LimitedClaim,
-    RuntimeControls,
-    parse_controls,
-    parse_pause,
-    refill_wait_seconds,
-)
+from gateway.api.render import pause_json
+from gateway.api.requests import parse_controls, parse_pause
+from gateway.claim.controls import RuntimeControls
 from gateway.errors import ValidationFailed
+from gateway.rows import Controls, ControlsChange, LimitedClaim
+from gateway.store.controls import refill_wait_seconds
 from tests.support.waiting import wait_until
 
 
@@ -176,7 +172,7 @@ def test_a_pause_past_its_end_reads_as_not_paused() -> None:
     now = datetime.now(UTC)
     ended = Controls("a", paused=True, paused_reason="r", paused_until=now - timedelta(seconds=1))
     assert not ended.paused_now()
-    assert ended.render_pause() == {
+    assert pause_json(ended) == {
         "paused": False,
         "paused_reason": None,
         "paused_since": None,

@@ -1,4 +1,4 @@
-"""Request parsers and the JSON forms in gateway/api/models.py."""
+"""Request parsers and the JSON forms in gateway/api/ (requests, decode, render)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.api import models
+from gateway.api import bodies, decode, exactjson, render, requests
 from gateway.errors import BadRequest, NotFound, PayloadTooLarge, ValidationFailed
 from gateway.rows import TaskRow
 
@@ -27,11 +27,11 @@ def fails_on(field: str, fn: Callable[..., Any], *args: Any) -> ValidationFailed
 
 
 def enqueue(body: dict[str, Any], header: str | None = None, limit: int = MAX_PAYLOAD) -> Any:
-    return models.parse_enqueue(body, header, limit)
+    return requests.parse_enqueue(body, header, limit)
 
 
 def claim(body: dict[str, Any], max_wait: float = 60.0, lease: int = 45) -> Any:
-    return models.parse_claim(body, max_wait, lease)
+    return requests.parse_claim(body, max_wait, lease)
 
 
 # --- parse_enqueue ------------------------------------------------------------------------
@@ -268,17 +268,17 @@ def test_claim_lease_seconds_refused(value: Any) -> None:
 
 
 def test_parse_lease_seconds() -> None:
-    assert models.parse_lease_seconds({}, 77) == 77
-    assert models.parse_lease_seconds({"lease_seconds": 3600}, 77) == 3600
-    fails_on("lease_seconds", models.parse_lease_seconds, {"lease_seconds": 0}, 77)
-    fails_on("lease_seconds", models.parse_lease_seconds, {"lease_seconds": 3601}, 77)
+    assert requests.parse_lease_seconds({}, 77) == 77
+    assert requests.parse_lease_seconds({"lease_seconds": 3600}, 77) == 3600
+    fails_on("lease_seconds", requests.parse_lease_seconds, {"lease_seconds": 0}, 77)
+    fails_on("lease_seconds", requests.parse_lease_seconds, {"lease_seconds": 3601}, 77)
 
 
 # --- parse_fail / parse_lease_id ----------------------------------------------------------
 
 
 def test_fail_defaults() -> None:
-    req = models.parse_fail({"lease_id": LEASE, "error": "boom"})
+    req = requests.parse_fail({"lease_id": LEASE, "error": "boom"})
     assert req.lease_id == uuid.UUID(LEASE)
     assert req.error == "boom"
     assert req.retry is True
@@ -286,7 +286,7 @@ def test_fail_defaults() -> None:
 
 
 def test_fail_values() -> None:
-    req = models.parse_fail(
+    req = requests.parse_fail(
         {"lease_id": LEASE, "error": "e", "retry": False, "retry_after_seconds": 7 * 86400}
     )
     assert req.retry is False
@@ -294,8 +294,8 @@ def test_fail_values() -> None:
 
 
 def test_fail_error_truncated() -> None:
-    req = models.parse_fail({"lease_id": LEASE, "error": "x" * 20_000})
-    assert len(req.error) == models.MAX_ERROR_CHARS
+    req = requests.parse_fail({"lease_id": LEASE, "error": "x" * 20_000})
+    assert len(req.error) == bodies.MAX_ERROR_CHARS
 
 
 @pytest.mark.parametrize(
@@ -317,12 +317,12 @@ def test_fail_error_truncated() -> None:
     ],
 )
 def test_fail_refused(body: dict[str, Any], field: str) -> None:
-    fails_on(field, models.parse_fail, body)
+    fails_on(field, requests.parse_fail, body)
 
 
 def test_parse_lease_id() -> None:
-    assert models.parse_lease_id({"lease_id": LEASE}) == uuid.UUID(LEASE)
-    assert models.parse_lease_id({"lease_id": LEASE.upper()}) == uuid.UUID(LEASE)
+    assert requests.parse_lease_id({"lease_id": LEASE}) == uuid.UUID(LEASE)
+    assert requests.parse_lease_id({"lease_id": LEASE.upper()}) == uuid.UUID(LEASE)
 
 
 @pytest.mark.parametrize(
@@ -338,13 +338,13 @@ def test_parse_lease_id() -> None:
     ],
 )
 def test_parse_lease_id_refused(body: dict[str, Any]) -> None:
-    fails_on("lease_id", models.parse_lease_id, body)
+    fails_on("lease_id", requests.parse_lease_id, body)
 
 
 def test_check_task_id() -> None:
-    assert models.check_task_id(LEASE) == uuid.UUID(LEASE)
+    assert decode.check_task_id(LEASE) == uuid.UUID(LEASE)
     with pytest.raises(NotFound):
-        models.check_task_id("nope")
+        decode.check_task_id("nope")
 
 
 # --- decode_body --------------------------------------------------------------------------
@@ -352,11 +352,11 @@ def test_check_task_id() -> None:
 
 @pytest.mark.parametrize("raw", [b"", b"   ", b"\n\t "])
 def test_decode_empty_body_is_empty_object(raw: bytes) -> None:
-    assert models.decode_body(raw) == {}
+    assert decode.decode_body(raw) == {}
 
 
 def test_decode_object() -> None:
-    assert models.decode_body(b'{"a": [1, {"b": null}]}') == {"a": [1, {"b": None}]}
+    assert decode.decode_body(b'{"a": [1, {"b": null}]}') == {"a": [1, {"b": None}]}
 
 
 @pytest.mark.parametrize(
@@ -364,13 +364,13 @@ def test_decode_object() -> None:
 )
 def test_decode_non_json_is_bad_request(raw: bytes) -> None:
     with pytest.raises(BadRequest):
-        models.decode_body(raw)
+        decode.decode_body(raw)
 
 
 @pytest.mark.parametrize("raw", [b"[]", b'[{"a": 1}]', b'"s"', b"1", b"null", b"true"])
 def test_decode_non_object_is_bad_request(raw: bytes) -> None:
     with pytest.raises(BadRequest) as info:
-        models.decode_body(raw)
+        decode.decode_body(raw)
     assert not isinstance(info.value, ValidationFailed)
 
 
@@ -381,7 +381,7 @@ def test_decode_non_object_is_bad_request(raw: bytes) -> None:
     "runtime_id", ["a", "Z", "0", "rt-1", "a.b_c:d-e", "9" + "x" * 127, "A" * 128]
 )
 def test_runtime_id_accepted(runtime_id: str) -> None:
-    assert models.check_runtime_id(runtime_id) == runtime_id
+    assert decode.check_runtime_id(runtime_id) == runtime_id
 
 
 @pytest.mark.parametrize(
@@ -389,13 +389,13 @@ def test_runtime_id_accepted(runtime_id: str) -> None:
     ["", "-a", ".a", "_a", ":a", "a" * 129, "a/b", "a b", "a{b", "a}b", "é", "a\tb", "a*"],
 )
 def test_runtime_id_refused(runtime_id: str) -> None:
-    fails_on("runtime_id", models.check_runtime_id, runtime_id)
+    fails_on("runtime_id", decode.check_runtime_id, runtime_id)
 
 
 # Regression: with `$` and re.match, "rt\n" (URL path rt%0A) used to pass as a runtime id.
 @pytest.mark.parametrize("runtime_id", ["rt\n", "A" * 128 + "\n"])
 def test_runtime_id_with_trailing_newline_refused(runtime_id: str) -> None:
-    fails_on("runtime_id", models.check_runtime_id, runtime_id)
+    fails_on("runtime_id", decode.check_runtime_id, runtime_id)
 
 
 # --- format_time / task_json --------------------------------------------------------------
@@ -403,21 +403,21 @@ def test_runtime_id_with_trailing_newline_refused(runtime_id: str) -> None:
 
 def test_format_time_utc_micro_z() -> None:
     value = datetime(2026, 11, 25, 21, 2, 3, 123456, tzinfo=UTC)
-    assert models.format_time(value) == "2026-11-25T21:02:03.123456Z"
+    assert render.format_time(value) == "2026-11-25T21:02:03.123456Z"
 
 
 def test_format_time_keeps_zero_microseconds() -> None:
     value = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
-    assert models.format_time(value) == "2026-01-02T03:04:05.000000Z"
+    assert render.format_time(value) == "2026-01-02T03:04:05.000000Z"
 
 
 def test_format_time_converts_to_utc() -> None:
     value = datetime(2026, 1, 1, 1, 30, 0, 5, tzinfo=timezone(timedelta(hours=2)))
-    assert models.format_time(value) == "2025-12-31T23:30:00.000005Z"
+    assert render.format_time(value) == "2025-12-31T23:30:00.000005Z"
 
 
 def test_format_time_none() -> None:
-    assert models.format_time(None) is None
+    assert render.format_time(None) is None
 
 
 def test_format_time_strings_sort_in_time_order() -> None:
@@ -434,8 +434,8 @@ def test_format_time_strings_sort_in_time_order() -> None:
         base.astimezone(timezone(timedelta(hours=-5))) + timedelta(hours=2),
         base.astimezone(timezone(timedelta(hours=9))) - timedelta(microseconds=3),
     ]
-    strings = [models.format_time(t) for t in times]
-    assert sorted(strings, key=str) == [models.format_time(t) for t in sorted(times)]
+    strings = [render.format_time(t) for t in times]
+    assert sorted(strings, key=str) == [render.format_time(t) for t in sorted(times)]
     assert len(set(strings)) == len(times)
     assert all(s is not None and s.endswith("Z") and len(s) == 27 for s in strings)
 
@@ -466,16 +466,16 @@ def _row(**over: Any) -> TaskRow:
 
 
 def test_task_json_queued() -> None:
-    out = models.task_json(_row())
+    out = render.task_json(_row())
     assert out["id"] == LEASE
     assert out["created_at"] == "2026-01-01T00:00:00.000000Z"
     assert out["run_at"] is None
-    assert set(out) == set(models.TASK_FIELDS)
+    assert set(out) == set(render.TASK_FIELDS)
 
 
 def test_task_json_claimed_has_lease_fields() -> None:
     lease = uuid.uuid4()
-    out = models.task_json(
+    out = render.task_json(
         _row(
             status="claimed",
             lease_id=lease,
@@ -491,19 +491,19 @@ def test_task_json_claimed_has_lease_fields() -> None:
 
 
 def test_task_json_finished() -> None:
-    done = models.task_json(_row(status="completed", result={"ok": True}))
+    done = render.task_json(_row(status="completed", result={"ok": True}))
     assert done["result"] == {"ok": True}
     assert "lease_id" not in done
-    dead = models.task_json(_row(status="dead", last_error="boom"))
+    dead = render.task_json(_row(status="dead", last_error="boom"))
     assert dead["last_error"] == "boom"
     assert "result" not in dead
 
 
 def test_result_json() -> None:
-    assert models.result_json({}, 100) is None
-    assert models.result_json({"result": [1]}, 100) == "[1]"
+    assert requests.result_json({}, 100) is None
+    assert requests.result_json({"result": [1]}, 100) == "[1]"
     with pytest.raises(PayloadTooLarge) as info:
-        models.result_json({"result": "x" * 10}, 5)
+        requests.result_json({"result": "x" * 10}, 5)
     assert info.value.extra.get("field") == "result"
 
 
@@ -521,7 +521,7 @@ def test_enqueue_spelled_out_defaults_hash_like_omitted_ones() -> None:
 def test_format_time_pads_years_to_four_digits() -> None:
     from datetime import UTC, datetime
 
-    assert models.format_time(datetime(999, 6, 1, tzinfo=UTC)) == "0999-06-01T00:00:00.000000Z"
+    assert render.format_time(datetime(999, 6, 1, tzinfo=UTC)) == "0999-06-01T00:00:00.000000Z"
 
 
 def nested(levels: int, inner: Any = None) -> Any:
@@ -536,9 +536,9 @@ def test_payload_depth_is_checked_whatever_its_length(max_depth: int) -> None:
     # Short texts are not walked (each level takes two characters), so the limit is
     # held at both lengths: exactly 2 * max_depth characters, and padded longer.
     def parse(payload: Any) -> Any:
-        return models.parse_enqueue({"payload": payload}, None, MAX_PAYLOAD, max_depth)
+        return requests.parse_enqueue({"payload": payload}, None, MAX_PAYLOAD, max_depth)
 
-    assert len(models.exactjson.dumps(nested(max_depth - 1, []))) == 2 * max_depth
+    assert len(exactjson.dumps(nested(max_depth - 1, []))) == 2 * max_depth
     parse(nested(max_depth - 1, []))
     parse(nested(max_depth - 1, ["x" * 500]))
     error = fails_on("payload", parse, nested(max_depth, []))
@@ -549,18 +549,18 @@ def test_payload_depth_is_checked_whatever_its_length(max_depth: int) -> None:
 
 def test_a_payload_too_deep_to_serialize_is_refused_as_too_deep() -> None:
     error = fails_on(
-        "payload", models.parse_enqueue, {"payload": nested(600)}, None, MAX_PAYLOAD, 1000
+        "payload", requests.parse_enqueue, {"payload": nested(600)}, None, MAX_PAYLOAD, 1000
     )
     assert "nested more than 1000 levels" not in error.detail  # 600 is within the limit
     error = fails_on(
-        "payload", models.parse_enqueue, {"payload": nested(600)}, None, MAX_PAYLOAD, 64
+        "payload", requests.parse_enqueue, {"payload": nested(600)}, None, MAX_PAYLOAD, 64
     )
     assert "nested more than 64 levels" in error.detail
 
 
 def test_a_batch_item_hashes_as_a_single_enqueue_when_it_has_a_key() -> None:
     keyed = {"payload": {"b": 1, "a": [2]}, "priority": 7, "idempotency_key": "k"}
-    items = models.parse_batch({"tasks": [keyed, {"payload": 1}]}, MAX_PAYLOAD)
+    items = requests.parse_batch({"tasks": [keyed, {"payload": 1}]}, MAX_PAYLOAD)
     assert items[0].request_hash == enqueue(keyed).request_hash
     assert len(items[0].request_hash) == 64
     assert items[1].idempotency_key is None and items[1].request_hash == ""
@@ -569,7 +569,7 @@ def test_a_batch_item_hashes_as_a_single_enqueue_when_it_has_a_key() -> None:
 BATCH_ITEMS: list[Any] = [
     {"payload": None},
     {"payload": {"k": 0, "i": 1}},
-    {"payload": [models.exactjson.ExactNumber("1e400"), "é", {"b": 1, "a": 2}]},
+    {"payload": [exactjson.ExactNumber("1e400"), "é", {"b": 1, "a": 2}]},
     {"payload": "x", "priority": None, "run_at": None},
     {"payload": 3, "priority": 9, "ttl_seconds": 60, "delay_seconds": 1.5},
     {"payload": 4, "run_at": "2030-01-01T00:00:00Z", "max_attempts": 2, "other": 1},
@@ -578,7 +578,7 @@ BATCH_ITEMS: list[Any] = [
 
 def test_batch_items_read_as_single_enqueues_without_a_hash() -> None:
     # Items with a payload alone take a shorter path; they must read the same.
-    parsed = models.parse_batch({"tasks": BATCH_ITEMS}, MAX_PAYLOAD)
+    parsed = requests.parse_batch({"tasks": BATCH_ITEMS}, MAX_PAYLOAD)
     assert parsed == [enqueue(item)._replace(request_hash="") for item in BATCH_ITEMS]
 
 
@@ -588,7 +588,7 @@ def test_batch_items_read_as_single_enqueues_without_a_hash() -> None:
         {"payload": "\x00"},
         {"payload": "x" * 200},
         {"payload": nested(65)},
-        {"payload": models.exactjson.ExactNumber("9e4300")},
+        {"payload": exactjson.ExactNumber("9e4300")},
         {"priority": 3},
         {"payload": 1, "priority": 5000, "max_attempts": 0, "run_at": "soon"},
         {"payload": 1, "delay_seconds": 5, "run_at": "2030-01-01T00:00:00Z"},
@@ -597,10 +597,10 @@ def test_batch_items_read_as_single_enqueues_without_a_hash() -> None:
 )
 def test_a_bad_batch_item_is_refused_as_the_single_enqueue_is_naming_its_index(bad: Any) -> None:
     with pytest.raises((ValidationFailed, PayloadTooLarge)) as single:
-        models.parse_enqueue(bad, None, 100)
+        requests.parse_enqueue(bad, None, 100)
     items = [{"payload": i} for i in range(5)] + [bad, {"payload": "after"}]
     with pytest.raises(type(single.value)) as batch:
-        models.parse_batch({"tasks": items}, 100)
+        requests.parse_batch({"tasks": items}, 100)
     assert batch.value.detail == f"tasks[5]: {single.value.detail}"
     assert batch.value.extra["field"] == f"tasks[5].{single.value.extra['field']}"
     assert batch.value.extra["index"] == 5
@@ -611,7 +611,7 @@ def test_a_bad_batch_item_is_refused_as_the_single_enqueue_is_naming_its_index(b
 
 def _batch_of(number: str, per_item: int, items: int) -> dict:
     payload = "[" + ",".join([number] * per_item) + "]"
-    return models.decode_body(
+    return decode.decode_body(
         ('{"tasks": [' + ",".join([f'{{"payload": {payload}}}'] * items) + "]}").encode()
     )
 
@@ -626,28 +626,28 @@ def test_a_batch_is_bounded_by_its_payloads_written_out_together(number, written
     per_item, items = 10, 5
     size = items * (per_item * (written + 1) + 1)  # each payload: numbers, commas, brackets
     body = _batch_of(number, per_item, items)
-    assert len(models.parse_batch(body, 1 << 20, 64, max_body_bytes=size)) == items
+    assert len(requests.parse_batch(body, 1 << 20, 64, max_body_bytes=size)) == items
     with pytest.raises(PayloadTooLarge) as caught:
-        models.parse_batch(body, 1 << 20, 64, max_body_bytes=size - 1)
+        requests.parse_batch(body, 1 << 20, 64, max_body_bytes=size - 1)
     # The request as a whole is named, not the item that passed the limit.
     assert caught.value.extra == {"field": "body"}
     assert "GATEWAY_MAX_BODY_BYTES" in caught.value.detail
 
 
 def test_a_single_payload_and_a_result_are_bounded_written_out_too():
-    body = models.decode_body(b'{"payload": [1e300, 1e300], "result": [1e300]}')
-    assert models.parse_enqueue(body, None, 1 << 20, 64, max_body_bytes=605)
+    body = decode.decode_body(b'{"payload": [1e300, 1e300], "result": [1e300]}')
+    assert requests.parse_enqueue(body, None, 1 << 20, 64, max_body_bytes=605)
     with pytest.raises(PayloadTooLarge) as caught:
-        models.parse_enqueue(body, None, 1 << 20, 64, max_body_bytes=604)
+        requests.parse_enqueue(body, None, 1 << 20, 64, max_body_bytes=604)
     assert caught.value.extra == {"field": "body"}
-    budget = models.written_budget(303)
-    assert models.result_json(body, 1 << 20, 64, budget) is not None
+    budget = requests.written_budget(303)
+    assert requests.result_json(body, 1 << 20, 64, budget) is not None
     with pytest.raises(PayloadTooLarge):
-        models.result_json(body, 1 << 20, 64, budget)  # the same budget: 606 in all
+        requests.result_json(body, 1 << 20, 64, budget)  # the same budget: 606 in all
 
 
 def test_the_payload_limit_still_names_the_payload():
-    body = models.decode_body(b'{"payload": [1e300, 1e300]}')
+    body = decode.decode_body(b'{"payload": [1e300, 1e300]}')
     with pytest.raises(PayloadTooLarge) as caught:
-        models.parse_enqueue(body, None, 600, 64, max_body_bytes=10_000)
+        requests.parse_enqueue(body, None, 600, 64, max_body_bytes=10_000)
     assert caught.value.extra == {"field": "payload"}

@@ -13,10 +13,9 @@ import pytest
 from openapi_spec_validator import validate
 
 from gateway import errors
-from gateway.api import bodies, models
+from gateway.api import bodies, decode, render, requests
 from gateway.api.fields import Kind, RawBody, read_query
 from gateway.auth.principals import Scope
-from gateway.claim import controls
 from gateway.errors import ValidationFailed
 from gateway.http import docs, openapi
 from gateway.http.routes import ENDPOINTS, Endpoint, Target, healthz
@@ -220,7 +219,7 @@ def test_path_parameters() -> None:
             params = {p["name"]: p for p in operation.get("parameters", []) if p["in"] == "path"}
             assert set(params) == set(re.findall(r"{(\w+)}", path))
             if "rt" in params:
-                assert params["rt"]["schema"]["pattern"] == models.RUNTIME_ID_RE.pattern
+                assert params["rt"]["schema"]["pattern"] == decode.RUNTIME_ID_RE.pattern
             if "task_id" in params:
                 assert params["task_id"]["schema"]["format"] == "uuid"
 
@@ -254,11 +253,11 @@ def test_request_bodies_come_from_the_field_specs() -> None:
     assert enqueue["properties"]["priority"]["default"] == 50
     assert enqueue["properties"]["run_at"]["format"] == "date-time"
     batch = schemas["EnqueueBatchRequest"]["properties"]["tasks"]
-    assert (batch["minItems"], batch["maxItems"]) == (1, models.MAX_BATCH)
+    assert (batch["minItems"], batch["maxItems"]) == (1, bodies.MAX_BATCH)
     assert schemas["FailRequest"]["required"] == ["lease_id", "error"]
     listing = DOC["paths"]["/v1/runtimes/{rt}/tasks"]["get"]["parameters"]
     status = next(p for p in listing if p["name"] == "status")
-    assert status["schema"]["enum"] == list(models.STATUSES)
+    assert status["schema"]["enum"] == list(bodies.STATUSES)
     for endpoint, operation in OPERATIONS:
         assert endpoint.doc is not None
         if endpoint.doc.body is None:
@@ -269,10 +268,10 @@ def test_request_bodies_come_from_the_field_specs() -> None:
 
 def test_the_task_schema_lists_every_field_the_api_returns() -> None:
     task = DOC["components"]["schemas"]["Task"]
-    assert set(task["required"]) == set(models.TASK_FIELDS)
-    shown = set(models.TASK_FIELDS) | set(models.LEASE_FIELDS)
+    assert set(task["required"]) == set(render.TASK_FIELDS)
+    shown = set(render.TASK_FIELDS) | set(render.LEASE_FIELDS)
     assert shown | {"result", "last_error", "render_error"} == set(task["properties"])
-    assert task["properties"]["status"]["enum"] == list(models.STATUSES)
+    assert task["properties"]["status"]["enum"] == list(bodies.STATUSES)
     assert task["additionalProperties"] is False
 
 
@@ -315,36 +314,36 @@ LEASE = "11111111-2222-4333-8444-555555555555"
 
 WAIT, LEASE_DEFAULT = 60.0, 45
 PARSERS: dict[str, tuple[Callable[[dict[str, Any]], Any], dict[str, Any]]] = {
-    "EnqueueRequest": (lambda b: models.parse_enqueue(b, None, MAX_PAYLOAD), {"payload": 1}),
+    "EnqueueRequest": (lambda b: requests.parse_enqueue(b, None, MAX_PAYLOAD), {"payload": 1}),
     "EnqueueBatchRequest": (
-        lambda b: models.parse_batch(b, MAX_PAYLOAD),
+        lambda b: requests.parse_batch(b, MAX_PAYLOAD),
         {"tasks": [{"payload": 1}]},
     ),
-    "ClaimRequest": (lambda b: models.parse_claim(b, WAIT, LEASE_DEFAULT), {"worker_id": "w"}),
+    "ClaimRequest": (lambda b: requests.parse_claim(b, WAIT, LEASE_DEFAULT), {"worker_id": "w"}),
     "HeartbeatRequest": (
-        lambda b: (models.parse_lease_id(b), models.parse_lease_seconds(b, LEASE_DEFAULT)),
+        lambda b: (requests.parse_lease_id(b), requests.parse_lease_seconds(b, LEASE_DEFAULT)),
         {"lease_id": LEASE},
     ),
     "CompleteRequest": (
-        lambda b: (models.parse_lease_id(b), models.result_json(b, MAX_PAYLOAD)),
+        lambda b: (requests.parse_lease_id(b), requests.result_json(b, MAX_PAYLOAD)),
         {"lease_id": LEASE},
     ),
-    "FailRequest": (models.parse_fail, {"lease_id": LEASE, "error": "e"}),
-    "ReleaseRequest": (models.parse_lease_id, {"lease_id": LEASE}),
-    "RuntimeControls": (controls.parse_controls, {"paused": True}),
-    "Pause": (controls.parse_pause, {}),
+    "FailRequest": (requests.parse_fail, {"lease_id": LEASE, "error": "e"}),
+    "ReleaseRequest": (requests.parse_lease_id, {"lease_id": LEASE}),
+    "RuntimeControls": (requests.parse_controls, {"paused": True}),
+    "Pause": (requests.parse_pause, {}),
 }
 LIMITS = {
     "max_wait_seconds": WAIT,
     "default_lease_seconds": LEASE_DEFAULT,
     "max_payload_bytes": MAX_PAYLOAD,
-    "max_json_depth": models.DEFAULT_MAX_DEPTH,
+    "max_json_depth": decode.DEFAULT_MAX_DEPTH,
 }
 
 
 def documented_cases() -> list[tuple[str, str, Any, bool]]:
     """(body, field, value, accepted) for each documented bound of each body field."""
-    bodies_ = [*vars(bodies).values(), controls.CONTROLS_BODY, controls.PAUSE_BODY]
+    bodies_ = list(vars(bodies).values())
     specs = [v for v in bodies_ if isinstance(v, bodies.Body) and v.name in PARSERS]
     assert {s.name for s in specs} == set(PARSERS)
     out = []
@@ -382,20 +381,20 @@ def test_documented_bounds_are_enforced(body: str, field: str, value: Any, accep
 
 
 def test_documented_defaults_are_applied() -> None:
-    req = models.parse_claim({"worker_id": "w"}, WAIT, LEASE_DEFAULT)
-    schema = models.CLAIM_BODY.json_schema(LIMITS)["properties"]
+    req = requests.parse_claim({"worker_id": "w"}, WAIT, LEASE_DEFAULT)
+    schema = bodies.CLAIM_BODY.json_schema(LIMITS)["properties"]
     assert (req.max_tasks, req.wait_seconds, req.lease_seconds) == (
         schema["max_tasks"]["default"],
         schema["wait_seconds"]["default"],
         schema["lease_seconds"]["default"],
     )
-    task = models.ENQUEUE_BODY.json_schema(LIMITS)["properties"]
-    req = models.parse_enqueue({"payload": 1}, None, MAX_PAYLOAD)
+    task = bodies.ENQUEUE_BODY.json_schema(LIMITS)["properties"]
+    req = requests.parse_enqueue({"payload": 1}, None, MAX_PAYLOAD)
     assert (req.priority, req.max_attempts) == (
         task["priority"]["default"],
         task["max_attempts"]["default"],
     )
-    assert models.parse_fail({"lease_id": LEASE, "error": "e"}).retry is True
+    assert requests.parse_fail({"lease_id": LEASE, "error": "e"}).retry is True
 
 
 def test_every_answer_documents_its_request_id() -> None:

@@ -12,7 +12,8 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import pytest
 
-from gateway.api.models import EnqueueRequest, task_bytes
+from gateway.api.render import task_bytes
+from gateway.api.requests import EnqueueRequest
 from gateway.rows import TaskRow
 from gateway.store.tasks import _int_array, plain_tasks_json
 

@@ -11,7 +11,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gateway.claim.results import Results, _until_expiry, done_channel, parse_wait
+from gateway.api.requests import parse_wait
+from gateway.claim.results import Results, _until_expiry, done_channel
 from gateway.errors import Overloaded, ValidationFailed
 from gateway.metrics import Metrics
 from gateway.rows import TaskRow

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ...api import models
+from ...api import cursors
 from ...api.fields import Body, Field, Kind, read_query
 from ...auth import credentials
 from ...errors import NotFound
@@ -70,7 +70,7 @@ async def list_tokens(request: Request, gw: Gateway) -> Response:
     include_revoked = _include_revoked(params)
     limit = read_query(credentials.TOKENS_LIMIT, params, {})
     cursor = read_query(TOKENS_CURSOR, params, {})
-    after = models.decode_cursor(cursor) if cursor else None
+    after = cursors.decode_cursor(cursor) if cursor else None
     # One more than the page shows, so that a full page knows whether more follow.
     rows = await gw.credentials.list_tokens(include_revoked, limit + 1, after)
     page = rows[:limit]
@@ -79,7 +79,7 @@ async def list_tokens(request: Request, gw: Gateway) -> Response:
         {
             "tokens": [credentials.token_json(r) for r in page],
             "next_cursor": (
-                None if last is None else models.keyset_cursor(last["created_at"], last["id"])
+                None if last is None else cursors.keyset_cursor(last["created_at"], last["id"])
             ),
         }
     )

@@ -23,9 +23,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ...api import models
+from ...api import decode, render, requests
 from ...api.bodies import COMPLETE_MANY_BODY, FAIL_MANY_BODY, HEARTBEAT_MANY_BODY, TASK_ID
-from ...api.fields import Body, in_item
+from ...api.fields import Body
+from ...api.values import in_item
 from ...errors import BadRequest, PayloadTooLarge, ValidationFailed, problem_for
 from ...instance import Gateway
 from ...store.acks import ItemResult
@@ -48,7 +49,7 @@ class CompleteItem:
 @dataclass(frozen=True)
 class FailItem:
     task_id: uuid.UUID
-    request: models.FailRequest
+    request: requests.FailRequest
 
 
 @dataclass(frozen=True)
@@ -99,18 +100,18 @@ def _items(body: Mapping[str, Any], spec: Body) -> list[tuple[uuid.UUID, Mapping
 def parse_complete_many(
     body: Mapping[str, Any],
     max_payload_bytes: int,
-    max_depth: int = models.DEFAULT_MAX_DEPTH,
+    max_depth: int = decode.DEFAULT_MAX_DEPTH,
     max_body_bytes: int | None = None,
 ) -> list[CompleteItem]:
     """A complete-many body (bodies.COMPLETE_MANY_BODY); each result within the payload
     limits, as for a single complete, and all of them written out within
     `max_body_bytes` together."""
     out = []
-    budget = models.written_budget(max_body_bytes)
+    budget = requests.written_budget(max_body_bytes)
     for index, (task_id, item) in enumerate(_items(body, COMPLETE_MANY_BODY)):
         with _naming(index):
-            lease_id = models.parse_lease_id(item)
-            result = models.result_json(item, max_payload_bytes, max_depth, budget)
+            lease_id = requests.parse_lease_id(item)
+            result = requests.result_json(item, max_payload_bytes, max_depth, budget)
             out.append(CompleteItem(task_id, lease_id, result))
     return out
 
@@ -120,7 +121,7 @@ def parse_fail_many(body: Mapping[str, Any]) -> list[FailItem]:
     out = []
     for index, (task_id, item) in enumerate(_items(body, FAIL_MANY_BODY)):
         with _naming(index):
-            out.append(FailItem(task_id, models.parse_fail(item)))
+            out.append(FailItem(task_id, requests.parse_fail(item)))
     return out
 
 
@@ -131,8 +132,8 @@ def parse_heartbeat_many(
     out = []
     for index, (task_id, item) in enumerate(_items(body, HEARTBEAT_MANY_BODY)):
         with _naming(index):
-            lease_id = models.parse_lease_id(item)
-            seconds = models.parse_lease_seconds(item, default_lease_seconds)
+            lease_id = requests.parse_lease_id(item)
+            seconds = requests.parse_lease_seconds(item, default_lease_seconds)
             out.append(HeartbeatItem(task_id, lease_id, seconds))
     return out
 
@@ -161,7 +162,7 @@ def complete_entry(result: ItemResult) -> dict[str, Any]:
 def fail_entry(result: ItemResult) -> dict[str, Any]:
     """`queued` with the retry's run_at, or `dead`, or `cancelled`."""
     if result.error is None and result.status not in FAIL_ENDS:
-        return _entry(result, RETRYING, run_at=models.format_time(result.run_at))
+        return _entry(result, RETRYING, run_at=render.format_time(result.run_at))
     return _entry(result)
 
 
@@ -170,7 +171,7 @@ def heartbeat_entry(result: ItemResult) -> dict[str, Any]:
     return _entry(
         result,
         EXTENDED,
-        lease_expires_at=models.format_time(result.lease_expires_at),
+        lease_expires_at=render.format_time(result.lease_expires_at),
         cancel_requested=result.cancel_requested,
     )
 

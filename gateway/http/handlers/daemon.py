@@ -12,7 +12,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ...api import models
+from ...api import decode, render, requests
 from ...claim.waiters import Departure
 from ...errors import GatewayError
 from ...instance import Gateway
@@ -23,10 +23,10 @@ log = logging.getLogger("gateway.http")
 
 
 async def claim(request: Request, gw: Gateway) -> Response:
-    runtime_id = models.check_runtime_id(request.path_params["rt"])
+    runtime_id = decode.check_runtime_id(request.path_params["rt"])
     # The decoded body is not kept in this frame: a parked poll would hold it for its
     # whole wait (about 0.2 KiB of its 15).
-    req = models.parse_claim(
+    req = requests.parse_claim(
         await read_json(request, gw.settings),
         gw.settings.max_wait_seconds,
         gw.settings.default_lease_seconds,
@@ -54,7 +54,7 @@ async def _deliverable(gw: Gateway, rows: list[Leased]) -> list[orjson.Fragment]
     for row in rows:
         task = row.task
         try:
-            out.append(models.render_task(task))
+            out.append(render.render_task(task))
         except Exception as exc:
             reason = f"the gateway could not turn this task into a response: {exc}"
             log.error("task %s of runtime %s ended dead: %s", task.id, task.runtime_id, reason)
@@ -70,47 +70,47 @@ async def _deliverable(gw: Gateway, rows: list[Leased]) -> list[orjson.Fragment]
 
 
 async def heartbeat(request: Request, gw: Gateway) -> Response:
-    task_id = models.check_task_id(request.path_params["task_id"])
+    task_id = decode.check_task_id(request.path_params["task_id"])
     body = await read_json(request, gw.settings)
-    lease_id = models.parse_lease_id(body)
-    seconds = models.parse_lease_seconds(body, gw.settings.default_lease_seconds)
+    lease_id = requests.parse_lease_id(body)
+    seconds = requests.parse_lease_seconds(body, gw.settings.default_lease_seconds)
     row = await gw.store.heartbeat(task_id, lease_id, seconds)
-    return json_response(models.render_task_or_stub(row))
+    return json_response(render.render_task_or_stub(row))
 
 
 async def complete(request: Request, gw: Gateway) -> Response:
-    task_id = models.check_task_id(request.path_params["task_id"])
+    task_id = decode.check_task_id(request.path_params["task_id"])
     body = await read_json(request, gw.settings)
-    lease_id = models.parse_lease_id(body)
+    lease_id = requests.parse_lease_id(body)
     settings = gw.settings
-    result = models.result_json(
+    result = requests.result_json(
         body,
         settings.max_payload_bytes,
         settings.max_json_depth,
-        models.written_budget(settings.max_body_bytes),
+        requests.written_budget(settings.max_body_bytes),
     )
     row = await gw.completions.complete(task_id, lease_id, result)
     await gw.tasks_ended([(row.id, row.status)], [row.runtime_id])
-    return json_response(models.render_task_or_stub(row))
+    return json_response(render.render_task_or_stub(row))
 
 
 async def fail(request: Request, gw: Gateway) -> Response:
-    task_id = models.check_task_id(request.path_params["task_id"])
-    req = models.parse_fail(await read_json(request, gw.settings))
+    task_id = decode.check_task_id(request.path_params["task_id"])
+    req = requests.parse_fail(await read_json(request, gw.settings))
     row = await gw.store.fail(task_id, req.lease_id, req.error, req.retry, req.retry_after_seconds)
     if row.status == "queued":
         await gw.claimer.announce(row.runtime_id)
     else:
         await gw.tasks_ended([(row.id, row.status)], [row.runtime_id])
-    return json_response(models.render_task_or_stub(row))
+    return json_response(render.render_task_or_stub(row))
 
 
 async def release(request: Request, gw: Gateway) -> Response:
-    task_id = models.check_task_id(request.path_params["task_id"])
-    lease_id = models.parse_lease_id(await read_json(request, gw.settings))
+    task_id = decode.check_task_id(request.path_params["task_id"])
+    lease_id = requests.parse_lease_id(await read_json(request, gw.settings))
     row = await gw.store.release(task_id, lease_id)
     if row.status == "queued":
         await gw.claimer.announce(row.runtime_id)
     else:  # a cancel was requested while it was held: now cancelled
         await gw.results.finished([(row.id, row.status)])
-    return json_response(models.render_task_or_stub(row))
+    return json_response(render.render_task_or_stub(row))

@@ -11,8 +11,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ...api import models
-from ...claim import results
+from ...api import bodies, cursors, decode, render, requests
 from ...claim.waiters import Departure
 from ...errors import StoreUnavailable
 from ...instance import Gateway
@@ -38,18 +37,18 @@ def _applied(minimal: bool, headers: dict[str, str] | None = None) -> dict[str, 
 def _enqueued(row: TaskRow, minimal: bool) -> orjson.Fragment:
     """One enqueue's answer body: the task, or with `minimal` its id only."""
     if minimal:
-        return orjson.Fragment(models.task_ref_json(row.id))
-    return models.render_task_or_stub(row)
+        return orjson.Fragment(render.task_ref_json(row.id))
+    return render.render_task_or_stub(row)
 
 
 async def enqueue(request: Request, gw: Gateway) -> Response:
     """One task. `Prefer: return=minimal` (RFC 7240) answers `{"id": ...}` only."""
-    runtime_id = models.check_runtime_id(request.path_params["rt"])
+    runtime_id = decode.check_runtime_id(request.path_params["rt"])
     minimal = prefers_minimal(request.headers.getlist("prefer"))
     body = await read_json(request, gw.settings)
-    req = models.parse_enqueue(
+    req = requests.parse_enqueue(
         body,
-        models.header_text(request.headers.get("idempotency-key"), "idempotency_key"),
+        decode.header_text(request.headers.get("idempotency-key"), "idempotency_key"),
         gw.settings.max_payload_bytes,
         gw.settings.max_json_depth,
         gw.settings.max_body_bytes,
@@ -84,10 +83,10 @@ async def enqueue(request: Request, gw: Gateway) -> Response:
 async def enqueue_batch(request: Request, gw: Gateway) -> Response:
     """A batch, all or nothing. `Prefer: return=minimal` (RFC 7240) answers each task
     as `{"id": ...}` only, and the store sends no payload back for it."""
-    runtime_id = models.check_runtime_id(request.path_params["rt"])
+    runtime_id = decode.check_runtime_id(request.path_params["rt"])
     minimal = prefers_minimal(request.headers.getlist("prefer"))
     settings = gw.settings
-    reqs = models.parse_batch(
+    reqs = requests.parse_batch(
         await read_json(request, gw.settings),
         settings.max_payload_bytes,
         settings.max_json_depth,
@@ -102,17 +101,17 @@ async def enqueue_batch(request: Request, gw: Gateway) -> Response:
 
 
 async def cancel(request: Request, gw: Gateway) -> Response:
-    task_id = models.check_task_id(request.path_params["task_id"])
+    task_id = decode.check_task_id(request.path_params["task_id"])
     row = await gw.store.cancel(task_id)
     await gw.results.finished([(row.id, row.status)])
-    return json_response(models.render_task_or_stub(row))
+    return json_response(render.render_task_or_stub(row))
 
 
 async def retry(request: Request, gw: Gateway) -> Response:
-    task_id = models.check_task_id(request.path_params["task_id"])
+    task_id = decode.check_task_id(request.path_params["task_id"])
     row = await gw.store.retry(task_id)
     await gw.claimer.announce(row.runtime_id)
-    return json_response(models.render_task_or_stub(row))
+    return json_response(render.render_task_or_stub(row))
 
 
 # A listing page stops early, with a next_cursor, once its tasks pass this many bytes:
@@ -124,8 +123,8 @@ LIST_FIRST_ROWS = 10  # read before the tasks' sizes are known; later reads foll
 async def list_tasks(request: Request, gw: Gateway) -> Response:
     """A page of tasks, oldest first: `limit` tasks, or fewer once LIST_PAGE_BYTES is
     passed. Rows are read a few at a time, so memory follows the page, not the limit."""
-    runtime_id = models.check_runtime_id(request.path_params["rt"])
-    query = models.parse_list_query(request.query_params)
+    runtime_id = decode.check_runtime_id(request.path_params["rt"])
+    query = requests.parse_list_query(request.query_params)
     page: list[orjson.Fragment] = []
     size, after, last = 0, query.after, None
     want = min(query.limit, LIST_FIRST_ROWS)
@@ -133,7 +132,7 @@ async def list_tasks(request: Request, gw: Gateway) -> Response:
         rows = await gw.store.list_tasks(runtime_id, query.status, want + 1, after)
         taken = 0
         for row in rows[:want]:
-            task = models.task_bytes_or_stub(row)
+            task = render.task_bytes_or_stub(row)
             page.append(orjson.Fragment(task))
             size, last, taken = size + len(task), row, taken + 1
             if size >= LIST_PAGE_BYTES:
@@ -145,20 +144,20 @@ async def list_tasks(request: Request, gw: Gateway) -> Response:
         after = (last.created_at, last.id)
         average = max(size // len(page), 1)
         want = max(1, min(query.limit - len(page), (LIST_PAGE_BYTES - size) // average))
-    cursor = models.encode_cursor(last) if more and last is not None else None
+    cursor = cursors.encode_cursor(last) if more and last is not None else None
     return json_response({"tasks": page, "next_cursor": cursor})
 
 
 async def stats(request: Request, gw: Gateway) -> Response:
-    runtime_id = models.check_runtime_id(request.path_params["rt"])
+    runtime_id = decode.check_runtime_id(request.path_params["rt"])
     counts, oldest = await gw.store.stats(runtime_id)
     return json_response(
         {
             "runtime_id": runtime_id,
-            "counts": {status: counts.get(status, 0) for status in models.STATUSES},
+            "counts": {status: counts.get(status, 0) for status in bodies.STATUSES},
             "oldest_queued_age_seconds": oldest,
             "parked_pollers": gw.claimer.parked(runtime_id),
-            **gw.controls.get(runtime_id).render_pause(),
+            **render.pause_json(gw.controls.get(runtime_id)),
         }
     )
 
@@ -166,10 +165,10 @@ async def stats(request: Request, gw: Gateway) -> Response:
 async def get_task(request: Request, gw: Gateway) -> Response:
     """The task; with `wait_seconds`, once it has finished or the wait ran out
     (results.py). A waiting request ends when its client leaves."""
-    task_id = models.check_task_id(request.path_params["task_id"])
-    wait_seconds = results.parse_wait(request.query_params, gw.settings.max_wait_seconds)
+    task_id = decode.check_task_id(request.path_params["task_id"])
+    wait_seconds = requests.parse_wait(request.query_params, gw.settings.max_wait_seconds)
     if not wait_seconds:
-        return json_response(models.render_task_or_stub(await gw.store.get(task_id)))
+        return json_response(render.render_task_or_stub(await gw.store.get(task_id)))
     gone = Departure()
     watch = DisconnectWatch(request.receive, gone.set)
     try:
@@ -178,4 +177,4 @@ async def get_task(request: Request, gw: Gateway) -> Response:
         watch.stop()
     if gone.is_set():
         return Response(status_code=CLIENT_LEFT)
-    return json_response(models.render_task_or_stub(row))
+    return json_response(render.render_task_or_stub(row))

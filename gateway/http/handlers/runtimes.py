@@ -13,42 +13,15 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ...api.bodies import PATTERN_WALK, RUNTIMES_QUERY
 from ...api.cursors import REFUSED, CursorSeal
-from ...api.fields import Body, Field, Kind, read_query
-from ...api.models import RUNTIME_ID_RE
+from ...api.decode import RUNTIME_ID_RE
+from ...api.fields import read_query
 from ...auth.principals import Principal
 from ...errors import ValidationFailed
 from ...instance import Gateway
 from ...store.runtimes import summarize_runtimes, walk_runtimes
 from ..io import json_response
-
-DEFAULT_LIMIT = 100
-MAX_LIMIT = 1000
-# Runtimes one request walks for a token limited to patterns, which may cover few of
-# them: the page then holds the covered ones among these, possibly none, with a
-# next_cursor to go on from. Bounds the request's work whatever the patterns.
-PATTERN_WALK = 1000
-
-RUNTIMES_QUERY = Body(
-    "RuntimesQuery",
-    "A page of the runtimes that have live tasks, in runtime id order.",
-    (
-        Field(
-            "limit",
-            Kind.INTEGER,
-            "Runtimes per page.",
-            default=DEFAULT_LIMIT,
-            minimum=1,
-            maximum=MAX_LIMIT,
-        ),
-        Field(
-            "cursor",
-            Kind.STRING,
-            "The next_cursor of the previous page, as this token received it: opaque, "
-            "and refused from another token.",
-        ),
-    ),
-)
 
 
 def encode_cursor(seal: CursorSeal, runtime_id: str, principal: Principal | None) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ...api import exactjson, models
+from ...api import decode, exactjson, render, requests
 from ...auth.webhooks import KEY_PREFIX, MAX_MSG_ID, parse_headers, query_fields
 from ...errors import BadRequest, ValidationFailed
 from ...instance import Gateway
@@ -22,7 +22,7 @@ async def receive(request: Request, gw: Gateway) -> Response:
     """Enqueue a signed delivery: its JSON body is the task's payload. 201 with the
     task; 200 with Idempotent-Replayed for a redelivery of the same webhook-id; 401
     for any signature problem; nothing is stored unless the signature matches."""
-    runtime_id = models.check_runtime_id(request.path_params["rt"])
+    runtime_id = decode.check_runtime_id(request.path_params["rt"])
     # Cheap refusals first: no body is read and no secret looked up for them.
     delivery = parse_headers(request.headers, gw.webhooks.clock())
     raw = await read_body(request, gw.settings.max_body_bytes)
@@ -35,9 +35,9 @@ async def receive(request: Request, gw: Gateway) -> Response:
     if not raw.strip():
         raise BadRequest("the delivery's body is empty; it must be a JSON value")
     settings = gw.settings
-    fields["payload"] = models.decode_json(raw, "payload", settings.max_json_depth)
+    fields["payload"] = decode.decode_json(raw, "payload", settings.max_json_depth)
     # The key is set after parsing: the prefix is refused to whoever sends it as a key.
-    req = models.parse_enqueue(
+    req = requests.parse_enqueue(
         fields, None, settings.max_payload_bytes, settings.max_json_depth, settings.max_body_bytes
     )._replace(idempotency_key=KEY_PREFIX + delivery.msg_id)
     repeated = exactjson.repeated_key(raw)
@@ -49,6 +49,6 @@ async def receive(request: Request, gw: Gateway) -> Response:
         )
     row, created = await gw.store.enqueue(runtime_id, req)
     if not created:
-        return json_response(models.render_task_or_stub(row), 200, {"Idempotent-Replayed": "true"})
+        return json_response(render.render_task_or_stub(row), 200, {"Idempotent-Replayed": "true"})
     await gw.claimer.announce(runtime_id)
-    return json_response(models.render_task_or_stub(row), 201)
+    return json_response(render.render_task_or_stub(row), 201)

@@ -1,30 +1,26 @@
-"""Request validation and the task's JSON form.
-
-Parsers take the decoded JSON body and return frozen request objects, or raise
-ValidationFailed naming the field. They store nothing and touch no I/O.
+"""Request parsers: each takes a decoded body (decode.py) and returns a frozen request
+object, or raises ValidationFailed naming the field. They store nothing and touch no
+I/O; the fields they read are declared in bodies.py.
 """
 
 from __future__ import annotations
 
-import base64
 import functools
 import hashlib
-import re
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-import orjson
-
-from ..errors import BadRequest, NotFound, PayloadTooLarge, ValidationFailed
-from ..rows import TaskRow
+from ..errors import BadRequest, PayloadTooLarge, ValidationFailed
+from ..rows import ControlsChange
 from . import exactjson
 from .bodies import (
     BATCH_BODY,
     CLAIM_BODY,
     COMPLETE_BODY,
+    CONTROLS_BODY,
     ENQUEUE_BODY,
     FAIL_BODY,
     IDEMPOTENCY_KEY_HEADER,
@@ -33,176 +29,15 @@ from .bodies import (
     LEASE_SECONDS,
     LIST_QUERY,
     MAX_ERROR_CHARS,
+    PAUSE_BODY,
     PAYLOAD_BYTES,
+    WAIT_QUERY,
     WEBHOOK_KEY_PREFIX,
 )
-from .bodies import MAX_BATCH as MAX_BATCH
-from .bodies import MAX_IDEMPOTENCY_KEY as MAX_IDEMPOTENCY_KEY
-from .bodies import MAX_WORKER_ID as MAX_WORKER_ID
-from .bodies import STATUSES as STATUSES
-from .fields import (
-    EARLIEST,
-    LATEST,
-    WRITTEN_BUDGET,
-    Field,
-    WrittenBudget,
-    in_item,
-    json_text,
-    read_query,
-    resolve,
-    too_deep,
-)
-
-RUNTIME_ID_MAX_CHARS = 128
-RUNTIME_ID_RE = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._:-]{{0,{RUNTIME_ID_MAX_CHARS - 1}}}$")
-DEFAULT_MAX_DEPTH = 64  # GATEWAY_MAX_JSON_DEPTH
-# Levels a body may add around a payload: {"tasks": [{"payload": ...}]}.
-BODY_DEPTH_MARGIN = 3
-# The list of items in every batch body (bodies.BATCH_BODY, COMPLETE_MANY_BODY ...).
-_BATCH_ITEMS = BATCH_BODY["tasks"].name
-
-TASK_FIELDS = (
-    "id",
-    "runtime_id",
-    "status",
-    "priority",
-    "payload",
-    "attempts",
-    "max_attempts",
-    "run_at",
-    "expires_at",
-    "created_at",
-    "updated_at",
-)
-LEASE_FIELDS = ("lease_id", "lease_expires_at", "worker_id", "cancel_requested")
-
-
-def format_time(value: datetime | None) -> str | None:
-    """RFC 3339 UTC with microseconds and Z, so that times compare as strings."""
-    if value is None:
-        return None
-    return value.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
-
-
-def task_json(row: TaskRow) -> dict[str, Any]:
-    """The API's task object from a tasks row."""
-    out: dict[str, Any] = {}
-    for key in TASK_FIELDS:
-        value = getattr(row, key)
-        out[key] = format_time(value) if isinstance(value, datetime) else value
-    out["id"] = str(row.id)
-    if row.status == "claimed":
-        out["lease_id"] = str(row.lease_id)
-        out["lease_expires_at"] = format_time(row.lease_expires_at)
-        out["worker_id"] = row.worker_id
-        out["cancel_requested"] = row.cancel_requested
-    if row.status == "completed":
-        out["result"] = row.result
-    if row.last_error is not None:
-        out["last_error"] = row.last_error
-    return out
-
-
-def task_bytes(row: TaskRow) -> bytes:
-    """The task object as JSON bytes. Raises whatever prevents it: a caller decides
-    what becomes of a task that cannot be shown."""
-    return orjson.dumps(task_json(row))
-
-
-def render_task(row: TaskRow) -> orjson.Fragment:
-    """task_bytes, ready to embed in an answer."""
-    return orjson.Fragment(task_bytes(row))
-
-
-def task_bytes_or_stub(row: TaskRow) -> bytes:
-    """task_bytes, or, for a row that cannot be shown whole, the task without its
-    payload and result and with `render_error` saying why: one bad row never fails
-    a read or a listing."""
-    try:
-        return task_bytes(row)
-    except Exception as exc:
-        out = task_json(replace(row, payload=None, result=None))
-        out["render_error"] = f"this task cannot be shown: {exc}"
-        return orjson.dumps(out)
-
-
-def render_task_or_stub(row: TaskRow) -> orjson.Fragment:
-    """task_bytes_or_stub, ready to embed in an answer."""
-    return orjson.Fragment(task_bytes_or_stub(row))
-
-
-def task_ref_json(task_id: uuid.UUID) -> str:
-    """A task's reference, `{"id":"<uuid>"}`: all an enqueue answers of a task under
-    `Prefer: return=minimal` (queries.TASK_REF_JSON writes the same in Postgres)."""
-    return f'{{"id":"{task_id}"}}'
-
-
-def check_runtime_id(runtime_id: str) -> str:
-    if not RUNTIME_ID_RE.fullmatch(runtime_id):
-        raise ValidationFailed(
-            "runtime id must be 1-128 characters of letters, digits and . _ : -, "
-            "starting with a letter or digit",
-            field="runtime_id",
-        )
-    return runtime_id
-
-
-def check_task_id(raw: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(raw)
-    except ValueError:
-        raise NotFound(f"no task with id {raw!r}") from None
-
-
-def decode_body(raw: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> dict[str, Any]:
-    """The request body as a JSON object; an empty body counts as {}. Numbers are
-    kept exactly (see exactjson); the fields that store JSON (payload, result) are
-    held to `max_depth`, and to the request's WrittenBudget, when they are read."""
-    if not raw.strip():
-        return {}
-    try:
-        body = exactjson.loads(raw, max_depth + BODY_DEPTH_MARGIN)
-    except exactjson.NestedTooDeep as exc:
-        raise _nested_too_deep(exc.value, max_depth, "body") from None
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
-    return body
-
-
-def decode_json(raw: bytes, field: str, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
-    """A whole body that is one JSON value, the `field` it becomes (a webhook's
-    payload), numbers kept exactly. Only bounded here; the field holds it to
-    `max_depth`, naming itself."""
-    try:
-        return exactjson.loads(raw, max_depth + BODY_DEPTH_MARGIN)
-    except exactjson.NestedTooDeep as exc:
-        raise _nested_too_deep(exc.value, max_depth, field) from None
-
-
-def _nested_too_deep(cut: Any, max_depth: int, name: str) -> ValidationFailed:
-    """The refusal of a body nested deeper than the parsers go, `cut` being what they
-    read of it (exactjson.NestedTooDeep), whose deep part is last at every level: the
-    answer a body nested just within their reach gets. It names a top-level field, or
-    a field of an item of a batch's `tasks` (`tasks[3].payload`, as the batch parsers
-    name it); `name` for a body that is not an object."""
-    if not isinstance(cut, dict) or not cut:
-        return too_deep(name, max_depth)
-    key, value = next(reversed(cut.items()))
-    if key == _BATCH_ITEMS and isinstance(value, list) and value and isinstance(value[-1], dict):
-        item = value[-1]
-        if item:
-            return in_item(too_deep(next(reversed(item)), max_depth), len(value) - 1)
-    return too_deep(str(key)[:100], max_depth)
-
-
-def header_text(raw: str | None, field: str) -> str | None:
-    """A header value as UTF-8: the server hands headers over decoded as latin-1."""
-    if raw is None:
-        return None
-    try:
-        return raw.encode("latin-1").decode("utf-8")
-    except UnicodeError:
-        raise ValidationFailed(f"the {field} header must be UTF-8 text", field=field) from None
+from .cursors import decode_cursor
+from .decode import DEFAULT_MAX_DEPTH
+from .fields import Field, read_query, resolve
+from .values import WRITTEN_BUDGET, WrittenBudget, in_item, json_text
 
 
 def _payload_limits(
@@ -449,33 +284,6 @@ def parse_batch(
     return out
 
 
-def encode_cursor(row: TaskRow) -> str:
-    return keyset_cursor(row.created_at, row.id)
-
-
-def keyset_cursor(created_at: datetime, row_id: uuid.UUID) -> str:
-    """The cursor after a row of a listing ordered by (created_at, id), for a caller who
-    may see every row of it (a runtime's tasks, the tokens): opaque to clients, but not
-    sealed, since it names a row the caller was just shown."""
-    raw = f"{created_at.astimezone(UTC).isoformat()}|{row_id}"
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
-    """The (created_at, id) a keyset_cursor continues after, or 422 naming `cursor`."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        created, task_id = raw.split("|")
-        when = datetime.fromisoformat(created)
-        if when.tzinfo is None or not EARLIEST <= when <= LATEST:
-            raise ValueError(created)
-        return when, uuid.UUID(task_id)
-    except (ValueError, UnicodeDecodeError):
-        raise ValidationFailed(
-            "cursor is not one this server returned as next_cursor", field="cursor"
-        ) from None
-
-
 @dataclass(frozen=True)
 class ListQuery:
     status: str | None
@@ -489,3 +297,40 @@ def parse_list_query(params: Mapping[str, str]) -> ListQuery:
     limit = read_query(LIST_QUERY["limit"], params, {})
     cursor = read_query(LIST_QUERY["cursor"], params, {})
     return ListQuery(status, limit, None if cursor is None else decode_cursor(cursor))
+
+
+def parse_controls(body: Any) -> ControlsChange:
+    """A PATCH/PUT body, or 422 naming the field. At least one field must be given."""
+    CONTROLS_BODY.check_fields(body)
+    paused = None
+    if "paused" in body:
+        paused = CONTROLS_BODY["paused"].read(body, {})
+    max_in_flight = CONTROLS_BODY["max_in_flight"].read(body, {})
+    rate = CONTROLS_BODY["claims_per_second"].read(body, {})
+    return ControlsChange(
+        paused=paused,
+        max_in_flight=max_in_flight,
+        claims_per_second=rate,
+        sets_max_in_flight="max_in_flight" in body,
+        sets_claims_per_second="claims_per_second" in body,
+    )
+
+
+def parse_pause(body: Any, now: datetime | None = None) -> ControlsChange:
+    """A pause's body ({} when empty), or 422 naming the field: `until` must be an
+    RFC 3339 time after `now` (the wall clock)."""
+    PAUSE_BODY.check_fields(body)
+    reason = PAUSE_BODY["reason"].read(body, {})
+    until = PAUSE_BODY["until"].read(body, {})
+    if until is not None and until <= (now or datetime.now(UTC)):
+        raise ValidationFailed(
+            "until must be in the future (leave it out to pause until resumed)", field="until"
+        )
+    return ControlsChange(paused=True, paused_reason=reason, paused_until=until)
+
+
+def parse_wait(params: Mapping[str, str], max_wait_seconds: float) -> float:
+    """`wait_seconds` from the query string (WAIT_QUERY): 0 when absent; a 422 naming
+    the field when it is empty, no number, negative, or above the server's cap."""
+    limits = {"max_wait_seconds": max_wait_seconds}
+    return float(read_query(WAIT_QUERY["wait_seconds"], params, limits) or 0.0)
