@@ -36,6 +36,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/ruff format --check $(LINT_PATHS)
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache --no-logo
 
 format: $(STAMP)
 	$(BIN)/ruff format $(LINT_PATHS)

@@ -10,6 +10,8 @@ from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from .errors import GatewayError
+
 
 @dataclass(frozen=True, slots=True)
 class TaskRow:
@@ -131,3 +133,20 @@ class LimitedClaim:
     rows: list[Leased]
     due_in: float | None
     held: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ItemResult:
+    """One item of a batch lease operation, in the request's order. `error` is what the
+    single operation would have raised for it (LeaseLost, NotFound); else it is None
+    and `status` is the task's status after the operation (effective, as answers show
+    it). A fail sets `run_at`; a heartbeat `lease_expires_at` and `cancel_requested`.
+    `runtime_id` is None for a task the caller cannot see: it counts as not found."""
+
+    task_id: uuid.UUID
+    runtime_id: str | None
+    status: str | None
+    error: GatewayError | None = None
+    run_at: datetime | None = None
+    lease_expires_at: datetime | None = None
+    cancel_requested: bool = False

@@ -1,5 +1,5 @@
-"""The request bodies and query of the API, each declared once (see schema.py): the
-parsers in models.py read them, and the OpenAPI document describes them, from these
+"""The request bodies and query of the API, each declared once (see fields.py): the
+parsers in requests.py read them, and the OpenAPI document describes them, from these
 specs."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Request fields, declared once. A `Field` says what one body field is (JSON type,
-bounds, default, meaning); models.py reads bodies through these specs, and the OpenAPI
-document describes them from the same objects, so validation and documentation
-cannot drift apart.
+bounds, default, meaning); the parsers (requests.py) read bodies through these specs,
+and the OpenAPI document describes them from the same objects, so validation and
+documentation cannot drift apart.
 
 Bounds that depend on the deployment are `Setting`s, filled in from `limits` (setting
 name -> value) when a body is read or documented.

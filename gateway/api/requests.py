@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -292,7 +293,7 @@ class ListQuery:
 
 
 def parse_list_query(params: Mapping[str, str]) -> ListQuery:
-    """The listing's query, read by LIST_QUERY's fields (schema.read_query)."""
+    """The listing's query, read by LIST_QUERY's fields (fields.read_query)."""
     status = read_query(LIST_QUERY["status"], params, {})
     limit = read_query(LIST_QUERY["limit"], params, {})
     cursor = read_query(LIST_QUERY["cursor"], params, {})
@@ -334,3 +335,30 @@ def parse_wait(params: Mapping[str, str], max_wait_seconds: float) -> float:
     the field when it is empty, no number, negative, or above the server's cap."""
     limits = {"max_wait_seconds": max_wait_seconds}
     return float(read_query(WAIT_QUERY["wait_seconds"], params, limits) or 0.0)
+
+
+# The enqueue options a delivery may set in the query string; validated by models.
+# The enqueue options a signed delivery may set in its query string.
+QUERY_FIELDS = ("priority", "delay_seconds", "ttl_seconds", "max_attempts")
+
+
+NUMBER_RE = re.compile(r"^-?[0-9]{1,15}(\.[0-9]{1,15})?$")
+
+
+def query_fields(params: Iterable[tuple[str, str]]) -> dict[str, int | float]:
+    """A signed delivery's enqueue options, from its query string's (name, value) pairs,
+    as numbers for parse_enqueue to range-check; an unknown, repeated or non-numeric
+    parameter is ValidationFailed."""
+    out: dict[str, int | float] = {}
+    for name, value in params:
+        if name not in QUERY_FIELDS:
+            raise ValidationFailed(
+                f"unknown query parameter {name!r}; a delivery may set {', '.join(QUERY_FIELDS)}",
+                field=name,
+            )
+        if name in out:
+            raise ValidationFailed(f"query parameter {name} is given twice", field=name)
+        if not NUMBER_RE.fullmatch(value):
+            raise ValidationFailed(f"{name} must be a number, got {value!r}", field=name)
+        out[name] = float(value) if "." in value else int(value)
+    return out

@@ -21,11 +21,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from starlette.datastructures import QueryParams
-
 from ..api import bodies
 from ..api.bodies import WEBHOOK_KEY_PREFIX
-from ..errors import InvalidSignature, ValidationFailed
+from ..errors import InvalidSignature
 from .principals import LocalCache
 
 # How far webhook-timestamp may be from this clock, either way, in seconds (the spec's 5 min).
@@ -34,9 +32,6 @@ TOLERANCE_SECONDS = 300
 # revoked secret stops verifying on every instance within this.
 SECRET_CACHE_TTL_SECONDS = 2.0
 SECRET_CACHE_ENTRIES = 10_000
-# The enqueue options a delivery may set in the query string; validated by models.
-QUERY_FIELDS = ("priority", "delay_seconds", "ttl_seconds", "max_attempts")
-NUMBER_RE = re.compile(r"^-?[0-9]{1,15}(\.[0-9]{1,15})?$")
 TIMESTAMP_RE = re.compile(r"^[0-9]{1,15}$")
 
 REFUSED = "no webhook-signature matches a live webhook secret covering this runtime"
@@ -119,21 +114,3 @@ class Verifier:
                 if hmac.compare_digest(expected, signature):
                     return
         raise InvalidSignature(REFUSED)
-
-
-def query_fields(params: QueryParams) -> dict[str, int | float]:
-    """The enqueue options of the query string as numbers, for requests.parse_enqueue to
-    range-check; an unknown, repeated or non-numeric parameter is ValidationFailed."""
-    out: dict[str, int | float] = {}
-    for name, value in params.multi_items():
-        if name not in QUERY_FIELDS:
-            raise ValidationFailed(
-                f"unknown query parameter {name!r}; a delivery may set {', '.join(QUERY_FIELDS)}",
-                field=name,
-            )
-        if name in out:
-            raise ValidationFailed(f"query parameter {name} is given twice", field=name)
-        if not NUMBER_RE.fullmatch(value):
-            raise ValidationFailed(f"{name} must be a number, got {value!r}", field=name)
-        out[name] = float(value) if "." in value else int(value)
-    return out

@@ -37,8 +37,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from .. import logs
 from ..metrics import Metrics
-from ..rows import TaskRow
-from ..store.acks import ItemResult
+from ..rows import ItemResult, TaskRow
 
 # Statements in flight at a time: one slow statement (a row lock held elsewhere)
 # does not hold up every complete of the process, and the pool keeps room for claims.

@@ -1,6 +1,6 @@
-"""The `gateway token` and `gateway webhook-secret` commands (options in gateway.cli).
+"""The `gateway token` and `gateway webhook-secret` commands (options in main.py).
 
-Each connects to DATABASE_URL alone, does one thing through gateway.credentials and
+Each connects to DATABASE_URL alone, does one thing through gateway.auth.credentials and
 exits. Bad input is refused before connecting, so it never stores anything.
 """
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api import bodies
+from ..api import bodies, requests
 from ..api.answers import TIME_SCHEMA, UUID_SCHEMA
 from ..api.fields import JSON_VALUE, Body, Field, Kind, RawBody
 from ..auth import credentials, webhooks
@@ -246,7 +246,7 @@ RECEIVE_WEBHOOK = Doc(
     query=Body(
         "WebhookQuery",
         "Enqueue options.",
-        tuple(bodies.ENQUEUE_BODY[name] for name in webhooks.QUERY_FIELDS),
+        tuple(bodies.ENQUEUE_BODY[name] for name in requests.QUERY_FIELDS),
     ),
     headers=_SIGNATURE_HEADERS,
     errors=(InvalidSignature, IdempotencyKeyReused),

@@ -2,9 +2,9 @@
 its path names (`ENDPOINTS`), their authorization, and the Starlette routes made from
 them (`ROUTES`). Errors become problem+json in `api()` via errors.PROBLEMS.
 
-The handlers live by resource and caller: producer_routes.py (enqueue, cancel, retry,
-reads), daemon_routes.py (claim and the single lease operations), batch.py (the batch
-lease operations), controls_routes.py, runtimes.py, webhook_routes.py and admin.py; the
+The handlers live in handlers/, by resource and caller: producer.py (enqueue, cancel,
+retry, reads), daemon.py (claim and the single lease operations), batch.py (the batch
+lease operations), controls.py, runtimes.py, webhooks.py and admin.py; the
 operational ones (health, readiness, metrics, the OpenAPI document) are below. They
 parse, call the store and the claimer, and shape answers; they import no driver.
 """
@@ -30,9 +30,7 @@ from ..errors import GatewayError, NotFound
 from ..instance import Gateway
 from ..metrics import CONTENT_TYPE
 from . import admin_docs, docs, openapi
-from .handlers import admin, batch, runtimes
-from .handlers import controls as controls_routes
-from .handlers import webhooks as webhook_routes
+from .handlers import admin, batch, controls, runtimes, webhooks
 from .handlers.daemon import claim, complete, fail, heartbeat, release
 from .handlers.producer import cancel, enqueue, enqueue_batch, get_task, list_tasks, retry, stats
 from .io import CLIENT_LEFT, DirectRoute, internal_error_response, json_response, problem_response
@@ -205,11 +203,11 @@ ENDPOINTS = [
     ),
     Endpoint("POST", "/v1/tasks/{task_id}/cancel", cancel, Scope.ENQUEUE, Target.TASK, docs.CANCEL),
     Endpoint("POST", "/v1/tasks/{task_id}/retry", retry, Scope.ENQUEUE, Target.TASK, docs.RETRY),
-    # No bearer token: the Standard Webhooks signature authenticates (webhook_routes.receive).
+    # No bearer token: the Standard Webhooks signature authenticates (webhooks.receive).
     Endpoint(
         "POST",
         "/v1/runtimes/{rt}/webhooks",
-        webhook_routes.receive,
+        webhooks.receive,
         None,
         Target.RUNTIME,
         admin_docs.RECEIVE_WEBHOOK,
@@ -252,7 +250,7 @@ ENDPOINTS = [
     Endpoint(
         "GET",
         "/v1/runtimes/{rt}/controls",
-        controls_routes.get_controls,
+        controls.get_controls,
         Scope.READ,
         Target.RUNTIME,
         docs.GET_CONTROLS,
@@ -260,7 +258,7 @@ ENDPOINTS = [
     Endpoint(
         "PATCH",
         "/v1/runtimes/{rt}/controls",
-        controls_routes.set_controls,
+        controls.set_controls,
         Scope.CONTROL,
         Target.RUNTIME,
         docs.SET_CONTROLS,
@@ -268,7 +266,7 @@ ENDPOINTS = [
     Endpoint(
         "POST",
         "/v1/runtimes/{rt}:pause",
-        controls_routes.pause,
+        controls.pause,
         Scope.CONTROL,
         Target.RUNTIME,
         docs.PAUSE,
@@ -276,7 +274,7 @@ ENDPOINTS = [
     Endpoint(
         "POST",
         "/v1/runtimes/{rt}:resume",
-        controls_routes.resume,
+        controls.resume,
         Scope.CONTROL,
         Target.RUNTIME,
         docs.RESUME,

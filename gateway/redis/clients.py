@@ -184,7 +184,7 @@ def pubsub_client(
     commands: CommandClient,
     sentinel_master: str | None = None,
 ) -> PubSubSource:
-    """The Subscriber's client (see `cache.make_pubsub_client` for its options)."""
+    """The Subscriber's client (see `make_pubsub_client` for its options)."""
     if mode == "cluster" and isinstance(commands, RedisCluster):
         return ClusterNodes(commands, url, timeout_seconds)
     if mode == "sentinel":

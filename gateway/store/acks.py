@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
 
-from ..errors import GatewayError, NotFound
+from ..errors import NotFound
+from ..rows import ItemResult
 from . import queries as q
 from .base import Row, StoreBase
 from .leases import COMPLETE_REPLAYS, lease_lost
@@ -66,23 +65,6 @@ class BatchAckStatements(StoreBase):
         args = (list(task_ids), _patterns(runtimes), list(lease_ids), seconds)
         rows = await self._run(lambda c: c.fetch(q.BATCH_HEARTBEAT, *args))
         return _item_results(task_ids, rows)
-
-
-@dataclass(frozen=True, slots=True)
-class ItemResult:
-    """One item of a batch lease operation, in the request's order. `error` is what the
-    single operation would have raised for it (LeaseLost, NotFound); else it is None
-    and `status` is the task's status after the operation (effective, as answers show
-    it). A fail sets `run_at`; a heartbeat `lease_expires_at` and `cancel_requested`.
-    `runtime_id` is None for a task the caller cannot see: it counts as not found."""
-
-    task_id: uuid.UUID
-    runtime_id: str | None
-    status: str | None
-    error: GatewayError | None = None
-    run_at: datetime | None = None
-    lease_expires_at: datetime | None = None
-    cancel_requested: bool = False
 
 
 def _patterns(runtimes: Sequence[str] | None) -> list[str] | None:

@@ -55,7 +55,7 @@ def _is_plain(req: EnqueueRequest) -> bool:
 
 
 def _times(start: datetime, count: int) -> list[str]:
-    """`count` times a microsecond apart from `start`, as models.format_time writes
+    """`count` times a microsecond apart from `start`, as render.format_time writes
     them: the date and second are written once per second crossed, not per time."""
     second = start.astimezone(UTC).replace(tzinfo=None, microsecond=0)
     head = second.isoformat(timespec="seconds") + "."
@@ -74,7 +74,7 @@ def plain_tasks_json(
     runtime_id: str, reqs: Sequence[EnqueueRequest], start: datetime, lines: str
 ) -> str:
     """The answer to a plain batch (queries.ENQUEUE_BATCH_PLAIN) as one JSON array: byte
-    for byte what models.task_bytes makes of each stored row. `start` is the batch's
+    for byte what render.task_bytes makes of each stored row. `start` is the batch's
     time, `lines` Postgres's id-and-payload line per task, in request order."""
     runtime = orjson.dumps(runtime_id).decode()
     times = _times(start, len(reqs))
@@ -217,7 +217,7 @@ class TaskStatements(StoreBase):
         self, runtime_id: str, reqs: Sequence[EnqueueRequest], ids_only: bool = False
     ) -> tuple[str, bool]:
         """Insert a batch in one transaction, all or nothing. Returns the tasks as one
-        JSON array, each task's object as the API shows it (models.task_bytes), in
+        JSON array, each task's object as the API shows it (render.task_bytes), in
         request order, and whether every item was an idempotent replay. With
         `ids_only`, each task is only `{"id": ...}` (a replayed one's is the stored
         task's id), and no statement sends a payload back (queries.TASK_REF_JSON,

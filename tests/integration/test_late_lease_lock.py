@@ -21,8 +21,9 @@ from typing import Any
 import asyncpg
 import pytest
 
+from gateway.rows import ItemResult
 from gateway.store import queries as q
-from gateway.store.acks import ItemResult, _item_results
+from gateway.store.acks import _item_results
 from gateway.store.leases import COMPLETE_REPLAYS
 from tests.harness import Instance, running_gateway
 from tests.integration.janitor_support import first_pass_done, janitor_settings, row_of

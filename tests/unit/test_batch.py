@@ -11,7 +11,7 @@ import pytest
 from gateway.api import bodies, requests
 from gateway.errors import BadRequest, LeaseLost, NotFound, PayloadTooLarge, ValidationFailed
 from gateway.http.handlers import batch
-from gateway.store.acks import ItemResult
+from gateway.rows import ItemResult
 from gateway.store.leases import lease_lost
 
 LIMIT = 1000  # payload bytes

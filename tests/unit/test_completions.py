@@ -19,8 +19,7 @@ from gateway.claim import completions
 from gateway.claim.completions import Completions
 from gateway.errors import LeaseLost, StoreUnavailable
 from gateway.metrics import Metrics
-from gateway.rows import TaskRow
-from gateway.store.acks import ItemResult
+from gateway.rows import ItemResult, TaskRow
 
 NOW = datetime.now(UTC)
 TASK = TaskRow(

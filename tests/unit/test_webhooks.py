@@ -11,7 +11,8 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 from starlette.datastructures import QueryParams
 
-from gateway.auth.webhooks import TOLERANCE_SECONDS, Verifier, parse_headers, query_fields
+from gateway.api.requests import query_fields
+from gateway.auth.webhooks import TOLERANCE_SECONDS, Verifier, parse_headers
 from gateway.errors import InvalidSignature, ValidationFailed
 
 NOW = 1_800_000_000
@@ -101,11 +102,11 @@ def test_each_header_is_required(missing):
 
 
 def test_query_fields():
-    assert query_fields(QueryParams("priority=7&ttl_seconds=1.5")) == {
+    assert query_fields(QueryParams("priority=7&ttl_seconds=1.5").multi_items()) == {
         "priority": 7,
         "ttl_seconds": 1.5,
     }
-    assert query_fields(QueryParams("")) == {}
+    assert query_fields(QueryParams("").multi_items()) == {}
     for query, field in [
         ("priority=x", "priority"),
         ("priority=1&priority=1", "priority"),
@@ -114,5 +115,5 @@ def test_query_fields():
         ("max_attempts=", "max_attempts"),
     ]:
         with pytest.raises(ValidationFailed) as caught:
-            query_fields(QueryParams(query))
+            query_fields(QueryParams(query).multi_items())
         assert caught.value.extra["field"] == field

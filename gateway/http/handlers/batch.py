@@ -29,7 +29,7 @@ from ...api.fields import Body
 from ...api.values import in_item
 from ...errors import BadRequest, PayloadTooLarge, ValidationFailed, problem_for
 from ...instance import Gateway
-from ...store.acks import ItemResult
+from ...rows import ItemResult
 from ..io import json_response, read_json
 
 # What a failed task's outcome says when it is to run again, whenever that is.

@@ -12,7 +12,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ...api import decode, exactjson, render, requests
-from ...auth.webhooks import KEY_PREFIX, MAX_MSG_ID, parse_headers, query_fields
+from ...api.requests import query_fields
+from ...auth.webhooks import KEY_PREFIX, MAX_MSG_ID, parse_headers
 from ...errors import BadRequest, ValidationFailed
 from ...instance import Gateway
 from ..io import json_response, read_body
@@ -31,7 +32,7 @@ async def receive(request: Request, gw: Gateway) -> Response:
         raise ValidationFailed(
             f"webhook-id must be at most {MAX_MSG_ID} characters", field="webhook-id"
         )
-    fields: dict[str, Any] = dict(query_fields(request.query_params))
+    fields: dict[str, Any] = dict(query_fields(request.query_params.multi_items()))
     if not raw.strip():
         raise BadRequest("the delivery's body is empty; it must be a JSON value")
     settings = gw.settings
