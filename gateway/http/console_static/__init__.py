@@ -1,0 +1,2 @@
+"""The console's static files (HTML, CSS, ES modules): package data that console.py
+serves."""
