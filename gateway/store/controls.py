@@ -79,11 +79,11 @@ class ControlStatements(LeaseStatements):
                     held = refill_wait_seconds(tokens - allowed, rate)
                 if allowed <= 0:
                     return LimitedClaim([], None, held)
-                result = await c.fetch(
-                    q.CLAIM,
+                result = await self._claim_on(
+                    c,
                     runtime_id,
-                    list(worker_ids[:allowed]),
-                    list(lease_seconds[:allowed]),
+                    worker_ids[:allowed],
+                    lease_seconds[:allowed],
                     allowed + CLAIM_WINDOW,
                 )
                 rows = [Leased(r["slot"], TaskRow.of(r)) for r in result if r["slot"] is not None]

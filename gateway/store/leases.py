@@ -102,13 +102,24 @@ class LeaseStatements(TaskStatements):
         lease_seconds: Sequence[float],
         window: int,
     ) -> list[Row]:
-        async def claim_statement(c: asyncpg.Connection) -> list[Row]:
-            rows: list[Row] = await c.fetch(
-                q.CLAIM, runtime_id, list(worker_ids), list(lease_seconds), window
-            )
-            return rows
+        return await self._run(
+            lambda c: self._claim_on(c, runtime_id, worker_ids, lease_seconds, window)
+        )
 
-        return await self._run(claim_statement)
+    async def _claim_on(
+        self,
+        c: asyncpg.Connection,
+        runtime_id: str,
+        worker_ids: Sequence[str],
+        lease_seconds: Sequence[float],
+        window: int,
+    ) -> list[Row]:
+        """CLAIM's rows, on a connection the caller holds: a pooled one of its own
+        (`_claim_once`), or a limited runtime's transaction (`claim_limited`)."""
+        rows: list[Row] = await c.fetch(
+            q.CLAIM, runtime_id, list(worker_ids), list(lease_seconds), window
+        )
+        return rows
 
     async def unclaim(
         self, task_ids: Sequence[uuid.UUID], lease_ids: Sequence[uuid.UUID]
