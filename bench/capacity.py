@@ -3,8 +3,8 @@
 Three parts, each on a database of its own (`bench_<random>`, migrated with the gateway's
 migrations, dropped at the end), over loopback only:
 
-postgres: the gateway's own Store (gateway/store.py, hence its statements from
-gateway/store/queries.py with the parameters the routes pass) driven by --connections
+postgres: the gateway's own Store (gateway/store/, hence its statements from
+gateway/store/sql/ with the parameters the routes pass) driven by --connections
 concurrent asyncpg connections, one phase after the other, each bounded by
 --phase-seconds (at most 20):
 

@@ -40,12 +40,14 @@ from typing import Any
 
 import asyncpg
 
-from gateway.store import queries as q
 from gateway.store.migrate import apply_migrations
+from gateway.store.sql import leases as lease_sql
+from gateway.store.sql import tasks as task_sql
+from gateway.store.sql.fragments import EFFECTIVE_STATUS
 
 # The statements the stats ran before migration 0005, for the comparison.
 OLD_STATS_COUNTS = f"""
-SELECT {q.EFFECTIVE_STATUS} AS status, count(*) AS n FROM tasks WHERE runtime_id = $1 GROUP BY 1
+SELECT {EFFECTIVE_STATUS} AS status, count(*) AS n FROM tasks WHERE runtime_id = $1 GROUP BY 1
 """
 OLD_OLDEST_QUEUED_AGE = """
 SELECT extract(epoch FROM clock_timestamp() - min(created_at))::float8
@@ -144,7 +146,7 @@ async def measure_stats(finished: int) -> None:
             results = {}
             for label, counts, oldest in (
                 ("before 0005", OLD_STATS_COUNTS, OLD_OLDEST_QUEUED_AGE),
-                ("now", q.STATS_COUNTS, q.OLDEST_QUEUED_AGE),
+                ("now", task_sql.STATS_COUNTS, task_sql.OLDEST_QUEUED_AGE),
             ):
                 for runtime in ("small", "big"):
 
@@ -252,7 +254,7 @@ async def measure_drain(tasks: int, completers: int, rounds: int) -> None:
                     async def completer(mine: list[tuple[Any, Any]]) -> None:
                         async with pool.acquire() as c:
                             for task_id, lease_id in mine:
-                                await c.execute(q.COMPLETE, task_id, lease_id, None)
+                                await c.execute(lease_sql.COMPLETE, task_id, lease_id, None)
 
                     started = time.perf_counter()
                     await asyncio.gather(

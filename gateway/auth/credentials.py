@@ -24,8 +24,8 @@ from ..api.fields import Field, Kind
 from ..api.render import format_time
 from ..errors import AlreadyExists, NotFound, ValidationFailed
 from ..store import Store
-from ..store import queries as q
 from ..store.base import Row
+from ..store.sql import credentials as q
 from .principals import RUNTIME_PATTERN_RE, TOKEN_PREFIX, Principal, Scope, hash_token
 
 WEBHOOK_SECRET_PREFIX = "whsec_"

@@ -10,8 +10,9 @@ driver exception):
 - janitor.py: the janitor's statements and its leadership lock;
 - controls.py: runtime controls and the claim of a runtime with limits.
 
-The runtimes listing reads through functions over a Store (runtimes.py). The SQL of
-all of them is in queries.py, and the schema's migrations are applied by migrate.py.
+The runtimes listing reads through functions over a Store (runtimes.py). Each module's
+SQL is in the module of sql/ named after it (sql/tasks.py for tasks.py), the pieces
+several share in sql/fragments.py; the schema's migrations are applied by migrate.py.
 The rows they return are gateway/rows.py's, which the layers above share.
 """
 

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 from ..errors import NotFound
 from ..rows import ItemResult
-from . import queries as q
 from .base import Row, StoreBase
 from .leases import COMPLETE_REPLAYS, lease_lost
+from .sql import acks as sql
 
 
 class BatchAckStatements(StoreBase):
@@ -29,7 +29,7 @@ class BatchAckStatements(StoreBase):
     ) -> list[ItemResult]:
         """complete, per item; idempotent per item for the same lease, as complete."""
         args = (list(task_ids), _patterns(runtimes), list(lease_ids), list(results))
-        rows = await self._run(lambda c: c.fetch(q.BATCH_COMPLETE, *args))
+        rows = await self._run(lambda c: c.fetch(sql.BATCH_COMPLETE, *args))
         return _item_results(task_ids, rows, replay_statuses=COMPLETE_REPLAYS)
 
     async def fail_many(
@@ -50,7 +50,7 @@ class BatchAckStatements(StoreBase):
             list(retries),
             list(retry_after_seconds),
         )
-        rows = await self._run(lambda c: c.fetch(q.BATCH_FAIL, *args))
+        rows = await self._run(lambda c: c.fetch(sql.BATCH_FAIL, *args))
         return _item_results(task_ids, rows)
 
     async def heartbeat_many(
@@ -63,7 +63,7 @@ class BatchAckStatements(StoreBase):
         """heartbeat, per item: each lease runs out its own lease_seconds from now."""
         seconds = [float(n) for n in lease_seconds]
         args = (list(task_ids), _patterns(runtimes), list(lease_ids), seconds)
-        rows = await self._run(lambda c: c.fetch(q.BATCH_HEARTBEAT, *args))
+        rows = await self._run(lambda c: c.fetch(sql.BATCH_HEARTBEAT, *args))
         return _item_results(task_ids, rows)
 
 
@@ -74,7 +74,7 @@ def _patterns(runtimes: Sequence[str] | None) -> list[str] | None:
 def _item_results(
     task_ids: Sequence[uuid.UUID], rows: Sequence[Row], replay_statuses: tuple[str, ...] = ()
 ) -> list[ItemResult]:
-    """A batch statement's answer rows (queries._BATCH_ANSWER, in item order) classified
+    """A batch statement's answer rows (sql._BATCH_ANSWER, in item order) classified
     as _lease_op classifies a single operation's outcome. An item with no row (its task
     was deleted while the statement waited for its lock) is not found."""
     by_ord = {r["ord"]: r for r in rows}

@@ -21,8 +21,8 @@ import orjson
 
 from ..errors import DatabaseBusy, StoreUnavailable
 from ..metrics import Metrics
-from . import queries as q
 from .migrate import schema_is_current
+from .sql import base as sql
 
 # Records of the credential tables (auth/credentials.py); task rows go up as TaskRow.
 Row: TypeAlias = asyncpg.Record
@@ -85,7 +85,7 @@ class StoreBase:
         self._statement_cache_size = statement_cache_size
         self._acquire_timeout_ms = acquire_timeout_ms
         self._busy_since_log: tuple[float, int] = (0.0, 0)  # (last logged, refused since)
-        self._begin = q.BEGIN_WITH_TIMEOUT.format(timeout_ms=statement_timeout_ms)
+        self._begin = sql.BEGIN_WITH_TIMEOUT.format(timeout_ms=statement_timeout_ms)
         self._pool: asyncpg.Pool | None = None
 
     async def open(self) -> None:
@@ -193,9 +193,9 @@ class StoreBase:
             # inside a transaction. If even the ROLLBACK fails, the pool's reset on
             # release rolls back or discards the connection.
             with contextlib.suppress(*DRIVER_ERRORS):
-                await conn.execute(q.ROLLBACK)
+                await conn.execute(sql.ROLLBACK)
             raise
-        await conn.execute(q.COMMIT)
+        await conn.execute(sql.COMMIT)
 
     async def run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         """Run `fn` on a pooled connection, for storage modules that keep their own

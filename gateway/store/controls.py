@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import asyncpg
 
 from ..rows import Controls, ControlsChange, Leased, LimitedClaim, TaskRow
-from . import queries as q
 from .leases import CLAIM_WINDOW, CONTENDED_RECHECK_SECONDS, LeaseStatements
+from .sql import controls as sql
 
 # How long a pump holds a runtime at its max_in_flight before it claims again without a
 # wake-up (seconds). A freed slot wakes it at once; this only bounds a lost wake-up.
@@ -30,11 +30,11 @@ class ControlStatements(LeaseStatements):
 
     async def all_controls(self) -> list[Controls]:
         """Every runtime's stored controls (one statement; a row per controlled runtime)."""
-        rows = await self._run(lambda c: c.fetch(q.ALL_CONTROLS))
+        rows = await self._run(lambda c: c.fetch(sql.ALL_CONTROLS))
         return [Controls.of(r) for r in rows]
 
     async def get_controls(self, runtime_id: str) -> Controls | None:
-        row = await self._run(lambda c: c.fetchrow(q.GET_CONTROLS, runtime_id))
+        row = await self._run(lambda c: c.fetchrow(sql.GET_CONTROLS, runtime_id))
         return None if row is None else Controls.of(row)
 
     async def set_controls(self, runtime_id: str, change: ControlsChange) -> Controls:
@@ -50,7 +50,7 @@ class ControlStatements(LeaseStatements):
             change.paused_reason,
             change.paused_until,
         )
-        row = await self._run(lambda c: c.fetchrow(q.SET_CONTROLS, *args))
+        row = await self._run(lambda c: c.fetchrow(sql.SET_CONTROLS, *args))
         return Controls.of(row)
 
     async def claim_limited(
@@ -63,14 +63,14 @@ class ControlStatements(LeaseStatements):
 
         async def claim_in_tx(c: asyncpg.Connection) -> LimitedClaim | None:
             async with self._transaction(c):
-                ctl = await c.fetchrow(q.CONTROLS_REFILL, runtime_id)
+                ctl = await c.fetchrow(sql.CONTROLS_REFILL, runtime_id)
                 if ctl is None:
                     return None
                 if ctl["paused"]:
                     return LimitedClaim([], None, HELD_RECHECK_SECONDS)
                 allowed, held = len(worker_ids), None
                 if ctl["max_in_flight"] is not None:
-                    leased_now = await c.fetchval(q.CONTROLS_IN_FLIGHT, runtime_id)
+                    leased_now = await c.fetchval(sql.CONTROLS_IN_FLIGHT, runtime_id)
                     if ctl["max_in_flight"] - leased_now < allowed:
                         allowed, held = ctl["max_in_flight"] - leased_now, HELD_RECHECK_SECONDS
                 rate, tokens = ctl["claims_per_second"], ctl["tokens"]
@@ -88,7 +88,7 @@ class ControlStatements(LeaseStatements):
                 )
                 rows = [Leased(r["slot"], TaskRow.of(r)) for r in result if r["slot"] is not None]
                 if rate is not None and rows:
-                    await c.execute(q.CONTROLS_SPEND, runtime_id, float(len(rows)))
+                    await c.execute(sql.CONTROLS_SPEND, runtime_id, float(len(rows)))
                 due_in = None
                 if len(rows) < allowed:
                     # Fewer than the limits allowed: the runtime ran out of claimable work,

@@ -13,8 +13,8 @@ import asyncpg
 
 from ..errors import StoreUnavailable
 from ..rows import Reclaimed
-from . import queries as q
 from .base import DRIVER_ERRORS, StoreBase, log
+from .sql import janitor as sql
 
 
 @dataclass(frozen=True)
@@ -32,32 +32,32 @@ class JanitorStatements(StoreBase):
 
     async def reclaim_leases(self, limit: int) -> list[Reclaimed]:
         """One batch of lapsed leases back to the queue."""
-        rows = await self._run(lambda c: c.fetch(q.RECLAIM_LEASES, limit))
+        rows = await self._run(lambda c: c.fetch(sql.RECLAIM_LEASES, limit))
         return [Reclaimed(r["runtime_id"], r["status"], r["id"]) for r in rows]
 
     async def promote_scheduled(self, limit: int) -> list[str]:
         """One batch of due scheduled tasks made queued; returns the runtime of each
         task moved. Idempotent: a task moves once, and a locked one waits for the next."""
-        rows = await self._run(lambda c: c.fetch(q.PROMOTE_SCHEDULED, limit))
+        rows = await self._run(lambda c: c.fetch(sql.PROMOTE_SCHEDULED, limit))
         return [r["runtime_id"] for r in rows]
 
     async def expire_tasks(self, limit: int) -> int:
         """One batch of queued or scheduled tasks past expires_at marked expired;
         returns the count."""
-        status = await self._run(lambda c: c.execute(q.EXPIRE_TASKS, limit))
+        status = await self._run(lambda c: c.execute(sql.EXPIRE_TASKS, limit))
         return int(status.split()[-1])
 
     async def purge_finished(self, statuses: Sequence[str], age_seconds: float, limit: int) -> int:
         """Delete one batch of finished rows older than age_seconds; returns the count."""
         status = await self._run(
-            lambda c: c.execute(q.PURGE_FINISHED, list(statuses), age_seconds, limit)
+            lambda c: c.execute(sql.PURGE_FINISHED, list(statuses), age_seconds, limit)
         )
         return int(status.split()[-1])
 
     async def queue_depth(self) -> tuple[dict[str, int], float | None]:
         """(tasks per stored status, age in seconds of the oldest claimable queued task
         or None), in one statement over the live rows and the finished counts."""
-        rows = await self._run(lambda c: c.fetch(q.QUEUE_DEPTH))
+        rows = await self._run(lambda c: c.fetch(sql.QUEUE_DEPTH))
         oldest = [r["oldest"] for r in rows if r["oldest"] is not None]
         counts: dict[str, int] = {}
         for r in rows:
@@ -74,11 +74,11 @@ class JanitorStatements(StoreBase):
 
         async def fold_in_tx(c: asyncpg.Connection) -> int:
             async with self._transaction(c):
-                rows = await c.fetch(q.FOLD_TASK_COUNTS, limit)
+                rows = await c.fetch(sql.FOLD_TASK_COUNTS, limit)
                 zero = [r for r in rows if r["n"] == 0]
                 if zero:
                     await c.execute(
-                        q.DROP_ZERO_COUNTS,
+                        sql.DROP_ZERO_COUNTS,
                         [r["runtime_id"] for r in zero],
                         [r["status"] for r in zero],
                     )
@@ -89,7 +89,7 @@ class JanitorStatements(StoreBase):
     async def claimable_runtimes(self, limit: int, after: str = "") -> RuntimePage:
         """One page of the runtimes with a queued task: up to `limit` visited, in id
         order, after `after`."""
-        rows = await self._run(lambda c: c.fetch(q.CLAIMABLE_RUNTIMES, limit, after))
+        rows = await self._run(lambda c: c.fetch(sql.CLAIMABLE_RUNTIMES, limit, after))
         return RuntimePage(
             claimable=[r["runtime_id"] for r in rows if r["claimable"]],
             next_after=rows[-1]["runtime_id"] if len(rows) == limit else "",
@@ -110,7 +110,7 @@ class JanitorStatements(StoreBase):
         except DRIVER_ERRORS as exc:
             raise StoreUnavailable(f"cannot connect to Postgres: {exc}") from exc
         try:
-            if await conn.fetchval(q.JANITOR_TRY_LOCK, key):
+            if await conn.fetchval(sql.JANITOR_TRY_LOCK, key):
                 return Leadership(conn, key)
         except DRIVER_ERRORS as exc:
             conn.terminate()
@@ -136,7 +136,7 @@ class Leadership:
         if self._conn.is_closed():
             return False
         try:
-            holds = await self._conn.fetchval(q.JANITOR_HOLDS_LOCK, self._key, timeout=5)
+            holds = await self._conn.fetchval(sql.JANITOR_HOLDS_LOCK, self._key, timeout=5)
         except DRIVER_ERRORS:
             await self.release()
             return False

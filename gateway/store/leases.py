@@ -15,8 +15,8 @@ import asyncpg
 
 from ..errors import LeaseLost, StoreUnavailable
 from ..rows import Leased, TaskRow
-from . import queries as q
 from .base import Row
+from .sql import leases as sql
 from .tasks import TaskStatements
 
 # CLAIM reads at most this many candidates beyond the slots wanted from each source
@@ -117,7 +117,7 @@ class LeaseStatements(TaskStatements):
         """CLAIM's rows, on a connection the caller holds: a pooled one of its own
         (`_claim_once`), or a limited runtime's transaction (`claim_limited`)."""
         rows: list[Row] = await c.fetch(
-            q.CLAIM, runtime_id, list(worker_ids), list(lease_seconds), window
+            sql.CLAIM, runtime_id, list(worker_ids), list(lease_seconds), window
         )
         return rows
 
@@ -127,13 +127,13 @@ class LeaseStatements(TaskStatements):
         """Give back leases that were never delivered, each task by its lease;
         idempotent. Returns the ids of the tasks given back."""
         args = (list(task_ids), list(lease_ids))
-        rows: list[Row] = await self._run(lambda c: c.fetch(q.UNCLAIM, *args))
+        rows: list[Row] = await self._run(lambda c: c.fetch(sql.UNCLAIM, *args))
         self._metrics.unclaimed.inc(len(rows))
         return [r["id"] for r in rows]
 
     async def bury(self, task_id: uuid.UUID, lease_id: uuid.UUID, reason: str) -> None:
         """End a claimed task `dead` with `reason`, if `lease_id` still holds it."""
-        await self._run(lambda c: c.execute(q.BURY, task_id, lease_id, reason))
+        await self._run(lambda c: c.execute(sql.BURY, task_id, lease_id, reason))
 
     async def _lease_op(
         self,
@@ -151,7 +151,7 @@ class LeaseStatements(TaskStatements):
     async def heartbeat(
         self, task_id: uuid.UUID, lease_id: uuid.UUID, lease_seconds: int
     ) -> TaskRow:
-        return await self._lease_op(q.HEARTBEAT, task_id, lease_id, float(lease_seconds))
+        return await self._lease_op(sql.HEARTBEAT, task_id, lease_id, float(lease_seconds))
 
     async def complete(
         self, task_id: uuid.UUID, lease_id: uuid.UUID, result: str | None
@@ -160,7 +160,7 @@ class LeaseStatements(TaskStatements):
         (a repeat returns the finished task). The gateway's requests go through
         completions.py instead, grouped (complete_group, then complete_missed); this
         is for the tools and tests that measure or drive one statement."""
-        row = await self._run(lambda c: c.fetchrow(q.COMPLETE, task_id, lease_id, result))
+        row = await self._run(lambda c: c.fetchrow(sql.COMPLETE, task_id, lease_id, result))
         if row is not None:
             return TaskRow.of(row)
         return await self.complete_missed(task_id, lease_id)
@@ -179,7 +179,7 @@ class LeaseStatements(TaskStatements):
         distinct. A task missing from the answer was not changed: `complete_missed`
         tells why."""
         args = (list(task_ids), list(lease_ids), list(results))
-        rows = await self._run(lambda c: c.fetch(q.COMPLETE_GROUP, *args))
+        rows = await self._run(lambda c: c.fetch(sql.COMPLETE_GROUP, *args))
         return {r["id"]: TaskRow.of(r) for r in rows}
 
     async def complete_missed(self, task_id: uuid.UUID, lease_id: uuid.UUID) -> TaskRow:
@@ -199,7 +199,7 @@ class LeaseStatements(TaskStatements):
         retry: bool,
         retry_after_seconds: float | None,
     ) -> TaskRow:
-        return await self._lease_op(q.FAIL, task_id, lease_id, error, retry, retry_after_seconds)
+        return await self._lease_op(sql.FAIL, task_id, lease_id, error, retry, retry_after_seconds)
 
     async def release(self, task_id: uuid.UUID, lease_id: uuid.UUID) -> TaskRow:
-        return await self._lease_op(q.RELEASE, task_id, lease_id)
+        return await self._lease_op(sql.RELEASE, task_id, lease_id)

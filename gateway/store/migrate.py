@@ -25,7 +25,7 @@ import asyncpg
 import gateway
 
 from ..errors import GatewayError
-from . import queries as q
+from .sql import migrate as sql
 
 logger = logging.getLogger("gateway.migrate")
 
@@ -60,9 +60,9 @@ def migrations_dir() -> Path:
     return Path(gateway.__file__).parent.parent / "migrations"
 
 
-def _is_no_transaction(sql: str) -> bool:
+def _is_no_transaction(text: str) -> bool:
     """True when the leading comment block (before any SQL) carries the marker."""
-    for line in sql.splitlines():
+    for line in text.splitlines():
         stripped = line.strip()
         if not stripped:
             continue
@@ -73,9 +73,9 @@ def _is_no_transaction(sql: str) -> bool:
     return False
 
 
-def _statement_count(sql: str) -> int:
+def _statement_count(text: str) -> int:
     """A loose count of `;`-separated statements, ignoring comment lines."""
-    code = "\n".join(ln for ln in sql.splitlines() if not ln.strip().startswith("--"))
+    code = "\n".join(ln for ln in text.splitlines() if not ln.strip().startswith("--"))
     return sum(1 for part in code.split(";") if part.strip())
 
 
@@ -87,15 +87,15 @@ def _load_file(path: Path) -> Migration:
             f"0002_add_column.sql (a number, an underscore, letters, digits or underscores)"
         )
     data = path.read_bytes()
-    sql = data.decode("utf-8")
-    transactional = not _is_no_transaction(sql)
-    if not transactional and _statement_count(sql) > 1:
+    text = data.decode("utf-8")
+    transactional = not _is_no_transaction(text)
+    if not transactional and _statement_count(text) > 1:
         raise MigrationError(
             f"migration {path.name} is marked '{NO_TRANSACTION_MARKER}' but holds more than "
             f"one statement; split it so that each such file holds exactly one statement"
         )
     return Migration(
-        int(match.group(1)), path.name, sql, hashlib.sha256(data).hexdigest(), transactional
+        int(match.group(1)), path.name, text, hashlib.sha256(data).hexdigest(), transactional
     )
 
 
@@ -125,8 +125,8 @@ async def pending_migrations(
     `newer_applied_ok`, migrations numbered above every file (a newer release's) pass."""
     migrations = load_migrations(directory)
     applied: dict[int, asyncpg.Record] = {}
-    if await conn.fetchval(q.MIGRATIONS_TABLE_EXISTS):
-        applied = {row["version"]: row for row in await conn.fetch(q.MIGRATIONS_SELECT_APPLIED)}
+    if await conn.fetchval(sql.MIGRATIONS_TABLE_EXISTS):
+        applied = {row["version"]: row for row in await conn.fetch(sql.MIGRATIONS_SELECT_APPLIED)}
     files = {m.version: m for m in migrations}
     newest = max(files, default=0)
     for version, row in applied.items():
@@ -153,10 +153,10 @@ async def _apply_one(conn: asyncpg.Connection, migration: Migration) -> None:
         if migration.transactional:
             async with conn.transaction():
                 await conn.execute(migration.sql)
-                await conn.execute(q.MIGRATIONS_INSERT_APPLIED, *record)
+                await conn.execute(sql.MIGRATIONS_INSERT_APPLIED, *record)
         else:
             await conn.execute(migration.sql)
-            await conn.execute(q.MIGRATIONS_INSERT_APPLIED, *record)
+            await conn.execute(sql.MIGRATIONS_INSERT_APPLIED, *record)
     except asyncpg.LockNotAvailableError as exc:
         # The file's own lock_timeout: a long transaction holds a table it changes.
         raise MigrationError(
@@ -181,9 +181,9 @@ async def apply_migrations(
     log = log or logger.info
     conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute(q.MIGRATIONS_LOCK, LOCK_KEY)
+        await conn.execute(sql.MIGRATIONS_LOCK, LOCK_KEY)
         try:
-            await conn.execute(q.MIGRATIONS_CREATE_TABLE)
+            await conn.execute(sql.MIGRATIONS_CREATE_TABLE)
             pending = await pending_migrations(conn, directory)
             for migration in pending:
                 started = time.monotonic()
@@ -196,7 +196,7 @@ async def apply_migrations(
         finally:
             # Closing the session releases the lock too, so a broken connection is no loss.
             with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
-                await conn.execute(q.MIGRATIONS_UNLOCK, LOCK_KEY)
+                await conn.execute(sql.MIGRATIONS_UNLOCK, LOCK_KEY)
     finally:
         await conn.close()
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from . import Store
-from . import queries as q
+from .sql import runtimes as sql
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +32,7 @@ async def walk_runtimes(
     (None: from the start). Reads the live rows' partial indexes, the finished-task
     counters and the controls, never the history."""
     starts = None if prefixes is None else list(prefixes)
-    rows = await store.run(lambda c: c.fetch(q.RUNTIMES_WALK, after, limit, starts))
+    rows = await store.run(lambda c: c.fetch(sql.RUNTIMES_WALK, after, limit, starts))
     return [r["runtime_id"] for r in rows]
 
 
@@ -40,7 +40,7 @@ async def summarize_runtimes(store: Store, runtime_ids: Sequence[str]) -> list[R
     """Live counts for each of `runtime_ids`, in id order."""
     if not runtime_ids:
         return []
-    rows = await store.run(lambda c: c.fetch(q.RUNTIMES_SUMMARY, list(runtime_ids)))
+    rows = await store.run(lambda c: c.fetch(sql.RUNTIMES_SUMMARY, list(runtime_ids)))
     return [
         RuntimeSummary(
             r["runtime_id"], r["queued"], r["claimed"], r["oldest_queued_age_seconds"], r["dead"]

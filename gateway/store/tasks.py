@@ -23,8 +23,8 @@ from ..api.render import task_bytes_or_stub, task_ref_json
 from ..api.requests import EnqueueRequest
 from ..errors import Conflict, DatabaseBusy, IdempotencyKeyReused, NotFound, StoreUnavailable
 from ..rows import TaskRow
-from . import queries as q
 from .base import Row, StoreBase, T
+from .sql import tasks as sql
 
 
 def _column(values: list[T]) -> list[T] | None:
@@ -50,7 +50,7 @@ def _int_array(values: list[int]) -> str:
 
 
 def _is_plain(req: EnqueueRequest) -> bool:
-    """An item that sets no time: due at once, never expiring (queries.ENQUEUE_BATCH_PLAIN)."""
+    """An item that sets no time: due at once, never expiring (sql.ENQUEUE_BATCH_PLAIN)."""
     return req.run_at is None and not req.delay_seconds and req.ttl_seconds is None
 
 
@@ -73,7 +73,7 @@ def _times(start: datetime, count: int) -> list[str]:
 def plain_tasks_json(
     runtime_id: str, reqs: Sequence[EnqueueRequest], start: datetime, lines: str
 ) -> str:
-    """The answer to a plain batch (queries.ENQUEUE_BATCH_PLAIN) as one JSON array: byte
+    """The answer to a plain batch (sql.ENQUEUE_BATCH_PLAIN) as one JSON array: byte
     for byte what render.task_bytes makes of each stored row. `start` is the batch's
     time, `lines` Postgres's id-and-payload line per task, in request order."""
     runtime = orjson.dumps(runtime_id).decode()
@@ -130,7 +130,7 @@ class TaskStatements(StoreBase):
             key_hash = req.request_hash if req.idempotency_key else None
             if lease is not None and leased:
                 row = await c.fetchrow(
-                    q.ENQUEUE_LEASED,
+                    sql.ENQUEUE_LEASED,
                     runtime_id,
                     req.priority,
                     req.payload_json,
@@ -145,7 +145,7 @@ class TaskStatements(StoreBase):
                 )
             else:
                 row = await c.fetchrow(
-                    q.ENQUEUE,
+                    sql.ENQUEUE,
                     runtime_id,
                     req.priority,
                     req.payload_json,
@@ -158,7 +158,7 @@ class TaskStatements(StoreBase):
                 )
             if row is not None:
                 return row, True
-            existing = await c.fetchrow(q.GET_BY_IDEMPOTENCY_KEY, runtime_id, req.idempotency_key)
+            existing = await c.fetchrow(sql.GET_BY_IDEMPOTENCY_KEY, runtime_id, req.idempotency_key)
             if existing is None:  # deleted between the two statements; extremely rare
                 raise StoreUnavailable("idempotency key changed hands; retry the request")
             return existing, False
@@ -170,7 +170,7 @@ class TaskStatements(StoreBase):
         except StoreUnavailable:
             if leased:
                 with contextlib.suppress(StoreUnavailable):  # else the lease runs out
-                    await self._run(lambda c: c.execute(q.UNCLAIM_LEASE, task_id, lease_id))
+                    await self._run(lambda c: c.execute(sql.UNCLAIM_LEASE, task_id, lease_id))
             raise
         if not created and row["request_hash"] != req.request_hash:
             raise IdempotencyKeyReused(
@@ -185,14 +185,14 @@ class TaskStatements(StoreBase):
         return TaskRow.of(row), created
 
     async def get(self, task_id: uuid.UUID) -> TaskRow:
-        row = await self._run(lambda c: c.fetchrow(q.GET_TASK, task_id))
+        row = await self._run(lambda c: c.fetchrow(sql.GET_TASK, task_id))
         if row is None:
             raise NotFound(f"no task with id {task_id}")
         return TaskRow.of(row)
 
     async def task_runtime(self, task_id: uuid.UUID) -> str:
         """The runtime a task belongs to, or NotFound."""
-        runtime_id = await self._run(lambda c: c.fetchval(q.TASK_RUNTIME, task_id))
+        runtime_id = await self._run(lambda c: c.fetchval(sql.TASK_RUNTIME, task_id))
         if runtime_id is None:
             raise NotFound(f"no task with id {task_id}")
         return str(runtime_id)
@@ -220,15 +220,15 @@ class TaskStatements(StoreBase):
         JSON array, each task's object as the API shows it (render.task_bytes), in
         request order, and whether every item was an idempotent replay. With
         `ids_only`, each task is only `{"id": ...}` (a replayed one's is the stored
-        task's id), and no statement sends a payload back (queries.TASK_REF_JSON,
-        queries.GET_REFS_BY_IDEMPOTENCY_KEYS). A key reused with a different request
+        task's id), and no statement sends a payload back (sql.TASK_REF_JSON,
+        sql.GET_REFS_BY_IDEMPOTENCY_KEYS). A key reused with a different request
         fails the whole batch, naming the item's index. A batch without idempotency
         keys cannot conflict: its one statement is all or nothing by itself, and is sent
         alone (one round trip instead of three), and its answer is one row
-        (queries.ENQUEUE_BATCH_NEW, _inserted). New tasks come back already written by
-        Postgres (queries.NEW_TASK_JSON); only replayed ones are read whole. A keyless
+        (sql.ENQUEUE_BATCH_NEW, _inserted). New tasks come back already written by
+        Postgres (sql.NEW_TASK_JSON); only replayed ones are read whole. A keyless
         batch whose items set no time (the usual one) comes back as ids and payloads
-        only (queries.ENQUEUE_BATCH_PLAIN), and the gateway writes the rest, after the
+        only (sql.ENQUEUE_BATCH_PLAIN), and the gateway writes the rest, after the
         connection is given back (plain_tasks_json)."""
         keys = [r.idempotency_key for r in reqs if r.idempotency_key]
         # The statements' item columns, in their parameter order: every statement takes
@@ -242,13 +242,13 @@ class TaskStatements(StoreBase):
         plain = not keys and all(_is_plain(r) for r in reqs)
         if plain and ids_only:
             return await self._inserted(
-                q.ENQUEUE_BATCH_PLAIN_IDS, len(reqs), runtime_id, *columns
+                sql.ENQUEUE_BATCH_PLAIN_IDS, len(reqs), runtime_id, *columns
             ), False
 
         if plain:
 
             async def insert_plain(c: asyncpg.Connection) -> Row | None:
-                return await c.fetchrow(q.ENQUEUE_BATCH_PLAIN, runtime_id, *columns)
+                return await c.fetchrow(sql.ENQUEUE_BATCH_PLAIN, runtime_id, *columns)
 
             row = await self._run(insert_plain)
             if row is None or row["n"] != len(reqs):
@@ -262,14 +262,14 @@ class TaskStatements(StoreBase):
             _column([r.ttl_seconds for r in reqs]),
         )
         if not keys:
-            statement = q.ENQUEUE_BATCH_NEW_IDS if ids_only else q.ENQUEUE_BATCH_NEW
+            statement = sql.ENQUEUE_BATCH_NEW_IDS if ids_only else sql.ENQUEUE_BATCH_NEW
             return await self._inserted(statement, len(reqs), runtime_id, *columns, *timed), False
 
         ids = new_task_ids(len(reqs))
 
         async def insert_and_match(c: asyncpg.Connection) -> tuple[list[str], int]:
             inserted = await c.fetch(
-                q.ENQUEUE_BATCH_IDS if ids_only else q.ENQUEUE_BATCH,
+                sql.ENQUEUE_BATCH_IDS if ids_only else sql.ENQUEUE_BATCH,
                 runtime_id,
                 ids,
                 *columns,
@@ -281,7 +281,7 @@ class TaskStatements(StoreBase):
             if len(by_id) == len(reqs):  # every item new: nothing to match by key
                 return [by_id[task_id] for task_id in ids], len(by_id)
             existing = {}
-            lookup = q.GET_REFS_BY_IDEMPOTENCY_KEYS if ids_only else q.GET_BY_IDEMPOTENCY_KEYS
+            lookup = sql.GET_REFS_BY_IDEMPOTENCY_KEYS if ids_only else sql.GET_BY_IDEMPOTENCY_KEYS
             for row in await c.fetch(lookup, runtime_id, keys):
                 existing[row["idempotency_key"]] = row
             out: list[str] = []
@@ -317,7 +317,7 @@ class TaskStatements(StoreBase):
 
     async def cancel(self, task_id: uuid.UUID) -> TaskRow:
         """Idempotent: cancelling a cancelled task returns it."""
-        row = await self._run(lambda c: c.fetchrow(q.CANCEL, task_id))
+        row = await self._run(lambda c: c.fetchrow(sql.CANCEL, task_id))
         if row is not None:
             return TaskRow.of(row)
         current = await self.get(task_id)
@@ -329,7 +329,7 @@ class TaskStatements(StoreBase):
         )
 
     async def retry(self, task_id: uuid.UUID) -> TaskRow:
-        row = await self._run(lambda c: c.fetchrow(q.RETRY, task_id))
+        row = await self._run(lambda c: c.fetchrow(sql.RETRY, task_id))
         if row is not None:
             return TaskRow.of(row)
         current = await self.get(task_id)
@@ -348,7 +348,7 @@ class TaskStatements(StoreBase):
     ) -> list[TaskRow]:
         created, task_id = after if after else (None, None)
         rows = await self._run(
-            lambda c: c.fetch(q.LIST_TASKS, runtime_id, status, created, task_id, limit)
+            lambda c: c.fetch(sql.LIST_TASKS, runtime_id, status, created, task_id, limit)
         )
         return [TaskRow.of(r) for r in rows]
 
@@ -358,7 +358,7 @@ class TaskStatements(StoreBase):
         (STATS_COUNTS)."""
 
         async def stats_in_tx(c: asyncpg.Connection) -> tuple[dict[str, int], float | None]:
-            counts = {r["status"]: r["n"] for r in await c.fetch(q.STATS_COUNTS, runtime_id)}
-            return counts, await c.fetchval(q.OLDEST_QUEUED_AGE, runtime_id)
+            counts = {r["status"]: r["n"] for r in await c.fetch(sql.STATS_COUNTS, runtime_id)}
+            return counts, await c.fetchval(sql.OLDEST_QUEUED_AGE, runtime_id)
 
         return await self._run(stats_in_tx)

@@ -1,7 +1,7 @@
 """The batch lease statements find their tasks by primary key, under custom and generic
 plans, on the realistic table of tests/integration/test_claim_explain.py (filled in a
 transaction that is rolled back): a batch never scans the task table. They lock only
-the rows their item's lease holds (queries._LEASE_HELD, queries._BATCH_HELD): the lease
+the rows their item's lease holds (lease_sql._LEASE_HELD, ack_sql._BATCH_HELD): the lease
 is tested below the lock, not after it. And no statement that takes a list reads a
 list again for each of its items: under a generic plan, which estimates every array
 at ten elements, a join of two lists became a nested loop, and 1,000 items took ten
@@ -18,7 +18,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway.store import queries as q
+from gateway.store.sql import acks as ack_sql
+from gateway.store.sql import leases as lease_sql
 from tests.integration.conftest import conn  # noqa: F401  (a fixture)
 from tests.integration.test_claim_explain import (  # noqa: F401  (filled is a fixture)
     MODES,
@@ -96,7 +97,7 @@ def rescanned_lists(nodes: list[dict[str, Any]]) -> list[str]:
     its leased rows to the one row of NEXT_DUE), and those a correlated subquery reads
     once per row it is evaluated for (a SubPlan; an InitPlan or a hashed SubPlan runs
     once). The one list a subquery may read per task is a token's runtime patterns
-    (`p` in queries.RUNTIME_COVERED), a handful. A CTE whose plan is one row by its
+    (`p` in ack_sql.RUNTIME_COVERED), a handful. A CTE whose plan is one row by its
     kind counts as one row where it is scanned."""
 
     def below(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -164,7 +165,7 @@ async def test_batch_statements_use_the_primary_key(
     # 200 of the table's 23,000 rows. A batch of 1,000 is 4% of this small table, where
     # the planner may rightly prefer one scan (it did, now and then); on a production
     # table a batch is a far smaller share, and the probes win by more.
-    nodes = await plan_of(conn, mode, getattr(q, statement), batch_args(200, statement))
+    nodes = await plan_of(conn, mode, getattr(ack_sql, statement), batch_args(200, statement))
     shown = f"{statement} {mode}: {describe(nodes)}"
     assert not [n for n in task_scans(nodes) if n["Node Type"] == "Seq Scan"], shown
     assert indexes(nodes) == {"tasks_pkey"}, shown
@@ -188,7 +189,7 @@ async def test_grouped_completes_use_the_primary_key(
 ) -> None:
     # COMPLETE_GROUP serves the single completes that arrive together (completions.py):
     # as many as GROUP_MAX tasks, each found by its id.
-    nodes = await plan_of(conn, mode, q.COMPLETE_GROUP, group_args(200))
+    nodes = await plan_of(conn, mode, lease_sql.COMPLETE_GROUP, group_args(200))
     shown = f"COMPLETE_GROUP {mode}: {describe(nodes)}"
     assert not [n for n in task_scans(nodes) if n["Node Type"] == "Seq Scan"], shown
     assert indexes(nodes) == {"tasks_pkey"}, shown
@@ -217,6 +218,13 @@ LIST_STATEMENTS = [
 ]
 
 
+def sql_of(statement: str) -> str:
+    """A statement of LIST_STATEMENTS by name: the batch operations' (store/acks.py) or
+    the lease statements' (store/leases.py)."""
+    sql: str = getattr(ack_sql if statement.startswith("BATCH_") else lease_sql, statement)
+    return sql
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("statement", LIST_STATEMENTS)
 async def test_no_list_is_read_again_for_each_item(
@@ -230,10 +238,10 @@ async def test_no_list_is_read_again_for_each_item(
     after five runs, and there a nested loop that read the items once per held row made
     a batch of 1,000 ten times slower than its custom plan (about 120 ms against 15)."""
     # The one list the check lets a subquery read per task: the token's patterns.
-    assert "AS p(pattern)" in q.RUNTIME_COVERED
+    assert "AS p(pattern)" in ack_sql.RUNTIME_COVERED
     for items in (1, 10, 200, 1000):
         args = list_args(statement, f"{filled}-hot", items)
-        nodes = await plan_of(conn, mode, getattr(q, statement), args)
+        nodes = await plan_of(conn, mode, sql_of(statement), args)
         assert rescanned_lists(nodes) == [], f"{statement} {mode} {items}: {describe(nodes)}"
 
 
@@ -244,8 +252,8 @@ async def test_the_check_catches_a_join_of_two_lists(
     """Control: COMPLETE_GROUP with its update joined to the items again, as it was,
     reads the items once per held row under a generic plan, and the check sees it."""
     held = "FROM held h\n WHERE tasks.id = ANY (ARRAY[h.held_id])"
-    assert held in q.COMPLETE_GROUP
-    old = q.COMPLETE_GROUP.replace(
+    assert held in lease_sql.COMPLETE_GROUP
+    old = lease_sql.COMPLETE_GROUP.replace(
         held, "FROM items i JOIN held h ON h.held_id = i.item_id\n WHERE tasks.id = i.item_id"
     )
     nodes = await plan_of(conn, "force_generic_plan", old, group_args(200))
@@ -262,8 +270,8 @@ async def test_the_check_catches_a_list_read_by_a_subquery_per_row(
     every task it completes, reads the items once per task under either plan, with no
     nested loop to show it; the check sees it."""
     result = "result = h.item_result::jsonb"
-    assert result in q.COMPLETE_GROUP
-    per_row = q.COMPLETE_GROUP.replace(
+    assert result in lease_sql.COMPLETE_GROUP
+    per_row = lease_sql.COMPLETE_GROUP.replace(
         result, "result = (SELECT i.item_result::jsonb FROM items i WHERE i.item_id = tasks.id)"
     )
     nodes = await plan_of(conn, mode, per_row, group_args(200))

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from gateway.auth.principals import glob_match
-from gateway.store import queries
+from gateway.store.sql import acks as ack_sql
 from tests.e2e.credentials_support import make_token, rows, unique
 from tests.e2e.lifecycle_support import (
     RANDOM_LEASE,
@@ -388,9 +388,9 @@ GLOB_CASES = [
 
 
 async def test_the_statements_runtime_check_matches_the_tokens_glob(gw):
-    """queries.RUNTIME_COVERED decides in SQL what auth.principals.glob_match decides for a task
+    """ack_sql.RUNTIME_COVERED decides in SQL what auth.principals.glob_match decides for a task
     path: for a batch, it is the only check between a token and another's tasks."""
-    covered = queries.RUNTIME_COVERED.format(patterns="$1", runtime="$2::text")
+    covered = ack_sql.RUNTIME_COVERED.format(patterns="$1", runtime="$2::text")
     for pattern, runtime in GLOB_CASES:
         [row] = await rows(gw, f"SELECT {covered} AS covered", [pattern], runtime)
         assert row["covered"] is glob_match(pattern, runtime), (pattern, runtime)

@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway.store import queries as q
+from gateway.store.sql import runtimes as runtime_sql
 from tests.support.databases import migrate
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -29,9 +29,9 @@ async def buffers(conn: asyncpg.Connection, query: str, *args: Any) -> int:
 async def costs(conn: asyncpg.Connection) -> dict[str, int]:
     ids = [f"rt-{i:03d}" for i in range(RUNTIMES)]
     return {
-        "walk": await buffers(conn, q.RUNTIMES_WALK, "", 101, None),
-        "walk from a prefix": await buffers(conn, q.RUNTIMES_WALK, "", 101, ["rt-02"]),
-        "summary": await buffers(conn, q.RUNTIMES_SUMMARY, ids),
+        "walk": await buffers(conn, runtime_sql.RUNTIMES_WALK, "", 101, None),
+        "walk from a prefix": await buffers(conn, runtime_sql.RUNTIMES_WALK, "", 101, ["rt-02"]),
+        "summary": await buffers(conn, runtime_sql.RUNTIMES_SUMMARY, ids),
     }
 
 
@@ -75,7 +75,9 @@ async def test_the_listing_does_not_read_the_finished_history(fresh_database_url
         # few live rows per runtime, which this measures.
         await conn.execute("VACUUM ANALYZE task_counts")
         after = await costs(conn)
-        rows = await conn.fetch(q.RUNTIMES_SUMMARY, [f"rt-{i:03d}" for i in range(RUNTIMES)])
+        rows = await conn.fetch(
+            runtime_sql.RUNTIMES_SUMMARY, [f"rt-{i:03d}" for i in range(RUNTIMES)]
+        )
     finally:
         await conn.close()
     assert [(r["queued"], r["claimed"]) for r in rows] == [(3, 1)] * RUNTIMES

@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway.store import queries as q
+from gateway.store.sql import tasks as task_sql
 from tests.e2e.test_batch_explain import plan_of, rescanned_lists
 from tests.integration.conftest import conn  # noqa: F401  (a fixture)
 from tests.integration.test_claim_explain import (  # noqa: F401  (filled is a fixture)
@@ -71,7 +71,7 @@ async def test_a_batch_insert_reads_no_task_and_each_list_once(
 ) -> None:
     for statement, items in ((s, n) for s in INSERTS for n in (1, 10, 1000)):
         args = enqueue_args(statement, f"{filled}-hot", items)
-        nodes = await plan_of(conn, mode, getattr(q, statement), args)
+        nodes = await plan_of(conn, mode, getattr(task_sql, statement), args)
         shown = f"{statement} {mode} {items}: {describe(nodes)}"
         assert task_scans(nodes) == [], shown
         assert rescanned_lists(nodes) == [], shown
@@ -95,7 +95,7 @@ async def test_a_batch_finds_its_replays_by_the_idempotency_index(
     lookups = ["GET_BY_IDEMPOTENCY_KEYS", "GET_REFS_BY_IDEMPOTENCY_KEYS"]
     for statement, items in ((s, n) for s in lookups for n in (1, 200, 1000)):
         args = [(f"{filled}-hot", "text"), ([f"key-{i}" for i in range(items)], "text[]")]
-        nodes = await plan_of(conn, mode, getattr(q, statement), args)
+        nodes = await plan_of(conn, mode, getattr(task_sql, statement), args)
         shown = f"{statement} {mode} {items}: {describe(nodes)}"
         assert not [n for n in task_scans(nodes) if n["Node Type"] == "Seq Scan"], shown
         assert indexes(nodes) == {"tasks_idempotency_idx"}, shown

@@ -22,8 +22,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway.store import queries as q
 from gateway.store.leases import CLAIM_WINDOW
+from gateway.store.sql import janitor as janitor_sql
+from gateway.store.sql import leases as lease_sql
+from gateway.store.sql import tasks as task_sql
 
 pytestmark = pytest.mark.integration
 
@@ -184,14 +186,14 @@ async def test_the_data_is_what_the_plans_are_judged_on(
     savepoint = conn.transaction()
     await savepoint.start()
     try:
-        rows = await conn.fetch(q.CLAIM, *claim_args(f"{filled}-17"))
+        rows = await conn.fetch(lease_sql.CLAIM, *claim_args(f"{filled}-17"))
         assert sorted(r["slot"] for r in rows) == [1, 2, 3, 4, 5]
         assert {r["runtime_id"] for r in rows} == {f"{filled}-17"}
         # Only when fewer were found does the store use due_in; it is always there.
         assert all(3500 < r["due_in"] <= 3600 for r in rows)
     finally:
         await savepoint.rollback()
-    assert await conn.fetchval(q.NEXT_DUE, f"{filled}-17") is not None
+    assert await conn.fetchval(lease_sql.NEXT_DUE, f"{filled}-17") is not None
     hot = await conn.fetchval(
         "SELECT count(*) FROM tasks WHERE runtime_id = $1 AND status IN ('queued', 'scheduled')",
         filled + "-hot",
@@ -259,7 +261,7 @@ async def test_claim_uses_the_claim_index(
     runtime = f"{filled}-{which}"
     # EXPLAIN without ANALYZE does not run the UPDATE; the fixture's transaction is
     # rolled back in any case.
-    nodes = await explain(conn, q.CLAIM, CLAIM_TYPES, claim_args(runtime), mode)
+    nodes = await explain(conn, lease_sql.CLAIM, CLAIM_TYPES, claim_args(runtime), mode)
     check_claim_plan(nodes, f"{mode}, {which}: {describe(nodes)}", backlog=which == "hot")
 
 
@@ -302,7 +304,7 @@ async def test_a_wide_claim_updates_its_rows_by_primary_key(
     if no_loops:
         await conn.execute(NO_NESTED_LOOPS)
     nodes = await explain(
-        conn, q.CLAIM, CLAIM_TYPES, wide_claim_args(f"{filled}-hot"), mode, analyze=True
+        conn, lease_sql.CLAIM, CLAIM_TYPES, wide_claim_args(f"{filled}-hot"), mode, analyze=True
     )
     check_reads_tasks_by_index(nodes, f"{mode}: {describe(nodes)}")
 
@@ -314,8 +316,8 @@ async def test_the_wide_claim_check_catches_the_join_by_id_alone(
     reads the whole table when the planner may not loop over probes, and the check
     above fails on it."""
     probe = "t.id = ANY (ARRAY[s.id])"
-    assert probe in q.CLAIM
-    old = q.CLAIM.replace(probe, "t.id = s.id")
+    assert probe in lease_sql.CLAIM
+    old = lease_sql.CLAIM.replace(probe, "t.id = s.id")
     await conn.execute(NO_NESTED_LOOPS)
     nodes = await explain(
         conn, old, CLAIM_TYPES, wide_claim_args(f"{filled}-hot"), MODES[0], analyze=True
@@ -329,7 +331,7 @@ async def test_the_wide_claim_check_catches_the_join_by_id_alone(
 async def test_next_due_uses_the_scheduled_index(
     conn: asyncpg.Connection, filled: str, mode: str, which: str
 ) -> None:
-    nodes = await explain(conn, q.NEXT_DUE, "text", (f"{filled}-{which}",), mode)
+    nodes = await explain(conn, lease_sql.NEXT_DUE, "text", (f"{filled}-{which}",), mode)
     shown = f"{mode}, {which}: {describe(nodes)}"
     assert not [n for n in task_scans(nodes) if n["Node Type"] == "Seq Scan"], shown
     assert indexes(nodes) == {"tasks_scheduled_idx"}, f"NEXT_DUE misses its index: {shown}"
@@ -339,13 +341,13 @@ async def test_next_due_uses_the_scheduled_index(
 
 
 LEASE_STATEMENTS = {
-    "GET_TASK": (q.GET_TASK, ()),
-    "HEARTBEAT": (q.HEARTBEAT, ("lease", 60.0)),
-    "COMPLETE": (q.COMPLETE, ("lease", None)),
-    "FAIL": (q.FAIL, ("lease", "boom", True, None)),
-    "RELEASE": (q.RELEASE, ("lease",)),
-    "CANCEL": (q.CANCEL, ()),
-    "RETRY": (q.RETRY, ()),
+    "GET_TASK": (task_sql.GET_TASK, ()),
+    "HEARTBEAT": (lease_sql.HEARTBEAT, ("lease", 60.0)),
+    "COMPLETE": (lease_sql.COMPLETE, ("lease", None)),
+    "FAIL": (lease_sql.FAIL, ("lease", "boom", True, None)),
+    "RELEASE": (lease_sql.RELEASE, ("lease",)),
+    "CANCEL": (task_sql.CANCEL, ()),
+    "RETRY": (task_sql.RETRY, ()),
 }
 
 
@@ -365,7 +367,7 @@ async def test_task_statements_find_the_row_by_primary_key(
 async def test_listing_walks_the_runtime_index(conn: asyncpg.Connection, filled: str) -> None:
     for status in (None, "queued"):
         raw = await conn.fetchval(
-            "EXPLAIN (FORMAT JSON) " + q.LIST_TASKS, f"{filled}-17", status, None, None, 101
+            "EXPLAIN (FORMAT JSON) " + task_sql.LIST_TASKS, f"{filled}-17", status, None, None, 101
         )
         nodes = list(walk((json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]))
         shown = f"status={status}: {describe(nodes)}"
@@ -459,20 +461,24 @@ async def test_claim_and_next_due_do_not_walk_delayed_tasks(
     and its due-time probe touch a few dozen rows and pages, not the delayed ones;
     under custom and generic plans (one fill for both: it is the slow part)."""
     for mode in MODES:
-        nodes = await explain(conn, q.CLAIM, CLAIM_TYPES, claim_args(delayed), mode, analyze=True)
+        nodes = await explain(
+            conn, lease_sql.CLAIM, CLAIM_TYPES, claim_args(delayed), mode, analyze=True
+        )
         shown = f"{mode}: {describe(nodes)}"
         [update] = [n for n in nodes if n["Node Type"] == "ModifyTable"]
         assert update["Actual Rows"] == 5, f"the claim leased {update['Actual Rows']}: {shown}"
         assert rows_read(nodes) <= MAX_ROWS_READ, (rows_read(nodes), shown)
         assert buffers(nodes[0]) <= MAX_BUFFERS, (buffers(nodes[0]), shown)
 
-        nodes = await explain(conn, q.NEXT_DUE, "text", (delayed,), mode, analyze=True)
+        nodes = await explain(conn, lease_sql.NEXT_DUE, "text", (delayed,), mode, analyze=True)
         assert rows_read(nodes) <= 2, describe(nodes)
         assert buffers(nodes[0]) <= 10, describe(nodes)
 
         # The janitor's promotion probes each runtime with scheduled tasks for due ones
         # (other tests' runtimes too): it does not walk the delayed ones either.
-        nodes = await explain(conn, q.PROMOTE_SCHEDULED, "int", (1000,), mode, analyze=True)
+        nodes = await explain(
+            conn, janitor_sql.PROMOTE_SCHEDULED, "int", (1000,), mode, analyze=True
+        )
         shown = f"{mode}: {describe(nodes)}"
         assert not [n for n in task_scans(nodes) if n["Node Type"] == "Seq Scan"], shown
         waiting = await conn.fetchval(

@@ -16,8 +16,8 @@ import pytest
 from gateway.metrics import Metrics
 from gateway.store import Store
 from gateway.store import leases as store_leases
-from gateway.store import queries as q
 from gateway.store.leases import CLAIM_WINDOW, CONTENDED_RECHECK_SECONDS
+from gateway.store.sql import leases as lease_sql
 
 pytestmark = pytest.mark.integration
 
@@ -80,14 +80,14 @@ async def test_a_claim_is_one_statement_and_reports_the_next_due_time(
 
     rows, due_in = await store.claim(runtime_id, ["a", "b"], [30.0, 30.0])
     assert [r.slot for r in rows] == [1, 2] and due_in is None
-    assert seen == [q.CLAIM]
+    assert seen == [lease_sql.CLAIM]
 
     # Fewer than wanted: the due time of the scheduled task comes with the answer.
     seen.clear()
     rows, due_in = await store.claim(runtime_id, ["a"], [30.0])
     assert rows == []
     assert due_in is not None and 90 < due_in <= 100
-    assert seen == [q.CLAIM], "the empty claim took more than one statement"
+    assert seen == [lease_sql.CLAIM], "the empty claim took more than one statement"
 
 
 async def test_rows_other_claims_hold_beyond_the_window_are_still_reached(
@@ -113,7 +113,7 @@ async def test_rows_other_claims_hold_beyond_the_window_are_still_reached(
     assert [r.task.id for r in rows] == free
     assert [r.slot for r in rows] == [1, 2, 3]
     assert due_in is None
-    assert seen == [q.CLAIM, q.CLAIM], "the wider second round did not run"
+    assert seen == [lease_sql.CLAIM, lease_sql.CLAIM], "the wider second round did not run"
 
 
 async def test_when_held_rows_fill_every_round_the_poll_looks_again_soon(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from gateway.store import queries as q
+from gateway.store.sql import controls as control_sql
 from tests.integration.test_claim_explain import MODES, describe, explain, filled, task_scans
 
 pytestmark = pytest.mark.integration
@@ -20,7 +20,9 @@ __all__ = ["filled"]  # the fixture, used by name
 async def test_in_flight_count_reads_the_live_index_only(
     conn: asyncpg.Connection, filled: str, mode: str
 ) -> None:
-    nodes = await explain(conn, q.CONTROLS_IN_FLIGHT, "text", (filled + "-7",), mode, analyze=True)
+    nodes = await explain(
+        conn, control_sql.CONTROLS_IN_FLIGHT, "text", (filled + "-7",), mode, analyze=True
+    )
     shown = describe(nodes)
     scans = task_scans(nodes)
     assert scans and not [n for n in scans if n["Node Type"] == "Seq Scan"], shown
@@ -32,9 +34,9 @@ async def test_in_flight_count_reads_the_live_index_only(
 @pytest.mark.parametrize(
     ("sql", "types", "args"),
     [
-        (q.CONTROLS_REFILL, "text", ("rt",)),
-        (q.CONTROLS_SPEND, "text, float8", ("rt", 1)),
-        (q.GET_CONTROLS, "text", ("rt",)),
+        (control_sql.CONTROLS_REFILL, "text", ("rt",)),
+        (control_sql.CONTROLS_SPEND, "text, float8", ("rt", 1)),
+        (control_sql.GET_CONTROLS, "text", ("rt",)),
     ],
 )
 async def test_control_row_statements_use_the_primary_key(

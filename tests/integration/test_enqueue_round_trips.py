@@ -22,7 +22,8 @@ from gateway.errors import IdempotencyKeyReused
 from gateway.metrics import Metrics
 from gateway.rows import TaskRow
 from gateway.store import Store
-from gateway.store import queries as q
+from gateway.store.sql import tasks as task_sql
+from gateway.store.sql.fragments import TASK_COLUMNS
 from tests.support.databases import execute, fetch
 
 pytestmark = pytest.mark.integration
@@ -61,12 +62,12 @@ async def test_single_and_keyless_batch_enqueues_are_one_statement(
 ) -> None:
     seen = await statements_of(store, runtime_id)
     await store.enqueue(runtime_id, item("one"))
-    assert seen == [q.ENQUEUE]
+    assert seen == [task_sql.ENQUEUE]
     seen.clear()
     rows, replayed = await store.enqueue_batch(
         runtime_id, [item(1), item(2, delay_seconds=60), item(3, priority=90)]
     )
-    assert seen == [q.ENQUEUE_BATCH_NEW]
+    assert seen == [task_sql.ENQUEUE_BATCH_NEW]
     tasks = orjson.loads(rows)
     assert [t["priority"] for t in tasks] == [50, 50, 90], "not in request order"
     assert [t["status"] for t in tasks] == ["queued"] * 3 and replayed is False
@@ -79,7 +80,7 @@ async def test_single_and_keyless_batch_enqueues_are_one_statement(
     # Items that set no time (the usual batch) take the plain statement.
     seen.clear()
     rows, _ = await store.enqueue_batch(runtime_id, [item(4), item(5, max_attempts=2)])
-    assert seen == [q.ENQUEUE_BATCH_PLAIN]
+    assert seen == [task_sql.ENQUEUE_BATCH_PLAIN]
     assert [t["payload"] for t in orjson.loads(rows)] == [4, 5]
 
 
@@ -122,7 +123,7 @@ async def test_a_plain_batchs_json_written_by_the_gateway_is_the_one_models_writ
     assert replayed is False
     stored = await store.run(
         lambda c: c.fetch(
-            f"SELECT {q.TASK_COLUMNS} FROM tasks WHERE runtime_id = $1 ORDER BY created_at",
+            f"SELECT {TASK_COLUMNS} FROM tasks WHERE runtime_id = $1 ORDER BY created_at",
             runtime_id,
         )
     )
@@ -134,7 +135,7 @@ async def test_a_plain_batchs_json_written_by_the_gateway_is_the_one_models_writ
 async def test_a_new_tasks_json_from_postgres_is_the_one_models_writes(
     store: Store, runtime_id: str, keyed: bool
 ) -> None:
-    # queries.NEW_TASK_JSON writes a batch's new tasks in SQL: byte for byte what
+    # task_sql.NEW_TASK_JSON writes a batch's new tasks in SQL: byte for byte what
     # models.task_bytes makes of the stored row, for every field a new task can carry,
     # through either batch statement (ENQUEUE_BATCH_NEW without keys, ENQUEUE_BATCH).
     items = [
@@ -150,7 +151,7 @@ async def test_a_new_tasks_json_from_postgres_is_the_one_models_writes(
     written, _ = await store.enqueue_batch(runtime_id, items)
     stored = await store.run(
         lambda c: c.fetch(
-            f"SELECT {q.TASK_COLUMNS} FROM tasks WHERE runtime_id = $1 ORDER BY created_at",
+            f"SELECT {TASK_COLUMNS} FROM tasks WHERE runtime_id = $1 ORDER BY created_at",
             runtime_id,
         )
     )
@@ -176,9 +177,13 @@ async def test_a_batch_asked_for_ids_only_gets_no_payload_back(
     # twin, which answers `{"id":...}` per task and sends no payload text back.
     seen = await statements_of(store, runtime_id)
     written, replayed = await store.enqueue_batch(runtime_id, items, ids_only=True)
-    assert getattr(q, statement) in seen, seen
-    assert not {q.ENQUEUE_BATCH, q.ENQUEUE_BATCH_NEW, q.ENQUEUE_BATCH_PLAIN} & set(seen)
-    assert "payload" not in getattr(q, statement).split("RETURNING")[-1]
+    assert getattr(task_sql, statement) in seen, seen
+    assert not {
+        task_sql.ENQUEUE_BATCH,
+        task_sql.ENQUEUE_BATCH_NEW,
+        task_sql.ENQUEUE_BATCH_PLAIN,
+    } & set(seen)
+    assert "payload" not in getattr(task_sql, statement).split("RETURNING")[-1]
     stored = await store.run(
         lambda c: c.fetch(
             "SELECT id FROM tasks WHERE runtime_id = $1 ORDER BY created_at", runtime_id

@@ -82,16 +82,16 @@ async def test_task_coming_due_while_the_empty_scan_finishes_is_not_missed(
     """The task comes due while the claim is still working out the next due time (a
     slow statement, here made slow on purpose). The verdict must not outlive the
     task's run_at: the scan and the due time measure from the statement's instant."""
-    from gateway.store import queries
+    from gateway.store.sql import leases as lease_sql
 
     # The due-time part of the claim statement (NEXT_DUE inside CLAIM) sleeps first.
-    slow_next_due = queries.NEXT_DUE.replace("FROM tasks", "FROM pg_sleep(0.6), tasks", 1)
-    slow = queries.CLAIM.replace(queries.NEXT_DUE, slow_next_due, 1)
-    assert slow_next_due != queries.NEXT_DUE and slow != queries.CLAIM
+    slow_next_due = lease_sql.NEXT_DUE.replace("FROM tasks", "FROM pg_sleep(0.6), tasks", 1)
+    slow = lease_sql.CLAIM.replace(lease_sql.NEXT_DUE, slow_next_due, 1)
+    assert slow_next_due != lease_sql.NEXT_DUE and slow != lease_sql.CLAIM
     cfg = janitor_settings(db, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
     async with running_gateway(cfg) as gw:
         await first_pass_done(gw)
-        monkeypatch.setattr(queries, "CLAIM", slow)
+        monkeypatch.setattr(lease_sql, "CLAIM", slow)
         task = await gw.enqueue(runtime_id, {"job": "later"}, delay_seconds=0.3)
         due = due_in_monotonic(task)
         tasks, answered = await asyncio.wait_for(timed_poll(gw, runtime_id, wait=4), 10)

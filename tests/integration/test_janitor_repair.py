@@ -18,7 +18,8 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.store import queries as q
+from gateway.store.sql import janitor as janitor_sql
+from gateway.store.sql import leases as lease_sql
 from tests.harness import running_gateway
 from tests.integration.janitor_support import (
     claimable_for_a_while,
@@ -303,7 +304,7 @@ async def test_a_queued_row_a_lease_operation_held_is_repaired(
     db: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
     """Not a lost bump, but the same stale empty. A lease operation locks only the
-    tasks its lease holds (queries._LEASE_HELD), yet one that began while its lease
+    tasks its lease holds (lease_sql._LEASE_HELD), yet one that began while its lease
     still held the task and had to wait for the reclaim that queued it again keeps the
     lock Postgres took to check the row again until its statement ends: a claim in
     that instant skips the row and records the runtime empty over it. The repair finds
@@ -326,10 +327,10 @@ async def test_a_queued_row_a_lease_operation_held_is_repaired(
                 async with reclaimer.transaction():
                     # The janitor's reclaim, held open: the late complete, which finds
                     # the task held by its lease, waits for it.
-                    assert len(await reclaimer.fetch(q.RECLAIM_LEASES, 10)) == 1
+                    assert len(await reclaimer.fetch(janitor_sql.RECLAIM_LEASES, 10)) == 1
                     completing = asyncio.create_task(
                         late.fetch(
-                            q.COMPLETE_GROUP,
+                            lease_sql.COMPLETE_GROUP,
                             [uuid.UUID(task["id"])],
                             [uuid.UUID(first["lease_id"])],
                             ['"late"'],

@@ -14,7 +14,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway.store import queries as q
+from gateway.store.sql import janitor as janitor_sql
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +77,7 @@ async def test_claimable_runtimes_uses_the_queued_indexes_not_the_table(
     (tasks_claim_idx over queued ones, tasks_scheduled_idx over scheduled ones, or
     tasks_live_idx, equally cheap)."""
     conn, prefix, _shape = populated
-    raw = await conn.fetchval("EXPLAIN (FORMAT JSON) " + q.CLAIMABLE_RUNTIMES, 1000, "")
+    raw = await conn.fetchval("EXPLAIN (FORMAT JSON) " + janitor_sql.CLAIMABLE_RUNTIMES, 1000, "")
     plan = json.loads(raw) if isinstance(raw, str) else raw
     shown = json.dumps(plan, indent=1)
     nodes = list(plan_nodes(plan[0]["Plan"]))
@@ -92,7 +92,9 @@ async def test_claimable_runtimes_uses_the_queued_indexes_not_the_table(
 
     # Run, it probes each runtime a few times (one row each), whatever the backlog: it
     # never reads every due task (as a hashed EXISTS over all runtimes would).
-    raw = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + q.CLAIMABLE_RUNTIMES, 100_000, "")
+    raw = await conn.fetchval(
+        "EXPLAIN (ANALYZE, FORMAT JSON) " + janitor_sql.CLAIMABLE_RUNTIMES, 100_000, ""
+    )
     plan = json.loads(raw) if isinstance(raw, str) else raw
     scans = [n for n in plan_nodes(plan[0]["Plan"]) if n.get("Relation Name") == "tasks"]
     read = sum(n["Actual Rows"] * n["Actual Loops"] for n in scans)
@@ -105,7 +107,7 @@ async def test_claimable_runtimes_uses_the_queued_indexes_not_the_table(
     # And it answers right: every one of our runtimes has a due task.
     found = sorted(
         r["runtime_id"]
-        for r in await conn.fetch(q.CLAIMABLE_RUNTIMES, 100_000, "")
+        for r in await conn.fetch(janitor_sql.CLAIMABLE_RUNTIMES, 100_000, "")
         if r["runtime_id"].startswith(prefix + "-") and r["claimable"]
     )
     assert found == [f"{prefix}-{i:03d}" for i in range(1, RUNTIMES + 1)]
@@ -121,7 +123,8 @@ async def test_claimable_runtimes_skips_runtimes_with_only_delayed_tasks(
         first,
     )
     page = {
-        r["runtime_id"]: r["claimable"] for r in await conn.fetch(q.CLAIMABLE_RUNTIMES, 100_000, "")
+        r["runtime_id"]: r["claimable"]
+        for r in await conn.fetch(janitor_sql.CLAIMABLE_RUNTIMES, 100_000, "")
     }
     # Visited (it still has a delayed task) but not claimable.
     assert page[first] is False
@@ -142,10 +145,10 @@ async def test_a_page_visits_at_most_its_limit_and_the_cursor_goes_on(
         f"{prefix}-150",
     )
     start = f"{prefix}-"  # sorts before every runtime of ours, after any other's
-    first = await conn.fetch(q.CLAIMABLE_RUNTIMES, 100, start)
+    first = await conn.fetch(janitor_sql.CLAIMABLE_RUNTIMES, 100, start)
     assert [r["runtime_id"] for r in first] == [f"{prefix}-{i:03d}" for i in range(1, 101)]
     assert not any(r["claimable"] for r in first)
-    second = await conn.fetch(q.CLAIMABLE_RUNTIMES, 100, first[-1]["runtime_id"])
+    second = await conn.fetch(janitor_sql.CLAIMABLE_RUNTIMES, 100, first[-1]["runtime_id"])
     assert [r["runtime_id"] for r in second] == [f"{prefix}-{i:03d}" for i in range(101, 201)]
     assert [r["runtime_id"] for r in second if r["claimable"]] == [
         f"{prefix}-{i:03d}" for i in range(151, 201)

@@ -1,4 +1,4 @@
-"""A lease operation never locks a task its lease does not hold (queries._LEASE_HELD).
+"""A lease operation never locks a task its lease does not hold (lease_sql._LEASE_HELD).
 
 A claim skips locked rows (FOR UPDATE SKIP LOCKED) and, finding nothing, records the
 runtime empty: a late complete (its lease lapsed, the janitor queued the task again)
@@ -22,9 +22,11 @@ import asyncpg
 import pytest
 
 from gateway.rows import ItemResult
-from gateway.store import queries as q
 from gateway.store.acks import _item_results
 from gateway.store.leases import COMPLETE_REPLAYS
+from gateway.store.sql import acks as ack_sql
+from gateway.store.sql import janitor as janitor_sql
+from gateway.store.sql import leases as lease_sql
 from tests.harness import Instance, running_gateway
 from tests.integration.janitor_support import first_pass_done, janitor_settings, row_of
 from tests.support.databases import execute, waiting_for_a_lock
@@ -101,7 +103,9 @@ async def test_a_late_grouped_complete_leaves_the_requeued_task_to_a_claim(
 ) -> None:
     task_id, stale = await SETUPS[setup](gw, db, runtime_id)
     async with other.transaction():
-        done = await other.fetch(q.COMPLETE_GROUP, [uuid.UUID(task_id)], [stale], ['"late"'])
+        done = await other.fetch(
+            lease_sql.COMPLETE_GROUP, [uuid.UUID(task_id)], [stale], ['"late"']
+        )
         assert done == []  # nothing completed; the request reads the task afresh
         await claim_meanwhile(gw, runtime_id, task_id)
     row = await row_of(db, task_id)
@@ -121,7 +125,7 @@ async def test_a_late_batch_operation_leaves_the_requeued_task_to_a_claim(
     task_id, stale = await SETUPS[setup](gw, db, runtime_id)
     args = [[uuid.UUID(task_id)], None, [stale], *BATCH_TAILS[statement]]
     async with other.transaction():
-        rows = await other.fetch(getattr(q, statement), *args)
+        rows = await other.fetch(getattr(ack_sql, statement), *args)
         [answer] = _item_results(args[0], rows)
         # Still answered as the single operation would be: the lease lost the task.
         assert answer.error is not None and answer.error.code == "lease_lost", answer
@@ -139,7 +143,7 @@ async def test_a_late_single_operation_leaves_the_requeued_task_to_a_claim(
     only the rows that pass their conditions: they never had the defect."""
     task_id, stale = await requeued(gw, db, runtime_id)
     async with other.transaction():
-        sql = getattr(q, statement)
+        sql = getattr(lease_sql, statement)
         assert await other.fetch(sql, uuid.UUID(task_id), stale, *SINGLE_TAILS[statement]) == []
         await claim_meanwhile(gw, runtime_id, task_id)
 
@@ -164,7 +168,7 @@ async def batch_after(
     try:
         async with first.transaction():
             await first.execute(*change)
-            late = asyncio.create_task(second.fetch(getattr(q, batch[0]), *batch[1:]))
+            late = asyncio.create_task(second.fetch(getattr(ack_sql, batch[0]), *batch[1:]))
             await waiting_for_a_lock(first, second.get_server_pid())
         rows = await late
     finally:
@@ -183,7 +187,7 @@ async def test_a_repeat_that_waited_for_the_first_complete_is_answered_as_it(
     answer = await batch_after(
         other,
         db,
-        (q.COMPLETE, task_id, lease, '"first"'),
+        (lease_sql.COMPLETE, task_id, lease, '"first"'),
         ("BATCH_COMPLETE", [task_id], None, [lease], ['"second"']),
     )
     assert (answer.error, answer.status) == (None, "completed"), answer
@@ -199,7 +203,7 @@ async def test_a_complete_that_waited_for_its_own_heartbeat_completes(
     answer = await batch_after(
         other,
         db,
-        (q.HEARTBEAT, task_id, lease, 600.0),
+        (lease_sql.HEARTBEAT, task_id, lease, 600.0),
         ("BATCH_COMPLETE", [task_id], None, [lease], ['"done"']),
     )
     assert (answer.error, answer.status) == (None, "completed"), answer
@@ -220,7 +224,7 @@ async def test_an_operation_that_waited_for_the_reclaim_is_lease_lost_queued(
     answer = await batch_after(
         other,
         db,
-        (q.RECLAIM_LEASES, 100),
+        (janitor_sql.RECLAIM_LEASES, 100),
         (statement, [task_id], None, [lease], *BATCH_TAILS[statement]),
     )
     assert answer.error is not None and answer.error.code == "lease_lost", answer
@@ -245,7 +249,7 @@ async def test_an_item_whose_task_was_deleted_while_the_statement_waited_is_not_
         try:
             async with first.transaction():
                 await first.execute("DELETE FROM tasks WHERE id = $1", task_id)
-                sql = getattr(q, statement)
+                sql = getattr(ack_sql, statement)
                 ids = [task_id, kept_id]
                 late = asyncio.create_task(
                     second.fetch(sql, ids, None, [lease, kept_lease], *tails)

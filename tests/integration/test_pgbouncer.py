@@ -312,16 +312,16 @@ async def test_a_slow_claim_is_stopped_on_the_server(
     bounds it: the driver's timeout (the statement timeout setting, here 300 ms) does,
     and its cancel request, forwarded by PgBouncer, stops the statement on the server.
     The statement is made slow on purpose (a 5 s sleep inside it)."""
-    from gateway.store import queries
+    from gateway.store.sql import leases as lease_sql
 
     marker = "slow_claim_" + secrets.token_hex(4)
-    slow = queries.CLAIM.replace(
-        queries.NEXT_DUE,
-        queries.NEXT_DUE.replace("FROM tasks", f"FROM pg_sleep(5) AS {marker}, tasks", 1),
+    slow = lease_sql.CLAIM.replace(
+        lease_sql.NEXT_DUE,
+        lease_sql.NEXT_DUE.replace("FROM tasks", f"FROM pg_sleep(5) AS {marker}, tasks", 1),
         1,
     )
     assert marker in slow
-    monkeypatch.setattr(queries, "CLAIM", slow)
+    monkeypatch.setattr(lease_sql, "CLAIM", slow)
     url = database_url if through == "direct" else pgbouncer.url(database_url)
     store = Store(
         url, Metrics(), min_size=1, max_size=2, statement_timeout_ms=300, statement_cache_size=0

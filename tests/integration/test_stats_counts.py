@@ -22,8 +22,10 @@ import pytest
 from gateway.api.requests import parse_enqueue
 from gateway.metrics import Metrics
 from gateway.store import Store
-from gateway.store import queries as q
 from gateway.store.migrate import apply_migrations, migrations_dir
+from gateway.store.sql import acks as ack_sql
+from gateway.store.sql import leases as lease_sql
+from gateway.store.sql.fragments import EFFECTIVE_STATUS
 from tests.support.databases import execute, fetch
 
 pytestmark = pytest.mark.integration
@@ -31,7 +33,7 @@ pytestmark = pytest.mark.integration
 # What the stats answered before migration 0005: a count of the runtime's rows by the
 # status the API reports. The counts under test must always equal it.
 TRUTH = f"""
-SELECT {q.EFFECTIVE_STATUS} AS status, count(*) AS n FROM tasks WHERE runtime_id = $1 GROUP BY 1
+SELECT {EFFECTIVE_STATUS} AS status, count(*) AS n FROM tasks WHERE runtime_id = $1 GROUP BY 1
 """
 
 
@@ -167,7 +169,7 @@ async def test_a_batch_writes_one_counter_change_per_runtime_and_status(
     try:
         async with conn.transaction():
             rows = await conn.fetch(
-                q.BATCH_COMPLETE,
+                ack_sql.BATCH_COMPLETE,
                 [t.id for t in held],
                 None,
                 [t.lease_id for t in held],
@@ -238,9 +240,9 @@ async def test_concurrent_completers_and_folds_count_exactly(
         try:
             for task in mine:
                 if task.id in buried:
-                    await conn.execute(q.BURY, task.id, task.lease_id, "every tenth")
+                    await conn.execute(lease_sql.BURY, task.id, task.lease_id, "every tenth")
                 else:
-                    await conn.execute(q.COMPLETE, task.id, task.lease_id, None)
+                    await conn.execute(lease_sql.COMPLETE, task.id, task.lease_id, None)
         finally:
             await conn.close()
 

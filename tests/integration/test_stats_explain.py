@@ -22,8 +22,9 @@ import pytest
 import pytest_asyncio
 
 from bench.measure import bulk_finished
-from gateway.store import queries as q
 from gateway.store.migrate import apply_migrations
+from gateway.store.sql import janitor as janitor_sql
+from gateway.store.sql import tasks as task_sql
 from tests.conftest import _create_database, _drop_database, _with_database
 from tests.integration.test_claim_explain import MODES, describe, explain, task_scans, walk
 
@@ -74,7 +75,7 @@ async def loaded(fresh_database_url_module: str) -> AsyncIterator[asyncpg.Connec
             "SELECT 'gone-' || n, 'completed', 0, 1 FROM generate_series(1, 100000) AS n"
         )
         # Fold everything, then leave a few unfolded rows behind, as between two passes.
-        while await conn.fetch(q.FOLD_TASK_COUNTS, 100_000):
+        while await conn.fetch(janitor_sql.FOLD_TASK_COUNTS, 100_000):
             pass
         await conn.execute(
             "UPDATE tasks SET status = 'dead', finished_at = now() "
@@ -103,7 +104,7 @@ def scans_of(nodes: list[dict[str, Any]], table: str) -> list[dict[str, Any]]:
 
 
 async def test_the_data_has_a_history(loaded: asyncpg.Connection) -> None:
-    counts = {r["status"]: r["n"] for r in await loaded.fetch(q.STATS_COUNTS, "big")}
+    counts = {r["status"]: r["n"] for r in await loaded.fetch(task_sql.STATS_COUNTS, "big")}
     assert counts["completed"] == HISTORY and sum(counts.values()) == HISTORY + 60
     assert await loaded.fetchval("SELECT count(*) FROM task_counts WHERE backend <> 0") > 0
 
@@ -114,7 +115,7 @@ async def test_stats_read_live_rows_and_counters_only(
     loaded: asyncpg.Connection, mode: str, runtime: str
 ) -> None:
     async with loaded.transaction():
-        nodes = await explain(loaded, q.STATS_COUNTS, "text", (runtime,), mode)
+        nodes = await explain(loaded, task_sql.STATS_COUNTS, "text", (runtime,), mode)
     shown = f"{mode}, {runtime}: {describe(nodes)}"
     [tasks] = scans_of(nodes, "tasks") or [None]
     assert tasks is not None, shown
@@ -132,7 +133,7 @@ async def test_oldest_queued_age_reads_live_rows_only(
     loaded: asyncpg.Connection, mode: str, runtime: str
 ) -> None:
     async with loaded.transaction():
-        nodes = await explain(loaded, q.OLDEST_QUEUED_AGE, "text", (runtime,), mode)
+        nodes = await explain(loaded, task_sql.OLDEST_QUEUED_AGE, "text", (runtime,), mode)
     shown = f"{mode}, {runtime}: {describe(nodes)}"
     scans = task_scans(nodes)
     assert scans and all(n["Node Type"] != "Seq Scan" for n in scans), shown
@@ -142,7 +143,7 @@ async def test_oldest_queued_age_reads_live_rows_only(
 
 
 async def test_queue_depth_reads_live_rows_not_the_history(loaded: asyncpg.Connection) -> None:
-    raw = await loaded.fetchval("EXPLAIN (FORMAT JSON) " + q.QUEUE_DEPTH)
+    raw = await loaded.fetchval("EXPLAIN (FORMAT JSON) " + janitor_sql.QUEUE_DEPTH)
     nodes = list(walk((json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]))
     shown = describe(nodes)
     scans = scans_of(nodes, "tasks")
@@ -154,7 +155,7 @@ async def test_queue_depth_reads_live_rows_not_the_history(loaded: asyncpg.Conne
 
 async def test_the_fold_reads_only_unfolded_rows(loaded: asyncpg.Connection) -> None:
     async with loaded.transaction():
-        raw = await loaded.fetchval("EXPLAIN (FORMAT JSON) " + q.FOLD_TASK_COUNTS, 1000)
+        raw = await loaded.fetchval("EXPLAIN (FORMAT JSON) " + janitor_sql.FOLD_TASK_COUNTS, 1000)
     nodes = list(walk((json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]))
     shown = describe(nodes)
     picked = [
@@ -165,7 +166,7 @@ async def test_the_fold_reads_only_unfolded_rows(loaded: asyncpg.Connection) -> 
 
 
 async def test_the_repair_page_walks_live_indexes_only(loaded: asyncpg.Connection) -> None:
-    raw = await loaded.fetchval("EXPLAIN (FORMAT JSON) " + q.CLAIMABLE_RUNTIMES, 1000, "")
+    raw = await loaded.fetchval("EXPLAIN (FORMAT JSON) " + janitor_sql.CLAIMABLE_RUNTIMES, 1000, "")
     nodes = list(walk((json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]))
     shown = describe(nodes)
     scans = task_scans(nodes)

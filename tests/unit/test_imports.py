@@ -36,8 +36,8 @@ def module_name(path: Path) -> str:
 
 def imports(path: Path, known: set[str]) -> tuple[set[str], set[str]]:
     """(the gateway modules among `known` that `path` imports, as module_name() names
-    them, and the top-level packages it imports). `from .store import queries` imports
-    the module store.queries; `from .store import Store`, the package store."""
+    them, and the top-level packages it imports). `from .store.sql import tasks` imports
+    the module store.sql.tasks; `from .store import Store`, the package store."""
     name = module_name(path)
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     own: set[str] = set()
@@ -66,7 +66,7 @@ def imports(path: Path, known: set[str]) -> tuple[set[str], set[str]]:
 
 def graph() -> dict[str, set[str]]:
     """Each module's imports, with the packages an import runs on the way: importing
-    store.queries runs store/__init__.py first, and all that it imports. A module's
+    store.sql.tasks runs store/__init__.py first, and all that it imports. A module's
     own packages are already running when it runs, and are left out."""
     modules = {module_name(path): path for path in GATEWAY.rglob("*.py")}
     modules.pop("", None)  # gateway/__init__.py
