@@ -2,9 +2,9 @@
 
 A token is stored as the SHA-256 of its secret (`gwt_...`), shown once at creation. A
 webhook secret (`whsec_<base64 key>`) is also shown once, but its key is stored in
-clear: verifying an HMAC needs the key itself. Statements run through `Store.run`, so
-driver errors become StoreUnavailable as everywhere else; this module keeps no
-connection and no cache of its own (principals.Authenticator and webhooks.Verifier cache).
+clear: verifying an HMAC needs the key itself. Their rows are kept by the store
+(store/credentials.py); this module keeps no connection and no cache of its own
+(principals.Authenticator and webhooks.Verifier cache).
 """
 
 from __future__ import annotations
@@ -18,14 +18,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import asyncpg
-
 from ..api.fields import Field, Kind
 from ..api.render import format_time
-from ..errors import AlreadyExists, NotFound, ValidationFailed
+from ..errors import ValidationFailed
 from ..store import Store
 from ..store.base import Row
-from ..store.sql import credentials as q
 from .principals import RUNTIME_PATTERN_RE, TOKEN_PREFIX, Principal, Scope, hash_token
 
 WEBHOOK_SECRET_PREFIX = "whsec_"
@@ -200,42 +197,19 @@ def webhook_secret_json(row: Mapping[str, Any], secret: str | None = None) -> di
 
 
 class Credentials:
-    """Tokens and webhook secrets in Postgres, through the Store's pool."""
+    """Tokens and webhook secrets over the store (store/credentials.py holds their
+    statements): this side makes the secrets, hashes tokens, and turns a token's row
+    into its Principal."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
-
-    async def _insert(self, kind: str, name: str, query: str, *args: Any) -> Row:
-        async def go(c: asyncpg.Connection) -> Row:
-            try:
-                return await c.fetchrow(query, *args)
-            except asyncpg.UniqueViolationError:
-                # Only the live-name index can collide: a secret hash repeating is
-                # a 2^-256 event.
-                raise AlreadyExists(f"a live {kind} named {name!r} exists", field="name") from None
-
-        return await self._store.run(go)
-
-    async def _revoke(self, kind: str, ref: uuid.UUID | str, by_id: str, by_name: str) -> Row:
-        query = by_id if isinstance(ref, uuid.UUID) else by_name
-        row = await self._store.run(lambda c: c.fetchrow(query, ref))
-        if row is None:
-            what = f"id {ref}" if isinstance(ref, uuid.UUID) else f"a live one named {ref!r}"
-            raise NotFound(f"no {kind} with {what}")
-        return row
 
     async def create_token(self, spec: TokenSpec) -> tuple[Row, str]:
         """Store a new token; returns its row and its secret, which nothing keeps.
         AlreadyExists when a live token has the name."""
         secret = new_token_secret()
-        row = await self._insert(
-            "token",
-            spec.name,
-            q.CREATE_TOKEN,
-            spec.name,
-            hash_token(secret),
-            [s.value for s in spec.scopes],
-            None if spec.runtimes is None else list(spec.runtimes),
+        row = await self._store.insert_token(
+            spec.name, hash_token(secret), [s.value for s in spec.scopes], spec.runtimes
         )
         return row, secret
 
@@ -248,48 +222,35 @@ class Credentials:
         """A page of live tokens (or all), oldest first: at most `limit`, after the
         (created_at, id) of the last one of the previous page (None: from the first);
         rows hold no secret."""
-        since, last_id = after or (None, None)
-        return await self._store.run(
-            lambda c: c.fetch(q.LIST_TOKENS, include_revoked, since, last_id, limit)
-        )
+        return await self._store.list_tokens(include_revoked, limit, after)
 
     async def revoke_token(self, ref: uuid.UUID | str) -> Row:
         """Revoke by id (idempotent: a revoked token keeps its first revoked_at) or by
         the name of a live token; NotFound when nothing matches."""
-        return await self._revoke("token", ref, q.REVOKE_TOKEN_BY_ID, q.REVOKE_TOKEN_BY_NAME)
+        return await self._store.revoke_token(ref)
 
     async def principal_by_hash(self, secret_hash: bytes) -> Principal | None:
         """The live token whose secret hashes to `secret_hash`, or None (auth's lookup)."""
-        row = await self._store.run(lambda c: c.fetchrow(q.LIVE_TOKEN_BY_HASH, secret_hash))
+        row = await self._store.live_token_by_hash(secret_hash)
         return None if row is None else principal_of(row)
 
     async def create_webhook_secret(self, spec: WebhookSecretSpec) -> tuple[Row, str]:
         """Store a new signing key; returns its row and its `whsec_` text, shown once."""
         key = secrets.token_bytes(WEBHOOK_KEY_BYTES)
-        row = await self._insert(
-            "webhook secret",
-            spec.name,
-            q.CREATE_WEBHOOK_SECRET,
-            spec.name,
-            key,
-            list(spec.runtimes),
-        )
+        row = await self._store.insert_webhook_secret(spec.name, key, spec.runtimes)
         return row, webhook_secret_text(key)
 
     async def list_webhook_secrets(self, include_revoked: bool = False) -> list[Row]:
         """Live webhook secrets (or all), oldest first, without their keys."""
-        return await self._store.run(lambda c: c.fetch(q.LIST_WEBHOOK_SECRETS, include_revoked))
+        return await self._store.list_webhook_secrets(include_revoked)
 
     async def revoke_webhook_secret(self, ref: uuid.UUID | str) -> Row:
         """As revoke_token, for webhook secrets."""
-        return await self._revoke(
-            "webhook secret", ref, q.REVOKE_WEBHOOK_SECRET_BY_ID, q.REVOKE_WEBHOOK_SECRET_BY_NAME
-        )
+        return await self._store.revoke_webhook_secret(ref)
 
     async def webhook_keys(self, runtime_id: str) -> tuple[bytes, ...]:
         """The signing keys of every live secret covering the runtime, newest first."""
-        rows = await self._store.run(lambda c: c.fetch(q.WEBHOOK_KEYS_FOR_RUNTIME, runtime_id))
-        return tuple(bytes(r["signing_key"]) for r in rows)
+        return await self._store.webhook_keys(runtime_id)
 
 
 def parse_ref(raw: str) -> uuid.UUID | str:

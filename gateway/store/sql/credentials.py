@@ -1,5 +1,5 @@
-"""The statements of auth/credentials.py (Credentials, through `Store.run`): API tokens,
-stored as the hash of their secret, and webhook signing secrets, stored with their key.
+"""The statements of store/credentials.py (CredentialStatements): API tokens, stored as
+the hash of their secret, and webhook signing secrets, stored with their key.
 """
 
 from __future__ import annotations
