@@ -9,12 +9,12 @@ above the store sees a driver exception), and `Store` is all of them in one obje
 - acks.py: batch lease operations;
 - janitor.py: the janitor's statements and its leadership lock;
 - controls.py: runtime controls and the claim of a runtime with limits;
+- runtimes.py: the runtimes listing's reads;
 - credentials.py: API tokens and webhook signing secrets.
 
-The runtimes listing reads through functions over a Store (runtimes.py). A group's SQL
-is in the module of sql/ named after it (sql/tasks.py for tasks.py), the pieces several
-share in sql/fragments.py; the schema's migrations are applied by migrate.py. The rows
-they return are gateway/rows.py's, which the layers above share.
+A group's SQL is in the module of sql/ named after it (sql/tasks.py for tasks.py), the
+pieces several share in sql/fragments.py; the schema's migrations are applied by
+migrate.py. The rows they return are gateway/rows.py's, which the layers above share.
 A new group is a class on StoreBase (or on the group it builds on) with its statements
 in sql/, added to `Store` here.
 """
@@ -26,6 +26,7 @@ from .controls import ControlStatements
 from .credentials import CredentialStatements
 from .janitor import JanitorStatements
 from .leases import LeaseStatements
+from .runtimes import RuntimeListStatements
 from .tasks import TaskStatements
 
 
@@ -35,6 +36,7 @@ class Store(
     TaskStatements,
     BatchAckStatements,
     JanitorStatements,
+    RuntimeListStatements,
     CredentialStatements,
 ):
     """Task storage in Postgres. `open()` and `close()` are called by the app's lifespan."""

@@ -1,7 +1,7 @@
 """The Postgres pool and its plumbing, under every group of statements of `Store`.
 
 Owns the asyncpg pool: opening and closing it, each connection's setup, running a
-function on a pooled connection (`_run`, and `run` for modules with statements of their
+function on a pooled connection (`_run`; `run` for tests and tools with SQL of their
 own), transactions bounded by the statement timeout. asyncpg and socket errors are
 translated here into StoreUnavailable (DatabaseBusy when no connection comes free in
 time); nothing above the store modules sees a driver exception.
@@ -24,7 +24,7 @@ from ..metrics import Metrics
 from .migrate import schema_is_current
 from .sql import base as sql
 
-# Records of the credential tables (auth/credentials.py); task rows go up as TaskRow.
+# Records of the credential tables (credentials.py); task rows go up as TaskRow.
 Row: TypeAlias = asyncpg.Record
 # What the driver raises when Postgres is unreachable, slow or refuses a statement;
 # translated into StoreUnavailable in the store modules and nowhere else.
@@ -61,8 +61,9 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 
 class StoreBase:
-    """The pool and what runs statements on it; the groups of statements (store_*.py)
-    build on it and `Store` (store.py) is all of them in one object."""
+    """The pool and what runs statements on it; the groups of statements (the other
+    modules of this package) build on it and `Store` (__init__.py) is all of them in one
+    object."""
 
     def __init__(
         self,
@@ -198,9 +199,10 @@ class StoreBase:
         await conn.execute(sql.COMMIT)
 
     async def run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
-        """Run `fn` on a pooled connection, for storage modules that keep their own
-        statements (credentials). Driver errors become StoreUnavailable, as here;
-        a GatewayError that `fn` raises passes through unchanged."""
+        """Run `fn` on a pooled connection, for tests and tools that run SQL of their
+        own: the gateway's statements are methods of Store's groups. Driver errors become
+        StoreUnavailable, as here; a GatewayError that `fn` raises passes through
+        unchanged."""
         return await self._run(fn)
 
     async def schema_is_current(self) -> bool:

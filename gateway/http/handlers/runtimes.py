@@ -20,7 +20,6 @@ from ...api.fields import read_query
 from ...auth.principals import Principal
 from ...errors import ValidationFailed
 from ...instance import Gateway
-from ...store.runtimes import summarize_runtimes, walk_runtimes
 from ..io import json_response
 
 
@@ -83,12 +82,12 @@ async def list_runtimes(request: Request, gw: Gateway) -> Response:
         prefixes = [p.split("*", 1)[0] for p in principal.runtimes]
         if "" in prefixes:
             prefixes = None
-    walked = await walk_runtimes(gw.store, after, walk, prefixes)
+    walked = await gw.store.walk_runtimes(after, walk, prefixes)
     page, resume_after = page_of(walked, limit, walk, principal)
     next_cursor = (
         None if resume_after is None else encode_cursor(gw.runtime_cursors, resume_after, principal)
     )
-    rows = await summarize_runtimes(gw.store, page)
+    rows = await gw.store.summarize_runtimes(page)
     ids = [row.runtime_id for row in rows]
     fleet = await gw.parked.fleet(
         ids,

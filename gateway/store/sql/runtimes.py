@@ -1,4 +1,4 @@
-"""The statements of store/runtimes.py (its functions over a Store): the runtimes listing
+"""The statements of store/runtimes.py (RuntimeListStatements): the runtimes listing
 (GET /v1/runtimes, the console), a page of runtime ids and their live counts.
 """
 
