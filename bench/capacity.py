@@ -85,9 +85,10 @@ from bench.infra import (
     log,
     resolve_servers,
 )
+from gateway.api.credential_bodies import Scope
 from gateway.api.requests import EnqueueRequest
 from gateway.auth.credentials import Credentials, TokenSpec
-from gateway.auth.principals import Scope, hash_token
+from gateway.auth.principals import hash_token
 from gateway.metrics import Metrics
 from gateway.redis.keys import keys_for
 from gateway.store import Store

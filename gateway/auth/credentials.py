@@ -10,7 +10,6 @@ clear: verifying an HMAC needs the key itself. Their rows are kept by the store
 from __future__ import annotations
 
 import base64
-import re
 import secrets
 import uuid
 from collections.abc import Mapping
@@ -18,24 +17,22 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ..api.fields import Field, Kind
+from ..api.credential_bodies import (
+    MAX_PATTERNS,
+    MAX_TOKENS_PAGE,
+    NAME_RE,
+    RUNTIME_PATTERN_RE,
+    Scope,
+)
 from ..api.render import format_time
 from ..errors import ValidationFailed
 from ..store import Store
 from ..store.base import Row
-from .principals import RUNTIME_PATTERN_RE, TOKEN_PREFIX, Principal, Scope, hash_token
+from .principals import TOKEN_PREFIX, Principal, hash_token
 
 WEBHOOK_SECRET_PREFIX = "whsec_"
 WEBHOOK_KEY_BYTES = 32  # Standard Webhooks asks for 24 to 64 random bytes
 TOKEN_SECRET_BYTES = 32
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,99}$")
-MAX_PATTERNS = 100
-# The token listing's page (GET /v1/admin/tokens, `gateway token list`), as the other
-# listings page.
-MAX_TOKENS_PAGE = 1000
-TOKENS_LIMIT = Field(
-    "limit", Kind.INTEGER, "Tokens per page.", default=100, minimum=1, maximum=MAX_TOKENS_PAGE
-)
 TOKEN_FIELDS = frozenset({"name", "scopes", "runtimes"})
 WEBHOOK_SECRET_FIELDS = frozenset({"name", "runtimes"})
 

@@ -12,10 +12,8 @@ only) makes every request an admin.
 from __future__ import annotations
 
 import asyncio
-import enum
 import hashlib
 import hmac
-import re
 import time
 import uuid
 from collections import OrderedDict
@@ -23,22 +21,9 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from ..api.credential_bodies import Scope
 from ..errors import Forbidden, Unauthorized
 from ..settings import Settings
-
-
-class Scope(enum.StrEnum):
-    """What a token may do. `admin` implies every other scope."""
-
-    ENQUEUE = "enqueue"  # enqueue, batch, cancel, retry
-    CLAIM = "claim"  # claim, heartbeat, complete, fail, release
-    READ = "read"  # get a task, list, stats
-    ADMIN = "admin"  # everything, including tokens and webhook secrets
-    CONTROL = "control"  # pause, resume and limit runtimes (runtime controls)
-
-
-# A runtime pattern: a runtime id in which `*` matches any run of characters.
-RUNTIME_PATTERN_RE = re.compile(r"^[A-Za-z0-9*][A-Za-z0-9._:*-]{0,127}$")
 
 
 def glob_match(pattern: str, runtime_id: str) -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from ..api import credential_bodies
 from ..auth import credentials as c
 from ..errors import AlreadyExists, GatewayError, ValidationFailed
 from ..metrics import Metrics
@@ -79,9 +80,9 @@ async def _every_token(creds: c.Credentials, include_revoked: bool) -> list[Row]
     rows: list[Row] = []
     after = None
     while True:
-        page = await creds.list_tokens(include_revoked, c.MAX_TOKENS_PAGE, after)
+        page = await creds.list_tokens(include_revoked, credential_bodies.MAX_TOKENS_PAGE, after)
         rows += page
-        if len(page) < c.MAX_TOKENS_PAGE:
+        if len(page) < credential_bodies.MAX_TOKENS_PAGE:
             return rows
         after = (page[-1]["created_at"], page[-1]["id"])
 

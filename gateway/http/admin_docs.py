@@ -1,83 +1,31 @@
-"""Documentation of the admin API and the signed webhook, beside docs.py's. Schemas are
-built from the rules their parsers use (auth/credentials.py, auth/webhooks.py, auth/principals.py,
-bodies.py), so the document cannot promise what the code refuses.
+"""Documentation of the admin API and the signed webhook, beside docs.py's. The request
+bodies are api/credential_bodies.py's and api/bodies.py's, built from the rules their
+parsers use, so the document cannot promise what the code refuses.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..api import bodies, requests
+from ..api import bodies, credential_bodies, requests
 from ..api.answers import TIME_SCHEMA, UUID_SCHEMA
+from ..api.credential_bodies import (
+    INCLUDE_REVOKED,
+    SCOPES_SCHEMA,
+    TOKEN_REQUEST,
+    TOKENS_QUERY,
+    WEBHOOK_SECRET_REQUEST,
+    object_schema,
+)
 from ..api.fields import JSON_VALUE, Body, Field, Kind, RawBody
 from ..auth import credentials, webhooks
-from ..auth.principals import RUNTIME_PATTERN_RE, Scope
 from ..errors import AlreadyExists, IdempotencyKeyReused, InvalidSignature, NotFound
 from .docs import REPLAYED, TASK, Doc, Param, Reply
-from .handlers.admin import INCLUDE_REVOKED, TOKENS_CURSOR
-
-_NAME = {
-    "type": "string",
-    "pattern": credentials.NAME_RE.pattern,
-    "description": "1-100 letters, digits and . _ : @ -, starting with a letter or digit; "
-    "not shaped like a UUID. Unique among live ones.",
-}
-_PATTERNS = {
-    "type": "array",
-    "minItems": 1,
-    "maxItems": credentials.MAX_PATTERNS,
-    "items": {"type": "string", "pattern": RUNTIME_PATTERN_RE.pattern},
-    "description": "Runtime ids in which `*` matches any run of characters.",
-}
-_SCOPES = {
-    "type": "array",
-    "minItems": 1,
-    "items": {"enum": [scope.value for scope in Scope]},
-}
-
-
-def _object(required: list[str], properties: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "required": required,
-        "properties": properties,
-        "additionalProperties": False,
-    }
-
-
-TOKEN_REQUEST = RawBody(
-    "TokenRequest",
-    "A token to create. Without runtimes it covers every runtime; an admin token "
-    "always does, so it may not have any.",
-    {
-        **_object(
-            ["name", "scopes"],
-            {
-                "name": _NAME,
-                "scopes": _SCOPES,
-                "runtimes": {**_PATTERNS, "type": ["array", "null"]},
-            },
-        ),
-        # credentials.parse_token_spec: no runtimes beside the admin scope.
-        "not": {
-            "required": ["scopes", "runtimes"],
-            "properties": {
-                "scopes": {"contains": {"const": Scope.ADMIN.value}},
-                "runtimes": {"type": "array"},
-            },
-        },
-    },
-)
-WEBHOOK_SECRET_REQUEST = RawBody(
-    "WebhookSecretRequest",
-    "A webhook signing secret to create, for the runtimes it may enqueue into.",
-    _object(["name", "runtimes"], {"name": _NAME, "runtimes": _PATTERNS}),
-)
 
 _TOKEN_BASE = {
     "id": UUID_SCHEMA,
     "name": {"type": "string"},
-    "scopes": _SCOPES,
+    "scopes": SCOPES_SCHEMA,
     "runtimes": {"type": ["array", "null"], "items": {"type": "string"}},
     "created_at": TIME_SCHEMA,
 }
@@ -100,7 +48,7 @@ NO_STORE = Param("Cache-Control", "The answer holds a secret: never cached.", {"
 
 
 def _list(key: str, item: dict[str, Any]) -> dict[str, Any]:
-    return _object([key], {key: {"type": "array", "items": item}})
+    return object_schema([key], {key: {"type": "array", "items": item}})
 
 
 def _revoke(operation_id: str, what: str, param: str) -> Doc:
@@ -122,7 +70,7 @@ CREATE_TOKEN = Doc(
         Reply(
             201,
             "Created; the secret is in `token`, shown this once.",
-            _object([*_TOKEN_BASE, "token"], {**_TOKEN_BASE, **_TOKEN_SECRET}),
+            object_schema([*_TOKEN_BASE, "token"], {**_TOKEN_BASE, **_TOKEN_SECRET}),
             headers=(NO_STORE,),
         ),
     ),
@@ -130,15 +78,6 @@ CREATE_TOKEN = Doc(
     tag="admin",
     body=TOKEN_REQUEST,
     errors=(AlreadyExists,),
-)
-TOKENS_QUERY = Body(
-    "TokensQuery",
-    "A page of tokens, oldest first.",
-    (
-        INCLUDE_REVOKED["include_revoked"],
-        credentials.TOKENS_LIMIT,
-        TOKENS_CURSOR,
-    ),
 )
 LIST_TOKENS = Doc(
     "listTokens",
@@ -148,12 +87,14 @@ LIST_TOKENS = Doc(
             200,
             "A page of tokens (live ones, unless include_revoked), oldest first; next_cursor "
             "is null on the last one.",
-            _object(
+            object_schema(
                 ["tokens", "next_cursor"],
                 {
                     "tokens": {
                         "type": "array",
-                        "items": _object([*_TOKEN_BASE, "revoked_at"], {**_TOKEN_BASE, **_REVOKED}),
+                        "items": object_schema(
+                            [*_TOKEN_BASE, "revoked_at"], {**_TOKEN_BASE, **_REVOKED}
+                        ),
                     },
                     "next_cursor": {
                         "type": ["string", "null"],
@@ -163,7 +104,7 @@ LIST_TOKENS = Doc(
             ),
         ),
     ),
-    f"At most `limit` ({credentials.MAX_TOKENS_PAGE} at most) tokens per page; pass "
+    f"At most `limit` ({credential_bodies.MAX_TOKENS_PAGE} at most) tokens per page; pass "
     "`next_cursor` back as `cursor` for the next page. A bad `limit` or `cursor` is `422` "
     "naming it.",
     tag="admin",
@@ -177,7 +118,7 @@ CREATE_WEBHOOK_SECRET = Doc(
         Reply(
             201,
             "Created; the secret is in `secret`, shown this once.",
-            _object([*_SECRET_BASE, "secret"], {**_SECRET_BASE, **_WEBHOOK_SECRET}),
+            object_schema([*_SECRET_BASE, "secret"], {**_SECRET_BASE, **_WEBHOOK_SECRET}),
             headers=(NO_STORE,),
         ),
     ),
@@ -195,7 +136,7 @@ LIST_WEBHOOK_SECRETS = Doc(
             "Live secrets, oldest first.",
             _list(
                 "webhook_secrets",
-                _object([*_SECRET_BASE, "revoked_at"], {**_SECRET_BASE, **_REVOKED}),
+                object_schema([*_SECRET_BASE, "revoked_at"], {**_SECRET_BASE, **_REVOKED}),
             ),
         ),
     ),

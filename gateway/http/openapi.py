@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 from .. import __version__, errors
 from ..api.answers import SCHEMAS
+from ..api.credential_bodies import Scope
 from ..api.decode import RUNTIME_ID_RE
 from ..api.fields import JSON_VALUE, JSON_VALUE_SCHEMA
-from ..auth.principals import Scope
 from ..errors import GatewayError
 from ..settings import Settings
 from .docs import Doc, Link, Param, Reply

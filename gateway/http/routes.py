@@ -25,7 +25,8 @@ from starlette.types import ASGIApp, Receive, Send
 from starlette.types import Scope as ASGIScope
 
 from ..api import decode
-from ..auth.principals import Principal, Scope
+from ..api.credential_bodies import Scope
+from ..auth.principals import Principal
 from ..errors import GatewayError, NotFound
 from ..instance import Gateway
 from ..metrics import CONTENT_TYPE

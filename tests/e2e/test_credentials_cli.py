@@ -20,7 +20,7 @@ import orjson
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from gateway.auth.credentials import MAX_TOKENS_PAGE
+from gateway.api.credential_bodies import MAX_TOKENS_PAGE
 from gateway.auth.principals import hash_token
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,7 @@ import orjson
 import pytest
 import pytest_asyncio
 
-from gateway.auth.principals import Scope
+from gateway.api.credential_bodies import Scope
 from gateway.http.routes import ENDPOINTS, Endpoint, Target
 from tests.e2e.credentials_support import deliver, make_secret, make_token, snapshot, unique
 from tests.e2e.lifecycle_support import (

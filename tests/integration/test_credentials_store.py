@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
+from gateway.api.credential_bodies import Scope
 from gateway.auth.credentials import Credentials, TokenSpec, WebhookSecretSpec, parse_token_spec
-from gateway.auth.principals import Principal, Scope, glob_match, hash_token
+from gateway.auth.principals import Principal, glob_match, hash_token
 from gateway.errors import AlreadyExists, NotFound
 from gateway.metrics import Metrics
 from gateway.store import Store

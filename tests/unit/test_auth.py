@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from gateway.api.credential_bodies import Scope
 from gateway.auth.principals import (
     ADMIN,
     TOKEN_CACHE_TTL_SECONDS,
@@ -13,7 +14,6 @@ from gateway.auth.principals import (
     Authenticator,
     LocalCache,
     Principal,
-    Scope,
     glob_match,
     hash_token,
 )

@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 
+from gateway.api.credential_bodies import Scope
 from gateway.auth.credentials import (
     new_token_secret,
     parse_ref,
@@ -15,7 +16,6 @@ from gateway.auth.credentials import (
     parse_webhook_secret_spec,
     webhook_secret_text,
 )
-from gateway.auth.principals import Scope
 from gateway.errors import ValidationFailed
 
 

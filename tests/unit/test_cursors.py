@@ -8,8 +8,9 @@ import uuid
 
 import pytest
 
+from gateway.api.credential_bodies import Scope
 from gateway.api.cursors import CursorSeal
-from gateway.auth.principals import ADMIN, Principal, Scope
+from gateway.auth.principals import ADMIN, Principal
 from gateway.errors import ValidationFailed
 
 SECRET = "s" * 40

@@ -14,8 +14,8 @@ from openapi_spec_validator import validate
 
 from gateway import errors
 from gateway.api import bodies, decode, render, requests
+from gateway.api.credential_bodies import Scope
 from gateway.api.fields import Kind, RawBody, read_query
-from gateway.auth.principals import Scope
 from gateway.errors import ValidationFailed
 from gateway.http import docs, openapi
 from gateway.http.routes import ENDPOINTS, Endpoint, Target, healthz

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ...api import cursors
-from ...api.fields import Body, Field, Kind, read_query
+from ...api import credential_bodies, cursors
+from ...api.credential_bodies import INCLUDE_REVOKED, TOKENS_CURSOR
+from ...api.fields import read_query
 from ...auth import credentials
 from ...errors import NotFound
 from ..io import json_response, read_json
@@ -25,22 +26,6 @@ if TYPE_CHECKING:
 
 # A secret in an answer must not be kept by caches or proxies along the way.
 SECRET_HEADERS = {"Cache-Control": "no-store"}
-
-INCLUDE_REVOKED = Body(
-    "IncludeRevoked",
-    "Listing options.",
-    (
-        Field(
-            "include_revoked",
-            Kind.STRING,
-            "`true` also lists revoked ones, with their revoked_at.",
-            enum=("true", "false", "1", "0"),
-        ),
-    ),
-)
-
-
-TOKENS_CURSOR = Field("cursor", Kind.STRING, "The next_cursor of the previous page.")
 
 
 def _include_revoked(params: Mapping[str, str]) -> bool:
@@ -68,7 +53,7 @@ async def list_tokens(request: Request, gw: Gateway) -> Response:
     lists tokens, and an admin sees every one."""
     params = request.query_params
     include_revoked = _include_revoked(params)
-    limit = read_query(credentials.TOKENS_LIMIT, params, {})
+    limit = read_query(credential_bodies.TOKENS_LIMIT, params, {})
     cursor = read_query(TOKENS_CURSOR, params, {})
     after = cursors.decode_cursor(cursor) if cursor else None
     # One more than the page shows, so that a full page knows whether more follow.
