@@ -2,6 +2,7 @@
 
 - `net`: free loopback ports;
 - `waiting`: polling until a condition holds, with a deadline;
+- `clocks`: a clock a test moves by hand;
 - `http`: requests to a running gateway and their answers;
 - `databases`: migrating a database and one-off queries on it;
 - `metrics`: reading a gateway's Prometheus samples.

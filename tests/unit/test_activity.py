@@ -4,18 +4,11 @@ clock."""
 from __future__ import annotations
 
 from gateway.claim.activity import BUCKET_SECONDS, BUCKETS, ClaimActivity
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clocks import FakeClock
 
 
 def test_counts_sum_over_the_last_minute_per_runtime() -> None:
-    clock = Clock()
+    clock = FakeClock()
     act = ClaimActivity(clock)
     act.add("a", 3)
     clock.now += 20
@@ -27,7 +20,7 @@ def test_counts_sum_over_the_last_minute_per_runtime() -> None:
 
 
 def test_a_bucket_leaves_the_window_after_a_minute_and_is_dropped() -> None:
-    clock = Clock()  # 1000 s: the start of a 5 s bucket
+    clock = FakeClock()  # 1000 s: the start of a 5 s bucket
     act = ClaimActivity(clock)
     act.add("a", 4)
     clock.now += BUCKET_SECONDS * (BUCKETS - 1) + 4.9  # the last moment of the minute

@@ -19,16 +19,9 @@ from gateway.auth.principals import (
 )
 from gateway.errors import StoreUnavailable, Unauthorized
 from gateway.settings import Settings
+from tests.support.clocks import FakeClock
 
 ADMIN_TOKEN = "a" * 40
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Loader:
@@ -52,7 +45,7 @@ def test_the_token_cache_ttl_is_at_most_two_seconds() -> None:
 
 
 async def test_hits_misses_and_expiry() -> None:
-    clock = Clock()
+    clock = FakeClock()
     cache: LocalCache[str, str | None] = LocalCache(2.0, 10, clock)
     load = Loader({"a": "A"})
     assert await cache.get("a", load) == "A"
@@ -69,7 +62,7 @@ async def test_hits_misses_and_expiry() -> None:
 
 
 async def test_size_is_bounded_least_recently_used_first() -> None:
-    clock = Clock()
+    clock = FakeClock()
     cache: LocalCache[str, str | None] = LocalCache(2.0, 3, clock)
     load = Loader({})
     for key in "abc":
@@ -84,7 +77,7 @@ async def test_size_is_bounded_least_recently_used_first() -> None:
 
 
 async def test_concurrent_lookups_share_one_load_and_failures_are_not_cached() -> None:
-    cache: LocalCache[str, str | None] = LocalCache(2.0, 10, Clock())
+    cache: LocalCache[str, str | None] = LocalCache(2.0, 10, FakeClock())
     load = Loader({"a": "A"})
     load.fail = True
     results = await asyncio.gather(
@@ -98,7 +91,7 @@ async def test_concurrent_lookups_share_one_load_and_failures_are_not_cached() -
 
 
 async def test_a_cancelled_waiter_does_not_cancel_the_shared_load() -> None:
-    cache: LocalCache[str, str] = LocalCache(2.0, 10, Clock())
+    cache: LocalCache[str, str] = LocalCache(2.0, 10, FakeClock())
     gate = asyncio.Event()
 
     async def slow(key: str) -> str:
@@ -116,7 +109,7 @@ async def test_a_cancelled_waiter_does_not_cancel_the_shared_load() -> None:
 
 
 async def test_expiry_counts_from_before_a_slow_load() -> None:
-    clock = Clock()
+    clock = FakeClock()
     cache: LocalCache[str, str] = LocalCache(2.0, 10, clock)
     calls = 0
 

@@ -5,19 +5,13 @@ from __future__ import annotations
 import pytest
 
 from gateway.redis.breaker import CircuitBreaker
-
-
-class FakeClock:
-    def __init__(self, start: float = 500.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clocks import FakeClock
 
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    # 500 s, as these tests were written: their boundaries are float sums from it.
+    return FakeClock(500.0)
 
 
 @pytest.fixture

@@ -15,21 +15,11 @@ from gateway.metrics import Metrics
 from gateway.redis.breaker import CircuitBreaker
 from gateway.redis.keys import keys_for, runtime_of_channel
 from gateway.redis.verdict import VerdictCache
+from tests.support.clocks import FakeClock
 from tests.support.metrics import sample
 
 PREFIX = "gw"
 VERSION_TTL = 3600
-
-
-class FakeClock:
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def split(version: str) -> tuple[str, int]:
