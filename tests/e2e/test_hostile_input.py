@@ -52,10 +52,10 @@ async def raw_call(inst: Instance, method: str, path: str, body: bytes | None = 
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def db(database_url):
-    conn = await asyncpg.connect(database_url)
-    yield conn
-    await conn.close()
+async def conn(database_url):
+    connection = await asyncpg.connect(database_url)
+    yield connection
+    await connection.close()
 
 
 # -- defect 1: nesting depth ----------------------------------------------------------
@@ -103,12 +103,12 @@ async def test_depth_limit_follows_the_setting(database_url, redis_url, runtime_
         assert "GATEWAY_MAX_JSON_DEPTH" in resp.body["detail"]
 
 
-async def test_stored_deep_payloads_and_results_are_still_delivered(gw, runtime_id, db):
+async def test_stored_deep_payloads_and_results_are_still_delivered(gw, runtime_id, conn):
     """Rows written before the cap (or by hand) deliver: the stored JSON text is sent
     as it is, never parsed again, so no depth can fail an answer."""
     before = await enqueue(gw, runtime_id, "innocent-1", priority=90)
     for depth in (253, 600):
-        await db.execute(
+        await conn.execute(
             "INSERT INTO tasks (runtime_id, payload, priority) VALUES ($1, $2::jsonb, 80)",
             runtime_id,
             nested_text(depth),
@@ -123,7 +123,7 @@ async def test_stored_deep_payloads_and_results_are_still_delivered(gw, runtime_
     assert payloads[1] == json.loads(nested_text(253)) or payloads[1] == nested(253)
     assert payloads[2] == nested(600)
     deep = body["tasks"][2]
-    await db.execute(
+    await conn.execute(
         "UPDATE tasks SET status = 'completed', result = $2::jsonb, lease_expires_at = NULL "
         "WHERE id = $1",
         deep["id"],

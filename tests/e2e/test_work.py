@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def db(fresh_database_url: str) -> Iterator[str]:
+def own_database_url(fresh_database_url: str) -> Iterator[str]:
     """A migrated database of the test's own, so that its janitor is the only one."""
     asyncio.run(apply_migrations(fresh_database_url))
     yield fresh_database_url
@@ -92,8 +92,10 @@ async def read_pid(path: Path, within: float = 10) -> int:
 
 
 @pytest.mark.timeout(60)
-async def test_two_hundred_tasks_each_completed_once(db, redis_url, redis_prefix, runtime_id):
-    settings = make_settings(db, redis_url, redis_prefix)
+async def test_two_hundred_tasks_each_completed_once(
+    own_database_url, redis_url, redis_prefix, runtime_id
+):
+    settings = make_settings(own_database_url, redis_url, redis_prefix)
     async with running_gateway(settings) as gw, AsyncClient(gw.url, TOKEN) as client:
         tasks = await client.enqueue_batch(
             runtime_id,
@@ -132,9 +134,11 @@ async def test_two_hundred_tasks_each_completed_once(db, redis_url, redis_prefix
 
 
 async def test_a_killed_worker_s_task_is_done_by_the_next(
-    db, redis_url, redis_prefix, runtime_id, tmp_path
+    own_database_url, redis_url, redis_prefix, runtime_id, tmp_path
 ):
-    settings = make_settings(db, redis_url, redis_prefix, janitor_interval_seconds=0.2)
+    settings = make_settings(
+        own_database_url, redis_url, redis_prefix, janitor_interval_seconds=0.2
+    )
     pidfile = tmp_path / "pid"
     async with running_gateway(settings) as gw, AsyncClient(gw.url, TOKEN) as client:
         task = await client.enqueue(
@@ -163,9 +167,9 @@ async def test_a_killed_worker_s_task_is_done_by_the_next(
 
 
 async def test_a_cancelled_task_s_command_is_ended(
-    db, redis_url, redis_prefix, runtime_id, tmp_path
+    own_database_url, redis_url, redis_prefix, runtime_id, tmp_path
 ):
-    settings = make_settings(db, redis_url, redis_prefix)
+    settings = make_settings(own_database_url, redis_url, redis_prefix)
     pidfile = tmp_path / "pid"
     async with running_gateway(settings) as gw, AsyncClient(gw.url, TOKEN) as client:
         task = await client.enqueue(runtime_id, {"pidfile": str(pidfile), "sleep": 30})
@@ -185,11 +189,13 @@ async def test_a_cancelled_task_s_command_is_ended(
 
 
 async def test_a_lost_lease_ends_the_command_and_reports_nothing(
-    db, redis_url, redis_prefix, runtime_id, tmp_path
+    own_database_url, redis_url, redis_prefix, runtime_id, tmp_path
 ):
     """The worker is frozen past its lease; the task goes to another daemon. Thawed, its
     next heartbeat is refused: its command is ended, and the new holder is left alone."""
-    settings = make_settings(db, redis_url, redis_prefix, janitor_interval_seconds=0.2)
+    settings = make_settings(
+        own_database_url, redis_url, redis_prefix, janitor_interval_seconds=0.2
+    )
     pidfile = tmp_path / "pid"
     async with running_gateway(settings) as gw, AsyncClient(gw.url, TOKEN) as client:
         task = await client.enqueue(runtime_id, {"pidfile": str(pidfile), "sleep": 30})
@@ -217,9 +223,9 @@ async def test_a_lost_lease_ends_the_command_and_reports_nothing(
 
 
 async def test_sigterm_lets_the_running_command_finish_and_exits_0(
-    db, redis_url, redis_prefix, runtime_id, tmp_path
+    own_database_url, redis_url, redis_prefix, runtime_id, tmp_path
 ):
-    settings = make_settings(db, redis_url, redis_prefix)
+    settings = make_settings(own_database_url, redis_url, redis_prefix)
     pidfile = tmp_path / "pid"
     async with running_gateway(settings) as gw, AsyncClient(gw.url, TOKEN) as client:
         task = await client.enqueue(runtime_id, {"n": 5, "pidfile": str(pidfile), "sleep": 1})

@@ -11,7 +11,7 @@ from tests.support.databases import migrate
 
 
 @pytest.fixture
-async def db(fresh_database_url: str) -> str:
+async def own_database_url(fresh_database_url: str) -> str:
     """A freshly migrated database of the test's own (see janitor_support)."""
     return await migrate(fresh_database_url)
 

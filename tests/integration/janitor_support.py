@@ -2,7 +2,7 @@
 
 This module holds no tests. The janitor works on the whole task table, not on one
 runtime, so most janitor tests run against a freshly migrated database of their own
-(the `db` fixture of tests/integration/conftest.py): a pass's counts
+(the `own_database_url` fixture of tests/integration/conftest.py): a pass's counts
 (`PassReport.reclaimed`, `.expired`, `.purged`, `.repaired`) are then exact, and
 leadership (a per-database advisory lock) is not shared with other tests' gateways.
 """
@@ -88,12 +88,12 @@ async def enqueue_without_bump(inst: Instance, runtime: str, payload: Any, **fie
     return str(row.id)
 
 
-async def claimable_for_a_while(db: str, task_ids: list[Any]) -> None:
+async def claimable_for_a_while(database_url: str, task_ids: list[Any]) -> None:
     """Move the rows' creation (and run_at, for due rows) a few seconds into the past:
     the repair leaves alone tasks that became claimable less than a second ago, whose
     bump may still be on its way. Delayed rows keep their future run_at."""
     await execute(
-        db,
+        database_url,
         "UPDATE tasks SET created_at = created_at - interval '5 seconds', "
         "run_at = CASE WHEN run_at <= now() THEN run_at - interval '5 seconds' ELSE run_at END "
         "WHERE id = ANY($1::uuid[])",

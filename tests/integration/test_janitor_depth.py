@@ -19,9 +19,9 @@ pytestmark = pytest.mark.integration
 
 
 async def test_a_slow_count_waits_ten_times_its_duration(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str, monkeypatch: Any
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str, monkeypatch: Any
 ) -> None:
-    cfg = janitor_settings(db, redis_url, redis_prefix)
+    cfg = janitor_settings(own_database_url, redis_url, redis_prefix)
     async with running_gateway(cfg) as gw:
         await first_pass_done(gw)
         store, janitor = gw.gateway.store, gw.gateway.janitor

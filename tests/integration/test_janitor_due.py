@@ -46,13 +46,13 @@ async def timed_poll(gw: Instance, runtime: str, wait: float) -> tuple[list[dict
 
 
 async def test_parked_poll_gets_a_delayed_task_when_it_comes_due(
-    db: str,
+    own_database_url: str,
     redis_url: str,
     redis_prefix: str,
     runtime_id: str,
     redis_client: aioredis.Redis,
 ) -> None:
-    cfg = janitor_settings(db, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
+    cfg = janitor_settings(own_database_url, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
     empty_key = keys_for(redis_prefix, runtime_id).empty
     async with running_gateway(cfg) as gw:
         await first_pass_done(gw)
@@ -77,7 +77,7 @@ async def test_parked_poll_gets_a_delayed_task_when_it_comes_due(
 
 
 async def test_task_coming_due_while_the_empty_scan_finishes_is_not_missed(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str, monkeypatch: Any
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str, monkeypatch: Any
 ) -> None:
     """The task comes due while the claim is still working out the next due time (a
     slow statement, here made slow on purpose). The verdict must not outlive the
@@ -88,7 +88,7 @@ async def test_task_coming_due_while_the_empty_scan_finishes_is_not_missed(
     slow_next_due = lease_sql.NEXT_DUE.replace("FROM tasks", "FROM pg_sleep(0.6), tasks", 1)
     slow = lease_sql.CLAIM.replace(lease_sql.NEXT_DUE, slow_next_due, 1)
     assert slow_next_due != lease_sql.NEXT_DUE and slow != lease_sql.CLAIM
-    cfg = janitor_settings(db, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
+    cfg = janitor_settings(own_database_url, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
     async with running_gateway(cfg) as gw:
         await first_pass_done(gw)
         monkeypatch.setattr(lease_sql, "CLAIM", slow)
@@ -100,7 +100,7 @@ async def test_task_coming_due_while_the_empty_scan_finishes_is_not_missed(
 
 
 async def test_a_verdict_whose_life_is_unknown_never_parks_a_poll_past_a_due_task(
-    db: str,
+    own_database_url: str,
     redis_url: str,
     redis_prefix: str,
     runtime_id: str,
@@ -112,7 +112,7 @@ async def test_a_verdict_whose_life_is_unknown_never_parks_a_poll_past_a_due_tas
     It is no hit: the poll asks Postgres, and the verdict it writes lives no longer
     than the task's delay (I4)."""
     keys = keys_for(redis_prefix, runtime_id)
-    cfg = janitor_settings(db, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
+    cfg = janitor_settings(own_database_url, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
     async with running_gateway(cfg) as gw:
         await first_pass_done(gw)
         task = await gw.enqueue(runtime_id, {"job": "later"}, delay_seconds=1.0)

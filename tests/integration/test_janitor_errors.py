@@ -25,19 +25,19 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.integration
 
 
-async def one_of_each(gw: Instance, db: str, rt: str) -> dict[str, str]:
+async def one_of_each(gw: Instance, database_url: str, rt: str) -> dict[str, str]:
     """One row for every duty: a lapsed lease, a queued task past its expiry, an old
     completed task, and a claimable task behind a lost bump. Ages are set in SQL."""
     await gw.enqueue(f"{rt}-lease", {"duty": "reclaim"})
     [lapsed] = await gw.claim(f"{rt}-lease", "w", lease_seconds=60)
     await execute(
-        db,
+        database_url,
         "UPDATE tasks SET lease_expires_at = now() - interval '5 seconds' WHERE id = $1::uuid",
         lapsed["id"],
     )
     ttl = await gw.enqueue(f"{rt}-ttl", {"duty": "expire"}, ttl_seconds=3600)
     await execute(
-        db,
+        database_url,
         "UPDATE tasks SET expires_at = now() - interval '1 second' WHERE id = $1::uuid",
         ttl["id"],
     )
@@ -46,14 +46,14 @@ async def one_of_each(gw: Instance, db: str, rt: str) -> dict[str, str]:
     status, body = await gw.complete(old)
     assert status == 200, body
     await execute(
-        db,
+        database_url,
         "UPDATE tasks SET finished_at = now() - interval '2 hours' WHERE id = $1::uuid",
         old["id"],
     )
     await empty_verdict(gw, f"{rt}-stale")
     stale = await enqueue_without_bump(gw, f"{rt}-stale", {"duty": "repair"})
     await execute(
-        db,
+        database_url,
         "UPDATE tasks SET run_at = now() - interval '5 seconds' WHERE id = $1::uuid",
         stale,
     )
@@ -70,12 +70,17 @@ STEPS = {
 
 @pytest.mark.parametrize("broken", list(STEPS))
 async def test_a_failing_step_does_not_stop_the_others(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str, monkeypatch: Any, broken: str
+    own_database_url: str,
+    redis_url: str,
+    redis_prefix: str,
+    runtime_id: str,
+    monkeypatch: Any,
+    broken: str,
 ) -> None:
-    cfg = janitor_settings(db, redis_url, redis_prefix, retention_seconds=3600)
+    cfg = janitor_settings(own_database_url, redis_url, redis_prefix, retention_seconds=3600)
     async with running_gateway(cfg) as gw:
         await first_pass_done(gw)
-        ids = await one_of_each(gw, db, runtime_id)
+        ids = await one_of_each(gw, own_database_url, runtime_id)
 
         async def boom(*args: Any) -> Any:
             raise StoreUnavailable("boom")
@@ -91,9 +96,9 @@ async def test_a_failing_step_does_not_stop_the_others(
         assert report.purged == (1 if works["retention"] else 0), report
         stale_rt = f"{runtime_id}-stale"
         assert report.repaired == ([stale_rt] if works["verdict repair"] else []), report
-        lease_row = await row_of(db, ids["lease"])
+        lease_row = await row_of(own_database_url, ids["lease"])
         assert lease_row["status"] == ("queued" if works["lease reclaim"] else "claimed")
-        assert (await row_of(db, ids["ttl"]))["status"] == (
+        assert (await row_of(own_database_url, ids["ttl"]))["status"] == (
             "expired" if works["expiry"] else "queued"
         )
 
@@ -108,9 +113,9 @@ async def test_a_failing_step_does_not_stop_the_others(
 
 
 async def test_the_loop_survives_an_unexpected_exception(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str, monkeypatch: Any
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str, monkeypatch: Any
 ) -> None:
-    cfg = janitor_settings(db, redis_url, redis_prefix, janitor_interval_seconds=0.2)
+    cfg = janitor_settings(own_database_url, redis_url, redis_prefix, janitor_interval_seconds=0.2)
     async with running_gateway(cfg) as gw:
         janitor = gw.gateway.janitor
         await wait_until(lambda: janitor.is_leader, 2.0, "the janitor to lead")
@@ -132,29 +137,31 @@ async def test_the_loop_survives_an_unexpected_exception(
         await gw.enqueue(runtime_id, {"job": 1})
         [held] = await gw.claim(runtime_id, "w", lease_seconds=60)
         await execute(
-            db,
+            own_database_url,
             "UPDATE tasks SET lease_expires_at = now() - interval '1 second' WHERE id = $1::uuid",
             held["id"],
         )
         await wait_until(lambda: len(calls) >= 3, 2.0, "passes after the exception")
         assert janitor.is_leader
         deadline = time.monotonic() + 2.0
-        while (await row_of(db, held["id"]))["status"] != "queued":
+        while (await row_of(own_database_url, held["id"]))["status"] != "queued":
             assert time.monotonic() < deadline, "the loop stopped reclaiming"
             await asyncio.sleep(0.05)
         assert sample(gw, "gateway_leases_reclaimed_total", outcome="queued") == 1
 
 
 async def test_a_pass_without_redis_still_does_the_postgres_work(
-    db: str, redis_process: Any, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_process: Any, redis_prefix: str, runtime_id: str
 ) -> None:
     """Postgres never needs Redis (I5): with Redis gone, a pass still reclaims,
     expires and purges within its short Redis budgets; the lost bumps and the repair
     it cannot do are not errors of the pass."""
-    cfg = janitor_settings(db, redis_process.url, redis_prefix, retention_seconds=3600)
+    cfg = janitor_settings(
+        own_database_url, redis_process.url, redis_prefix, retention_seconds=3600
+    )
     async with running_gateway(cfg) as gw:
         await first_pass_done(gw)
-        ids = await one_of_each(gw, db, runtime_id)
+        ids = await one_of_each(gw, own_database_url, runtime_id)
         redis_process.stop()
 
         started = time.monotonic()
@@ -163,5 +170,5 @@ async def test_a_pass_without_redis_still_does_the_postgres_work(
         assert report.errors == [], report
         assert (report.reclaimed, report.expired, report.purged) == (1, 1, 1), report
         assert report.repaired == []
-        assert (await row_of(db, ids["lease"]))["status"] == "queued"
+        assert (await row_of(own_database_url, ids["lease"]))["status"] == "queued"
         assert sample(gw, "gateway_version_bumps_total", outcome="error") >= 1

@@ -40,9 +40,11 @@ async def lock_holders(conn: asyncpg.Connection) -> list[int]:
 
 
 async def test_exactly_one_leader_and_a_takeover_when_it_stops(
-    db: str, redis_url: str, redis_prefix: str
+    own_database_url: str, redis_url: str, redis_prefix: str
 ) -> None:
-    cfg = janitor_settings(db, redis_url, redis_prefix, janitor_interval_seconds=INTERVAL)
+    cfg = janitor_settings(
+        own_database_url, redis_url, redis_prefix, janitor_interval_seconds=INTERVAL
+    )
     async with contextlib.AsyncExitStack() as outer:
         stacks = [contextlib.AsyncExitStack() for _ in range(2)]
         for stack in stacks:
@@ -70,10 +72,12 @@ async def test_exactly_one_leader_and_a_takeover_when_it_stops(
 
 
 async def test_leadership_is_a_postgres_advisory_lock(
-    db: str, redis_url: str, redis_prefix: str
+    own_database_url: str, redis_url: str, redis_prefix: str
 ) -> None:
-    cfg = janitor_settings(db, redis_url, redis_prefix, janitor_interval_seconds=INTERVAL)
-    conn = await asyncpg.connect(db)
+    cfg = janitor_settings(
+        own_database_url, redis_url, redis_prefix, janitor_interval_seconds=INTERVAL
+    )
+    conn = await asyncpg.connect(own_database_url)
     try:
         async with running_gateway(cfg) as gw:
             janitor = gw.gateway.janitor
@@ -97,13 +101,15 @@ async def test_leadership_is_a_postgres_advisory_lock(
 
 
 async def test_a_leader_whose_lock_connection_dies_takes_the_lock_again(
-    db: str, redis_url: str, redis_prefix: str
+    own_database_url: str, redis_url: str, redis_prefix: str
 ) -> None:
     """The lock lives as long as its connection. If Postgres drops that connection,
     the leader notices at its next interval, resigns and takes the lock again on a
     new connection: the janitor does not stop working."""
-    cfg = janitor_settings(db, redis_url, redis_prefix, janitor_interval_seconds=INTERVAL)
-    conn = await asyncpg.connect(db)
+    cfg = janitor_settings(
+        own_database_url, redis_url, redis_prefix, janitor_interval_seconds=INTERVAL
+    )
+    conn = await asyncpg.connect(own_database_url)
     try:
         async with running_gateway(cfg) as gw:
             janitor = gw.gateway.janitor

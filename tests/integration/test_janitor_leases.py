@@ -30,21 +30,21 @@ pytestmark = pytest.mark.integration
 
 
 async def test_lapsed_lease_is_reclaimed_claimed_again_and_the_old_lease_refused(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
-    async with running_gateway(janitor_settings(db, redis_url, redis_prefix)) as gw:
+    async with running_gateway(janitor_settings(own_database_url, redis_url, redis_prefix)) as gw:
         await first_pass_done(gw)
         task = await gw.enqueue(runtime_id, {"job": 1})
         [first] = await gw.claim(runtime_id, "daemon-1", lease_seconds=1)
         assert first["id"] == task["id"] and first["attempts"] == 1
         # daemon-1 vanishes. Its lease lapses; nobody claims the task in between.
-        await wait_lapsed(db, [task["id"]])
+        await wait_lapsed(own_database_url, [task["id"]])
         assert await gw.claim(runtime_id, "daemon-2", wait_seconds=0) == []
 
         report = await gw.gateway.janitor.run_once()
         assert report.reclaimed == 1, report
         assert report.errors == []
-        row = await row_of(db, task["id"])
+        row = await row_of(own_database_url, task["id"])
         assert row["status"] == "queued"
         assert row["lease_id"] is None and row["worker_id"] is None
         assert row["last_error"] == "lease expired"
@@ -70,7 +70,7 @@ async def test_lapsed_lease_is_reclaimed_claimed_again_and_the_old_lease_refused
             assert status == 409, (op, status, problem)
             assert problem["code"] == "lease_lost", (op, problem)
         # ...and changed nothing: daemon-2 still holds it and can finish it.
-        row = await row_of(db, task["id"])
+        row = await row_of(own_database_url, task["id"])
         assert row["status"] == "claimed"
         assert str(row["lease_id"]) == second["lease_id"]
         assert row["worker_id"] == "daemon-2" and row["attempts"] == 2
@@ -84,17 +84,17 @@ async def test_lapsed_lease_is_reclaimed_claimed_again_and_the_old_lease_refused
 
 
 async def test_lapsed_lease_on_the_last_attempt_goes_dead(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
-    async with running_gateway(janitor_settings(db, redis_url, redis_prefix)) as gw:
+    async with running_gateway(janitor_settings(own_database_url, redis_url, redis_prefix)) as gw:
         await first_pass_done(gw)
         task = await gw.enqueue(runtime_id, {"job": 1}, max_attempts=1)
         [held] = await gw.claim(runtime_id, "daemon-1", lease_seconds=1)
-        await wait_lapsed(db, [task["id"]])
+        await wait_lapsed(own_database_url, [task["id"]])
 
         report = await gw.gateway.janitor.run_once()
         assert report.reclaimed == 1, report
-        row = await row_of(db, task["id"])
+        row = await row_of(own_database_url, task["id"])
         assert row["status"] == "dead"
         assert row["last_error"] == "lease expired"
         assert row["finished_at"] is not None
@@ -104,23 +104,23 @@ async def test_lapsed_lease_on_the_last_attempt_goes_dead(
         assert await gw.claim(runtime_id, "daemon-2", wait_seconds=0) == []
         status, problem = await gw.complete(held)
         assert status == 409 and problem["code"] == "lease_lost", problem
-        assert (await row_of(db, task["id"]))["status"] == "dead"
+        assert (await row_of(own_database_url, task["id"]))["status"] == "dead"
 
 
 async def test_lapsed_lease_with_a_cancel_requested_ends_cancelled(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
-    async with running_gateway(janitor_settings(db, redis_url, redis_prefix)) as gw:
+    async with running_gateway(janitor_settings(own_database_url, redis_url, redis_prefix)) as gw:
         await first_pass_done(gw)
         task = await gw.enqueue(runtime_id, {"job": 1})
         [held] = await gw.claim(runtime_id, "daemon-1", lease_seconds=1)
         flagged = await call_ok(gw, "POST", f"/v1/tasks/{task['id']}/cancel")
         assert flagged["status"] == "claimed" and flagged["cancel_requested"] is True
-        await wait_lapsed(db, [task["id"]])
+        await wait_lapsed(own_database_url, [task["id"]])
 
         report = await gw.gateway.janitor.run_once()
         assert report.reclaimed == 1, report
-        assert (await row_of(db, task["id"]))["status"] == "cancelled"
+        assert (await row_of(own_database_url, task["id"]))["status"] == "cancelled"
         assert sample(gw, "gateway_leases_reclaimed_total", outcome="cancelled") == 1
         assert await gw.claim(runtime_id, "daemon-2", wait_seconds=0) == []
         status, problem = await gw.complete(held)
@@ -128,18 +128,18 @@ async def test_lapsed_lease_with_a_cancel_requested_ends_cancelled(
 
 
 async def test_lapsed_lease_not_yet_reclaimed_is_still_honoured(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
     """Design section 4: a lease whose time ran out but which nobody has replaced yet
     is still honoured (heartbeat, complete). Only the janitor's reclaim ends it."""
-    async with running_gateway(janitor_settings(db, redis_url, redis_prefix)) as gw:
+    async with running_gateway(janitor_settings(own_database_url, redis_url, redis_prefix)) as gw:
         await first_pass_done(gw)
         a = await gw.enqueue(runtime_id, {"job": "a"})
         b = await gw.enqueue(runtime_id, {"job": "b"})
         held = await gw.claim(runtime_id, "daemon-1", max_tasks=2, lease_seconds=1)
         by_id = {t["id"]: t for t in held}
         assert set(by_id) == {a["id"], b["id"]}
-        await wait_lapsed(db, [a["id"], b["id"]])
+        await wait_lapsed(own_database_url, [a["id"], b["id"]])
 
         # a: heartbeat with the lapsed lease renews it.
         beat = await call_ok(
@@ -163,7 +163,7 @@ async def test_lapsed_lease_not_yet_reclaimed_is_still_honoured(
         # The janitor now finds nothing to reclaim: a was renewed, b is finished.
         report = await gw.gateway.janitor.run_once()
         assert report.reclaimed == 0, report
-        row = await row_of(db, a["id"])
+        row = await row_of(own_database_url, a["id"])
         assert row["status"] == "claimed" and str(row["lease_id"]) == by_id[a["id"]]["lease_id"]
         assert row["attempts"] == 1
         done = await call_ok(
@@ -180,13 +180,17 @@ async def no_runtimes(limit: int, after: str = "") -> RuntimePage:
 
 
 async def test_reclaim_wakes_a_parked_poll(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str, monkeypatch: Any
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str, monkeypatch: Any
 ) -> None:
     """The reclaim bumps the runtime's version after its commit (I1): a poll parked
     behind an empty verdict (TTL 60 s, far beyond the bound) gets the task within
     about 2 s of the lease's expiry, through the background loop (interval 0.2 s)."""
     cfg = janitor_settings(
-        db, redis_url, redis_prefix, janitor_interval_seconds=0.2, empty_ttl_seconds=60
+        own_database_url,
+        redis_url,
+        redis_prefix,
+        janitor_interval_seconds=0.2,
+        empty_ttl_seconds=60,
     )
     async with running_gateway(cfg) as gw:
         # The repair pass (I6) would also bump the runtime, about a second after the
@@ -213,16 +217,16 @@ async def test_reclaim_wakes_a_parked_poll(
 
 
 async def test_late_holder_loses_to_the_new_holder_even_when_racing(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
     """I7 around the reclaim: the late holder's complete races the reclaim and the
     new claim; whatever the interleaving, at most one of the two leases ends the task,
     and the task's final state matches the winner."""
-    async with running_gateway(janitor_settings(db, redis_url, redis_prefix)) as gw:
+    async with running_gateway(janitor_settings(own_database_url, redis_url, redis_prefix)) as gw:
         await first_pass_done(gw)
         task = await gw.enqueue(runtime_id, {"job": 1})
         [first] = await gw.claim(runtime_id, "daemon-1", lease_seconds=1)
-        await wait_lapsed(db, [task["id"]])
+        await wait_lapsed(own_database_url, [task["id"]])
 
         async def reclaim_and_claim() -> list[dict]:
             await gw.gateway.janitor.run_once()
@@ -236,7 +240,7 @@ async def test_late_holder_loses_to_the_new_holder_even_when_racing(
             ),
             reclaim_and_claim(),
         )
-        row = await row_of(db, task["id"])
+        row = await row_of(own_database_url, task["id"])
         if late[0] == 200:
             # The late complete won: the task is finished and nobody got it again.
             assert got == [] and row["status"] == "completed", (got, row)
@@ -255,7 +259,7 @@ async def test_late_holder_loses_to_the_new_holder_even_when_racing(
             # (test_janitor_repair.py makes this case certain).
             assert late[0] == 409 and late[1]["code"] == "lease_lost", late
             assert row["status"] == "queued", row
-            await claimable_for_a_while(db, [task["id"]])
+            await claimable_for_a_while(own_database_url, [task["id"]])
             await gw.gateway.janitor.run_once()
             again = await gw.claim(runtime_id, "daemon-3", wait_seconds=0, lease_seconds=30)
             assert [t["id"] for t in again] == [task["id"]]

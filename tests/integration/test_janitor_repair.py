@@ -38,10 +38,14 @@ EMPTY_TTL = 60.0
 
 
 async def test_parked_poll_behind_a_lost_bump_gets_the_task_within_seconds(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
     cfg = janitor_settings(
-        db, redis_url, redis_prefix, janitor_interval_seconds=0.3, empty_ttl_seconds=EMPTY_TTL
+        own_database_url,
+        redis_url,
+        redis_prefix,
+        janitor_interval_seconds=0.3,
+        empty_ttl_seconds=EMPTY_TTL,
     )
     async with running_gateway(cfg) as gw:
         cache = gw.gateway.cache
@@ -65,15 +69,15 @@ async def test_parked_poll_behind_a_lost_bump_gets_the_task_within_seconds(
 
 
 async def test_run_once_reports_the_repaired_runtime(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
-    cfg = janitor_settings(db, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
+    cfg = janitor_settings(own_database_url, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
     async with running_gateway(cfg) as gw:
         await first_pass_done(gw)
         cache, janitor = gw.gateway.cache, gw.gateway.janitor
         await empty_verdict(gw, runtime_id)
         task_id = await enqueue_without_bump(gw, runtime_id, {"job": "stranded"})
-        await claimable_for_a_while(db, [task_id])
+        await claimable_for_a_while(own_database_url, [task_id])
         version = (await cache.read(runtime_id)).version
         assert (await cache.read(runtime_id)).hit is True
 
@@ -90,12 +94,12 @@ async def test_run_once_reports_the_repaired_runtime(
 
 
 async def test_delayed_tasks_are_not_repaired_before_they_are_due(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
     """A runtime whose only queued task is not due yet is truly empty: its verdict is
     right and must not be bumped. A runtime with a due task, in the same pass, is."""
     delayed_rt, due_rt = f"{runtime_id}-delayed", f"{runtime_id}-due"
-    cfg = janitor_settings(db, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
+    cfg = janitor_settings(own_database_url, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
     async with running_gateway(cfg) as gw:
         await first_pass_done(gw)
         cache, janitor = gw.gateway.cache, gw.gateway.janitor
@@ -104,7 +108,7 @@ async def test_delayed_tasks_are_not_repaired_before_they_are_due(
         delayed_id = await enqueue_without_bump(gw, delayed_rt, {"job": 1}, delay_seconds=600)
         due_id = await enqueue_without_bump(gw, due_rt, {"job": 2})
         # Both rows were inserted a while ago; only one of them is due.
-        await claimable_for_a_while(db, [delayed_id, due_id])
+        await claimable_for_a_while(own_database_url, [delayed_id, due_id])
         delayed_version = (await cache.read(delayed_rt)).version
 
         report = await janitor.run_once()
@@ -115,7 +119,7 @@ async def test_delayed_tasks_are_not_repaired_before_they_are_due(
 
         # Once it comes due (and the verdict still says empty), it is repaired too.
         await execute(
-            db,
+            own_database_url,
             "UPDATE tasks SET run_at = now() - interval '5 seconds' WHERE id = $1::uuid",
             delayed_id,
         )
@@ -125,17 +129,17 @@ async def test_delayed_tasks_are_not_repaired_before_they_are_due(
 
 
 async def test_expired_tasks_are_not_repaired(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str, monkeypatch: Any
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str, monkeypatch: Any
 ) -> None:
     """A queued task past its expires_at is not claimable: no bump for it, even
     while the expiry step has not marked it yet (here: it marks nothing)."""
-    cfg = janitor_settings(db, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
+    cfg = janitor_settings(own_database_url, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
     async with running_gateway(cfg) as gw:
         await first_pass_done(gw)
         await empty_verdict(gw, runtime_id)
         task_id = await enqueue_without_bump(gw, runtime_id, {"job": 1}, ttl_seconds=3600)
         await execute(
-            db,
+            own_database_url,
             "UPDATE tasks SET run_at = now() - interval '5 seconds', "
             "expires_at = now() - interval '1 second' WHERE id = $1::uuid",
             task_id,
@@ -151,13 +155,13 @@ async def test_expired_tasks_are_not_repaired(
 
 
 async def test_repair_reaches_runtimes_beyond_one_batch(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
     """Busy runtimes with a healthy backlog (their bumps were not lost) must not hide a
     stranded one from the repair. Batch size 2, three busy runtimes sorted before the
     stranded one: within a few passes the stranded runtime is repaired."""
     cfg = janitor_settings(
-        db, redis_url, redis_prefix, janitor_batch_size=2, empty_ttl_seconds=EMPTY_TTL
+        own_database_url, redis_url, redis_prefix, janitor_batch_size=2, empty_ttl_seconds=EMPTY_TTL
     )
     async with running_gateway(cfg) as gw:
         await first_pass_done(gw)
@@ -167,7 +171,7 @@ async def test_repair_reaches_runtimes_beyond_one_batch(
             await gw.enqueue(rt, {"backlog": rt})  # announced as usual: no stale verdict
         await empty_verdict(gw, stranded)
         task_id = await enqueue_without_bump(gw, stranded, {"job": "stranded"})
-        await execute(db, "UPDATE tasks SET run_at = now() - interval '5 seconds'")
+        await execute(own_database_url, "UPDATE tasks SET run_at = now() - interval '5 seconds'")
         assert task_id
 
         repaired: list[str] = []
@@ -177,7 +181,7 @@ async def test_repair_reaches_runtimes_beyond_one_batch(
 
 
 async def test_bump_lost_to_a_real_redis_fault_is_repaired(
-    db: str, redis_process: Any, runtime_id: str, redis_prefix: str
+    own_database_url: str, redis_process: Any, runtime_id: str, redis_prefix: str
 ) -> None:
     """End to end with a real fault: Redis pauses writes (CLIENT PAUSE WRITE) while a
     task is enqueued over HTTP. The enqueue still succeeds (I5), its bump times out
@@ -185,7 +189,7 @@ async def test_bump_lost_to_a_real_redis_fault_is_repaired(
     gets the task from the repair, seconds later, not after the 60 s verdict TTL. (Sync
     match is off: it would hand the task to the poll in the enqueue, with no bump.)"""
     cfg = janitor_settings(
-        db,
+        own_database_url,
         redis_process.url,
         redis_prefix,
         janitor_interval_seconds=0.3,
@@ -234,11 +238,11 @@ async def test_bump_lost_to_a_real_redis_fault_is_repaired(
 
 
 async def test_a_parked_poll_that_missed_a_publish_is_woken_by_the_repair_pass(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
     """The bump landed (the verdict no longer says empty) but its publish never reached
     the poll parked on the old verdict: only the repair pass's wake-up reaches it."""
-    cfg = janitor_settings(db, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
+    cfg = janitor_settings(own_database_url, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
     async with running_gateway(cfg) as gw:
         await first_pass_done(gw)
         cache, janitor = gw.gateway.cache, gw.gateway.janitor
@@ -246,7 +250,7 @@ async def test_a_parked_poll_that_missed_a_publish_is_woken_by_the_repair_pass(
         waiting = asyncio.create_task(gw.claim(runtime_id, "parked", wait_seconds=20))
         await wait_until(lambda: gw.gateway.claimer.parked(runtime_id) == 1, 3, "poll parked")
         task_id = await enqueue_without_bump(gw, runtime_id, {"job": "missed"})
-        await claimable_for_a_while(db, [task_id])
+        await claimable_for_a_while(own_database_url, [task_id])
         # The bump, without its publish: the version moves on, nobody is told.
         client = aioredis.Redis.from_url(redis_url)
         try:
@@ -265,7 +269,7 @@ async def test_a_parked_poll_that_missed_a_publish_is_woken_by_the_repair_pass(
 
 
 async def test_the_walk_is_bounded_per_pass_and_resumes_where_it_stopped(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
     """With pages of 4 runtimes, a pass visits at most REPAIR_PAGES_PER_PASS pages; the
     next pass goes on after the last runtime visited, so 19 stale runtimes are all
@@ -275,7 +279,11 @@ async def test_the_walk_is_bounded_per_pass_and_resumes_where_it_stopped(
     batch = 4
     per_pass = REPAIR_PAGES_PER_PASS * batch
     cfg = janitor_settings(
-        db, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL, janitor_batch_size=batch
+        own_database_url,
+        redis_url,
+        redis_prefix,
+        empty_ttl_seconds=EMPTY_TTL,
+        janitor_batch_size=batch,
     )
     runtimes = [f"{runtime_id}-{i:02d}" for i in range(19)]
     async with running_gateway(cfg) as gw:
@@ -285,7 +293,7 @@ async def test_the_walk_is_bounded_per_pass_and_resumes_where_it_stopped(
         for rt in runtimes:
             await empty_verdict(gw, rt)
             tasks.append(await enqueue_without_bump(gw, rt, {"job": rt}))
-        await claimable_for_a_while(db, tasks)
+        await claimable_for_a_while(own_database_url, tasks)
         repaired: list[list[str]] = []
         for _ in range(-(-len(runtimes) // per_pass)):
             report = await janitor.run_once()
@@ -301,7 +309,7 @@ async def test_the_walk_is_bounded_per_pass_and_resumes_where_it_stopped(
 
 
 async def test_a_queued_row_a_lease_operation_held_is_repaired(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
     """Not a lost bump, but the same stale empty. A lease operation locks only the
     tasks its lease holds (lease_sql._LEASE_HELD), yet one that began while its lease
@@ -310,18 +318,21 @@ async def test_a_queued_row_a_lease_operation_held_is_repaired(
     that instant skips the row and records the runtime empty over it. The repair finds
     it like a lost bump. (A late operation that began after the reclaim locks nothing:
     tests/integration/test_late_lease_lock.py.)"""
-    cfg = janitor_settings(db, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
+    cfg = janitor_settings(own_database_url, redis_url, redis_prefix, empty_ttl_seconds=EMPTY_TTL)
     async with running_gateway(cfg) as gw:
         await first_pass_done(gw)
         cache, janitor = gw.gateway.cache, gw.gateway.janitor
         task = await gw.enqueue(runtime_id, {"job": "held"})
         [first] = await gw.claim(runtime_id, "late", wait_seconds=0)
         await execute(
-            db,
+            own_database_url,
             "UPDATE tasks SET lease_expires_at = now() - interval '1 second' WHERE id = $1::uuid",
             task["id"],
         )
-        reclaimer, late = await asyncpg.connect(db), await asyncpg.connect(db)
+        reclaimer, late = (
+            await asyncpg.connect(own_database_url),
+            await asyncpg.connect(own_database_url),
+        )
         try:
             async with late.transaction():
                 async with reclaimer.transaction():
@@ -345,7 +356,7 @@ async def test_a_queued_row_a_lease_operation_held_is_repaired(
         assert (await cache.read(runtime_id)).hit is True, "the claim recorded no empty verdict"
         assert await gw.claim(runtime_id, "w", wait_seconds=0) == []
 
-        await claimable_for_a_while(db, [task["id"]])
+        await claimable_for_a_while(own_database_url, [task["id"]])
         assert (await janitor.run_once()).repaired == [runtime_id]
         [got] = await gw.claim(runtime_id, "w", wait_seconds=0)
         assert got["id"] == task["id"]

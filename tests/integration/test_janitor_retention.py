@@ -27,10 +27,10 @@ from tests.support.metrics import sample
 pytestmark = pytest.mark.integration
 
 
-async def age(db: str, task_id: str, interval: str) -> None:
+async def age(database_url: str, task_id: str, interval: str) -> None:
     """Make a finished row look finished `interval` ago."""
     status = await execute(
-        db,
+        database_url,
         "UPDATE tasks SET finished_at = now() - $2::text::interval WHERE id = $1::uuid",
         task_id,
         interval,
@@ -38,8 +38,8 @@ async def age(db: str, task_id: str, interval: str) -> None:
     assert status == "UPDATE 1"
 
 
-async def statuses(db: str, runtime: str) -> dict[str, str]:
-    rows = await fetch(db, "SELECT id, status FROM tasks WHERE runtime_id = $1", runtime)
+async def statuses(database_url: str, runtime: str) -> dict[str, str]:
+    rows = await fetch(database_url, "SELECT id, status FROM tasks WHERE runtime_id = $1", runtime)
     return {str(r["id"]): r["status"] for r in rows}
 
 
@@ -47,20 +47,20 @@ async def statuses(db: str, runtime: str) -> dict[str, str]:
 
 
 async def test_queued_tasks_past_their_ttl_expire_and_are_never_claimed(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
     doomed_rt, live_rt = f"{runtime_id}-doomed", f"{runtime_id}-live"
-    async with running_gateway(janitor_settings(db, redis_url, redis_prefix)) as gw:
+    async with running_gateway(janitor_settings(own_database_url, redis_url, redis_prefix)) as gw:
         await first_pass_done(gw)
         doomed = [await gw.enqueue(doomed_rt, {"n": i}, ttl_seconds=1) for i in range(2)]
         later = await gw.enqueue(live_rt, {"n": "later"}, ttl_seconds=3600)
         never = await gw.enqueue(live_rt, {"n": "never"})
         await execute(
-            db,
+            own_database_url,
             "UPDATE tasks SET expires_at = now() - interval '1 second' WHERE id = ANY($1::uuid[])",
             [t["id"] for t in doomed],
         )
-        before = {t["id"]: await row_of(db, t["id"]) for t in (later, never)}
+        before = {t["id"]: await row_of(own_database_url, t["id"]) for t in (later, never)}
 
         # Past its expiry a task is never handed out, even before the janitor marks it.
         assert await gw.claim(doomed_rt, "w", max_tasks=10, wait_seconds=0) == []
@@ -70,12 +70,14 @@ async def test_queued_tasks_past_their_ttl_expire_and_are_never_claimed(
         assert report.errors == []
         assert sample(gw, "gateway_tasks_expired_total") == 2
         for t in doomed:
-            row = await row_of(db, t["id"])
+            row = await row_of(own_database_url, t["id"])
             assert row["status"] == "expired"
             assert row["finished_at"] is not None
             assert row["attempts"] == 0
         for t in (later, never):
-            assert await row_of(db, t["id"]) == before[t["id"]], "untouched by the janitor"
+            assert await row_of(own_database_url, t["id"]) == before[t["id"]], (
+                "untouched by the janitor"
+            )
 
         assert await gw.claim(doomed_rt, "w", max_tasks=10, wait_seconds=0) == []
         again = await gw.gateway.janitor.run_once()
@@ -85,19 +87,21 @@ async def test_queued_tasks_past_their_ttl_expire_and_are_never_claimed(
 
 
 async def test_ttl_expiry_through_the_clock(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
     """The same without touching expires_at: ttl_seconds=1, then wait it out."""
-    async with running_gateway(janitor_settings(db, redis_url, redis_prefix)) as gw:
+    async with running_gateway(janitor_settings(own_database_url, redis_url, redis_prefix)) as gw:
         await first_pass_done(gw)
         task = await gw.enqueue(runtime_id, {"n": 1}, ttl_seconds=1)
         assert (await gw.gateway.janitor.run_once()).expired == 0
-        assert (await row_of(db, task["id"]))["status"] == "queued"
+        assert (await row_of(own_database_url, task["id"]))["status"] == "queued"
         rows: list[Any] = []
 
         async def past() -> bool:
             rows[:] = await fetch(
-                db, "SELECT expires_at <= now() AS p FROM tasks WHERE id = $1::uuid", task["id"]
+                own_database_url,
+                "SELECT expires_at <= now() AS p FROM tasks WHERE id = $1::uuid",
+                task["id"],
             )
             return bool(rows[0]["p"])
 
@@ -107,7 +111,7 @@ async def test_ttl_expiry_through_the_clock(
             await asyncio.sleep(0.05)
         report = await gw.gateway.janitor.run_once()
         assert report.expired == 1, report
-        assert (await row_of(db, task["id"]))["status"] == "expired"
+        assert (await row_of(own_database_url, task["id"]))["status"] == "expired"
         assert await gw.claim(runtime_id, "w", wait_seconds=0) == []
 
 
@@ -123,12 +127,16 @@ async def claimed(gw: Instance, runtime: str, payload: Any, **fields: Any) -> di
 
 
 async def test_retention_deletes_exactly_the_old_finished_rows(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
     """retention 1 h for completed/cancelled/expired, 2 h for dead; queued and
     claimed rows are never deleted, whatever their age."""
     cfg = janitor_settings(
-        db, redis_url, redis_prefix, retention_seconds=3600, dead_retention_seconds=7200
+        own_database_url,
+        redis_url,
+        redis_prefix,
+        retention_seconds=3600,
+        dead_retention_seconds=7200,
     )
     rt = runtime_id
     async with running_gateway(cfg) as gw:
@@ -152,7 +160,7 @@ async def test_retention_deletes_exactly_the_old_finished_rows(
         ids["cancelled_2h"] = cancelled["id"]
         expired = await gw.enqueue(f"{rt}-expired_2h", {"name": "expired"}, ttl_seconds=3600)
         await execute(
-            db,
+            own_database_url,
             "UPDATE tasks SET expires_at = now() - interval '1 second' WHERE id = $1::uuid",
             expired["id"],
         )
@@ -164,16 +172,16 @@ async def test_retention_deletes_exactly_the_old_finished_rows(
         first = await gw.gateway.janitor.run_once()  # marks expired_2h; nothing is old yet
         assert (first.expired, first.purged, first.errors) == (1, 0, []), first
 
-        await age(db, ids["completed_2h"], "2 hours")
-        await age(db, ids["completed_10min"], "10 minutes")
-        await age(db, ids["dead_90min"], "90 minutes")
-        await age(db, ids["dead_3h"], "3 hours")
-        await age(db, ids["cancelled_2h"], "2 hours")
-        await age(db, ids["expired_2h"], "2 hours")
+        await age(own_database_url, ids["completed_2h"], "2 hours")
+        await age(own_database_url, ids["completed_10min"], "10 minutes")
+        await age(own_database_url, ids["dead_90min"], "90 minutes")
+        await age(own_database_url, ids["dead_3h"], "3 hours")
+        await age(own_database_url, ids["cancelled_2h"], "2 hours")
+        await age(own_database_url, ids["expired_2h"], "2 hours")
         # Rows that are not finished keep their place even with an old finished_at
         # (which only a bug could leave there): the status decides, not the timestamp.
         await execute(
-            db,
+            own_database_url,
             "UPDATE tasks SET created_at = now() - interval '400 days', "
             "finished_at = now() - interval '400 days' WHERE id = ANY($1::uuid[])",
             [ids["queued_old"], ids["claimed_old"]],
@@ -186,7 +194,9 @@ async def test_retention_deletes_exactly_the_old_finished_rows(
         left = {
             r["id"]: r["status"]
             for r in await fetch(
-                db, "SELECT id::text, status FROM tasks WHERE runtime_id LIKE $1", rt + "-%"
+                own_database_url,
+                "SELECT id::text, status FROM tasks WHERE runtime_id LIKE $1",
+                rt + "-%",
             )
         }
         names = {v: k for k, v in ids.items()}
@@ -200,16 +210,16 @@ async def test_retention_deletes_exactly_the_old_finished_rows(
 
 
 async def test_retention_deletes_in_bounded_batches(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str, monkeypatch: Any
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str, monkeypatch: Any
 ) -> None:
     """janitor_batch_size=10 and 35 old completed rows: one pass deletes them all, in
     four statements of at most 10 rows each (10, 10, 10, 5), plus one for dead rows."""
     cfg = janitor_settings(
-        db, redis_url, redis_prefix, janitor_batch_size=10, retention_seconds=3600
+        own_database_url, redis_url, redis_prefix, janitor_batch_size=10, retention_seconds=3600
     )
     async with running_gateway(cfg) as gw:
         await first_pass_done(gw)
-        ids = await finished_rows(gw, db, runtime_id, 35)
+        ids = await finished_rows(gw, own_database_url, runtime_id, 35)
 
         store = gw.gateway.store
         original = store.purge_finished
@@ -230,30 +240,30 @@ async def test_retention_deletes_in_bounded_batches(
         assert [c for c in calls if c[0] == ("dead",)] == [
             (("dead",), cfg.dead_retention_seconds, 10, 0)
         ]
-        gone = await fetch(db, "SELECT id FROM tasks WHERE id = ANY($1::uuid[])", ids)
+        gone = await fetch(own_database_url, "SELECT id FROM tasks WHERE id = ANY($1::uuid[])", ids)
         assert gone == []
 
 
 async def test_one_pass_is_bounded_and_the_rest_waits_for_the_next(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
     """At most MAX_BATCHES_PER_STEP batches per step and pass: 105 old rows with
     batch size 10 take two passes (100, then 5)."""
     cfg = janitor_settings(
-        db, redis_url, redis_prefix, janitor_batch_size=10, retention_seconds=3600
+        own_database_url, redis_url, redis_prefix, janitor_batch_size=10, retention_seconds=3600
     )
     n = janitor_module.MAX_BATCHES_PER_STEP * 10 + 5
     async with running_gateway(cfg) as gw:
         await first_pass_done(gw)
-        await finished_rows(gw, db, runtime_id, n)
+        await finished_rows(gw, own_database_url, runtime_id, n)
         first = await gw.gateway.janitor.run_once()
         assert first.purged == n - 5, first
         second = await gw.gateway.janitor.run_once()
         assert second.purged == 5, second
-        assert await statuses(db, runtime_id) == {}
+        assert await statuses(own_database_url, runtime_id) == {}
 
 
-async def finished_rows(gw: Instance, db: str, runtime: str, n: int) -> list[str]:
+async def finished_rows(gw: Instance, database_url: str, runtime: str, n: int) -> list[str]:
     """n tasks enqueued in one batch, claimed and completed through the API, then
     made two hours old. Returns their ids."""
     status, body = await gw.call(
@@ -271,7 +281,7 @@ async def finished_rows(gw: Instance, db: str, runtime: str, n: int) -> list[str
             gw, "POST", f"/v1/tasks/{task['id']}/complete", {"lease_id": task["lease_id"]}
         )
     status_line = await execute(
-        db,
+        database_url,
         "UPDATE tasks SET finished_at = now() - interval '2 hours' "
         "WHERE runtime_id = $1 AND status = 'completed'",
         runtime,

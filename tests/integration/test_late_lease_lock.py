@@ -35,38 +35,38 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-async def gw(db: str, redis_url: str, redis_prefix: str) -> AsyncIterator[Instance]:
-    async with running_gateway(janitor_settings(db, redis_url, redis_prefix)) as inst:
+async def gw(own_database_url: str, redis_url: str, redis_prefix: str) -> AsyncIterator[Instance]:
+    async with running_gateway(janitor_settings(own_database_url, redis_url, redis_prefix)) as inst:
         await first_pass_done(inst)
         yield inst
 
 
 @pytest.fixture
-async def other(db: str) -> AsyncIterator[asyncpg.Connection]:
+async def other(own_database_url: str) -> AsyncIterator[asyncpg.Connection]:
     """The late request's own connection."""
-    conn = await asyncpg.connect(db)
+    conn = await asyncpg.connect(own_database_url)
     try:
         yield conn
     finally:
         await conn.close()
 
 
-async def requeued(gw: Instance, db: str, runtime_id: str) -> tuple[str, uuid.UUID]:
+async def requeued(gw: Instance, database_url: str, runtime_id: str) -> tuple[str, uuid.UUID]:
     """A task claimed, its lease lapsed and reclaimed by the janitor: queued again,
     with the claim's lease (now stale) returned alongside."""
     task = await gw.enqueue(runtime_id, {"job": "late"})
     [first] = await gw.claim(runtime_id, "late-worker", wait_seconds=0)
     await execute(
-        db,
+        database_url,
         "UPDATE tasks SET lease_expires_at = now() - interval '1 second' WHERE id = $1::uuid",
         task["id"],
     )
     assert (await gw.gateway.janitor.run_once()).reclaimed == 1
-    assert (await row_of(db, task["id"]))["status"] == "queued"
+    assert (await row_of(database_url, task["id"]))["status"] == "queued"
     return task["id"], uuid.UUID(first["lease_id"])
 
 
-async def never_claimed(gw: Instance, db: str, runtime_id: str) -> tuple[str, uuid.UUID]:
+async def never_claimed(gw: Instance, database_url: str, runtime_id: str) -> tuple[str, uuid.UUID]:
     """A queued task and a lease id made up by a client holding a claim token."""
     task = await gw.enqueue(runtime_id, {"job": "guessed"})
     return task["id"], uuid.uuid4()
@@ -99,16 +99,16 @@ async def claim_meanwhile(gw: Instance, runtime_id: str, task_id: str) -> None:
 
 @pytest.mark.parametrize("setup", sorted(SETUPS))
 async def test_a_late_grouped_complete_leaves_the_requeued_task_to_a_claim(
-    gw: Instance, db: str, other: asyncpg.Connection, runtime_id: str, setup: str
+    gw: Instance, own_database_url: str, other: asyncpg.Connection, runtime_id: str, setup: str
 ) -> None:
-    task_id, stale = await SETUPS[setup](gw, db, runtime_id)
+    task_id, stale = await SETUPS[setup](gw, own_database_url, runtime_id)
     async with other.transaction():
         done = await other.fetch(
             lease_sql.COMPLETE_GROUP, [uuid.UUID(task_id)], [stale], ['"late"']
         )
         assert done == []  # nothing completed; the request reads the task afresh
         await claim_meanwhile(gw, runtime_id, task_id)
-    row = await row_of(db, task_id)
+    row = await row_of(own_database_url, task_id)
     assert row["status"] == "claimed" and row["worker_id"] == "new-worker"
 
 
@@ -116,13 +116,13 @@ async def test_a_late_grouped_complete_leaves_the_requeued_task_to_a_claim(
 @pytest.mark.parametrize("statement", sorted(BATCH_TAILS))
 async def test_a_late_batch_operation_leaves_the_requeued_task_to_a_claim(
     gw: Instance,
-    db: str,
+    own_database_url: str,
     other: asyncpg.Connection,
     runtime_id: str,
     setup: str,
     statement: str,
 ) -> None:
-    task_id, stale = await SETUPS[setup](gw, db, runtime_id)
+    task_id, stale = await SETUPS[setup](gw, own_database_url, runtime_id)
     args = [[uuid.UUID(task_id)], None, [stale], *BATCH_TAILS[statement]]
     async with other.transaction():
         rows = await other.fetch(getattr(ack_sql, statement), *args)
@@ -131,17 +131,17 @@ async def test_a_late_batch_operation_leaves_the_requeued_task_to_a_claim(
         assert answer.error is not None and answer.error.code == "lease_lost", answer
         assert answer.status == "queued", answer
         await claim_meanwhile(gw, runtime_id, task_id)
-    row = await row_of(db, task_id)
+    row = await row_of(own_database_url, task_id)
     assert row["status"] == "claimed" and row["worker_id"] == "new-worker"
 
 
 @pytest.mark.parametrize("statement", sorted(SINGLE_TAILS))
 async def test_a_late_single_operation_leaves_the_requeued_task_to_a_claim(
-    gw: Instance, db: str, other: asyncpg.Connection, runtime_id: str, statement: str
+    gw: Instance, own_database_url: str, other: asyncpg.Connection, runtime_id: str, statement: str
 ) -> None:
     """The single-row statements (`UPDATE ... WHERE id AND lease_id AND status`) lock
     only the rows that pass their conditions: they never had the defect."""
-    task_id, stale = await requeued(gw, db, runtime_id)
+    task_id, stale = await requeued(gw, own_database_url, runtime_id)
     async with other.transaction():
         sql = getattr(lease_sql, statement)
         assert await other.fetch(sql, uuid.UUID(task_id), stale, *SINGLE_TAILS[statement]) == []
@@ -158,13 +158,13 @@ async def claimed_task(gw: Instance, runtime_id: str) -> tuple[uuid.UUID, uuid.U
 
 
 async def batch_after(
-    first: asyncpg.Connection, db: str, change: tuple[Any, ...], batch: tuple[Any, ...]
+    first: asyncpg.Connection, database_url: str, change: tuple[Any, ...], batch: tuple[Any, ...]
 ) -> ItemResult:
     """Runs the batch statement `batch` (its name, then its arguments; one item) on a
     connection of its own while `first` holds a transaction that made the `change`
     (SQL, then arguments) to the item's task; commits `first` once the batch waits for
     the row, and returns the batch's answer."""
-    second = await asyncpg.connect(db)
+    second = await asyncpg.connect(database_url)
     try:
         async with first.transaction():
             await first.execute(*change)
@@ -179,63 +179,65 @@ async def batch_after(
 
 
 async def test_a_repeat_that_waited_for_the_first_complete_is_answered_as_it(
-    gw: Instance, db: str, other: asyncpg.Connection, runtime_id: str
+    gw: Instance, own_database_url: str, other: asyncpg.Connection, runtime_id: str
 ) -> None:
     """The repeat found the task held by its lease, then waited for the first complete:
     it answers completed, as a repeated complete does, and changes nothing."""
     task_id, lease = await claimed_task(gw, runtime_id)
     answer = await batch_after(
         other,
-        db,
+        own_database_url,
         (lease_sql.COMPLETE, task_id, lease, '"first"'),
         ("BATCH_COMPLETE", [task_id], None, [lease], ['"second"']),
     )
     assert (answer.error, answer.status) == (None, "completed"), answer
-    assert (await row_of(db, str(task_id)))["result"] == '"first"'
+    assert (await row_of(own_database_url, str(task_id)))["result"] == '"first"'
 
 
 async def test_a_complete_that_waited_for_its_own_heartbeat_completes(
-    gw: Instance, db: str, other: asyncpg.Connection, runtime_id: str
+    gw: Instance, own_database_url: str, other: asyncpg.Connection, runtime_id: str
 ) -> None:
     """The lease still holds the task once the heartbeat commits: the task is checked
     again on its newest version, and completed."""
     task_id, lease = await claimed_task(gw, runtime_id)
     answer = await batch_after(
         other,
-        db,
+        own_database_url,
         (lease_sql.HEARTBEAT, task_id, lease, 600.0),
         ("BATCH_COMPLETE", [task_id], None, [lease], ['"done"']),
     )
     assert (answer.error, answer.status) == (None, "completed"), answer
-    assert (await row_of(db, str(task_id)))["result"] == '"done"'
+    assert (await row_of(own_database_url, str(task_id)))["result"] == '"done"'
 
 
 @pytest.mark.parametrize("statement", sorted(BATCH_TAILS))
 async def test_an_operation_that_waited_for_the_reclaim_is_lease_lost_queued(
-    gw: Instance, db: str, other: asyncpg.Connection, runtime_id: str, statement: str
+    gw: Instance, own_database_url: str, other: asyncpg.Connection, runtime_id: str, statement: str
 ) -> None:
     """The lease held the task when the statement began; the janitor's reclaim, which
     the statement waited for, queued it again: lease_lost, naming the task's status
     after the reclaim, and the task is left as the reclaim left it."""
     task_id, lease = await claimed_task(gw, runtime_id)
     await execute(
-        db, "UPDATE tasks SET lease_expires_at = now() - interval '1 second' WHERE id = $1", task_id
+        own_database_url,
+        "UPDATE tasks SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
+        task_id,
     )
     answer = await batch_after(
         other,
-        db,
+        own_database_url,
         (janitor_sql.RECLAIM_LEASES, 100),
         (statement, [task_id], None, [lease], *BATCH_TAILS[statement]),
     )
     assert answer.error is not None and answer.error.code == "lease_lost", answer
     assert answer.status == "queued", answer
-    row = await row_of(db, str(task_id))
+    row = await row_of(own_database_url, str(task_id))
     assert row["status"] == "queued" and row["lease_id"] is None
 
 
 @pytest.mark.parametrize("statement", sorted(BATCH_TAILS))
 async def test_an_item_whose_task_was_deleted_while_the_statement_waited_is_not_found(
-    gw: Instance, db: str, other: asyncpg.Connection, runtime_id: str, statement: str
+    gw: Instance, own_database_url: str, other: asyncpg.Connection, runtime_id: str, statement: str
 ) -> None:
     """The lease held the task when the statement began, and the task was gone once
     the statement had its lock: the statement has no row for the item, which is not
@@ -243,9 +245,9 @@ async def test_an_item_whose_task_was_deleted_while_the_statement_waited_is_not_
     task_id, lease = await claimed_task(gw, runtime_id)
     kept_id, kept_lease = await claimed_task(gw, runtime_id)
     tails = [[*tail, *tail] for tail in BATCH_TAILS[statement]]
-    first = await asyncpg.connect(db)
+    first = await asyncpg.connect(own_database_url)
     try:
-        second = await asyncpg.connect(db)
+        second = await asyncpg.connect(own_database_url)
         try:
             async with first.transaction():
                 await first.execute("DELETE FROM tasks WHERE id = $1", task_id)

@@ -81,9 +81,9 @@ async def test_wakeups_received_and_delivered(
 
 
 async def test_the_janitor_leader_gauges_queue_depth(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
-    cfg = make_settings(db, redis_url, redis_prefix, **QUIET)
+    cfg = make_settings(own_database_url, redis_url, redis_prefix, **QUIET)
     async with running_gateway(cfg) as gw:
         for n in range(3):
             await gw.enqueue(runtime_id, n)

@@ -36,14 +36,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 @contextlib.asynccontextmanager
 async def two_gateways(
-    db: str, bouncer: PgBouncer, redis_url: str, prefix: str, **overrides: Any
+    database_url: str, bouncer: PgBouncer, redis_url: str, prefix: str, **overrides: Any
 ) -> AsyncIterator[tuple[Instance, Instance]]:
     """Two gateways whose pools go through PgBouncer; their janitor locks go direct."""
     cfg = janitor_settings(
-        bouncer.url(db),
+        bouncer.url(database_url),
         redis_url,
         prefix,
-        direct_database_url=db,
+        direct_database_url=database_url,
         db_statement_cache_size=0,
         **overrides,
     )
@@ -52,11 +52,11 @@ async def two_gateways(
 
 
 async def test_the_lifecycle_through_pgbouncer(
-    db: str, pgbouncer: PgBouncer, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, pgbouncer: PgBouncer, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
     """Both gateways start (no refused startup parameter), are ready, and every task
     operation, batch and token works through the pooler."""
-    async with two_gateways(db, pgbouncer, redis_url, redis_prefix) as (a, b):
+    async with two_gateways(own_database_url, pgbouncer, redis_url, redis_prefix) as (a, b):
         for inst in (a, b):
             async with inst.http.get(inst.url + "/readyz") as resp:
                 assert resp.status == 200, await resp.text()
@@ -115,14 +115,14 @@ async def test_the_lifecycle_through_pgbouncer(
 
 
 async def test_lapsed_leases_are_reclaimed_once_by_one_leader(
-    db: str, pgbouncer: PgBouncer, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, pgbouncer: PgBouncer, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
     """Both janitors run every 0.2 s; one leads, and only it reclaims. Every lapsed
     lease is reclaimed exactly once: each task is queued again with one attempt, and
     handed out again once."""
     n = 20
     async with two_gateways(
-        db, pgbouncer, redis_url, redis_prefix, janitor_interval_seconds=0.2
+        own_database_url, pgbouncer, redis_url, redis_prefix, janitor_interval_seconds=0.2
     ) as instances:
         a, b = instances
         ids = {(await a.enqueue(runtime_id, {"n": k}))["id"] for k in range(n)}
@@ -136,7 +136,7 @@ async def test_lapsed_leases_are_reclaimed_once_by_one_leader(
                 sample(i, "gateway_leases_reclaimed_total", outcome="queued") for i in instances
             )
 
-        await wait_lapsed(db, sorted(ids))
+        await wait_lapsed(own_database_url, sorted(ids))
         deadline = time.monotonic() + 10
         while reclaimed() < n:
             assert time.monotonic() < deadline, f"{reclaimed()} of {n} reclaimed"
@@ -151,7 +151,9 @@ async def test_lapsed_leases_are_reclaimed_once_by_one_leader(
         )
 
         rows = await fetch(
-            db, "SELECT status, attempts, last_error FROM tasks WHERE runtime_id = $1", runtime_id
+            own_database_url,
+            "SELECT status, attempts, last_error FROM tasks WHERE runtime_id = $1",
+            runtime_id,
         )
         assert Counter((r["status"], r["attempts"], r["last_error"]) for r in rows) == {
             ("queued", 1, "lease expired"): n
@@ -162,13 +164,13 @@ async def test_lapsed_leases_are_reclaimed_once_by_one_leader(
 
 
 async def test_concurrent_pollers_on_both_gateways_get_each_task_once(
-    db: str, pgbouncer: PgBouncer, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, pgbouncer: PgBouncer, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
     """200 tasks enqueued on both gateways while 10 long-polling clients (5 on each)
     claim 1-5 at a time and complete: every task is handed out once, with one lease."""
     total, pollers = 200, 10
     rng = random.Random()
-    async with two_gateways(db, pgbouncer, redis_url, redis_prefix) as instances:
+    async with two_gateways(own_database_url, pgbouncer, redis_url, redis_prefix) as instances:
         handed_out: list[tuple[str, str]] = []
         problems: list[Any] = []
         deadline = time.monotonic() + 30
@@ -213,7 +215,7 @@ async def test_concurrent_pollers_on_both_gateways_get_each_task_once(
         assert twice == {}
         assert sorted(i for i, _ in handed_out) == sorted(enqueued)
         assert len({lease for _, lease in handed_out}) == total
-        rows = await task_rows(db, runtime_id)
+        rows = await task_rows(own_database_url, runtime_id)
         assert Counter((r["status"], r["attempts"]) for r in rows) == {("completed", 1): total}
 
 

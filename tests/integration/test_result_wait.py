@@ -105,9 +105,9 @@ async def test_a_wait_that_runs_out_answers_the_unfinished_task(
 
 
 async def test_a_lease_expiry_to_dead_by_the_janitor_wakes_the_waiter(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
-    async with running_gateway(janitor_settings(db, redis_url, redis_prefix)) as gw:
+    async with running_gateway(janitor_settings(own_database_url, redis_url, redis_prefix)) as gw:
         await first_pass_done(gw)
         task = await gw.enqueue(runtime_id, "x", max_attempts=1)
         await claim_one(gw, runtime_id, lease_seconds=60)
@@ -115,11 +115,11 @@ async def test_a_lease_expiry_to_dead_by_the_janitor_wakes_the_waiter(
         await waiting(gw, 1)
         before = reads(gw)
         await execute(
-            db,
+            own_database_url,
             "UPDATE tasks SET lease_expires_at = now() - interval '1 second' WHERE id = $1::uuid",
             task["id"],
         )
-        await wait_lapsed(db, [task["id"]])
+        await wait_lapsed(own_database_url, [task["id"]])
         report = await gw.gateway.janitor.run_once()
         assert report.reclaimed == 1, report
         answer = await asyncio.wait_for(waiter, 10)

@@ -25,8 +25,8 @@ from tests.support.databases import execute, fetch
 pytestmark = pytest.mark.integration
 
 
-async def stored_status(db: str, task: dict[str, Any]) -> str:
-    return str((await row_of(db, task["id"]))["status"])
+async def stored_status(database_url: str, task: dict[str, Any]) -> str:
+    return str((await row_of(database_url, task["id"]))["status"])
 
 
 async def get(gw: Instance, task: dict[str, Any]) -> dict[str, Any]:
@@ -41,10 +41,10 @@ async def listed(gw: Instance, runtime: str, status: str) -> list[str]:
     return [t["id"] for t in body["tasks"]]
 
 
-async def make_due(db: str, task: dict[str, Any]) -> None:
+async def make_due(database_url: str, task: dict[str, Any]) -> None:
     """Move a scheduled task's run_at into the past, as time would, without sleeping."""
     await execute(
-        db,
+        database_url,
         "UPDATE tasks SET run_at = now() - interval '2 seconds' WHERE id = $1::uuid "
         "AND status = 'scheduled'",
         task["id"],
@@ -52,9 +52,9 @@ async def make_due(db: str, task: dict[str, Any]) -> None:
 
 
 async def test_delayed_tasks_are_stored_scheduled_and_shown_queued(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
-    async with running_gateway(janitor_settings(db, redis_url, redis_prefix)) as gw:
+    async with running_gateway(janitor_settings(own_database_url, redis_url, redis_prefix)) as gw:
         await first_pass_done(gw)
         now = await gw.enqueue(runtime_id, {"n": 0})
         later = await gw.enqueue(runtime_id, {"n": 1}, delay_seconds=3600)
@@ -69,7 +69,7 @@ async def test_delayed_tasks_are_stored_scheduled_and_shown_queued(
         batch_now, batch_later = body["tasks"]
 
         everything = [now, later, at, past, batch_now, batch_later]
-        stored = {k: await stored_status(db, t) for k, t in enumerate(everything)}
+        stored = {k: await stored_status(own_database_url, t) for k, t in enumerate(everything)}
         assert stored == {
             0: "queued",
             1: "scheduled",
@@ -93,16 +93,16 @@ async def test_delayed_tasks_are_stored_scheduled_and_shown_queued(
 
 
 async def test_a_due_scheduled_task_is_claimed_before_the_janitor_moves_it(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
     """Merged by priority, then age, with the queued ones."""
-    async with running_gateway(janitor_settings(db, redis_url, redis_prefix)) as gw:
+    async with running_gateway(janitor_settings(own_database_url, redis_url, redis_prefix)) as gw:
         await first_pass_done(gw)
         low = await gw.enqueue(runtime_id, "low", priority=10)
         high_delayed = await gw.enqueue(runtime_id, "high", priority=90, delay_seconds=3600)
         mid = await gw.enqueue(runtime_id, "mid", priority=50)
-        await make_due(db, high_delayed)
-        assert await stored_status(db, high_delayed) == "scheduled"
+        await make_due(own_database_url, high_delayed)
+        assert await stored_status(own_database_url, high_delayed) == "scheduled"
         got = await gw.claim(runtime_id, max_tasks=3)
         assert [t["id"] for t in got] == [high_delayed["id"], mid["id"], low["id"]]
         assert [t["status"] for t in got] == ["claimed"] * 3
@@ -110,7 +110,7 @@ async def test_a_due_scheduled_task_is_claimed_before_the_janitor_moves_it(
 
 
 async def test_a_scheduled_task_coming_due_under_a_cached_empty_verdict_is_claimed(
-    db: str,
+    own_database_url: str,
     redis_url: str,
     redis_prefix: str,
     runtime_id: str,
@@ -121,7 +121,7 @@ async def test_a_scheduled_task_coming_due_under_a_cached_empty_verdict_is_claim
     bumped the runtime and the janitor has not moved it to queued (it still is
     `scheduled` when the poll arrives)."""
     empty_key = keys_for(redis_prefix, runtime_id).empty
-    cfg = janitor_settings(db, redis_url, redis_prefix, empty_ttl_seconds=60.0)
+    cfg = janitor_settings(own_database_url, redis_url, redis_prefix, empty_ttl_seconds=60.0)
     async with running_gateway(cfg) as gw:
         await first_pass_done(gw)
         task = await gw.enqueue(runtime_id, {"job": "later"}, delay_seconds=1.0)
@@ -129,38 +129,42 @@ async def test_a_scheduled_task_coming_due_under_a_cached_empty_verdict_is_claim
         pttl = await redis_client.pttl(empty_key)
         assert 0 < pttl <= 1000, f"the empty verdict lives {pttl} ms, past the task's delay"
         await asyncio.sleep(pttl / 1000 + 0.05)
-        assert await stored_status(db, task) == "scheduled"
+        assert await stored_status(own_database_url, task) == "scheduled"
         got = await gw.claim(runtime_id, wait_seconds=0)
         assert [t["id"] for t in got] == [task["id"]]
 
 
 async def test_the_janitor_moves_due_scheduled_tasks_to_queued_and_bumps(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str, redis_client: aioredis.Redis
+    own_database_url: str,
+    redis_url: str,
+    redis_prefix: str,
+    runtime_id: str,
+    redis_client: aioredis.Redis,
 ) -> None:
     version_key = keys_for(redis_prefix, runtime_id).version
-    async with running_gateway(janitor_settings(db, redis_url, redis_prefix)) as gw:
+    async with running_gateway(janitor_settings(own_database_url, redis_url, redis_prefix)) as gw:
         await first_pass_done(gw)
         due = [await gw.enqueue(runtime_id, i, delay_seconds=3600) for i in range(3)]
         waiting = await gw.enqueue(runtime_id, "waiting", delay_seconds=3600)
         for task in due:
-            await make_due(db, task)
+            await make_due(own_database_url, task)
         before = await redis_client.get(version_key)
         report = await gw.gateway.janitor.run_once()
         assert report.errors == []
         assert report.promoted == 3
-        assert [await stored_status(db, t) for t in due] == ["queued"] * 3
-        assert await stored_status(db, waiting) == "scheduled"
+        assert [await stored_status(own_database_url, t) for t in due] == ["queued"] * 3
+        assert await stored_status(own_database_url, waiting) == "scheduled"
         assert await redis_client.get(version_key) != before, "the runtime was not bumped"
         again = await gw.gateway.janitor.run_once()
         assert again.promoted == 0
 
 
 async def test_promotion_works_in_batches_across_runtimes(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
     """More due tasks than one batch, over several runtimes: every one moves, and the
     delayed ones of those runtimes stay."""
-    cfg = janitor_settings(db, redis_url, redis_prefix, janitor_batch_size=7)
+    cfg = janitor_settings(own_database_url, redis_url, redis_prefix, janitor_batch_size=7)
     runtimes = [f"{runtime_id}-{k}" for k in range(4)]
     async with running_gateway(cfg) as gw:
         await first_pass_done(gw)
@@ -171,21 +175,23 @@ async def test_promotion_works_in_batches_across_runtimes(
                 {"tasks": [{"payload": i, "delay_seconds": 3600} for i in range(10)]},
             )
         await execute(
-            db,
+            own_database_url,
             "UPDATE tasks SET run_at = now() - interval '1 second' "
             "WHERE status = 'scheduled' AND (payload::text)::int < 6",
         )
         report = await gw.gateway.janitor.run_once()
         assert report.errors == []
         assert report.promoted == 4 * 6
-        rows = await fetch(db, "SELECT status, count(*) AS n FROM tasks GROUP BY status")
+        rows = await fetch(
+            own_database_url, "SELECT status, count(*) AS n FROM tasks GROUP BY status"
+        )
         assert {r["status"]: r["n"] for r in rows} == {"queued": 24, "scheduled": 16}
 
 
 async def test_fail_with_backoff_stores_scheduled_and_retry_after_zero_queued(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
-    async with running_gateway(janitor_settings(db, redis_url, redis_prefix)) as gw:
+    async with running_gateway(janitor_settings(own_database_url, redis_url, redis_prefix)) as gw:
         await first_pass_done(gw)
         backoff, at_once = [await gw.enqueue(runtime_id, i) for i in range(2)]
         got = {t["id"]: t for t in await gw.claim(runtime_id, max_tasks=2)}
@@ -196,61 +202,62 @@ async def test_fail_with_backoff_stores_scheduled_and_retry_after_zero_queued(
             )
             assert status == 200, body
             assert body["status"] == "queued", body
-        assert await stored_status(db, backoff) == "scheduled"
-        assert await stored_status(db, at_once) == "queued"
+        assert await stored_status(own_database_url, backoff) == "scheduled"
+        assert await stored_status(own_database_url, at_once) == "queued"
         [again] = await gw.claim(runtime_id, max_tasks=2)
         assert again["id"] == at_once["id"]
 
 
 async def test_cancel_expiry_and_retry_of_scheduled_tasks(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
-    async with running_gateway(janitor_settings(db, redis_url, redis_prefix)) as gw:
+    async with running_gateway(janitor_settings(own_database_url, redis_url, redis_prefix)) as gw:
         await first_pass_done(gw)
         cancelled = await gw.enqueue(runtime_id, "c", delay_seconds=3600)
         status, body = await gw.call("POST", f"/v1/tasks/{cancelled['id']}/cancel")
         assert status == 200 and body["status"] == "cancelled", body
-        assert await stored_status(db, cancelled) == "cancelled"
+        assert await stored_status(own_database_url, cancelled) == "cancelled"
 
         # Past its expires_at while still scheduled (a backoff can do that): expired at
         # once to every reader, and written down by the janitor.
         expiring = await gw.enqueue(runtime_id, "e", delay_seconds=3600, ttl_seconds=60)
         await execute(
-            db,
+            own_database_url,
             "UPDATE tasks SET expires_at = now() - interval '1 second' WHERE id = $1::uuid",
             expiring["id"],
         )
         assert (await get(gw, expiring))["status"] == "expired"
         assert expiring["id"] in await listed(gw, runtime_id, "expired")
         assert expiring["id"] not in await listed(gw, runtime_id, "queued")
-        await make_due(db, expiring)
+        await make_due(own_database_url, expiring)
         assert await gw.claim(runtime_id, max_tasks=5) == [], "an expired task was handed out"
         report = await gw.gateway.janitor.run_once()
         assert report.expired == 1 and report.promoted == 0, report
-        assert await stored_status(db, expiring) == "expired"
+        assert await stored_status(own_database_url, expiring) == "expired"
 
         status, body = await gw.call("POST", f"/v1/tasks/{expiring['id']}/retry")
         assert status == 200 and body["status"] == "queued", body
-        assert await stored_status(db, expiring) == "queued"
+        assert await stored_status(own_database_url, expiring) == "queued"
         [got] = await gw.claim(runtime_id)
         assert got["id"] == expiring["id"]
 
 
 async def test_the_repair_walk_sees_runtimes_with_due_scheduled_tasks(
-    db: str, redis_url: str, redis_prefix: str, runtime_id: str
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
     """The repair walk (I6) finds a runtime whose only claimable task is a due
     scheduled one, as it finds one with a queued task; not one whose tasks are all
     delayed."""
-    cfg = janitor_settings(db, redis_url, redis_prefix)
+    cfg = janitor_settings(own_database_url, redis_url, redis_prefix)
     names = {"queued": runtime_id + "-a", "due": runtime_id + "-b", "later": runtime_id + "-c"}
     async with running_gateway(cfg) as gw:
         await first_pass_done(gw)
         await gw.enqueue(names["queued"], "queued")
         await execute(
-            db, "UPDATE tasks SET run_at = now() - interval '2 seconds' WHERE status = 'queued'"
+            own_database_url,
+            "UPDATE tasks SET run_at = now() - interval '2 seconds' WHERE status = 'queued'",
         )
-        await make_due(db, await gw.enqueue(names["due"], "due", delay_seconds=3600))
+        await make_due(own_database_url, await gw.enqueue(names["due"], "due", delay_seconds=3600))
         await gw.enqueue(names["later"], "not due", delay_seconds=3600)
         for limit in (100, 1):  # one page, and page by page
             found: list[str] = []

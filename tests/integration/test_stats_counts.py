@@ -3,7 +3,7 @@ task_counts kept by triggers) equal a count of the rows themselves after every k
 transition, under concurrent completers, across the janitor's fold and retention, and
 after migration 0005 counted the rows that were there before it.
 
-Each test has a freshly migrated database of its own (the `db` fixture), so the whole
+Each test has a freshly migrated database of its own (the `own_database_url` fixture), so the whole
 task table is the test's and the counts are exact.
 """
 
@@ -38,8 +38,8 @@ SELECT {EFFECTIVE_STATUS} AS status, count(*) AS n FROM tasks WHERE runtime_id =
 
 
 @pytest.fixture
-async def store(db: str) -> AsyncIterator[Store]:
-    s = Store(db, Metrics(), min_size=1, max_size=12)
+async def store(own_database_url: str) -> AsyncIterator[Store]:
+    s = Store(own_database_url, Metrics(), min_size=1, max_size=12)
     await s.open()
     try:
         yield s
@@ -47,8 +47,8 @@ async def store(db: str) -> AsyncIterator[Store]:
         await s.close()
 
 
-async def truth(db: str, runtime_id: str) -> dict[str, int]:
-    return {r["status"]: r["n"] for r in await fetch(db, TRUTH, runtime_id)}
+async def truth(database_url: str, runtime_id: str) -> dict[str, int]:
+    return {r["status"]: r["n"] for r in await fetch(database_url, TRUTH, runtime_id)}
 
 
 async def counts(store: Store, runtime_id: str) -> dict[str, int]:
@@ -56,8 +56,8 @@ async def counts(store: Store, runtime_id: str) -> dict[str, int]:
     return {status: n for status, n in found.items() if n}
 
 
-async def check(store: Store, db: str, runtime_id: str) -> dict[str, int]:
-    expected = await truth(db, runtime_id)
+async def check(store: Store, database_url: str, runtime_id: str) -> dict[str, int]:
+    expected = await truth(database_url, runtime_id)
     assert await counts(store, runtime_id) == expected
     return expected
 
@@ -77,7 +77,9 @@ async def claim(store: Store, runtime_id: str, n: int, lease: float = 60.0) -> l
     return [x.task for x in leased]
 
 
-async def test_every_transition_moves_the_counts(store: Store, db: str, runtime_id: str) -> None:
+async def test_every_transition_moves_the_counts(
+    store: Store, own_database_url: str, runtime_id: str
+) -> None:
     other = runtime_id + "-other"  # a neighbour whose counts must not leak in
     await enqueue(store, other, 2)
     [done] = await claim(store, other, 1)
@@ -86,16 +88,18 @@ async def test_every_transition_moves_the_counts(store: Store, db: str, runtime_
     queued = await enqueue(store, runtime_id, 12, max_attempts=1)
     await enqueue(store, runtime_id, 2, delay_seconds=3600)
     expiring = await enqueue(store, runtime_id, 1, ttl_seconds=60)
-    assert await check(store, db, runtime_id) == {"queued": 15}
+    assert await check(store, own_database_url, runtime_id) == {"queued": 15}
     await execute(
-        db, "UPDATE tasks SET expires_at = now() - interval '1 second' WHERE id = $1", expiring[0]
+        own_database_url,
+        "UPDATE tasks SET expires_at = now() - interval '1 second' WHERE id = $1",
+        expiring[0],
     )
     # Past expires_at it reads as expired before the janitor marks it.
-    assert await check(store, db, runtime_id) == {"queued": 14, "expired": 1}
+    assert await check(store, own_database_url, runtime_id) == {"queued": 14, "expired": 1}
 
     held = await claim(store, runtime_id, 8, lease=0.01)
     assert len(held) == 8
-    await check(store, db, runtime_id)
+    await check(store, own_database_url, runtime_id)
     await store.complete(held[0].id, held[0].lease_id, '{"ok": true}')
     await store.complete(held[0].id, held[0].lease_id, '{"ok": true}')  # a replay
     await store.fail(held[1].id, held[1].lease_id, "boom", True, None)  # max_attempts 1: dead
@@ -103,59 +107,68 @@ async def test_every_transition_moves_the_counts(store: Store, db: str, runtime_
     await store.cancel(held[3].id)  # flagged; ends cancelled when its holder reports
     await store.complete(held[3].id, held[3].lease_id, None)
     await store.bury(held[4].id, held[4].lease_id, "cannot be answered")
-    await check(store, db, runtime_id)
+    await check(store, own_database_url, runtime_id)
     await store.cancel(queued[-1])  # queued: cancelled at once
     assert await store.expire_tasks(100) == 1
-    await check(store, db, runtime_id)
+    await check(store, own_database_url, runtime_id)
 
     await asyncio.sleep(0.05)  # the other three leases lapse: max_attempts 1, so dead
     assert len(await store.reclaim_leases(100)) == 3
-    expected = await check(store, db, runtime_id)
+    expected = await check(store, own_database_url, runtime_id)
     assert expected == {"queued": 6, "completed": 1, "dead": 5, "cancelled": 2, "expired": 1}
 
     # Retry takes a task out of its finished status again.
     dead = await fetch(
-        db, "SELECT id FROM tasks WHERE runtime_id = $1 AND status = 'dead'", runtime_id
+        own_database_url,
+        "SELECT id FROM tasks WHERE runtime_id = $1 AND status = 'dead'",
+        runtime_id,
     )
     for row in dead[:2]:
         await store.retry(row["id"])
     await store.retry(expiring[0])
-    await check(store, db, runtime_id)
+    await check(store, own_database_url, runtime_id)
 
     # Retention deletes finished rows: they leave the counts (as they leave a listing).
-    await execute(db, "UPDATE tasks SET finished_at = now() - interval '2 days'")
+    await execute(own_database_url, "UPDATE tasks SET finished_at = now() - interval '2 days'")
     assert await store.purge_finished(["completed", "cancelled", "expired"], 86400, 1000) == 4
-    await check(store, db, runtime_id)
+    await check(store, own_database_url, runtime_id)
     assert await store.purge_finished(["dead"], 86400, 1000) == 3
-    assert await check(store, db, runtime_id) == {"queued": 9}
+    assert await check(store, own_database_url, runtime_id) == {"queued": 9}
     assert await counts(store, other) == {"queued": 1}  # its completed one was purged too
 
 
 async def test_the_fold_keeps_a_row_per_runtime_and_status(
-    store: Store, db: str, runtime_id: str
+    store: Store, own_database_url: str, runtime_id: str
 ) -> None:
     await enqueue(store, runtime_id, 30)
     # Completions from several pooled connections: one counter row per backend.
     held = await claim(store, runtime_id, 30)
     await asyncio.gather(*(store.complete(t.id, t.lease_id, None) for t in held))
-    rows = await fetch(db, "SELECT backend, n FROM task_counts WHERE runtime_id = $1", runtime_id)
+    rows = await fetch(
+        own_database_url, "SELECT backend, n FROM task_counts WHERE runtime_id = $1", runtime_id
+    )
     assert sum(r["n"] for r in rows) == 30 and all(r["backend"] != 0 for r in rows)
     assert await store.fold_counts(1000) == 1  # one (runtime, status) row written
-    rows = await fetch(db, "SELECT backend, n FROM task_counts WHERE runtime_id = $1", runtime_id)
+    rows = await fetch(
+        own_database_url, "SELECT backend, n FROM task_counts WHERE runtime_id = $1", runtime_id
+    )
     assert [(r["backend"], r["n"]) for r in rows] == [(0, 30)]
     assert await store.fold_counts(1000) == 0  # idempotent: nothing left to fold
-    assert await check(store, db, runtime_id) == {"completed": 30}
+    assert await check(store, own_database_url, runtime_id) == {"completed": 30}
 
     # Everything purged: the backend-0 row reaches zero and is dropped by the fold.
-    await execute(db, "UPDATE tasks SET finished_at = now() - interval '2 days'")
+    await execute(own_database_url, "UPDATE tasks SET finished_at = now() - interval '2 days'")
     assert await store.purge_finished(["completed"], 86400, 1000) == 30
     assert await store.fold_counts(1000) == 1
-    assert await fetch(db, "SELECT * FROM task_counts WHERE runtime_id = $1", runtime_id) == []
-    assert await check(store, db, runtime_id) == {}
+    assert (
+        await fetch(own_database_url, "SELECT * FROM task_counts WHERE runtime_id = $1", runtime_id)
+        == []
+    )
+    assert await check(store, own_database_url, runtime_id) == {}
 
 
 async def test_a_batch_writes_one_counter_change_per_runtime_and_status(
-    store: Store, db: str, runtime_id: str
+    store: Store, own_database_url: str, runtime_id: str
 ) -> None:
     # Migration 0008: one statement that finishes many tasks writes one net delta per
     # runtime and status. A row trigger upserted the counter row once per task, and each
@@ -165,7 +178,7 @@ async def test_a_batch_writes_one_counter_change_per_runtime_and_status(
     await enqueue(store, other, 200)
     held = await claim(store, runtime_id, 300) + await claim(store, other, 200)
     assert len(held) == 500
-    conn = await asyncpg.connect(db)
+    conn = await asyncpg.connect(own_database_url)
     try:
         async with conn.transaction():
             rows = await conn.fetch(
@@ -196,35 +209,37 @@ async def test_a_batch_writes_one_counter_change_per_runtime_and_status(
             )
     finally:
         await conn.close()
-    assert await check(store, db, runtime_id) == {"completed": 300}
-    assert await check(store, db, other) == {"completed": 200}
+    assert await check(store, own_database_url, runtime_id) == {"completed": 300}
+    assert await check(store, own_database_url, other) == {"completed": 200}
     # A statement that moves rows both into and out of finished statuses nets them.
     await execute(
-        db,
+        own_database_url,
         "UPDATE tasks SET status = CASE WHEN status = 'completed' THEN 'cancelled' END,"
         " finished_at = now() WHERE runtime_id = $1",
         other,
     )
-    assert await check(store, db, other) == {"cancelled": 200}
+    assert await check(store, own_database_url, other) == {"cancelled": 200}
 
 
-async def test_truncate_takes_the_counts_with_it(store: Store, db: str, runtime_id: str) -> None:
+async def test_truncate_takes_the_counts_with_it(
+    store: Store, own_database_url: str, runtime_id: str
+) -> None:
     await enqueue(store, runtime_id, 1)
     [task] = await claim(store, runtime_id, 1)
     await store.complete(task.id, task.lease_id, None)
-    await execute(db, "TRUNCATE tasks")
+    await execute(own_database_url, "TRUNCATE tasks")
     assert await counts(store, runtime_id) == {}
 
 
 async def test_concurrent_completers_and_folds_count_exactly(
-    store: Store, db: str, runtime_id: str
+    store: Store, own_database_url: str, runtime_id: str
 ) -> None:
     """Ten connections complete one runtime's 600 tasks at once (each on its own
     connection, as replicas' pools would), failing every tenth to dead, while folds run
     alongside: nothing is lost or counted twice, and nobody deadlocks."""
     total = 600
     await execute(
-        db,
+        own_database_url,
         "INSERT INTO tasks (runtime_id, payload) SELECT $1, to_jsonb(n) "
         "FROM generate_series(1, $2) AS n",
         runtime_id,
@@ -236,7 +251,7 @@ async def test_concurrent_completers_and_folds_count_exactly(
     done = asyncio.Event()
 
     async def completer(mine: list[Any]) -> None:
-        conn = await asyncpg.connect(db)
+        conn = await asyncpg.connect(own_database_url)
         try:
             for task in mine:
                 if task.id in buried:
@@ -258,11 +273,13 @@ async def test_concurrent_completers_and_folds_count_exactly(
     await asyncio.gather(*(completer(held[i::10]) for i in range(10)))
     done.set()
     assert await folding > 0
-    assert await check(store, db, runtime_id) == {"completed": 540, "dead": 60}
+    assert await check(store, own_database_url, runtime_id) == {"completed": 540, "dead": 60}
     while await store.fold_counts(1000):
         pass
     rows = await fetch(
-        db, "SELECT status, backend, n FROM task_counts WHERE runtime_id = $1", runtime_id
+        own_database_url,
+        "SELECT status, backend, n FROM task_counts WHERE runtime_id = $1",
+        runtime_id,
     )
     assert sorted((r["status"], r["backend"], r["n"]) for r in rows) == [
         ("completed", 0, 540),

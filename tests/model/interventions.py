@@ -30,7 +30,7 @@ class Env:
 
     loop: asyncio.AbstractEventLoop
     inst: Instance
-    db: asyncpg.Connection
+    conn: asyncpg.Connection
     redis: aioredis.Redis
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
@@ -41,7 +41,7 @@ class Env:
 
     async def set_past(self, column: str, task: Task) -> None:
         """Time passes beyond the task's `column` (run_at, lease_expires_at, expires_at)."""
-        await self.db.execute(
+        await self.conn.execute(
             f"UPDATE tasks SET {column} = now() - interval '10 seconds' WHERE id = $1",
             uuid.UUID(task.id),
         )
@@ -90,7 +90,7 @@ async def verdicts_lapse(env: Env, model: Model) -> None:
 async def janitor_interval(env: Env, model: Model) -> None:
     """The few seconds between janitor passes go by for the tasks due now (the rest
     are far from any deadline): each has been due for longer than the repair's 1 s."""
-    await env.db.execute(
+    await env.conn.execute(
         "UPDATE tasks SET run_at = run_at - interval '2 seconds' "
         "WHERE runtime_id = ANY($1::text[]) AND status = 'queued' AND run_at <= now()",
         model.runtimes,
@@ -101,7 +101,7 @@ async def janitor_interval(env: Env, model: Model) -> None:
 
 async def postpone(env: Env, task_id: str, seconds: float) -> None:
     """A backoff of a few seconds put out of the test's reach, as the model says."""
-    await env.db.execute(
+    await env.conn.execute(
         "UPDATE tasks SET run_at = clock_timestamp() + make_interval(secs => $2) WHERE id = $1",
         uuid.UUID(task_id),
         seconds,
@@ -148,7 +148,7 @@ async def flush(env: Env, model: Model, runtime: str) -> None:
 
 async def forget(env: Env, model: Model) -> None:
     """An example's teardown: its tasks and keys gone, so the next starts empty."""
-    await env.db.execute("DELETE FROM tasks WHERE runtime_id = ANY($1::text[])", model.runtimes)
+    await env.conn.execute("DELETE FROM tasks WHERE runtime_id = ANY($1::text[])", model.runtimes)
     for runtime in model.runtimes:
         keys = env.keys(runtime)
         await env.redis.delete(keys.version, keys.empty)

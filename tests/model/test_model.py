@@ -56,14 +56,14 @@ async def environment(database_url: str, redis_url: str) -> AsyncIterator[Env]:
     """One gateway (its janitor passes only when a step says so) and side doors."""
     prefix = "gwm" + os.urandom(4).hex()
     config = make_settings(database_url, redis_url, prefix, janitor_interval_seconds=3600)
-    db = await asyncpg.connect(database_url)
+    conn = await asyncpg.connect(database_url)
     redis = aioredis.Redis.from_url(redis_url, socket_timeout=5, decode_responses=True)
     try:
         async with running_gateway(config) as inst:
-            yield Env(asyncio.get_running_loop(), inst, db, redis)
+            yield Env(asyncio.get_running_loop(), inst, conn, redis)
     finally:
         await redis.aclose()
-        await db.close()
+        await conn.close()
 
 
 async def cancel_all(tasks: set[asyncio.Task[Any]]) -> None:
