@@ -169,7 +169,7 @@ async def measure_stats(finished: int) -> None:
 
 
 async def measure_janitor(runtimes: int, per_runtime: int, passes: int, interval: float) -> None:
-    from tests.harness import make_settings, running_gateway
+    from bench.gateways import make_settings, running_gateway
 
     url, drop = await scratch_database()
     try:
@@ -331,7 +331,7 @@ async def measure_hotpath(tasks: int, clients: int, rounds: int) -> None:
 async def measure_results(tasks: int, completers: int, rounds: int) -> None:
     """Completions per second through the HTTP API, with the wake-up publish for waits on
     a task's result (results.py) and without it, alternating, in one run."""
-    from tests.harness import make_settings, running_gateway
+    from bench.gateways import make_settings, running_gateway
 
     url, drop = await scratch_database()
     redis_url = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")

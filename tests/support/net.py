@@ -1,12 +1,7 @@
-"""Loopback ports."""
+"""Loopback ports: the bench's free_port, one copy for the bench and the tests."""
 
 from __future__ import annotations
 
-import socket
+from bench.infra import free_port
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+__all__ = ["free_port"]
