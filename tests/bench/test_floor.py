@@ -7,7 +7,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from bench.floor import create_app, create_mget_app
-from tests.bench.asgi import lifespan, post
+from tests.support.asgi import lifespan, post
 
 
 async def test_floor_parses_the_body_and_answers_json() -> None:

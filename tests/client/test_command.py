@@ -13,7 +13,7 @@ import pytest
 
 from gateway_client import Task, TaskFailed
 from gateway_client.command import CommandHandler
-from tests.client.fake import make_task
+from tests.support.fake_gateway import make_task
 
 
 def task(payload: object = None) -> Task:

@@ -20,24 +20,7 @@ from gateway_client import (
     Worker,
     WorkerOptions,
 )
-from tests.client.fake import FakeGateway
-
-
-def worker(fake: FakeGateway, handler: Any, **options: Any) -> Worker:
-    opts = {"wait_seconds": 0.05, "worker_id": "w", **options}
-    return Worker(fake, "rt", handler, WorkerOptions(**opts))
-
-
-async def run_until(w: Worker, condition: Any, within: float = 5.0) -> None:
-    """Runs the worker until `condition()` holds, then stops it and waits for the drain."""
-    job = asyncio.create_task(w.run())
-    deadline = time.monotonic() + within
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        assert not job.done(), job
-        await asyncio.sleep(0.01)
-    w.stop()
-    await asyncio.wait_for(job, 10)
+from tests.support.fake_gateway import FakeGateway, run_until, worker
 
 
 async def test_results_and_errors_are_reported():

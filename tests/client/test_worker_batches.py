@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 
 from gateway_client import Outcome, Task, TransportError
-from tests.client.fake import FakeGateway
-from tests.client.test_worker import run_until, worker
+from tests.support.fake_gateway import FakeGateway, run_until, worker
 
 
 async def test_completions_that_finish_together_share_one_request():

@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from gateway_client import Outcome, Task
-from tests.client.fake import FakeGateway
-from tests.client.test_worker import worker
+from tests.support.fake_gateway import FakeGateway, worker
 
 CONCURRENCY = [1, 3]
 

@@ -5,7 +5,9 @@
 - `clocks`: a clock a test moves by hand;
 - `http`: requests to a running gateway and their answers;
 - `databases`: migrating a database and one-off queries on it;
-- `metrics`: reading a gateway's Prometheus samples.
+- `metrics`: reading a gateway's Prometheus samples;
+- `fake_gateway`: an in-memory gateway for the client's worker tests;
+- `asgi`: a minimal ASGI driver for the bench's floor apps.
 
 This package holds no tests and no fixtures; fixtures live in the conftest.py files.
 """

@@ -1,4 +1,5 @@
-"""A minimal ASGI driver for the bench's floor apps: lifespan, one request, shutdown."""
+"""A minimal ASGI driver, for the tests of the bench's floor apps: lifespan, one request,
+shutdown."""
 
 from __future__ import annotations
 

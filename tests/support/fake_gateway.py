@@ -1,6 +1,7 @@
-"""An in-memory gateway for the worker loop's unit tests: a queue, leases (lapsing, if
-asked), cancels, scripted failures, completions held unanswered, and a record of every
-call with its (monotonic) time."""
+"""An in-memory gateway for the client's unit tests (tests/client/): a queue, leases
+(lapsing, if asked), cancels, scripted failures, completions held unanswered, and a
+record of every call with its (monotonic) time; and a worker loop run against it until
+a condition holds."""
 
 from __future__ import annotations
 
@@ -10,7 +11,16 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gateway_client import Beat, Completion, ItemOutcome, LeaseLost, NotFound, Task
+from gateway_client import (
+    Beat,
+    Completion,
+    ItemOutcome,
+    LeaseLost,
+    NotFound,
+    Task,
+    Worker,
+    WorkerOptions,
+)
 
 _ids = itertools.count(1)
 
@@ -188,3 +198,20 @@ class FakeGateway:
             flagged = i.task_id in self.cancelled
             out.append(ItemOutcome(i.task_id, "extended", cancel_requested=flagged))
         return out
+
+
+def worker(fake: FakeGateway, handler: Any, **options: Any) -> Worker:
+    opts = {"wait_seconds": 0.05, "worker_id": "w", **options}
+    return Worker(fake, "rt", handler, WorkerOptions(**opts))
+
+
+async def run_until(w: Worker, condition: Any, within: float = 5.0) -> None:
+    """Runs the worker until `condition()` holds, then stops it and waits for the drain."""
+    job = asyncio.create_task(w.run())
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        assert not job.done(), job
+        await asyncio.sleep(0.01)
+    w.stop()
+    await asyncio.wait_for(job, 10)
