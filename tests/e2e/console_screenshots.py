@@ -10,25 +10,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
-import asyncpg
 
-from gateway.store.migrate import apply_migrations
-from tests.e2e.console_browser import MISSING, Api, browser_page, chromium_missing
-from tests.harness import TOKEN, serve_process
+from tests.support.browser import MISSING, Api, browser_page, chromium_missing
+from tests.support.databases import temporary_database
+from tests.support.gateways import TOKEN, serve_env, serve_process
+from tests.support.redis_keys import new_prefix
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "console"
-
-
-def _database(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path="/" + name))
 
 
 async def _seed(api: Api) -> str:
@@ -101,20 +94,8 @@ async def main() -> int:
     if not admin_url or not redis_url:
         print("set TEST_DATABASE_URL and TEST_REDIS_URL (see README, Development)", file=sys.stderr)
         return 2
-    name = "gwtest_" + secrets.token_hex(6)
-    conn = await asyncpg.connect(admin_url)
-    await conn.execute(f'CREATE DATABASE "{name}"')
-    await conn.close()
-    url = _database(admin_url, name)
-    try:
-        await apply_migrations(url, log=lambda _line: None)
-        env = {
-            **os.environ,
-            "DATABASE_URL": url,
-            "REDIS_URL": redis_url,
-            "GATEWAY_ADMIN_TOKEN": TOKEN,
-            "GATEWAY_REDIS_PREFIX": "gwt" + secrets.token_hex(4),
-        }
+    async with temporary_database(admin_url) as url:
+        env = serve_env(url, redis_url, new_prefix())
         async with serve_process(env=env) as (proc, base), aiohttp.ClientSession() as http:
             api = Api(http, base, TOKEN)
             task_id = await _seed(api)
@@ -150,10 +131,6 @@ async def main() -> int:
                 await asyncio.gather(*parked)
             proc.terminate()
             await proc.wait()
-    finally:
-        conn = await asyncpg.connect(admin_url)
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await conn.close()
     print(f"saved {', '.join(sorted(p.name for p in OUT.glob('*.png')))} in docs/console/")
     return 0
 

@@ -17,7 +17,7 @@ from gateway_client import (
     NewTask,
     ValidationFailed,
 )
-from tests.harness import TOKEN
+from tests.support.gateways import TOKEN
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 NOBODY = "00000000-0000-4000-8000-000000000000"

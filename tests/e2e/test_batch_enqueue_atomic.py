@@ -10,8 +10,9 @@ import secrets
 
 import pytest
 
-from tests.e2e.lifecycle_support import all_tasks, assert_problem, gateway
+from tests.support.gateways import gateway
 from tests.support.http import req
+from tests.support.lifecycle import all_tasks, assert_problem
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -1,18 +1,15 @@
 """The batch lease statements find their tasks by primary key, under custom and generic
-plans, on the realistic table of tests/integration/test_claim_explain.py (filled in a
-transaction that is rolled back): a batch never scans the task table. They lock only
-the rows their item's lease holds (lease_sql._LEASE_HELD, ack_sql._BATCH_HELD): the lease
-is tested below the lock, not after it. And no statement that takes a list reads a
-list again for each of its items: under a generic plan, which estimates every array
+plans, on the realistic table of tests/support/plans.py (filled in a transaction that
+is rolled back): a batch never scans the task table. They lock only the rows their
+item's lease holds (lease_sql._LEASE_HELD, ack_sql._BATCH_HELD): the lease is tested
+below the lock, not after it. And no statement that takes a list reads a list again
+for each of its items: under a generic plan, which estimates every array
 at ten elements, a join of two lists became a nested loop, and 1,000 items took ten
 times as long as under a custom plan."""
 
 from __future__ import annotations
 
-import json
-import secrets
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
@@ -20,50 +17,17 @@ import pytest
 
 from gateway.store.sql import acks as ack_sql
 from gateway.store.sql import leases as lease_sql
-from tests.integration.conftest import conn  # noqa: F401  (a fixture)
-from tests.integration.test_claim_explain import (  # noqa: F401  (filled is a fixture)
+from tests.support.plans import (
     MODES,
     describe,
-    filled,
     indexes,
+    plan_of,
+    rescanned_lists,
     subtree,
     task_scans,
-    walk,
 )
 
 pytestmark = pytest.mark.integration
-
-
-def literal(value: Any, sql_type: str) -> str:
-    """A SQL literal of the test's own (quote-free) value, an array of them, or NULL,
-    cast to `sql_type`."""
-    if value is None:
-        return f"NULL::{sql_type}"
-    if not isinstance(value, list):
-        return f"'{value}'::{sql_type}"
-    items = ", ".join("NULL" if v is None else f"'{v}'" for v in value)
-    return f"ARRAY[{items}]::{sql_type}"
-
-
-async def plan_of(
-    conn: asyncpg.Connection,  # noqa: F811
-    mode: str,
-    sql: str,
-    args: list[tuple[Any, str]],
-) -> list[dict[str, Any]]:
-    """The nodes of the plan of `sql` prepared with the types of `args` and run with
-    their values, under the plan_cache_mode `mode` (EXPLAIN without ANALYZE: nothing
-    runs)."""
-    name = "explain_" + secrets.token_hex(4)
-    await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
-    types = ", ".join(t for _, t in args)
-    await conn.execute(f"PREPARE {name}({types}) AS {sql}")
-    try:
-        values = ", ".join(literal(v, t) for v, t in args)
-        raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE {name}({values})")
-    finally:
-        await conn.execute(f"DEALLOCATE {name}")
-    return list(walk((json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]))
 
 
 def locked_scans(nodes: list[dict[str, Any]], cte: str) -> list[dict[str, Any]]:
@@ -91,53 +55,6 @@ def holder_tested_before_lock(nodes: list[dict[str, Any]]) -> bool:
     return len(seen) == 1 and "(seen_holder = item_lease)" in seen[0].get("Filter", "")
 
 
-def rescanned_lists(nodes: list[dict[str, Any]]) -> list[str]:
-    """The lists (CTE results, unnest()ed arrays) that a nested loop reads again for
-    each row of its outer side, unless that side is one row by its kind (CLAIM joins
-    its leased rows to the one row of NEXT_DUE), and those a correlated subquery reads
-    once per row it is evaluated for (a SubPlan; an InitPlan or a hashed SubPlan runs
-    once). The one list a subquery may read per task is a token's runtime patterns
-    (`p` in ack_sql.RUNTIME_COVERED), a handful. A CTE whose plan is one row by its
-    kind counts as one row where it is scanned."""
-
-    def below(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        yield node
-        for child in node.get("Plans", []):
-            if child.get("Parent Relationship") not in ("SubPlan", "InitPlan"):
-                yield from below(child)
-
-    ctes = {n["Subplan Name"][4:]: n for n in nodes if n.get("Subplan Name", "").startswith("CTE ")}
-
-    def one_row(node: dict[str, Any]) -> bool:
-        # A Result over nothing but its InitPlans, or an aggregate with no groups, or a
-        # scan of a CTE that is one of those (the enqueues' `base`: the batch's time).
-        plans = [c for c in node.get("Plans", []) if c.get("Parent Relationship") != "InitPlan"]
-        if node["Node Type"] == "CTE Scan" and node.get("CTE Name") in ctes:
-            return one_row(ctes[node["CTE Name"]])
-        return (node["Node Type"] == "Result" and not plans) or (
-            node["Node Type"] == "Aggregate" and node.get("Strategy") == "Plain"
-        )
-
-    def lists(node: dict[str, Any]) -> list[str]:
-        return [
-            f"{n['Node Type']} {n.get('CTE Name', n.get('Alias', ''))}"
-            for n in below(node)
-            if n["Node Type"] in ("CTE Scan", "Function Scan", "WorkTable Scan")
-        ]
-
-    found = []
-    for sub in (n for n in nodes if n.get("Parent Relationship") == "SubPlan"):
-        if not sub.get("Subplan Name", "").startswith("hashed "):
-            found += [f"{x} (per row)" for x in lists(sub) if x != "Function Scan p"]
-    for loop in (n for n in nodes if n["Node Type"] == "Nested Loop"):
-        [outer] = [c for c in loop["Plans"] if c.get("Parent Relationship") == "Outer"]
-        [inner] = [c for c in loop["Plans"] if c.get("Parent Relationship") == "Inner"]
-        if one_row(outer):
-            continue
-        found += lists(inner)
-    return found
-
-
 def batch_args(n: int, statement: str) -> list[tuple[Any, str]]:
     ids = [uuid.uuid4() for _ in range(n)]
     leases = [uuid.uuid4() for _ in range(n)]
@@ -157,8 +74,8 @@ def batch_args(n: int, statement: str) -> list[tuple[Any, str]]:
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("statement", ["BATCH_COMPLETE", "BATCH_FAIL", "BATCH_HEARTBEAT"])
 async def test_batch_statements_use_the_primary_key(
-    conn: asyncpg.Connection,  # noqa: F811
-    filled: str,  # noqa: F811
+    conn: asyncpg.Connection,
+    filled: str,
     mode: str,
     statement: str,
 ) -> None:
@@ -183,8 +100,8 @@ def group_args(n: int) -> list[tuple[Any, str]]:
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_grouped_completes_use_the_primary_key(
-    conn: asyncpg.Connection,  # noqa: F811
-    filled: str,  # noqa: F811
+    conn: asyncpg.Connection,
+    filled: str,
     mode: str,
 ) -> None:
     # COMPLETE_GROUP serves the single completes that arrive together (completions.py):
@@ -228,8 +145,8 @@ def sql_of(statement: str) -> str:
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("statement", LIST_STATEMENTS)
 async def test_no_list_is_read_again_for_each_item(
-    conn: asyncpg.Connection,  # noqa: F811
-    filled: str,  # noqa: F811
+    conn: asyncpg.Connection,
+    filled: str,
     mode: str,
     statement: str,
 ) -> None:
@@ -246,8 +163,8 @@ async def test_no_list_is_read_again_for_each_item(
 
 
 async def test_the_check_catches_a_join_of_two_lists(
-    conn: asyncpg.Connection,  # noqa: F811
-    filled: str,  # noqa: F811
+    conn: asyncpg.Connection,
+    filled: str,
 ) -> None:
     """Control: COMPLETE_GROUP with its update joined to the items again, as it was,
     reads the items once per held row under a generic plan, and the check sees it."""
@@ -262,8 +179,8 @@ async def test_the_check_catches_a_join_of_two_lists(
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_the_check_catches_a_list_read_by_a_subquery_per_row(
-    conn: asyncpg.Connection,  # noqa: F811
-    filled: str,  # noqa: F811
+    conn: asyncpg.Connection,
+    filled: str,
     mode: str,
 ) -> None:
     """Control: COMPLETE_GROUP taking each result by a subquery over the items, run for

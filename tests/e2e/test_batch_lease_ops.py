@@ -15,8 +15,10 @@ import pytest
 
 from gateway.auth.principals import glob_match
 from gateway.store.sql import acks as ack_sql
-from tests.e2e.credentials_support import make_token, rows, unique
-from tests.e2e.lifecycle_support import (
+from tests.support.credentials import make_token, unique
+from tests.support.databases import rows
+from tests.support.http import Resp, get_task, req
+from tests.support.lifecycle import (
     RANDOM_LEASE,
     TIME_RE,
     UNKNOWN_TASK,
@@ -26,7 +28,6 @@ from tests.e2e.lifecycle_support import (
     enqueue,
     lease_op,
 )
-from tests.support.http import Resp, get_task, req
 from tests.support.metrics import sample
 from tests.support.waiting import wait_until
 

@@ -6,24 +6,13 @@ fuzzes them with random ids)."""
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import requests
 import schemathesis
 
-from tests.e2e.openapi_support import OVERRIDES, Served, gateway_thread
-from tests.e2e.test_schemathesis import AUTH, CHECKS, fuzz_settings, schema
-
-
-@pytest.fixture(scope="module")
-def served(database_url: str, redis_url: str) -> Iterator[Served]:
-    prefix = "gwt" + secrets.token_hex(4)
-    with gateway_thread(
-        database_url=database_url, redis_url=redis_url, prefix=prefix, **OVERRIDES
-    ) as gateway:
-        yield gateway
+from tests.support.gateways import Served
+from tests.support.openapi import AUTH, CHECKS, fuzz_settings, schema
 
 
 def live_tasks(base: str, n: int) -> list[dict[str, Any]]:

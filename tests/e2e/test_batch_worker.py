@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from gateway_client import AsyncClient, NewTask, Outcome, Task, Worker, WorkerOptions
-from tests.harness import TOKEN
+from tests.support.gateways import TOKEN
 from tests.support.metrics import sample
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]

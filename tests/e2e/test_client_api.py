@@ -19,7 +19,7 @@ from gateway_client import (
     Unauthorized,
     ValidationFailed,
 )
-from tests.harness import TOKEN, make_settings, running_gateway
+from tests.support.gateways import TOKEN, make_settings, running_gateway
 
 
 async def test_every_endpoint(database_url, redis_url, redis_prefix, runtime_id):

@@ -11,7 +11,7 @@ import pytest
 
 from gateway.http.handlers import producer as producer_routes
 from gateway_client import AsyncClient, Client, NewTask, ValidationFailed
-from tests.harness import TOKEN
+from tests.support.gateways import TOKEN
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 

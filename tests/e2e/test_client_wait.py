@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from gateway_client import AsyncClient, Client, WaitTimedOut
-from tests.harness import TOKEN, make_settings, running_gateway
+from tests.support.gateways import TOKEN, make_settings, running_gateway
 from tests.support.metrics import sample
 
 

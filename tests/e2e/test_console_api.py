@@ -20,10 +20,10 @@ import pytest_asyncio
 
 from gateway.api.bodies import PATTERN_WALK
 from gateway_client import AsyncClient, ValidationFailed
-from tests.e2e.credentials_support import make_token
-from tests.e2e.lifecycle_support import assert_problem, claim, enqueue, gateway
-from tests.harness import TOKEN
+from tests.support.credentials import make_token
+from tests.support.gateways import TOKEN, gateway
 from tests.support.http import req
+from tests.support.lifecycle import assert_problem, claim, enqueue
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -9,15 +9,14 @@ Chromium missing: the test fails with CI=true, and is skipped otherwise."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 
 import aiohttp
 import pytest
 
-from tests.conftest import IN_CI
-from tests.e2e.console_browser import MISSING, Api, browser_page, chromium_missing
-from tests.harness import TOKEN, serve_process
+from tests.support.browser import MISSING, Api, browser_page, chromium_missing
+from tests.support.ci import unavailable
+from tests.support.gateways import TOKEN, serve_env, serve_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.slow]
 
@@ -28,22 +27,14 @@ HOSTILE = "<img src=x onerror=document.title='pwned'>"
 @pytest.fixture
 def chromium() -> None:
     if chromium_missing():
-        if IN_CI:
-            pytest.fail(MISSING + "; CI=true forbids skipping", pytrace=False)
-        pytest.skip(MISSING)
+        unavailable(MISSING)
 
 
 @pytest.mark.timeout(90)  # two processes start; the browser part itself takes ~10 s
 async def test_the_console_in_a_browser(
     chromium, fresh_database_url, redis_url, redis_prefix, runtime_id
 ):
-    env = {
-        **os.environ,
-        "DATABASE_URL": fresh_database_url,
-        "REDIS_URL": redis_url,
-        "GATEWAY_ADMIN_TOKEN": TOKEN,
-        "GATEWAY_REDIS_PREFIX": redis_prefix,
-    }
+    env = serve_env(fresh_database_url, redis_url, redis_prefix)
     async with serve_process(
         "--migrate", "--access-log", env=env, stdout=asyncio.subprocess.PIPE
     ) as (proc, base):

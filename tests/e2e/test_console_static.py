@@ -13,8 +13,8 @@ import pytest
 from gateway.cli.main import _banner
 from gateway.http import console
 from gateway.settings import Settings
-from tests.e2e.lifecycle_support import assert_problem
 from tests.support.http import req
+from tests.support.lifecycle import assert_problem
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

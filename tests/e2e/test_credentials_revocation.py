@@ -14,13 +14,11 @@ import pytest
 
 from gateway.auth.principals import TOKEN_CACHE_TTL_SECONDS
 from gateway.auth.webhooks import SECRET_CACHE_TTL_SECONDS
-from tests.e2e.credentials_support import deliver, make_secret, make_token, sign, unique, within
-from tests.e2e.lifecycle_support import (
-    all_tasks,
-    gateway,
-)
-from tests.harness import TOKEN, serve_process
+from tests.support.credentials import deliver, make_secret, make_token, sign, unique
+from tests.support.gateways import TOKEN, gateway, serve_env, serve_process
 from tests.support.http import req
+from tests.support.lifecycle import all_tasks
+from tests.support.waiting import within
 
 pytestmark = pytest.mark.integration
 
@@ -109,13 +107,7 @@ async def test_a_revoked_webhook_secret_is_refused_by_both_instances_within_5s(
 async def test_no_secret_reaches_the_log(database_url, redis_url, redis_prefix, runtime_id):
     """A `gateway serve` process logging everything (debug, access log) while tokens and
     webhook secrets are created, listed, used, refused and revoked."""
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url,
-        "REDIS_URL": redis_url,
-        "GATEWAY_ADMIN_TOKEN": TOKEN,
-        "GATEWAY_REDIS_PREFIX": redis_prefix,
-    }
+    env = serve_env(database_url, redis_url, redis_prefix)
     async with serve_process(
         "--access-log", env=env, log_level="debug", stdout=asyncio.subprocess.PIPE
     ) as (proc, base):

@@ -4,13 +4,12 @@ new claims, finishes in-flight work and exits inside the grace period."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import time
 
 import aiohttp
 
-from tests.harness import TOKEN, make_settings, running_gateway, serve_process
+from tests.support.gateways import TOKEN, make_settings, running_gateway, serve_env, serve_process
 from tests.support.waiting import wait_until
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -50,13 +49,7 @@ async def test_drain_answers_parked_polls_and_refuses_new_claims(
 async def test_sigterm_to_gateway_serve_drains_and_exits(
     database_url, redis_url, redis_prefix, runtime_id
 ):
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url,
-        "REDIS_URL": redis_url,
-        "GATEWAY_ADMIN_TOKEN": TOKEN,
-        "GATEWAY_REDIS_PREFIX": redis_prefix,
-    }
+    env = serve_env(database_url, redis_url, redis_prefix)
     async with serve_process(env=env) as (proc, base), aiohttp.ClientSession() as http:
 
         async def parked() -> tuple[int, dict]:

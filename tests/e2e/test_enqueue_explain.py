@@ -1,8 +1,8 @@
 """The batch enqueue statements, under custom and generic plans, on the realistic table
-of tests/integration/test_claim_explain.py (filled in a transaction that is rolled
-back): an insert reads no task row and no list twice, a batch with keys settles its
-conflicts on the idempotency index, and the replays of a batch are found through that
-index, never by a scan of the table."""
+of tests/support/plans.py (filled in a transaction that is rolled back): an insert
+reads no task row and no list twice, a batch with keys settles its conflicts on the
+idempotency index, and the replays of a batch are found through that index, never by a
+scan of the table."""
 
 from __future__ import annotations
 
@@ -13,15 +13,7 @@ import asyncpg
 import pytest
 
 from gateway.store.sql import tasks as task_sql
-from tests.e2e.test_batch_explain import plan_of, rescanned_lists
-from tests.integration.conftest import conn  # noqa: F401  (a fixture)
-from tests.integration.test_claim_explain import (  # noqa: F401  (filled is a fixture)
-    MODES,
-    describe,
-    filled,
-    indexes,
-    task_scans,
-)
+from tests.support.plans import MODES, describe, indexes, plan_of, rescanned_lists, task_scans
 
 pytestmark = pytest.mark.integration
 
@@ -65,8 +57,8 @@ INSERTS = [
 # Each test goes through its statements in turn: filling the table is most of its time.
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_batch_insert_reads_no_task_and_each_list_once(
-    conn: asyncpg.Connection,  # noqa: F811
-    filled: str,  # noqa: F811
+    conn: asyncpg.Connection,
+    filled: str,
     mode: str,
 ) -> None:
     for statement, items in ((s, n) for s in INSERTS for n in (1, 10, 1000)):
@@ -88,8 +80,8 @@ async def test_a_batch_insert_reads_no_task_and_each_list_once(
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_batch_finds_its_replays_by_the_idempotency_index(
-    conn: asyncpg.Connection,  # noqa: F811
-    filled: str,  # noqa: F811
+    conn: asyncpg.Connection,
+    filled: str,
     mode: str,
 ) -> None:
     lookups = ["GET_BY_IDEMPOTENCY_KEYS", "GET_REFS_BY_IDEMPOTENCY_KEYS"]

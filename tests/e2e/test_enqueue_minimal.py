@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from gateway.api.render import TASK_FIELDS
-from tests.e2e.lifecycle_support import UUID_RE, all_tasks, assert_problem, claim, enqueue
-from tests.harness import TOKEN, make_settings, running_gateway
+from tests.support.gateways import TOKEN, make_settings, running_gateway
 from tests.support.http import Resp, get_task, req
+from tests.support.lifecycle import UUID_RE, all_tasks, assert_problem, claim, enqueue
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -7,26 +7,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import orjson
 import pytest
-import pytest_asyncio
 
-from tests.e2e.connection_support import (
+from tests.support.connections import (
     MARGIN,
     READ_TIMEOUT,
+    SHORT_DEADLINE,
     Conn,
     answer_size,
     cuts,
     request,
-    short_deadline_gateway,
 )
-from tests.harness import TOKEN, Instance, serve_process
+from tests.support.gateways import TOKEN, Instance, serve_env, serve_process
 from tests.support.logs import Records
 from tests.support.metrics import sample
 from tests.support.waiting import wait_until
@@ -34,10 +33,9 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def gw(database_url: str, redis_url: str) -> AsyncIterator[Instance]:
-    async with short_deadline_gateway(database_url, redis_url) as inst:
-        yield inst
+@pytest.fixture(scope="module")
+def gateway_options() -> dict[str, Any]:
+    return SHORT_DEADLINE
 
 
 async def parked_becomes(gw: Instance, runtime_id: str, count: int, within: float) -> None:
@@ -53,18 +51,18 @@ async def parked_becomes(gw: Instance, runtime_id: str, count: int, within: floa
 async def pipelined_poll(url: str, runtime_id: str) -> Conn:
     """A connection with a long poll parked and a request pipelined behind it."""
     body = orjson.dumps({"worker_id": "ghost", "wait_seconds": 20})
-    conn = await Conn.open(url)
+    tcp = await Conn.open(url)
     claim = request("POST", f"/v1/runtimes/{runtime_id}/claim", body)
-    await conn.send(claim + request("GET", "/healthz"))
-    return conn
+    await tcp.send(claim + request("GET", "/healthz"))
+    return tcp
 
 
 async def test_a_pipelined_long_poll_leaves_with_its_client(
     gw: Instance, runtime_id: str, server_logs: Records
 ) -> None:
-    conn = await pipelined_poll(gw.url, runtime_id)
+    tcp = await pipelined_poll(gw.url, runtime_id)
     await parked_becomes(gw, runtime_id, 1, within=5)
-    conn.close()
+    tcp.close()
     # It gives its place back at once (GATEWAY_MAX_PARKED_POLLS counts it until then)...
     await parked_becomes(gw, runtime_id, 0, within=MARGIN)
     assert sample(gw, "gateway_parked_polls") == 0
@@ -174,17 +172,12 @@ async def test_an_answer_read_slowly_but_steadily_arrives_whole(
 
 
 @contextlib.asynccontextmanager
-async def served(
+async def serve_short_deadline(
     database_url: str, redis_url: str, redis_prefix: str
 ) -> AsyncIterator[tuple[asyncio.subprocess.Process, str, aiohttp.ClientSession]]:
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url,
-        "REDIS_URL": redis_url,
-        "GATEWAY_ADMIN_TOKEN": TOKEN,
-        "GATEWAY_REDIS_PREFIX": redis_prefix,
-        "GATEWAY_READ_TIMEOUT_SECONDS": str(READ_TIMEOUT),
-    }
+    env = serve_env(
+        database_url, redis_url, redis_prefix, GATEWAY_READ_TIMEOUT_SECONDS=str(READ_TIMEOUT)
+    )
     headers = {"Authorization": f"Bearer {TOKEN}"}
     async with (
         serve_process(env=env) as (proc, base),
@@ -212,10 +205,10 @@ async def test_gateway_serve_logs_no_error_for_a_pipelined_poll_that_left(
 ) -> None:
     # uvloop's transports raise on a write after the close: the answer that the poll
     # which left once got was logged as an exception in the ASGI application.
-    async with served(database_url, redis_url, redis_prefix) as (proc, base, http):
-        conn = await pipelined_poll(base, runtime_id)
+    async with serve_short_deadline(database_url, redis_url, redis_prefix) as (proc, base, http):
+        tcp = await pipelined_poll(base, runtime_id)
         await metric_becomes(http, "gateway_parked_polls", 1)
-        conn.close()
+        tcp.close()
         await metric_becomes(http, "gateway_parked_polls", 0)
         async with http.post(f"/v1/runtimes/{runtime_id}/tasks", json={"payload": 1}) as resp:
             assert resp.status == 201
@@ -234,7 +227,7 @@ async def test_gateway_serve_logs_no_error_for_a_pipelined_poll_that_left(
 async def test_gateway_serve_drops_an_answer_its_client_does_not_read(
     database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
-    async with served(database_url, redis_url, redis_prefix) as (_proc, base, http):
+    async with serve_short_deadline(database_url, redis_url, redis_prefix) as (_proc, base, http):
         path = f"/v1/runtimes/{runtime_id}/tasks"
         for _ in range(TASKS):
             async with http.post(path, json={"payload": PAYLOAD}) as resp:

@@ -12,17 +12,11 @@ import orjson
 import pytest
 import pytest_asyncio
 
-from tests.e2e.credentials_support import deliver, make_secret, rows, sign
-from tests.e2e.lifecycle_support import (
-    all_tasks,
-    assert_problem,
-    claim,
-    claim_one,
-    enqueue,
-    gateway,
-)
-from tests.harness import TOKEN
+from tests.support.credentials import deliver, make_secret, sign
+from tests.support.databases import rows
+from tests.support.gateways import TOKEN, gateway
 from tests.support.http import get_task, req
+from tests.support.lifecycle import all_tasks, assert_problem, claim, claim_one, enqueue
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 

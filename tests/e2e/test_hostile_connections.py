@@ -6,41 +6,31 @@ clients are left alone. The last test goes through a real `gateway serve` proces
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-from collections.abc import AsyncIterator
+from typing import Any
 
 import orjson
 import pytest
-import pytest_asyncio
 
 from gateway.http.server import LINGER_SECONDS, MAX_HEAD_BYTES
-from tests.e2e.connection_support import (
+from tests.support.connections import (
     AUTH,
     MARGIN,
     READ_TIMEOUT,
+    SHORT_DEADLINE,
     Answer,
     Conn,
     cuts,
     request,
-    short_deadline_gateway,
 )
-from tests.harness import TOKEN, Instance, serve_process
+from tests.support.gateways import Instance, serve_env, serve_process
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def gw(database_url: str, redis_url: str) -> AsyncIterator[Instance]:
-    async with short_deadline_gateway(database_url, redis_url) as inst:
-        yield inst
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def conn(gw: Instance) -> AsyncIterator[Conn]:
-    c = await Conn.open(gw.url)
-    yield c
-    c.close()
+@pytest.fixture(scope="module")
+def gateway_options() -> dict[str, Any]:
+    return SHORT_DEADLINE
 
 
 def assert_problem(answer: Answer, status: int, code: str) -> None:
@@ -55,28 +45,28 @@ def assert_problem(answer: Answer, status: int, code: str) -> None:
 # -- slow clients ------------------------------------------------------------
 
 
-async def test_half_a_head_is_answered_408_and_closed(gw: Instance, conn: Conn) -> None:
+async def test_half_a_head_is_answered_408_and_closed(gw: Instance, tcp: Conn) -> None:
     before = cuts(gw, "read_timeout")
     started = time.monotonic()
-    await conn.send(f"POST /v1/runtimes/rt/claim HTTP/1.1\r\nHost: gateway\r\n{AUTH}".encode())
-    answer = await conn.answer(within=READ_TIMEOUT + MARGIN)
+    await tcp.send(f"POST /v1/runtimes/rt/claim HTTP/1.1\r\nHost: gateway\r\n{AUTH}".encode())
+    answer = await tcp.answer(within=READ_TIMEOUT + MARGIN)
     assert READ_TIMEOUT / 2 <= time.monotonic() - started < READ_TIMEOUT + MARGIN
     assert_problem(answer, 408, "request_timeout")
     assert "GATEWAY_READ_TIMEOUT_SECONDS" in answer.json()["detail"]
-    assert await conn.closed_by_server(within=1) == b""
+    assert await tcp.closed_by_server(within=1) == b""
     assert cuts(gw, "read_timeout") == before + 1
 
 
-async def test_a_trickled_head_is_cut_although_bytes_keep_coming(gw: Instance, conn: Conn) -> None:
+async def test_a_trickled_head_is_cut_although_bytes_keep_coming(gw: Instance, tcp: Conn) -> None:
     async def trickle() -> None:
         for byte in b"GET /healthz HTTP/1.1\r\nX-Slow: " + b"a" * 200:
-            conn.writer.write(bytes([byte]))
+            tcp.writer.write(bytes([byte]))
             await asyncio.sleep(0.05)
 
     sender = asyncio.create_task(trickle())
     started = time.monotonic()
     try:
-        answer = await conn.answer(within=READ_TIMEOUT + MARGIN)
+        answer = await tcp.answer(within=READ_TIMEOUT + MARGIN)
     finally:
         sender.cancel()
     assert time.monotonic() - started < READ_TIMEOUT + MARGIN
@@ -84,77 +74,77 @@ async def test_a_trickled_head_is_cut_although_bytes_keep_coming(gw: Instance, c
 
 
 async def test_a_head_and_half_a_body_is_answered_408_and_closed(
-    gw: Instance, conn: Conn, runtime_id: str
+    gw: Instance, tcp: Conn, runtime_id: str
 ) -> None:
     body = orjson.dumps({"worker_id": "w", "wait_seconds": 0, "x": "y" * 100})
     data = request("POST", f"/v1/runtimes/{runtime_id}/claim", body)
     started = time.monotonic()
-    await conn.send(data[: len(data) - len(body) // 2])
-    answer = await conn.answer(within=READ_TIMEOUT + MARGIN)
+    await tcp.send(data[: len(data) - len(body) // 2])
+    answer = await tcp.answer(within=READ_TIMEOUT + MARGIN)
     assert READ_TIMEOUT / 2 <= time.monotonic() - started < READ_TIMEOUT + MARGIN
     assert_problem(answer, 408, "request_timeout")
-    assert await conn.closed_by_server(within=1) == b""
+    assert await tcp.closed_by_server(within=1) == b""
 
 
-async def test_a_connection_that_sends_nothing_is_closed(gw: Instance, conn: Conn) -> None:
+async def test_a_connection_that_sends_nothing_is_closed(gw: Instance, tcp: Conn) -> None:
     started = time.monotonic()
     # Nothing was asked, so nothing is answered: a 408 here could be taken by a client
     # for the answer to a request it is just sending.
-    assert await conn.closed_by_server(within=READ_TIMEOUT + MARGIN) == b""
+    assert await tcp.closed_by_server(within=READ_TIMEOUT + MARGIN) == b""
     assert time.monotonic() - started >= READ_TIMEOUT / 2
 
 
 # -- oversized heads and bodies ----------------------------------------------
 
 
-async def test_a_100_kib_header_is_answered_431_and_closed(gw: Instance, conn: Conn) -> None:
+async def test_a_100_kib_header_is_answered_431_and_closed(gw: Instance, tcp: Conn) -> None:
     before = cuts(gw, "head_too_large")
     started = time.monotonic()
-    await conn.send(request("GET", "/healthz", extra=f"X-Filler: {'a' * 100 * 1024}\r\n"))
-    answer = await conn.answer(within=MARGIN)
+    await tcp.send(request("GET", "/healthz", extra=f"X-Filler: {'a' * 100 * 1024}\r\n"))
+    answer = await tcp.answer(within=MARGIN)
     assert time.monotonic() - started < READ_TIMEOUT  # refused at once, not timed out
     assert_problem(answer, 431, "request_header_fields_too_large")
-    assert await conn.closed_by_server(within=1) == b""
+    assert await tcp.closed_by_server(within=1) == b""
     assert cuts(gw, "head_too_large") == before + 1
 
 
 @pytest.mark.parametrize("head_bytes", [MAX_HEAD_BYTES, MAX_HEAD_BYTES + 1])
 async def test_the_head_limit_is_exact_with_the_body_in_the_same_write(
-    gw: Instance, conn: Conn, runtime_id: str, head_bytes: int
+    gw: Instance, tcp: Conn, runtime_id: str, head_bytes: int
 ) -> None:
     body = orjson.dumps({"payload": "p" * 200_000})
     data = request("POST", f"/v1/runtimes/{runtime_id}/tasks", body, extra="X-Filler: \r\n")
     filler = head_bytes - (len(data) - len(body))
     data = data.replace(b"X-Filler: ", b"X-Filler: " + b"a" * filler)
     assert data.index(b"\r\n\r\n") + 4 == head_bytes
-    await conn.send(data)
-    answer = await conn.answer(within=MARGIN)
+    await tcp.send(data)
+    answer = await tcp.answer(within=MARGIN)
     if head_bytes <= MAX_HEAD_BYTES:
         assert answer.status == 201, answer
-        assert await conn.still_open()
+        assert await tcp.still_open()
     else:
         assert_problem(answer, 431, "request_header_fields_too_large")
 
 
 async def test_a_2_gb_content_length_is_answered_413_and_the_body_is_not_read(
-    gw: Instance, conn: Conn, runtime_id: str
+    gw: Instance, tcp: Conn, runtime_id: str
 ) -> None:
     before = cuts(gw, "body_unread")
     head = request("POST", f"/v1/runtimes/{runtime_id}/tasks").replace(
         b"Content-Length: 0", b"Content-Length: 2147483648"
     )
-    await conn.send(head + b'{"payload": "')
-    answer = await conn.answer(within=MARGIN)
+    await tcp.send(head + b'{"payload": "')
+    answer = await tcp.answer(within=MARGIN)
     assert answer.status == 413 and answer.json()["code"] == "payload_too_large", answer
     assert answer.headers["connection"] == "close", answer.headers
     # The server shut its side right after the answer and reads no more: once it
     # stopped discarding what was in flight, sending the body fails.
-    assert await conn.closed_by_server(within=1) == b""
+    assert await tcp.closed_by_server(within=1) == b""
     await asyncio.sleep(LINGER_SECONDS + 0.5)
     with pytest.raises(ConnectionError):
         async with asyncio.timeout(MARGIN):
             for _ in range(100):
-                await conn.send(b"x" * 65536)
+                await tcp.send(b"x" * 65536)
                 await asyncio.sleep(0.01)
     assert cuts(gw, "body_unread") == before + 1
 
@@ -163,51 +153,51 @@ async def test_a_2_gb_content_length_is_answered_413_and_the_body_is_not_read(
 
 
 async def test_a_long_poll_longer_than_the_read_timeout_is_not_cut(
-    gw: Instance, conn: Conn, runtime_id: str
+    gw: Instance, tcp: Conn, runtime_id: str
 ) -> None:
     wait = READ_TIMEOUT * 2.5
     body = orjson.dumps({"worker_id": "w", "wait_seconds": wait})
     started = time.monotonic()
-    await conn.send(request("POST", f"/v1/runtimes/{runtime_id}/claim", body))
-    answer = await conn.answer(within=wait + MARGIN)
+    await tcp.send(request("POST", f"/v1/runtimes/{runtime_id}/claim", body))
+    answer = await tcp.answer(within=wait + MARGIN)
     assert time.monotonic() - started >= wait - 0.1
     assert (answer.status, answer.json()) == (200, {"tasks": []})
     assert "connection" not in answer.headers, answer.headers
-    assert await conn.still_open()
+    assert await tcp.still_open()
 
 
 async def test_keep_alive_requests_on_one_connection_still_work(
-    gw: Instance, conn: Conn, runtime_id: str
+    gw: Instance, tcp: Conn, runtime_id: str
 ) -> None:
-    await conn.send(request("GET", "/healthz"))
-    assert (await conn.answer(within=MARGIN)).status == 200
+    await tcp.send(request("GET", "/healthz"))
+    assert (await tcp.answer(within=MARGIN)).status == 200
     # Idle between requests for longer than the read timeout: that is keep-alive
     # (uvicorn closes after 5 s), not a slow request.
     await asyncio.sleep(READ_TIMEOUT * 1.5)
     body = orjson.dumps({"payload": {"n": 1}})
     data = request("POST", f"/v1/runtimes/{runtime_id}/tasks", body)
-    await conn.send(data[:-5])
+    await tcp.send(data[:-5])
     await asyncio.sleep(READ_TIMEOUT / 3)  # a body in two parts, well within the limit
-    await conn.send(data[-5:])
-    created = await conn.answer(within=MARGIN)
+    await tcp.send(data[-5:])
+    created = await tcp.answer(within=MARGIN)
     assert created.status == 201, created
     claim = orjson.dumps({"worker_id": "w", "wait_seconds": 1})
-    await conn.send(request("POST", f"/v1/runtimes/{runtime_id}/claim", claim))
-    claimed = await conn.answer(within=MARGIN)
+    await tcp.send(request("POST", f"/v1/runtimes/{runtime_id}/claim", claim))
+    claimed = await tcp.answer(within=MARGIN)
     assert claimed.status == 200, claimed
     [task] = claimed.json()["tasks"]
     done = orjson.dumps({"lease_id": task["lease_id"]})
-    await conn.send(request("POST", f"/v1/tasks/{task['id']}/complete", done))
-    completed = await conn.answer(within=MARGIN)
+    await tcp.send(request("POST", f"/v1/tasks/{task['id']}/complete", done))
+    completed = await tcp.answer(within=MARGIN)
     assert (completed.status, completed.json()["status"]) == (200, "completed")
-    assert await conn.still_open()
+    assert await tcp.still_open()
 
 
-async def test_pipelined_requests_in_one_write_are_all_answered(gw: Instance, conn: Conn) -> None:
-    await conn.send(request("GET", "/healthz") * 3)
+async def test_pipelined_requests_in_one_write_are_all_answered(gw: Instance, tcp: Conn) -> None:
+    await tcp.send(request("GET", "/healthz") * 3)
     for _ in range(3):
-        assert (await conn.answer(within=MARGIN)).status == 200
-    assert await conn.still_open()
+        assert (await tcp.answer(within=MARGIN)).status == 200
+    assert await tcp.still_open()
 
 
 # -- the real command --------------------------------------------------------
@@ -216,14 +206,9 @@ async def test_pipelined_requests_in_one_write_are_all_answered(gw: Instance, co
 async def test_gateway_serve_cuts_slow_and_oversized_requests(
     database_url: str, redis_url: str, redis_prefix: str
 ) -> None:
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url,
-        "REDIS_URL": redis_url,
-        "GATEWAY_ADMIN_TOKEN": TOKEN,
-        "GATEWAY_REDIS_PREFIX": redis_prefix,
-        "GATEWAY_READ_TIMEOUT_SECONDS": str(READ_TIMEOUT),
-    }
+    env = serve_env(
+        database_url, redis_url, redis_prefix, GATEWAY_READ_TIMEOUT_SECONDS=str(READ_TIMEOUT)
+    )
     async with serve_process(env=env) as (_proc, base):
         slow = await Conn.open(base)
         big = await Conn.open(base)
@@ -242,18 +227,12 @@ async def test_gateway_serve_keep_alive_is_set_by_its_option(
 ) -> None:
     # Behind a load balancer the gateway must keep idle connections longer than the
     # balancer does (deploy/README.md); here shorter, to see it act within a test.
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url,
-        "REDIS_URL": redis_url,
-        "GATEWAY_ADMIN_TOKEN": TOKEN,
-        "GATEWAY_REDIS_PREFIX": redis_prefix,
-    }
+    env = serve_env(database_url, redis_url, redis_prefix)
     async with serve_process("--keep-alive-seconds", "1", env=env) as (_proc, base):
-        conn = await Conn.open(base)
+        tcp = await Conn.open(base)
         try:
-            await conn.send(request("GET", "/healthz"))
-            assert (await conn.answer(within=MARGIN)).status == 200
-            assert await conn.closed_by_server(within=1 + MARGIN) == b""
+            await tcp.send(request("GET", "/healthz"))
+            assert (await tcp.answer(within=MARGIN)).status == 200
+            assert await tcp.closed_by_server(within=1 + MARGIN) == b""
         finally:
-            conn.close()
+            tcp.close()

@@ -14,18 +14,17 @@ import pytest
 import pytest_asyncio
 
 from gateway.api import render
-from tests.e2e.lifecycle_support import (
+from tests.support.gateways import TOKEN, Instance, gateway
+from tests.support.http import get_task, req
+from tests.support.lifecycle import (
     all_tasks,
     assert_problem,
     claim,
     claim_one,
     enqueue,
-    gateway,
     lease_op,
     list_tasks,
 )
-from tests.harness import TOKEN, Instance
-from tests.support.http import get_task, req
 from tests.support.metrics import sample
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -53,6 +52,8 @@ async def raw_call(inst: Instance, method: str, path: str, body: bytes | None = 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def conn(database_url):
+    """Not the shared `conn` (tests/conftest.py): one for the module, on its event loop,
+    which its tests run on."""
     connection = await asyncpg.connect(database_url)
     yield connection
     await connection.close()

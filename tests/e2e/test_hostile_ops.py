@@ -13,14 +13,9 @@ from urllib.parse import urlsplit
 import pytest
 
 from gateway.errors import StoreUnavailable
-from tests.e2e.lifecycle_support import (
-    assert_problem,
-    claim,
-    enqueue,
-    gateway,
-)
-from tests.harness import TOKEN
+from tests.support.gateways import TOKEN, gateway
 from tests.support.http import req
+from tests.support.lifecycle import assert_problem, claim, enqueue
 from tests.support.metrics import sample
 from tests.support.net import free_port
 from tests.support.waiting import wait_until

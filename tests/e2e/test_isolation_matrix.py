@@ -25,13 +25,13 @@ import pytest_asyncio
 
 from gateway.api.credential_bodies import Scope
 from gateway.http.routes import ENDPOINTS, Endpoint, Target
-from tests.e2e.credentials_support import deliver, make_secret, make_token, snapshot, unique
-from tests.e2e.lifecycle_support import (
+from tests.support.credentials import deliver, make_secret, make_token, snapshot, unique
+from tests.support.http import req
+from tests.support.lifecycle import (
     assert_problem,
     claim_one,
     enqueue,
 )
-from tests.support.http import req
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 

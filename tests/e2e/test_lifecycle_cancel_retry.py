@@ -7,7 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from tests.e2e.lifecycle_support import (
+from tests.support.http import get_task, req
+from tests.support.lifecycle import (
     assert_problem,
     claim,
     claim_one,
@@ -15,7 +16,6 @@ from tests.e2e.lifecycle_support import (
     lease_op,
     now_rfc3339,
 )
-from tests.support.http import get_task, req
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -7,15 +7,9 @@ import secrets
 
 import pytest
 
-from tests.e2e.lifecycle_support import (
-    all_tasks,
-    assert_problem,
-    claim,
-    claim_one,
-    gateway,
-    lease_op,
-)
+from tests.support.gateways import gateway
 from tests.support.http import req
+from tests.support.lifecycle import all_tasks, assert_problem, claim, claim_one, lease_op
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

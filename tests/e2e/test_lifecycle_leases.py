@@ -8,7 +8,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from tests.e2e.lifecycle_support import (
+from tests.support.gateways import gateway
+from tests.support.http import get_task, req
+from tests.support.lifecycle import (
     RANDOM_LEASE,
     UNKNOWN_TASK,
     UUID_RE,
@@ -17,11 +19,9 @@ from tests.e2e.lifecycle_support import (
     claim,
     claim_one,
     enqueue,
-    gateway,
     lease_op,
     now_rfc3339,
 )
-from tests.support.http import get_task, req
 
 LEASE_FIELDS = ("lease_id", "lease_expires_at", "worker_id", "cancel_requested")
 

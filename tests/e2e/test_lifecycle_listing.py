@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from tests.e2e.lifecycle_support import (
+from tests.support.http import req
+from tests.support.lifecycle import (
     STATUSES,
     UNKNOWN_TASK,
     all_tasks,
@@ -19,7 +20,6 @@ from tests.e2e.lifecycle_support import (
     lease_op,
     list_tasks,
 )
-from tests.support.http import req
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

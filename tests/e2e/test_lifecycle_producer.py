@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tests.e2e.lifecycle_support import (
+from tests.support.gateways import gateway
+from tests.support.http import get_task, req
+from tests.support.lifecycle import (
     TIME_RE,
     UUID_RE,
     all_tasks,
@@ -19,10 +21,8 @@ from tests.e2e.lifecycle_support import (
     claim,
     claim_one,
     enqueue,
-    gateway,
     now_rfc3339,
 )
-from tests.support.http import get_task, req
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

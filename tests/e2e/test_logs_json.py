@@ -5,7 +5,6 @@ and request id; and no secret on any line."""
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
 from typing import Any
 from urllib.parse import urlsplit
@@ -15,8 +14,8 @@ import orjson
 
 from gateway.http.access import UNMATCHED
 from gateway.http.routes import ENDPOINTS
-from tests.e2e.credentials_support import sign, unique
-from tests.harness import TOKEN, serve_process
+from tests.support.credentials import sign, unique
+from tests.support.gateways import TOKEN, serve_env, serve_process
 
 TEMPLATES = {e.path for e in ENDPOINTS} | {UNMATCHED}
 
@@ -37,14 +36,7 @@ async def test_json_lines_request_ids_and_no_secret(
     database_url, redis_url, redis_prefix, runtime_id
 ):
     db_url, db_password = with_password(database_url, "db-pw-" + secrets.token_hex(8))
-    env = {
-        **os.environ,
-        "DATABASE_URL": db_url,
-        "REDIS_URL": redis_url,
-        "GATEWAY_ADMIN_TOKEN": TOKEN,
-        "GATEWAY_REDIS_PREFIX": redis_prefix,
-        "GATEWAY_LOG_FORMAT": "json",
-    }
+    env = serve_env(db_url, redis_url, redis_prefix, GATEWAY_LOG_FORMAT="json")
     answered: list[tuple[str, int]] = []  # (request id, status) of every answer
     async with serve_process(env=env, log_level="debug", stdout=asyncio.subprocess.PIPE) as (
         proc,

@@ -13,8 +13,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from tests.e2e.lifecycle_support import UNKNOWN_TASK, assert_problem
 from tests.support.http import req
+from tests.support.lifecycle import UNKNOWN_TASK, assert_problem
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,7 +13,9 @@ import requests
 import schemathesis
 
 from gateway.api import decode, render
-from tests.e2e.openapi_support import AUTH, OVERRIDES, Served, check, document, gateway_thread
+from tests.support.gateways import Served, gateway_thread
+from tests.support.openapi import AUTH, OVERRIDES, check, document
+from tests.support.redis_keys import new_prefix
 
 LIMITS: dict[str, Any] = {**OVERRIDES, "max_payload_bytes": 1000, "max_body_bytes": 100_000}
 SCHEMA = schemathesis.openapi.from_dict(document(**LIMITS))
@@ -25,12 +26,8 @@ TASK = "/v1/tasks/{task_id}"
 
 
 @pytest.fixture(scope="module")
-def served(database_url: str, redis_url: str) -> Iterator[Served]:
-    prefix = "gwt" + secrets.token_hex(4)
-    with gateway_thread(
-        database_url=database_url, redis_url=redis_url, prefix=prefix, **LIMITS
-    ) as gateway:
-        yield gateway
+def served_options() -> dict[str, Any]:
+    return LIMITS
 
 
 class Client:
@@ -214,9 +211,8 @@ def test_refusals(served: Served) -> None:
 
 
 def test_overload_and_shutdown(database_url: str, redis_url: str) -> None:
-    prefix = "gwt" + secrets.token_hex(4)
     with gateway_thread(
-        database_url=database_url, redis_url=redis_url, prefix=prefix, max_parked_polls=0
+        database_url=database_url, redis_url=redis_url, prefix=new_prefix(), max_parked_polls=0
     ) as served:
         c = Client(served)
         overloaded = c.call("POST", CLAIM, {"worker_id": "w", "wait_seconds": 1})

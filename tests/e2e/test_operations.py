@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.harness import make_settings, running_gateway
+from tests.support.gateways import make_settings, running_gateway
 
 
 async def test_health_ready_and_metrics_need_no_token(database_url, redis_url, redis_prefix):

@@ -8,22 +8,22 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import orjson
 import pytest
-import pytest_asyncio
 
 from gateway.http.server import MAX_HEAD_BYTES
 from gateway.logs import JsonFormatter
-from tests.e2e.connection_support import (
+from tests.support.connections import (
     MARGIN,
     READ_TIMEOUT,
+    SHORT_DEADLINE,
     Conn,
     request,
-    short_deadline_gateway,
 )
-from tests.harness import Instance
+from tests.support.gateways import Instance
 from tests.support.logs import Records
 from tests.support.metrics import sample
 
@@ -32,17 +32,9 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 GENERATED = re.compile(r"[0-9a-f]{32}")
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def gw(database_url: str, redis_url: str) -> AsyncIterator[Instance]:
-    async with short_deadline_gateway(database_url, redis_url) as inst:
-        yield inst
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def conn(gw: Instance) -> AsyncIterator[Conn]:
-    c = await Conn.open(gw.url)
-    yield c
-    c.close()
+@pytest.fixture(scope="module")
+def gateway_options() -> dict[str, Any]:
+    return SHORT_DEADLINE
 
 
 def requests(gw: Instance, route: str, method: str, status_class: str) -> float:
@@ -70,11 +62,11 @@ def access_lines(records: Records, request_id: str) -> list[logging.LogRecord]:
 
 
 async def test_a_sane_client_id_is_returned_logged_and_counted(
-    gw: Instance, conn: Conn, server_logs: Records, access_log: None
+    gw: Instance, tcp: Conn, server_logs: Records, access_log: None
 ) -> None:
     before = requests(gw, "/healthz", "GET", "2xx")
-    await conn.send(request("GET", "/healthz", extra="X-Request-ID: probe.1:a-b_c\r\n"))
-    answer = await conn.answer(MARGIN)
+    await tcp.send(request("GET", "/healthz", extra="X-Request-ID: probe.1:a-b_c\r\n"))
+    answer = await tcp.answer(MARGIN)
     assert answer.status == 200 and answer.headers["x-request-id"] == "probe.1:a-b_c"
     assert requests(gw, "/healthz", "GET", "2xx") == before + 1
     (line,) = access_lines(server_logs, "probe.1:a-b_c")
@@ -90,38 +82,38 @@ async def test_a_sane_client_id_is_returned_logged_and_counted(
     ],
 )
 async def test_errors_carry_a_generated_id_and_count_by_template(
-    gw: Instance, conn: Conn, method: str, path: str, status: int, route: str
+    gw: Instance, tcp: Conn, method: str, path: str, status: int, route: str
 ) -> None:
     before = requests(gw, route, method, "4xx")
-    await conn.send(request(method, path, extra="X-Request-ID: spaces are not allowed\r\n"))
-    answer = await conn.answer(MARGIN)
+    await tcp.send(request(method, path, extra="X-Request-ID: spaces are not allowed\r\n"))
+    answer = await tcp.answer(MARGIN)
     assert answer.status == status, answer
     assert GENERATED.fullmatch(answer.headers["x-request-id"]), answer.headers
     assert requests(gw, route, method, "4xx") == before + 1
 
 
-async def test_an_early_413_carries_the_clients_id(gw: Instance, conn: Conn) -> None:
+async def test_an_early_413_carries_the_clients_id(gw: Instance, tcp: Conn) -> None:
     head = request("POST", "/v1/runtimes/rt/tasks", extra="X-Request-ID: big-1\r\n")
     head = head.replace(b"Content-Length: 0", b"Content-Length: 2000000000")
-    await conn.send(head)
-    answer = await conn.answer(MARGIN)
+    await tcp.send(head)
+    answer = await tcp.answer(MARGIN)
     assert answer.status == 413 and answer.headers["x-request-id"] == "big-1"
 
 
-async def test_the_servers_own_431_carries_an_id_and_is_counted(gw: Instance, conn: Conn) -> None:
+async def test_the_servers_own_431_carries_an_id_and_is_counted(gw: Instance, tcp: Conn) -> None:
     before = requests(gw, "unmatched", "-", "4xx")
     big = "X-Big: " + "a" * MAX_HEAD_BYTES + "\r\n"
-    await conn.send(request("GET", "/healthz", extra=big))
-    answer = await conn.answer(MARGIN)
+    await tcp.send(request("GET", "/healthz", extra=big))
+    answer = await tcp.answer(MARGIN)
     assert answer.status == 431 and GENERATED.fullmatch(answer.headers["x-request-id"])
     assert requests(gw, "unmatched", "-", "4xx") == before + 1
 
 
-async def test_the_servers_own_408_keeps_the_clients_id(gw: Instance, conn: Conn) -> None:
+async def test_the_servers_own_408_keeps_the_clients_id(gw: Instance, tcp: Conn) -> None:
     before = requests(gw, "unmatched", "POST", "4xx")
     head = request("POST", "/v1/runtimes/rt/tasks", extra="X-Request-ID: slow-1\r\n")
-    await conn.send(head.replace(b"Content-Length: 0", b"Content-Length: 10"))
-    answer = await conn.answer(READ_TIMEOUT + MARGIN)
+    await tcp.send(head.replace(b"Content-Length: 0", b"Content-Length: 10"))
+    answer = await tcp.answer(READ_TIMEOUT + MARGIN)
     assert answer.status == 408 and answer.headers["x-request-id"] == "slow-1"
     assert requests(gw, "unmatched", "POST", "4xx") == before + 1
 
@@ -140,7 +132,7 @@ class JsonLines(logging.Handler):
 
 
 async def test_a_500_and_its_traceback_line_carry_the_request_id(
-    gw: Instance, conn: Conn, monkeypatch: pytest.MonkeyPatch
+    gw: Instance, tcp: Conn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def broken(task_id: uuid.UUID) -> None:
         raise RuntimeError("the store broke")
@@ -151,8 +143,8 @@ async def test_a_500_and_its_traceback_line_carry_the_request_id(
     logger.addHandler(handler)
     try:
         path = f"/v1/tasks/{uuid.uuid4()}"
-        await conn.send(request("GET", path, extra="X-Request-ID: fail-1\r\n"))
-        answer = await conn.answer(MARGIN)
+        await tcp.send(request("GET", path, extra="X-Request-ID: fail-1\r\n"))
+        answer = await tcp.answer(MARGIN)
     finally:
         logger.removeHandler(handler)
     assert answer.status == 500 and answer.headers["x-request-id"] == "fail-1"

@@ -9,8 +9,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 from gateway_client import AsyncClient
-from tests.e2e.test_work import client_env
-from tests.harness import TOKEN, make_settings, running_gateway
+from tests.support.gateways import TOKEN, client_env, make_settings, running_gateway
 
 
 async def runtime_cli(url: str, *args: str, token: str = TOKEN) -> tuple[int, str, str]:

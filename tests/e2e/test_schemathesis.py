@@ -14,56 +14,19 @@ from __future__ import annotations
 import json
 import secrets
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
-import hypothesis
-import pytest
 import requests
 import schemathesis
-from schemathesis.checks import not_a_server_error
 
-from tests.e2e.openapi_support import (
-    AUTH,
-    CONFORMANCE,
-    OVERRIDES,
-    Served,
-    document,
-    gateway_thread,
-)
-
-EXAMPLES_PER_OPERATION = 25
-SEED = 20260601
-CHECKS = [not_a_server_error, *CONFORMANCE]
-# Loaded from the builder rather than from the server: schemathesis.pytest.from_fixture
-# fails under pytest 9 (it sets Node._nodeid). The first test checks they agree.
-DOCUMENT = document(**OVERRIDES)
-
-
-@pytest.fixture(scope="module")
-def served(database_url: str, redis_url: str) -> Iterator[Served]:
-    prefix = "gwt" + secrets.token_hex(4)
-    with gateway_thread(
-        database_url=database_url, redis_url=redis_url, prefix=prefix, **OVERRIDES
-    ) as gateway:
-        yield gateway
+from tests.support.gateways import Served
+from tests.support.openapi import AUTH, CHECKS, DOCUMENT, fuzz_settings, schema
 
 
 def test_the_served_document_is_the_fuzzed_one(served: Served) -> None:
     with urllib.request.urlopen(served.url + "/openapi.json", timeout=10) as resp:
         assert resp.headers["Content-Type"] == "application/json"
         assert json.load(resp) == DOCUMENT
-
-
-schema = schemathesis.openapi.from_dict(DOCUMENT)
-schema.config.update(headers=AUTH)
-schema.config.seed = SEED
-schema.config.generation.update(
-    max_examples=EXAMPLES_PER_OPERATION, deterministic=True, database="none"
-)
-fuzz_settings = hypothesis.settings(
-    max_examples=EXAMPLES_PER_OPERATION, deadline=None, derandomize=True, database=None
-)
 
 
 def live_task(base: str, cancelled: bool) -> dict[str, Any]:

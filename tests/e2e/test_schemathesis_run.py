@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import os
 import random
-import secrets
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.openapi_support import AUTH, OVERRIDES, gateway_thread
+from tests.support.gateways import gateway_thread
+from tests.support.openapi import AUTH, OVERRIDES
+from tests.support.redis_keys import new_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 SECONDS = int(os.environ.get("FUZZ_SECONDS", "0"))  # 0: one pass, FUZZ_EXAMPLES each
@@ -34,9 +35,8 @@ SEED = int(os.environ.get("FUZZ_SEED") or (random.randrange(2**31) if SECONDS el
 @pytest.mark.slow
 @pytest.mark.timeout(SECONDS + 240)
 def test_schemathesis_finds_no_disagreement(database_url: str, redis_url: str, tmp_path: Path):
-    prefix = "gwt" + secrets.token_hex(4)
     with gateway_thread(
-        database_url=database_url, redis_url=redis_url, prefix=prefix, **OVERRIDES
+        database_url=database_url, redis_url=redis_url, prefix=new_prefix(), **OVERRIDES
     ) as served:
         args = [
             *(sys.executable, "-m", "schemathesis.cli", "run", served.url + "/openapi.json"),

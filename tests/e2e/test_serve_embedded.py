@@ -11,7 +11,7 @@ import sys
 import aiohttp
 import psutil
 
-from tests.harness import serve_process
+from tests.support.gateways import serve_process
 
 
 async def test_serve_embedded_starts_everything_and_ctrl_c_stops_it(tmp_path, runtime_id):

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from tests.harness import make_settings, running_gateway
+from tests.support.gateways import make_settings, running_gateway
 
 
 async def test_enqueue_claim_complete(database_url, redis_url, redis_prefix, runtime_id):

@@ -10,12 +10,13 @@ import uuid
 import pytest
 
 from gateway.auth.principals import TOKEN_CACHE_TTL_SECONDS
-from tests.e2e.credentials_support import every_token, make_secret, make_token, rows, unique
-from tests.e2e.lifecycle_support import (
+from tests.support.credentials import every_token, make_secret, make_token, unique
+from tests.support.databases import rows
+from tests.support.http import req
+from tests.support.lifecycle import (
     assert_problem,
     enqueue,
 )
-from tests.support.http import req
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 

@@ -12,14 +12,15 @@ import orjson
 import pytest
 import pytest_asyncio
 
-from tests.e2e.credentials_support import deliver, make_secret, rows, shifted, sign, unique
-from tests.e2e.lifecycle_support import (
+from tests.support.credentials import deliver, make_secret, shifted, sign, unique
+from tests.support.databases import rows
+from tests.support.http import req
+from tests.support.lifecycle import (
     all_tasks,
     assert_problem,
     claim,
     claim_one,
 )
-from tests.support.http import req
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 

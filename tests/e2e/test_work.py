@@ -10,38 +10,17 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import BinaryIO
 
 import pytest
 
-from gateway.store.migrate import apply_migrations
 from gateway_client import AsyncClient, NewTask
-from tests.harness import TOKEN, make_settings, running_gateway
+from tests.support.gateways import TOKEN, client_env, make_settings, running_gateway
 from tests.support.waiting import wait_until
 
 TASK = str(Path(__file__).with_name("work_task.py"))
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def own_database_url(fresh_database_url: str) -> Iterator[str]:
-    """A migrated database of the test's own, so that its janitor is the only one."""
-    asyncio.run(apply_migrations(fresh_database_url))
-    yield fresh_database_url
-
-
-def client_env(url: str, token: str) -> dict[str, str]:
-    """The commands find the gateway by GATEWAY_URL and GATEWAY_TOKEN, and the packages
-    in this checkout whether or not it is installed."""
-    path = [str(ROOT), str(ROOT / "clients" / "python"), os.environ.get("PYTHONPATH", "")]
-    return {
-        **os.environ,
-        "GATEWAY_URL": url,
-        "GATEWAY_TOKEN": token,
-        "PYTHONPATH": os.pathsep.join(p for p in path if p),
-    }
 
 
 @contextlib.asynccontextmanager

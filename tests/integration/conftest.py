@@ -4,23 +4,18 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import asyncpg
 import pytest
 
-from tests.support.databases import migrate
+from gateway.store import Store
+from tests.support.databases import execute
+from tests.support.stores import open_store
 
 
 @pytest.fixture
-async def own_database_url(fresh_database_url: str) -> str:
-    """A freshly migrated database of the test's own (see janitor_support)."""
-    return await migrate(fresh_database_url)
-
-
-@pytest.fixture
-async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    """A connection to the session's shared database, closed after the test."""
-    connection = await asyncpg.connect(database_url)
-    try:
-        yield connection
-    finally:
-        await connection.close()
+async def store(database_url: str, runtime_id: str) -> AsyncIterator[Store]:
+    """A Store on the session's shared database over one connection, so that a query
+    logger on it sees every statement sent; the rows of runtimes named `runtime_id`...
+    are deleted afterwards."""
+    async with open_store(database_url) as opened:
+        yield opened
+    await execute(database_url, "DELETE FROM tasks WHERE runtime_id LIKE $1", runtime_id + "%")

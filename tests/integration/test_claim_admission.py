@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.harness import TOKEN, make_settings, running_gateway
+from tests.support.gateways import TOKEN, make_settings, running_gateway
 from tests.support.metrics import sample
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness import Instance, make_settings, running_gateway
+from tests.support.gateways import Instance, make_settings, running_gateway
 
 # Long enough that only a bump can explain a prompt answer.
 EMPTY_TTL = 60.0

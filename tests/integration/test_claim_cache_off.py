@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.harness import make_settings, running_gateway
+from tests.support.gateways import make_settings, running_gateway
 from tests.support.metrics import sample
 
 

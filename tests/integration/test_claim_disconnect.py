@@ -8,7 +8,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from tests.harness import TOKEN, make_settings, running_gateway
+from tests.support.gateways import TOKEN, make_settings, running_gateway
 from tests.support.metrics import sample
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import secrets
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -26,129 +26,20 @@ from gateway.store.leases import CLAIM_WINDOW
 from gateway.store.sql import janitor as janitor_sql
 from gateway.store.sql import leases as lease_sql
 from gateway.store.sql import tasks as task_sql
+from tests.support.plans import (
+    BACKLOG,
+    MODES,
+    ROWS,
+    RUNTIMES,
+    describe,
+    explain,
+    indexes,
+    subtree,
+    task_scans,
+    walk,
+)
 
 pytestmark = pytest.mark.integration
-
-RUNTIMES = 200
-ROWS = 20_000
-BACKLOG = 3_000
-
-# Row n belongs to runtime n % 200. Per runtime: 100 rows, of which 5 queued and due,
-# 2 scheduled (run_at in the future), 3 claimed, the rest completed / dead / cancelled.
-FILL = """
-INSERT INTO tasks (runtime_id, status, priority, payload, attempts, run_at, created_at,
-                   updated_at, finished_at, lease_id, lease_expires_at, worker_id)
-SELECT $1 || '-' || (n % $2),
-       s.status,
-       (n * 7) % 101,
-       jsonb_build_object('n', n),
-       CASE WHEN s.status IN ('queued', 'scheduled') THEN 0 ELSE 1 END,
-       CASE WHEN (n / $2) % 100 IN (5, 6) THEN now() + interval '1 hour'
-            ELSE now() - interval '1 minute' END,
-       now() - make_interval(secs => $3 - n),
-       now() - make_interval(secs => $3 - n),
-       CASE WHEN s.status IN ('completed', 'dead', 'cancelled') THEN now() END,
-       CASE WHEN s.status = 'claimed' THEN gen_random_uuid() END,
-       CASE WHEN s.status = 'claimed' THEN now() + interval '1 minute' END,
-       CASE WHEN s.status = 'claimed' THEN 'worker' END
-  FROM generate_series(0, $3 - 1) AS n,
-       LATERAL (SELECT CASE
-                  WHEN (n / $2) % 100 IN (5, 6) THEN 'scheduled'
-                  WHEN (n / $2) % 100 < 7 THEN 'queued'
-                  WHEN (n / $2) % 100 < 10 THEN 'claimed'
-                  WHEN (n / $2) % 100 < 12 THEN 'dead'
-                  WHEN (n / $2) % 100 < 13 THEN 'cancelled'
-                  ELSE 'completed' END AS status) AS s
-"""
-
-
-# A runtime with a backlog: queued tasks of mixed priority, a few of them delayed.
-HOT = """
-INSERT INTO tasks (runtime_id, status, priority, payload, run_at, created_at)
-SELECT $1, CASE WHEN n % 50 = 0 THEN 'scheduled' ELSE 'queued' END,
-       n % 3 * 50, jsonb_build_object('n', n),
-       CASE WHEN n % 50 = 0 THEN now() + interval '10 minutes' ELSE now() END,
-       now() - make_interval(secs => $2 - n)
-  FROM generate_series(0, $2 - 1) AS n
-"""
-
-
-@pytest.fixture
-async def filled(conn: asyncpg.Connection) -> AsyncIterator[str]:
-    """Fills the table inside a transaction that is rolled back afterwards; yields the
-    runtime id prefix."""
-    prefix = "explain-" + secrets.token_hex(4)
-    tx = conn.transaction()
-    await tx.start()
-    try:
-        await conn.execute(FILL, prefix, RUNTIMES, ROWS)
-        await conn.execute(HOT, prefix + "-hot", BACKLOG)
-        await conn.execute("ANALYZE tasks")
-        yield prefix
-    finally:
-        await tx.rollback()
-
-
-def walk(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from walk(child)
-
-
-def literal(value: Any) -> str:
-    """A SQL literal for the test's own (quote-free) values."""
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return "ARRAY[" + ", ".join(literal(v) for v in value) + "]::text[]"
-    if isinstance(value, list):
-        return "ARRAY[" + ", ".join(repr(float(v)) for v in value) + "]::float8[]"
-    raise TypeError(value)
-
-
-async def explain(
-    conn: asyncpg.Connection,
-    sql: str,
-    types: str,
-    args: tuple[Any, ...],
-    mode: str,
-    *,
-    analyze: bool = False,
-) -> list[dict[str, Any]]:
-    """EXPLAIN the statement as a prepared statement runs it, under `plan_cache_mode`
-    `mode`: custom plans (the first five executions) or the generic plan Postgres may
-    switch to afterwards (asyncpg prepares and caches every statement). With `analyze`
-    it runs, inside a savepoint that is rolled back, and the plan carries the rows and
-    buffers each node touched."""
-    name = "explain_" + secrets.token_hex(4)
-    options = "ANALYZE, BUFFERS, FORMAT JSON" if analyze else "FORMAT JSON"
-    await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
-    await conn.execute(f"PREPARE {name}({types}) AS {sql}")
-    savepoint = conn.transaction()
-    await savepoint.start()
-    try:
-        # EXECUTE takes no bind parameters: the values go in as literals.
-        values = ", ".join(literal(arg) for arg in args)
-        raw = await conn.fetchval(f"EXPLAIN ({options}) EXECUTE {name}({values})")
-    finally:
-        await savepoint.rollback()
-        await conn.execute(f"DEALLOCATE {name}")
-    document = json.loads(raw) if isinstance(raw, str) else raw
-    return list(walk(document[0]["Plan"]))
-
-
-def describe(nodes: list[dict[str, Any]]) -> list[str]:
-    return [
-        " ".join(str(n[k]) for k in ("Node Type", "Relation Name", "Index Name", "Alias") if k in n)
-        for n in nodes
-    ]
-
-
-def task_scans(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [n for n in nodes if n.get("Relation Name") == "tasks" and "Scan" in n["Node Type"]]
-
 
 CLAIM_TYPES = "text, text[], float8[], int"
 
@@ -156,13 +47,6 @@ CLAIM_TYPES = "text, text[], float8[], int"
 def claim_args(runtime: str) -> tuple[Any, ...]:
     workers = [f"w{i}" for i in range(5)]
     return (runtime, workers, [60.0, 60.0, 30.0, 120.0, 60.0], len(workers) + CLAIM_WINDOW)
-
-
-def subtree(node: dict[str, Any]) -> list[dict[str, Any]]:
-    return list(walk(node))
-
-
-MODES = ["force_custom_plan", "force_generic_plan"]
 
 
 async def test_the_data_is_what_the_plans_are_judged_on(
@@ -199,10 +83,6 @@ async def test_the_data_is_what_the_plans_are_judged_on(
         filled + "-hot",
     )
     assert hot == BACKLOG
-
-
-def indexes(nodes: list[dict[str, Any]]) -> set[str]:
-    return {n["Index Name"] for n in nodes if "Index Name" in n}
 
 
 def path_to(root: dict[str, Any], target: dict[str, Any]) -> list[str]:

@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from tests.harness import Instance, make_settings, running_gateway
-from tests.integration.claim_helpers import (
+from tests.support.claims import (
     pg_claims,
     poll,
     timed_enqueue,
     verdict_hits,
     wait_parked,
 )
+from tests.support.gateways import Instance, make_settings, running_gateway
 from tests.support.metrics import sample
 from tests.support.waiting import wait_until
 
@@ -27,10 +27,8 @@ pytestmark = pytest.mark.integration
 REQUEST_BOUND = 2.0  # every request answers this fast with Redis down (a correctness bound)
 
 
-def settings(database_url: str, redis_process: Any, prefix: str, **overrides: Any) -> Any:
-    values: dict[str, Any] = {"redis_timeout_ms": 100, "empty_ttl_seconds": 30}
-    values.update(overrides)
-    return make_settings(database_url, redis_process.url, prefix, **values)
+# Redis commands give up fast, and an empty verdict outlives every test below.
+FAIL_FAST: dict[str, Any] = {"redis_timeout_ms": 100, "empty_ttl_seconds": 30}
 
 
 async def _claim_one(inst: Instance, runtime: str, worker: str) -> tuple[list[Any], float]:
@@ -41,7 +39,7 @@ async def _claim_one(inst: Instance, runtime: str, worker: str) -> tuple[list[An
 async def test_enqueue_and_claim_work_without_redis_and_the_cache_comes_back(
     database_url: str, redis_process: Any, redis_prefix: str, runtime_id: str
 ) -> None:
-    cfg = settings(database_url, redis_process, redis_prefix)
+    cfg = make_settings(database_url, redis_process.url, redis_prefix, **FAIL_FAST)
     async with running_gateway(cfg) as a, running_gateway(cfg) as b:
         # Warm up with Redis: both instances have pooled connections and a subscriber.
         warm = await a.enqueue(runtime_id, "warm")
@@ -50,7 +48,7 @@ async def test_enqueue_and_claim_work_without_redis_and_the_cache_comes_back(
         await b.complete(tasks[0])
         await wait_until(lambda: a.gateway.subscriber.healthy, 5, "subscriber up")
 
-        redis_process.stop()
+        redis_process.kill()
         errors = sample(a, "gateway_redis_errors_total")
         claims = pg_claims(a)
         for i in range(6):
@@ -105,7 +103,7 @@ async def test_a_frozen_redis_costs_each_request_a_bounded_delay(
     """Redis accepts connections but never answers (SIGSTOP): the short per-command
     budget, the single retry and the circuit breaker keep every enqueue and claim
     within the bound, and claims are served by Postgres."""
-    cfg = settings(database_url, redis_process, redis_prefix)
+    cfg = make_settings(database_url, redis_process.url, redis_prefix, **FAIL_FAST)
     async with running_gateway(cfg) as a, running_gateway(cfg) as b:
         await a.enqueue(runtime_id, "warm")
         [warm] = await b.claim(runtime_id, "w")
@@ -142,12 +140,12 @@ async def test_poll_parked_before_redis_dies_falls_back_to_polling(
     """A poll parked on a valid verdict while Redis was up; then Redis dies and a task
     is enqueued through another instance (its bump and wake-up are lost). The parked
     poll must fall back to polling Postgres and get the task within a few seconds."""
-    cfg = settings(database_url, redis_process, redis_prefix)
+    cfg = make_settings(database_url, redis_process.url, redis_prefix, **FAIL_FAST)
     async with running_gateway(cfg) as a, running_gateway(cfg) as b:
         waiting = asyncio.create_task(poll(a, runtime_id, "parked", wait_seconds=10))
         await wait_parked(a, runtime_id, 1)
         assert a.gateway.subscriber.healthy
-        redis_process.stop()
+        redis_process.kill()
         await wait_until(lambda: not a.gateway.subscriber.healthy, 3, "subscriber to notice")
         task, sent = await timed_enqueue(b, runtime_id, "while down")
         try:
@@ -164,12 +162,14 @@ async def test_parked_poll_survives_a_redis_restart(
     """I8: a poll parked on A; Redis is killed and started again on the same port; once
     A's subscriber is back, an enqueue through B reaches the parked poll by pub/sub.
     degraded_poll_seconds is long so that polling cannot stand in for the wake-up."""
-    cfg = settings(database_url, redis_process, redis_prefix, degraded_poll_seconds=20)
+    cfg = make_settings(
+        database_url, redis_process.url, redis_prefix, **FAIL_FAST, degraded_poll_seconds=20
+    )
     async with running_gateway(cfg) as a, running_gateway(cfg) as b:
         waiting = asyncio.create_task(poll(a, runtime_id, "parked", wait_seconds=20))
         await wait_parked(a, runtime_id, 1)
         reconnects = sample(a, "gateway_pubsub_reconnects_total")
-        redis_process.stop()
+        redis_process.kill()
         await wait_until(lambda: not a.gateway.subscriber.healthy, 3, "subscriber to notice")
         await asyncio.sleep(0.3)
         redis_process.start()
@@ -189,11 +189,11 @@ async def test_bump_lost_during_an_outage_is_recovered_on_reconnect(
     """I8: a poll parked on A; Redis dies; a task is enqueued through B (its bump and
     publish are lost); Redis comes back. Once the subscriber is restored it wakes
     every local waiter, which re-checks and finds the task within seconds."""
-    cfg = settings(database_url, redis_process, redis_prefix)
+    cfg = make_settings(database_url, redis_process.url, redis_prefix, **FAIL_FAST)
     async with running_gateway(cfg) as a, running_gateway(cfg) as b:
         waiting = asyncio.create_task(poll(a, runtime_id, "parked", wait_seconds=15))
         await wait_parked(a, runtime_id, 1)
-        redis_process.stop()
+        redis_process.kill()
         await wait_until(lambda: not a.gateway.subscriber.healthy, 3, "subscriber to notice")
         task, _ = await timed_enqueue(b, runtime_id, "while down")
         redis_process.start()

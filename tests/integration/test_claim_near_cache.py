@@ -10,8 +10,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from tests.harness import Instance, make_settings, running_gateway
-from tests.integration.claim_helpers import pg_claims, poll
+from tests.support.claims import pg_claims, poll
+from tests.support.gateways import Instance, make_settings, running_gateway
 from tests.support.metrics import sample
 
 pytestmark = pytest.mark.integration

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.harness import Instance, make_settings, running_gateway
-from tests.integration.claim_helpers import task_rows
+from tests.support.claims import task_rows
+from tests.support.gateways import Instance, make_settings, running_gateway
 from tests.support.http import get_task
 
 # A load test with bounds of its own (claimers give up after 40 s, and are awaited

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from tests.harness import make_settings, running_gateway
+from tests.support.gateways import make_settings, running_gateway
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration

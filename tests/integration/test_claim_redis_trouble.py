@@ -18,10 +18,10 @@ import pytest
 
 import gateway.instance
 from gateway.redis.clients import make_pubsub_client
-from tests.faults.proxy import BlackholeProxy
-from tests.harness import make_settings, running_gateway
-from tests.integration.janitor_support import empty_verdict
+from tests.support.gateways import make_settings, running_gateway
+from tests.support.janitor import empty_verdict
 from tests.support.metrics import sample
+from tests.support.proxy import BlackholeProxy
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration

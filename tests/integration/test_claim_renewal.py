@@ -11,8 +11,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.api import requests
-from tests.harness import Instance, make_settings, running_gateway
-from tests.integration.claim_helpers import pg_claims, poll, wait_parked
+from tests.support.claims import pg_claims, poll, wait_parked
+from tests.support.gateways import Instance, make_settings, running_gateway
 from tests.support.metrics import sample
 
 pytestmark = pytest.mark.integration

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from tests.harness import Instance, make_settings, running_gateway
-from tests.integration.claim_helpers import (
+from tests.support.claims import (
     pg_claims,
     poll,
     timed_enqueue,
 )
+from tests.support.gateways import Instance, make_settings, running_gateway
 from tests.support.metrics import sample
 
 pytestmark = pytest.mark.integration
@@ -27,10 +27,6 @@ pytestmark = pytest.mark.integration
 ITERATIONS = 40
 WAIT_SECONDS = 10  # the poll's own wait: far longer than the bound we assert
 BOUND_SECONDS = 1.0  # every task is claimed this soon after its enqueue was sent
-
-
-def settings(database_url: str, redis_url: str, prefix: str) -> Any:
-    return make_settings(database_url, redis_url, prefix, empty_ttl_seconds=30)
 
 
 async def test_enqueue_at_a_random_moment_is_never_missed(
@@ -41,7 +37,7 @@ async def test_enqueue_at_a_random_moment_is_never_missed(
     verdict write) a task is enqueued, alternately through the polled instance and a
     second one. Each task reaches the poll within 1 s."""
     rng = random.Random()
-    cfg = settings(database_url, redis_url, redis_prefix)
+    cfg = make_settings(database_url, redis_url, redis_prefix, empty_ttl_seconds=30)
     async with running_gateway(cfg) as a, running_gateway(cfg) as b:
         latencies: list[float] = []
         for i in range(ITERATIONS):
@@ -125,7 +121,7 @@ async def test_enqueue_during_the_scan_makes_the_verdict_stale(
     there, so the verdict written under the version read before the scan is stale
     (I2) and the parked poll gets the task at once. A verdict written under the
     version read after the scan would hide the task for the verdict's 30 s TTL."""
-    cfg = settings(database_url, redis_url, redis_prefix)
+    cfg = make_settings(database_url, redis_url, redis_prefix, empty_ttl_seconds=30)
     async with running_gateway(cfg) as a, running_gateway(cfg) as b:
         for round_ in range(3):
             runtime = f"{runtime_id}-{round_}"
@@ -162,7 +158,7 @@ async def test_verdict_under_the_pre_scan_version_is_stale_in_redis(
 
     from gateway.redis.keys import keys_for
 
-    cfg = settings(database_url, redis_url, redis_prefix)
+    cfg = make_settings(database_url, redis_url, redis_prefix, empty_ttl_seconds=30)
     client = aioredis.Redis.from_url(redis_url, decode_responses=True)
     try:
         async with running_gateway(cfg) as a, running_gateway(cfg) as b:

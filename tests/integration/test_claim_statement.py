@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from gateway.metrics import Metrics
 from gateway.store import Store
 from gateway.store import leases as store_leases
 from gateway.store.leases import CLAIM_WINDOW, CONTENDED_RECHECK_SECONDS
@@ -36,15 +35,6 @@ SELECT id FROM tasks
  LIMIT $2
    FOR UPDATE
 """
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    # One connection, so that the query logger sees every statement a claim sends.
-    s = Store(database_url, Metrics(), min_size=1, max_size=1)
-    await s.open()
-    yield s
-    await s.close()
 
 
 @pytest.fixture

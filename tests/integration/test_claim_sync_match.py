@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 from gateway.errors import StoreUnavailable
-from tests.harness import make_settings, running_gateway
-from tests.integration.claim_helpers import (
+from tests.support.claims import (
     cancel_all,
     pg_claims,
     poll,
     task_rows,
     wait_parked,
 )
+from tests.support.gateways import make_settings, running_gateway
 from tests.support.metrics import sample
 from tests.support.waiting import wait_until
 

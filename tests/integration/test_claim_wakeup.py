@@ -9,8 +9,7 @@ import time
 
 import pytest
 
-from tests.harness import make_settings, running_gateway
-from tests.integration.claim_helpers import (
+from tests.support.claims import (
     Poll,
     cancel_all,
     pg_claims,
@@ -19,6 +18,7 @@ from tests.integration.claim_helpers import (
     wait_parked,
     wait_quiet,
 )
+from tests.support.gateways import make_settings, running_gateway
 from tests.support.metrics import sample
 from tests.support.waiting import wait_until
 

@@ -1,7 +1,8 @@
 """The limited claim's own statements keep their indexes: the control row is found by
 its primary key, and the count of a runtime's leased tasks is an index-only read of
 tasks_live_idx, whose cost follows the runtime's leases, not the table. Same data and
-method as test_claim_explain (a transaction rolled back afterwards)."""
+method as test_claim_explain (tests/support/plans.py, a transaction rolled back
+afterwards)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,9 @@ import asyncpg
 import pytest
 
 from gateway.store.sql import controls as control_sql
-from tests.integration.test_claim_explain import MODES, describe, explain, filled, task_scans
+from tests.support.plans import MODES, describe, explain, task_scans
 
 pytestmark = pytest.mark.integration
-
-__all__ = ["filled"]  # the fixture, used by name
 
 
 @pytest.mark.parametrize("mode", MODES)

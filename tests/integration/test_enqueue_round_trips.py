@@ -8,7 +8,6 @@ Runs on the session's shared database, on runtime ids of its own, removed after.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -17,30 +16,16 @@ import pytest
 
 from gateway.api.exactjson import ExactNumber
 from gateway.api.render import task_bytes
-from gateway.api.requests import EnqueueRequest, parse_enqueue
+from gateway.api.requests import EnqueueRequest
 from gateway.errors import IdempotencyKeyReused
-from gateway.metrics import Metrics
 from gateway.rows import TaskRow
 from gateway.store import Store
 from gateway.store.sql import tasks as task_sql
 from gateway.store.sql.fragments import TASK_COLUMNS
-from tests.support.databases import execute, fetch
+from tests.support.databases import fetch
+from tests.support.stores import enqueue_request
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def store(database_url: str, runtime_id: str) -> AsyncIterator[Store]:
-    # One connection, so that the query logger sees every statement sent.
-    s = Store(database_url, Metrics(), min_size=1, max_size=1)
-    await s.open()
-    yield s
-    await s.close()
-    await execute(database_url, "DELETE FROM tasks WHERE runtime_id LIKE $1", runtime_id + "%")
-
-
-def item(payload: Any, **fields: Any) -> EnqueueRequest:
-    return parse_enqueue({"payload": payload, **fields}, None, 1_000_000)
 
 
 async def statements_of(store: Store, runtime_id: str) -> list[str]:
@@ -51,8 +36,8 @@ async def statements_of(store: Store, runtime_id: str) -> list[str]:
     async def log_queries(conn: asyncpg.Connection) -> None:
         conn.add_query_logger(lambda record: seen.append(record.query))
 
-    await store.enqueue_batch(runtime_id + "-warm-up", [item(0)])
-    await store.enqueue_batch(runtime_id + "-warm-up", [item(0, delay_seconds=1)])
+    await store.enqueue_batch(runtime_id + "-warm-up", [enqueue_request(0)])
+    await store.enqueue_batch(runtime_id + "-warm-up", [enqueue_request(0, delay_seconds=1)])
     await store.run(log_queries)
     return seen
 
@@ -61,11 +46,12 @@ async def test_single_and_keyless_batch_enqueues_are_one_statement(
     store: Store, runtime_id: str
 ) -> None:
     seen = await statements_of(store, runtime_id)
-    await store.enqueue(runtime_id, item("one"))
+    await store.enqueue(runtime_id, enqueue_request("one"))
     assert seen == [task_sql.ENQUEUE]
     seen.clear()
     rows, replayed = await store.enqueue_batch(
-        runtime_id, [item(1), item(2, delay_seconds=60), item(3, priority=90)]
+        runtime_id,
+        [enqueue_request(1), enqueue_request(2, delay_seconds=60), enqueue_request(3, priority=90)],
     )
     assert seen == [task_sql.ENQUEUE_BATCH_NEW]
     tasks = orjson.loads(rows)
@@ -79,7 +65,9 @@ async def test_single_and_keyless_batch_enqueues_are_one_statement(
     assert [r["status"] for r in stored] == ["queued", "queued", "scheduled", "queued"]
     # Items that set no time (the usual batch) take the plain statement.
     seen.clear()
-    rows, _ = await store.enqueue_batch(runtime_id, [item(4), item(5, max_attempts=2)])
+    rows, _ = await store.enqueue_batch(
+        runtime_id, [enqueue_request(4), enqueue_request(5, max_attempts=2)]
+    )
     assert seen == [task_sql.ENQUEUE_BATCH_PLAIN]
     assert [t["payload"] for t in orjson.loads(rows)] == [4, 5]
 
@@ -88,11 +76,16 @@ async def test_a_batch_with_keys_is_all_or_nothing(
     store: Store, runtime_id: str, database_url: str
 ) -> None:
     seen = await statements_of(store, runtime_id)
-    await store.enqueue_batch(runtime_id, [item(1, idempotency_key="k1")])
+    await store.enqueue_batch(runtime_id, [enqueue_request(1, idempotency_key="k1")])
     assert seen[0].startswith("BEGIN; SET LOCAL statement_timeout") and seen[-1] == "COMMIT"
     with pytest.raises(IdempotencyKeyReused):
         await store.enqueue_batch(
-            runtime_id, [item("new"), item("other", idempotency_key="k1"), item("last")]
+            runtime_id,
+            [
+                enqueue_request("new"),
+                enqueue_request("other", idempotency_key="k1"),
+                enqueue_request("last"),
+            ],
         )
     rows = await fetch(database_url, "SELECT payload FROM tasks WHERE runtime_id = $1", runtime_id)
     assert len(rows) == 1, "a refused batch left rows behind"
@@ -118,7 +111,9 @@ async def test_a_plain_batchs_json_written_by_the_gateway_is_the_one_models_writ
     # store.tasks.plain_tasks_json writes the answer to a batch of items that set no
     # time from Postgres's ids and payload texts: byte for byte what models.task_bytes
     # makes of each stored row, read back.
-    items = [item(p) for p in ODD_PAYLOADS] + [item(None, priority=1000, max_attempts=100)]
+    items = [enqueue_request(p) for p in ODD_PAYLOADS] + [
+        enqueue_request(None, priority=1000, max_attempts=100)
+    ]
     written, replayed = await store.enqueue_batch(runtime_id, items)
     assert replayed is False
     stored = await store.run(
@@ -139,12 +134,14 @@ async def test_a_new_tasks_json_from_postgres_is_the_one_models_writes(
     # models.task_bytes makes of the stored row, for every field a new task can carry,
     # through either batch statement (ENQUEUE_BATCH_NEW without keys, ENQUEUE_BATCH).
     items = [
-        item({"b": [1, 2.5, 'é\u0001"x'], "a": None}),
-        item(None, priority=0, max_attempts=1),
-        item("text", delay_seconds=3600, ttl_seconds=60),
-        item(ExactNumber("1234567890123456789.5e-2"), run_at="2031-02-03T04:05:06.000007+02:00"),
-        item(0.1, ttl_seconds=1.5),
-        item([], run_at="1970-01-01T00:00:00Z", ttl_seconds=86400),
+        enqueue_request({"b": [1, 2.5, 'é\u0001"x'], "a": None}),
+        enqueue_request(None, priority=0, max_attempts=1),
+        enqueue_request("text", delay_seconds=3600, ttl_seconds=60),
+        enqueue_request(
+            ExactNumber("1234567890123456789.5e-2"), run_at="2031-02-03T04:05:06.000007+02:00"
+        ),
+        enqueue_request(0.1, ttl_seconds=1.5),
+        enqueue_request([], run_at="1970-01-01T00:00:00Z", ttl_seconds=86400),
     ]
     if keyed:
         items = [r._replace(idempotency_key=f"k{n}") for n, r in enumerate(items)]
@@ -164,9 +161,9 @@ async def test_a_new_tasks_json_from_postgres_is_the_one_models_writes(
 @pytest.mark.parametrize(
     ("items", "statement"),
     [
-        ([item(1), item(2, priority=90)], "ENQUEUE_BATCH_PLAIN_IDS"),
-        ([item(1), item(2, delay_seconds=60)], "ENQUEUE_BATCH_NEW_IDS"),
-        ([item(1), item(2, idempotency_key="k")], "ENQUEUE_BATCH_IDS"),
+        ([enqueue_request(1), enqueue_request(2, priority=90)], "ENQUEUE_BATCH_PLAIN_IDS"),
+        ([enqueue_request(1), enqueue_request(2, delay_seconds=60)], "ENQUEUE_BATCH_NEW_IDS"),
+        ([enqueue_request(1), enqueue_request(2, idempotency_key="k")], "ENQUEUE_BATCH_IDS"),
     ],
     ids=["plain", "timed", "keyed"],
 )
@@ -209,13 +206,17 @@ async def test_a_batch_asked_for_ids_only_reads_no_payload_of_a_replayed_item(
     # A producer retrying a batch whose answer it lost replays every item: with
     # `Prefer: return=minimal` the stored tasks' payloads must not come back either.
     big = {"blob": "x" * 10_000}
-    made, _ = await store.enqueue_batch(runtime_id, [item(big, idempotency_key="k")])
+    made, _ = await store.enqueue_batch(runtime_id, [enqueue_request(big, idempotency_key="k")])
     [old_id] = [t["id"] for t in orjson.loads(made)]
     seen = await statements_of(store, runtime_id)
-    mixed = [item(1), item(big, idempotency_key="k"), item(2, idempotency_key="new")]
+    mixed = [
+        enqueue_request(1),
+        enqueue_request(big, idempotency_key="k"),
+        enqueue_request(2, idempotency_key="new"),
+    ]
     written, replayed = await store.enqueue_batch(runtime_id, mixed, ids_only=True)
     again, all_replayed = await store.enqueue_batch(
-        runtime_id, [item(big, idempotency_key="k")], ids_only=True
+        runtime_id, [enqueue_request(big, idempotency_key="k")], ids_only=True
     )
     assert seen and not [s for s in seen if "payload" in sent_back(s)], seen
     ids = [t["id"] for t in orjson.loads(written)]
@@ -223,7 +224,9 @@ async def test_a_batch_asked_for_ids_only_reads_no_payload_of_a_replayed_item(
     assert orjson.loads(again) == [{"id": old_id}] and all_replayed is True
     # A different request under the key is refused as it is without ids_only.
     with pytest.raises(IdempotencyKeyReused) as info:
-        await store.enqueue_batch(runtime_id, [item(3, idempotency_key="k")], ids_only=True)
+        await store.enqueue_batch(
+            runtime_id, [enqueue_request(3, idempotency_key="k")], ids_only=True
+        )
     assert info.value.extra["field"] == "tasks[0].idempotency_key"
     stored = await store.run(
         lambda c: c.fetch(

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from gateway.janitor import DEPTH_DUTY
-from tests.harness import running_gateway
-from tests.integration.janitor_support import first_pass_done, janitor_settings
+from tests.support.gateways import running_gateway
+from tests.support.janitor import first_pass_done, janitor_settings
 from tests.support.metrics import sample
 
 pytestmark = pytest.mark.integration

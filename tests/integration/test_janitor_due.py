@@ -18,8 +18,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.redis.keys import keys_for
-from tests.harness import Instance, running_gateway
-from tests.integration.janitor_support import (
+from tests.support.gateways import Instance, running_gateway
+from tests.support.janitor import (
     first_pass_done,
     janitor_settings,
 )

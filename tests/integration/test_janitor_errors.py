@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 
 from gateway.errors import StoreUnavailable
-from tests.harness import Instance, running_gateway
-from tests.integration.janitor_support import (
+from tests.support.databases import execute
+from tests.support.gateways import Instance, running_gateway
+from tests.support.janitor import (
     empty_verdict,
     enqueue_without_bump,
     first_pass_done,
     janitor_settings,
     row_of,
 )
-from tests.support.databases import execute
 from tests.support.metrics import sample
 from tests.support.waiting import wait_until
 
@@ -162,7 +162,7 @@ async def test_a_pass_without_redis_still_does_the_postgres_work(
     async with running_gateway(cfg) as gw:
         await first_pass_done(gw)
         ids = await one_of_each(gw, own_database_url, runtime_id)
-        redis_process.stop()
+        redis_process.kill()
 
         started = time.monotonic()
         report = await gw.gateway.janitor.run_once()

@@ -12,8 +12,8 @@ import asyncpg
 import pytest
 
 from gateway.janitor import LOCK_KEY
-from tests.harness import Instance, running_gateway
-from tests.integration.janitor_support import janitor_settings
+from tests.support.gateways import Instance, running_gateway
+from tests.support.janitor import janitor_settings
 from tests.support.metrics import sample
 from tests.support.waiting import wait_until
 

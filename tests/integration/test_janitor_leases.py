@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 
 from gateway.store.janitor import RuntimePage
-from tests.harness import running_gateway
-from tests.integration.janitor_support import (
+from tests.support.gateways import running_gateway
+from tests.support.http import call_ok
+from tests.support.janitor import (
     claimable_for_a_while,
     first_pass_done,
     janitor_settings,
     row_of,
     wait_lapsed,
 )
-from tests.support.http import call_ok
 from tests.support.metrics import sample
 
 pytestmark = pytest.mark.integration

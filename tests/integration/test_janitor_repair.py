@@ -20,15 +20,15 @@ import redis.asyncio as aioredis
 
 from gateway.store.sql import janitor as janitor_sql
 from gateway.store.sql import leases as lease_sql
-from tests.harness import running_gateway
-from tests.integration.janitor_support import (
+from tests.support.databases import execute, waiting_for_a_lock
+from tests.support.gateways import running_gateway
+from tests.support.janitor import (
     claimable_for_a_while,
     empty_verdict,
     enqueue_without_bump,
     first_pass_done,
     janitor_settings,
 )
-from tests.support.databases import execute, waiting_for_a_lock
 from tests.support.metrics import sample
 from tests.support.waiting import wait_until
 

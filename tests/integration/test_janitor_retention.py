@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 
 from gateway import janitor as janitor_module
-from tests.harness import Instance, running_gateway
-from tests.integration.janitor_support import (
+from tests.support.databases import execute, fetch
+from tests.support.gateways import Instance, running_gateway
+from tests.support.http import call_ok
+from tests.support.janitor import (
     first_pass_done,
     janitor_settings,
     row_of,
 )
-from tests.support.databases import execute, fetch
-from tests.support.http import call_ok
 from tests.support.metrics import sample
 
 pytestmark = pytest.mark.integration

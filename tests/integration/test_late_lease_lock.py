@@ -27,9 +27,9 @@ from gateway.store.leases import COMPLETE_REPLAYS
 from gateway.store.sql import acks as ack_sql
 from gateway.store.sql import janitor as janitor_sql
 from gateway.store.sql import leases as lease_sql
-from tests.harness import Instance, running_gateway
-from tests.integration.janitor_support import first_pass_done, janitor_settings, row_of
 from tests.support.databases import execute, waiting_for_a_lock
+from tests.support.gateways import Instance, running_gateway
+from tests.support.janitor import first_pass_done, janitor_settings, row_of
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from tests.harness import Instance, make_settings, running_gateway
-from tests.integration.claim_helpers import poll, wait_parked
+from tests.support.claims import poll, wait_parked
+from tests.support.gateways import Instance, make_settings, running_gateway
 from tests.support.metrics import sample
 
 pytestmark = pytest.mark.integration

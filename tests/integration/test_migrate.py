@@ -25,6 +25,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 async def conn(fresh_database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """Not the shared `conn` (tests/conftest.py): to the test's own empty database, which
+    the test migrates."""
     connection = await asyncpg.connect(fresh_database_url)
     yield connection
     await connection.close()

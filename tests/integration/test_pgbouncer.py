@@ -23,11 +23,11 @@ from gateway.cli.embedded import EmbeddedServers
 from gateway.errors import StoreUnavailable
 from gateway.metrics import Metrics
 from gateway.store import Store
-from tests.harness import Instance, running_gateway
-from tests.integration.claim_helpers import task_rows
-from tests.integration.janitor_support import janitor_settings, wait_lapsed
+from tests.support.claims import task_rows
 from tests.support.databases import fetch
+from tests.support.gateways import Instance, running_gateway
 from tests.support.http import call_ok
+from tests.support.janitor import janitor_settings, wait_lapsed
 from tests.support.metrics import sample
 from tests.support.pgbouncer import PgBouncer
 

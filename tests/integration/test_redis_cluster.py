@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,12 +20,11 @@ from gateway.redis.breaker import CircuitBreaker
 from gateway.redis.clients import ClusterNodes, command_client
 from gateway.redis.keys import keys_for
 from gateway.redis.verdict import VerdictCache
-from tests.conftest import IN_CI, redis_server_binary
-from tests.harness import Instance, make_settings, running_gateway
-from tests.integration.claim_helpers import pg_claims, poll, timed_enqueue, verdict_hits
-from tests.integration.janitor_support import empty_verdict
+from tests.support.claims import pg_claims, poll, timed_enqueue, verdict_hits
+from tests.support.gateways import Instance, make_settings, running_gateway
+from tests.support.janitor import empty_verdict
 from tests.support.metrics import sample
-from tests.support.redis_servers import LocalCluster, Node
+from tests.support.redis_servers import LocalCluster, RedisServer, require_redis_cli
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(90)]
@@ -34,11 +32,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(90)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    if shutil.which("redis-cli") is None:
-        if IN_CI:
-            pytest.fail("redis-cli is needed for the Redis Cluster tests", pytrace=False)
-        pytest.skip("redis-cli is not installed")
-    local = LocalCluster(redis_server_binary(), Path(tmp_path_factory.mktemp("cluster")))
+    require_redis_cli("the Redis Cluster tests")
+    local = LocalCluster(Path(tmp_path_factory.mktemp("cluster")))
     try:
         local.start()
         yield local
@@ -46,10 +41,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         local.stop()
 
 
-def settings(database_url: str, cluster: LocalCluster, prefix: str, **overrides: Any) -> Any:
-    values: dict[str, Any] = {"redis_mode": "cluster"}
-    values.update(overrides)
-    return make_settings(database_url, cluster.url, prefix, **values)
+CLUSTER_MODE: dict[str, Any] = {"redis_mode": "cluster"}
 
 
 async def runtimes_by_node(cluster: LocalCluster, prefix: str, count: int) -> dict[int, list[str]]:
@@ -84,7 +76,9 @@ async def test_empty_polls_on_every_node_are_answered_from_redis(
     grouped = await runtimes_by_node(cluster, redis_prefix, 40)
     assert all(grouped.values()), f"40 runtimes did not cover every node: {grouped}"
     runtimes = [rt for group in grouped.values() for rt in group]
-    async with running_gateway(settings(database_url, cluster, redis_prefix)) as a:
+    async with running_gateway(
+        make_settings(database_url, cluster.url, redis_prefix, **CLUSTER_MODE)
+    ) as a:
         for runtime in runtimes:  # the first poll of each scans Postgres and says empty
             await empty_verdict(a, runtime)
         for _ in range(3):
@@ -120,7 +114,9 @@ async def test_janitor_scans_and_wakeups_reach_every_node(
 ) -> None:
     grouped = await runtimes_by_node(cluster, redis_prefix, 12)
     runtimes = [rt for group in grouped.values() for rt in group]
-    async with running_gateway(settings(database_url, cluster, redis_prefix)) as a:
+    async with running_gateway(
+        make_settings(database_url, cluster.url, redis_prefix, **CLUSTER_MODE)
+    ) as a:
         said_empty = runtimes[::2]
         for runtime in said_empty:
             await empty_verdict(a, runtime)
@@ -164,7 +160,9 @@ async def test_a_poll_parked_on_one_instance_wakes_on_an_enqueue_through_another
 ) -> None:
     grouped = await runtimes_by_node(cluster, redis_prefix, 24)
     # Polling Postgres is slow here, so only a wake-up can answer within a second.
-    cfg = settings(database_url, cluster, redis_prefix, degraded_poll_seconds=20)
+    cfg = make_settings(
+        database_url, cluster.url, redis_prefix, **CLUSTER_MODE, degraded_poll_seconds=20
+    )
     async with running_gateway(cfg) as a, running_gateway(cfg) as b:
         await wait_until(lambda: a.gateway.subscriber.healthy, 5, "subscriber up")
         for group in grouped.values():  # one runtime on each master
@@ -177,7 +175,9 @@ async def test_a_wait_for_a_result_is_woken_by_a_complete_through_another_instan
     """The result wake-up is published by a keyless script on any node; the waiting
     instance hears it on its one pub/sub connection. Postgres polling is slow here, so
     only the wake-up can answer the wait."""
-    cfg = settings(database_url, cluster, redis_prefix, degraded_poll_seconds=20)
+    cfg = make_settings(
+        database_url, cluster.url, redis_prefix, **CLUSTER_MODE, degraded_poll_seconds=20
+    )
     runtime = "rt-" + secrets.token_hex(6)
     async with running_gateway(cfg) as a, running_gateway(cfg) as b:
         await wait_until(lambda: a.gateway.subscriber.healthy, 5, "subscriber up")
@@ -201,14 +201,19 @@ async def test_a_killed_master_fails_open_and_the_cache_comes_back(
     outlives its wait by much), the subscriber moves to another node, and once the
     master is back verdicts and wake-ups work again for its runtimes."""
     grouped = await runtimes_by_node(cluster, redis_prefix, 40)
-    cfg = settings(
-        database_url, cluster, redis_prefix, degraded_poll_seconds=1, redis_timeout_ms=100
+    cfg = make_settings(
+        database_url,
+        cluster.url,
+        redis_prefix,
+        **CLUSTER_MODE,
+        degraded_poll_seconds=1,
+        redis_timeout_ms=100,
     )
     async with running_gateway(cfg) as a, running_gateway(cfg) as b:
         await wait_until(lambda: a.gateway.subscriber.healthy, 5, "subscriber up")
         current = subscriber_node(a)
         assert current is not None
-        victim: Node = next(n for n in cluster.nodes if n.port == current[1])
+        victim: RedisServer = next(n for n in cluster.nodes if n.port == current[1])
         runtimes = grouped[victim.port][:3]
         for runtime in runtimes:
             await empty_verdict(a, runtime)

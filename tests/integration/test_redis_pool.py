@@ -18,8 +18,8 @@ from gateway.redis.breaker import CircuitBreaker
 from gateway.redis.clients import make_client
 from gateway.redis.slots import PoolBusy
 from gateway.redis.verdict import VerdictCache
-from tests.harness import make_settings, running_gateway
-from tests.integration.claim_helpers import pg_claims, poll
+from tests.support.claims import pg_claims, poll
+from tests.support.gateways import make_settings, running_gateway
 from tests.support.metrics import sample
 
 pytestmark = pytest.mark.integration

@@ -5,19 +5,17 @@ pub/sub, and after the master is killed and the replica promoted, both reach it.
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import IN_CI, redis_server_binary
-from tests.harness import Instance, make_settings, running_gateway
-from tests.integration.claim_helpers import pg_claims, poll, timed_enqueue
-from tests.integration.janitor_support import empty_verdict
+from tests.support.claims import pg_claims, poll, timed_enqueue
+from tests.support.gateways import Instance, make_settings, running_gateway
+from tests.support.janitor import empty_verdict
 from tests.support.metrics import sample
-from tests.support.redis_servers import LocalSentinel
+from tests.support.redis_servers import LocalSentinel, require_redis_cli
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -25,11 +23,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 @pytest.fixture
 def sentinel(tmp_path: Path) -> Iterator[LocalSentinel]:
-    if shutil.which("redis-cli") is None:
-        if IN_CI:
-            pytest.fail("redis-cli is needed for the Sentinel tests", pytrace=False)
-        pytest.skip("redis-cli is not installed")
-    local = LocalSentinel(redis_server_binary(), tmp_path)
+    require_redis_cli("the Sentinel tests")
+    local = LocalSentinel(tmp_path)
     try:
         local.start()
         yield local

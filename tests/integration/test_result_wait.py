@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import uuid
 from typing import Any
@@ -19,10 +18,17 @@ import redis.asyncio as redis
 from gateway.api import render
 from gateway.claim.results import done_channel
 from gateway.errors import CacheUnavailable
-from tests.harness import TOKEN, Instance, make_settings, running_gateway, serve_process
-from tests.integration.janitor_support import first_pass_done, janitor_settings, wait_lapsed
 from tests.support.databases import execute
+from tests.support.gateways import (
+    TOKEN,
+    Instance,
+    make_settings,
+    running_gateway,
+    serve_env,
+    serve_process,
+)
 from tests.support.http import req
+from tests.support.janitor import first_pass_done, janitor_settings, wait_lapsed
 from tests.support.metrics import sample
 from tests.support.waiting import wait_until
 
@@ -421,7 +427,7 @@ async def test_a_finish_during_a_redis_outage_reaches_the_wait(
                 raise
 
         monkeypatch.setattr(b.gateway.cache, "publish", recorded_publish)
-        redis_process.stop()
+        redis_process.kill()
         await wait_until(lambda: not a.gateway.subscriber.healthy, 3, "subscriber to notice")
         assert (await b.complete(claimed, result="in the dark"))[0] == 200
         await wait_until(lambda: task["id"] in lost, 5, "the lost publish")
@@ -433,13 +439,7 @@ async def test_a_finish_during_a_redis_outage_reaches_the_wait(
 async def test_sigterm_to_gateway_serve_answers_a_waiting_request_at_once(
     database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
 ) -> None:
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url,
-        "REDIS_URL": redis_url,
-        "GATEWAY_ADMIN_TOKEN": TOKEN,
-        "GATEWAY_REDIS_PREFIX": redis_prefix,
-    }
+    env = serve_env(database_url, redis_url, redis_prefix)
     auth = {"Authorization": f"Bearer {TOKEN}"}
     async with serve_process(env=env) as (proc, base), aiohttp.ClientSession() as http:
         async with http.post(

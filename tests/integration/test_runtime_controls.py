@@ -14,8 +14,8 @@ import asyncpg
 import pytest
 
 from gateway.store.controls import HELD_RECHECK_SECONDS
-from tests.harness import Instance, make_settings, running_gateway
-from tests.integration.janitor_support import (
+from tests.support.gateways import Instance, make_settings, running_gateway
+from tests.support.janitor import (
     enqueue_without_bump,
     first_pass_done,
     janitor_settings,

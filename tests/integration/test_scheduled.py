@@ -18,9 +18,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.redis.keys import keys_for
-from tests.harness import Instance, running_gateway
-from tests.integration.janitor_support import first_pass_done, janitor_settings, row_of
 from tests.support.databases import execute, fetch
+from tests.support.gateways import Instance, running_gateway
+from tests.support.janitor import first_pass_done, janitor_settings, row_of
 
 pytestmark = pytest.mark.integration
 

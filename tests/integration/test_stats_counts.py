@@ -19,7 +19,6 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway.api.requests import parse_enqueue
 from gateway.metrics import Metrics
 from gateway.store import Store
 from gateway.store.migrate import apply_migrations, migrations_dir
@@ -27,6 +26,7 @@ from gateway.store.sql import acks as ack_sql
 from gateway.store.sql import leases as lease_sql
 from gateway.store.sql.fragments import EFFECTIVE_STATUS
 from tests.support.databases import execute, fetch
+from tests.support.stores import enqueue_request, open_store
 
 pytestmark = pytest.mark.integration
 
@@ -39,12 +39,10 @@ SELECT {EFFECTIVE_STATUS} AS status, count(*) AS n FROM tasks WHERE runtime_id =
 
 @pytest.fixture
 async def store(own_database_url: str) -> AsyncIterator[Store]:
-    s = Store(own_database_url, Metrics(), min_size=1, max_size=12)
-    await s.open()
-    try:
-        yield s
-    finally:
-        await s.close()
+    """Not the shared `store`: on a database of the test's own (its counts are exact),
+    with room for the concurrent calls of the tests below."""
+    async with open_store(own_database_url, max_size=12) as opened:
+        yield opened
 
 
 async def truth(database_url: str, runtime_id: str) -> dict[str, int]:
@@ -65,9 +63,7 @@ async def check(store: Store, database_url: str, runtime_id: str) -> dict[str, i
 async def enqueue(store: Store, runtime_id: str, n: int, **fields: Any) -> list[uuid.UUID]:
     ids = []
     for i in range(n):
-        row, _ = await store.enqueue(
-            runtime_id, parse_enqueue({"payload": i, **fields}, None, 1_000_000)
-        )
+        row, _ = await store.enqueue(runtime_id, enqueue_request(i, **fields))
         ids.append(row.id)
     return ids
 

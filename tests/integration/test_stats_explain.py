@@ -11,9 +11,7 @@ once; the planner chooses on its own (no enable_seqscan).
 
 from __future__ import annotations
 
-import asyncio
 import json
-import secrets
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -22,11 +20,10 @@ import pytest
 import pytest_asyncio
 
 from bench.measure import bulk_finished
-from gateway.store.migrate import apply_migrations
 from gateway.store.sql import janitor as janitor_sql
 from gateway.store.sql import tasks as task_sql
-from tests.conftest import _create_database, _drop_database, _with_database
-from tests.integration.test_claim_explain import MODES, describe, explain, task_scans, walk
+from tests.support.databases import temporary_database_sync
+from tests.support.plans import MODES, describe, explain, task_scans, walk
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -35,8 +32,8 @@ OTHERS = 2_000
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def loaded(fresh_database_url_module: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(fresh_database_url_module)
+async def loaded(module_database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(module_database_url)
     try:
         await bulk_finished(conn, "big", HISTORY)
         await conn.execute(
@@ -89,14 +86,10 @@ async def loaded(fresh_database_url_module: str) -> AsyncIterator[asyncpg.Connec
 
 
 @pytest.fixture(scope="module")
-def fresh_database_url_module(pg_admin_url: str) -> Iterator[str]:
+def module_database_url(pg_admin_url: str) -> Iterator[str]:
     """A migrated database for this module, dropped after it."""
-    name = "gwtest_" + secrets.token_hex(6)
-    asyncio.run(_create_database(pg_admin_url, name))
-    url = _with_database(pg_admin_url, name)
-    asyncio.run(apply_migrations(url, log=lambda _line: None))
-    yield url
-    asyncio.run(_drop_database(pg_admin_url, name))
+    with temporary_database_sync(pg_admin_url) as url:
+        yield url
 
 
 def scans_of(nodes: list[dict[str, Any]], table: str) -> list[dict[str, Any]]:

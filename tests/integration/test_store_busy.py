@@ -14,7 +14,7 @@ import pytest
 from gateway.errors import DatabaseBusy, NotFound, StoreUnavailable
 from gateway.metrics import Metrics
 from gateway.store import Store
-from tests.harness import TOKEN, make_settings, running_gateway
+from tests.support.gateways import TOKEN, make_settings, running_gateway
 from tests.support.metrics import sample
 
 pytestmark = pytest.mark.integration

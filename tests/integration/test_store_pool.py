@@ -4,25 +4,14 @@ per request), but never a transaction left open for the next borrower."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
 
 from gateway.errors import NotFound
-from gateway.metrics import Metrics
 from gateway.store import Store
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    # One connection, so that every call below borrows the same one.
-    s = Store(database_url, Metrics(), min_size=1, max_size=1)
-    await s.open()
-    yield s
-    await s.close()
 
 
 async def test_a_returned_connection_costs_no_reset_query(store: Store, runtime_id: str) -> None:

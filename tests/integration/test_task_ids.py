@@ -16,8 +16,8 @@ import orjson
 import pytest
 
 from gateway.store import Store
-from tests.integration.test_enqueue_round_trips import item, store  # noqa: F401  (a fixture)
 from tests.support.databases import fetch
+from tests.support.stores import enqueue_request
 
 pytestmark = pytest.mark.integration
 
@@ -43,13 +43,13 @@ async def assert_time_ordered(database_url: str, ids: list[str]) -> None:
 
 
 async def test_a_single_enqueue_gets_a_time_ordered_id(
-    store: Store,  # noqa: F811
+    store: Store,
     database_url: str,
     runtime_id: str,
 ) -> None:
-    first, _ = await store.enqueue(runtime_id, item(PAYLOAD))
+    first, _ = await store.enqueue(runtime_id, enqueue_request(PAYLOAD))
     await asyncio.sleep(0.005)
-    second, _ = await store.enqueue(runtime_id, item(PAYLOAD))
+    second, _ = await store.enqueue(runtime_id, enqueue_request(PAYLOAD))
     await assert_time_ordered(database_url, [str(first.id), str(second.id)])
     # Ids made milliseconds apart sort in the order they were made, as text and as uuid.
     assert str(first.id) < str(second.id)
@@ -57,25 +57,30 @@ async def test_a_single_enqueue_gets_a_time_ordered_id(
 
 
 async def test_a_task_leased_at_enqueue_gets_a_time_ordered_id(
-    store: Store,  # noqa: F811
+    store: Store,
     database_url: str,
     runtime_id: str,
 ) -> None:
     # Sync match: the gateway chooses the id, so that it can name the lease's task.
-    row, created = await store.enqueue(runtime_id, item(PAYLOAD), lease=("worker-1", 30.0))
+    row, created = await store.enqueue(
+        runtime_id, enqueue_request(PAYLOAD), lease=("worker-1", 30.0)
+    )
     assert created and row.status == "claimed"
     await assert_time_ordered(database_url, [str(row.id)])
 
 
 @pytest.mark.parametrize("keyed", [False, True], ids=["keyless", "with keys"])
 async def test_a_batch_gets_time_ordered_ids(
-    store: Store,  # noqa: F811
+    store: Store,
     database_url: str,
     runtime_id: str,
     keyed: bool,
 ) -> None:
     # Without keys Postgres's default makes the ids; with keys, the gateway does.
-    reqs = [item(PAYLOAD, idempotency_key=f"k{i}") if keyed else item(PAYLOAD) for i in range(50)]
+    reqs = [
+        enqueue_request(PAYLOAD, idempotency_key=f"k{i}") if keyed else enqueue_request(PAYLOAD)
+        for i in range(50)
+    ]
     answer, _ = await store.enqueue_batch(runtime_id, reqs, ids_only=True)
     ids = [task["id"] for task in orjson.loads(answer)]
     assert len(set(ids)) == 50

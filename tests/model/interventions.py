@@ -15,7 +15,7 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from gateway.redis.keys import Keys, keys_for
-from tests.harness import Instance
+from tests.support.gateways import Instance
 
 from .model import LONG_AGO, Model, Task
 

@@ -23,8 +23,8 @@ import redis.asyncio as aioredis
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from tests.harness import make_settings, running_gateway
 from tests.support.databases import migrate
+from tests.support.gateways import make_settings, running_gateway
 
 from .interventions import Env
 from .machine import GatewayMachine

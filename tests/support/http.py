@@ -1,4 +1,4 @@
-"""Requests to a running gateway (a `tests.harness.Instance`) and their answers."""
+"""Requests to a running gateway (a `tests.support.gateways.Instance`) and their answers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from tests.harness import TOKEN, Instance
+from tests.support.gateways import TOKEN, Instance
 
 
 @dataclass

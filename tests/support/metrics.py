@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 from gateway.metrics import Metrics
 
 if TYPE_CHECKING:
-    from tests.harness import Instance
+    from tests.support.gateways import Instance
 
 
 def sample(source: Instance | Metrics | CollectorRegistry, name: str, **labels: str) -> float:

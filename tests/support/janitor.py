@@ -1,10 +1,12 @@
-"""Helpers shared by the janitor tests (tests/integration/test_janitor_*.py).
+"""The janitor as its tests drive it: settings with the background loop quiet, so that a
+test's own `janitor.run_once()` passes are the only ones, and rows made to look old
+(leases lapsed, tasks claimable for a while, bumps lost) so that a pass has work.
 
-This module holds no tests. The janitor works on the whole task table, not on one
-runtime, so most janitor tests run against a freshly migrated database of their own
-(the `own_database_url` fixture of tests/integration/conftest.py): a pass's counts
-(`PassReport.reclaimed`, `.expired`, `.purged`, `.repaired`) are then exact, and
-leadership (a per-database advisory lock) is not shared with other tests' gateways.
+The janitor works on the whole task table, not on one runtime, so most janitor tests
+run against a freshly migrated database of their own (the `own_database_url` fixture
+of tests/conftest.py): a pass's counts (`PassReport.reclaimed`, `.expired`, `.purged`,
+`.repaired`) are then exact, and leadership (a per-database advisory lock) is not
+shared with other tests' gateways.
 """
 
 from __future__ import annotations
@@ -15,15 +17,11 @@ from typing import Any
 
 import asyncpg
 
-from gateway.api.requests import parse_enqueue
 from gateway.settings import Settings
-from tests.harness import Instance, make_settings
 from tests.support.databases import execute, fetch
+from tests.support.gateways import JANITOR_OFF, Instance, make_settings
+from tests.support.stores import enqueue_request
 from tests.support.waiting import wait_until
-
-# A janitor interval long enough that the loop's first pass (run at start) is the only
-# background one during a test; the test then drives `run_once()` itself.
-JANITOR_OFF = 3600.0
 
 
 def janitor_settings(database_url: str, redis_url: str, prefix: str, **overrides: Any) -> Settings:
@@ -82,8 +80,7 @@ async def empty_verdict(inst: Instance, runtime: str, within: float = 3.0) -> No
 async def enqueue_without_bump(inst: Instance, runtime: str, payload: Any, **fields: Any) -> str:
     """Insert a task the way the enqueue route does, minus `announce`: exactly what a
     version bump lost to a Redis fault after the commit leaves behind. Returns its id."""
-    req = parse_enqueue({"payload": payload, **fields}, None, 1_000_000)
-    row, created = await inst.gateway.store.enqueue(runtime, req)
+    row, created = await inst.gateway.store.enqueue(runtime, enqueue_request(payload, **fields))
     assert created
     return str(row.id)
 

@@ -1,20 +1,18 @@
-"""Helpers for the token, webhook and isolation tests: credentials made through the
-admin API, Standard Webhooks deliveries signed by the reference library, and table
-snapshots. Holds no tests."""
+"""Credentials for the token, webhook and isolation tests: tokens and webhook secrets
+made through the admin API, Standard Webhooks deliveries signed by the reference
+library, and snapshots of the tables a refused request must leave as they were."""
 
 from __future__ import annotations
 
-import asyncio
 import secrets
-import time
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 from standardwebhooks.webhooks import Webhook
 
-from tests.harness import Instance
+from tests.support.databases import rows
+from tests.support.gateways import Instance
 from tests.support.http import Resp, req
 
 
@@ -96,16 +94,6 @@ async def deliver(
     return await req(inst, "POST", path, raw=raw, headers=sent, auth=None)
 
 
-async def rows(inst: Instance, query: str, *args: Any) -> list[dict[str, Any]]:
-    """Rows straight from Postgres, through the instance's own pool; jsonb values (which
-    the pool hands over as orjson.Fragment, comparable only by identity) as their text."""
-    found = await inst.gateway.store.run(lambda c: c.fetch(query, *args))
-    return [
-        {k: orjson.dumps(v) if isinstance(v, orjson.Fragment) else v for k, v in r.items()}
-        for r in found
-    ]
-
-
 async def snapshot(inst: Instance, runtime_prefix: str) -> dict[str, list[dict[str, Any]]]:
     """Every column of every row of the credentials and runtime controls tables, and of
     the tasks of runtimes named `runtime_prefix`...: the tasks table is shared by the
@@ -125,13 +113,3 @@ async def snapshot(inst: Instance, runtime_prefix: str) -> dict[str, list[dict[s
             )
         },
     }
-
-
-async def within(seconds: float, check: Callable[[], Awaitable[bool]], every: float = 0.1) -> float:
-    """Seconds until `check()` holds; fails the test after `seconds`."""
-    started = time.monotonic()
-    while not await check():
-        if time.monotonic() - started > seconds:
-            raise AssertionError(f"still not true after {seconds} s")
-        await asyncio.sleep(every)
-    return time.monotonic() - started

@@ -1,18 +1,17 @@
-"""Raw-socket helpers for the tests of hostile connections and answers: a gateway
-with a short read deadline, one TCP connection, and hand-written requests."""
+"""Raw TCP connections to a gateway, for the tests of hostile connections and answers:
+one connection (`Conn`), hand-written requests and the answers read off the socket, and
+the settings of a gateway whose read deadline is short enough to see it cut them."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import secrets
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
 from bench.hostile import answer_size as answer_size  # one parser, shared with the bench
-from tests.harness import TOKEN, Instance, make_settings, running_gateway
+from tests.support.gateways import TOKEN, Instance
 from tests.support.metrics import sample
 
 READ_TIMEOUT = 1.0
@@ -20,19 +19,13 @@ MARGIN = 2.0  # for a loaded machine; the cut itself is a timer, not a poll
 AUTH = f"Authorization: Bearer {TOKEN}\r\n"
 
 
-@contextlib.asynccontextmanager
-async def short_deadline_gateway(database_url: str, redis_url: str) -> AsyncIterator[Instance]:
-    """A gateway whose read (and write) deadline is READ_TIMEOUT, janitor quiet."""
-    prefix = "gwt" + secrets.token_hex(4)
-    settings = make_settings(
-        database_url,
-        redis_url,
-        prefix,
-        read_timeout_seconds=READ_TIMEOUT,
-        janitor_interval_seconds=3600,
-    )
-    async with running_gateway(settings) as inst:
-        yield inst
+# The options of `gateway(...)` (tests/support/gateways.py) for a gateway whose read (and
+# write) deadline is READ_TIMEOUT, its janitor quiet, called through running_gateway's
+# pooled session: the `gw` of the modules that cut connections.
+SHORT_DEADLINE: dict[str, Any] = {
+    "read_timeout_seconds": READ_TIMEOUT,
+    "connection_per_request": False,
+}
 
 
 @dataclass

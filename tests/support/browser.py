@@ -1,6 +1,6 @@
 """A real Chromium (Debian's `chromium`, never a downloaded one) driven by Playwright,
-and a `gateway serve` process for it to talk to. Holds no tests; used by
-test_console_browser.py and by `python -m tests.e2e.console_screenshots`."""
+and the gateway's API as a given bearer token (`Api`), for the console's browser test
+(tests/e2e/test_console_browser.py) and `python -m tests.e2e.console_screenshots`."""
 
 from __future__ import annotations
 

@@ -1,25 +1,15 @@
-"""Shared helpers for the lifecycle e2e tests (design sections 4 and 5).
-
-This module holds no tests. It is named test_lifecycle_* only because the lifecycle
-suite may only add files under that name; the other test_lifecycle_* modules import it.
-
-Each module runs one gateway for all its tests (a module-scoped fixture on the
-module's event loop); tests isolate by runtime id. A janitor pass touches the whole
-database, so tests check the state of their own tasks, not the pass's counts.
+"""A task's life through the HTTP API, as the e2e tests drive and check it: enqueue,
+claim, lease operations and listings, each asserting its answer's status; RFC 9457
+problem answers and RFC 3339 times checked as design sections 4 and 5 require.
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
-import secrets
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
-
-from tests.harness import Instance, make_settings, running_gateway
+from tests.support.gateways import Instance
 from tests.support.http import Resp, req
 
 # RFC 3339 UTC with microseconds and a Z, as design section 5 requires.
@@ -28,23 +18,6 @@ UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]
 STATUSES = ("queued", "claimed", "completed", "dead", "expired", "cancelled")
 UNKNOWN_TASK = "00000000-0000-4000-8000-000000000000"
 RANDOM_LEASE = "11111111-2222-4333-8444-555555555555"
-
-
-@contextlib.asynccontextmanager
-async def gateway(database_url: str, redis_url: str, **overrides: Any) -> AsyncIterator[Instance]:
-    """A gateway with a Redis prefix of its own, whose janitor runs once at start-up and
-    then not for an hour, so that a test decides when the janitor passes
-    (`inst.gateway.janitor.run_once()`).
-
-    Its HTTP session opens a connection per request: a server that closes a connection
-    after an error answer must not break the next test's request on a pooled socket."""
-    overrides.setdefault("janitor_interval_seconds", 3600)
-    prefix = "gwt" + secrets.token_hex(4)
-    settings = make_settings(database_url, redis_url, prefix, **overrides)
-    async with running_gateway(settings) as gw:
-        connector = aiohttp.TCPConnector(limit=500, force_close=True)
-        async with aiohttp.ClientSession(connector=connector) as http:
-            yield Instance(gw.url, gw.gateway, http)
 
 
 def assert_problem(

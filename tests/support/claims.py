@@ -1,7 +1,7 @@
-"""Helpers shared by the claim-path integration tests (tests/integration/test_claim_*.py).
-
-They read the app's own Prometheus counters, wait for a runtime's pollers to settle,
-time claim requests, and read task rows straight from Postgres.
+"""The claim path as its tests watch it (tests/integration/test_claim_*.py and the Redis
+deployment tests): the app's own counters of claims and verdict reads, waiting for a
+runtime's parked polls and pump to settle, timed claim requests, and a runtime's task
+rows straight from Postgres.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 import asyncpg
 
-from tests.harness import Instance
 from tests.support.databases import fetch
+from tests.support.gateways import Instance
 from tests.support.metrics import sample
 from tests.support.waiting import wait_until
 
