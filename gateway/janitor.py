@@ -196,9 +196,10 @@ class Janitor:
         verdict says empty lost a bump, or had a row skipped by a claim in the instant
         a lease operation re-checked it: one that began while its lease held the task
         and waited for the reclaim that queued it again keeps the row locked until its
-        statement ends (queries._LEASE_HELD, _BATCH_HELD). Bump them. The others get a
-        wake-up publish: if a poll is parked on them, it missed one (a publish lost
-        while the bump landed), and it re-checks; if none is, nobody listens.
+        statement ends (store/sql: leases._LEASE_HELD, acks._BATCH_HELD). Bump them.
+        The others get a wake-up publish: if a poll is parked on them, it missed one (a
+        publish lost while the bump landed), and it re-checks; if none is, nobody
+        listens.
 
         The walk visits at most REPAIR_PAGES_PER_PASS pages of janitor_batch_size
         runtimes with a queued task per pass, and goes on from there at the next pass:

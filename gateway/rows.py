@@ -15,7 +15,7 @@ from .errors import GatewayError
 
 @dataclass(frozen=True, slots=True)
 class TaskRow:
-    """One task as stored (queries.TASK_COLUMNS). `status` is the effective status: a
+    """One task as stored (store/sql/fragments.TASK_COLUMNS). `status` is the effective status: a
     queued task past `expires_at` reads as expired. `payload` and `result` are stored
     JSON, kept verbatim (an orjson.Fragment from the jsonb codec)."""
 

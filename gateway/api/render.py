@@ -84,7 +84,7 @@ def render_task_or_stub(row: TaskRow) -> orjson.Fragment:
 
 def task_ref_json(task_id: uuid.UUID) -> str:
     """A task's reference, `{"id":"<uuid>"}`: all an enqueue answers of a task under
-    `Prefer: return=minimal` (queries.TASK_REF_JSON writes the same in Postgres)."""
+    `Prefer: return=minimal` (store/sql/tasks.TASK_REF_JSON writes the same in Postgres)."""
     return f'{{"id":"{task_id}"}}'
 
 

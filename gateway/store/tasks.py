@@ -118,7 +118,7 @@ class TaskStatements(StoreBase):
         ValidationFailed(code idempotency_key_reused). Concurrent first requests with
         one key make one task: the unique index arbitrates.
 
-        `lease`: (worker_id, lease_seconds) of a parked poll (sync match, claim.py): a
+        `lease`: (worker_id, lease_seconds) of a parked poll (sync match, claim/claimer.py): a
         task due now is written already leased to it (status `claimed`). If that fails
         with StoreUnavailable, the task may have been written all the same (an answer
         lost after the commit): it is given back to the queue before the error goes up,

@@ -72,9 +72,9 @@ RETURNING paused AND (paused_until IS NULL OR paused_until > clock_timestamp()) 
           max_in_flight, claims_per_second, tokens
 """
 
-# The runtime's tasks leased now. A statement of its own, after CONTROLS_LOCK: its
+# The runtime's tasks leased now. A statement of its own, after CONTROLS_REFILL: its
 # snapshot is taken once the lock is held, so it sees the leases of the claim that held
-# the lock before (a subquery of CONTROLS_LOCK would use the snapshot from before the
+# the lock before (a subquery of CONTROLS_REFILL would use the snapshot from before the
 # wait). An index-only scan of tasks_live_idx: its cost follows max_in_flight.
 CONTROLS_IN_FLIGHT = """
 SELECT count(*) AS n FROM tasks WHERE runtime_id = $1 AND status = 'claimed'

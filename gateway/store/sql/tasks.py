@@ -28,7 +28,7 @@ RETURNING {TASK_COLUMNS}, request_hash
 """
 
 # ENQUEUE for a task due now, written already leased to a poll parked on this instance
-# (sync match, claim.py) as leases.CLAIM would lease it: one attempt, the poll's worker and
+# (sync match, claim/claimer.py) as leases.CLAIM would lease it: one attempt, the poll's worker and
 # lease length ($8, $9). The task and lease ids ($10, $11) come from the caller, so
 # that an enqueue whose answer is lost can give the task back (UNCLAIM_LEASE). No task
 # becomes claimable, so no bump follows (I1).
@@ -65,17 +65,17 @@ TASK_RUNTIME = "SELECT runtime_id FROM tasks WHERE id = $1"
 
 
 def _json_time(column: str) -> str:
-    """SQL for a timestamptz column as models.format_time writes it, quoted, or null."""
+    """SQL for a timestamptz column as api/render.format_time writes it, quoted, or null."""
     spelled = f"""to_char({column} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
     return f"""COALESCE('"' || {spelled} || '"', 'null')"""
 
 
-# A new task's JSON object, byte for byte what models.task_bytes makes of the row (a
+# A new task's JSON object, byte for byte what api/render.task_bytes makes of the row (a
 # new task is never claimed, completed or failed, so only TASK_FIELDS appear), written
 # by Postgres in the INSERT's RETURNING: a batch's answer then costs the gateway one
 # text column per task instead of seventeen decoded ones, a row object and a render.
 # The payload is the text Postgres writes for the jsonb, as every answer embeds it.
-# tests/integration/test_enqueue_round_trips.py holds it to models.task_bytes.
+# tests/integration/test_enqueue_round_trips.py holds it to api/render.task_bytes.
 NEW_TASK_JSON = (
     """'{"id":"' || id || '","runtime_id":' || to_json(runtime_id) || ',"status":"' || """
     f"""({EFFECTIVE_STATUS}) || '","priority":' || priority || ',"payload":' || payload::text """
