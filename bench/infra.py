@@ -131,29 +131,41 @@ def with_database(url: str, name: str) -> str:
     return urlunsplit(parts._replace(path="/" + name))
 
 
-@contextlib.asynccontextmanager
-async def fresh_database(
-    admin_url: str, prefix: str = "bench_", *, migrate: bool = True
-) -> AsyncIterator[str]:
-    """A new database `<prefix><random>` on the server, with the gateway's migrations
-    applied unless `migrate` is false (a peer's own schema); dropped afterwards."""
+async def create_database(admin_url: str, prefix: str = "gwtest_") -> str:
+    """A new empty database `<prefix><random>` on the server of `admin_url` (whose role
+    may create databases); returns its URL. The tests make theirs with it too."""
     name = prefix + secrets.token_hex(6)
     conn = await asyncpg.connect(admin_url, timeout=10)
     try:
         await conn.execute(f'CREATE DATABASE "{name}"')
     finally:
         await conn.close()
+    return with_database(admin_url, name)
+
+
+async def drop_database(admin_url: str, url: str) -> None:
+    """Drops the database of `url`, through `admin_url`, whoever is still connected."""
+    name = urlsplit(url).path.lstrip("/")
+    conn = await asyncpg.connect(admin_url, timeout=10)
     try:
-        url = with_database(admin_url, name)
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def fresh_database(
+    admin_url: str, prefix: str = "bench_", *, migrate: bool = True
+) -> AsyncIterator[str]:
+    """A new database `<prefix><random>` on the server, with the gateway's migrations
+    applied unless `migrate` is false (a peer's own schema); dropped afterwards."""
+    url = await create_database(admin_url, prefix)
+    try:
         if migrate:
             await apply_migrations(url, log=lambda _message: None)
         yield url
     finally:
-        conn = await asyncpg.connect(admin_url, timeout=10)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
+        await drop_database(admin_url, url)
 
 
 async def delete_redis_keys(redis_url: str, prefix: str) -> int:

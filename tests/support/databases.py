@@ -6,46 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import orjson
 
+from bench.infra import create_database, drop_database
 from gateway.store.migrate import apply_migrations
 
 if TYPE_CHECKING:
     from tests.support.gateways import Instance
-
-
-def with_database(url: str, name: str) -> str:
-    """`url` (a Postgres URL) naming the database `name` instead of its own."""
-    return urlunsplit(urlsplit(url)._replace(path="/" + name))
-
-
-async def create_database(admin_url: str, prefix: str = "gwtest_") -> str:
-    """A new empty database `<prefix><random>` on the server of `admin_url` (whose role
-    may create databases); returns its URL."""
-    name = prefix + secrets.token_hex(6)
-    conn = await asyncpg.connect(admin_url, timeout=10)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    return with_database(admin_url, name)
-
-
-async def drop_database(admin_url: str, url: str) -> None:
-    """Drops the database of `url`, through `admin_url`, whoever is still connected."""
-    name = urlsplit(url).path.lstrip("/")
-    conn = await asyncpg.connect(admin_url, timeout=10)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
 
 
 @contextlib.asynccontextmanager
