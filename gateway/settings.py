@@ -1,7 +1,8 @@
 """The gateway's configuration: one frozen object built from the environment.
 
 Every knob is read once, at start-up, and validated there; a bad value stops the
-process with a message naming the variable. Units are part of the names.
+process with a message naming the variable. Units are part of the names. Which
+variables there are, their defaults, bounds and meaning: gateway/environment.py.
 """
 
 from __future__ import annotations
@@ -12,59 +13,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from .errors import ConfigError
-
-MIN_ADMIN_TOKEN_CHARS = 32
-LOG_FORMATS = ("text", "json")
-MAX_JSON_DEPTH_LIMIT = 200
-REDIS_MODES = ("standalone", "cluster", "sentinel")
-# Connections of one process's command client (per node in a cluster). A call on the
-# claim path holds one for well under a millisecond, so 64 serve tens of thousands of
-# calls a second, four times the default GATEWAY_MAX_CONCURRENT_CLAIMS; and 150
-# processes, each with its pub/sub connection, stay under Redis's default maxclients
-# (10,000). A call beyond the bound waits for a connection (gateway/redis/slots.py).
-DEFAULT_REDIS_MAX_CONNECTIONS = 64
-MAX_REDIS_MAX_CONNECTIONS = 10_000  # Redis's default maxclients: more could never open
-
-# Every environment variable `Settings.from_env` reads, and no other: it refuses to
-# read a name missing here, so deployment checks can trust this list.
-ENV_NAMES = frozenset(
-    {
-        "DATABASE_URL",
-        "GATEWAY_DIRECT_DATABASE_URL",
-        "REDIS_URL",
-        "GATEWAY_ADMIN_TOKEN",
-        "GATEWAY_AUTH",
-        "GATEWAY_CACHE",
-        "GATEWAY_REDIS_PREFIX",
-        "GATEWAY_EMPTY_TTL_SECONDS",
-        "GATEWAY_VERSION_TTL_SECONDS",
-        "GATEWAY_REDIS_TIMEOUT_MS",
-        "GATEWAY_REDIS_MAX_CONNECTIONS",
-        "GATEWAY_MAX_WAIT_SECONDS",
-        "GATEWAY_DEFAULT_LEASE_SECONDS",
-        "GATEWAY_MAX_PAYLOAD_BYTES",
-        "GATEWAY_MAX_BODY_BYTES",
-        "GATEWAY_JANITOR_INTERVAL_SECONDS",
-        "GATEWAY_RETENTION_SECONDS",
-        "GATEWAY_DEAD_RETENTION_SECONDS",
-        "GATEWAY_MAX_CONCURRENT_CLAIMS",
-        "GATEWAY_MAX_QUEUED_CLAIMS",
-        "GATEWAY_DB_POOL_MAX",
-        "GATEWAY_DB_ACQUIRE_TIMEOUT_MS",
-        "GATEWAY_DB_STATEMENT_CACHE_SIZE",
-        "GATEWAY_SHUTDOWN_GRACE_SECONDS",
-        "GATEWAY_MAX_JSON_DEPTH",
-        "GATEWAY_READ_TIMEOUT_SECONDS",
-        "GATEWAY_MAX_PARKED_POLLS",
-        "GATEWAY_DEGRADED_POLL_SECONDS",
-        "GATEWAY_LOG_FORMAT",
-        "GATEWAY_REDIS_MODE",
-        "GATEWAY_REDIS_SENTINEL_MASTER",
-        "GATEWAY_NEAR_CACHE",
-        "GATEWAY_SYNC_MATCH",
-    }
+from .environment import (
+    DEFAULT_REDIS_MAX_CONNECTIONS as DEFAULT_REDIS_MAX_CONNECTIONS,
 )
+from .environment import ENV_NAMES as ENV_NAMES
+from .environment import LOG_FORMATS as LOG_FORMATS
+from .environment import MAX_JSON_DEPTH_LIMIT, MIN_ADMIN_TOKEN_CHARS, REDIS_MODES, VARIABLES
+from .errors import ConfigError
 
 
 def _mask_url(url: str | None) -> str | None:
@@ -164,60 +119,7 @@ class Settings:
         Raises ConfigError naming the first bad variable.
         """
         env = _Listed(os.environ if env is None else env)
-        values: dict[str, object] = {
-            "database_url": env.get("DATABASE_URL") or None,
-            "direct_database_url": env.get("GATEWAY_DIRECT_DATABASE_URL") or None,
-            "redis_url": env.get("REDIS_URL") or None,
-            "admin_token": env.get("GATEWAY_ADMIN_TOKEN") or None,
-            "auth_enabled": _switch(env, "GATEWAY_AUTH", True),
-            "cache_enabled": _switch(env, "GATEWAY_CACHE", True),
-            "redis_prefix": env.get("GATEWAY_REDIS_PREFIX", "gw"),
-            "redis_mode": (env.get("GATEWAY_REDIS_MODE") or "standalone").strip().lower(),
-            "redis_sentinel_master": env.get("GATEWAY_REDIS_SENTINEL_MASTER") or None,
-            "empty_ttl_seconds": _number(env, "GATEWAY_EMPTY_TTL_SECONDS", 30.0, 0.1, 86400),
-            "version_ttl_seconds": _integer(
-                env, "GATEWAY_VERSION_TTL_SECONDS", 7 * 24 * 3600, 60, 365 * 86400
-            ),
-            "redis_timeout_ms": _integer(env, "GATEWAY_REDIS_TIMEOUT_MS", 250, 1, 60_000),
-            "redis_max_connections": _integer(
-                env,
-                "GATEWAY_REDIS_MAX_CONNECTIONS",
-                DEFAULT_REDIS_MAX_CONNECTIONS,
-                1,
-                MAX_REDIS_MAX_CONNECTIONS,
-            ),
-            "max_wait_seconds": _number(env, "GATEWAY_MAX_WAIT_SECONDS", 60.0, 0, 3600),
-            "default_lease_seconds": _integer(env, "GATEWAY_DEFAULT_LEASE_SECONDS", 60, 1, 3600),
-            "max_payload_bytes": _integer(env, "GATEWAY_MAX_PAYLOAD_BYTES", 1_048_576, 1, 1 << 30),
-            "max_body_bytes": _integer(env, "GATEWAY_MAX_BODY_BYTES", 16_777_216, 1, 1 << 31),
-            "janitor_interval_seconds": _number(
-                env, "GATEWAY_JANITOR_INTERVAL_SECONDS", 5.0, 0.05, 3600
-            ),
-            "retention_seconds": _number(
-                env, "GATEWAY_RETENTION_SECONDS", 7 * 86400, 0, 10 * 365 * 86400
-            ),
-            "dead_retention_seconds": _number(
-                env, "GATEWAY_DEAD_RETENTION_SECONDS", 30 * 86400, 0, 10 * 365 * 86400
-            ),
-            "max_concurrent_claims": _integer(env, "GATEWAY_MAX_CONCURRENT_CLAIMS", 16, 1, 10_000),
-            "max_queued_claims": _integer(env, "GATEWAY_MAX_QUEUED_CLAIMS", 1000, 0, 1_000_000),
-            "db_pool_max": _integer(env, "GATEWAY_DB_POOL_MAX", 20, 2, 1000),
-            "db_acquire_timeout_ms": _integer(
-                env, "GATEWAY_DB_ACQUIRE_TIMEOUT_MS", 5_000, 10, 600_000
-            ),
-            "db_statement_cache_size": _integer(
-                env, "GATEWAY_DB_STATEMENT_CACHE_SIZE", 100, 0, 100_000
-            ),
-            "shutdown_grace_seconds": _number(env, "GATEWAY_SHUTDOWN_GRACE_SECONDS", 25.0, 0, 3600),
-            # orjson writes at most ~254 levels: what is accepted must be answerable.
-            "max_json_depth": _integer(env, "GATEWAY_MAX_JSON_DEPTH", 64, 1, MAX_JSON_DEPTH_LIMIT),
-            "read_timeout_seconds": _number(env, "GATEWAY_READ_TIMEOUT_SECONDS", 30.0, 0.1, 3600),
-            "max_parked_polls": _integer(env, "GATEWAY_MAX_PARKED_POLLS", 10_000, 0, 10_000_000),
-            "degraded_poll_seconds": _number(env, "GATEWAY_DEGRADED_POLL_SECONDS", 1.0, 0.05, 60),
-            "log_format": _choice(env, "GATEWAY_LOG_FORMAT", LOG_FORMATS, "text"),
-            "near_cache_enabled": _switch(env, "GATEWAY_NEAR_CACHE", True),
-            "sync_match_enabled": _switch(env, "GATEWAY_SYNC_MATCH", True),
-        }
+        values: dict[str, object] = {v.field: v.read(env) for v in VARIABLES}
         values.update(overrides)
         settings = cls(**values)  # type: ignore[arg-type]
         settings.validate()
@@ -300,45 +202,3 @@ class _Listed(Mapping[str, str]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
-
-
-def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    value = raw.strip().lower()
-    if value in ("on", "true", "1", "yes"):
-        return True
-    if value in ("off", "false", "0", "no"):
-        return False
-    raise ConfigError(f"{name} must be 'on' or 'off', got {raw!r}")
-
-
-def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    value = raw.strip().lower()
-    if value not in choices:
-        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {raw!r}")
-    return value
-
-
-def _number(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return float(default)
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
-    if not low <= value <= high:
-        raise ConfigError(f"{name} must be between {low:g} and {high:g}, got {raw!r}")
-    return value
-
-
-def _integer(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
-    value = _number(env, name, default, low, high)
-    if value != int(value):
-        raise ConfigError(f"{name} must be a whole number, got {env.get(name)!r}")
-    return int(value)
