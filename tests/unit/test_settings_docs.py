@@ -1,12 +1,15 @@
 """Every environment variable the gateway reads is declared once and documented: the
-declarations (gateway/environment.py) are what Settings.from_env reads."""
+declarations (gateway/environment.py) are what Settings.from_env reads and what the
+configuration reference of the documentation site is written from."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib.util
 import re
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -16,6 +19,16 @@ from gateway.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "adm-7f3c9e1d2b4a5968-0123456789abcdef"
+
+
+def reference() -> ModuleType:
+    """The site's build hook (docs/hooks/reference.py), which writes the page."""
+    path = ROOT / "docs" / "hooks" / "reference.py"
+    spec = importlib.util.spec_from_file_location("docs_reference", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class _Recording(dict[str, str]):
@@ -106,3 +119,23 @@ def test_the_server_reads_no_undeclared_variable() -> None:
 def test_the_check_sees_a_read() -> None:
     source = 'import os\nos.environ.get("GATEWAY_NOPE")\nos.environ["REDIS_URL"]\n'
     assert _names_read_in(source) == {"GATEWAY_NOPE", "REDIS_URL"}
+
+
+def test_the_reference_page_documents_every_variable_and_no_other() -> None:
+    page = reference().configuration_page()
+    sections = re.findall(r"^## `([A-Z0-9_]+)`", page, re.MULTILINE)
+    assert sorted(sections) == sorted(ENV_NAMES)
+    for v in VARIABLES:
+        body = page.split(f"## `{v.name}`", 1)[1].split("\n## ", 1)[0]
+        assert v.doc.split("(")[0].strip() in body, v.name
+    empty_ttl = page.split("## `GATEWAY_EMPTY_TTL_SECONDS`", 1)[1].split("\n## ", 1)[0]
+    assert "Default: `30`. Values: 0.1 to 86400 seconds." in empty_ttl
+    assert "`standalone`, `cluster`, `sentinel`" in page
+
+
+def test_the_reference_links_resolve_from_its_folder() -> None:
+    page = reference().configuration_page()
+    for target in re.findall(r"\]\(([^)#]+)", page):
+        if not target.startswith(("http:", "https:")):
+            resolved = (ROOT / "docs" / "reference" / target).resolve()
+            assert resolved.is_file(), target
