@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -51,6 +52,28 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert build.returncode == 0, build.stdout + build.stderr
     return out
+
+
+# A script, stylesheet, image or frame fetched from elsewhere (a CDN, web fonts).
+REMOTE = re.compile(
+    r"<(?:script|img|iframe)[^>]+src=\"(?:https?:)?//|<link[^>]+href=\"(?:https?:)?//"
+)
+
+
+def test_no_page_loads_anything_from_elsewhere(site: Path) -> None:
+    # The site must work offline and tell no third party who reads it.
+    remote = {}
+    for page in sorted(site.rglob("*.html")):
+        found = REMOTE.findall(page.read_text())
+        if found:
+            remote[str(page.relative_to(site))] = found
+    assert remote == {}
+
+
+def test_the_check_sees_a_remote_script() -> None:
+    assert REMOTE.search('<script src="https://unpkg.com/mermaid.min.js"></script>')
+    assert REMOTE.search('<link rel="stylesheet" href="//fonts.googleapis.com/css">')
+    assert not REMOTE.search('<script src="../assets/javascripts/bundle.js"></script>')
 
 
 class _Quiet(SimpleHTTPRequestHandler):
