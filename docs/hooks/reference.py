@@ -90,7 +90,51 @@ def api_page(doc: Mapping[str, Any]) -> str:
         out += [f"## {TAGS.get(tag, tag)}", ""]
         for method, path, operation in by_tag[tag]:
             out += _operation(method, path, operation, schemas)
+    out += ["## Schemas", "", "The bodies named above, field by field.", ""]
+    for name in sorted(schemas):
+        out += _schema_section(name, schemas[name])
     return "\n".join(out) + "\n"
+
+
+def _anchor(name: str) -> str:
+    return "schema-" + name.lower()
+
+
+def _schema_section(name: str, schema: Mapping[str, Any]) -> list[str]:
+    out = [f"### {name} {{#{_anchor(name)}}}", ""]
+    if schema.get("description"):
+        out += [_cell(schema["description"]), ""]
+    rows = _field_rows(schema)
+    if rows:
+        out += rows
+    elif not schema.get("description"):
+        out += [f"Value: {_value(schema)}.", ""]
+    return out
+
+
+def _field_rows(schema: Mapping[str, Any]) -> list[str]:
+    """A table of an object's fields; an array's items that are objects of their own are
+    shown as `field[].name` rows under it."""
+    properties = schema.get("properties", {})
+    if not properties:
+        return []
+    out = ["| field | required | value | meaning |", "|---|---|---|---|"]
+    out += _rows("", schema)
+    return [*out, ""]
+
+
+def _rows(prefix: str, schema: Mapping[str, Any]) -> list[str]:
+    needed = set(schema.get("required", []))
+    out = []
+    for field, spec in schema.get("properties", {}).items():
+        out.append(
+            f"| `{prefix}{field}` | {'yes' if field in needed else 'no'} | {_value(spec)} "
+            f"| {_cell(spec.get('description', ''))} |"
+        )
+        items = spec.get("items", {})
+        if spec.get("type") == "array" and "properties" in items and not prefix:
+            out += _rows(f"{prefix}{field}[].", items)
+    return out
 
 
 def _operation(
@@ -140,16 +184,7 @@ def _request_body(body: Mapping[str, Any], schemas: Mapping[str, Any]) -> list[s
     out = [f"**Request body** ({required}, `{kind}`): {name}", ""]
     if schema.get("description"):
         out += [schema["description"], ""]
-    properties = schema.get("properties", {})
-    if properties:
-        needed = set(schema.get("required", []))
-        out += ["| field | required | value | meaning |", "|---|---|---|---|"]
-        for field, spec in properties.items():
-            out.append(
-                f"| `{field}` | {'yes' if field in needed else 'no'} | {_value(spec)} "
-                f"| {_cell(spec.get('description', ''))} |"
-            )
-        out.append("")
+    out += _field_rows(schema)
     return out
 
 
@@ -159,13 +194,17 @@ def _resolve(schema: Mapping[str, Any], schemas: Mapping[str, Any]) -> Mapping[s
 
 
 def _schema_name(schema: Mapping[str, Any]) -> str:
-    ref = schema.get("$ref") or next(
-        (s.get("$ref") for s in schema.get("allOf", []) if "$ref" in s), ""
-    )
-    if ref:
-        return f"`{ref.rsplit('/', 1)[1]}`"
-    if schema.get("type") == "array" and "$ref" in schema.get("items", {}):
-        return f"array of `{schema['items']['$ref'].rsplit('/', 1)[1]}`"
+    """The named schema(s) a body is: `Task`, `TaskList` or `TaskRefList`, array of `X`."""
+    if "$ref" in schema:
+        name = schema["$ref"].rsplit("/", 1)[1]
+        return f"[`{name}`](#{_anchor(name)})"
+    for key, joint in (("allOf", " "), ("oneOf", " or "), ("anyOf", " or ")):
+        names = [_schema_name(s) for s in schema.get(key, [])]
+        if any(names):
+            return joint.join(n for n in names if n)
+    if schema.get("type") == "array":
+        inner = _schema_name(schema.get("items", {}))
+        return f"array of {inner}" if inner else ""
     return ""
 
 
@@ -173,12 +212,16 @@ def _value(schema: Mapping[str, Any]) -> str:
     """A field's type and bounds, in words: `integer, 1 to 100, default 1`."""
     if "$ref" in schema or "allOf" in schema:
         return _schema_name(schema) or "object"
-    kinds = schema.get("type", "any JSON value")
+    enum = schema.get("enum", [])
+    word = "string" if enum and all(isinstance(v, str) for v in enum) else "any JSON value"
+    kinds = schema.get("type", word)
     if isinstance(kinds, list):
         kinds = " or ".join(k for k in kinds if k != "null") + (
             " (or null)" if "null" in kinds else ""
         )
     parts = [_cell(str(kinds))]
+    if _schema_name(schema.get("items", {})):
+        parts.append(f"of {_schema_name(schema['items'])}")
     if "enum" in schema:
         parts.append("one of " + ", ".join(f"`{json.dumps(v)}`" for v in schema["enum"]))
     if "format" in schema:
