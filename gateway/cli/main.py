@@ -1,5 +1,5 @@
-"""The `gateway` command: serve, migrate, token, webhook-secret, and the client's work,
-enqueue and runtime. Server modules are imported when their command runs, so that the
+"""The `gateway` command: serve, migrate, doctor, token, webhook-secret, and the client's
+work, enqueue and runtime. Server modules are imported when their command runs, so that the
 client's commands load no more than the client does."""
 
 from __future__ import annotations
@@ -187,6 +187,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         if embedded is not None:
             embedded.stop()
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import cmd_doctor as run
+
+    return run(args)
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -398,6 +404,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="apply nothing; list pending migrations and exit 1 if there are any",
     )
     migrate.set_defaults(func=cmd_migrate)
+
+    doctor = sub.add_parser(
+        "doctor",
+        help="check the configuration and the servers it names, and explain what is wrong",
+        description=(
+            "Check what `gateway serve` would use: the settings (secrets masked), Postgres "
+            "(reachable, its version, the schema's migrations, a transaction pooler in "
+            "between), Redis in its mode (reachable, pub/sub, memory limit and eviction "
+            "policy), the clocks of this host, Postgres and Redis, and the admin token. "
+            "One line per check: ✓ fine, ⚠ works with a cost worth knowing, ✗ a problem. "
+            "Writes nothing. Exit codes: 0 no problem (warnings or not); 1 a problem."
+        ),
+    )
+    doctor.set_defaults(func=cmd_doctor)
     _add_credential_commands(sub)
     client_cli.add_commands(sub)
     return parser
