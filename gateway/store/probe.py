@@ -95,21 +95,28 @@ class Pooling:
     shares_backends: bool
 
 
-async def pooling(url: str) -> Pooling:
+async def pooling(url: str, attempts: int = 3) -> Pooling:
     """Opens two connections. The first ends a transaction and sits idle; the second
     then starts one. A transaction pooler hands the second the server connection the
     first just gave back (PgBouncer reuses the most recently released one), which a
-    direct connection never does: two clients, one backend pid."""
+    direct connection never does: two clients, one backend pid. Under load another
+    client may take that server connection first, so up to `attempts` tries."""
     first = await connect(url)
     try:
-        pid = await first.fetchval(sql.PROBE_BACKEND_PID, timeout=PROBE_TIMEOUT_SECONDS)
         seen_port = await first.fetchval(sql.PROBE_CLIENT_PORT, timeout=PROBE_TIMEOUT_SECONDS)
         sockname = first._transport.get_extra_info("sockname")
         own_port = sockname[1] if isinstance(sockname, tuple) else None
         second = await connect(url)
         try:
-            async with second.transaction():
-                other = await second.fetchval(sql.PROBE_BACKEND_PID, timeout=PROBE_TIMEOUT_SECONDS)
+            shared = False
+            for _ in range(attempts):
+                pid = await first.fetchval(sql.PROBE_BACKEND_PID, timeout=PROBE_TIMEOUT_SECONDS)
+                async with second.transaction():
+                    other = await second.fetchval(
+                        sql.PROBE_BACKEND_PID, timeout=PROBE_TIMEOUT_SECONDS
+                    )
+                if shared := other == pid:
+                    break
         finally:
             await second.close()
     except DRIVER_ERRORS as exc:
@@ -117,7 +124,7 @@ async def pooling(url: str) -> Pooling:
     finally:
         await first.close()
     proxied = None if own_port is None or seen_port is None else seen_port != own_port
-    return Pooling(proxied=proxied, shares_backends=other == pid)
+    return Pooling(proxied=proxied, shares_backends=shared)
 
 
 async def clock_offset_seconds(conn: asyncpg.Connection) -> float:
