@@ -11,6 +11,7 @@ from typing import Any
 
 from . import bodies
 from .bodies import CONTROLS_BODY, MAX_PAUSE_REASON
+from .credential_bodies import SCOPE_SCHEMA
 from .decode import RUNTIME_ID_RE
 from .render import LEASE_FIELDS, TASK_FIELDS
 
@@ -47,51 +48,96 @@ _PAUSE_DETAILS: dict[str, Any] = {
 }
 
 
-def _tasks(extra: Mapping[str, Any] | None = None, item: str = "Task") -> dict[str, Any]:
-    properties = {"tasks": {"type": "array", "items": {"$ref": f"#/components/schemas/{item}"}}}
-    properties.update(extra or {})
+def _ref(name: str, **siblings: Any) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}", **siblings}
+
+
+def _tasks(
+    description: str, item: str, extra: Mapping[str, Any] | None = None, min_items: int = 0
+) -> dict[str, Any]:
+    tasks: dict[str, Any] = {"type": "array", "items": _ref(item)}
+    if min_items:
+        tasks["minItems"] = min_items
+    properties = {"tasks": tasks, **(extra or {})}
     return {
         "type": "object",
+        "description": description,
         "required": list(properties),
         "properties": properties,
         "additionalProperties": False,
     }
 
 
+def _bare(field: str) -> dict[str, Any]:
+    """An enqueue field's bounds as a task shows them: no default, no request wording."""
+    schema = bodies.ENQUEUE_BODY[field].json_schema({}, nullable=False)
+    del schema["description"]
+    return schema
+
+
+_TASK_PROPERTIES: dict[str, Any] = {
+    "id": UUID_SCHEMA,
+    "runtime_id": {"type": "string", "pattern": RUNTIME_ID_RE.pattern},
+    "status": _ref("TaskStatus"),
+    "priority": {**_bare("priority"), "description": "Higher is claimed first."},
+    "payload": {"description": "As enqueued, exactly; null in a stub."},
+    "attempts": {**_COUNT, "description": "Claims so far."},
+    "max_attempts": {**_bare("max_attempts"), "description": "Claims allowed."},
+    "run_at": TIME_SCHEMA,
+    "expires_at": {**TIME_SCHEMA, "type": ["string", "null"]},
+    "created_at": TIME_SCHEMA,
+    "updated_at": TIME_SCHEMA,
+    "lease_id": {**UUID_SCHEMA, "description": "Present while claimed."},
+    "lease_expires_at": {**TIME_SCHEMA, "description": "Present while claimed."},
+    "worker_id": {"type": "string", "description": "Who holds the lease; present while claimed."},
+    "cancel_requested": {
+        "type": "boolean",
+        "description": "Cancelled while claimed: it ends cancelled when reported. Present "
+        "while claimed.",
+    },
+    "result": {"description": "Present once completed: what complete sent, or null."},
+    "last_error": {"type": "string", "description": "The last failure's error."},
+    "render_error": {
+        "type": "string",
+        "description": "Present only on a stub: a stored task that cannot be shown "
+        "whole, given without its payload and result, says why here.",
+    },
+}
+_TASK_EXAMPLE = {
+    "id": "0196f2b0-43c1-7b5e-9d4a-1f3c2b8e6a01",
+    "runtime_id": "billing",
+    "status": "claimed",
+    "priority": 50,
+    "payload": {"invoice": 1042},
+    "attempts": 1,
+    "max_attempts": 5,
+    "run_at": "2026-11-25T21:02:03.000000Z",
+    "expires_at": None,
+    "created_at": "2026-11-25T21:02:03.000000Z",
+    "updated_at": "2026-11-25T21:02:04.512000Z",
+    "lease_id": "6a1d3c52-8f0e-4b7a-9c21-3e5f7d9b1a40",
+    "lease_expires_at": "2026-11-25T21:03:04.512000Z",
+    "worker_id": "billing-worker-1",
+    "cancel_requested": False,
+}
+
 SCHEMAS: dict[str, dict[str, Any]] = {
+    "TaskStatus": {
+        "type": "string",
+        "enum": list(bodies.STATUSES),
+        "description": "`queued` (waiting, or not yet due), `claimed` (under a lease), and "
+        "the ends: `completed`, `dead` (failed for good), `expired` (not claimed in time), "
+        "`cancelled`.",
+    },
+    "Scope": SCOPE_SCHEMA,
     "Task": {
         "type": "object",
         "description": "A task. While claimed it also shows its lease; once completed its "
         "result; after a failure the last error.",
         "required": list(TASK_FIELDS),
-        "properties": {
-            "id": UUID_SCHEMA,
-            "runtime_id": {"type": "string", "pattern": RUNTIME_ID_RE.pattern},
-            "status": {"enum": list(bodies.STATUSES)},
-            "priority": bodies.ENQUEUE_BODY["priority"].json_schema({}, nullable=False),
-            "payload": {"description": "As enqueued, exactly; null in a stub."},
-            "attempts": {**_COUNT, "description": "Claims so far."},
-            "max_attempts": bodies.ENQUEUE_BODY["max_attempts"].json_schema({}, nullable=False),
-            "run_at": TIME_SCHEMA,
-            "expires_at": {**TIME_SCHEMA, "type": ["string", "null"]},
-            "created_at": TIME_SCHEMA,
-            "updated_at": TIME_SCHEMA,
-            "lease_id": {**UUID_SCHEMA, "description": "Present while claimed."},
-            "lease_expires_at": TIME_SCHEMA,
-            "worker_id": {"type": "string", "description": "Who holds the lease."},
-            "cancel_requested": {
-                "type": "boolean",
-                "description": "Cancelled while claimed: it ends cancelled when reported.",
-            },
-            "result": {"description": "Present once completed: what complete sent, or null."},
-            "last_error": {"type": "string", "description": "The last failure's error."},
-            "render_error": {
-                "type": "string",
-                "description": "Present only on a stub: a stored task that cannot be shown "
-                "whole, given without its payload and result, says why here.",
-            },
-        },
+        "properties": _TASK_PROPERTIES,
         "additionalProperties": False,
+        # For validators: generators read ClaimedTask, where the lease is required.
         "allOf": [
             {
                 "if": {"properties": {"status": {"const": "claimed"}}},
@@ -104,8 +150,25 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "else": {"not": {"required": ["result"]}},
             },
         ],
+        "examples": [_TASK_EXAMPLE],
     },
-    "TaskList": _tasks(),
+    "ClaimedTask": {
+        "type": "object",
+        "description": "A task a claim handed out: claimed, with its lease.",
+        "required": [*TASK_FIELDS, *LEASE_FIELDS],
+        # Never a result: the task is not completed.
+        "properties": {
+            **{name: value for name, value in _TASK_PROPERTIES.items() if name != "result"},
+            "status": {"type": "string", "const": "claimed"},
+        },
+        "additionalProperties": False,
+        "examples": [_TASK_EXAMPLE],
+    },
+    "ClaimedTaskList": _tasks(
+        "The tasks claimed, up to max_tasks; empty when the wait ran out.", "ClaimedTask"
+    ),
+    # A batch is never empty: with one task or more, exactly one of the two forms matches.
+    "TaskList": _tasks("The tasks enqueued, in request order.", "Task", min_items=1),
     "TaskRef": {
         "type": "object",
         "description": "A task's id alone: an enqueue's answer under `Prefer: return=minimal`.",
@@ -113,8 +176,34 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "properties": {"id": UUID_SCHEMA},
         "additionalProperties": False,
     },
-    "TaskRefList": _tasks(item="TaskRef"),
-    "TaskPage": _tasks({"next_cursor": {"type": ["string", "null"]}}),
+    "TaskRefList": _tasks(
+        "The ids of the tasks enqueued, in request order (`Prefer: return=minimal`).",
+        "TaskRef",
+        min_items=1,
+    ),
+    # An enqueue's answer: whole tasks, or with `Prefer: return=minimal` their ids only.
+    # No property tells them apart (a TaskRef is the id alone), so this is no
+    # discriminated union: a whole task has a `status`, an id alone has not.
+    "EnqueuedTask": {
+        "description": "The task, or with `Prefer: return=minimal` its id alone: a whole "
+        "task has a `status`, an id alone has not.",
+        "oneOf": [_ref("Task"), _ref("TaskRef")],
+    },
+    "EnqueuedTasks": {
+        "description": "The tasks, or with `Prefer: return=minimal` their ids alone, in "
+        "request order.",
+        "oneOf": [_ref("TaskList"), _ref("TaskRefList")],
+    },
+    "TaskPage": _tasks(
+        "A page of tasks, oldest first.",
+        "Task",
+        {
+            "next_cursor": {
+                "type": ["string", "null"],
+                "description": "Where the next page starts; null on the last one.",
+            }
+        },
+    ),
     "Stats": {
         "type": "object",
         "required": [
@@ -127,14 +216,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         ],
         "properties": {
             "runtime_id": {"type": "string"},
-            "counts": {
-                "type": "object",
-                "description": "Tasks stored now, by status; exact. Tasks deleted by "
-                "retention are no longer counted.",
-                "required": list(bodies.STATUSES),
-                "properties": {status: _COUNT for status in bodies.STATUSES},
-                "additionalProperties": False,
-            },
+            "counts": _ref("StatusCounts"),
             "oldest_queued_age_seconds": {
                 "type": ["number", "null"],
                 "description": "Age of the oldest queued task that is due; null if none.",
@@ -145,60 +227,20 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         },
         "additionalProperties": False,
     },
+    "StatusCounts": {
+        "type": "object",
+        "description": "Tasks stored now, by status; exact. Tasks deleted by "
+        "retention are no longer counted.",
+        "required": list(bodies.STATUSES),
+        "properties": {status: _COUNT for status in bodies.STATUSES},
+        "additionalProperties": False,
+    },
     # GET /v1/runtimes (gateway/http/handlers/runtimes.py)
     "RuntimePage": {
         "type": "object",
         "required": ["runtimes", "next_cursor"],
         "properties": {
-            "runtimes": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": [
-                        "runtime_id",
-                        "queued",
-                        "claimed",
-                        "oldest_queued_age_seconds",
-                        "parked_pollers",
-                        "paused",
-                        "dead",
-                        "claims_per_minute",
-                    ],
-                    "properties": {
-                        "runtime_id": {"type": "string", "pattern": RUNTIME_ID_RE.pattern},
-                        "queued": {
-                            **_COUNT,
-                            "description": "Queued tasks, due or not yet due; expired ones not.",
-                        },
-                        "claimed": {**_COUNT, "description": "Tasks under a lease."},
-                        "oldest_queued_age_seconds": {
-                            "type": ["number", "null"],
-                            "description": "Age of the oldest queued task that is due; "
-                            "null if none.",
-                        },
-                        "parked_pollers": {
-                            **_COUNT,
-                            "description": "Claims waiting, over every instance: this "
-                            "instance's now, the others' as reported within the last "
-                            "5 s (this instance's alone while Redis is unavailable).",
-                        },
-                        "paused": _PAUSED,
-                        "dead": {
-                            **_COUNT,
-                            "description": "Tasks that ended dead and are still stored "
-                            "(retention deletes them); exact.",
-                        },
-                        "claims_per_minute": {
-                            **_COUNT,
-                            "description": "Tasks handed out in the last minute (in 5 s "
-                            "steps), over every instance: this instance's now, the others' "
-                            "as reported within the last 5 s (this instance's alone while "
-                            "Redis is unavailable).",
-                        },
-                    },
-                    "additionalProperties": False,
-                },
-            },
+            "runtimes": {"type": "array", "items": _ref("RuntimeSummary")},
             "next_cursor": {
                 "type": ["string", "null"],
                 "description": "Where the next page starts; null on the last one.",
@@ -206,23 +248,69 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         },
         "additionalProperties": False,
     },
+    "RuntimeSummary": {
+        "type": "object",
+        "description": "A runtime's counts.",
+        "required": [
+            "runtime_id",
+            "queued",
+            "claimed",
+            "oldest_queued_age_seconds",
+            "parked_pollers",
+            "paused",
+            "dead",
+            "claims_per_minute",
+        ],
+        "properties": {
+            "runtime_id": {"type": "string", "pattern": RUNTIME_ID_RE.pattern},
+            "queued": {
+                **_COUNT,
+                "description": "Queued tasks, due or not yet due; expired ones not.",
+            },
+            "claimed": {**_COUNT, "description": "Tasks under a lease."},
+            "oldest_queued_age_seconds": {
+                "type": ["number", "null"],
+                "description": "Age of the oldest queued task that is due; null if none.",
+            },
+            "parked_pollers": {
+                **_COUNT,
+                "description": "Claims waiting, over every instance: this "
+                "instance's now, the others' as reported within the last "
+                "5 s (this instance's alone while Redis is unavailable).",
+            },
+            "paused": _PAUSED,
+            "dead": {
+                **_COUNT,
+                "description": "Tasks that ended dead and are still stored "
+                "(retention deletes them); exact.",
+            },
+            "claims_per_minute": {
+                **_COUNT,
+                "description": "Tasks handed out in the last minute (in 5 s "
+                "steps), over every instance: this instance's now, the others' "
+                "as reported within the last 5 s (this instance's alone while "
+                "Redis is unavailable).",
+            },
+        },
+        "additionalProperties": False,
+    },
     "Health": {
         "type": "object",
         "required": ["status"],
-        "properties": {"status": {"const": "ok"}},
+        "properties": {"status": {"type": "string", "const": "ok"}},
         "additionalProperties": False,
     },
     "Ready": {
         "type": "object",
         "required": ["status"],
-        "properties": {"status": {"const": "ready"}},
+        "properties": {"status": {"type": "string", "const": "ready"}},
         "additionalProperties": False,
     },
     "NotReady": {
         "type": "object",
         "required": ["status", "problems"],
         "properties": {
-            "status": {"const": "not ready"},
+            "status": {"type": "string", "const": "not ready"},
             "problems": {"type": "array", "items": {"type": "string"}, "minItems": 1},
         },
         "additionalProperties": False,
@@ -243,7 +331,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             },
             "index": {**_COUNT, "description": "The batch item at fault."},
             "task_id": UUID_SCHEMA,
-            "task_status": {"enum": list(bodies.STATUSES)},
+            "task_status": _ref("TaskStatus"),
             "retry_after_seconds": _COUNT,
         },
         "additionalProperties": False,
@@ -254,9 +342,13 @@ SCHEMAS: dict[str, dict[str, Any]] = {
 _ITEM_PROBLEMS = ["lease_lost", "not_found"]
 
 
-def _batch_results(description: str, outcomes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """`{"results": [...]}` whose items carry an outcome from `outcomes` (outcome ->
-    the properties it adds, all required) or, for a refused item, its problem."""
+def _batch_results(
+    name: str, description: str, outcomes: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """The schemas `{name}s` (`{"results": [...]}`), `{name}` (an item) and
+    `{name}Outcome`: an item carries an outcome from `outcomes` (outcome -> the
+    properties it adds, present with that outcome only) or, for a refused item, its
+    problem."""
     extra: dict[str, Any] = {}
     rules: list[dict[str, Any]] = [
         {
@@ -277,56 +369,78 @@ def _batch_results(description: str, outcomes: Mapping[str, Mapping[str, Any]]) 
             )
     item = {
         "type": "object",
+        "description": "One item's result.",
         "required": ["id", "outcome"],
         "properties": {
             "id": UUID_SCHEMA,
-            "outcome": {"enum": [*outcomes, *_ITEM_PROBLEMS]},
-            "problem": {
-                "$ref": "#/components/schemas/Problem",
-                "description": "What the single operation would have answered for this task.",
-            },
+            "outcome": _ref(f"{name}Outcome"),
+            "problem": _ref(
+                "Problem",
+                description="Present when refused: what the single operation would have "
+                "answered for this task.",
+            ),
             **extra,
         },
         "additionalProperties": False,
+        # For validators: which properties come with which outcome.
         "allOf": rules,
     }
     return {
-        "type": "object",
-        "description": description,
-        "required": ["results"],
-        "properties": {"results": {"type": "array", "items": item}},
-        "additionalProperties": False,
+        f"{name}s": {
+            "type": "object",
+            "description": description,
+            "required": ["results"],
+            "properties": {"results": {"type": "array", "items": _ref(name)}},
+            "additionalProperties": False,
+        },
+        name: item,
+        f"{name}Outcome": {
+            "type": "string",
+            "enum": [*outcomes, *_ITEM_PROBLEMS],
+            "description": "What became of the item's task; `lease_lost` and `not_found`: "
+            "refused, with the problem in `problem`.",
+        },
     }
 
 
 SCHEMAS.update(
-    {
-        "CompleteManyResults": _batch_results(
-            "One result per item, in request order. `completed`; `cancelled` when a cancel "
-            "was requested while the task was held.",
-            {"completed": {}, "cancelled": {}},
-        ),
-        "FailManyResults": _batch_results(
-            "One result per item, in request order. `queued`: it runs again at `run_at`; "
-            "`dead`: no retry (attempts used up, or retry false); `cancelled`: a cancel "
-            "was requested while it was held.",
-            {
-                "queued": {"run_at": {**TIME_SCHEMA, "description": "When it is claimable again."}},
-                "dead": {},
-                "cancelled": {},
-            },
-        ),
-        "HeartbeatManyResults": _batch_results(
-            "One result per item, in request order. `extended`: the lease now runs out at "
-            "`lease_expires_at`; `cancel_requested` says whether to stop.",
-            {
-                "extended": {
-                    "lease_expires_at": TIME_SCHEMA,
-                    "cancel_requested": {"type": "boolean"},
+    _batch_results(
+        "CompleteManyResult",
+        "One result per item, in request order. `completed`; `cancelled` when a cancel "
+        "was requested while the task was held.",
+        {"completed": {}, "cancelled": {}},
+    )
+)
+SCHEMAS.update(
+    _batch_results(
+        "FailManyResult",
+        "One result per item, in request order. `queued`: it runs again at `run_at`; "
+        "`dead`: no retry (attempts used up, or retry false); `cancelled`: a cancel "
+        "was requested while it was held.",
+        {
+            "queued": {
+                "run_at": {
+                    **TIME_SCHEMA,
+                    "description": "With `queued`: when it is claimable again.",
                 }
             },
-        ),
-    }
+            "dead": {},
+            "cancelled": {},
+        },
+    )
+)
+SCHEMAS.update(
+    _batch_results(
+        "HeartbeatManyResult",
+        "One result per item, in request order. `extended`: the lease now runs out at "
+        "`lease_expires_at`; `cancel_requested` says whether to stop.",
+        {
+            "extended": {
+                "lease_expires_at": {**TIME_SCHEMA, "description": "With `extended`."},
+                "cancel_requested": {"type": "boolean", "description": "With `extended`."},
+            }
+        },
+    )
 )
 
 

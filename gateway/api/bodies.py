@@ -96,6 +96,7 @@ ENQUEUE_BODY = Body(
         ),
     ),
     exclusive=(("delay_seconds", "run_at"),),
+    example={"payload": {"invoice": 1042}, "priority": 60, "idempotency_key": "invoice-1042"},
 )
 BATCH_BODY = Body(
     "EnqueueBatchRequest",
@@ -112,6 +113,7 @@ BATCH_BODY = Body(
             hint="tasks",
         ),
     ),
+    example={"tasks": [{"payload": {"invoice": 1043}}, {"payload": {"invoice": 1044}}]},
 )
 LEASE_ID = Field(
     "lease_id",
@@ -153,8 +155,14 @@ CLAIM_BODY = Body(
         ),
         LEASE_SECONDS,
     ),
+    example={"worker_id": "billing-worker-1", "max_tasks": 10},
 )
-HEARTBEAT_BODY = Body("HeartbeatRequest", "Extends a lease.", (LEASE_ID, LEASE_SECONDS))
+HEARTBEAT_BODY = Body(
+    "HeartbeatRequest",
+    "Extends a lease.",
+    (LEASE_ID, LEASE_SECONDS),
+    example={"lease_id": "6a1d3c52-8f0e-4b7a-9c21-3e5f7d9b1a40", "lease_seconds": 120},
+)
 COMPLETE_BODY = Body(
     "CompleteRequest",
     "Reports a task done.",
@@ -168,6 +176,7 @@ COMPLETE_BODY = Body(
             max_depth=JSON_DEPTH,
         ),
     ),
+    example={"lease_id": "6a1d3c52-8f0e-4b7a-9c21-3e5f7d9b1a40", "result": {"sent": True}},
 )
 FAIL_BODY = Body(
     "FailRequest",
@@ -196,13 +205,28 @@ FAIL_BODY = Body(
             maximum=7 * 86400,
         ),
     ),
+    example={
+        "lease_id": "6a1d3c52-8f0e-4b7a-9c21-3e5f7d9b1a40",
+        "error": "the mail server refused the message",
+    },
 )
-RELEASE_BODY = Body("ReleaseRequest", "Gives a task back, queued again at once.", (LEASE_ID,))
+RELEASE_BODY = Body(
+    "ReleaseRequest",
+    "Gives a task back, queued again at once.",
+    (LEASE_ID,),
+    example={"lease_id": "6a1d3c52-8f0e-4b7a-9c21-3e5f7d9b1a40"},
+)
 LIST_QUERY = Body(
     "ListQuery",
     "A page of a runtime's tasks, oldest first.",
     (
-        Field("status", Kind.STRING, "Only tasks in this status.", enum=STATUSES),
+        Field(
+            "status",
+            Kind.STRING,
+            "Only tasks in this status.",
+            enum=STATUSES,
+            enum_name="TaskStatus",
+        ),
         Field("limit", Kind.INTEGER, "Tasks per page.", default=100, minimum=1, maximum=1000),
         Field("cursor", Kind.STRING, "The next_cursor of the previous page."),
     ),
@@ -285,6 +309,7 @@ PAUSE_BODY = Body(
         ),
     ),
     closed=True,
+    example={"reason": "database migration"},
 )
 
 
@@ -312,6 +337,7 @@ CONTROLS_BODY = Body(
     ),
     closed=True,
     min_fields=1,
+    example={"max_in_flight": 20, "claims_per_second": 5},
 )
 
 

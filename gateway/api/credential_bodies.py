@@ -48,8 +48,10 @@ INCLUDE_REVOKED = Body(
         Field(
             "include_revoked",
             Kind.STRING,
-            "`true` also lists revoked ones, with their revoked_at.",
+            "`true` also lists revoked ones, with their revoked_at. Left out: false.",
+            # Also read as 1 and 0, as before it was documented as a boolean.
             enum=("true", "false", "1", "0"),
+            documented_as=Kind.BOOLEAN,
         ),
     ),
 )
@@ -75,11 +77,16 @@ _PATTERNS = {
 }
 
 
-SCOPES_SCHEMA = {
-    "type": "array",
-    "minItems": 1,
-    "items": {"enum": [scope.value for scope in Scope]},
+SCOPE_SCHEMA = {
+    "type": "string",
+    "enum": [scope.value for scope in Scope],
+    "description": "What a token may do: `enqueue` (enqueue, cancel, retry), `claim` (claim "
+    "and report tasks), `read` (tasks, listings, stats), `control` (pause, resume and limit "
+    "runtimes), `admin` (everything, tokens and webhook secrets included).",
 }
+
+
+SCOPES_SCHEMA = {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/Scope"}}
 
 
 def object_schema(required: list[str], properties: dict[str, Any]) -> dict[str, Any]:
@@ -112,6 +119,7 @@ TOKEN_REQUEST = RawBody(
                 "runtimes": {"type": "array"},
             },
         },
+        "examples": [{"name": "billing-daemon", "scopes": ["claim"], "runtimes": ["billing-*"]}],
     },
 )
 
@@ -119,7 +127,10 @@ TOKEN_REQUEST = RawBody(
 WEBHOOK_SECRET_REQUEST = RawBody(
     "WebhookSecretRequest",
     "A webhook signing secret to create, for the runtimes it may enqueue into.",
-    object_schema(["name", "runtimes"], {"name": _NAME, "runtimes": _PATTERNS}),
+    {
+        **object_schema(["name", "runtimes"], {"name": _NAME, "runtimes": _PATTERNS}),
+        "examples": [{"name": "payments-provider", "runtimes": ["payments-*"]}],
+    },
 )
 
 

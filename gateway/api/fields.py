@@ -74,7 +74,11 @@ class Field:
     max_items: int | None = None  # ARRAY
     items: Body | None = None  # ARRAY
     enum: tuple[str, ...] = ()  # documented; the reader of a query checks it
+    enum_name: str = ""  # the enum's schema in the document's components, if it has one
     hint: str = ""  # what a valid value is, in words, for error messages
+    # Documented as this kind instead, with no enum: for a query field whose reader takes
+    # more spellings than the kind's schema names (`1` and `0` beside `true` and `false`).
+    documented_as: Kind | None = None
 
     def settings(self) -> Iterator[str]:
         """Names of the settings this field's rules depend on."""
@@ -98,14 +102,18 @@ class Field:
 
     def json_schema(self, limits: Limits, nullable: bool = True) -> dict[str, Any]:
         """The field as JSON Schema (2020-12, as OpenAPI 3.1 uses it). `nullable`:
-        document that null is the same as leaving an optional field out (bodies)."""
-        out: dict[str, Any] = _SCHEMAS[self.kind](self, limits)
-        if self.enum:
+        document that null is the same as leaving an optional field out (bodies).
+
+        A default is written in the description, never as `default`: client generators
+        make a field with a `default` required (TypeScript) or send the default on every
+        request (Python), and a default from settings is this server's alone."""
+        kind = self.documented_as or self.kind
+        out: dict[str, Any] = _SCHEMAS[kind](self, limits)
+        if self.enum_name:
+            out = {"$ref": f"#/components/schemas/{self.enum_name}"}
+        elif self.enum and self.documented_as is None:
             out["enum"] = list(self.enum)
-        default = resolve(self.default, limits)
-        if default is not None:
-            out["default"] = default
-        if nullable and not self.required and self.kind in _NULL_MEANS_ABSENT:
+        if nullable and not self.required and self.kind in _NULL_MEANS_ABSENT and "type" in out:
             out["type"] = [out["type"], "null"]
         out["description"] = self.description + _limits_text(self, limits)
         return out
@@ -121,6 +129,7 @@ class Body:
     exclusive: tuple[tuple[str, str], ...] = ()  # pairs that may not both be given
     closed: bool = False  # a field it does not declare is refused
     min_fields: int = 0  # fields that must be given at least
+    example: Mapping[str, Any] | None = None  # a body the server accepts, for readers
 
     def __getitem__(self, name: str) -> Field:
         for field in self.fields:
@@ -157,7 +166,16 @@ class Body:
             if body.get(first) is not None and body.get(second) is not None:
                 raise ValidationFailed(f"give {first} or {second}, not both", field=second)
 
+    def components(self, limits: Limits) -> dict[str, dict[str, Any]]:
+        """This body's schema by its name, and those of the bodies its arrays hold."""
+        out = {self.name: self.json_schema(limits)}
+        for field in self.fields:
+            if field.items is not None:
+                out.update(field.items.components(limits))
+        return out
+
     def json_schema(self, limits: Limits) -> dict[str, Any]:
+        """The body's schema; an array's items refer to their own (see components)."""
         out: dict[str, Any] = {
             "type": "object",
             "description": self.description,
@@ -170,11 +188,18 @@ class Body:
             out["additionalProperties"] = False
         if self.min_fields:
             out["minProperties"] = self.min_fields
-        for first, second in self.exclusive:
-            given = {"not": {"type": "null"}}
-            out.setdefault("allOf", []).append(
-                {"not": {"required": [first, second], "properties": {first: given, second: given}}}
-            )
+        given = {"not": {"type": "null"}}
+        rules = [
+            {"not": {"required": [first, second], "properties": {first: given, second: given}}}
+            for first, second in self.exclusive
+        ]
+        # One rule stands alone, where generators ignore it; several go in an allOf.
+        if len(rules) == 1:
+            out.update(rules[0])
+        elif rules:
+            out["allOf"] = rules
+        if self.example is not None:
+            out["examples"] = [dict(self.example)]
         return out
 
 
@@ -190,6 +215,9 @@ class RawBody:
 
     def settings(self) -> Iterator[str]:
         return iter(())
+
+    def components(self, limits: Limits) -> dict[str, dict[str, Any]]:
+        return {self.name: self.json_schema(limits)}
 
     def json_schema(self, limits: Limits) -> dict[str, Any]:
         return {**self.schema, "description": self.description}
@@ -356,12 +384,17 @@ def query_value(field: Field, raw: str) -> Any:
 # store it).
 JSON_VALUE = "JsonValue"
 _NO_NUL = "^[^\\u0000]*$"
+_JSON_VALUE_REF = {"$ref": f"#/components/schemas/{JSON_VALUE}"}
 JSON_VALUE_SCHEMA: dict[str, Any] = {
     "description": "Any JSON value without the NUL character (\\u0000) in a string or a key.",
     "pattern": _NO_NUL,
     "propertyNames": {"pattern": _NO_NUL},
-    "items": {"$ref": f"#/components/schemas/{JSON_VALUE}"},
-    "additionalProperties": {"$ref": f"#/components/schemas/{JSON_VALUE}"},
+    # The same rule for what an object or an array holds, behind if/then, which client
+    # generators skip: to them this is any value (a bare `additionalProperties` makes
+    # it an object to a TypeScript generator, and a list of types defeats a Python one).
+    "if": {"type": "object"},
+    "then": {"additionalProperties": _JSON_VALUE_REF},
+    "else": {"if": {"type": "array"}, "then": {"items": _JSON_VALUE_REF}},
 }
 
 
@@ -384,8 +417,14 @@ def _string_schema(f: Field, limits: Limits) -> dict[str, Any]:
 def _limits_text(f: Field, limits: Limits) -> str:
     """The settings behind a field's bounds, and the limits JSON Schema cannot say."""
     text = ""
+    default = resolve(f.default, limits)
     if isinstance(f.default, Setting):
-        text += f" The default is set by {f.default.variable}."
+        text += (
+            f" Left out: the server's default, {_json_text(default)} here "
+            f"({f.default.variable}, which another server may set otherwise)."
+        )
+    elif default is not None:
+        text += f" Left out: {_json_text(default)}."
     if isinstance(f.maximum, Setting):
         text += f" The maximum is set by {f.maximum.variable}."
     if f.max_bytes is not None:
@@ -401,9 +440,20 @@ def _limits_text(f: Field, limits: Limits) -> str:
     return text
 
 
+def _json_text(value: Any) -> str:
+    """A default as JSON writes it: `true`, `50`, `0.5`."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def _array_schema(f: Field, limits: Limits) -> dict[str, Any]:
+    """The items are a body of their own, named in the document's components."""
     assert f.items is not None
-    out: dict[str, Any] = {"type": "array", "items": f.items.json_schema(limits)}
+    out: dict[str, Any] = {
+        "type": "array",
+        "items": {"$ref": f"#/components/schemas/{f.items.name}"},
+    }
     out["minItems"] = f.min_items
     if f.max_items is not None:
         out["maxItems"] = f.max_items

@@ -44,11 +44,60 @@ _WEBHOOK_SECRET = {
         "description": "The whsec_ secret, shown this once.",
     }
 }
-NO_STORE = Param("Cache-Control", "The answer holds a secret: never cached.", {"const": "no-store"})
+NO_STORE = Param(
+    "Cache-Control",
+    "The answer holds a secret: never cached.",
+    {"type": "string", "const": "no-store"},
+)
 
 
-def _list(key: str, item: dict[str, Any]) -> dict[str, Any]:
-    return object_schema([key], {key: {"type": "array", "items": item}})
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _described(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"description": description, **schema}
+
+
+# The admin answers' schemas, by name in the document's components.
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "Token": _described(
+        "An API token, never its secret.",
+        object_schema([*_TOKEN_BASE, "revoked_at"], {**_TOKEN_BASE, **_REVOKED}),
+    ),
+    "CreatedToken": _described(
+        "A token just created, with its secret.",
+        object_schema([*_TOKEN_BASE, "token"], {**_TOKEN_BASE, **_TOKEN_SECRET}),
+    ),
+    "TokenPage": _described(
+        "A page of tokens, oldest first.",
+        object_schema(
+            ["tokens", "next_cursor"],
+            {
+                "tokens": {"type": "array", "items": _ref("Token")},
+                "next_cursor": {
+                    "type": ["string", "null"],
+                    "description": "Where the next page starts; null on the last one.",
+                },
+            },
+        ),
+    ),
+    "WebhookSecret": _described(
+        "A webhook signing secret's record, never the secret itself.",
+        object_schema([*_SECRET_BASE, "revoked_at"], {**_SECRET_BASE, **_REVOKED}),
+    ),
+    "CreatedWebhookSecret": _described(
+        "A webhook signing secret just created, with the secret.",
+        object_schema([*_SECRET_BASE, "secret"], {**_SECRET_BASE, **_WEBHOOK_SECRET}),
+    ),
+    "WebhookSecretList": _described(
+        "Webhook secrets, oldest first.",
+        object_schema(
+            ["webhook_secrets"],
+            {"webhook_secrets": {"type": "array", "items": _ref("WebhookSecret")}},
+        ),
+    ),
+}
 
 
 def _revoke(operation_id: str, what: str, param: str) -> Doc:
@@ -70,7 +119,7 @@ CREATE_TOKEN = Doc(
         Reply(
             201,
             "Created; the secret is in `token`, shown this once.",
-            object_schema([*_TOKEN_BASE, "token"], {**_TOKEN_BASE, **_TOKEN_SECRET}),
+            "CreatedToken",
             headers=(NO_STORE,),
         ),
     ),
@@ -87,21 +136,7 @@ LIST_TOKENS = Doc(
             200,
             "A page of tokens (live ones, unless include_revoked), oldest first; next_cursor "
             "is null on the last one.",
-            object_schema(
-                ["tokens", "next_cursor"],
-                {
-                    "tokens": {
-                        "type": "array",
-                        "items": object_schema(
-                            [*_TOKEN_BASE, "revoked_at"], {**_TOKEN_BASE, **_REVOKED}
-                        ),
-                    },
-                    "next_cursor": {
-                        "type": ["string", "null"],
-                        "description": "Where the next page starts; null on the last one.",
-                    },
-                },
-            ),
+            "TokenPage",
         ),
     ),
     f"At most `limit` ({credential_bodies.MAX_TOKENS_PAGE} at most) tokens per page; pass "
@@ -118,7 +153,7 @@ CREATE_WEBHOOK_SECRET = Doc(
         Reply(
             201,
             "Created; the secret is in `secret`, shown this once.",
-            object_schema([*_SECRET_BASE, "secret"], {**_SECRET_BASE, **_WEBHOOK_SECRET}),
+            "CreatedWebhookSecret",
             headers=(NO_STORE,),
         ),
     ),
@@ -134,10 +169,7 @@ LIST_WEBHOOK_SECRETS = Doc(
         Reply(
             200,
             "Live secrets, oldest first.",
-            _list(
-                "webhook_secrets",
-                object_schema([*_SECRET_BASE, "revoked_at"], {**_SECRET_BASE, **_REVOKED}),
-            ),
+            "WebhookSecretList",
         ),
     ),
     tag="admin",

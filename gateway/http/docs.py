@@ -75,13 +75,24 @@ class Doc:
     errors: tuple[type[GatewayError], ...] = ()
 
 
+# The document's tags: each operation's `tag`, with what it groups.
+TAGS = {
+    "producers": "Enqueue tasks, and follow them: read, wait for, list, count, cancel and "
+    "retry them. Signed webhook deliveries enqueue too.",
+    "daemons": "Claim tasks, waiting for work when there is none, and report each under its "
+    "lease: heartbeat, complete, fail or release, one task or many at once.",
+    "controls": "Pause, resume and limit a runtime's claims, over every gateway instance.",
+    "admin": "Scoped API tokens and webhook signing secrets; the `admin` scope only.",
+    "operations": "Liveness, readiness, metrics and this document; no authentication.",
+}
+
 # -- operations ---------------------------------------------------------------------------
 
 TASK = "Task"
 REPLAYED = Param(
     "Idempotent-Replayed",
     "`true`: the idempotency key was seen with this same request; nothing new was stored.",
-    {"const": "true"},
+    {"type": "string", "const": "true"},
     required=True,
 )
 
@@ -89,20 +100,11 @@ PREFERENCE_APPLIED = Param(
     "Preference-Applied",
     "`return=minimal`: the request's `Prefer: return=minimal` was honoured, and the "
     "answer holds task ids only. Absent when whole tasks are answered.",
-    {"const": "return=minimal"},
+    {"type": "string", "const": "return=minimal"},
 )
 # An enqueue's answer: whole tasks, or with `Prefer: return=minimal` their ids only.
-ENQUEUED: dict[str, Any] = {
-    "oneOf": [{"$ref": "#/components/schemas/Task"}, {"$ref": "#/components/schemas/TaskRef"}]
-}
-# A batch is never empty: with one task or more, exactly one of the two forms matches.
-ENQUEUED_LIST: dict[str, Any] = {
-    "oneOf": [
-        {"$ref": "#/components/schemas/TaskList"},
-        {"$ref": "#/components/schemas/TaskRefList"},
-    ],
-    "properties": {"tasks": {"minItems": 1}},
-}
+ENQUEUED = "EnqueuedTask"
+ENQUEUED_LIST = "EnqueuedTasks"
 
 
 def _task_links(task: str) -> tuple[Link, ...]:
@@ -246,7 +248,7 @@ CLAIM = Doc(
         Reply(
             200,
             "Leased tasks; empty when the wait ran out.",
-            "TaskList",
+            "ClaimedTaskList",
             links=_lease_links("/tasks/0"),
         ),
     ),
@@ -309,7 +311,7 @@ METRICS = Doc(
 OPENAPI = Doc(
     "openapi",
     "This document",
-    (Reply(200, "OpenAPI 3.1.", {"type": "object"}),),
+    (Reply(200, "OpenAPI 3.1.", "OpenAPIDocument"),),
 )
 
 # -- batch lease operations (gateway/http/handlers/batch.py) --

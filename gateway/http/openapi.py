@@ -5,12 +5,19 @@ Error answers are derived, not written per operation: every endpoint can fail (5
 an authenticated one can be 401, 403 and 503; one with path parameters 404 (and 422
 for a bad runtime id); one that reads a body 400, 408, 413 and 422; and each adds the
 errors its Doc lists. Their statuses and codes come from errors.py.
+
+Written for client generators as well as readers: every schema, enum, error answer and
+header is named once in `components` and referred to, as is a parameter several
+operations share, so that generated types have one name each.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .. import __version__, errors
@@ -20,7 +27,8 @@ from ..api.decode import RUNTIME_ID_RE
 from ..api.fields import JSON_VALUE, JSON_VALUE_SCHEMA
 from ..errors import GatewayError
 from ..settings import Settings
-from .docs import Doc, Link, Param, Reply
+from . import admin_docs
+from .docs import TAGS, Doc, Link, Param, Reply
 
 PATH_PARAMS = {
     "rt": Param(
@@ -40,6 +48,8 @@ ERROR_HEADERS = {
     ),
 }
 PROBLEM_TYPE = "application/problem+json"
+# The extension on an error answer that lists its problem codes, for tools.
+PROBLEM_CODES = "x-problem-codes"
 # Every answer carries it (gateway/http/access.py); the request's own is kept when sane.
 REQUEST_ID = Param(
     "X-Request-ID",
@@ -110,18 +120,54 @@ def operation_errors(endpoint: Documented) -> list[type[GatewayError]]:
     return list(dict.fromkeys(found))
 
 
+@dataclass
+class Components:
+    """What the operations refer to, each by its name."""
+
+    schemas: dict[str, Any] = field(default_factory=dict)
+    responses: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, Any] = field(default_factory=dict)
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    def header(self, header: Param) -> dict[str, str]:
+        """A reference to the header, named by itself."""
+        entry = {
+            "description": header.description,
+            "required": header.required,
+            "schema": dict(header.schema),
+        }
+        if self.headers.setdefault(header.name, entry) != entry:
+            raise ValueError(f"two different headers are named {header.name}")
+        return {"$ref": f"#/components/headers/{header.name}"}
+
+
 def build(endpoints: Iterable[Documented], settings: Settings) -> dict[str, Any]:
     """The whole document. Raises ValueError for an endpoint without documentation."""
     paths: dict[str, dict[str, Any]] = {}
-    schemas: dict[str, Any] = {}
+    components = Components()
     for endpoint in endpoints:
         if endpoint.doc is None:
             raise ValueError(f"{endpoint.method} {endpoint.path} has no Doc (see docs.py)")
         item = paths.setdefault(endpoint.path, {})
-        item[endpoint.method.lower()] = _operation(endpoint, endpoint.doc, settings, schemas)
+        item[endpoint.method.lower()] = _operation(endpoint, endpoint.doc, settings, components)
+    schemas = components.schemas
     schemas.update(SCHEMAS)
+    schemas.update(admin_docs.SCHEMAS)
     schemas[JSON_VALUE] = JSON_VALUE_SCHEMA
     schemas["Problem"] = _problem_schema()
+    schemas["ProblemCode"] = {
+        "type": "string",
+        "enum": sorted({cls.code for cls in error_classes()}),
+        "description": "A problem's machine-readable reason; each error answer lists its "
+        f"own in `{PROBLEM_CODES}`.",
+    }
+    schemas["OpenAPIDocument"] = {
+        "type": "object",
+        "description": "An OpenAPI 3.1 document: this one.",
+        "required": ["openapi", "info", "paths"],
+        "properties": {"openapi": {"type": "string", "pattern": "^3\\.1\\."}},
+    }
+    _share_parameters(paths, components.parameters)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -132,16 +178,22 @@ def build(endpoints: Iterable[Documented], settings: Settings) -> dict[str, Any]
             "path is 404 and a method a path does not have is 405, both as problem+json. "
             "Every answer carries an X-Request-ID header.",
         },
+        # Relative: the gateway that serves this document (`gateway serve`).
+        "servers": [{"url": "/", "description": "The gateway that served this document."}],
+        "tags": [{"name": name, "description": text} for name, text in TAGS.items()],
         "paths": paths,
         "components": {
-            "schemas": schemas,
+            "schemas": dict(sorted(schemas.items())),
+            "responses": dict(sorted(components.responses.items())),
+            "headers": dict(sorted(components.headers.items())),
+            "parameters": dict(sorted(components.parameters.items())),
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     }
 
 
 def _operation(
-    endpoint: Documented, doc: Doc, settings: Settings, schemas: dict[str, Any]
+    endpoint: Documented, doc: Doc, settings: Settings, components: Components
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "operationId": doc.operation_id,
@@ -158,9 +210,9 @@ def _operation(
     if parameters:
         out["parameters"] = parameters
     if doc.body is not None:
-        body = doc.body.json_schema(_limits(doc.body.settings(), settings))
-        if schemas.setdefault(doc.body.name, body) != body or doc.body.name in SCHEMAS:
-            raise ValueError(f"two different schemas are named {doc.body.name}")
+        for name, schema in doc.body.components(_limits(doc.body.settings(), settings)).items():
+            if components.schemas.setdefault(name, schema) != schema or name in SCHEMAS:
+                raise ValueError(f"two different schemas are named {name}")
         out["requestBody"] = {
             "required": doc.body.required,
             "content": {
@@ -169,24 +221,67 @@ def _operation(
         }
     responses: dict[str, Any] = {}
     for reply in doc.replies:
-        _add(responses, reply.status, reply.description, reply.media_type, _schema(reply))
-        for header in reply.headers:
-            _header(responses, reply.status, header)
-        for link in reply.links:
-            _link(responses, reply.status, link)
+        answer: dict[str, Any] = {"description": reply.description}
+        headers = [REQUEST_ID, *reply.headers]
+        answer["headers"] = {h.name: components.header(h) for h in headers}
+        body = _schema(reply)
+        if body is not None:
+            answer["content"] = {reply.media_type: {"schema": body}}
+        if reply.links:
+            answer["links"] = {link.name: _link(link) for link in reply.links}
+        responses[str(reply.status)] = answer
     by_status: dict[int, list[type[GatewayError]]] = {}
     for cls in operation_errors(endpoint):
         by_status.setdefault(status_of(cls), []).append(cls)
-    for status, classes in sorted(by_status.items()):
-        _add(responses, status, _problem_text(classes), PROBLEM_TYPE, _problem(status, classes))
-        for cls in classes:
-            for name in _error_headers(cls):
-                default = Param(name, "", {"type": "string"}, required=True)
-                _header(responses, status, ERROR_HEADERS.get(name, default))
-    for code in responses:
-        _header(responses, int(code), REQUEST_ID)
+    for status, classes in by_status.items():
+        if str(status) in responses:
+            raise ValueError(f"{doc.operation_id} answers {status} both as a reply and an error")
+        responses[str(status)] = _error_response(status, classes, components)
     out["responses"] = dict(sorted(responses.items()))
     return out
+
+
+def _error_response(
+    status: int, classes: Sequence[type[GatewayError]], components: Components
+) -> dict[str, str]:
+    """A reference to the error answer for these classes, named after their codes
+    (`LeaseLost`, `DrainingOrStoreUnavailable`), which every operation answering the
+    same codes shares."""
+    classes = sorted(classes, key=lambda cls: cls.code)
+    name = "Or".join(cls.code.title().replace("_", "") for cls in classes)
+    headers = [REQUEST_ID]
+    for cls in classes:
+        for header in _error_headers(cls):
+            headers.append(ERROR_HEADERS.get(header, Param(header, "", {"type": "string"}, True)))
+    entry = {
+        "description": _problem_text(classes),
+        "headers": {h.name: components.header(h) for h in headers},
+        "content": {PROBLEM_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+        PROBLEM_CODES: [cls.code for cls in classes],
+    }
+    if components.responses.setdefault(name, entry) != entry:
+        raise ValueError(f"two different error answers are named {name}")
+    return {"$ref": f"#/components/responses/{name}"}
+
+
+def _share_parameters(paths: Mapping[str, Any], shared: dict[str, Any]) -> None:
+    """Moves each parameter that several operations declare alike to `shared`, named
+    after it, and refers to it there."""
+    operations = [op for item in paths.values() for op in item.values()]
+
+    def key(param: Mapping[str, Any]) -> str:
+        return json.dumps(param, sort_keys=True)
+
+    uses = Counter(key(p) for op in operations for p in op.get("parameters", []))
+    names: dict[str, str] = {}
+    for op in operations:
+        for i, param in enumerate(op.get("parameters", [])):
+            if uses[key(param)] < 2:
+                continue
+            name = names.setdefault(key(param), param["name"])
+            if shared.setdefault(name, param) != param:
+                continue  # another parameter of this name is shared: this one stays
+            op["parameters"][i] = {"$ref": f"#/components/parameters/{name}"}
 
 
 def _description(endpoint: Documented, doc: Doc) -> str:
@@ -245,41 +340,11 @@ def _schema(reply: Reply) -> dict[str, Any] | None:
     return dict(reply.schema)
 
 
-def _add(
-    responses: dict[str, Any], status: int, text: str, media: str, schema: dict[str, Any] | None
-) -> None:
-    """An answer; `schema` None: one without a body (204)."""
-    entry = responses.setdefault(str(status), {"description": text})
-    if text not in entry["description"]:
-        entry["description"] += " " + text
-    if schema is not None:
-        entry.setdefault("content", {})[media] = {"schema": schema}
-
-
-def _header(responses: dict[str, Any], status: int, header: Param) -> None:
-    headers = responses[str(status)].setdefault("headers", {})
-    headers[header.name] = {
-        "description": header.description,
-        "required": header.required,
-        "schema": dict(header.schema),
-    }
-
-
-def _link(responses: dict[str, Any], status: int, link: Link) -> None:
+def _link(link: Link) -> dict[str, Any]:
     out: dict[str, Any] = {"operationId": link.operation_id, "parameters": dict(link.parameters)}
     if link.request_body is not None:
         out["requestBody"] = dict(link.request_body)
-    responses[str(status)].setdefault("links", {})[link.name] = out
-
-
-def _problem(status: int, classes: Sequence[type[GatewayError]]) -> dict[str, Any]:
-    return {
-        "allOf": [{"$ref": "#/components/schemas/Problem"}],
-        "properties": {
-            "status": {"const": status},
-            "code": {"enum": sorted({cls.code for cls in classes})},
-        },
-    }
+    return out
 
 
 def _problem_text(classes: Sequence[type[GatewayError]]) -> str:
@@ -298,7 +363,6 @@ def _problem_text(classes: Sequence[type[GatewayError]]) -> str:
 def _problem_schema() -> dict[str, Any]:
     schema = dict(SCHEMAS["Problem"])
     properties = dict(schema["properties"])
-    codes = sorted({cls.code for cls in error_classes()})
-    properties["code"] = {"enum": codes, "description": "The machine-readable reason."}
+    properties["code"] = {"$ref": "#/components/schemas/ProblemCode"}
     schema["properties"] = properties
     return schema

@@ -82,12 +82,21 @@ async def test_the_slowest_rate_still_hands_out_a_task(gw):
 # -- query parameters -------------------------------------------------------------------
 
 
+def shared(doc: dict[str, Any], param: dict[str, Any]) -> dict[str, Any]:
+    """A parameter as declared, or the one its `$ref` names in the components."""
+    if "$ref" not in param:
+        return param
+    found: dict[str, Any] = doc["components"]["parameters"][param["$ref"].rsplit("/", 1)[1]]
+    return found
+
+
 def query_parameters(doc: dict[str, Any]) -> Iterator[tuple[str, str, str, dict[str, Any]]]:
     for path, item in doc["paths"].items():
         for method, operation in item.items():
             if operation["operationId"] == "receiveWebhook":
                 continue  # its signature is checked before anything else (401)
-            for param in operation.get("parameters", []):
+            for declared in operation.get("parameters", []):
+                param = shared(doc, declared)
                 if param["in"] == "query":
                     yield method.upper(), path, param["name"], param["schema"]
 

@@ -4,6 +4,7 @@ code listed, the app's settings in its bounds."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,7 @@ from gateway.errors import ValidationFailed
 from gateway.http import docs, openapi
 from gateway.http.routes import ENDPOINTS, Endpoint, Target, healthz
 from gateway.settings import Settings
+from tests.support.openapi import OVERRIDES
 
 
 def build(**overrides: Any) -> dict[str, Any]:
@@ -39,6 +41,25 @@ def schema_of(ref: dict[str, Any]) -> dict[str, Any]:
     name = ref["$ref"].rsplit("/", 1)[1]
     schema: dict[str, Any] = DOC["components"]["schemas"][name]
     return schema
+
+
+def deref(node: Any, doc: dict[str, Any] = DOC) -> Any:
+    """`node` with every `$ref` into the document's components replaced by what it names
+    (a schema's own recursion, JsonValue's, left as it is)."""
+    if isinstance(node, list):
+        return [deref(item, doc) for item in node]
+    if not isinstance(node, dict):
+        return node
+    ref = node.get("$ref")
+    if isinstance(ref, str) and not ref.startswith("#/components/schemas/"):
+        _, _, kind, name = ref.split("/")
+        return deref(
+            {**doc["components"][kind][name], **{k: v for k, v in node.items() if k != "$ref"}}, doc
+        )
+    return {key: deref(value, doc) for key, value in node.items()}
+
+
+OPERATIONS = [(e, deref(operation)) for e, operation in OPERATIONS]
 
 
 def test_the_document_is_valid_openapi_3_1() -> None:
@@ -94,7 +115,10 @@ def test_security_and_scope(endpoint: Endpoint, operation: dict[str, Any]) -> No
 
 
 def test_every_problem_code_appears() -> None:
-    codes = DOC["components"]["schemas"]["Problem"]["properties"]["code"]["enum"]
+    assert DOC["components"]["schemas"]["Problem"]["properties"]["code"] == {
+        "$ref": "#/components/schemas/ProblemCode"
+    }
+    codes = DOC["components"]["schemas"]["ProblemCode"]["enum"]
     defined = {
         v.code
         for v in vars(errors).values()
@@ -114,10 +138,8 @@ def test_error_answers_are_problems_with_their_codes(
         if content is None:
             continue
         problems += 1
-        schema = content["schema"]
-        assert schema["allOf"] == [{"$ref": "#/components/schemas/Problem"}]
-        assert schema["properties"]["status"] == {"const": int(status)}
-        for code in schema["properties"]["code"]["enum"]:
+        assert content["schema"] == {"$ref": "#/components/schemas/Problem"}
+        for code in response[openapi.PROBLEM_CODES]:
             cls = next(c for c in openapi.error_classes() if c.code == code)
             assert openapi.status_of(cls) == int(status)
             assert f"`{code}`" in response["description"]
@@ -125,13 +147,12 @@ def test_error_answers_are_problems_with_their_codes(
 
 
 def responses(path: str, method: str = "post") -> dict[str, Any]:
-    answers: dict[str, Any] = DOC["paths"][path][method]["responses"]
+    answers: dict[str, Any] = deref(DOC["paths"][path][method]["responses"])
     return answers
 
 
 def codes(path: str, status: str, method: str = "post") -> set[str]:
-    schema = responses(path, method)[status]["content"]["application/problem+json"]["schema"]
-    return set(schema["properties"]["code"]["enum"])
+    return set(responses(path, method)[status][openapi.PROBLEM_CODES])
 
 
 def test_what_each_operation_can_answer() -> None:
@@ -164,9 +185,10 @@ def test_what_each_operation_can_answer() -> None:
 
 
 def test_enqueue_documents_the_replay_header_and_the_idempotency_key_header() -> None:
-    operation = DOC["paths"]["/v1/runtimes/{rt}/tasks"]["post"]
+    operation = deref(DOC["paths"]["/v1/runtimes/{rt}/tasks"]["post"])
     assert operation["responses"]["200"]["headers"]["Idempotent-Replayed"]["schema"] == {
-        "const": "true"
+        "type": "string",
+        "const": "true",
     }
     assert set(operation["responses"]["201"]["headers"]) == {"X-Request-ID", "Preference-Applied"}
     (header,) = [p for p in operation["parameters"] if p["name"] == "Idempotency-Key"]
@@ -175,20 +197,26 @@ def test_enqueue_documents_the_replay_header_and_the_idempotency_key_header() ->
 
 @pytest.mark.parametrize("path", ["/v1/runtimes/{rt}/tasks", "/v1/runtimes/{rt}/tasks:batch"])
 def test_enqueues_document_prefer_return_minimal_and_its_answers(path: str) -> None:
-    operation = DOC["paths"][path]["post"]
+    operation = deref(DOC["paths"][path]["post"])
     (prefer,) = [p for p in operation["parameters"] if p["name"] == "Prefer"]
     assert prefer["in"] == "header" and "return=minimal" in prefer["description"]
-    whole, minimal = ("Task", "TaskRef") if path.endswith("tasks") else ("TaskList", "TaskRefList")
+    answer, whole, minimal = (
+        ("EnqueuedTask", "Task", "TaskRef")
+        if path.endswith("tasks")
+        else ("EnqueuedTasks", "TaskList", "TaskRefList")
+    )
     for status in ("200", "201"):
-        answer = operation["responses"][status]
-        applied = answer["headers"]["Preference-Applied"]
-        assert applied["schema"] == {"const": "return=minimal"} and not applied["required"]
-        schema = answer["content"]["application/json"]["schema"]
-        assert schema["oneOf"] == [
-            {"$ref": f"#/components/schemas/{whole}"},
-            {"$ref": f"#/components/schemas/{minimal}"},
-        ]
+        reply = operation["responses"][status]
+        applied = reply["headers"]["Preference-Applied"]
+        assert applied["schema"] == {"type": "string", "const": "return=minimal"}
+        assert not applied["required"]
+        schema = reply["content"]["application/json"]["schema"]
+        assert schema == {"$ref": f"#/components/schemas/{answer}"}
     schemas = DOC["components"]["schemas"]
+    assert schemas[answer]["oneOf"] == [
+        {"$ref": f"#/components/schemas/{whole}"},
+        {"$ref": f"#/components/schemas/{minimal}"},
+    ]
     assert schemas["TaskRef"]["required"] == ["id"]
     assert schemas["TaskRef"]["additionalProperties"] is False
     assert schemas["TaskRefList"]["properties"]["tasks"]["items"] == {
@@ -200,22 +228,23 @@ def test_a_batch_answer_matches_exactly_one_of_its_two_forms() -> None:
     """The batch's answer schema is a oneOf, so a list of ids must not also read as a
     list of tasks. A batch is never empty (an empty list would match both forms), and
     the schema says so for readers and client generators."""
-    schema = DOC["paths"]["/v1/runtimes/{rt}/tasks:batch"]["post"]["responses"]["201"]
+    schemas = DOC["components"]["schemas"]
     validator = jsonschema.Draft202012Validator(
-        {**schema["content"]["application/json"]["schema"], "components": DOC["components"]}
+        {"$ref": "#/components/schemas/EnqueuedTasks", "components": DOC["components"]}
     )
-    assert schema["content"]["application/json"]["schema"]["properties"] == {
-        "tasks": {"minItems": 1}
-    }
+    assert schemas["TaskList"]["properties"]["tasks"]["minItems"] == 1
+    assert schemas["TaskRefList"]["properties"]["tasks"]["minItems"] == 1
     task_id = "0196f2b0-43c1-7b5e-9d4a-1f3c2b8e6a01"
     assert validator.is_valid({"tasks": [{"id": task_id}]})
     assert not validator.is_valid({"tasks": []})
     assert not validator.is_valid({"tasks": [{"id": task_id, "payload": {}}]})
+    example = schemas["Task"]["examples"][0]
+    assert validator.is_valid({"tasks": [example]})
 
 
 def test_path_parameters() -> None:
     for path, item in DOC["paths"].items():
-        for operation in item.values():
+        for operation in deref(item).values():
             params = {p["name"]: p for p in operation.get("parameters", []) if p["in"] == "path"}
             assert set(params) == set(re.findall(r"{(\w+)}", path))
             if "rt" in params:
@@ -232,12 +261,15 @@ def test_settings_bounds_show_up() -> None:
     claim = schemas["ClaimRequest"]["properties"]
     assert claim["wait_seconds"]["maximum"] == 5
     assert "GATEWAY_MAX_WAIT_SECONDS" in claim["wait_seconds"]["description"]
-    assert claim["lease_seconds"]["default"] == 42
-    assert schemas["HeartbeatRequest"]["properties"]["lease_seconds"]["default"] == 42
+    # In words only: a `default` would make generated clients send this server's value.
+    for body in ("ClaimRequest", "HeartbeatRequest"):
+        lease = schemas[body]["properties"]["lease_seconds"]
+        assert "default" not in lease and documented_default(lease) == 42
+        assert "GATEWAY_DEFAULT_LEASE_SECONDS" in lease["description"]
     payload = schemas["EnqueueRequest"]["properties"]["payload"]["description"]
     assert "1234 bytes" in payload and "7 levels" in payload
     item = schemas["EnqueueBatchRequest"]["properties"]["tasks"]["items"]
-    assert "1234 bytes" in item["properties"]["payload"]["description"]
+    assert item == {"$ref": "#/components/schemas/EnqueueRequest"}
     assert (
         build()["components"]["schemas"]["ClaimRequest"]["properties"]["wait_seconds"]["maximum"]
         == Settings().max_wait_seconds
@@ -250,14 +282,19 @@ def test_request_bodies_come_from_the_field_specs() -> None:
     assert enqueue["required"] == ["payload"]
     assert enqueue["properties"]["priority"]["minimum"] == 0
     assert enqueue["properties"]["priority"]["maximum"] == 1000
-    assert enqueue["properties"]["priority"]["default"] == 50
+    assert documented_default(enqueue["properties"]["priority"]) == 50
     assert enqueue["properties"]["run_at"]["format"] == "date-time"
     batch = schemas["EnqueueBatchRequest"]["properties"]["tasks"]
     assert (batch["minItems"], batch["maxItems"]) == (1, bodies.MAX_BATCH)
     assert schemas["FailRequest"]["required"] == ["lease_id", "error"]
-    listing = DOC["paths"]["/v1/runtimes/{rt}/tasks"]["get"]["parameters"]
+    listing = deref(DOC["paths"]["/v1/runtimes/{rt}/tasks"]["get"]["parameters"])
     status = next(p for p in listing if p["name"] == "status")
-    assert status["schema"]["enum"] == list(bodies.STATUSES)
+    assert status["schema"] == {"$ref": "#/components/schemas/TaskStatus"}
+    assert schemas["TaskStatus"] == {
+        "type": "string",
+        "enum": list(bodies.STATUSES),
+        "description": schemas["TaskStatus"]["description"],
+    }
     for endpoint, operation in OPERATIONS:
         assert endpoint.doc is not None
         if endpoint.doc.body is None:
@@ -271,8 +308,26 @@ def test_the_task_schema_lists_every_field_the_api_returns() -> None:
     assert set(task["required"]) == set(render.TASK_FIELDS)
     shown = set(render.TASK_FIELDS) | set(render.LEASE_FIELDS)
     assert shown | {"result", "last_error", "render_error"} == set(task["properties"])
-    assert task["properties"]["status"]["enum"] == list(bodies.STATUSES)
+    assert task["properties"]["status"] == {"$ref": "#/components/schemas/TaskStatus"}
     assert task["additionalProperties"] is False
+
+
+def test_a_claimed_task_requires_its_lease() -> None:
+    """Generators do not read the Task's if/then: a claim's tasks are ClaimedTasks, whose
+    lease fields are required outright."""
+    claimed = DOC["components"]["schemas"]["ClaimedTask"]
+    assert set(claimed["required"]) == set(render.TASK_FIELDS) | set(render.LEASE_FIELDS)
+    assert claimed["properties"]["status"] == {"type": "string", "const": "claimed"}
+    answer = DOC["paths"]["/v1/runtimes/{rt}/claim"]["post"]["responses"]["200"]
+    assert answer["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ClaimedTaskList"
+    }
+    validator = jsonschema.Draft202012Validator(
+        {"$ref": "#/components/schemas/ClaimedTask", "components": DOC["components"]}
+    )
+    example = claimed["examples"][0]
+    assert validator.is_valid(example)
+    assert not validator.is_valid({k: v for k, v in example.items() if k != "lease_id"})
 
 
 def test_a_route_can_declare_a_raw_body_and_its_own_path_parameters() -> None:
@@ -380,26 +435,76 @@ def test_documented_bounds_are_enforced(body: str, field: str, value: Any, accep
         assert info.value.extra["field"] == field
 
 
+def documented_default(schema: dict[str, Any]) -> Any:
+    """The default a field's description states ("Left out: 50.")."""
+    found = re.search(
+        r"Left out: (?:the server's default, )?([-\w]+(?:\.\d+)?)(?:\.| here)",
+        schema["description"],
+    )
+    assert found, schema["description"]
+    return json.loads(found.group(1))
+
+
 def test_documented_defaults_are_applied() -> None:
     req = requests.parse_claim({"worker_id": "w"}, WAIT, LEASE_DEFAULT)
     schema = bodies.CLAIM_BODY.json_schema(LIMITS)["properties"]
     assert (req.max_tasks, req.wait_seconds, req.lease_seconds) == (
-        schema["max_tasks"]["default"],
-        schema["wait_seconds"]["default"],
-        schema["lease_seconds"]["default"],
+        documented_default(schema["max_tasks"]),
+        documented_default(schema["wait_seconds"]),
+        documented_default(schema["lease_seconds"]),
     )
     task = bodies.ENQUEUE_BODY.json_schema(LIMITS)["properties"]
     req = requests.parse_enqueue({"payload": 1}, None, MAX_PAYLOAD)
     assert (req.priority, req.max_attempts) == (
-        task["priority"]["default"],
-        task["max_attempts"]["default"],
+        documented_default(task["priority"]),
+        documented_default(task["max_attempts"]),
     )
+    fail = bodies.FAIL_BODY.json_schema(LIMITS)["properties"]
     assert requests.parse_fail({"lease_id": LEASE, "error": "e"}).retry is True
+    assert documented_default(fail["retry"]) is True
+
+
+@pytest.mark.parametrize("overrides", [{}, OVERRIDES], ids=["defaults", "fuzzed"])
+def test_every_example_is_valid(overrides: dict[str, Any]) -> None:
+    """An example that its schema refuses would teach a reader a request that fails,
+    and schemathesis sends every example."""
+    doc = build(**overrides)
+    schemas = doc["components"]["schemas"]
+    with_examples = [name for name, schema in schemas.items() if "examples" in schema]
+    assert {"Task", "ClaimedTask", "EnqueueRequest", "ClaimRequest", "TokenRequest"} <= set(
+        with_examples
+    )
+    for name in with_examples:
+        validator = jsonschema.Draft202012Validator(
+            {"$ref": f"#/components/schemas/{name}", "components": doc["components"]}
+        )
+        for example in schemas[name]["examples"]:
+            errors_ = list(validator.iter_errors(example))
+            assert not errors_, (name, errors_)
+
+
+def test_no_schema_states_a_default() -> None:
+    """A `default` makes a field required in generated TypeScript, and generated Python
+    clients send it on every request: defaults are stated in words only."""
+    found = []
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            if "default" in node and isinstance(node.get("type", ""), str | list):
+                found.append(where)
+            for key, value in node.items():
+                walk(value, f"{where}/{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{where}/{i}")
+
+    walk(build(default_lease_seconds=42), "")
+    assert not found, found
 
 
 def test_every_answer_documents_its_request_id() -> None:
     for path, item in DOC["paths"].items():
-        for method, operation in item.items():
+        for method, operation in deref(item).items():
             for status, response in operation["responses"].items():
                 header = response["headers"]["X-Request-ID"]
                 assert header["required"], (method, path, status)
@@ -414,8 +519,10 @@ def test_a_query_parameter_is_read_by_its_field(field: Any) -> None:
     """Absent reads as the documented default; empty, or not of its kind, is refused
     naming it, as the document's schema (no empty string validates) says."""
     schema = field.json_schema(LIMITS, nullable=False)
-    assert read_query(field, {}, LIMITS) == schema.get("default")
-    assert not jsonschema.Draft202012Validator(schema).is_valid("")
+    default = documented_default(schema) if field.default is not None else None
+    assert read_query(field, {}, LIMITS) == default
+    validator = jsonschema.Draft202012Validator({**schema, "components": DOC["components"]})
+    assert not validator.is_valid("")
     for raw in ("", "x" if field.kind is not Kind.STRING else "\x00"):
         with pytest.raises(ValidationFailed) as info:
             read_query(field, {field.name: raw}, LIMITS)
