@@ -59,6 +59,11 @@ FUZZ_SECONDS ?= 240
 fuzz: $(STAMP)
 	FUZZ_SECONDS=$(FUZZ_SECONDS) $(BIN)/python -m pytest tests/e2e/test_schemathesis_run.py -q -p no:cacheprovider
 
+## clients-check: Python and TypeScript clients generated from the OpenAPI document, type-checked strictly, each enqueuing, claiming, completing and reading tasks on a real gateway (TEST_DATABASE_URL / TEST_REDIS_URL, else embedded servers)
+.PHONY: clients-check
+clients-check: $(STAMP)
+	PYTHONPATH=. $(BIN)/python clients/generated-check/check.py
+
 ## bench: every performance and scale target against its peers, in one run (~10 min; see bench/README.md)
 bench: $(STAMP)
 	$(BIN)/python -m bench --json bench/results/bench.json --png bench/results/bench.png $(BENCH_ARGS)
