@@ -13,6 +13,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+from tests.support.credentials import every_token, make_secret, make_token
 from tests.support.http import req
 from tests.support.lifecycle import UNKNOWN_TASK, assert_problem
 
@@ -144,3 +145,31 @@ async def test_a_method_a_path_lacks_is_405_allowing_every_method_it_has(gw):
             elif method != "HEAD":  # a HEAD answer has no body
                 assert_problem(resp, 405, "method_not_allowed")
     assert not wrong, "\n".join(map(str, wrong))
+
+
+# -- include_revoked --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spelling", "revoked"), [("true", True), ("1", True), ("false", False), ("0", False)]
+)
+async def test_include_revoked_is_a_boolean_also_spelled_1_and_0(gw, spelling, revoked):
+    """The document says boolean, which generated clients send as `true` and `false`;
+    `1` and `0` are read as before."""
+    doc = await document(gw)
+    for path, key in (
+        ("/v1/admin/tokens", "tokens"),
+        ("/v1/admin/webhook-secrets", "webhook_secrets"),
+    ):
+        declared = [shared(doc, p) for p in doc["paths"][path]["get"]["parameters"]]
+        (param,) = [p for p in declared if p["name"] == "include_revoked"]
+        assert param["schema"]["type"] == "boolean", param
+        made = await (make_token(gw, ["read"]) if key == "tokens" else make_secret(gw, ["a"]))
+        assert (await req(gw, "DELETE", f"{path}/{made['id']}")).status == 204
+        if key == "tokens":  # paged: every page
+            listed, _ = await every_token(gw, f"&include_revoked={spelling}")
+        else:
+            answer = await req(gw, "GET", f"{path}?include_revoked={spelling}")
+            assert answer.status == 200, answer.body
+            listed = answer.body[key]
+        assert (made["id"] in [item["id"] for item in listed]) is revoked

@@ -532,3 +532,66 @@ def test_a_query_parameter_is_read_by_its_field(field: Any) -> None:
         for raw in (str(schema["maximum"] + 1), "9" * 5000, "-1"):
             with pytest.raises(ValidationFailed):
                 read_query(field, {field.name: raw}, LIMITS)
+
+
+# --- what client generators need ----------------------------------------------------------
+
+
+def walk(node: Any, where: str = "") -> Any:
+    """(where, schema-like dict) for every dict in `node`, depth first."""
+    if isinstance(node, dict):
+        yield where, node
+        for key, value in node.items():
+            yield from walk(value, f"{where}/{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from walk(value, f"{where}/{i}")
+
+
+def test_every_enum_is_named_once_with_its_type() -> None:
+    """An inline enum becomes a type of its own in each place a generator meets it
+    (three incompatible task statuses, as ListTokensResponse200TokensItemScopesItem)."""
+    schemas = DOC["components"]["schemas"]
+    # An `if` tests a value, and declares no type: generators read no further.
+    inline = [where for where, node in walk(DOC) if "enum" in node and "/if/" not in where]
+    named = {f"/components/schemas/{name}" for name, s in schemas.items() if "enum" in s}
+    assert set(inline) == named
+    for name in named:
+        schema = schemas[name.rsplit("/", 1)[1]]
+        assert schema["type"] == "string" and schema["description"], name
+    assert {"TaskStatus", "Scope", "ProblemCode"} <= {n.rsplit("/", 1)[1] for n in named}
+    lists = [tuple(schemas[n.rsplit("/", 1)[1]]["enum"]) for n in named]
+    assert len(lists) == len(set(lists)), "two enums list the same values"
+
+
+def test_answers_and_bodies_are_named_schemas() -> None:
+    """Every JSON body, asked or answered, is a schema of the components (generated
+    names like EnqueueTaskResponse201 come from inline ones)."""
+    for path, item in DOC["paths"].items():
+        for method, operation in deref(item).items():
+            bodies_ = [operation.get("requestBody", {})]
+            bodies_ += list(operation["responses"].values())
+            for body in bodies_:
+                for media, content in body.get("content", {}).items():
+                    if media != "text/plain":
+                        assert set(content["schema"]) == {"$ref"}, (method, path, media)
+
+
+def test_error_answers_and_headers_are_shared_components() -> None:
+    for path, item in DOC["paths"].items():
+        for method, operation in item.items():
+            for status, response in operation["responses"].items():
+                if int(status) >= 400 and "$ref" not in response:
+                    assert "application/problem+json" not in response.get("content", {})
+                for header in response.get("headers", {}).values():
+                    assert set(header) == {"$ref"}, (method, path, status)
+    shared = DOC["components"]["parameters"]
+    assert {"rt", "task_id", "Prefer", "include_revoked"} <= set(shared)
+
+
+def test_servers_and_tags() -> None:
+    assert DOC["servers"] == [{"url": "/", "description": DOC["servers"][0]["description"]}]
+    tags = {tag["name"]: tag["description"] for tag in DOC["tags"]}
+    assert all(tags.values())
+    used = {tag for item in DOC["paths"].values() for op in item.values() for tag in op["tags"]}
+    assert used == set(tags)
