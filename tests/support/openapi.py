@@ -1,9 +1,10 @@
 """The OpenAPI document as the conformance tests check a gateway against it: the
-document a gateway with given settings serves, the schemathesis checks every answer
-must pass, and the schema and settings the fuzzing tests generate their requests from
-(a fixed seed: a failure repeats, and so does the run's length). The gateway they call
-runs in a thread of its own (`gateway_thread`, tests/support/gateways.py), as the
-`served` fixture of tests/e2e/conftest.py."""
+document a gateway with given settings serves, a part of it with its shared components
+written out (`deref`), the schemathesis checks every answer must pass, and the schema
+and settings the fuzzing tests generate their requests from (a fixed seed: a failure
+repeats, and so does the run's length). The gateway they call runs in a thread of its
+own (`gateway_thread`, tests/support/gateways.py), as the `served` fixture of
+tests/e2e/conftest.py."""
 
 from __future__ import annotations
 
@@ -49,6 +50,23 @@ def check(
     """The answer of operation `method path` is one its document promises."""
     case = schema[path][method].Case(path_parameters=path_parameters)
     case.validate_response(response, checks=CONFORMANCE)
+
+
+def deref(node: Any, doc: dict[str, Any]) -> Any:
+    """`node` with every `$ref` to a shared response, header or parameter of `doc`
+    replaced by what it names; those to schemas are left as they are (JsonValue's
+    refers to itself)."""
+    if isinstance(node, list):
+        return [deref(item, doc) for item in node]
+    if not isinstance(node, dict):
+        return node
+    ref = node.get("$ref")
+    if isinstance(ref, str) and not ref.startswith("#/components/schemas/"):
+        _, _, kind, name = ref.split("/")
+        return deref(
+            {**doc["components"][kind][name], **{k: v for k, v in node.items() if k != "$ref"}}, doc
+        )
+    return {key: deref(value, doc) for key, value in node.items()}
 
 
 # -- fuzzing -------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from gateway.errors import ValidationFailed
 from gateway.http import docs, openapi
 from gateway.http.routes import ENDPOINTS, Endpoint, Target, healthz
 from gateway.settings import Settings
-from tests.support.openapi import OVERRIDES
+from tests.support.openapi import deref
 
 
 def build(**overrides: Any) -> dict[str, Any]:
@@ -43,23 +43,7 @@ def schema_of(ref: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def deref(node: Any, doc: dict[str, Any] = DOC) -> Any:
-    """`node` with every `$ref` into the document's components replaced by what it names
-    (a schema's own recursion, JsonValue's, left as it is)."""
-    if isinstance(node, list):
-        return [deref(item, doc) for item in node]
-    if not isinstance(node, dict):
-        return node
-    ref = node.get("$ref")
-    if isinstance(ref, str) and not ref.startswith("#/components/schemas/"):
-        _, _, kind, name = ref.split("/")
-        return deref(
-            {**doc["components"][kind][name], **{k: v for k, v in node.items() if k != "$ref"}}, doc
-        )
-    return {key: deref(value, doc) for key, value in node.items()}
-
-
-OPERATIONS = [(e, deref(operation)) for e, operation in OPERATIONS]
+OPERATIONS = [(e, deref(operation, DOC)) for e, operation in OPERATIONS]
 
 
 def test_the_document_is_valid_openapi_3_1() -> None:
@@ -147,7 +131,7 @@ def test_error_answers_are_problems_with_their_codes(
 
 
 def responses(path: str, method: str = "post") -> dict[str, Any]:
-    answers: dict[str, Any] = deref(DOC["paths"][path][method]["responses"])
+    answers: dict[str, Any] = deref(DOC["paths"][path][method]["responses"], DOC)
     return answers
 
 
@@ -185,7 +169,7 @@ def test_what_each_operation_can_answer() -> None:
 
 
 def test_enqueue_documents_the_replay_header_and_the_idempotency_key_header() -> None:
-    operation = deref(DOC["paths"]["/v1/runtimes/{rt}/tasks"]["post"])
+    operation = deref(DOC["paths"]["/v1/runtimes/{rt}/tasks"]["post"], DOC)
     assert operation["responses"]["200"]["headers"]["Idempotent-Replayed"]["schema"] == {
         "type": "string",
         "const": "true",
@@ -197,7 +181,7 @@ def test_enqueue_documents_the_replay_header_and_the_idempotency_key_header() ->
 
 @pytest.mark.parametrize("path", ["/v1/runtimes/{rt}/tasks", "/v1/runtimes/{rt}/tasks:batch"])
 def test_enqueues_document_prefer_return_minimal_and_its_answers(path: str) -> None:
-    operation = deref(DOC["paths"][path]["post"])
+    operation = deref(DOC["paths"][path]["post"], DOC)
     (prefer,) = [p for p in operation["parameters"] if p["name"] == "Prefer"]
     assert prefer["in"] == "header" and "return=minimal" in prefer["description"]
     answer, whole, minimal = (
@@ -244,7 +228,7 @@ def test_a_batch_answer_matches_exactly_one_of_its_two_forms() -> None:
 
 def test_path_parameters() -> None:
     for path, item in DOC["paths"].items():
-        for operation in deref(item).values():
+        for operation in deref(item, DOC).values():
             params = {p["name"]: p for p in operation.get("parameters", []) if p["in"] == "path"}
             assert set(params) == set(re.findall(r"{(\w+)}", path))
             if "rt" in params:
@@ -287,7 +271,7 @@ def test_request_bodies_come_from_the_field_specs() -> None:
     batch = schemas["EnqueueBatchRequest"]["properties"]["tasks"]
     assert (batch["minItems"], batch["maxItems"]) == (1, bodies.MAX_BATCH)
     assert schemas["FailRequest"]["required"] == ["lease_id", "error"]
-    listing = deref(DOC["paths"]["/v1/runtimes/{rt}/tasks"]["get"]["parameters"])
+    listing = deref(DOC["paths"]["/v1/runtimes/{rt}/tasks"]["get"]["parameters"], DOC)
     status = next(p for p in listing if p["name"] == "status")
     assert status["schema"] == {"$ref": "#/components/schemas/TaskStatus"}
     assert schemas["TaskStatus"] == {
@@ -310,24 +294,6 @@ def test_the_task_schema_lists_every_field_the_api_returns() -> None:
     assert shown | {"result", "last_error", "render_error"} == set(task["properties"])
     assert task["properties"]["status"] == {"$ref": "#/components/schemas/TaskStatus"}
     assert task["additionalProperties"] is False
-
-
-def test_a_claimed_task_requires_its_lease() -> None:
-    """Generators do not read the Task's if/then: a claim's tasks are ClaimedTasks, whose
-    lease fields are required outright."""
-    claimed = DOC["components"]["schemas"]["ClaimedTask"]
-    assert set(claimed["required"]) == set(render.TASK_FIELDS) | set(render.LEASE_FIELDS)
-    assert claimed["properties"]["status"] == {"type": "string", "const": "claimed"}
-    answer = DOC["paths"]["/v1/runtimes/{rt}/claim"]["post"]["responses"]["200"]
-    assert answer["content"]["application/json"]["schema"] == {
-        "$ref": "#/components/schemas/ClaimedTaskList"
-    }
-    validator = jsonschema.Draft202012Validator(
-        {"$ref": "#/components/schemas/ClaimedTask", "components": DOC["components"]}
-    )
-    example = claimed["examples"][0]
-    assert validator.is_valid(example)
-    assert not validator.is_valid({k: v for k, v in example.items() if k != "lease_id"})
 
 
 def test_a_route_can_declare_a_raw_body_and_its_own_path_parameters() -> None:
@@ -464,47 +430,9 @@ def test_documented_defaults_are_applied() -> None:
     assert documented_default(fail["retry"]) is True
 
 
-@pytest.mark.parametrize("overrides", [{}, OVERRIDES], ids=["defaults", "fuzzed"])
-def test_every_example_is_valid(overrides: dict[str, Any]) -> None:
-    """An example that its schema refuses would teach a reader a request that fails,
-    and schemathesis sends every example."""
-    doc = build(**overrides)
-    schemas = doc["components"]["schemas"]
-    with_examples = [name for name, schema in schemas.items() if "examples" in schema]
-    assert {"Task", "ClaimedTask", "EnqueueRequest", "ClaimRequest", "TokenRequest"} <= set(
-        with_examples
-    )
-    for name in with_examples:
-        validator = jsonschema.Draft202012Validator(
-            {"$ref": f"#/components/schemas/{name}", "components": doc["components"]}
-        )
-        for example in schemas[name]["examples"]:
-            errors_ = list(validator.iter_errors(example))
-            assert not errors_, (name, errors_)
-
-
-def test_no_schema_states_a_default() -> None:
-    """A `default` makes a field required in generated TypeScript, and generated Python
-    clients send it on every request: defaults are stated in words only."""
-    found = []
-
-    def walk(node: Any, where: str) -> None:
-        if isinstance(node, dict):
-            if "default" in node and isinstance(node.get("type", ""), str | list):
-                found.append(where)
-            for key, value in node.items():
-                walk(value, f"{where}/{key}")
-        elif isinstance(node, list):
-            for i, value in enumerate(node):
-                walk(value, f"{where}/{i}")
-
-    walk(build(default_lease_seconds=42), "")
-    assert not found, found
-
-
 def test_every_answer_documents_its_request_id() -> None:
     for path, item in DOC["paths"].items():
-        for method, operation in deref(item).items():
+        for method, operation in deref(item, DOC).items():
             for status, response in operation["responses"].items():
                 header = response["headers"]["X-Request-ID"]
                 assert header["required"], (method, path, status)
@@ -532,66 +460,3 @@ def test_a_query_parameter_is_read_by_its_field(field: Any) -> None:
         for raw in (str(schema["maximum"] + 1), "9" * 5000, "-1"):
             with pytest.raises(ValidationFailed):
                 read_query(field, {field.name: raw}, LIMITS)
-
-
-# --- what client generators need ----------------------------------------------------------
-
-
-def walk(node: Any, where: str = "") -> Any:
-    """(where, schema-like dict) for every dict in `node`, depth first."""
-    if isinstance(node, dict):
-        yield where, node
-        for key, value in node.items():
-            yield from walk(value, f"{where}/{key}")
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            yield from walk(value, f"{where}/{i}")
-
-
-def test_every_enum_is_named_once_with_its_type() -> None:
-    """An inline enum becomes a type of its own in each place a generator meets it
-    (three incompatible task statuses, as ListTokensResponse200TokensItemScopesItem)."""
-    schemas = DOC["components"]["schemas"]
-    # An `if` tests a value, and declares no type: generators read no further.
-    inline = [where for where, node in walk(DOC) if "enum" in node and "/if/" not in where]
-    named = {f"/components/schemas/{name}" for name, s in schemas.items() if "enum" in s}
-    assert set(inline) == named
-    for name in named:
-        schema = schemas[name.rsplit("/", 1)[1]]
-        assert schema["type"] == "string" and schema["description"], name
-    assert {"TaskStatus", "Scope", "ProblemCode"} <= {n.rsplit("/", 1)[1] for n in named}
-    lists = [tuple(schemas[n.rsplit("/", 1)[1]]["enum"]) for n in named]
-    assert len(lists) == len(set(lists)), "two enums list the same values"
-
-
-def test_answers_and_bodies_are_named_schemas() -> None:
-    """Every JSON body, asked or answered, is a schema of the components (generated
-    names like EnqueueTaskResponse201 come from inline ones)."""
-    for path, item in DOC["paths"].items():
-        for method, operation in deref(item).items():
-            bodies_ = [operation.get("requestBody", {})]
-            bodies_ += list(operation["responses"].values())
-            for body in bodies_:
-                for media, content in body.get("content", {}).items():
-                    if media != "text/plain":
-                        assert set(content["schema"]) == {"$ref"}, (method, path, media)
-
-
-def test_error_answers_and_headers_are_shared_components() -> None:
-    for path, item in DOC["paths"].items():
-        for method, operation in item.items():
-            for status, response in operation["responses"].items():
-                if int(status) >= 400 and "$ref" not in response:
-                    assert "application/problem+json" not in response.get("content", {})
-                for header in response.get("headers", {}).values():
-                    assert set(header) == {"$ref"}, (method, path, status)
-    shared = DOC["components"]["parameters"]
-    assert {"rt", "task_id", "Prefer", "include_revoked"} <= set(shared)
-
-
-def test_servers_and_tags() -> None:
-    assert DOC["servers"] == [{"url": "/", "description": DOC["servers"][0]["description"]}]
-    tags = {tag["name"]: tag["description"] for tag in DOC["tags"]}
-    assert all(tags.values())
-    used = {tag for item in DOC["paths"].values() for op in item.values() for tag in op["tags"]}
-    assert used == set(tags)
