@@ -1,8 +1,9 @@
 """Each operation's documentation: summary, description, replies and errors.
 
-Replies name their body's schema in answers.SCHEMAS; request bodies come from the field
-specs in bodies.py. Each Endpoint in routes.py carries one of the `Doc`s below;
-openapi.py turns them into the OpenAPI document.
+Replies name their body's schema in answers.SCHEMAS (admin answers: admin_docs.SCHEMAS);
+request bodies come from the field specs in bodies.py. Each Endpoint in routes.py
+carries one of the `Doc`s below; openapi.py turns them into the OpenAPI document, and
+TAGS describes the groups they are listed in.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class Reply:
 
     status: int
     description: str
-    schema: str | Mapping[str, Any] | None  # a name in SCHEMAS, a JSON Schema, or no body
+    # A schema's name (answers.SCHEMAS, admin_docs.SCHEMAS), a JSON Schema, or no body.
+    schema: str | Mapping[str, Any] | None
     media_type: str = "application/json"
     headers: tuple[Param, ...] = ()
     links: tuple[Link, ...] = ()
