@@ -1,5 +1,6 @@
 """Schemathesis hooks for the whole-API run (tests/e2e/test_schemathesis_run.py), loaded
-through SCHEMATHESIS_HOOKS. This module holds no tests.
+through SCHEMATHESIS_HOOKS. This module holds no tests. Importing it also registers the
+check that a problem's code is one its answer lists (tests/support/openapi.py).
 
 `positive_data_acceptance` expects every request the document calls valid to succeed.
 A few refusals of such requests come from rules that JSON Schema cannot state: they
@@ -14,6 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 import schemathesis
+
+# Registers the check that a problem's code is one its answer lists, for this run too.
+from tests.support.openapi import problem_code_conformance  # noqa: F401
 
 # (problem code, a piece of its detail): why the document cannot say it.
 UNSTATABLE = (

@@ -25,9 +25,35 @@ from gateway.http.routes import ENDPOINTS
 from tests.support.gateways import JANITOR_OFF, TOKEN, make_settings
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@schemathesis.check
+def problem_code_conformance(ctx: Any, response: Any, case: schemathesis.Case) -> bool | None:
+    """A problem's `code` is one that its answer in the document lists (x-problem-codes),
+    and its `status` the answer's: the answer's schema says only that it is a Problem.
+    Registered with schemathesis on import, so that the hooks of its own run load it."""
+    status = response.status_code
+    declared = case.operation.definition.raw["responses"].get(str(status))
+    if status < 400 or declared is None:
+        return None  # a success, or a status the document does not list (checked apart)
+    if "$ref" in declared:
+        name = declared["$ref"].rsplit("/", 1)[1]
+        declared = case.operation.schema.raw_schema["components"]["responses"][name]
+    codes = declared.get(openapi.PROBLEM_CODES)
+    if codes is None:
+        return None
+    problem = response.json()
+    if not isinstance(problem, dict) or problem.get("code") not in codes:
+        raise AssertionError(f"a {status} answer whose code is not one of {codes}: {problem}")
+    if problem.get("status") != status:
+        raise AssertionError(f"a {status} answer whose status says otherwise: {problem}")
+    return True
+
+
 # Short long polls: a generated wait_seconds is at most 1.
 OVERRIDES: dict[str, Any] = {"max_wait_seconds": 1, "janitor_interval_seconds": JANITOR_OFF}
 CONFORMANCE = [
+    problem_code_conformance,
     status_code_conformance,
     content_type_conformance,
     response_headers_conformance,
