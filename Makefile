@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-LINT_PATHS := gateway tests bench clients/python examples docs/hooks
+LINT_PATHS := gateway tests bench clients/python clients/generated-check examples docs/hooks
 
 .PHONY: run test check lint docs format bench simulate faults model fuzz soak clean
 

@@ -89,7 +89,7 @@ def api_page(doc: Mapping[str, Any]) -> str:
     for tag in (t for t in order if t in by_tag):
         out += [f"## {TAGS.get(tag, tag)}", ""]
         for method, path, operation in by_tag[tag]:
-            out += _operation(method, path, operation, schemas)
+            out += _operation(method, path, operation, doc)
     out += ["## Schemas", "", "The bodies named above, field by field.", ""]
     for name in sorted(schemas):
         out += _schema_section(name, schemas[name])
@@ -137,9 +137,19 @@ def _rows(prefix: str, schema: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _component(node: Mapping[str, Any], doc: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A parameter, response, header or request body that is a `$ref` into components,
+    resolved (schemas stay references: the page links to them)."""
+    while "$ref" in node and not node["$ref"].startswith("#/components/schemas/"):
+        _, _, kind, name = node["$ref"].split("/")
+        node = doc["components"][kind][name]
+    return node
+
+
 def _operation(
-    method: str, path: str, operation: Mapping[str, Any], schemas: Mapping[str, Any]
+    method: str, path: str, operation: Mapping[str, Any], doc: Mapping[str, Any]
 ) -> list[str]:
+    schemas = doc["components"]["schemas"]
     out = [
         f"### {operation['summary']}",
         "",
@@ -152,7 +162,7 @@ def _operation(
     if parameters:
         out += ["**Parameters**", "", "| name | in | required | value | meaning |"]
         out += ["|---|---|---|---|---|"]
-        for p in parameters:
+        for p in (_component(p, doc) for p in parameters):
             required = "yes" if p.get("required") else "no"
             out.append(
                 f"| `{p['name']}` | {p['in']} | {required} | {_value(p.get('schema', {}))} "
@@ -161,13 +171,17 @@ def _operation(
         out.append("")
     body = operation.get("requestBody")
     if body is not None:
-        out += _request_body(body, schemas)
+        out += _request_body(_component(body, doc), schemas)
     out += ["**Responses**", "", "| status | meaning | body |", "|---|---|---|"]
-    for status, response in operation["responses"].items():
+    for status, reference in operation["responses"].items():
+        response = _component(reference, doc)
         media = ", ".join(
             f"`{kind}` {_schema_name(content.get('schema', {}))}".rstrip()
             for kind, content in response.get("content", {}).items()
         )
+        codes = response.get("x-problem-codes", [])
+        if codes:
+            media += " (`code`: " + ", ".join(f"`{c}`" for c in codes) + ")"
         headers = [h for h in response.get("headers", {}) if h != "X-Request-ID"]
         if headers:
             media += "; headers " + ", ".join(f"`{h}`" for h in headers)

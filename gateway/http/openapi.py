@@ -363,6 +363,11 @@ def _problem_text(classes: Sequence[type[GatewayError]]) -> str:
 def _problem_schema() -> dict[str, Any]:
     schema = dict(SCHEMAS["Problem"])
     properties = dict(schema["properties"])
-    properties["code"] = {"$ref": "#/components/schemas/ProblemCode"}
+    # Open to codes a later release adds: a client generated from this document parses
+    # them as plain strings rather than failing on a value its enum lacks.
+    properties["code"] = {
+        "anyOf": [{"$ref": "#/components/schemas/ProblemCode"}, {"type": "string"}],
+        "description": "One of ProblemCode's values; a later release may add more.",
+    }
     schema["properties"] = properties
     return schema
