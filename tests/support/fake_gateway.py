@@ -1,4 +1,4 @@
-"""An in-memory gateway for the client's unit tests (tests/client/): a queue, leases
+"""An in-memory gateway for the client's unit tests (clients/python/tests/): a queue, leases
 (lapsing, if asked), cancels, scripted failures, completions held unanswered, and a
 record of every call with its (monotonic) time; and a worker loop run against it until
 a condition holds."""

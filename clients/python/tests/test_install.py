@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-CLIENT = Path(__file__).resolve().parents[2] / "clients" / "python"
+CLIENT = Path(__file__).resolve().parents[1]
 SERVER_ONLY = ("asyncpg", "redis", "starlette", "uvicorn", "gateway")
 # Every client module imports, and none of the server's modules can be found.
 CHECK = """
