@@ -35,7 +35,8 @@ async def test_async_batch_calls(gw, runtime_id):
         )
         assert [x.outcome for x in beats] == ["extended", "extended", "not_found"]
         assert [x.cancel_requested for x in beats] == [False, True, False]
-        assert beats[0].lease_expires_at and beats[0].lease_expires_at > (a.lease_expires_at or "")
+        assert a.lease_expires_at and beats[0].lease_expires_at
+        assert beats[0].lease_expires_at > a.lease_expires_at
         assert beats[2].refused and beats[2].problem and beats[2].problem["status"] == 404
 
         failed = await client.fail_many(

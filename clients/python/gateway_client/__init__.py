@@ -32,12 +32,14 @@ from .models import (
     Controls,
     Failure,
     ItemOutcome,
+    ItemOutcomeKind,
     NewTask,
     Page,
     RuntimePage,
     RuntimeSummary,
     Stats,
     Task,
+    TaskStatus,
 )
 from .sync import Client
 from .worker import Outcome, Worker, WorkerOptions
@@ -63,6 +65,7 @@ __all__ = [
     "IdempotencyKeyReused",
     "InvalidState",
     "ItemOutcome",
+    "ItemOutcomeKind",
     "LeaseLost",
     "NewTask",
     "NotFound",
@@ -77,6 +80,7 @@ __all__ = [
     "StoreUnavailable",
     "Task",
     "TaskFailed",
+    "TaskStatus",
     "TransportError",
     "Unauthorized",
     "ValidationFailed",

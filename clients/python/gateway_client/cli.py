@@ -215,7 +215,6 @@ def parse_limit(option: str, value: str | None, kind: type[int] | type[float]) -
 
 def cmd_runtime(args: argparse.Namespace) -> int:
     import asyncio
-    import dataclasses
 
     from .client import AsyncClient
     from .errors import Forbidden, GatewayError
@@ -246,7 +245,7 @@ def cmd_runtime(args: argparse.Namespace) -> int:
                 )
             else:
                 controls = await client.get_controls(args.runtime)
-            return dataclasses.asdict(controls)
+            return controls.to_json()
 
     try:
         controls = asyncio.run(run())

@@ -39,6 +39,8 @@ from .models import (
     RuntimeSummary,
     Stats,
     Task,
+    TaskStatus,
+    format_time,
 )
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -48,7 +50,7 @@ DEFAULT_TIMEOUT_SECONDS = 30.0
 LONG_POLL_MARGIN_SECONDS = 10.0
 DEFAULT_CONNECTIONS = 100
 # The statuses a task never leaves by itself: `wait()` returns once the task has one.
-FINISHED = frozenset({"completed", "dead", "expired", "cancelled"})
+FINISHED: frozenset[TaskStatus] = frozenset({"completed", "dead", "expired", "cancelled"})
 # One request of `wait()` waits at most this long on the gateway: within the default
 # GATEWAY_MAX_WAIT_SECONDS (60), and short enough for proxies' idle timeouts.
 WAIT_STEP_SECONDS = 20.0
@@ -161,7 +163,7 @@ class AsyncClient:
         priority: int | None = None,
         idempotency_key: str | None = None,
         delay_seconds: float | None = None,
-        run_at: str | None = None,
+        run_at: datetime | str | None = None,
         ttl_seconds: float | None = None,
         max_attempts: int | None = None,
         minimal: Literal[False] = False,
@@ -176,7 +178,7 @@ class AsyncClient:
         priority: int | None = None,
         idempotency_key: str | None = None,
         delay_seconds: float | None = None,
-        run_at: str | None = None,
+        run_at: datetime | str | None = None,
         ttl_seconds: float | None = None,
         max_attempts: int | None = None,
         minimal: Literal[True],
@@ -190,7 +192,7 @@ class AsyncClient:
         priority: int | None = None,
         idempotency_key: str | None = None,
         delay_seconds: float | None = None,
-        run_at: str | None = None,
+        run_at: datetime | str | None = None,
         ttl_seconds: float | None = None,
         max_attempts: int | None = None,
         minimal: bool = False,
@@ -387,7 +389,7 @@ class AsyncClient:
         self,
         runtime: str,
         *,
-        status: str | None = None,
+        status: TaskStatus | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> Page:
@@ -401,7 +403,7 @@ class AsyncClient:
         return Page([Task.from_json(t) for t in data["tasks"]], data.get("next_cursor"))
 
     async def iter_tasks(
-        self, runtime: str, *, status: str | None = None, page_size: int | None = None
+        self, runtime: str, *, status: TaskStatus | None = None, page_size: int | None = None
     ) -> AsyncIterator[Task]:
         """Every task of the runtime (with that status), following the cursors."""
         cursor: str | None = None
@@ -465,7 +467,7 @@ class AsyncClient:
         if reason is not None:
             body["reason"] = reason
         if until is not None:
-            body["until"] = until.isoformat() if isinstance(until, datetime) else until
+            body["until"] = format_time(until)
         _, data, _ = await self.request("POST", f"/v1/runtimes/{runtime}:pause", body or None)
         return Controls.from_json(data)
 

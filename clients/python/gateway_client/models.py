@@ -1,14 +1,46 @@
 """Typed views of the gateway's JSON: a task, a listing page, a runtime's counts, and
-a task to enqueue. Times stay RFC 3339 strings (UTC, microseconds, `Z`), as the
-gateway sends them, so that they compare as strings."""
+a task to enqueue. Times are timezone-aware `datetime`s (in UTC), parsed from the
+RFC 3339 strings the gateway sends; statuses and outcomes are `Literal` strings."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, Literal, get_args
 
-STATUSES = ("queued", "claimed", "completed", "dead", "expired", "cancelled")
+# A task's status. A status this client does not know yet (from a newer gateway) is
+# kept as sent.
+TaskStatus = Literal["queued", "claimed", "completed", "dead", "expired", "cancelled"]
+STATUSES: tuple[TaskStatus, ...] = get_args(TaskStatus)
+# What a batch call (complete_many, fail_many, heartbeat_many) did with one item; the
+# last two are refusals.
+ItemOutcomeKind = Literal[
+    "completed", "cancelled", "queued", "dead", "extended", "lease_lost", "not_found"
+]
+
+
+def parse_time(value: str | None) -> datetime | None:
+    """An RFC 3339 time from the gateway as an aware datetime (None stays None)."""
+    if value is None:
+        return None
+    parsed = datetime.fromisoformat(value)
+    if parsed.tzinfo is None:
+        raise ValueError(f"time {value!r} has no UTC offset; RFC 3339 times always have one")
+    return parsed
+
+
+def format_time(value: datetime | str) -> str:
+    """A time for the gateway: an aware datetime as RFC 3339 in UTC; a string as given
+    (the gateway checks it). A naive datetime is refused: its zone would be a guess."""
+    if isinstance(value, str):
+        return value
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(
+            f"the time {value.isoformat()} has no time zone: give an aware datetime, "
+            "e.g. datetime.now(UTC)"
+        )
+    return value.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)
@@ -18,17 +50,17 @@ class Task:
 
     id: str
     runtime_id: str
-    status: str
+    status: TaskStatus
     priority: int
     payload: Any
     attempts: int
     max_attempts: int
-    run_at: str | None = None
-    expires_at: str | None = None
-    created_at: str | None = None
-    updated_at: str | None = None
+    run_at: datetime | None = None
+    expires_at: datetime | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
     lease_id: str | None = None
-    lease_expires_at: str | None = None
+    lease_expires_at: datetime | None = None
     worker_id: str | None = None
     cancel_requested: bool = False
     result: Any = None
@@ -48,12 +80,12 @@ class Task:
             payload=data.get("payload"),
             attempts=data["attempts"],
             max_attempts=data["max_attempts"],
-            run_at=data.get("run_at"),
-            expires_at=data.get("expires_at"),
-            created_at=data.get("created_at"),
-            updated_at=data.get("updated_at"),
+            run_at=parse_time(data.get("run_at")),
+            expires_at=parse_time(data.get("expires_at")),
+            created_at=parse_time(data.get("created_at")),
+            updated_at=parse_time(data.get("updated_at")),
             lease_id=data.get("lease_id"),
-            lease_expires_at=data.get("lease_expires_at"),
+            lease_expires_at=parse_time(data.get("lease_expires_at")),
             worker_id=data.get("worker_id"),
             cancel_requested=bool(data.get("cancel_requested", False)),
             result=data.get("result"),
@@ -73,14 +105,17 @@ class Page:
 
 @dataclass(frozen=True)
 class Stats:
+    """A runtime's tasks by status (`counts`), the age in seconds of its oldest due
+    queued task, the claims parked on it, and its pause."""
+
     runtime_id: str
-    counts: dict[str, int]
+    counts: dict[TaskStatus, int]
     oldest_queued_age_seconds: float | None
     parked_pollers: int
     paused: bool = False
     paused_reason: str | None = None  # these three: None unless paused
-    paused_since: str | None = None
-    paused_until: str | None = None
+    paused_since: datetime | None = None
+    paused_until: datetime | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Stats:
@@ -91,20 +126,21 @@ class Stats:
             parked_pollers=data.get("parked_pollers", 0),
             paused=data.get("paused", False),
             paused_reason=data.get("paused_reason"),
-            paused_since=data.get("paused_since"),
-            paused_until=data.get("paused_until"),
+            paused_since=parse_time(data.get("paused_since")),
+            paused_until=parse_time(data.get("paused_until")),
         )
 
 
 @dataclass(frozen=True)
 class NewTask:
-    """A task to enqueue. Give at most one of `delay_seconds` and `run_at`."""
+    """A task to enqueue. Give at most one of `delay_seconds` and `run_at` (an aware
+    datetime, or an RFC 3339 string with its offset)."""
 
     payload: Any
     priority: int | None = None
     idempotency_key: str | None = None
     delay_seconds: float | None = None
-    run_at: str | None = None
+    run_at: datetime | str | None = None
     ttl_seconds: float | None = None
     max_attempts: int | None = None
 
@@ -120,7 +156,7 @@ class NewTask:
         ):
             value = getattr(self, name)
             if value is not None:
-                body[name] = value
+                body[name] = format_time(value) if name == "run_at" else value
         return body
 
 
@@ -128,7 +164,7 @@ class NewTask:
 
 # Outcomes that are not the task's: the item was refused, with the problem the single
 # call would have raised.
-REFUSED_OUTCOMES = ("lease_lost", "not_found")
+REFUSED_OUTCOMES: tuple[ItemOutcomeKind, ...] = ("lease_lost", "not_found")
 
 
 @dataclass(frozen=True)
@@ -191,9 +227,9 @@ class ItemOutcome:
     `lease_lost` or `not_found` with `problem`, the problem the single call answers."""
 
     id: str
-    outcome: str
-    run_at: str | None = None
-    lease_expires_at: str | None = None
+    outcome: ItemOutcomeKind
+    run_at: datetime | None = None
+    lease_expires_at: datetime | None = None
     cancel_requested: bool = False
     problem: dict[str, Any] | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -207,8 +243,8 @@ class ItemOutcome:
         return cls(
             id=data["id"],
             outcome=data["outcome"],
-            run_at=data.get("run_at"),
-            lease_expires_at=data.get("lease_expires_at"),
+            run_at=parse_time(data.get("run_at")),
+            lease_expires_at=parse_time(data.get("lease_expires_at")),
             cancel_requested=bool(data.get("cancel_requested", False)),
             problem=data.get("problem"),
             raw=data,
@@ -271,17 +307,17 @@ class Controls:
     `max_in_flight` bounds its tasks leased at once over every gateway instance,
     `claims_per_second` the tasks leased per second (burst: one second's worth). None:
     no limit. `updated_at` is None for a runtime never changed. While paused,
-    `paused_reason`, `paused_since` and `paused_until` (RFC 3339 strings) describe the
-    pause; a pause past its `paused_until` reads as not paused."""
+    `paused_reason`, `paused_since` and `paused_until` describe the pause; a pause past
+    its `paused_until` reads as not paused."""
 
     runtime_id: str
     paused: bool
     max_in_flight: int | None
     claims_per_second: float | None
-    updated_at: str | None
+    updated_at: datetime | None
     paused_reason: str | None = None
-    paused_since: str | None = None
-    paused_until: str | None = None
+    paused_since: datetime | None = None
+    paused_until: datetime | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Controls:
@@ -290,8 +326,15 @@ class Controls:
             paused=data["paused"],
             max_in_flight=data.get("max_in_flight"),
             claims_per_second=data.get("claims_per_second"),
-            updated_at=data.get("updated_at"),
+            updated_at=parse_time(data.get("updated_at")),
             paused_reason=data.get("paused_reason"),
-            paused_since=data.get("paused_since"),
-            paused_until=data.get("paused_until"),
+            paused_since=parse_time(data.get("paused_since")),
+            paused_until=parse_time(data.get("paused_until")),
         )
+
+    def to_json(self) -> dict[str, Any]:
+        """The controls as the gateway answers them, times as RFC 3339 strings in UTC."""
+        out: dict[str, Any] = {}
+        for name, value in vars(self).items():
+            out[name] = format_time(value) if isinstance(value, datetime) else value
+        return out

@@ -1,4 +1,5 @@
-"""A blocking wrapper for scripts: the async client on an event loop of its own.
+"""A blocking wrapper for scripts: the async client on an event loop of its own, with
+the same methods, parameters and types (a test compares the two signature by signature).
 
     with Client() as gw:
         task = gw.enqueue("demo", {"n": 1})
@@ -11,12 +12,18 @@ threads at once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterable, Iterator
+from collections.abc import Coroutine, Iterable, Iterator, Mapping
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal, TypeVar, overload
 
-from .client import DEFAULT_TIMEOUT_SECONDS, AsyncClient
+from .client import (
+    DEFAULT_CONNECTIONS,
+    DEFAULT_TIMEOUT_SECONDS,
+    LONG_POLL_MARGIN_SECONDS,
+    WAIT_STEP_SECONDS,
+    AsyncClient,
+)
 from .models import (
     KEEP,
     Beat,
@@ -31,6 +38,7 @@ from .models import (
     RuntimeSummary,
     Stats,
     Task,
+    TaskStatus,
 )
 
 T = TypeVar("T")
@@ -45,9 +53,17 @@ class Client:
         token: str | None = None,
         *,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        long_poll_margin_seconds: float = LONG_POLL_MARGIN_SECONDS,
+        connections: int = DEFAULT_CONNECTIONS,
     ) -> None:
         self._runner = asyncio.Runner()
-        self.aio = AsyncClient(url, token, timeout_seconds=timeout_seconds)
+        self.aio = AsyncClient(
+            url,
+            token,
+            timeout_seconds=timeout_seconds,
+            long_poll_margin_seconds=long_poll_margin_seconds,
+            connections=connections,
+        )
 
     def __enter__(self) -> Client:
         return self
@@ -69,26 +85,80 @@ class Client:
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self._runner.run(coro)
 
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout_seconds: float | None = None,
+    ) -> tuple[int, Any, Mapping[str, str]]:
+        """As AsyncClient.request: one call, `path` sent as given."""
+        return self._run(
+            self.aio.request(
+                method, path, body, params=params, headers=headers, timeout_seconds=timeout_seconds
+            )
+        )
+
+    # -- producers ---------------------------------------------------------------
+
     @overload
     def enqueue(
-        self, runtime: str, payload: Any, *, minimal: Literal[False] = False, **fields: Any
+        self,
+        runtime: str,
+        payload: Any,
+        *,
+        priority: int | None = None,
+        idempotency_key: str | None = None,
+        delay_seconds: float | None = None,
+        run_at: datetime | str | None = None,
+        ttl_seconds: float | None = None,
+        max_attempts: int | None = None,
+        minimal: Literal[False] = False,
     ) -> Task: ...
 
     @overload
     def enqueue(
-        self, runtime: str, payload: Any, *, minimal: Literal[True], **fields: Any
+        self,
+        runtime: str,
+        payload: Any,
+        *,
+        priority: int | None = None,
+        idempotency_key: str | None = None,
+        delay_seconds: float | None = None,
+        run_at: datetime | str | None = None,
+        ttl_seconds: float | None = None,
+        max_attempts: int | None = None,
+        minimal: Literal[True],
     ) -> str: ...
 
     def enqueue(
-        self, runtime: str, payload: Any, *, minimal: bool = False, **fields: Any
+        self,
+        runtime: str,
+        payload: Any,
+        *,
+        priority: int | None = None,
+        idempotency_key: str | None = None,
+        delay_seconds: float | None = None,
+        run_at: datetime | str | None = None,
+        ttl_seconds: float | None = None,
+        max_attempts: int | None = None,
+        minimal: bool = False,
     ) -> Task | str:
-        """Fields as AsyncClient.enqueue: priority, idempotency_key, delay_seconds, ...
-        With `minimal=True`, the task's id only."""
+        """As AsyncClient.enqueue; with `minimal=True`, the task's id only."""
+        fields: dict[str, Any] = {
+            "priority": priority,
+            "idempotency_key": idempotency_key,
+            "delay_seconds": delay_seconds,
+            "run_at": run_at,
+            "ttl_seconds": ttl_seconds,
+            "max_attempts": max_attempts,
+        }
         if minimal:
-            task_id: str = self._run(self.aio.enqueue(runtime, payload, minimal=True, **fields))
-            return task_id
-        task: Task = self._run(self.aio.enqueue(runtime, payload, **fields))
-        return task
+            return self._run(self.aio.enqueue(runtime, payload, minimal=True, **fields))
+        return self._run(self.aio.enqueue(runtime, payload, minimal=False, **fields))
 
     @overload
     def enqueue_batch(
@@ -108,8 +178,33 @@ class Client:
             return self._run(self.aio.enqueue_batch(runtime, tasks, minimal=True))
         return self._run(self.aio.enqueue_batch(runtime, tasks))
 
-    def claim(self, runtime: str, worker_id: str, **fields: Any) -> list[Task]:
-        return self._run(self.aio.claim(runtime, worker_id, **fields))
+    def cancel(self, task_id: str) -> Task:
+        return self._run(self.aio.cancel(task_id))
+
+    def retry(self, task_id: str) -> Task:
+        return self._run(self.aio.retry(task_id))
+
+    # -- daemons -----------------------------------------------------------------
+
+    def claim(
+        self,
+        runtime: str,
+        worker_id: str,
+        *,
+        max_tasks: int = 1,
+        wait_seconds: float = 0,
+        lease_seconds: int | None = None,
+    ) -> list[Task]:
+        """As AsyncClient.claim: up to `max_tasks` tasks, waiting up to `wait_seconds`."""
+        return self._run(
+            self.aio.claim(
+                runtime,
+                worker_id,
+                max_tasks=max_tasks,
+                wait_seconds=wait_seconds,
+                lease_seconds=lease_seconds,
+            )
+        )
 
     def heartbeat(self, task_id: str, lease_id: str, lease_seconds: int | None = None) -> Task:
         return self._run(self.aio.heartbeat(task_id, lease_id, lease_seconds))
@@ -117,8 +212,21 @@ class Client:
     def complete(self, task_id: str, lease_id: str, result: Any = None) -> Task:
         return self._run(self.aio.complete(task_id, lease_id, result))
 
-    def fail(self, task_id: str, lease_id: str, error: str, **fields: Any) -> Task:
-        return self._run(self.aio.fail(task_id, lease_id, error, **fields))
+    def fail(
+        self,
+        task_id: str,
+        lease_id: str,
+        error: str,
+        *,
+        retry: bool = True,
+        retry_after_seconds: float | None = None,
+    ) -> Task:
+        """As AsyncClient.fail: queued again after a backoff, or `dead`."""
+        return self._run(
+            self.aio.fail(
+                task_id, lease_id, error, retry=retry, retry_after_seconds=retry_after_seconds
+            )
+        )
 
     def release(self, task_id: str, lease_id: str) -> Task:
         return self._run(self.aio.release(task_id, lease_id))
@@ -132,25 +240,33 @@ class Client:
     def heartbeat_many(self, items: Iterable[Beat]) -> list[ItemOutcome]:
         return self._run(self.aio.heartbeat_many(items))
 
-    def cancel(self, task_id: str) -> Task:
-        return self._run(self.aio.cancel(task_id))
-
-    def retry(self, task_id: str) -> Task:
-        return self._run(self.aio.retry(task_id))
+    # -- reading -----------------------------------------------------------------
 
     def get(self, task_id: str) -> Task:
         return self._run(self.aio.get(task_id))
 
-    def wait(self, task_id: str, *, timeout_seconds: float, **fields: Any) -> Task:
+    def wait(
+        self, task_id: str, *, timeout_seconds: float, step_seconds: float = WAIT_STEP_SECONDS
+    ) -> Task:
         """As AsyncClient.wait: the finished task, or WaitTimedOut."""
-        return self._run(self.aio.wait(task_id, timeout_seconds=timeout_seconds, **fields))
+        return self._run(
+            self.aio.wait(task_id, timeout_seconds=timeout_seconds, step_seconds=step_seconds)
+        )
 
-    def list_tasks(self, runtime: str, **query: Any) -> Page:
-        return self._run(self.aio.list_tasks(runtime, **query))
+    def list_tasks(
+        self,
+        runtime: str,
+        *,
+        status: TaskStatus | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page:
+        return self._run(self.aio.list_tasks(runtime, status=status, limit=limit, cursor=cursor))
 
     def iter_tasks(
-        self, runtime: str, *, status: str | None = None, page_size: int | None = None
+        self, runtime: str, *, status: TaskStatus | None = None, page_size: int | None = None
     ) -> Iterator[Task]:
+        """Every task of the runtime (with that status), following the cursors."""
         cursor: str | None = None
         while True:
             page = self.list_tasks(runtime, status=status, limit=page_size, cursor=cursor)
@@ -162,8 +278,10 @@ class Client:
     def stats(self, runtime: str) -> Stats:
         return self._run(self.aio.stats(runtime))
 
-    def list_runtimes(self, **query: Any) -> RuntimePage:
-        return self._run(self.aio.list_runtimes(**query))
+    def list_runtimes(self, *, limit: int | None = None, cursor: str | None = None) -> RuntimePage:
+        return self._run(self.aio.list_runtimes(limit=limit, cursor=cursor))
+
+    # -- runtime controls --------------------------------------------------------
 
     def get_controls(self, runtime: str) -> Controls:
         return self._run(self.aio.get_controls(runtime))
@@ -196,6 +314,7 @@ class Client:
         return self._run(self.aio.resume(runtime))
 
     def iter_runtimes(self, *, page_size: int | None = None) -> Iterator[RuntimeSummary]:
+        """Every runtime with live tasks that the token covers, following the cursors."""
         cursor: str | None = None
         while True:
             page = self.list_runtimes(limit=page_size, cursor=cursor)

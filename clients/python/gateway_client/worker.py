@@ -50,7 +50,7 @@ from typing import Any, Protocol
 from .backoff import Backoff
 from .errors import GatewayError, LeaseLost, MethodNotAllowed, NotFound
 from .failure import TaskFailed, format_error
-from .models import Beat, Completion, ItemOutcome, Task
+from .models import Beat, Completion, ItemOutcome, ItemOutcomeKind, Task
 
 log = logging.getLogger("gateway_client.worker")
 
@@ -521,7 +521,10 @@ class Worker:
                     beat.task_id, beat.lease_id, beat.lease_seconds
                 )
             except (LeaseLost, NotFound) as exc:
-                out.append(ItemOutcome(beat.task_id, exc.code, problem=dict(exc.problem)))
+                refused: ItemOutcomeKind = (
+                    "lease_lost" if isinstance(exc, LeaseLost) else "not_found"
+                )
+                out.append(ItemOutcome(beat.task_id, refused, problem=dict(exc.problem)))
                 continue
             out.append(
                 ItemOutcome(beat.task_id, "extended", cancel_requested=task.cancel_requested)

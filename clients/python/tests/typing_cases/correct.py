@@ -1,0 +1,22 @@
+"""The same calls as misspelt.py, spelt right: mypy must find nothing (test_typing.py)."""
+
+from datetime import UTC, datetime
+
+from gateway_client import AsyncClient, Client, Task
+
+
+def blocking() -> None:
+    with Client() as gw:
+        task: Task = gw.enqueue("demo", {"n": 1}, priority=90)
+        task_id: str = gw.enqueue("demo", {"n": 2}, minimal=True, run_at=datetime.now(UTC))
+        claimed: list[Task] = gw.claim("demo", "me", wait_seconds=20)
+        finished = gw.wait(task_id, timeout_seconds=5, step_seconds=1)
+        if finished.status == "completed" and finished.updated_at is not None:
+            print(task.id, claimed, finished.updated_at.isoformat())
+
+
+async def non_blocking() -> None:
+    async with AsyncClient() as gw:
+        task: Task = await gw.enqueue("demo", {"n": 1}, priority=90)
+        claimed: list[Task] = await gw.claim("demo", "me", wait_seconds=20)
+        print(task.id, claimed)
