@@ -42,6 +42,7 @@ from .models import (
     TaskStatus,
     format_time,
 )
+from .paths import runtime_path, task_path
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 # Any call but a long poll; a database under load can take a few seconds.
@@ -121,7 +122,8 @@ class AsyncClient:
         timeout_seconds: float | None = None,
     ) -> tuple[int, Any, Mapping[str, str]]:
         """One call: (status, decoded JSON body, headers); raises the GatewayError
-        subclass of an error answer, or TransportError when no answer came."""
+        subclass of an error answer, or TransportError when no answer came. `path` is
+        sent as given: quote an id put into it with `paths.segment`."""
         session = self._open()
         timeout = aiohttp.ClientTimeout(total=timeout_seconds or self.timeout_seconds)
         data = None if body is None else json.dumps(body).encode()
@@ -203,7 +205,7 @@ class AsyncClient:
         new = NewTask(
             payload, priority, idempotency_key, delay_seconds, run_at, ttl_seconds, max_attempts
         )
-        path = f"/v1/runtimes/{runtime}/tasks"
+        path = runtime_path(runtime, "/tasks")
         if not minimal:
             return await self._task("POST", path, new.to_json())
         _, data, _ = await self.request("POST", path, new.to_json(), headers=PREFER_MINIMAL)
@@ -226,7 +228,7 @@ class AsyncClient:
         `minimal=True`, only their ids, which spares the gateway and this client the
         payloads coming back (`Prefer: return=minimal`)."""
         body = {"tasks": [t.to_json() for t in tasks]}
-        path = f"/v1/runtimes/{runtime}/tasks:batch"
+        path = runtime_path(runtime, "/tasks:batch")
         if not minimal:
             _, data, _ = await self.request("POST", path, body)
             return [Task.from_json(t) for t in data["tasks"]]
@@ -234,10 +236,10 @@ class AsyncClient:
         return [str(t["id"]) for t in data["tasks"]]
 
     async def cancel(self, task_id: str) -> Task:
-        return await self._task("POST", f"/v1/tasks/{task_id}/cancel")
+        return await self._task("POST", task_path(task_id, "/cancel"))
 
     async def retry(self, task_id: str) -> Task:
-        return await self._task("POST", f"/v1/tasks/{task_id}/retry")
+        return await self._task("POST", task_path(task_id, "/retry"))
 
     # -- daemons -----------------------------------------------------------------
 
@@ -261,7 +263,7 @@ class AsyncClient:
             body["lease_seconds"] = lease_seconds
         _, data, _ = await self.request(
             "POST",
-            f"/v1/runtimes/{runtime}/claim",
+            runtime_path(runtime, "/claim"),
             body,
             timeout_seconds=wait_seconds + self.long_poll_margin_seconds,
         )
@@ -274,13 +276,13 @@ class AsyncClient:
         body: dict[str, Any] = {"lease_id": lease_id}
         if lease_seconds is not None:
             body["lease_seconds"] = lease_seconds
-        return await self._task("POST", f"/v1/tasks/{task_id}/heartbeat", body)
+        return await self._task("POST", task_path(task_id, "/heartbeat"), body)
 
     async def complete(self, task_id: str, lease_id: str, result: Any = None) -> Task:
         body: dict[str, Any] = {"lease_id": lease_id}
         if result is not None:
             body["result"] = result
-        return await self._task("POST", f"/v1/tasks/{task_id}/complete", body)
+        return await self._task("POST", task_path(task_id, "/complete"), body)
 
     async def fail(
         self,
@@ -295,11 +297,11 @@ class AsyncClient:
         body: dict[str, Any] = {"lease_id": lease_id, "error": error, "retry": retry}
         if retry_after_seconds is not None:
             body["retry_after_seconds"] = retry_after_seconds
-        return await self._task("POST", f"/v1/tasks/{task_id}/fail", body)
+        return await self._task("POST", task_path(task_id, "/fail"), body)
 
     async def release(self, task_id: str, lease_id: str) -> Task:
         """Queued again at once (or `cancelled`, when a cancel was requested)."""
-        return await self._task("POST", f"/v1/tasks/{task_id}/release", {"lease_id": lease_id})
+        return await self._task("POST", task_path(task_id, "/release"), {"lease_id": lease_id})
 
     # -- batch lease operations ---------------------------------------------------
     # One request for many tasks (1-1000, each task once): one ItemOutcome per item, in
@@ -327,7 +329,7 @@ class AsyncClient:
     # -- reading -----------------------------------------------------------------
 
     async def get(self, task_id: str) -> Task:
-        return await self._task("GET", f"/v1/tasks/{task_id}")
+        return await self._task("GET", task_path(task_id))
 
     async def wait(
         self,
@@ -355,7 +357,7 @@ class AsyncClient:
             try:
                 _, data, _ = await self.request(
                     "GET",
-                    f"/v1/tasks/{task_id}",
+                    task_path(task_id),
                     params={"wait_seconds": f"{wait:.3f}"},
                     timeout_seconds=wait + self.long_poll_margin_seconds,
                 )
@@ -399,7 +401,7 @@ class AsyncClient:
             for k, v in (("status", status), ("limit", limit), ("cursor", cursor))
             if v is not None
         }
-        _, data, _ = await self.request("GET", f"/v1/runtimes/{runtime}/tasks", params=params)
+        _, data, _ = await self.request("GET", runtime_path(runtime, "/tasks"), params=params)
         return Page([Task.from_json(t) for t in data["tasks"]], data.get("next_cursor"))
 
     async def iter_tasks(
@@ -416,7 +418,7 @@ class AsyncClient:
             cursor = page.next_cursor
 
     async def stats(self, runtime: str) -> Stats:
-        _, data, _ = await self.request("GET", f"/v1/runtimes/{runtime}/stats")
+        _, data, _ = await self.request("GET", runtime_path(runtime, "/stats"))
         return Stats.from_json(data)
 
     async def list_runtimes(
@@ -434,7 +436,7 @@ class AsyncClient:
 
     async def get_controls(self, runtime: str) -> Controls:
         """The runtime's pause state and limits."""
-        _, data, _ = await self.request("GET", f"/v1/runtimes/{runtime}/controls")
+        _, data, _ = await self.request("GET", runtime_path(runtime, "/controls"))
         return Controls.from_json(data)
 
     async def set_controls(
@@ -453,7 +455,7 @@ class AsyncClient:
             "claims_per_second": claims_per_second,
         }
         body = {k: v for k, v in fields.items() if v is not KEEP}
-        _, data, _ = await self.request("PATCH", f"/v1/runtimes/{runtime}/controls", body)
+        _, data, _ = await self.request("PATCH", runtime_path(runtime, "/controls"), body)
         return Controls.from_json(data)
 
     async def pause(
@@ -468,12 +470,12 @@ class AsyncClient:
             body["reason"] = reason
         if until is not None:
             body["until"] = format_time(until)
-        _, data, _ = await self.request("POST", f"/v1/runtimes/{runtime}:pause", body or None)
+        _, data, _ = await self.request("POST", runtime_path(runtime, ":pause"), body or None)
         return Controls.from_json(data)
 
     async def resume(self, runtime: str) -> Controls:
         """Claims of the runtime hand out tasks again; idempotent."""
-        _, data, _ = await self.request("POST", f"/v1/runtimes/{runtime}:resume")
+        _, data, _ = await self.request("POST", runtime_path(runtime, ":resume"))
         return Controls.from_json(data)
 
     async def iter_runtimes(self, *, page_size: int | None = None) -> AsyncIterator[RuntimeSummary]:
