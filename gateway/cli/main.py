@@ -12,12 +12,15 @@ import os
 import secrets
 import sys
 from pathlib import Path
-from typing import Any
-
-from gateway_client import cli as client_cli
+from typing import TYPE_CHECKING, Any
 
 from ..errors import GatewayError
 from ..settings import Settings
+
+if TYPE_CHECKING:  # the same source, under the name a type checker can find
+    from gateway_client import cli as client_cli
+else:
+    from .._client import cli as client_cli
 
 log = logging.getLogger("gateway")
 

@@ -222,7 +222,8 @@ def test_wheel_from_the_context_has_both_packages_migrations_and_the_script(
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
         scripts = archive.read(entry_points).decode()
     assert "gateway/cli/main.py" in names
-    assert "gateway_client/cli.py" in names  # `gateway work` and `gateway enqueue`
+    assert "gateway/_client/cli.py" in names  # `gateway work` and `gateway enqueue`
+    assert not any(n.startswith("gateway_client/") for n in names)  # the client's own
     shipped = {p.name for p in (ROOT / "migrations").glob("*.sql")}
     assert shipped and {f"gateway/migrations/{n}" for n in shipped} <= names
     assert "gateway = gateway.cli.main:main" in scripts
