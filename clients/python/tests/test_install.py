@@ -8,6 +8,7 @@ package index once, as wheels, and every install reads only that folder (--no-in
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import os
 import re
@@ -168,3 +169,17 @@ def test_the_gateway_command_loads_no_server_package_for_work_and_enqueue() -> N
     found = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
     assert found.returncode == 0, found.stderr
     assert found.stdout.strip() == "", f"imported: {found.stdout}"
+
+
+def test_the_client_imports_its_own_modules_relatively_only() -> None:
+    """The server's copy runs as gateway._client, where `import gateway_client` would
+    find nothing (or another install's modules)."""
+    for path in sorted((CLIENT / "gateway_client").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            own = [n for n in names if n.split(".")[0] == "gateway_client"]
+            assert own == [], f"{path.name}:{node.lineno} imports {own}: import it relatively"
