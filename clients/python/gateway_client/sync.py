@@ -148,17 +148,34 @@ class Client:
         minimal: bool = False,
     ) -> Task | str:
         """As AsyncClient.enqueue; with `minimal=True`, the task's id only."""
-        fields: dict[str, Any] = {
-            "priority": priority,
-            "idempotency_key": idempotency_key,
-            "delay_seconds": delay_seconds,
-            "run_at": run_at,
-            "ttl_seconds": ttl_seconds,
-            "max_attempts": max_attempts,
-        }
         if minimal:
-            return self._run(self.aio.enqueue(runtime, payload, minimal=True, **fields))
-        return self._run(self.aio.enqueue(runtime, payload, minimal=False, **fields))
+            task_id: str = self._run(
+                self.aio.enqueue(
+                    runtime,
+                    payload,
+                    priority=priority,
+                    idempotency_key=idempotency_key,
+                    delay_seconds=delay_seconds,
+                    run_at=run_at,
+                    ttl_seconds=ttl_seconds,
+                    max_attempts=max_attempts,
+                    minimal=True,
+                )
+            )
+            return task_id
+        task: Task = self._run(
+            self.aio.enqueue(
+                runtime,
+                payload,
+                priority=priority,
+                idempotency_key=idempotency_key,
+                delay_seconds=delay_seconds,
+                run_at=run_at,
+                ttl_seconds=ttl_seconds,
+                max_attempts=max_attempts,
+            )
+        )
+        return task
 
     @overload
     def enqueue_batch(
