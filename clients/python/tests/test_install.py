@@ -142,6 +142,15 @@ def test_both_install_side_by_side_and_each_outlives_the_other(
     every = Counter(f for listed in files.values() for f in listed)
     assert [f for f, n in every.items() if n > 1] == [], "files with two owners"
 
+    # The server alone still brings what its copy of the client needs.
+    requires = run(
+        python,
+        "-c",
+        "import importlib.metadata as m; print(m.requires('claim-gateway'))",
+        cwd=tmp_path,
+    )
+    assert "aiohttp" in requires.stdout, requires.stdout + requires.stderr
+
     pip("uninstall", "--yes", "claim-gateway-client", python=python)
     gone = run(python, "-c", "import gateway_client", cwd=tmp_path)
     assert gone.returncode == 1 and "ModuleNotFoundError" in gone.stderr
