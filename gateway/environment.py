@@ -328,6 +328,20 @@ VARIABLES: tuple[Variable, ...] = (
         unit="seconds",
         doc="How long SIGTERM waits for in-flight requests.",
     ),
+    Variable(
+        "GATEWAY_STARTUP_RETRY_SECONDS",
+        "startup_retry_seconds",
+        "number",
+        0.0,
+        low=0,
+        high=3600,
+        unit="seconds",
+        doc="How long `gateway serve` waits at start for Postgres to answer and its schema "
+        "to be current, for a pod that starts before its database. Meanwhile it listens: "
+        "`/healthz` answers `200`, `/readyz` `503` saying what it waits for. When the time "
+        "runs out it exits as it would have at once. `0`: no waiting; see "
+        "[Starting the gateway](operations/startup.md).",
+    ),
     # orjson writes at most ~254 levels: what is accepted must be answerable.
     Variable(
         "GATEWAY_MAX_JSON_DEPTH",

@@ -211,3 +211,25 @@ def problem_for(error: GatewayError) -> tuple[int, dict[str, Any]]:
     }
     body.update(error.extra)
     return status, body
+
+
+class StartupError(Exception):
+    """A start of `gateway serve` that cannot go on. Never an HTTP answer, so not a
+    GatewayError: its `detail` (one or two lines) goes to stderr, and its class chooses
+    the exit code (gateway/cli/startup.py)."""
+
+    def __init__(self, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+
+
+class Unreachable(StartupError):
+    """A server the gateway needs (Postgres, an embedded server) cannot be reached or
+    started, or the address to listen on is taken. Not Redis: the gateway starts
+    without it and fails open (I5)."""
+
+
+class SchemaNotCurrent(StartupError):
+    """The database has no claim-gateway schema, or one older than this release
+    (migrations are pending), or an applied migration's file was edited."""

@@ -83,12 +83,15 @@ class Gateway:
         commands: CommandClient
         pubsub: PubSubSource
         bound = settings.redis_max_connections
-        if mode == "standalone":
-            commands = make_client(settings.redis_url, timeout, max_connections=bound)
-            pubsub = make_pubsub_client(settings.redis_url, timeout)
-        else:
-            commands = command_client(mode, settings.redis_url, timeout, master, bound)
-            pubsub = pubsub_client(mode, settings.redis_url, timeout, commands, master)
+        try:
+            if mode == "standalone":
+                commands = make_client(settings.redis_url, timeout, max_connections=bound)
+                pubsub = make_pubsub_client(settings.redis_url, timeout)
+            else:
+                commands = command_client(mode, settings.redis_url, timeout, master, bound)
+                pubsub = pubsub_client(mode, settings.redis_url, timeout, commands, master)
+        except ValueError as exc:  # redis-py's word for a URL it cannot read
+            raise ConfigError(f"REDIS_URL cannot be used: {exc}") from exc
         self.cache = VerdictCache(
             commands,
             settings.redis_prefix,

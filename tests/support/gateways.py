@@ -8,9 +8,9 @@
   module-scoped `gw` of tests/e2e/conftest.py;
 - in a thread of its own, for synchronous clients such as schemathesis:
   `gateway_thread(...)`;
-- as a real `gateway serve` process: `serve_process(..., env=serve_env(...))`; and the
-  environment of the client commands (`gateway work`, `gateway runtime`) that call one:
-  `client_env(...)`.
+- as a real `gateway serve` process: `serve_process(..., env=serve_env(...))`, or
+  `serve_refused(...)` for one whose start must fail; and the environment of the
+  client commands (`gateway work`, `gateway runtime`) that call one: `client_env(...)`.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ __all__ = [
     "running_gateway",
     "serve_env",
     "serve_process",
+    "serve_refused",
+    "start_serving",
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -175,6 +177,41 @@ async def serve_process(
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def start_serving(
+    *args: str, env: dict[str, str], port: int, log_level: str = "info"
+) -> asyncio.subprocess.Process:
+    """`gateway --log-level LEVEL serve --port PORT ARGS` started, its stderr piped, not
+    waited for: the caller owns the process (and kills it)."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", "--log-level", log_level,
+        "serve", "--port", str(port), *args,
+        env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+
+
+async def serve_refused(
+    *args: str,
+    env: dict[str, str],
+    port: int | None = None,
+    log_level: str = "info",
+    within: float = 20,
+) -> tuple[int, list[str]]:
+    """A real `gateway serve` whose start must fail, run to its end (on a free port
+    unless `port`): its exit code and the lines of its stderr. A process still running
+    after `within` seconds fails the test (and is killed)."""
+    proc = await start_serving(*args, env=env, port=port or free_port(), log_level=log_level)
+    try:
+        async with asyncio.timeout(within):
+            _, err = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, err.decode().splitlines()
 
 
 def client_env(url: str, token: str) -> dict[str, str]:

@@ -1,0 +1,137 @@
+"""Starting to serve: the order of a gateway's start (the checks, then the gateway
+opened by its app's lifespan, then the sockets served) and the app served meanwhile.
+
+While a start waits for Postgres (GATEWAY_STARTUP_RETRY_SECONDS), the sockets are
+served already: `/healthz` answers 200 (the process is alive), `/readyz` 503 saying
+what it waits for, every other request 503. Once the gateway's own app is open, every
+request goes to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+from starlette.applications import Starlette
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ..errors import StoreUnavailable
+from .io import json_response, problem_response
+from .server import DrainingServer
+
+T = TypeVar("T")
+
+
+class StartupGate:
+    """An ASGI app in front of the gateway's: answers for it until `open()`. What it
+    waits for is asked of `waiting_for` at each request, so that the answer counts the
+    time left."""
+
+    def __init__(self, app: ASGIApp, waiting_for: Callable[[], str] = lambda: "starting") -> None:
+        self._app = app
+        self._open = False
+        self.waiting_for = waiting_for
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    def open(self) -> None:
+        """From now on every request goes to the gateway's app."""
+        self._open = True
+
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        # Not a coroutine of its own once open: a parked poll would hold its frame for
+        # its whole wait (as server.GatewayHttpProtocol._app).
+        if self._open:
+            return self._app(scope, receive, send)
+        return self._answer_waiting(scope, receive, send)
+
+    async def _answer_waiting(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1013})  # try again later
+            return
+        if scope["type"] != "http":
+            return
+        why = self.waiting_for()
+        path = scope["path"]
+        if path == "/healthz":
+            answer = json_response({"status": "ok"})
+        elif path == "/readyz":
+            answer = json_response({"status": "not ready", "problems": [why]}, 503)
+        else:
+            error = StoreUnavailable(f"the gateway is starting: {why}")
+            answer = problem_response(error, {"Retry-After": "1"})
+        await answer(scope, receive, send)
+
+
+class _Stopped:
+    """The server stopped (a signal) before what was awaited came."""
+
+
+STOPPED = _Stopped()
+
+
+async def _unless_stopped(awaited: Awaitable[T], serving: asyncio.Task[None]) -> T | _Stopped:
+    """`awaited`'s result, or STOPPED if the server stops first (then it is cancelled).
+    An error the server stopped with is raised."""
+    task = asyncio.ensure_future(awaited)
+    await asyncio.wait({task, serving}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    serving.result()
+    return STOPPED
+
+
+async def serve(
+    server: DrainingServer,
+    sockets: list[socket.socket],
+    app: Starlette,
+    gate: StartupGate,
+    prepare: Callable[[], Awaitable[None]],
+    listen_first: bool,
+    announce: Callable[[], None],
+) -> None:
+    """Serve `app` (behind `gate`, the app uvicorn was configured with) on `sockets`
+    until the server stops: `prepare()` first (the checks that may refuse the start, by
+    raising), then the app's lifespan opens the gateway, the gate opens, and
+    `announce()` says it is up. With `listen_first`, the sockets are served while
+    `prepare()` runs (the gate answers meanwhile); a signal then ends the wait and the
+    start, without error. The server's lifespan must be off: it is run here."""
+    serving: asyncio.Task[None] | None = None
+    try:
+        if listen_first:
+            serving = asyncio.create_task(server.serve(sockets=sockets), name="server")
+            if await _unless_stopped(server.listening.wait(), serving) is STOPPED:
+                return
+            if await _unless_stopped(prepare(), serving) is STOPPED:
+                return
+        else:
+            await prepare()
+        async with app.router.lifespan_context(app):
+            gate.open()
+            if serving is None:
+                serving = asyncio.create_task(server.serve(sockets=sockets), name="server")
+            listening = await _unless_stopped(server.listening.wait(), serving)
+            if listening is not STOPPED and not server.should_exit:  # no signal meanwhile
+                announce()
+            await serving
+    finally:
+        if serving is not None and not serving.done():
+            # The start failed while the sockets were served: stop serving them.
+            server.should_exit = True
+            with contextlib.suppress(Exception):
+                await serving
+
+
+def run(server: DrainingServer, main: Coroutine[Any, Any, T]) -> T:
+    """Run `main` (a `serve(...)`) to its end on the event loop uvicorn would have
+    chosen for `server` (uvloop when installed)."""
+    with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
+        return runner.run(main)
