@@ -76,7 +76,10 @@ def refusal(exc: BaseException, env: Mapping[str, str]) -> list[str]:
 
 def mask_secrets(text: str, env: Mapping[str, str]) -> str:
     """`text` with every connection URL of `env` masked (settings._mask_url), and any
-    password of one of them that still shows replaced by ***."""
+    password of one of them, or the admin token, that still shows replaced by ***."""
+    token = env.get("GATEWAY_ADMIN_TOKEN", "")
+    if len(token) >= 8:
+        text = text.replace(token, "***")
     for name in SECRET_URLS:
         url = env.get(name)
         if not url:
@@ -93,9 +96,9 @@ def mask_secrets(text: str, env: Mapping[str, str]) -> str:
 
 def bind(host: str, port: int) -> list[socket.socket]:
     """Listening sockets for every address of `host` (as asyncio.create_server makes
-    them), bound before anything else starts, so that a taken port stops the start at
-    once. Raises Unreachable for a port in use, ConfigError for an address that cannot
-    be listened on."""
+    them), bound before the database is asked or the gateway opened, so that a taken
+    port stops the start at once. Raises Unreachable for a port in use, ConfigError for
+    an address that cannot be listened on."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:

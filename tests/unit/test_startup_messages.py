@@ -53,6 +53,8 @@ def test_passwords_of_the_configured_urls_never_show():
     }
     text = "DSN postgresql://gw:pg-secret@db/tasks refused; auth redis-secret failed"
     assert mask_secrets(text, env) == "DSN postgresql://gw:***@db/tasks refused; auth *** failed"
+    token = {"GATEWAY_ADMIN_TOKEN": "t0ken-that-is-long-enough"}
+    assert mask_secrets("bad token t0ken-that-is-long-enough", token) == "bad token ***"
 
 
 def test_an_unexpected_error_is_named_as_a_bug_with_the_way_to_its_traceback():
