@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
+import signal
 import socket
+import sys
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
@@ -139,6 +141,40 @@ async def test_debug_adds_the_traceback_above_the_same_line(env):
         lines[-1]
         == f"gateway: cannot connect to Postgres at 127.0.0.1:{closed}: connection refused"
     )
+
+
+CTRL_C_ABLE = (
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from gateway.cli.main import main; main(sys.argv[1:])"
+)
+
+
+async def test_ctrl_c_while_postgres_does_not_answer_exits_130_quietly(env):
+    with socket.socket() as silent:  # accepts connections, never answers on them
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        silent.setblocking(False)
+        port = silent.getsockname()[1]
+        env = {**env, "DATABASE_URL": with_port(env["DATABASE_URL"], port)}
+        # As from a terminal: Ctrl-C's SIGINT interrupts, even where this test runs
+        # with SIGINT ignored (a background job of a shell), which a child inherits.
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", CTRL_C_ABLE, "serve", "--port", str(free_port()),
+            env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            async with asyncio.timeout(20):
+                connection, _ = await asyncio.get_running_loop().sock_accept(silent)
+            with connection:  # the start waits for Postgres's answer now
+                proc.send_signal(signal.SIGINT)
+                async with asyncio.timeout(20):
+                    _, err = await proc.communicate()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert (proc.returncode, err.decode()) == (130, "")
 
 
 async def test_a_port_in_use_is_one_line_and_no_banner(env):
