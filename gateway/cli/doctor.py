@@ -16,12 +16,13 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 from ..redis import probe as redis_probe
 from ..settings import ENV_NAMES, Settings, _mask_url
 from ..store import probe as pg_probe
+from ..store import startup as pg_startup
 from ..store.migrate import MigrationError
 
 Status = Literal["ok", "warn", "fail"]
@@ -50,17 +51,14 @@ class Finding:
     details: list[str] = field(default_factory=list)
 
 
-def _where(url: str, default_port: int) -> str:
-    """host:port of a URL, for messages (never its credentials). A Postgres URL may name
-    its host (a unix socket folder too) and port in the query, as libpq allows."""
+def _where(url: str) -> str:
+    """host:port of a Redis URL, for messages (never its credentials)."""
     parts = urlsplit(url)
-    query = dict(parse_qsl(parts.query))
     try:
-        port = parts.port or int(query.get("port") or default_port)
+        port = parts.port or 6379
     except ValueError:
-        port = default_port
-    host = parts.hostname or query.get("host") or "localhost"
-    return f"{host}:{port}"
+        port = 6379
+    return f"{parts.hostname or 'localhost'}:{port}"
 
 
 def check_settings(env: Mapping[str, str]) -> tuple[Finding, Settings]:
@@ -106,7 +104,7 @@ async def check_postgres(settings: Settings) -> list[Finding]:
                 "(postgresql://user:password@host:5432/database)",
             )
         ]
-    where = _where(url, 5432)
+    where = pg_startup.server(url).removeprefix("Postgres at ")
     try:
         started = time.monotonic()
         conn = await pg_probe.connect(url)
@@ -205,7 +203,7 @@ async def _check_pooling(settings: Settings) -> list[Finding]:
         try:
             direct = await pg_probe.pooling(settings.direct_database_url)
         except pg_probe.ProbeFailed as exc:
-            where = _where(settings.direct_database_url, 5432)
+            where = pg_startup.server(settings.direct_database_url).removeprefix("Postgres at ")
             findings.append(
                 Finding("fail", f"GATEWAY_DIRECT_DATABASE_URL at {where} cannot be reached: {exc}")
             )
@@ -238,7 +236,7 @@ async def check_redis(settings: Settings) -> list[Finding]:
                 "Redis: REDIS_URL is not set: point it at Redis (redis://host:6379/0)",
             )
         ]
-    where = _where(settings.redis_url, 6379)
+    where = _where(settings.redis_url)
     mode = f"{settings.redis_mode} mode"
     try:
         facts = await redis_probe.probe(settings)

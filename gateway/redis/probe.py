@@ -6,6 +6,7 @@ one message on a channel of its own."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import secrets
 import time
 from collections.abc import Mapping
@@ -137,7 +138,11 @@ async def _close(client: Any) -> None:
 
 
 def _reason(exc: BaseException) -> str:
+    """Why a call failed, in a few words."""
     if isinstance(exc, TimeoutError) and not str(exc):
         return f"no answer within {PROBE_TIMEOUT_SECONDS:g} s"
     text = str(exc).strip() or type(exc).__name__
+    # redis-py words a refused connection "Error 111 connecting to host:port. ..."
+    if f"Error {errno.ECONNREFUSED} " in text or isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
     return text.splitlines()[0]

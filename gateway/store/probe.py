@@ -5,6 +5,8 @@ closes its own connections; none writes anything."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import socket
 import time
 from dataclasses import dataclass
 
@@ -36,14 +38,21 @@ async def connect(url: str) -> asyncpg.Connection:
             server_settings={"application_name": "claim-gateway-doctor"},
         )
     except (*DRIVER_ERRORS, ValueError) as exc:
-        raise ProbeFailed(_reason(exc)) from exc
+        raise ProbeFailed(reason(exc, PROBE_TIMEOUT_SECONDS)) from exc
 
 
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
+def reason(exc: BaseException, timeout_seconds: float) -> str:
+    """Why a connection failed, in a few words."""
+    if isinstance(exc, socket.gaierror):
+        return f"the host name does not resolve ({exc.strerror})"
+    text = str(exc)
+    if isinstance(exc, ConnectionRefusedError) or f"[Errno {errno.ECONNREFUSED}]" in text:
+        return "connection refused"
     if isinstance(exc, TimeoutError):
-        return f"no answer within {PROBE_TIMEOUT_SECONDS:g} s"
-    return text.splitlines()[0]
+        return f"no answer within {timeout_seconds:g} s"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror[0].lower() + exc.strerror[1:]
+    return text or type(exc).__name__
 
 
 async def server_version(conn: asyncpg.Connection) -> str:
@@ -120,7 +129,7 @@ async def pooling(url: str, attempts: int = 3) -> Pooling:
         finally:
             await second.close()
     except DRIVER_ERRORS as exc:
-        raise ProbeFailed(_reason(exc)) from exc
+        raise ProbeFailed(reason(exc, PROBE_TIMEOUT_SECONDS)) from exc
     finally:
         await first.close()
     proxied = None if own_port is None or seen_port is None else seen_port != own_port

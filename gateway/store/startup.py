@@ -8,8 +8,6 @@ go on must say why in one line, and the driver's errors stop in this package.
 
 from __future__ import annotations
 
-import errno
-import socket
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import asyncpg
@@ -17,7 +15,7 @@ import asyncpg
 from ..errors import ConfigError, SchemaNotCurrent, Unreachable
 from .base import DRIVER_ERRORS
 from .migrate import FILE_NAME_RE, Migration, MigrationError, apply_migrations
-from .probe import SchemaState, schema_state
+from .probe import SchemaState, reason, schema_state
 
 DEFAULT_PORT = 5432
 MIGRATE_HINT = "run `gateway migrate` (or start with `gateway serve --migrate`), then start again"
@@ -57,20 +55,6 @@ def location(dsn: str) -> str:
 def server(dsn: str) -> str:
     """`Postgres at HOST:PORT`: the server alone, for messages about reaching it."""
     return "Postgres at " + location(dsn).rsplit(" at ", 1)[-1]
-
-
-def reason(exc: BaseException, timeout_seconds: float) -> str:
-    """Why a connection failed, in a few words."""
-    if isinstance(exc, socket.gaierror):
-        return f"the host name does not resolve ({exc.strerror})"
-    text = str(exc)
-    if isinstance(exc, ConnectionRefusedError) or f"[Errno {errno.ECONNREFUSED}]" in text:
-        return "connection refused"
-    if isinstance(exc, TimeoutError):
-        return f"no answer within {timeout_seconds:g} s"
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror[0].lower() + exc.strerror[1:]
-    return text or type(exc).__name__
 
 
 async def connect(dsn: str, timeout_seconds: float) -> asyncpg.Connection:
