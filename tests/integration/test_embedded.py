@@ -16,7 +16,7 @@ import redis
 import redis.asyncio as aioredis
 
 from gateway.cli.embedded import PREFERRED_REDIS_PORT, EmbeddedServers, _port_free
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, Unreachable
 
 pytestmark = pytest.mark.integration
 
@@ -135,7 +135,8 @@ def test_postgres_failure_names_the_log(tmp_path: Path) -> None:
     pgdata.mkdir()
     (pgdata / "PG_VERSION").write_text("not a cluster\n")  # skips initdb; postgres refuses it
     servers = EmbeddedServers(tmp_path)
-    with pytest.raises(ConfigError, match=str(pgdata / "log")):
+    # A server that will not start is a dependency out of reach (exit 3), not a setting.
+    with pytest.raises(Unreachable, match=str(pgdata / "log")):
         servers.start_postgres()
     servers.stop()
 
