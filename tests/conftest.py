@@ -84,29 +84,58 @@ def database_url(pg_admin_url: str) -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(scope="session")
+def plans_database(pg_admin_url: str) -> Iterator[tuple[str, str]]:
+    """A migrated database of its own holding the realistic task table of the EXPLAIN
+    tests (tests/support/plans.py), filled and analyzed once per worker process:
+    (its URL, the runtime id prefix). Nothing else writes to it, and every test on it
+    runs inside a transaction that is rolled back (`conn`), so each sees the same
+    rows and statistics."""
+    prefix = "explain-" + secrets.token_hex(4)
+
+    async def filled_once(url: str) -> None:
+        connection = await asyncpg.connect(url)
+        try:
+            async with connection.transaction():
+                await fill(connection, prefix)
+        finally:
+            await connection.close()
+
+    with temporary_database_sync(pg_admin_url) as url:
+        asyncio.run(filled_once(url))
+        yield url, prefix
+
+
 @pytest.fixture
-async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    """A connection to the session's shared database, closed after the test."""
-    connection = await asyncpg.connect(database_url)
+async def conn(
+    request: pytest.FixtureRequest, database_url: str
+) -> AsyncIterator[asyncpg.Connection]:
+    """A connection to the session's shared database, closed after the test. A test that
+    also asks for `filled` gets one to the plans database instead, inside a transaction
+    that is rolled back: its SET LOCALs, savepoints and any row it writes end with it."""
+    if "filled" not in request.fixturenames:
+        connection = await asyncpg.connect(database_url)
+        try:
+            yield connection
+        finally:
+            await connection.close()
+        return
+    url, _ = request.getfixturevalue("plans_database")
+    connection = await asyncpg.connect(url)
+    tx = connection.transaction()
+    await tx.start()
     try:
         yield connection
     finally:
+        await tx.rollback()
         await connection.close()
 
 
 @pytest.fixture
-async def filled(conn: asyncpg.Connection) -> AsyncIterator[str]:
-    """The realistic task table of the EXPLAIN tests (tests/support/plans.py), filled on
-    `conn` inside a transaction that is rolled back afterwards; yields the runtime id
-    prefix."""
-    prefix = "explain-" + secrets.token_hex(4)
-    tx = conn.transaction()
-    await tx.start()
-    try:
-        await fill(conn, prefix)
-        yield prefix
-    finally:
-        await tx.rollback()
+def filled(plans_database: tuple[str, str]) -> str:
+    """The runtime id prefix of the realistic task table (see `plans_database`); the
+    test's `conn` reaches it."""
+    return plans_database[1]
 
 
 @pytest.fixture

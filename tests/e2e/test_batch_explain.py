@@ -1,11 +1,11 @@
 """The batch lease statements find their tasks by primary key, under custom and generic
-plans, on the realistic table of tests/support/plans.py (filled in a transaction that
-is rolled back): a batch never scans the task table. They lock only the rows their
-item's lease holds (lease_sql._LEASE_HELD, ack_sql._BATCH_HELD): the lease is tested
-below the lock, not after it. And no statement that takes a list reads a list again
-for each of its items: under a generic plan, which estimates every array
-at ten elements, a join of two lists became a nested loop, and 1,000 items took ten
-times as long as under a custom plan."""
+plans, on the realistic table of tests/support/plans.py (filled once in a database of
+its own; each test's transaction is rolled back): a batch never scans the task table.
+They lock only the rows their item's lease holds (lease_sql._LEASE_HELD,
+ack_sql._BATCH_HELD): the lease is tested below the lock, not after it. And no statement
+that takes a list reads a list again for each of its items: under a generic plan, which
+estimates every array at ten elements, a join of two lists became a nested loop, and
+1,000 items took ten times as long as under a custom plan."""
 
 from __future__ import annotations
 

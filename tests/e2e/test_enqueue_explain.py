@@ -1,5 +1,6 @@
 """The batch enqueue statements, under custom and generic plans, on the realistic table
-of tests/support/plans.py (filled in a transaction that is rolled back): an insert
+of tests/support/plans.py (filled once in a database of its own; each test's
+transaction is rolled back): an insert
 reads no task row and no list twice, a batch with keys settles its conflicts on the
 idempotency index, and the replays of a batch are found through that index, never by a
 scan of the table."""

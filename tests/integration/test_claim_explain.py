@@ -7,8 +7,10 @@ rows over 200 runtimes, nearly all finished, a few queued per runtime (some dela
 so stored `scheduled`), plus one "hot" runtime with a backlog of 3,000 queued tasks.
 A second data set puts 300,000 delayed tasks of a higher priority ahead of a
 runtime's due ones, and counts the rows and buffers the statements touch.
-Everything happens in one transaction that is rolled back, so the session's shared
-database is left as it was.
+The first set is filled once, in a database of its own (the `plans_database` fixture);
+the second in the test's transaction. Each test's transaction is rolled back, so
+every test sees the same rows and statistics, and the session's shared database is
+left as it was.
 """
 
 from __future__ import annotations

@@ -64,9 +64,9 @@ SELECT $1, CASE WHEN n % 50 = 0 THEN 'scheduled' ELSE 'queued' END,
 
 
 async def fill(conn: asyncpg.Connection, prefix: str) -> None:
-    """The realistic table, under runtime ids `<prefix>-<n>` and `<prefix>-hot`, analyzed;
-    on `conn`, inside the transaction of the caller (the `filled` fixture of
-    tests/conftest.py rolls it back)."""
+    """The realistic table, under runtime ids `<prefix>-<n>` and `<prefix>-hot`, analyzed,
+    on `conn` (the `plans_database` fixture of tests/conftest.py fills a database of its
+    own with it, once per worker)."""
     await conn.execute(FILL, prefix, RUNTIMES, ROWS)
     await conn.execute(HOT, prefix + "-hot", BACKLOG)
     await conn.execute("ANALYZE tasks")
