@@ -10,6 +10,7 @@ import gc
 import logging
 import os
 import secrets
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -52,6 +53,20 @@ def _dev_token(data_dir: Path) -> str:
     path.write_text(token + "\n")
     path.chmod(0o600)
     return token
+
+
+def _command() -> str:
+    """How to run this `gateway` again from here: its name when the shell finds this very
+    program by it, else its path (`.venv/bin/gateway` after `make run`, whose venv is not
+    on the PATH), relative to the working folder when inside it."""
+    program = Path(sys.argv[0])
+    found = shutil.which("gateway")
+    if program.name != "gateway" or (found and Path(found).resolve() == program.resolve()):
+        return "gateway"
+    try:
+        return str(program.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(program.resolve())
 
 
 def _banner(
@@ -102,7 +117,7 @@ def _banner(
             f"{base}/v1/runtimes/demo/tasks",
             f'    curl -s {header}-d \'{{"worker_id": "me", "wait_seconds": 5}}\' '
             f"{base}/v1/runtimes/demo/claim",
-            f"    {worker_env}gateway work demo -- python3 examples/hello.py   (a worker)",
+            f"    {worker_env}{_command()} work demo -- python3 examples/hello.py   (a worker)",
             "  Ctrl-C stops the gateway"
             + (" and the embedded servers." if token_file is not None else "."),
             "",
