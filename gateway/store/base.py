@@ -27,8 +27,16 @@ from .sql import base as sql
 # Records of the credential tables (credentials.py); task rows go up as TaskRow.
 Row: TypeAlias = asyncpg.Record
 # What the driver raises when Postgres is unreachable, slow or refuses a statement;
-# translated into StoreUnavailable in the store modules and nowhere else.
-DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
+# translated into StoreUnavailable in the store modules and nowhere else. A pooled
+# connection whose server process was terminated (Postgres stopping or restarting,
+# pg_terminate_backend) may fail its next statement with InternalClientError.
+DRIVER_ERRORS = (
+    OSError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    TimeoutError,
+)
 T = TypeVar("T")
 UNAVAILABLE = "the database failed or could not be reached; the error is in the gateway's log"
 # What a transaction pooler (PgBouncer, pool_mode = transaction) does to asyncpg's named
