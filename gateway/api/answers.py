@@ -164,9 +164,6 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "additionalProperties": False,
         "examples": [_TASK_EXAMPLE],
     },
-    "ClaimedTaskList": _tasks(
-        "The tasks claimed, up to max_tasks; empty when the wait ran out.", "ClaimedTask"
-    ),
     # A batch is never empty: with one task or more, exactly one of the two forms matches.
     "TaskList": _tasks("The tasks enqueued, in request order.", "Task", min_items=1),
     "TaskRef": {
@@ -473,3 +470,31 @@ SCHEMAS["Controls"] = {
     },
     "additionalProperties": False,
 }
+
+
+# A claim's answer: its tasks and, when it carried completes or fails, their outcomes
+# (the batch endpoints' items above, completes first).
+_CLAIMED = _tasks(
+    "The tasks claimed, up to max_tasks; empty when the wait ran out. `acks` and "
+    "`retry_after_seconds` are present only when the claim carried `complete` or `fail`.",
+    "ClaimedTask",
+)
+_CLAIMED["properties"].update(
+    {
+        "acks": {
+            "type": "array",
+            "description": "One result per item of the claim's `complete` then `fail`, in "
+            "request order, as `POST /v1/tasks:complete` and `POST /v1/tasks:fail` answer "
+            "them; committed before the claim was decided.",
+            "items": {"anyOf": [_ref("CompleteManyResult"), _ref("FailManyResult")]},
+        },
+        "retry_after_seconds": {
+            **_COUNT,
+            "description": "With `acks`, when the claim handed out nothing because it was "
+            "refused (overloaded, shutting down) or its runtime is held back (paused, at a "
+            "limit): claim again after this many seconds.",
+        },
+    }
+)
+_CLAIMED["required"] = ["tasks"]
+SCHEMAS["ClaimedTaskList"] = _CLAIMED

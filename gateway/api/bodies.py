@@ -131,32 +131,6 @@ LEASE_SECONDS = Field(
     minimum=1,
     maximum=3600,
 )
-CLAIM_BODY = Body(
-    "ClaimRequest",
-    "A daemon asking for work, waiting for it if there is none yet.",
-    (
-        Field(
-            "worker_id",
-            Kind.STRING,
-            "Who claims: shown on the task while it holds the lease.",
-            required=True,
-            max_length=MAX_WORKER_ID,
-        ),
-        Field(
-            "max_tasks", Kind.INTEGER, "Tasks to claim at most.", default=1, minimum=1, maximum=100
-        ),
-        Field(
-            "wait_seconds",
-            Kind.NUMBER,
-            "How long to wait for work when there is none; 0 answers at once.",
-            default=0.0,
-            minimum=0,
-            maximum=Setting("max_wait_seconds"),
-        ),
-        LEASE_SECONDS,
-    ),
-    example={"worker_id": "billing-worker-1", "max_tasks": 10},
-)
 HEARTBEAT_BODY = Body(
     "HeartbeatRequest",
     "Extends a lease.",
@@ -273,6 +247,56 @@ FAIL_MANY_BODY = _lease_batch(
 )
 HEARTBEAT_MANY_BODY = _lease_batch(
     "HeartbeatManyRequest", "Extends several leases, each as a single heartbeat.", HEARTBEAT_BODY
+)
+
+
+# The claim comes after the batch bodies: the acknowledgements it may carry are their items.
+CLAIM_BODY = Body(
+    "ClaimRequest",
+    "A daemon asking for work, waiting for it if there is none yet.",
+    (
+        Field(
+            "worker_id",
+            Kind.STRING,
+            "Who claims: shown on the task while it holds the lease.",
+            required=True,
+            max_length=MAX_WORKER_ID,
+        ),
+        Field(
+            "max_tasks", Kind.INTEGER, "Tasks to claim at most.", default=1, minimum=1, maximum=100
+        ),
+        Field(
+            "wait_seconds",
+            Kind.NUMBER,
+            "How long to wait for work when there is none; 0 answers at once.",
+            default=0.0,
+            minimum=0,
+            maximum=Setting("max_wait_seconds"),
+        ),
+        LEASE_SECONDS,
+        Field(
+            "complete",
+            Kind.ARRAY,
+            "Tasks to report done before claiming, each item as in `POST /v1/tasks:complete`; "
+            f"with `fail`, at most {MAX_LEASE_BATCH} items together. Applied and committed "
+            "before the claim: the answer's `acks` says what became of each.",
+            min_items=0,
+            max_items=MAX_LEASE_BATCH,
+            items=COMPLETE_MANY_BODY["tasks"].items,
+            hint="tasks to report done",
+        ),
+        Field(
+            "fail",
+            Kind.ARRAY,
+            "Tasks to report failed before claiming, each item as in `POST /v1/tasks:fail`; "
+            f"with `complete`, at most {MAX_LEASE_BATCH} items together.",
+            min_items=0,
+            max_items=MAX_LEASE_BATCH,
+            items=FAIL_MANY_BODY["tasks"].items,
+            hint="tasks to report failed",
+        ),
+    ),
+    example={"worker_id": "billing-worker-1", "max_tasks": 10},
 )
 
 

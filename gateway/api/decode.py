@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import BadRequest, NotFound, ValidationFailed
 from . import exactjson
-from .bodies import BATCH_BODY
+from .bodies import BATCH_BODY, CLAIM_BODY
 from .values import in_item, too_deep
 
 RUNTIME_ID_MAX_CHARS = 128
@@ -17,8 +17,9 @@ RUNTIME_ID_RE = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._:-]{{0,{RUNTIME_ID_MAX_CHA
 DEFAULT_MAX_DEPTH = 64  # GATEWAY_MAX_JSON_DEPTH
 # Levels a body may add around a payload: {"tasks": [{"payload": ...}]}.
 BODY_DEPTH_MARGIN = 3
-# The list of items in every batch body (bodies.BATCH_BODY, COMPLETE_MANY_BODY ...).
-_BATCH_ITEMS = BATCH_BODY["tasks"].name
+# The lists of items a body may hold: every batch body's (bodies.BATCH_BODY,
+# COMPLETE_MANY_BODY ...), and the acknowledgements a claim carries.
+_ITEM_LISTS = (BATCH_BODY["tasks"].name, CLAIM_BODY["complete"].name, CLAIM_BODY["fail"].name)
 
 
 def check_runtime_id(runtime_id: str) -> str:
@@ -67,15 +68,15 @@ def _nested_too_deep(cut: Any, max_depth: int, name: str) -> ValidationFailed:
     """The refusal of a body nested deeper than the parsers go, `cut` being what they
     read of it (exactjson.NestedTooDeep), whose deep part is last at every level: the
     answer a body nested just within their reach gets. It names a top-level field, or
-    a field of an item of a batch's `tasks` (`tasks[3].payload`, as the batch parsers
-    name it); `name` for a body that is not an object."""
+    a field of an item of a batch's `tasks` or a claim's `complete` (`tasks[3].payload`,
+    as the batch parsers name it); `name` for a body that is not an object."""
     if not isinstance(cut, dict) or not cut:
         return too_deep(name, max_depth)
     key, value = next(reversed(cut.items()))
-    if key == _BATCH_ITEMS and isinstance(value, list) and value and isinstance(value[-1], dict):
+    if key in _ITEM_LISTS and isinstance(value, list) and value and isinstance(value[-1], dict):
         item = value[-1]
         if item:
-            return in_item(too_deep(next(reversed(item)), max_depth), len(value) - 1)
+            return in_item(too_deep(next(reversed(item)), max_depth), len(value) - 1, key)
     return too_deep(str(key)[:100], max_depth)
 
 

@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import random
 from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
 from typing import Any
 
 from ..api.requests import ClaimRequest
@@ -26,7 +27,7 @@ from ..metrics import Metrics
 from ..rows import Leased, TaskRow
 from ..settings import Settings
 from .activity import ClaimActivity
-from .controls import ClaimControls
+from .controls import REFRESH_SECONDS, ClaimControls
 from .near_cache import NearCache, drop_near
 from .ports import ClaimCache, ClaimStore, WakeChannels
 from .pump import Pumps
@@ -35,6 +36,10 @@ from .waiters import Deadlines, Departure, RuntimeState, Waiter, unserved
 log = logging.getLogger("gateway.claim")
 
 LINGER_SECONDS = 30.0  # keep an idle runtime's subscription this long, for the next poll
+# A resume reaches every process within this long (its copy of the controls is reloaded
+# this often when the announcement is lost): the longest a paused runtime's claim is
+# told to wait before it asks again.
+PAUSED_RECHECK_SECONDS = REFRESH_SECONDS
 
 
 class Claimer:
@@ -251,6 +256,24 @@ class Claimer:
             log.warning("could not give back %d undelivered leases", len(tasks))
         else:
             await self.announce(runtime_id)
+
+    def held_seconds(self, runtime_id: str) -> float | None:
+        """Seconds after which a claim of the runtime may find it no longer held back,
+        when its claims hand out nothing now for a reason other than a lack of work:
+        paused (until its end, and at most PAUSED_RECHECK_SECONDS, the longest a resume
+        takes to reach this process), or held at a limit by its pump. None otherwise."""
+        if self._controls is not None and self._controls.paused(runtime_id):
+            until = self._controls.get(runtime_id).paused_until
+            left = PAUSED_RECHECK_SECONDS
+            if until is not None:
+                left = min(left, (until - datetime.now(UTC)).total_seconds())
+            return max(left, 0.0)
+        state = self._states.get(runtime_id)
+        if state is not None:
+            left = state.held_until - asyncio.get_running_loop().time()
+            if left > 0:
+                return left
+        return None
 
     # -- sync match: an enqueue hands its task to a parked poll -----------------
 

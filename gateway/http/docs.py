@@ -254,7 +254,15 @@ CLAIM = Doc(
             links=_lease_links("/tasks/0"),
         ),
     ),
-    "Overloaded is `429` with Retry-After; a shutting-down instance is `503 draining`.",
+    "Overloaded is `429` with Retry-After; a shutting-down instance is `503 draining`. "
+    "A claim may carry the previous tasks' reports (`complete`, `fail`: each item as in "
+    "`POST /v1/tasks:complete` and `POST /v1/tasks:fail`, at most "
+    f"{bodies.MAX_LEASE_BATCH} together, each task once): they are applied and committed "
+    "before the claim is decided, and answered in `acks`, completes first, whatever "
+    "becomes of the claim. A refused claim then answers `200` with no tasks, its `acks` "
+    "and `retry_after_seconds` instead of its error; so does one whose runtime is paused "
+    "or at a limit. Only a database that cannot apply them answers `503`, and then none "
+    "is applied.",
     tag="daemons",
     body=bodies.CLAIM_BODY,
     errors=(Overloaded, Draining),

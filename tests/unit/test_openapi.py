@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ from gateway.api.credential_bodies import Scope
 from gateway.api.fields import Kind, RawBody, read_query
 from gateway.errors import ValidationFailed
 from gateway.http import docs, openapi
+from gateway.http.handlers import batch
 from gateway.http.routes import ENDPOINTS, Endpoint, Target, healthz
 from gateway.settings import Settings
 from tests.support.openapi import deref
@@ -343,7 +345,13 @@ PARSERS: dict[str, tuple[Callable[[dict[str, Any]], Any], dict[str, Any]]] = {
         lambda b: requests.parse_batch(b, MAX_PAYLOAD),
         {"tasks": [{"payload": 1}]},
     ),
-    "ClaimRequest": (lambda b: requests.parse_claim(b, WAIT, LEASE_DEFAULT), {"worker_id": "w"}),
+    "ClaimRequest": (
+        lambda b: (
+            requests.parse_claim(b, WAIT, LEASE_DEFAULT),
+            batch.parse_acks(b, Settings(max_payload_bytes=MAX_PAYLOAD)),
+        ),
+        {"worker_id": "w"},
+    ),
     "HeartbeatRequest": (
         lambda b: (requests.parse_lease_id(b), requests.parse_lease_seconds(b, LEASE_DEFAULT)),
         {"lease_id": LEASE},
@@ -365,6 +373,14 @@ LIMITS = {
 }
 
 
+def array_items(spec: bodies.Body, n: int) -> list[dict[str, Any]]:
+    """`n` valid items for an array field of `spec`: tasks to enqueue, or, for a claim's
+    `complete` and `fail`, distinct tasks to report (each item fits both)."""
+    if spec is bodies.CLAIM_BODY:
+        return [{"id": str(uuid.uuid4()), "lease_id": LEASE, "error": "e"} for _ in range(n)]
+    return [{"payload": 1}] * n
+
+
 def documented_cases() -> list[tuple[str, str, Any, bool]]:
     """(body, field, value, accepted) for each documented bound of each body field."""
     bodies_ = list(vars(bodies).values())
@@ -384,8 +400,8 @@ def documented_cases() -> list[tuple[str, str, Any, bool]]:
                 out += [(spec.name, name, "k" * prop["maxLength"], True)]
                 out += [(spec.name, name, "k" * (prop["maxLength"] + 1), False)]
             if "maxItems" in prop:
-                out += [(spec.name, name, [{"payload": 1}] * prop["maxItems"], True)]
-                out += [(spec.name, name, [{"payload": 1}] * (prop["maxItems"] + 1), False)]
+                out += [(spec.name, name, array_items(spec, prop["maxItems"]), True)]
+                out += [(spec.name, name, array_items(spec, prop["maxItems"] + 1), False)]
                 out += [(spec.name, name, [], prop["minItems"] == 0)]
             if name in spec.json_schema(LIMITS).get("required", []):
                 out += [(spec.name, name, None, False)]

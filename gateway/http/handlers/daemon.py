@@ -1,40 +1,59 @@
-"""HTTP handlers for daemons: the claim (a long poll, gateway/claim/claimer.py) and the
-operations on one task's lease: heartbeat, complete, fail, release (those on many at
-once are in gateway/http/handlers/batch.py). They import no driver; gateway/http/routes.py holds the
-endpoint table and turns their errors into answers.
+"""HTTP handlers for daemons: the claim (a long poll, gateway/claim/claimer.py), with
+the completes and fails it may carry, and the operations on one task's lease:
+heartbeat, complete, fail, release (those on many at once, and the parsing and applying
+of a claim's acknowledgements, are in gateway/http/handlers/batch.py). They import no
+driver; gateway/http/routes.py holds the endpoint table and turns their errors into
+answers.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+from typing import Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ...api import decode, render, requests
+from ...auth.principals import Principal
 from ...claim.waiters import Departure
-from ...errors import GatewayError
+from ...errors import GatewayError, RetryLater
 from ...instance import Gateway
 from ...rows import Leased
+from ...settings import Settings
 from ..io import CLIENT_LEFT, DisconnectWatch, empty_tasks_response, json_response, read_json
+from . import batch
 
 log = logging.getLogger("gateway.http")
 
 
-async def claim(request: Request, gw: Gateway) -> Response:
+async def claim(request: Request, gw: Gateway, principal: Principal | None = None) -> Response:
+    """A claim, after the acknowledgements it may carry (`complete`, `fail`) are
+    applied and committed: their outcomes are answered as `acks` whatever becomes of
+    the claim. `principal`: the caller's, whose runtime patterns bound the
+    acknowledgements (None: every runtime)."""
     runtime_id = decode.check_runtime_id(request.path_params["rt"])
     # The decoded body is not kept in this frame: a parked poll would hold it for its
     # whole wait (about 0.2 KiB of its 15).
-    req = requests.parse_claim(
-        await read_json(request, gw.settings),
-        gw.settings.max_wait_seconds,
-        gw.settings.default_lease_seconds,
-    )
+    req, acks = _parse(await read_json(request, gw.settings), gw.settings)
+    entries = None
+    if acks is not None:
+        runtimes = None if principal is None else principal.runtimes
+        entries = await batch.acknowledge(gw, acks, runtimes)
+        del acks  # a parked poll holds the outcomes, not the results it reported
     gone = Departure()
     watch = DisconnectWatch(request.receive, gone.set) if req.wait_seconds else None
     try:
         rows = await gw.claimer.claim(runtime_id, req, gone if watch else None)
+    except GatewayError as exc:
+        if entries is None:
+            raise
+        # The acknowledgements are committed: their outcomes are the answer, and the
+        # refusal says when to claim again, as its Retry-After would have.
+        wait = exc.retry_after_seconds if isinstance(exc, RetryLater) else 1
+        return _acked([], entries, wait)
     finally:
         if watch is not None:
             watch.stop()
@@ -42,9 +61,34 @@ async def claim(request: Request, gw: Gateway) -> Response:
         # The client left while its tasks were being leased: nobody would receive them.
         await gw.claimer.give_back(runtime_id, [row.task for row in rows])
         return Response(status_code=CLIENT_LEFT)
+    if entries is not None:
+        held = None if rows else gw.claimer.held_seconds(runtime_id)
+        tasks = await _deliverable(gw, rows) if rows else []
+        return _acked(tasks, entries, None if held is None else math.ceil(held) or 1)
     if not rows:
         return empty_tasks_response()
     return json_response({"tasks": await _deliverable(gw, rows)})
+
+
+def _parse(
+    body: dict[str, Any], settings: Settings
+) -> tuple[requests.ClaimRequest, batch.Acks | None]:
+    """The claim's request and the acknowledgements it carries, if any."""
+    req = requests.parse_claim(body, settings.max_wait_seconds, settings.default_lease_seconds)
+    return req, batch.parse_acks(body, settings)
+
+
+def _acked(
+    tasks: list[Any], entries: list[dict[str, Any]], retry_after_seconds: int | None
+) -> Response:
+    """The answer to a claim that carried acknowledgements: the tasks, one entry per
+    acknowledgement (completes first, in request order), and, when the claim was
+    refused or its runtime held back (paused, at a limit), the seconds after which to
+    claim again."""
+    answer: dict[str, Any] = {"tasks": tasks, "acks": entries}
+    if retry_after_seconds is not None:
+        answer["retry_after_seconds"] = retry_after_seconds
+    return json_response(answer)
 
 
 async def _deliverable(gw: Gateway, rows: list[Leased]) -> list[orjson.Fragment]:

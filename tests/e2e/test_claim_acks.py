@@ -1,0 +1,231 @@
+"""A claim that carries the previous tasks' reports (`complete`, `fail`) end to end,
+against real Postgres and Redis: each item answered in `acks` as the batch endpoints
+answer it, committed before the claim parks, replayed safely, limited to the token's
+runtimes and scope, bounded at 1,000 items, answered when the claim is refused, and
+applied not at all when the database is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.support.credentials import make_token
+from tests.support.databases import execute, fetch, temporary_database
+from tests.support.gateways import gateway
+from tests.support.http import Resp, get_task, req
+from tests.support.lifecycle import UNKNOWN_TASK, claim, enqueue
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
+
+
+def item(task: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return {"id": task["id"], "lease_id": task["lease_id"], **fields}
+
+
+async def claimed(gw, rt: str, n: int) -> list[dict[str, Any]]:
+    """n tasks of runtime rt, enqueued and claimed, in enqueue order."""
+    for i in range(n):
+        await enqueue(gw, rt, i)
+    tasks = await claim(gw, rt, max_tasks=n)
+    assert len(tasks) == n
+    return tasks
+
+
+def strangers(n: int) -> list[dict[str, Any]]:
+    """n reports of tasks that do not exist, each fit for `complete` and `fail`."""
+    return [
+        {"id": str(uuid.uuid4()), "lease_id": str(uuid.uuid4()), "error": "e"} for _ in range(n)
+    ]
+
+
+async def claim_with(gw, rt: str, auth: str | None = None, **fields: Any) -> Resp:
+    kwargs = {} if auth is None else {"auth": auth}
+    return await req(gw, "POST", f"/v1/runtimes/{rt}/claim", {"worker_id": "w", **fields}, **kwargs)
+
+
+async def acks_of(gw, rt: str, **fields: Any) -> list[dict[str, Any]]:
+    resp = await claim_with(gw, rt, **fields)
+    assert resp.status == 200, (resp.status, resp.body)
+    assert "retry_after_seconds" not in resp.body, resp.body
+    return list(resp.body["acks"])
+
+
+async def status(gw, task: dict[str, Any]) -> str:
+    return str((await get_task(gw, task["id"]))["status"])
+
+
+async def test_a_claim_without_reports_answers_as_before(gw, runtime_id):
+    resp = await claim_with(gw, runtime_id)
+    assert resp.status == 200 and resp.body == {"tasks": []}
+    (task,) = await claimed(gw, runtime_id, 1)
+    await enqueue(gw, runtime_id, "next")
+    resp = await claim_with(gw, runtime_id)
+    assert set(resp.body) == {"tasks"}
+    # Present even empty: the answer carries `acks`.
+    resp = await claim_with(gw, runtime_id, complete=[], fail=[])
+    assert resp.status == 200 and resp.body["acks"] == [] and resp.body["tasks"] == []
+    assert await status(gw, task) == "claimed"
+
+
+async def test_mixed_outcomes_in_request_order_completes_first(gw, runtime_id):
+    done, lost, retried, buried = await claimed(gw, runtime_id, 4)
+    acks = await acks_of(
+        gw,
+        runtime_id,
+        fail=[item(retried, error="try again"), item(buried, error="no", retry=False)],
+        complete=[
+            item(done, result={"ok": 1}),
+            item(lost, lease_id=str(uuid.uuid4())),
+            {"id": UNKNOWN_TASK, "lease_id": str(uuid.uuid4())},
+        ],
+    )
+    assert [a["id"] for a in acks] == [
+        done["id"],
+        lost["id"],
+        UNKNOWN_TASK,
+        retried["id"],
+        buried["id"],
+    ]
+    assert [a["outcome"] for a in acks] == [
+        "completed",
+        "lease_lost",
+        "not_found",
+        "queued",
+        "dead",
+    ]
+    assert acks[1]["problem"]["status"] == 409 and acks[2]["problem"]["status"] == 404
+    assert acks[3]["run_at"]
+    # The tasks are as the batch endpoints would have left them.
+    assert (await get_task(gw, done["id"]))["result"] == {"ok": 1}
+    assert await status(gw, lost) == "claimed"
+    assert (await get_task(gw, retried["id"]))["last_error"] == "try again"
+    assert await status(gw, buried) == "dead"
+
+
+async def test_a_replay_answers_as_the_batch_endpoints_do_and_applies_nothing_twice(gw, runtime_id):
+    done, failed = await claimed(gw, runtime_id, 2)
+    body = {"complete": [item(done, result=1)], "fail": [item(failed, error="e", retry=False)]}
+    first = await acks_of(gw, runtime_id, **body)
+    assert [a["outcome"] for a in first] == ["completed", "dead"]
+    after_first = [await get_task(gw, t["id"]) for t in (done, failed)]
+    # The answer was lost: the same request again.
+    again = await acks_of(gw, runtime_id, **body)
+    completes = await req(gw, "POST", "/v1/tasks:complete", {"tasks": body["complete"]})
+    fails = await req(gw, "POST", "/v1/tasks:fail", {"tasks": body["fail"]})
+    assert again == completes.body["results"] + fails.body["results"]
+    assert [a["outcome"] for a in again] == ["completed", "lease_lost"]
+    assert [await get_task(gw, t["id"]) for t in (done, failed)] == after_first
+
+
+async def test_reports_are_committed_before_the_claim_parks(gw, runtime_id):
+    """A producer waiting for the result gets it while the acknowledging claim is still
+    parked: it never waits for the worker's next task."""
+    (task,) = await claimed(gw, runtime_id, 1)
+    waiter = asyncio.create_task(req(gw, "GET", f"/v1/tasks/{task['id']}?wait_seconds=30"))
+    parked = asyncio.create_task(
+        claim_with(gw, runtime_id, wait_seconds=30, complete=[item(task, result="r")])
+    )
+    finished = await waiter
+    assert finished.status == 200 and finished.body["status"] == "completed"
+    assert finished.body["result"] == "r"
+    assert not parked.done(), "the claim answered before its wait ended, with no work"
+    # Work arrives: the parked claim takes it and answers its acknowledgement too.
+    nxt = await enqueue(gw, runtime_id, "next")
+    resp = await parked
+    assert resp.status == 200
+    assert [t["id"] for t in resp.body["tasks"]] == [nxt["id"]]
+    assert [a["outcome"] for a in resp.body["acks"]] == ["completed"]
+
+
+async def test_a_task_of_a_runtime_the_token_does_not_cover_is_not_found(gw, runtime_id):
+    covered, foreign = f"{runtime_id}-b", f"{runtime_id}-c"
+    token = (await make_token(gw, ["claim"], [runtime_id, covered]))["token"]
+    (theirs,) = await claimed(gw, foreign, 1)
+    (ours,) = await claimed(gw, covered, 1)
+    resp = await claim_with(gw, runtime_id, token, complete=[item(theirs), item(ours)])
+    assert resp.status == 200, resp.body
+    assert [a["outcome"] for a in resp.body["acks"]] == ["not_found", "completed"]
+    assert resp.body["acks"][0]["problem"]["status"] == 404
+    assert await status(gw, theirs) == "claimed"
+    assert await status(gw, ours) == "completed"
+
+
+async def test_a_token_without_the_claim_scope_is_403_and_nothing_is_applied(gw, runtime_id):
+    token = (await make_token(gw, ["enqueue", "read"], [runtime_id]))["token"]
+    (task,) = await claimed(gw, runtime_id, 1)
+    resp = await claim_with(gw, runtime_id, token, complete=[item(task)])
+    assert resp.status == 403 and resp.body["code"] == "forbidden"
+    assert await status(gw, task) == "claimed"
+
+
+@pytest.mark.parametrize(
+    ("completes", "fails", "field"), [(1001, 0, "complete"), (600, 401, "fail")]
+)
+async def test_more_than_1000_reports_are_422_naming_the_field_and_nothing_is_applied(
+    gw, runtime_id, completes, fails, field
+):
+    (task,) = await claimed(gw, runtime_id, 1)
+    body = {"complete": [item(task), *strangers(completes - 1)], "fail": strangers(fails)}
+    resp = await claim_with(gw, runtime_id, **body)
+    assert resp.status == 422 and resp.body["field"] == field, resp.body
+    assert "1000" in resp.body["detail"]
+    assert await status(gw, task) == "claimed"
+
+
+async def test_a_paused_runtime_still_applies_and_answers_the_reports(gw, runtime_id):
+    done, failed = await claimed(gw, runtime_id, 2)
+    await enqueue(gw, runtime_id, "waiting")
+    assert (await req(gw, "POST", f"/v1/runtimes/{runtime_id}:pause")).status == 200
+    resp = await claim_with(gw, runtime_id, complete=[item(done)], fail=[item(failed, error="e")])
+    assert resp.status == 200, resp.body
+    assert resp.body["tasks"] == []
+    assert [a["outcome"] for a in resp.body["acks"]] == ["completed", "queued"]
+    assert 1 <= resp.body["retry_after_seconds"] <= 5
+    assert await status(gw, done) == "completed"
+
+
+async def test_an_overloaded_claim_still_answers_the_reports(database_url, redis_url, runtime_id):
+    async with gateway(database_url, redis_url, max_parked_polls=0) as full:
+        (task,) = await claimed(full, runtime_id, 1)
+        plain = await claim_with(full, runtime_id, wait_seconds=5)
+        assert plain.status == 429
+        resp = await claim_with(full, runtime_id, wait_seconds=5, complete=[item(task)])
+        assert resp.status == 200, resp.body
+        assert resp.body["tasks"] == [] and resp.body["acks"][0]["outcome"] == "completed"
+        assert resp.body["retry_after_seconds"] == int(plain.headers["Retry-After"])
+
+
+async def test_with_the_database_down_the_claim_is_503_and_nothing_is_applied(
+    pg_admin_url, redis_url, runtime_id
+):
+    """The gateway's database (one of its own) stops taking connections and every
+    connection to it is cut, as when Postgres stops or restarts."""
+    async with temporary_database(pg_admin_url) as url:
+        name = (await fetch(url, "SELECT current_database() AS name"))[0]["name"]
+        try:
+            async with gateway(url, redis_url) as gw:
+                done, failed = await claimed(gw, runtime_id, 2)
+                await execute(pg_admin_url, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+                await execute(
+                    pg_admin_url,
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1",
+                    name,
+                )
+                resp = await claim_with(
+                    gw, runtime_id, complete=[item(done)], fail=[item(failed, error="e")]
+                )
+                assert resp.status == 503 and resp.body["code"] == "store_unavailable", resp.body
+        finally:
+            await execute(pg_admin_url, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        found = await fetch(
+            url,
+            "SELECT status, lease_id::text AS lease FROM tasks WHERE id = ANY($1::uuid[])",
+            [uuid.UUID(done["id"]), uuid.UUID(failed["id"])],
+        )
+        assert sorted((r["status"], r["lease"]) for r in found) == sorted(
+            ("claimed", t["lease_id"]) for t in (done, failed)
+        )
