@@ -13,11 +13,14 @@ from typing import Any
 
 import pytest
 
+from gateway_client import AsyncClient, Outcome, Task, TaskFailed, Worker, WorkerOptions
 from tests.support.credentials import make_token
 from tests.support.databases import execute, fetch, temporary_database
-from tests.support.gateways import gateway
+from tests.support.gateways import TOKEN, gateway
 from tests.support.http import Resp, get_task, req
 from tests.support.lifecycle import UNKNOWN_TASK, claim, enqueue
+from tests.support.metrics import sample
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 
@@ -229,3 +232,35 @@ async def test_with_the_database_down_the_claim_is_503_and_nothing_is_applied(
         assert sorted((r["status"], r["lease"]) for r in found) == sorted(
             ("claimed", t["lease_id"]) for t in (done, failed)
         )
+
+
+def requests_to(gw, route: str) -> float:
+    """The gateway's answered POSTs to `route` (a route template) that succeeded."""
+    return sample(gw, "gateway_http_requests_total", route=route, method="POST", status_class="2xx")
+
+
+async def test_the_worker_loop_sends_each_report_with_its_next_claim(gw, runtime_id):
+    """One task at a time: one request per task, where it took two (claim, then
+    complete or fail)."""
+    tasks = [await enqueue(gw, runtime_id, n) for n in range(6)]
+    routes = ("/v1/runtimes/{rt}/claim", "/v1/tasks/{task_id}/complete", "/v1/tasks/{task_id}/fail")
+    before = [requests_to(gw, route) for route in routes]
+
+    async def handler(task: Task) -> Any:
+        if task.payload == 3:
+            raise TaskFailed("three is wrong", retry=False)
+        return task.payload * 2
+
+    async with AsyncClient(gw.url, TOKEN) as client:
+        w = Worker(client, runtime_id, handler, WorkerOptions(wait_seconds=5, worker_id="w"))
+        job = asyncio.create_task(w.run())
+        await wait_until(lambda: sum(w.outcomes.values()) == len(tasks), 10, "every task reported")
+        w.stop()
+        await asyncio.wait_for(job, 10)
+    assert w.outcomes == {Outcome.COMPLETED: 5, Outcome.FAILED: 1}
+    claims, completes, fails = (requests_to(gw, r) - b for r, b in zip(routes, before, strict=True))
+    # A claim per task, and the one that reported the last task; no report of its own.
+    assert (claims, completes, fails) == (len(tasks) + 1, 0, 0)
+    finished = [await get_task(gw, t["id"]) for t in tasks]
+    assert [t["status"] for t in finished] == ["completed"] * 3 + ["dead"] + ["completed"] * 2
+    assert [t.get("result") for t in finished] == [0, 2, 4, None, 8, 10]

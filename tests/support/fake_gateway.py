@@ -8,12 +8,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway_client import (
     Beat,
+    Claimed,
     Completion,
+    Failure,
     ItemOutcome,
     LeaseLost,
     NotFound,
@@ -85,10 +88,25 @@ class FakeGateway:
         max_tasks: int = 1,
         wait_seconds: float = 0,
         lease_seconds: int | None = None,
-    ) -> list[Task]:
-        self._record("claim", max_tasks=max_tasks, wait_seconds=wait_seconds)
+        complete: Iterable[Completion] | None = None,
+        fail: Iterable[Failure] | None = None,
+    ) -> Claimed:
+        completes, fails = list(complete or []), list(fail or [])
+        self._record(
+            "claim",
+            max_tasks=max_tasks,
+            wait_seconds=wait_seconds,
+            complete=[i.task_id for i in completes],
+            fail=[i.task_id for i in fails],
+        )
         if self.claim_errors:
             raise self.claim_errors.pop(0)
+        # Reports first, each as its single call (recorded as one), then the claim.
+        acks = [await self._item(self.complete(i.task_id, i.lease_id, i.result), i.task_id)
+                for i in completes]  # fmt: skip
+        for i in fails:
+            call = self.fail(i.task_id, i.lease_id, i.error, retry=i.retry)
+            acks.append(await self._item(call, i.task_id))
         deadline = time.monotonic() + wait_seconds
         while not self.queue and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
@@ -99,7 +117,17 @@ class FakeGateway:
             self.expires[task.id] = time.monotonic() + (lease_seconds or 60)
             out.append(replace(task, status="claimed", lease_id=lease, attempts=task.attempts + 1))
         del self.queue[:max_tasks]
-        return out
+        if complete is None and fail is None:
+            return Claimed(out)
+        return Claimed(out, acks)
+
+    async def _item(self, call: Awaitable[Task], task_id: str) -> ItemOutcome:
+        """A single call's answer as a batch item's."""
+        try:
+            task = await call
+        except LeaseLost:
+            return ItemOutcome(task_id, "lease_lost", problem={"code": "lease_lost"})
+        return ItemOutcome(task_id, task.status)
 
     def _check(self, task_id: str, lease_id: str) -> None:
         lapsed = self.expire_leases and time.monotonic() > self.expires.get(task_id, 0.0)

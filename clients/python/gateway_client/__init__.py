@@ -28,6 +28,7 @@ from .failure import TaskFailed
 from .models import (
     KEEP,
     Beat,
+    Claimed,
     Completion,
     Controls,
     Failure,
@@ -54,6 +55,7 @@ __all__ = [
     "BadRequest",
     "Beat",
     "CacheUnavailable",
+    "Claimed",
     "Client",
     "Completion",
     "Controls",

@@ -28,6 +28,7 @@ from .errors import (
 from .models import (
     KEEP,
     Beat,
+    Claimed,
     Completion,
     Controls,
     Failure,
@@ -251,9 +252,16 @@ class AsyncClient:
         max_tasks: int = 1,
         wait_seconds: float = 0,
         lease_seconds: int | None = None,
-    ) -> list[Task]:
+        complete: Iterable[Completion] | None = None,
+        fail: Iterable[Failure] | None = None,
+    ) -> Claimed:
         """Up to `max_tasks` tasks, each with a lease; waits up to `wait_seconds` for
-        work, so its timeout is that plus `long_poll_margin_seconds`."""
+        work, so its timeout is that plus `long_poll_margin_seconds`.
+
+        `complete` and `fail` report earlier tasks in the same request (at most 1000
+        together, each task once), each as `complete_many` and `fail_many` would: the
+        gateway applies them before it claims, and the answer's `acks` says what became
+        of each, whatever became of the claim (see Claimed)."""
         body: dict[str, Any] = {
             "worker_id": worker_id,
             "max_tasks": max_tasks,
@@ -261,13 +269,17 @@ class AsyncClient:
         }
         if lease_seconds is not None:
             body["lease_seconds"] = lease_seconds
+        if complete is not None:
+            body["complete"] = [item.to_json() for item in complete]
+        if fail is not None:
+            body["fail"] = [item.to_json() for item in fail]
         _, data, _ = await self.request(
             "POST",
             runtime_path(runtime, "/claim"),
             body,
             timeout_seconds=wait_seconds + self.long_poll_margin_seconds,
         )
-        return [Task.from_json(t) for t in data["tasks"]]
+        return Claimed.from_json(data)
 
     async def heartbeat(
         self, task_id: str, lease_id: str, lease_seconds: int | None = None

@@ -5,6 +5,7 @@ RFC 3339 strings the gateway sends; statuses and outcomes are `Literal` strings.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, get_args
@@ -248,6 +249,33 @@ class ItemOutcome:
             cancel_requested=bool(data.get("cancel_requested", False)),
             problem=data.get("problem"),
             raw=data,
+        )
+
+
+class Claimed(list[Task]):
+    """A claim's answer: its tasks (a list, as a claim always answered) and, when the
+    claim carried reports (`complete`, `fail`), what became of them: `acks`, one
+    ItemOutcome per report, those of `complete` first, each in the order given; and
+    `retry_after_seconds`, set when the claim handed out nothing because it was refused
+    (overloaded, shutting down) or its runtime is held back (paused, at a limit): claim
+    again after that many seconds. The reports are applied whatever became of the claim."""
+
+    def __init__(
+        self,
+        tasks: Iterable[Task] = (),
+        acks: list[ItemOutcome] | None = None,
+        retry_after_seconds: float | None = None,
+    ) -> None:
+        super().__init__(tasks)
+        self.acks: list[ItemOutcome] = acks or []
+        self.retry_after_seconds = retry_after_seconds
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Claimed:
+        return cls(
+            [Task.from_json(t) for t in data["tasks"]],
+            [ItemOutcome.from_json(a) for a in data.get("acks", [])],
+            data.get("retry_after_seconds"),
         )
 
 

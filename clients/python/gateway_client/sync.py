@@ -27,6 +27,7 @@ from .client import (
 from .models import (
     KEEP,
     Beat,
+    Claimed,
     Completion,
     Controls,
     Failure,
@@ -211,8 +212,11 @@ class Client:
         max_tasks: int = 1,
         wait_seconds: float = 0,
         lease_seconds: int | None = None,
-    ) -> list[Task]:
-        """As AsyncClient.claim: up to `max_tasks` tasks, waiting up to `wait_seconds`."""
+        complete: Iterable[Completion] | None = None,
+        fail: Iterable[Failure] | None = None,
+    ) -> Claimed:
+        """As AsyncClient.claim: up to `max_tasks` tasks, waiting up to `wait_seconds`,
+        after reporting `complete` and `fail` (their outcomes in the answer's `acks`)."""
         return self._run(
             self.aio.claim(
                 runtime,
@@ -220,6 +224,8 @@ class Client:
                 max_tasks=max_tasks,
                 wait_seconds=wait_seconds,
                 lease_seconds=lease_seconds,
+                complete=complete,
+                fail=fail,
             )
         )
 

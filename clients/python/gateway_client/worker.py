@@ -18,6 +18,14 @@ heartbeat each lease, and report each outcome.
   handler has finished, the report's own answer says how the task ended.
 - A handler's return value completes the task; its exception fails it (type, message
   and the end of the traceback, bounded), retryable unless it is `TaskFailed(retry=False)`.
+- A finished task's report (its complete or fail) rides on the next claim when that
+  claim goes out at once: when every slot was busy and this one freed while the
+  others keep running (with one slot, always). The claim's answer says how each
+  report ended (`acks`); should the claim fail, or a gateway answer no `acks`, the
+  reports are sent on their own (a repeat is safe). Such a claim does not wait for
+  work, so that the reports' outcomes come back at once; after an empty answer a long
+  poll follows at once. Otherwise, as while a claim is parked, a report goes on its
+  own at once, never waiting for a claim.
 - With `concurrency` > 1, completions are gathered and sent together
   (`complete_many`): as soon as no other handler is still running, else after
   `complete_window_seconds`, at most a sixth of a lease. A gateway without the batch
@@ -43,14 +51,14 @@ import signal
 import socket
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .backoff import Backoff
 from .errors import GatewayError, LeaseLost, MethodNotAllowed, NotFound
 from .failure import TaskFailed, format_error
-from .models import Beat, Completion, ItemOutcome, ItemOutcomeKind, Task
+from .models import Beat, Claimed, Completion, Failure, ItemOutcome, ItemOutcomeKind, Task
 
 log = logging.getLogger("gateway_client.worker")
 
@@ -77,7 +85,9 @@ class Transport(Protocol):
         max_tasks: int = 1,
         wait_seconds: float = 0,
         lease_seconds: int | None = None,
-    ) -> list[Task]: ...
+        complete: Iterable[Completion] | None = None,
+        fail: Iterable[Failure] | None = None,
+    ) -> Claimed: ...
 
     async def heartbeat(
         self, task_id: str, lease_id: str, lease_seconds: int | None = None
@@ -136,6 +146,9 @@ class WorkerOptions:
     worker_id: str = field(default_factory=default_worker_id)
     # With concurrency > 1: how long a completion may wait to share a request.
     complete_window_seconds: float = COMPLETE_WINDOW_SECONDS
+    # Send a finished task's report with the next claim when that claim goes out at
+    # once (one request instead of two); False: always on its own.
+    reports_with_claims: bool = True
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.max_tasks_per_poll < 1 or self.lease_seconds < 1:
@@ -161,6 +174,17 @@ class _Completion:
     result: Any
     done: asyncio.Future[tuple[Outcome, str]]
     since: float
+
+
+@dataclass
+class _Report:
+    """A finished task's complete or fail waiting for the next claim to carry it;
+    `done` receives what _report returns for it."""
+
+    run: _Running
+    outcome: Outcome  # COMPLETED or FAILED
+    item: Completion | Failure
+    done: asyncio.Future[tuple[Outcome, str]]
 
 
 class Worker:
@@ -198,6 +222,11 @@ class Worker:
         self._completions: list[_Completion] = []
         self._handler_done = asyncio.Event()  # a handler finished, or a completion waits
         self._batch_calls = True  # until a gateway without the batch endpoints says so
+        # Reports for the next claim to carry, taken while the claim loop waits for a
+        # free slot (`_claim_idle`): that claim then goes out at once.
+        self._reports: list[_Report] = []
+        self._claim_idle = False
+        self._apart: set[asyncio.Task[None]] = set()  # reports sent on their own instead
 
     @property
     def running(self) -> int:
@@ -250,6 +279,9 @@ class Worker:
             await self._claim_loop()
         finally:
             self._stopping.set()
+            # Reports no claim will carry now go on their own.
+            self._send_apart(self._reports)
+            self._reports = []
             try:
                 await self._drain()
             finally:
@@ -265,19 +297,20 @@ class Worker:
             free = opts.concurrency - len(self._slots)
             if free <= 0:
                 self._slot_freed.clear()
-                await self._until_stopped(self._slot_freed.wait())
+                self._claim_idle = opts.reports_with_claims
+                try:
+                    await self._until_stopped(self._slot_freed.wait())
+                finally:
+                    self._claim_idle = False
                 continue
+            reports, self._reports = self._reports, []
             asked = time.monotonic()
-            claim = asyncio.ensure_future(
-                self.transport.claim(
-                    self.runtime,
-                    opts.worker_id,
-                    max_tasks=min(free, opts.max_tasks_per_poll),
-                    wait_seconds=opts.wait_seconds,
-                    lease_seconds=opts.lease_seconds,
-                )
-            )
-            if not await self._until_stopped(claim):
+            claim = asyncio.ensure_future(self._claim(min(free, opts.max_tasks_per_poll), reports))
+            if reports:
+                # It does not wait for work (_claim), so stop() lets it finish: its
+                # answer is its reports' outcomes.
+                await asyncio.wait({claim})
+            elif not await self._until_stopped(claim):
                 # Leaving a parked poll: the gateway gives back whatever it was leasing.
                 claim.cancel()
                 with contextlib.suppress(BaseException):
@@ -286,6 +319,7 @@ class Worker:
             try:
                 tasks = claim.result()
             except Exception as exc:
+                self._send_apart(reports)
                 delay = self._backoff.next_delay(getattr(exc, "retry_after_seconds", None))
                 log.warning(
                     "runtime=%s claim failed (%s); retrying in %.2fs",
@@ -295,15 +329,82 @@ class Worker:
                 )
                 await self._until_stopped(asyncio.sleep(delay))
                 continue
+            self._settle(reports, tasks)
             self._backoff.reset()
             for task in tasks:
                 self._start(task)
+                if self._stopping.is_set():  # claimed as stop() came: given back at once
+                    self._interrupt(self._runs[task.id], Interrupt.SHUTDOWN)
+            if not tasks and tasks.retry_after_seconds is not None:
+                # Refused, or the runtime held back (paused, at a limit), after the
+                # reports it carried were applied: come back when the gateway says.
+                await self._until_stopped(asyncio.sleep(tasks.retry_after_seconds))
+                continue
+            if reports:
+                continue  # it did not wait for work: the next claim does
             early = opts.wait_seconds == 0 or time.monotonic() - asked < opts.wait_seconds / 2
             if not tasks and early:
                 # Nothing, and sooner than the long poll should take (wait_seconds 0, or a
                 # gateway shutting down answers at once): pause rather than spin.
                 pause = IDLE_PAUSE_SECONDS * random.uniform(0.5, 1.0)
                 await self._until_stopped(asyncio.sleep(pause))
+
+    async def _claim(self, max_tasks: int, reports: list[_Report]) -> Claimed:
+        """One claim, carrying `reports` if there are any. Such a claim does not wait for
+        work (wait_seconds 0): the reports' outcomes come back at once, and stop()
+        never cuts a request whose reports were applied (sent again, a fail would
+        answer lease_lost). An empty answer is followed by a long poll at once."""
+        opts = self.options
+        if not reports:
+            return await self.transport.claim(
+                self.runtime,
+                opts.worker_id,
+                max_tasks=max_tasks,
+                wait_seconds=opts.wait_seconds,
+                lease_seconds=opts.lease_seconds,
+            )
+        return await self.transport.claim(
+            self.runtime,
+            opts.worker_id,
+            max_tasks=max_tasks,
+            wait_seconds=0,
+            lease_seconds=opts.lease_seconds,
+            complete=[r.item for r in reports if isinstance(r.item, Completion)],
+            fail=[r.item for r in reports if isinstance(r.item, Failure)],
+        )
+
+    def _settle(self, reports: list[_Report], claimed: Claimed) -> None:
+        """Hands each report its outcome from the claim's `acks` (completes first, as
+        sent). A gateway that answered none (one that does not read reports on a claim)
+        has applied none: they are sent on their own."""
+        if not reports:
+            return
+        if len(claimed.acks) != len(reports):
+            self._send_apart(reports)
+            return
+        ordered = [r for r in reports if isinstance(r.item, Completion)]
+        ordered += [r for r in reports if isinstance(r.item, Failure)]
+        for report, ack in zip(ordered, claimed.acks, strict=True):
+            outcome = (Outcome.LEASE_LOST, "-") if ack.refused else (report.outcome, ack.outcome)
+            if not report.done.done():
+                report.done.set_result(outcome)
+
+    def _send_apart(self, reports: list[_Report]) -> None:
+        """Sends each report on its own (retried for a while, as any report), for those
+        a claim did not carry to an answer."""
+        for report in reports:
+            job = asyncio.create_task(self._report_apart(report))
+            self._apart.add(job)
+            job.add_done_callback(self._apart.discard)
+
+    async def _report_apart(self, report: _Report) -> None:
+        try:
+            outcome = await self._report_single(report.run)
+        except Exception as exc:  # an answer this client cannot read: never hang
+            log.error("task=%s not reported: %s", report.run.task.id, _describe(exc))
+            outcome = (Outcome.UNREPORTED, "-")
+        if not report.done.done():
+            report.done.set_result(outcome)
 
     async def _until_stopped(self, aw: Awaitable[Any]) -> bool:
         """Waits for `aw` or stop(), whichever comes first; True if `aw` finished."""
@@ -443,6 +544,23 @@ class Worker:
             retry_after_seconds=failed.retry_after_seconds,
         )
 
+    def _report_item(self, run: _Running) -> tuple[Outcome, Completion | Failure]:
+        """A finished handler's complete or fail, as a claim carries it (_outcome's
+        call, as an item)."""
+        task, handler = run.task, run.handler
+        exc = handler.exception()
+        if exc is None:
+            return Outcome.COMPLETED, Completion(task.id, task.lease_id or "", handler.result())
+        failed = exc if isinstance(exc, TaskFailed) else TaskFailed(format_error(exc))
+        item = Failure(
+            task.id,
+            task.lease_id or "",
+            format_error(failed),
+            retry=failed.retry,
+            retry_after_seconds=failed.retry_after_seconds,
+        )
+        return Outcome.FAILED, item
+
     async def _hand_over(self, run: _Running) -> tuple[Outcome, str]:
         """Frees the task's slot once there is room among the reports in flight, then
         reports. A lost lease is not reported: the task may be another daemon's by now."""
@@ -458,8 +576,14 @@ class Worker:
                 self._reports_in_flight -= 1
 
     async def _report(self, run: _Running) -> tuple[Outcome, str]:
-        """Tells the gateway how the task ended, retrying transient errors for a while."""
+        """Tells the gateway how the task ended, retrying transient errors for a while:
+        with the next claim when the claim loop is about to send one, else on its own."""
         handler = run.handler
+        if self._claim_idle and not self._stopping.is_set() and not handler.cancelled():
+            outcome, item = self._report_item(run)
+            report = _Report(run, outcome, item, asyncio.get_running_loop().create_future())
+            self._reports.append(report)
+            return await report.done
         if self._batching and not handler.cancelled() and handler.exception() is None:
             waiting = _Completion(
                 run, handler.result(), asyncio.get_running_loop().create_future(), time.monotonic()

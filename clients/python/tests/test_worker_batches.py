@@ -9,8 +9,15 @@ from typing import Any
 
 import pytest
 
-from gateway_client import Outcome, Task, TransportError
-from tests.support.fake_gateway import FakeGateway, run_until, worker
+from gateway_client import Outcome, Task, TransportError, Worker
+from tests.support.fake_gateway import FakeGateway, run_until
+from tests.support.fake_gateway import worker as fake_worker
+
+
+def worker(fake: FakeGateway, handler: Any, **options: Any) -> Worker:
+    """The worker loop with every report sent on its own, the path this file tests (a
+    claim carrying reports is test_worker_reports.py's)."""
+    return fake_worker(fake, handler, reports_with_claims=False, **options)
 
 
 async def test_completions_that_finish_together_share_one_request():

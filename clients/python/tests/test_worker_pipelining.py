@@ -13,8 +13,16 @@ from typing import Any
 
 import pytest
 
-from gateway_client import Outcome, Task
-from tests.support.fake_gateway import FakeGateway, worker
+from gateway_client import Outcome, Task, Worker
+from tests.support.fake_gateway import FakeGateway
+from tests.support.fake_gateway import worker as fake_worker
+
+
+def worker(fake: FakeGateway, handler: Any, **options: Any) -> Worker:
+    """The worker loop with every report sent on its own, the path this file tests (a
+    claim carrying reports is test_worker_reports.py's)."""
+    return fake_worker(fake, handler, reports_with_claims=False, **options)
+
 
 CONCURRENCY = [1, 3]
 

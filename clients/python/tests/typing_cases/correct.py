@@ -2,7 +2,7 @@
 
 from datetime import UTC, datetime
 
-from gateway_client import AsyncClient, Client, Task
+from gateway_client import AsyncClient, Client, Completion, Failure, ItemOutcome, Task
 
 
 def blocking() -> None:
@@ -10,6 +10,9 @@ def blocking() -> None:
         task: Task = gw.enqueue("demo", {"n": 1}, priority=90)
         task_id: str = gw.enqueue("demo", {"n": 2}, minimal=True, run_at=datetime.now(UTC))
         claimed: list[Task] = gw.claim("demo", "me", wait_seconds=20)
+        acked = gw.claim("demo", "me", complete=[Completion(task.id, "l", {"ok": 1})])
+        outcomes: list[ItemOutcome] = acked.acks
+        print(outcomes, acked.retry_after_seconds)
         finished = gw.wait(task_id, timeout_seconds=5, step_seconds=1)
         if finished.status == "completed" and finished.updated_at is not None:
             print(task.id, claimed, finished.updated_at.isoformat())
@@ -19,4 +22,5 @@ async def non_blocking() -> None:
     async with AsyncClient() as gw:
         task: Task = await gw.enqueue("demo", {"n": 1}, priority=90)
         claimed: list[Task] = await gw.claim("demo", "me", wait_seconds=20)
-        print(task.id, claimed)
+        acked = await gw.claim("demo", "me", fail=[Failure(task.id, "l", "boom", retry=False)])
+        print(task.id, claimed, acked.acks, acked.retry_after_seconds)
