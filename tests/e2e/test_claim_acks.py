@@ -128,7 +128,10 @@ async def test_reports_are_committed_before_the_claim_parks(gw, runtime_id):
     """A producer waiting for the result gets it while the acknowledging claim is still
     parked: it never waits for the worker's next task."""
     (task,) = await claimed(gw, runtime_id, 1)
+    results = gw.gateway.results
+    waiting = results.waiting()
     waiter = asyncio.create_task(req(gw, "GET", f"/v1/tasks/{task['id']}?wait_seconds=30"))
+    await wait_until(lambda: results.waiting() > waiting, 5, "the producer waiting")
     parked = asyncio.create_task(
         claim_with(gw, runtime_id, wait_seconds=30, complete=[item(task, result="r")])
     )
@@ -264,3 +267,15 @@ async def test_the_worker_loop_sends_each_report_with_its_next_claim(gw, runtime
     finished = [await get_task(gw, t["id"]) for t in tasks]
     assert [t["status"] for t in finished] == ["completed"] * 3 + ["dead"] + ["completed"] * 2
     assert [t.get("result") for t in finished] == [0, 2, 4, None, 8, 10]
+
+
+@pytest.mark.parametrize("levels", [1024, 5000])
+async def test_a_result_nested_past_the_parsers_is_422_naming_the_report(gw, runtime_id, levels):
+    """As a batch names its item (test_hostile_bodies.py)."""
+    (task,) = await claimed(gw, runtime_id, 1)
+    deep = "[" * levels + "1" + "]" * levels
+    report = f'{{"id": "{task["id"]}", "lease_id": "{task["lease_id"]}", "result": {deep}}}'
+    raw = f'{{"worker_id": "w", "complete": [{report}]}}'.encode()
+    resp = await req(gw, "POST", f"/v1/runtimes/{runtime_id}/claim", raw=raw)
+    assert resp.status == 422 and resp.body["field"] == "complete[0].result", resp.body
+    assert await status(gw, task) == "claimed"

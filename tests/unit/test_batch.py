@@ -12,6 +12,7 @@ from gateway.api import bodies, requests
 from gateway.errors import BadRequest, LeaseLost, NotFound, PayloadTooLarge, ValidationFailed
 from gateway.http.handlers import batch
 from gateway.rows import ItemResult
+from gateway.settings import Settings
 from gateway.store.leases import lease_lost
 
 LIMIT = 1000  # payload bytes
@@ -138,6 +139,42 @@ def test_item_errors_keep_their_kind() -> None:
         with pytest.raises(kind):
             with batch._naming(4):
                 raise kind("broken", field="x")
+
+
+# -- a claim's reports (bodies.CLAIM_BODY's complete and fail) ----------------------------
+
+
+def acks(body: Any) -> batch.Acks | None:
+    return batch.parse_acks(body, Settings(max_payload_bytes=LIMIT, max_json_depth=8))
+
+
+def test_a_claim_without_reports_has_none_and_empty_lists_are_reports() -> None:
+    assert acks({"worker_id": "w"}) is None
+    assert acks({"worker_id": "w", "complete": []}) == batch.Acks([], [])
+    reports = acks({"complete": items(2, result=1), "fail": items(1, error="e")})
+    assert reports is not None
+    assert [i.result_json for i in reports.completes] == ["1", "1"]
+    assert [i.request.error for i in reports.fails] == ["e"]
+
+
+def test_a_claims_reports_hold_1000_items_together() -> None:
+    assert acks({"complete": items(500), "fail": items(500, error="e")}) is not None
+    detail = refused(acks, {"complete": items(600), "fail": items(401, error="e")}, "fail", None)
+    assert "1001" in detail and "1000" in detail
+    refused(acks, {"complete": items(1001)}, "complete", None)
+
+
+def test_a_claims_reports_name_each_task_once_and_each_bad_item() -> None:
+    done, failed = items(1), items(1, error="e")
+    failed[0]["id"] = done[0]["id"]
+    detail = refused(acks, {"complete": done, "fail": failed}, "fail[0].id", 0)
+    assert "complete[0]" in detail
+    refused(acks, {"complete": [{"id": "x"}]}, "complete[0].id", 0)
+    refused(acks, {"fail": items(1)}, "fail[0].error", 0)
+    refused(
+        acks, {"complete": items(1, result="x" * LIMIT)}, "complete[0].result", 0, PayloadTooLarge
+    )
+    refused(acks, {"complete": None}, "complete", None)
 
 
 # -- answers ---------------------------------------------------------------------------
