@@ -194,6 +194,20 @@ async def test_a_paused_runtime_still_applies_and_answers_the_reports(gw, runtim
     assert await status(gw, done) == "completed"
 
 
+async def test_a_runtime_at_its_limit_still_applies_and_answers_the_reports(gw, runtime_id):
+    other = f"{runtime_id}-other"
+    (report,) = await claimed(gw, other, 1)
+    limits = {"max_in_flight": 1}
+    assert (await req(gw, "PATCH", f"/v1/runtimes/{runtime_id}/controls", limits)).status == 200
+    (held,) = await claimed(gw, runtime_id, 1)
+    await enqueue(gw, runtime_id, "over the limit")
+    resp = await claim_with(gw, runtime_id, complete=[item(report)])
+    assert resp.status == 200, resp.body
+    assert resp.body["tasks"] == [] and resp.body["acks"][0]["outcome"] == "completed"
+    assert 1 <= resp.body["retry_after_seconds"] <= 5
+    assert await status(gw, held) == "claimed"
+
+
 async def test_an_overloaded_claim_still_answers_the_reports(database_url, redis_url, runtime_id):
     async with gateway(database_url, redis_url, max_parked_polls=0) as full:
         (task,) = await claimed(full, runtime_id, 1)
