@@ -42,8 +42,10 @@ from .models import (
     Task,
     TaskStatus,
 )
+from .options import WorkerOptions
+from .runs import Outcome
 from .sync import Client
-from .worker import Outcome, Worker, WorkerOptions
+from .worker import Worker
 
 __version__ = "0.1.0"
 

@@ -348,7 +348,8 @@ def cmd_work(args: argparse.Namespace) -> int:
 
     from .client import AsyncClient
     from .command import CommandHandler
-    from .worker import Worker, WorkerOptions
+    from .options import WorkerOptions
+    from .worker import Worker
 
     command = args.argv
     if not command:
