@@ -393,4 +393,7 @@ async def test_the_bounds_catch_the_old_claims_walk(conn: asyncpg.Connection) ->
     [update] = [n for n in nodes if n["Node Type"] == "ModifyTable"]
     assert update["Actual Rows"] == 5, shown
     assert rows_read(nodes) > DELAYED // 3, (rows_read(nodes), shown)
-    assert buffers(nodes[0]) > 10 * MAX_BUFFERS, (buffers(nodes[0]), shown)
+    # The pages it reads depend on how much the table has grown (dead rows of earlier
+    # tests, rolled back): on a fresh database about 1,700, after other tests several
+    # thousand. Either way well past the bound.
+    assert buffers(nodes[0]) > 3 * MAX_BUFFERS, (buffers(nodes[0]), shown)
