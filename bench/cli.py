@@ -20,6 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from .bulk_insert import bulk_insert
 from .infra import Servers, check_servers, log, resolve_servers
 from .peers import PGQUEUER_VERSION
 from .plots import write_png
@@ -38,6 +39,7 @@ SUITE_ORDER = [
     "wake-latency",
     "parked-polls",
     "scale",
+    "bulk-insert",
     "workers",
 ]
 LEGACY = {"claim-throughput": SCENARIOS["claim-throughput"]}
@@ -77,6 +79,9 @@ Scenarios (--scenario, comma-separated, default all; about 10 minutes on 2 cores
                   runtimes), then --scale-table-rows in all with retention
                   deleting old history; claim, stats, janitor pass, enqueue and
                   claim cost against the small-runtime baseline.
+  bulk-insert     one INSERT of --bulk-rows finished tasks each (10^5, 10^6),
+                  triggers on and off: the time must grow linearly with the rows
+                  (the finished-task counters are kept once per statement).
   workers         uvicorn --workers 2 against 1: empty polls and a drain; Redis
                   connections per process.
   claim-throughput  the earlier scenario (--tasks enqueued one by one, --pollers
@@ -330,6 +335,13 @@ def parser() -> argparse.ArgumentParser:
         help="scale: rows of each shape (default: 10000,100000,1000000)",
     )
     p.add_argument(
+        "--bulk-rows",
+        type=_sizes,
+        default=[100_000, 1_000_000],
+        metavar="N,...",
+        help="bulk-insert: rows of each timed INSERT, two or more sizes (default: 100000,1000000)",
+    )
+    p.add_argument(
         "--scale-table-rows",
         type=_sizes_one,
         default=10_000_000,
@@ -464,6 +476,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.max_tasks > 100:
         p.error("--max-tasks must be at most 100 (the API's limit)")
+    if len(set(args.bulk_rows)) < 2:
+        p.error("--bulk-rows needs two different sizes at least, e.g. 100000,1000000")
     args.gateway_env = dict(args.gateway_env)
     args.pgqueuer_version = PGQUEUER_VERSION
     return args
@@ -503,6 +517,8 @@ async def _run_all(args: argparse.Namespace, servers: Servers, workdir: Path) ->
                 results += await _guarded(name, label, LEGACY[name](args, servers, cache, workdir))
         elif name == "scale":
             results += await _guarded(name, "all", scale(args, servers, workdir))
+        elif name == "bulk-insert":
+            results += await _guarded(name, "all", bulk_insert(args, servers, workdir))
         else:
             results += await _guarded(name, "all", SUITES[name](args, servers, workdir))
         for r in results[seen:]:
@@ -596,6 +612,14 @@ DETAIL_COLUMNS: dict[str, list[str]] = {
         "stop_seconds",
     ],
     "scale": ["sizes", "shape_rows", "runtimes", "p50_ms", "p99_ms", "x_baseline_p50"],
+    "bulk-insert": [
+        "rows",
+        "seconds",
+        "seconds_triggers_off",
+        "x_triggers_off",
+        "counter_writes",
+        "rows_per_second",
+    ],
 }
 
 

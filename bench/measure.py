@@ -105,8 +105,8 @@ async def timed(n: int, fn: Callable[[], Awaitable[Any]]) -> float:
 
 async def bulk_finished(conn: asyncpg.Connection, runtime_id: str, n: int) -> None:
     """`n` completed tasks for `runtime_id`, counted the way migration 0005 counts the
-    rows it finds (row by row, the triggers would update one counter row `n` times in
-    one transaction)."""
+    rows it finds (before migration 0011 the insert trigger counted row by row, and
+    updated one counter row `n` times in one transaction)."""
     async with conn.transaction():
         await conn.execute("ALTER TABLE tasks DISABLE TRIGGER task_counts_insert")
         await conn.execute(

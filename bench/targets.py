@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .bulk_insert import linear_bound
 from .stats import Result, table
 
 # Scale: how much an operation may grow from the smallest loaded size to the largest
@@ -257,7 +258,24 @@ def evaluate(results: list[Result]) -> list[Row]:
             "x",
         )
     )
+    rows.append(_bulk_insert_row(results))
     return rows
+
+
+def _bulk_insert_row(results: list[Result]) -> Row:
+    """The largest INSERT of finished tasks against the smallest: at most LINEAR_SLACK
+    times its share of the rows (15x for 10x the rows)."""
+    title = "bulk insert of finished tasks: largest vs smallest, in one statement"
+    r = find(results, "bulk-insert", "all")
+    rows = [] if r is None else r.numbers.get("rows") or []
+    seconds = [] if r is None else r.numbers.get("seconds") or []
+    if len(rows) < 2 or len(seconds) != len(rows):
+        return Row(title, None, "<=", 15.0, "not measured")
+    bound = linear_bound(rows)
+    value = _div(seconds[-1], seconds[0])
+    steps = ", ".join(f"{n:,}: {_fmt(s, 2)} s" for n, s in zip(rows, seconds, strict=True))
+    shown = f"{_fmt(value, 2)}x for {rows[-1] / rows[0]:g}x the rows ({steps})"
+    return Row(title, value, "<=", bound, shown, "x")
 
 
 def _round_trips_row(results: list[Result]) -> Row:

@@ -196,3 +196,17 @@ def test_a_claim_is_judged_by_its_round_trips_on_the_wire() -> None:
     # One variant missing: not measured, never PASS.
     rows = _by_target(evaluate([_r("round-trips", "cache off", **one)]))
     assert rows[title].verdict == "n/a"
+
+
+def test_a_bulk_insert_is_judged_by_its_rows() -> None:
+    def row(seconds: list[float], rows: list[int] | None = None) -> Row:
+        result = _r("bulk-insert", "all", rows=rows or [100_000, 1_000_000], seconds=seconds)
+        title = "bulk insert of finished tasks: largest vs smallest, in one statement"
+        return _by_target(evaluate([result]))[title]
+
+    linear = row([1.0, 9.5])
+    assert (linear.value, linear.bound, linear.verdict) == (9.5, 15.0, "PASS")
+    assert "for 10x the rows" in linear.shown
+    assert row([1.0, 40.0]).verdict == "MISS"  # quadratic: 100x for 10x the rows
+    assert row([1.0, 4.0], [10_000, 20_000]).bound == 3.0  # 1.5 times the rows' ratio
+    assert row([1.0]).verdict == "n/a"

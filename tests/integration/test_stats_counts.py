@@ -217,6 +217,102 @@ async def test_a_batch_writes_one_counter_change_per_runtime_and_status(
     assert await check(store, own_database_url, other) == {"cancelled": 200}
 
 
+# Counter rows this transaction inserted or updated, read before it commits: a
+# transaction's own table statistics are exact at once (pg_stat_database is not).
+COUNTER_WRITES = """
+SELECT n_tup_ins + n_tup_upd FROM pg_stat_xact_user_tables WHERE relid = 'task_counts'::regclass
+"""
+
+# One statement inserting $2 tasks spread over 3 runtimes ($1 || 0..2) and the four
+# finished statuses, every seventh task queued instead (not counted).
+INSERT_FINISHED = """
+INSERT INTO tasks (runtime_id, status, payload, attempts, finished_at)
+SELECT $1 || (n % 3), CASE WHEN n % 7 = 0 THEN 'queued' ELSE s END, '{}'::jsonb, 1,
+       CASE WHEN n % 7 <> 0 THEN now() END
+  FROM generate_series(1, $2::int) AS n,
+       LATERAL (SELECT (ARRAY['completed', 'dead', 'expired', 'cancelled'])[1 + n % 4] AS s) x
+"""
+
+
+async def test_an_insert_of_finished_rows_counts_once_per_statement(
+    store: Store, own_database_url: str, runtime_id: str
+) -> None:
+    # Migration 0011: an import or a restore inserting many finished rows in one
+    # statement writes one counter delta per runtime and status. The row trigger
+    # before it upserted the counter row once per row, in time quadratic in the rows
+    # (200,000 did not finish in a minute).
+    conn = await asyncpg.connect(own_database_url)
+    try:
+        async with conn.transaction():
+            assert await conn.fetchval(COUNTER_WRITES) == 0
+            assert await conn.execute(INSERT_FINISHED, runtime_id, 50_000) == "INSERT 0 50000"
+            # 3 runtimes x 4 finished statuses: 12 counter rows, whatever the row count.
+            assert await conn.fetchval(COUNTER_WRITES) == 12
+            assert await conn.execute(INSERT_FINISHED, runtime_id, 120) == "INSERT 0 120"
+            assert await conn.fetchval(COUNTER_WRITES) == 24
+            # Live rows alone, and an insert of nothing, write no counter.
+            await conn.execute(
+                "INSERT INTO tasks (runtime_id, payload) SELECT $1, '{}' "
+                "FROM generate_series(1, 100)",
+                runtime_id,
+            )
+            await conn.execute(
+                "INSERT INTO tasks (runtime_id, payload) SELECT $1, '{}' WHERE false", runtime_id
+            )
+            assert await conn.fetchval(COUNTER_WRITES) == 24
+    finally:
+        await conn.close()
+    by_count = await fetch(
+        own_database_url,
+        "SELECT runtime_id, status, count(*) AS n FROM tasks"
+        " WHERE status IN ('completed', 'dead', 'expired', 'cancelled')"
+        " GROUP BY runtime_id, status",
+    )
+    by_counter = await fetch(
+        own_database_url,
+        "SELECT runtime_id, status, sum(n)::bigint AS n FROM task_counts"
+        " GROUP BY runtime_id, status",
+    )
+    expected = {(r["runtime_id"], r["status"]): r["n"] for r in by_count}
+    assert len(expected) == 12 and sum(expected.values()) == 50_000 - 50_000 // 7 + 120 - 120 // 7
+    assert {(r["runtime_id"], r["status"]): r["n"] for r in by_counter} == expected
+    for i in range(3):
+        await check(store, own_database_url, f"{runtime_id}{i}")
+
+
+async def test_every_way_the_gateway_inserts_keeps_the_counts(
+    store: Store, own_database_url: str, runtime_id: str
+) -> None:
+    """Enqueues insert live tasks only: single, keyed, replayed (nothing inserted),
+    sync-matched (inserted already claimed), batches with and without keys. None
+    writes a counter; their tasks are counted once they finish."""
+    await enqueue(store, runtime_id, 3)
+    await store.enqueue(runtime_id, enqueue_request(1, idempotency_key="k1"))
+    _, created = await store.enqueue(runtime_id, enqueue_request(1, idempotency_key="k1"))
+    assert not created  # a replay: the INSERT inserted nothing
+    matched, _ = await store.enqueue(runtime_id, enqueue_request(2), lease=("w", 60.0))
+    assert matched.status == "claimed"
+    await store.enqueue_batch(runtime_id, [enqueue_request(i) for i in range(5)])
+    await store.enqueue_batch(
+        runtime_id, [enqueue_request(i, delay_seconds=3600) for i in range(2)]
+    )
+    keyed = [enqueue_request(i, idempotency_key=f"b{i}") for i in range(4)]
+    await store.enqueue_batch(runtime_id, keyed)
+    _, replayed = await store.enqueue_batch(runtime_id, keyed, ids_only=True)
+    assert replayed
+    assert await fetch(own_database_url, "SELECT * FROM task_counts") == []
+    assert await check(store, own_database_url, runtime_id) == {"queued": 15, "claimed": 1}
+    await store.complete(matched.id, matched.lease_id, None)
+    held = await claim(store, runtime_id, 13)
+    for task in held[:4]:
+        await store.complete(task.id, task.lease_id, None)
+    assert await check(store, own_database_url, runtime_id) == {
+        "queued": 2,
+        "claimed": 9,
+        "completed": 5,
+    }
+
+
 async def test_truncate_takes_the_counts_with_it(
     store: Store, own_database_url: str, runtime_id: str
 ) -> None:
