@@ -297,6 +297,13 @@ class Metrics:
             ["route", "method", "status_class"],
             registry=r,
         )
+        self.log_lines_dropped = LoopCounter(
+            "gateway_log_lines_dropped",
+            "Access log lines dropped because the queue to the thread that writes them "
+            "was full (stderr read more slowly than requests were answered). Requests "
+            "are still counted in gateway_http_requests_total.",
+            registry=r,
+        )
 
     def observe_claim_delay(self, task: TaskRow, lease_seconds: float) -> None:
         """Enqueue-to-claim delay of a task just leased, Postgres's clock against

@@ -10,6 +10,11 @@ make the log's and the metric's values unbounded.
 
 Answers the server writes itself, outside the app (408, 431: gateway/http/server.py), log
 their line there with `access_line`.
+
+While the app runs (its lifespan starts and stops `LINES`), a line is handed with its
+raw values to a thread that formats and writes it (logs.LineQueue): the event loop
+does not wait for stderr. A line that finds the queue full is dropped and counted
+(`gateway_log_lines_dropped_total`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,14 @@ log = logging.getLogger("gateway.access")
 
 REQUEST_ID_HEADER = b"x-request-id"
 UNMATCHED = "unmatched"  # the route of a request no endpoint's path matched
+ACCESS_FORMAT = "%s %s %d %.1fms"  # method, route, status, duration in ms
+
+# Lines waiting for the writer thread, at most: about 4 MB of them (measured with
+# tracemalloc), a second or more of answers at the rates one process reaches; the
+# thread takes them every 50 ms. Past it (stderr read too slowly for seconds), lines
+# are dropped and counted, and the event loop never waits.
+MAX_QUEUED_LINES = 10_000
+LINES = logs.LineQueue(log, MAX_QUEUED_LINES)
 
 
 def status_class(status: int) -> str:
@@ -46,25 +59,21 @@ def access_line(
     seconds: float,
     request_id: str,
 ) -> None:
-    """Log one request's access line and count it."""
+    """Log one request's access line (through LINES) and count it."""
     if metrics is not None:
         metrics.http_requests.inc(route, method, status_class(status))
     if log.isEnabledFor(logging.INFO):
         duration_ms = round(seconds * 1000, 3)
-        log.info(
-            "%s %s %d %.1fms",
-            method,
-            route,
-            status,
-            duration_ms,
-            extra={
-                "method": method,
-                "route": route,
-                "status": status,
-                "duration_ms": duration_ms,
-                "request_id": request_id,
-            },
-        )
+        extra = {
+            "method": method,
+            "route": route,
+            "status": status,
+            "duration_ms": duration_ms,
+            "request_id": request_id,
+        }
+        args = (method, route, status, duration_ms)
+        if not LINES.submit(logging.INFO, ACCESS_FORMAT, args, extra) and metrics is not None:
+            metrics.log_lines_dropped.inc()
 
 
 def server_answer(metrics: Metrics | None, head: object, status: int, seconds: float) -> str:

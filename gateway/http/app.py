@@ -16,7 +16,7 @@ from ..errors import BadRequest, MethodNotAllowed, NotFound
 from ..instance import Gateway
 from ..metrics import Metrics
 from ..settings import Settings
-from . import console
+from . import access, console
 from .access import RequestLog
 from .io import internal_error_response, problem_response
 from .routes import ROUTES
@@ -76,11 +76,17 @@ def create_app(settings: Settings | None = None) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await gateway.open()
+        # The access log's writer thread: started before the first request, stopped
+        # (its waiting lines written) after the last.
+        access.LINES.start()
         try:
-            yield
+            await gateway.open()
+            try:
+                yield
+            finally:
+                await gateway.close()
         finally:
-            await gateway.close()
+            access.LINES.stop()
 
     app = GatewayApp(
         routes=[*ROUTES, *console.ROUTES],  # the console: static files only

@@ -26,6 +26,7 @@ from tests.support.connections import (
 from tests.support.gateways import Instance
 from tests.support.logs import Records
 from tests.support.metrics import sample
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -69,6 +70,8 @@ async def test_a_sane_client_id_is_returned_logged_and_counted(
     answer = await tcp.answer(MARGIN)
     assert answer.status == 200 and answer.headers["x-request-id"] == "probe.1:a-b_c"
     assert requests(gw, "/healthz", "GET", "2xx") == before + 1
+    # The line is written by the access log's own thread, soon after the answer.
+    await wait_until(lambda: bool(access_lines(server_logs, "probe.1:a-b_c")), 5, "its line")
     (line,) = access_lines(server_logs, "probe.1:a-b_c")
     assert (line.route, line.status, line.method) == ("/healthz", 200, "GET")  # type: ignore[attr-defined]
 

@@ -6,14 +6,17 @@ import logging
 import re
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 
 import orjson
 import pytest
 
 from gateway import logs
 from gateway.errors import ConfigError
+from gateway.http import access
 from gateway.http.access import status_class
-from gateway.metrics import wait_buckets
+from gateway.metrics import Metrics, wait_buckets
 from gateway.settings import Settings
 
 TIME_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
@@ -124,3 +127,97 @@ def test_in_json_warnings_and_a_crash_are_json_lines_too() -> None:
     lines = [orjson.loads(line) for line in done.stderr.splitlines()]
     assert [line["level"] for line in lines] == ["WARNING", "CRITICAL"]
     assert "ValueError: crashed" in lines[1]["exception"]
+
+
+class Kept(logging.Handler):
+    """Every record it is handed, with the thread that handed it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.seen: list[tuple[logging.LogRecord, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen.append((record, threading.current_thread().name))
+
+
+@pytest.fixture
+def queued() -> Iterator[tuple[logs.LineQueue, Kept]]:
+    """A LineQueue of at most 3 lines on a logger of its own, whose parent keeps the
+    records (as a test's handler on `gateway` keeps the access log's)."""
+    parent = logging.getLogger("test.linequeue")
+    parent.propagate = False
+    kept = Kept()
+    parent.addHandler(kept)
+    logger = logging.getLogger("test.linequeue.access")
+    logger.setLevel(logging.INFO)
+    try:
+        yield logs.LineQueue(logger, 3, interval_seconds=60), kept
+    finally:
+        parent.removeHandler(kept)
+
+
+def test_a_queued_line_is_the_record_logging_makes() -> None:
+    logger = logging.getLogger("test.linequeue.same")
+    direct = logger.makeRecord(
+        logger.name, logging.INFO, "f", 1, "%s %d", ("GET", 200), None, extra={"route": "/x"}
+    )
+    queue = logs.LineQueue(logger, 10)
+    made = queue._record(direct.created, logging.INFO, "%s %d", ("GET", 200), {"route": "/x"})
+    for formatter in (logs.TextFormatter(), logs.JsonFormatter()):
+        assert formatter.format(made) == formatter.format(direct)
+    assert (made.levelname, made.route, made.msecs) == ("INFO", "/x", direct.msecs)  # type: ignore[attr-defined]
+
+
+def test_the_thread_writes_the_lines_and_stop_flushes_them(
+    queued: tuple[logs.LineQueue, Kept],
+) -> None:
+    queue, kept = queued
+    assert queue.submit(logging.INFO, "at once %d", (1,), {})  # not started: written here
+    assert kept.seen[0][1] == threading.current_thread().name
+    queue.start()
+    queue.start()  # a second app in the process
+    assert queue.submit(logging.INFO, "line %d", (2,), {"status": 200})
+    assert queue.submit(logging.INFO, "line %d", (3,), {})
+    assert queue.submit(logging.INFO, "line %d", (4,), {})
+    assert not queue.submit(logging.INFO, "line %d", (5,), {})  # full: dropped
+    assert len(kept.seen) == 1  # the thread waits its interval (a minute here)
+    queue.stop()
+    assert queue.running  # the other app still runs
+    queue.stop()  # the last: every waiting line is written before it returns
+    assert not queue.running
+    assert [r.getMessage() for r, _ in kept.seen] == ["at once 1", "line 2", "line 3", "line 4"]
+    assert {thread for _, thread in kept.seen[1:]} == {"log-lines test.linequeue.access"}
+    assert kept.seen[1][0].status == 200  # type: ignore[attr-defined]
+
+
+def test_the_text_time_is_logging_s_own() -> None:
+    plain = logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    ours = logs.TextFormatter()
+    for created in (1_700_000_000.0, 1_700_000_000.9996, 1_700_000_001.5, 1_700_000_001.25):
+        rec = record()
+        rec.created, rec.msecs = created, int((created - int(created)) * 1000) + 0.0
+        assert ours.format(rec) == plain.format(rec)
+
+
+def test_an_access_line_that_finds_the_queue_full_is_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    logger = logging.getLogger("gateway.access")
+    monkeypatch.setattr(logger, "level", logging.INFO)
+    full = logs.LineQueue(logger, 0, interval_seconds=60)  # room for no line
+    monkeypatch.setattr(access, "LINES", full)
+    metrics = Metrics()
+    full.start()
+    try:
+        access.access_line(metrics, "GET", "/healthz", 200, 0.001, "id-1")
+    finally:
+        full.stop()
+    dropped = metrics.registry.get_sample_value("gateway_log_lines_dropped_total")
+    assert dropped == 1
+    assert (
+        metrics.registry.get_sample_value(
+            "gateway_http_requests_total",
+            {"route": "/healthz", "method": "GET", "status_class": "2xx"},
+        )
+        == 1
+    )
