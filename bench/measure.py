@@ -235,7 +235,7 @@ async def measure_drain(tasks: int, completers: int, rounds: int) -> None:
                     )
                 ):
                     switch = "ENABLE" if label == "triggers on" else "DISABLE"
-                    await conn.execute(f"ALTER TABLE tasks {switch} TRIGGER task_counts_update")
+                    await conn.execute(f"ALTER TABLE tasks {switch} TRIGGER task_counts_moved")
                     await conn.execute("TRUNCATE tasks")
                     rows = await conn.fetch(
                         """
