@@ -57,6 +57,12 @@ def server(dsn: str) -> str:
     return "Postgres at " + location(dsn).rsplit(" at ", 1)[-1]
 
 
+def _unreachable(what: str, dsn: str, exc: BaseException, timeout_seconds: float) -> Unreachable:
+    """Unreachable for the server of `dsn`: `what` (with `{server}` in it), then why."""
+    why = reason(exc, timeout_seconds)
+    return Unreachable(f"{what.format(server=server(dsn))}: {why}", reason=why, server=server(dsn))
+
+
 async def connect(dsn: str, timeout_seconds: float) -> asyncpg.Connection:
     """A connection of its own; raises Unreachable naming the server and why, or
     ConfigError for a URL the driver cannot read."""
@@ -69,11 +75,7 @@ async def connect(dsn: str, timeout_seconds: float) -> asyncpg.Connection:
     except (asyncpg.ClientConfigurationError, ValueError) as exc:
         raise ConfigError(f"DATABASE_URL cannot be read: {exc}") from exc
     except DRIVER_ERRORS as exc:
-        raise Unreachable(
-            f"cannot connect to {server(dsn)}: {reason(exc, timeout_seconds)}",
-            reason=reason(exc, timeout_seconds),
-            server=server(dsn),
-        ) from exc
+        raise _unreachable("cannot connect to {server}", dsn, exc, timeout_seconds) from exc
 
 
 async def probe(dsn: str, timeout_seconds: float) -> SchemaState:
@@ -86,10 +88,8 @@ async def probe(dsn: str, timeout_seconds: float) -> SchemaState:
     except MigrationError as exc:
         raise SchemaNotCurrent(exc.detail) from exc
     except DRIVER_ERRORS as exc:
-        raise Unreachable(
-            f"{server(dsn)} failed while its schema was read: {reason(exc, timeout_seconds)}",
-            reason=reason(exc, timeout_seconds),
-            server=server(dsn),
+        raise _unreachable(
+            "{server} failed while its schema was read", dsn, exc, timeout_seconds
         ) from exc
     finally:
         await conn.close()
@@ -142,8 +142,4 @@ async def apply(dsn: str, timeout_seconds: float) -> list[Migration]:
     except MigrationError as exc:
         raise SchemaNotCurrent(exc.detail) from exc
     except DRIVER_ERRORS as exc:
-        raise Unreachable(
-            f"{server(dsn)} failed while migrating: {reason(exc, timeout_seconds)}",
-            reason=reason(exc, timeout_seconds),
-            server=server(dsn),
-        ) from exc
+        raise _unreachable("{server} failed while migrating", dsn, exc, timeout_seconds) from exc
