@@ -9,6 +9,7 @@ import pytest
 
 from gateway.errors import ConfigError
 from gateway.settings import ENV_NAMES, Settings
+from tests.support.environment import RecordingEnv
 
 TOKEN = "adm-7f3c9e1d2b4a5968-0123456789abcdef"
 BASE = {"GATEWAY_ADMIN_TOKEN": TOKEN}
@@ -48,24 +49,10 @@ def test_from_env_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings.from_env().max_wait_seconds == 12.0
 
 
-class _Recording(dict[str, str]):
-    def __init__(self, env: dict[str, str]) -> None:
-        super().__init__(env)
-        self.read: set[str] = set()
-
-    def get(self, name: str, default: Any = None) -> Any:
-        self.read.add(name)
-        return super().get(name, default)
-
-    def __getitem__(self, name: str) -> str:
-        self.read.add(name)
-        return super().__getitem__(name)
-
-
 def test_env_names_are_exactly_what_from_env_reads() -> None:
     # Deployment checks (tests/deploy) trust ENV_NAMES: a name added to from_env fails
     # every call until listed, and a listed name nobody reads fails here.
-    env = _Recording(BASE)
+    env = RecordingEnv(BASE)
     Settings.from_env(env)
     assert env.read == ENV_NAMES
 

@@ -10,12 +10,12 @@ import importlib.util
 import re
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import pytest
 
 from gateway.environment import ENV_NAMES, VARIABLES, Variable
 from gateway.settings import Settings
+from tests.support.environment import RecordingEnv
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "adm-7f3c9e1d2b4a5968-0123456789abcdef"
@@ -31,24 +31,8 @@ def reference() -> ModuleType:
     return module
 
 
-class _Recording(dict[str, str]):
-    """An environment that notes every name read from it."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        super().__init__(env)
-        self.read: set[str] = set()
-
-    def get(self, name: str, default: Any = None) -> Any:
-        self.read.add(name)
-        return super().get(name, default)
-
-    def __getitem__(self, name: str) -> str:
-        self.read.add(name)
-        return super().__getitem__(name)
-
-
 def test_from_env_reads_exactly_the_declared_names() -> None:
-    env = _Recording({"GATEWAY_ADMIN_TOKEN": TOKEN})
+    env = RecordingEnv({"GATEWAY_ADMIN_TOKEN": TOKEN})
     Settings.from_env(env)
     assert env.read == ENV_NAMES == {v.name for v in VARIABLES}
 
