@@ -69,8 +69,10 @@ Scenarios (--scenario, comma-separated, default all; about 10 minutes on 2 cores
                   enqueues/s beside it.
   drain           --drain-tasks queued tasks, --drain-workers workers, max_tasks
                   --drain-max-tasks: one complete per task, then batch
-                  acknowledgement (POST /v1/tasks:complete), against pgqueuer's
-                  drain; every task handed out and completed exactly once.
+                  acknowledgement (POST /v1/tasks:complete); then max_tasks 1,
+                  the complete sent beside the next claim, then carried by it;
+                  against pgqueuer's drain; every task handed out and completed
+                  exactly once.
   wake-latency    --wake-parked long polls over --wake-runtimes runtimes; one task
                   enqueued at a time; enqueue answered -> parked claim answered.
   parked-polls    --park-sizes long polls parked in one gateway; RSS per parked poll

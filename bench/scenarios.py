@@ -36,6 +36,10 @@ RETRY_PAUSE_SECONDS = 0.05
 
 
 Scenario = Callable[[argparse.Namespace, Servers, bool, Path], Awaitable[Result]]
+# One simulated daemon: (api, opts, runtime, worker id, deadline, state).
+Daemon = Callable[
+    [Api, argparse.Namespace, str, str, float, "ThroughputState"], Coroutine[Any, Any, None]
+]
 
 
 @contextlib.asynccontextmanager
@@ -153,6 +157,12 @@ class ThroughputState:
         # Batch acknowledgement (POST /v1/tasks:complete) answered 404: not built yet.
         self.batch_ack_missing = False
         self.ack_outcomes: Counter[str] = Counter()
+        # Completes carried by claims (bench/carried.py): sent (a claim sent again
+        # counts again), answered in `acks`, and whether the gateway ignored or refused
+        # them (a claim's `complete` not built yet).
+        self.carried_sent = 0
+        self.carried_acked = 0
+        self.carried_missing = False
 
 
 async def _enqueue(
@@ -353,14 +363,25 @@ def _connections(opts: argparse.Namespace) -> int:
     batch, beside the acknowledgement of the last (one complete per task of a batch, or
     one batch acknowledgement). With fewer, the completes queue for a connection in the
     load generator, not in the gateway."""
-    per_daemon = 2 if getattr(opts, "batch_ack", False) else 1 + opts.max_tasks
+    if getattr(opts, "carried", False):
+        per_daemon = 1  # its claim carries the last task's complete
+    else:
+        per_daemon = 2 if getattr(opts, "batch_ack", False) else 1 + opts.max_tasks
     return int(max(opts.pollers * per_daemon, opts.enqueue_concurrency)) + 10
 
 
 async def claim_throughput(
-    opts: argparse.Namespace, servers: Servers, cache: bool, workdir: Path
+    opts: argparse.Namespace,
+    servers: Servers,
+    cache: bool,
+    workdir: Path,
+    *,
+    daemon: Daemon | None = None,
 ) -> Result:
+    """`daemon`: each simulated daemon's loop (`_daemon` unless given: the drain's
+    one-at-a-time mode passes bench/carried.py's)."""
     # The drain and workers scenarios run this one under their own names and labels.
+    run_daemon = daemon or _daemon
     result = Result(
         getattr(opts, "result_scenario", "claim-throughput"),
         getattr(opts, "result_label", None) or ("on" if cache else "off"),
@@ -405,7 +426,7 @@ async def claim_throughput(
                 started = time.perf_counter()
                 deadline = started + opts.duration_seconds
                 coros = [
-                    _daemon(api, opts, runtimes[i % len(runtimes)], f"bench-{i}", deadline, st)
+                    run_daemon(api, opts, runtimes[i % len(runtimes)], f"bench-{i}", deadline, st)
                     for i in range(opts.pollers)
                 ]
                 # After the last completion nothing is claimable: parked polls may go.
@@ -422,6 +443,13 @@ async def claim_throughput(
         result.notes.append(
             "POST /v1/tasks:complete answered 404: batch acknowledgement is not available "
             "in this gateway, so this row was not measured"
+        )
+        return result
+    if st.carried_missing:
+        result.numbers = {"available": False}
+        result.notes.append(
+            "a claim carrying a complete was refused (422) or answered without its acks: "
+            "this gateway does not take reports with a claim, so this row was not measured"
         )
         return result
     errors = check_tally(result, "enqueue", enqueue_tally)
@@ -455,12 +483,13 @@ async def claim_throughput(
     other_outcomes = {k: n for k, n in st.ack_outcomes.items() if k != "completed"}
     if other_outcomes:
         result.failures.append(
-            "batch acknowledgement answered outcomes other than completed for leases the "
-            f"bench held: {other_outcomes}"
+            "batch acknowledgements (or a claim's acks) answered outcomes other than "
+            "completed for leases the bench held: "
+            f"{other_outcomes}"
         )
     if st.unknown:
         result.failures.append(f"{len(st.unknown)} claimed tasks were never enqueued by the bench")
-    unanswered = st.completes_sent - st.completes.responses
+    unanswered = st.completes_sent - st.completes.responses + st.carried_sent - st.carried_acked
     if by_status.get("completed", 0) != completed:
         result.failures.append(
             f"Postgres has {by_status.get('completed', 0)} completed tasks, but the bench "
@@ -525,6 +554,9 @@ async def claim_throughput(
         "claim_to_done_p99_ms": ms(percentile(st.claim_to_done, 99)),
         "enqueue_to_done_p50_ms": ms(percentile(st.enqueue_to_done, 50)),
         "enqueue_to_done_p99_ms": ms(percentile(st.enqueue_to_done, 99)),
+        # A claim request's latency at the load generator (with the acks it carries).
+        "claim_request_p50_ms": ms(percentile(st.claims.latencies, 50)),
+        "claim_request_mean_ms": ms(ratio(sum(st.claims.latencies), len(st.claims.latencies))),
         "complete_p50_ms": ms(percentile(st.completes.latencies, 50)),
         "complete_p99_ms": ms(percentile(st.completes.latencies, 99)),
         "claim_requests": st.claims.responses,
@@ -547,6 +579,9 @@ async def claim_throughput(
         "verdict_misses": client.delta(before, after, client.VERDICT_MISS),
         "leases_returned": client.delta(before, after, client.LEASES_RETURNED),
         "batch_ack_outcomes": dict(st.ack_outcomes),
+        # Completes carried by claims and answered in their acks (one-at-a-time mode).
+        "carried_completes_sent": st.carried_sent,
+        "carried_completes_acked": st.carried_acked,
         "duplicates": len(delivered_twice) + len(completed_twice),
         "errors": errors,
         "postgres_by_status": by_status,

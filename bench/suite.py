@@ -23,6 +23,7 @@ import psutil
 import redis.asyncio as aioredis
 
 from . import client
+from .carried import carried_daemon
 from .client import Api, Tally
 from .infra import (
     GATEWAY_APP,
@@ -592,12 +593,28 @@ async def pgqueuer_once(opts: argparse.Namespace, servers: Servers) -> list[Resu
     return [_PGQ_CACHE["r"]]
 
 
+ONE_SEPARATE = "one at a time, separate complete"
+ONE_CARRIED = "one at a time, acks carried"
+
+
 async def drain(opts: argparse.Namespace, servers: Servers, workdir: Path) -> list[Result]:
     single = await claim_throughput(_drain_opts(opts, "single ack"), servers, True, workdir)
     batch = await claim_throughput(
         _drain_opts(opts, "batch ack", batch_ack=True), servers, True, workdir
     )
-    return [single, batch, *await pgqueuer_once(opts, servers)]
+    # A worker running one task at a time: two requests per task (its claim, and the
+    # last task's complete beside it), then one (the claim carries the complete).
+    separate = await claim_throughput(
+        _drain_opts(opts, ONE_SEPARATE, max_tasks=1), servers, True, workdir
+    )
+    carried = await claim_throughput(
+        _drain_opts(opts, ONE_CARRIED, max_tasks=1, carried=True),
+        servers,
+        True,
+        workdir,
+        daemon=carried_daemon,
+    )
+    return [single, batch, separate, carried, *await pgqueuer_once(opts, servers)]
 
 
 def _cpu_ms_per_request(
