@@ -187,6 +187,7 @@ def evaluate(results: list[Result]) -> list[Row]:
         measured = find(results, "drain", label)
         if measured is not None and measured.numbers.get("available") is False:
             rows[-1].shown = "not available (POST /v1/tasks:complete answered 404)"
+    rows.append(_one_at_a_time_row(results, pgq))
     # Like for like: pgqueuer's batch enqueue answers its jobs' ids, and so does the
     # gateway's when asked (Prefer: return=minimal). The ratio with whole tasks
     # answered (each payload sent back) is shown beside it.
@@ -260,6 +261,31 @@ def evaluate(results: list[Result]) -> list[Row]:
     )
     rows.append(_bulk_insert_row(results))
     return rows
+
+
+def _one_at_a_time_row(results: list[Result], pgq: float | None) -> Row:
+    """A worker running one task at a time whose claims carry the last task's complete
+    (one request per task), against pgqueuer's drain as it runs (its batch size is the
+    drain's max_tasks); the same worker sending its complete on its own (two requests
+    per task) is shown beside it."""
+    row = _ratio_row(
+        "drain, one at a time (acks carried) vs pgqueuer",
+        number(results, "drain", "one at a time, acks carried", "tasks_per_second"),
+        pgq,
+        ("gateway", "pgqueuer"),
+        1.0,
+        "tasks/s",
+    )
+    carried = find(results, "drain", "one at a time, acks carried")
+    if carried is not None and carried.numbers.get("available") is False:
+        row.shown = "not available (a claim's complete was refused or not acknowledged)"
+    separate = _div(
+        number(results, "drain", "one at a time, separate complete", "tasks_per_second"), pgq
+    )
+    row.shown += "; separate complete: " + (
+        "not measured" if separate is None else f"{_fmt(separate, 2)}x"
+    )
+    return row
 
 
 def _bulk_insert_row(results: list[Result]) -> Row:

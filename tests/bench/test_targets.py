@@ -210,3 +210,30 @@ def test_a_bulk_insert_is_judged_by_its_rows() -> None:
     assert row([1.0, 40.0]).verdict == "MISS"  # quadratic: 100x for 10x the rows
     assert row([1.0, 4.0], [10_000, 20_000]).bound == 3.0  # 1.5 times the rows' ratio
     assert row([1.0]).verdict == "n/a"
+
+
+def test_the_one_at_a_time_drain_with_acks_carried_against_pgqueuer() -> None:
+    pgq = _r("pgqueuer", "pgqueuer 1.6.0", drain={"jobs_per_second": 1000.0})
+    title = "drain, one at a time (acks carried) vs pgqueuer"
+    rows = _by_target(
+        evaluate(
+            [
+                _r("drain", "one at a time, acks carried", tasks_per_second=800.0),
+                _r("drain", "one at a time, separate complete", tasks_per_second=500.0),
+                pgq,
+            ]
+        )
+    )
+    row = rows[title]
+    assert (row.value, row.verdict, row.bound) == (0.8, "MISS", 1.0)
+    assert row.shown.startswith("0.80x") and "separate complete: 0.50x" in row.shown
+    assert title in targets_table(list(rows.values()))
+    fast = _by_target(
+        evaluate([_r("drain", "one at a time, acks carried", tasks_per_second=1000.0), pgq])
+    )[title]
+    assert fast.verdict == "PASS" and "separate complete: not measured" in fast.shown
+    missing = _by_target(
+        evaluate([_r("drain", "one at a time, acks carried", available=False), pgq])
+    )[title]
+    assert missing.verdict == "n/a" and missing.shown.startswith("not available")
+    assert _by_target(evaluate([pgq]))[title].verdict == "n/a"
