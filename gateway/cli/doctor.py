@@ -13,7 +13,7 @@ import os
 import string
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -56,8 +56,8 @@ def _where(url: str) -> str:
     parts = urlsplit(url)
     try:
         port = parts.port or 6379
-    except ValueError:
-        port = 6379
+    except ValueError:  # not a number: shown as written
+        return parts.netloc.rpartition("@")[2]
     return f"{parts.hostname or 'localhost'}:{port}"
 
 
@@ -118,13 +118,13 @@ async def check_postgres(settings: Settings) -> list[Finding]:
         ]
     try:
         ms = (time.monotonic() - started) * 1000
-        version = (await pg_probe.server_version(conn)).split(" ")[0]
+        version = (await pg_probe.bounded(pg_probe.server_version(conn))).split(" ")[0]
         database = urlsplit(url).path.lstrip("/") or "(the user's default)"
         findings = [
             Finding("ok", f"Postgres {version} at {where}, database {database} ({ms:.0f} ms)")
         ]
         findings.append(await _check_schema(conn, database))
-        offset = await pg_probe.clock_offset_seconds(conn)
+        offset = await pg_probe.bounded(pg_probe.clock_offset_seconds(conn))
     except pg_probe.ProbeFailed as exc:
         return [Finding("fail", f"Postgres at {where} failed a query: {exc}")]
     finally:
@@ -136,9 +136,11 @@ async def check_postgres(settings: Settings) -> list[Finding]:
 
 async def _check_schema(conn: Any, database: str) -> Finding:
     try:
-        state = await pg_probe.schema_state(conn)
+        state = await pg_probe.bounded(pg_probe.schema_state(conn))
     except MigrationError as exc:
         return Finding("fail", f"schema: {exc.detail}")
+    except pg_probe.ProbeFailed as exc:
+        return Finding("fail", f"schema: cannot be read: {exc}")
     total = len(state.shipped)
     if state.empty:
         return Finding(
@@ -369,8 +371,20 @@ def token_bits(token: str) -> int:
 
 async def diagnose(env: Mapping[str, str]) -> list[Finding]:
     settings_finding, settings = check_settings(env)
-    postgres, redis = await asyncio.gather(check_postgres(settings), check_redis(settings))
+    postgres, redis = await asyncio.gather(
+        _unbroken("Postgres", check_postgres(settings)),
+        _unbroken("Redis", check_redis(settings)),
+    )
     return [settings_finding, *postgres, *redis, check_admin_token(settings)]
+
+
+async def _unbroken(name: str, check: Awaitable[list[Finding]]) -> list[Finding]:
+    """A check's findings; should the check itself fail unexpectedly, one ✗ naming the
+    error, so that the other checks are still reported."""
+    try:
+        return await check
+    except Exception as exc:
+        return [Finding("fail", f"{name}: the check itself failed: {type(exc).__name__}: {exc}")]
 
 
 def render(findings: list[Finding], ascii_only: bool = False) -> str:

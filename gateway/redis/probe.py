@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from ..settings import Settings
 from .clients import CommandClient, command_client, pubsub_client
@@ -53,13 +53,16 @@ async def probe(settings: Settings) -> RedisFacts:
     """Connects in GATEWAY_REDIS_MODE with the gateway's clients; raises ProbeFailed
     when Redis cannot be reached at all."""
     assert settings.redis_url is not None
-    client = command_client(
-        settings.redis_mode,
-        settings.redis_url,
-        PROBE_TIMEOUT_SECONDS,
-        settings.redis_sentinel_master,
-        max_connections=4,
-    )
+    try:
+        client = command_client(
+            settings.redis_mode,
+            settings.redis_url,
+            PROBE_TIMEOUT_SECONDS,
+            settings.redis_sentinel_master,
+            max_connections=4,
+        )
+    except ValueError as exc:  # a URL redis-py cannot read (a port that is not a number)
+        raise ProbeFailed(f"REDIS_URL cannot be read: {exc}") from exc
     try:
         try:
             started = time.monotonic()
@@ -78,7 +81,7 @@ async def probe(settings: Settings) -> RedisFacts:
             config = _first(await client.config_get("maxmemory*"))
             maxmemory = int(config.get("maxmemory", 0))
             policy = str(config.get("maxmemory-policy", "")) or None
-        except ResponseError as exc:
+        except REDIS_ERRORS as exc:  # refused (ACL, renamed) or no answer in time
             refused = _reason(exc)
         pubsub_ms, pubsub_error = await _pubsub_round_trip(settings, client)
         return RedisFacts(

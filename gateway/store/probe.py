@@ -8,7 +8,9 @@ import asyncio
 import errno
 import socket
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import asyncpg
 
@@ -16,6 +18,8 @@ from .base import DRIVER_ERRORS
 from .migrate import Migration, load_migrations, pending_migrations
 from .sql import migrate as migrate_sql
 from .sql import probe as sql
+
+T = TypeVar("T")
 
 # What a probe waits for a connection or a statement, in seconds: long enough for a
 # server across a slow link, short enough that a firewall that drops packets is named
@@ -53,6 +57,15 @@ def reason(exc: BaseException, timeout_seconds: float) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror[0].lower() + exc.strerror[1:]
     return text or type(exc).__name__
+
+
+async def bounded(awaitable: Awaitable[T]) -> T:
+    """`awaitable` within PROBE_TIMEOUT_SECONDS; a driver's error or the timeout becomes
+    ProbeFailed with its reason. Other errors (MigrationError) pass through."""
+    try:
+        return await asyncio.wait_for(awaitable, PROBE_TIMEOUT_SECONDS)
+    except DRIVER_ERRORS as exc:
+        raise ProbeFailed(reason(exc, PROBE_TIMEOUT_SECONDS)) from exc
 
 
 async def server_version(conn: asyncpg.Connection) -> str:

@@ -8,6 +8,7 @@ go on must say why in one line, and the driver's errors stop in this package.
 
 from __future__ import annotations
 
+import asyncio
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import asyncpg
@@ -15,7 +16,7 @@ import asyncpg
 from ..errors import ConfigError, SchemaNotCurrent, Unreachable
 from .base import DRIVER_ERRORS
 from .migrate import FILE_NAME_RE, Migration, MigrationError, apply_migrations
-from .probe import SchemaState, reason, schema_state
+from .probe import SchemaState, close_quietly, reason, schema_state
 
 DEFAULT_PORT = 5432
 MIGRATE_HINT = "run `gateway migrate` (or start with `gateway serve --migrate`), then start again"
@@ -84,7 +85,9 @@ async def probe(dsn: str, timeout_seconds: float) -> SchemaState:
     migrations are the caller's to judge (`require_current`)."""
     conn = await connect(dsn, timeout_seconds)
     try:
-        return await schema_state(conn)
+        # Bounded too: through PgBouncer a stopped Postgres accepts the login and then
+        # keeps the first query waiting (query_wait_timeout, 120 s by default).
+        return await asyncio.wait_for(schema_state(conn), timeout_seconds)
     except MigrationError as exc:
         raise SchemaNotCurrent(exc.detail) from exc
     except DRIVER_ERRORS as exc:
@@ -92,7 +95,7 @@ async def probe(dsn: str, timeout_seconds: float) -> SchemaState:
             "{server} failed while its schema was read", dsn, exc, timeout_seconds
         ) from exc
     finally:
-        await conn.close()
+        await close_quietly(conn)
 
 
 def require_current(dsn: str, schema: SchemaState) -> None:

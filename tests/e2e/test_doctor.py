@@ -323,3 +323,30 @@ async def test_an_unset_url_says_what_to_set(
         "REDIS_URL": "✗ Redis: REDIS_URL is not set: point it at Redis (redis://host:6379/0)",
     }[missing]
     assert expected in lines
+
+
+async def test_a_redis_url_it_cannot_read_is_a_finding_not_a_traceback(database_url: str) -> None:
+    lines, code = await report(doctor_env(database_url, "redis://127.0.0.1:abc/0"))
+    assert code == 1
+    assert line(lines, "✗ Redis at").startswith(
+        "✗ Redis at 127.0.0.1:abc (standalone mode) cannot be reached: REDIS_URL cannot be read: "
+    )
+    assert line(lines, "✓ Postgres ")  # the other checks are still reported
+
+
+async def test_a_schema_the_user_may_not_read_is_a_finding_not_a_traceback(
+    own_database_url: str, redis_url: str
+) -> None:
+    role = "gwtest_doctor_" + secrets.token_hex(4)
+    await execute(own_database_url, f"CREATE ROLE {role} LOGIN")
+    try:
+        as_role = own_database_url.replace("://postgres@", f"://{role}@", 1)
+        assert role in as_role, "the test database URL names user postgres"
+        lines, code = await report(doctor_env(as_role, redis_url))
+        assert code == 1
+        assert line(lines, "✗ schema").startswith(
+            "✗ schema: cannot be read: permission denied for table schema_migrations"
+        )
+        assert line(lines, "✓ Redis 7.")
+    finally:
+        await execute(own_database_url, f"DROP ROLE {role}")
