@@ -227,8 +227,8 @@ class LineQueue:
         self._lines = collections.deque()
         self._lock = threading.Lock()  # start and stop
         self._users = 0
-        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._stopping: threading.Event | None = None  # the running thread's own
         self._template: dict[str, Any] | None = None  # _record's
 
     @property
@@ -250,9 +250,14 @@ class LineQueue:
         with self._lock:
             self._users += 1
             if self._thread is None:
-                self._wake.clear()
+                # Each thread has a stop signal of its own: a start just after a stop
+                # must not clear the signal the stopping thread has yet to see.
+                self._stopping = threading.Event()
                 self._thread = threading.Thread(
-                    target=self._run, name=f"log-lines {self.logger.name}", daemon=True
+                    target=self._run,
+                    args=(self._stopping,),
+                    name=f"log-lines {self.logger.name}",
+                    daemon=True,
                 )
                 self._thread.start()
 
@@ -261,16 +266,16 @@ class LineQueue:
         `timeout_seconds`, should stderr not be read)."""
         with self._lock:
             self._users = max(self._users - 1, 0)
-            thread = self._thread
-            if self._users or thread is None:
+            thread, stopping = self._thread, self._stopping
+            if self._users or thread is None or stopping is None:
                 return
-            self._thread = None  # from here on, lines are logged at once
-            self._wake.set()
+            self._thread = self._stopping = None  # from here on, lines are logged at once
+            stopping.set()
         thread.join(timeout_seconds)
 
-    def _run(self) -> None:
+    def _run(self, stop: threading.Event) -> None:
         while True:
-            stopping = self._wake.wait(self.interval_seconds)
+            stopping = stop.wait(self.interval_seconds)
             self._write_waiting()
             if stopping:
                 # A line submitted just before `stop` cleared the thread is in the deque.

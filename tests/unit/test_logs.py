@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 import orjson
@@ -221,3 +222,38 @@ def test_an_access_line_that_finds_the_queue_full_is_counted(
         )
         == 1
     )
+
+
+def test_a_start_right_after_a_stop_leaves_one_writer_and_the_old_one_ends() -> None:
+    """stop() on one thread while the writer is busy, then start() on another: the old
+    writer must still see its stop signal (a shared one, cleared by the start, kept it
+    running beside the new one, and stop() waited out its whole timeout)."""
+    writing, go_on = threading.Event(), threading.Event()
+
+    class Slow(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            writing.set()
+            go_on.wait(10)
+
+    logger = logging.getLogger("test.line-queue.restart")
+    logger.propagate = False
+    logger.addHandler(Slow())
+    logger.setLevel(logging.INFO)
+    queue = logs.LineQueue(logger, 10, interval_seconds=0.01)
+    queue.start()
+    old = queue._thread
+    assert old is not None
+    queue.submit(logging.INFO, "one line", (), {})
+    assert writing.wait(10), "the writer never took the line"
+    stopper = threading.Thread(target=queue.stop, kwargs={"timeout_seconds": 3})
+    stopper.start()
+    while queue.running:  # stop() has handed the old writer its signal
+        time.sleep(0.01)
+    queue.start()
+    go_on.set()
+    stopper.join(10)
+    assert not old.is_alive(), "the old writer kept running after its stop"
+    new = queue._thread
+    assert new is not None and new is not old and new.is_alive()
+    queue.stop()
+    assert not new.is_alive()
