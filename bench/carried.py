@@ -54,17 +54,8 @@ def record_ack(st: ThroughputState, answer: Any, task_id: str, claimed_at: float
     st.carried_acked += 1
     outcome = str(entry.get("outcome"))
     st.ack_outcomes[outcome] += 1
-    if outcome != "completed":
-        return True
-    now = time.perf_counter()
-    st.completed[task_id] += 1
-    st.claim_to_done.append(now - claimed_at)
-    if task_id in st.enqueued:
-        st.enqueue_to_done.append(now - st.enqueued[task_id])
-    st.last_done = now
-    if len(st.completed) >= len(st.enqueued):
-        st.all_done.set()
-        st.stop.set()
+    if outcome == "completed":
+        st.done([task_id], claimed_at)
     return True
 
 
@@ -132,10 +123,4 @@ async def _complete_alone(
     got = await api.post(f"/v1/tasks/{task_id}/complete", body, st.completes, seconds=30.0)
     if got is None or got[0] != 200:
         return
-    now = time.perf_counter()
-    st.completed[task_id] += 1
-    st.claim_to_done.append(now - claimed_at)
-    st.last_done = now
-    if len(st.completed) >= len(st.enqueued):
-        st.all_done.set()
-        st.stop.set()
+    st.done([task_id], claimed_at)

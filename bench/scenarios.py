@@ -164,6 +164,20 @@ class ThroughputState:
         self.carried_acked = 0
         self.carried_missing = False
 
+    def done(self, task_ids: list[str], claimed_at: float) -> None:
+        """Records tasks reported completed now, claimed at `claimed_at` (perf_counter);
+        once every enqueued task is done, the run stops."""
+        now = time.perf_counter()
+        for task_id in task_ids:
+            self.completed[task_id] += 1
+            self.claim_to_done.append(now - claimed_at)
+            if task_id in self.enqueued:
+                self.enqueue_to_done.append(now - self.enqueued[task_id])
+        self.last_done = now
+        if len(self.completed) >= len(self.enqueued):
+            self.all_done.set()
+            self.stop.set()
+
 
 async def _enqueue(
     api: Api,
@@ -235,15 +249,7 @@ async def _complete(api: Api, task: dict[str, Any], claimed_at: float, st: Throu
     got = await api.post(f"/v1/tasks/{task_id}/complete", body, st.completes, seconds=30.0)
     if got is None or got[0] != 200:
         return
-    now = time.perf_counter()
-    st.completed[task_id] += 1
-    st.claim_to_done.append(now - claimed_at)
-    if task_id in st.enqueued:
-        st.enqueue_to_done.append(now - st.enqueued[task_id])
-    st.last_done = now
-    if len(st.completed) >= len(st.enqueued):
-        st.all_done.set()
-        st.stop.set()
+    st.done([task_id], claimed_at)
 
 
 async def _complete_batch(
@@ -269,21 +275,13 @@ async def _complete_batch(
         return
     if got is None or got[0] != 200:
         return
-    now = time.perf_counter()
+    completed = []
     for item in (got[1] or {}).get("results", []):
         outcome = str(item.get("outcome"))
         st.ack_outcomes[outcome] += 1
-        if outcome != "completed":
-            continue
-        task_id = str(item.get("id"))
-        st.completed[task_id] += 1
-        st.claim_to_done.append(now - claimed_at)
-        if task_id in st.enqueued:
-            st.enqueue_to_done.append(now - st.enqueued[task_id])
-    st.last_done = now
-    if len(st.completed) >= len(st.enqueued):
-        st.all_done.set()
-        st.stop.set()
+        if outcome == "completed":
+            completed.append(str(item.get("id")))
+    st.done(completed, claimed_at)
 
 
 async def _daemon(
