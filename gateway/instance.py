@@ -41,6 +41,7 @@ from .redis.clients import (
 from .redis.parked import ParkedReport
 from .redis.verdict import VerdictCache
 from .redis.wakeups import Subscriber
+from .rows import ItemResult, ended
 from .settings import Settings
 from .store import Store
 
@@ -116,7 +117,13 @@ class Gateway:
         self._commands = commands
         self.controls = RuntimeControls(self.store, self.cache, self._on_controls_changed)
         self.claimer = Claimer(
-            self.store, self.cache, self.subscriber, settings, self.metrics, controls=self.controls
+            self.store,
+            self.cache,
+            self.subscriber,
+            settings,
+            self.metrics,
+            controls=self.controls,
+            settled=self._carried_completes_settled,
         )
         self.results = Results(
             self.store, self.cache, self.subscriber, self.claimer, settings, self.metrics
@@ -147,6 +154,11 @@ class Gateway:
         has a max_in_flight."""
         await self.results.finished(tasks)
         await self.controls.slot_freed(runtime_ids)
+
+    async def _carried_completes_settled(self, outcomes: list[ItemResult]) -> None:
+        """After the commit of completes that claims carried (the claim pump applies
+        them): what a batch complete wakes."""
+        await self.tasks_ended(ended(outcomes), [r.runtime_id for r in outcomes if r.runtime_id])
 
     def _on_wake(self, runtime_id: str) -> None:
         self.claimer.wake(runtime_id)

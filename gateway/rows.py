@@ -5,7 +5,7 @@ never see a driver's record, so the in-memory store of the simulation can stand 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -150,3 +150,22 @@ class ItemResult:
     run_at: datetime | None = None
     lease_expires_at: datetime | None = None
     cancel_requested: bool = False
+
+
+def ended(results: Sequence[ItemResult]) -> list[tuple[uuid.UUID, str]]:
+    """(id, status) of the items of a batch lease operation that succeeded, for the
+    result wake-ups: the ones that finished a task wake the requests waiting for it."""
+    return [(r.task_id, r.status) for r in results if r.error is None and r.status is not None]
+
+
+@dataclass(frozen=True)
+class CarriedCompletes:
+    """Completes that claims carry, applied by the statement that claims for them
+    (Store.claim_acked): task ids (distinct), lease ids, results (JSON text or None),
+    and each item's caller's runtime patterns (None: every runtime; a task outside them
+    is not found to that item, as in Store.complete_many)."""
+
+    task_ids: Sequence[uuid.UUID]
+    lease_ids: Sequence[uuid.UUID]
+    results: Sequence[str | None]
+    runtimes: Sequence[Sequence[str] | None]

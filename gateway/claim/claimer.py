@@ -17,21 +17,21 @@ import contextlib
 import dataclasses
 import logging
 import random
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
 from ..api.requests import ClaimRequest
 from ..errors import CacheUnavailable, Draining, Overloaded, StoreUnavailable
 from ..metrics import Metrics
-from ..rows import Leased, TaskRow
+from ..rows import ItemResult, Leased, TaskRow
 from ..settings import Settings
 from .activity import ClaimActivity
 from .controls import REFRESH_SECONDS, ClaimControls
 from .near_cache import NearCache, drop_near
 from .ports import ClaimCache, ClaimStore, WakeChannels
 from .pump import Pumps
-from .waiters import Deadlines, Departure, RuntimeState, Waiter, unserved
+from .waiters import Carried, Deadlines, Departure, RuntimeState, Waiter, unserved
 
 log = logging.getLogger("gateway.claim")
 
@@ -54,7 +54,10 @@ class Claimer:
         metrics: Metrics,
         rng: random.Random | None = None,
         controls: ClaimControls | None = None,
+        settled: Callable[[list[ItemResult]], Awaitable[None]] | None = None,
     ) -> None:
+        """`settled`: called after the commit of completes that claims carried (with
+        their outcomes), to wake what a complete wakes."""
         self._store = store
         self._controls = controls
         self._cache = cache
@@ -83,6 +86,7 @@ class Claimer:
             self.activity,
             give_back=self.give_back,
             draining=lambda: self.draining,
+            settled=settled or _nothing_to_wake,
         )
 
     # -- wake-ups ------------------------------------------------------------
@@ -152,9 +156,16 @@ class Claimer:
     # -- the claim -----------------------------------------------------------
 
     def claim(
-        self, runtime_id: str, req: ClaimRequest, disconnected: Departure | None = None
+        self,
+        runtime_id: str,
+        req: ClaimRequest,
+        disconnected: Departure | None = None,
+        carried: Carried | None = None,
     ) -> Coroutine[Any, Any, list[Leased]]:
         """Up to req.max_tasks leased rows, waiting up to req.wait_seconds for them.
+        `carried`: completes the claim carries, applied by the first statement that
+        claims for it, before it parks (its `answer` is set then); left unapplied when
+        the claim is refused before that (an error raised with `answer` still None).
 
         Returns the coroutine that serves the claim. A long poll's is the one that parks
         (`_claim`), so that each parked poll holds one coroutine frame here, not two."""
@@ -163,16 +174,20 @@ class Claimer:
             and not self.draining
             and self._long_polls < self._settings.max_parked_polls
         ):
-            return self._claim(runtime_id, req, disconnected)
-        return self._claim_at_once(runtime_id, req, disconnected)
+            return self._claim(runtime_id, req, disconnected, carried)
+        return self._claim_at_once(runtime_id, req, disconnected, carried)
 
     async def _claim_at_once(
-        self, runtime_id: str, req: ClaimRequest, disconnected: Departure | None
+        self,
+        runtime_id: str,
+        req: ClaimRequest,
+        disconnected: Departure | None,
+        carried: Carried | None = None,
     ) -> list[Leased]:
         """A claim without a wait, or one refused or cut to no wait (draining, full)."""
         if self.draining:
             raise Draining("this instance is shutting down; retry on another")
-        if not req.wait_seconds and self._near.enabled:
+        if not req.wait_seconds and self._near.enabled and carried is None:
             state = self._states.get(runtime_id)
             if state is not None and self._near.hit(state) is not None:
                 # A verdict hit this process holds: no waiter, no pump, no round trip.
@@ -181,7 +196,7 @@ class Claimer:
         if req.wait_seconds:
             # Full: still hand out work that is there, but park no one more.
             rows = await self._claim_at_once(
-                runtime_id, dataclasses.replace(req, wait_seconds=0.0), None
+                runtime_id, dataclasses.replace(req, wait_seconds=0.0), None, carried
             )
             if not rows:
                 self._metrics.claims_rejected.labels("parked_polls").inc()
@@ -191,10 +206,14 @@ class Claimer:
                     retry_after_seconds=2,
                 )
             return rows
-        return await self._claim(runtime_id, req, disconnected)
+        return await self._claim(runtime_id, req, disconnected, carried)
 
     async def _claim(
-        self, runtime_id: str, req: ClaimRequest, disconnected: Departure | None
+        self,
+        runtime_id: str,
+        req: ClaimRequest,
+        disconnected: Departure | None,
+        carried: Carried | None = None,
     ) -> list[Leased]:
         loop = asyncio.get_running_loop()
         if self.draining:  # began draining after claim() was called
@@ -204,7 +223,7 @@ class Claimer:
             self._long_polls += 1
         arrived = loop.time()
         state = self._state(runtime_id)
-        waiter = Waiter(req=req, deadline=arrived + req.wait_seconds)
+        waiter = Waiter(req=req, deadline=arrived + req.wait_seconds, carried=carried)
         try:
             # Subscribe before the verdict is read (I8).
             await self._subscriber.subscribe(state.channel)
@@ -399,3 +418,7 @@ class Claimer:
             return
         del self._states[state.runtime_id]
         self._subscriber.unsubscribe(state.channel)
+
+
+async def _nothing_to_wake(outcomes: list[ItemResult]) -> None:
+    """The default `settled`: nothing waits on completes (a claimer without a gateway)."""

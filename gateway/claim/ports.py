@@ -13,11 +13,11 @@ from typing import Protocol
 
 from ..redis.keys import Keys
 from ..redis.verdict import Verdict
-from ..rows import Leased
+from ..rows import CarriedCompletes, ItemResult, Leased
 
 
 class ClaimStore(Protocol):
-    """The two statements of the claim path (Store)."""
+    """The statements of the claim path (Store)."""
 
     async def claim(
         self, runtime_id: str, worker_ids: Sequence[str], lease_seconds: Sequence[float]
@@ -25,6 +25,18 @@ class ClaimStore(Protocol):
         """Lease up to len(worker_ids) claimable tasks, oldest slot first; rows sorted
         by slot. When fewer were found, also the seconds until the runtime's next
         delayed task comes due (None if none), for the verdict's TTL (I4)."""
+        ...
+
+    async def claim_acked(
+        self,
+        runtime_id: str,
+        worker_ids: Sequence[str],
+        lease_seconds: Sequence[float],
+        completes: CarriedCompletes,
+    ) -> tuple[list[Leased], float | None, list[ItemResult]]:
+        """`claim`, also applying `completes` in the same statement (one commit for
+        both), and their outcomes in order. With no worker ids it only applies them.
+        StoreUnavailable: nothing was applied."""
         ...
 
     async def unclaim(

@@ -17,13 +17,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from .. import logs
 from ..errors import CacheUnavailable, GatewayError, Overloaded, StoreUnavailable
 from ..metrics import Metrics
-from ..rows import Leased, TaskRow
+from ..rows import CarriedCompletes, ItemResult, Leased, TaskRow
 from ..settings import Settings
 from .activity import ClaimActivity
 from .controls import ClaimControls
 from .near_cache import NearCache
 from .ports import ClaimCache, ClaimStore, WakeChannels
-from .waiters import RuntimeState, Waiter, unserved
+from .waiters import RuntimeState, Waiter, unserved, unsettled
 
 # The claim path's logger, as before the pump had a module of its own.
 log = logging.getLogger("gateway.claim")
@@ -36,6 +36,9 @@ RENEW_LEAD_SECONDS = 1.0
 # burst, which on a busy process runs Redis calls past their timeout and sends every
 # parked runtime to Postgres (degraded polling).
 RENEW_SPREAD = 0.2
+# Carried completes one claim statement applies at most, from the claims it serves: a
+# claim whose completes would pass it (unless it is the first) waits for the next one.
+CARRIED_MAX = 1000
 
 
 def renew_after(ttl: float, rng: random.Random) -> float:
@@ -64,6 +67,7 @@ class Pumps:
         activity: ClaimActivity,
         give_back: Callable[[str, list[TaskRow]], Awaitable[None]],
         draining: Callable[[], bool],
+        settled: Callable[[list[ItemResult]], Awaitable[None]],
     ) -> None:
         self._store = store
         self._controls = controls
@@ -76,6 +80,7 @@ class Pumps:
         self._activity = activity
         self._give_back = give_back
         self._draining = draining
+        self._settled = settled
         self._claim_slots = asyncio.Semaphore(settings.max_concurrent_claims)
         self._claims_queued = 0
 
@@ -128,6 +133,12 @@ class Pumps:
         loop = asyncio.get_running_loop()
         held = self._held(state, woken)
         if held is not None:
+            # No claim runs: the completes that claims carry are applied alone, before
+            # their claims count as checked (one without a wait then answers).
+            await self._settle_alone(state)
+            for waiter in state.waiters:
+                waiter.checked = True
+                waiter.poke()
             return held
         drops, read_at = state.near_drops, loop.time()
         trusted = self._near.trusted(state)
@@ -138,7 +149,8 @@ class Pumps:
                 # read is needed. A later bump elsewhere only makes the verdict stale.
                 version, state.bumped = state.bumped, None
                 state.renew_version = None
-            else:
+            elif not unsettled(unserved(state)):
+                # (With completes to apply, a statement runs whatever the verdict says.)
                 arrived = list(state.waiters)
                 if state.renew_version is not None and read_at >= state.renew_at:
                     renewed = await self._renew(state)
@@ -178,29 +190,46 @@ class Pumps:
                             waiter.poke()
                         return self._park_seconds(state, verdict.ttl_seconds)
                     version = verdict.version
-        waiters = unserved(state)
+        waiters, later = _fit(unserved(state))
         if not waiters:
             return None
         owners: list[Waiter] = []
         for waiter in waiters:
             owners.extend([waiter] * waiter.req.max_tasks)
             waiter.in_flight = True
+        carried = unsettled(waiters)
+        outcomes: list[ItemResult] = []
         hold: float | None = None
         try:
             async with self._admission():
                 worker_ids = [w.req.worker_id for w in owners]
                 lease_seconds = [float(w.req.lease_seconds) for w in owners]
                 if self._controls is not None and self._controls.limited(runtime_id):
+                    outcomes = await self._apply(runtime_id, carried)
                     limited = await self._controls.claim(runtime_id, worker_ids, lease_seconds)
                     rows, due_in, hold = limited.rows, limited.due_in, limited.held
+                elif carried:
+                    rows, due_in, outcomes = await self._store.claim_acked(
+                        runtime_id, worker_ids, lease_seconds, _merged(carried)
+                    )
                 else:
                     rows, due_in = await self._store.claim(runtime_id, worker_ids, lease_seconds)
         except GatewayError as exc:
+            if outcomes:  # applied alone before the claim failed
+                _share(carried, outcomes)
             for waiter in waiters:
                 waiter.in_flight = False
                 waiter.finish(error=exc)
+            if outcomes:
+                await self._settled(outcomes)
             return self._settings.degraded_poll_seconds
+        if outcomes:
+            _share(carried, outcomes)
         await self._hand_out(runtime_id, waiters, owners, rows, woken)
+        if outcomes:
+            await self._settled(outcomes)
+        if later:
+            return None  # claims whose completes wait for the next statement
         if len(rows) == len(owners):
             return None  # every slot filled: there may be more work for newer waiters
         if hold is not None:
@@ -209,11 +238,43 @@ class Pumps:
             return hold
         return await self._record_empty(state, version, due_in, (drops, read_at, trusted))
 
+    async def _apply(self, runtime_id: str, carried: list[Waiter]) -> list[ItemResult]:
+        """Apply the completes of `carried` (distinct tasks, within CARRIED_MAX) in a
+        statement of their own, which claims nothing: their outcomes in order. Raises
+        what the statement raises (nothing applied)."""
+        if not carried:
+            return []
+        _, _, outcomes = await self._store.claim_acked(runtime_id, [], [], _merged(carried))
+        return outcomes
+
+    async def _settle_alone(self, state: RuntimeState) -> None:
+        """Apply the completes that the runtime's waiting claims carry, without a claim:
+        each claim's are answered, or it fails with the statement's error (nothing of
+        its applied). Its waiters stay in flight meanwhile, so that none leaves thinking
+        its wait checked before its completes are in."""
+        while pending := unsettled(unserved(state)):
+            carried, _ = _fit(pending)
+            for waiter in carried:
+                waiter.in_flight = True
+            try:
+                async with self._admission():
+                    outcomes = await self._apply(state.runtime_id, carried)
+            except GatewayError as exc:
+                for waiter in carried:
+                    waiter.in_flight = False
+                    waiter.finish(error=exc)
+                continue
+            _share(carried, outcomes)
+            for waiter in carried:
+                waiter.in_flight = False
+                waiter.poke()
+            await self._settled(outcomes)
+
     def _held(self, state: RuntimeState, woken: bool) -> float | None:
         """Runtime controls (gateway/claim/controls.py), from this process's copy: how long to
         park without a claim, or None to go on. A paused runtime, or one a limit held
-        back with no wake-up since, costs no Postgres statement however many polls
-        park; its polls without a wait are answered at once."""
+        back with no wake-up since, costs no Postgres statement for claims however many
+        polls park; its polls without a wait are answered at once."""
         if self._controls is None:
             return None
         now = asyncio.get_running_loop().time()
@@ -224,9 +285,6 @@ class Pumps:
         else:
             state.held_until = 0.0
             return None
-        for waiter in state.waiters:
-            waiter.checked = True
-            waiter.poke()
         return park
 
     async def _hand_out(
@@ -337,3 +395,48 @@ class Pumps:
             yield
         finally:
             self._claim_slots.release()
+
+
+def _fit(waiters: list[Waiter]) -> tuple[list[Waiter], list[Waiter]]:
+    """`waiters` split into those one statement serves and those left for the next: a
+    claim whose carried completes name a task that an earlier one's do (a replay sent
+    while the first was in flight: one statement would apply the task once, for either),
+    or that would take the statement past CARRIED_MAX, waits."""
+    taken: list[Waiter] = []
+    later: list[Waiter] = []
+    named: set[object] = set()
+    for waiter in waiters:
+        carried = waiter.carried
+        if carried is not None and carried.answer is None:
+            ids = carried.task_ids
+            if (named and len(named) + len(ids) > CARRIED_MAX) or not named.isdisjoint(ids):
+                later.append(waiter)
+                continue
+            named.update(ids)
+        taken.append(waiter)
+    return taken, later
+
+
+def _merged(carried: list[Waiter]) -> CarriedCompletes:
+    """The completes of `carried`, one claim after another, each item with its claim's
+    runtime patterns."""
+    task_ids, lease_ids, results, runtimes = [], [], [], []
+    for waiter in carried:
+        c = waiter.carried
+        assert c is not None
+        task_ids += c.task_ids
+        lease_ids += c.lease_ids
+        results += c.results
+        runtimes += [c.runtimes] * len(c.task_ids)
+    return CarriedCompletes(task_ids, lease_ids, results, runtimes)
+
+
+def _share(carried: list[Waiter], outcomes: list[ItemResult]) -> None:
+    """Each claim of `carried` gets its own items' outcomes (in _merged's order)."""
+    start = 0
+    for waiter in carried:
+        c = waiter.carried
+        assert c is not None
+        end = start + len(c.task_ids)
+        c.settled(outcomes[start:end])
+        start = end

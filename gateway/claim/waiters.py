@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..api.requests import ClaimRequest
 from ..errors import GatewayError
-from ..rows import Leased
+from ..rows import ItemResult, Leased
 
 # Parked waiters whose deadlines fall in the same slot of this length share one timer.
 DEADLINE_SLOT_SECONDS = 0.05
@@ -61,6 +62,26 @@ def wake_signal(signal: asyncio.Future[None] | None) -> None:
 
 
 @dataclass(eq=False, slots=True)
+class Carried:
+    """The completes one claim carries (its `complete` field), applied by the statement
+    its pump runs for it (Store.claim_acked), so that they commit with the claim in one
+    round trip. `runtimes`: its caller's runtime patterns (None: every runtime).
+    `settle`, given by the request, turns the outcomes into what its answer holds (a
+    parked poll then keeps that, not the outcomes); `answer` is it, once applied: None
+    while the completes are not applied."""
+
+    task_ids: list[uuid.UUID]
+    lease_ids: list[uuid.UUID]
+    results: list[str | None]
+    runtimes: tuple[str, ...] | None
+    settle: Callable[[list[ItemResult]], object]
+    answer: object = None
+
+    def settled(self, outcomes: list[ItemResult]) -> None:
+        self.answer = self.settle(outcomes)
+
+
+@dataclass(eq=False, slots=True)
 class Waiter:
     """One claim request parked in this process. Memory per parked poll matters (up to
     GATEWAY_MAX_PARKED_POLLS of them): it waits on one future at a time, made when it
@@ -76,6 +97,7 @@ class Waiter:
     signal: asyncio.Future[None] | None = None  # resolved to wake its request
     slot: int = 0  # its deadline's slot in Deadlines
     matched: bool = False  # an enqueue is writing a task leased to it (sync match)
+    carried: Carried | None = None  # completes to apply with its first claim
 
     @property
     def lease(self) -> tuple[str, float]:
@@ -167,6 +189,11 @@ class RuntimeState:
     # Runtime controls: a limit cut the last claim short; until this loop time the pump
     # claims again only after a wake-up (a freed slot, a change of the controls).
     held_until: float = 0.0
+
+
+def unsettled(waiters: list[Waiter]) -> list[Waiter]:
+    """Those of `waiters` whose carried completes are not applied yet."""
+    return [w for w in waiters if w.carried is not None and w.carried.answer is None]
 
 
 def unserved(state: RuntimeState) -> list[Waiter]:

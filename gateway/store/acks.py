@@ -11,10 +11,9 @@ from typing import Any
 
 import asyncpg
 
-from ..errors import NotFound
 from ..rows import ItemResult
 from .base import Row, StoreBase
-from .leases import COMPLETE_REPLAYS, lease_lost
+from .leases import COMPLETE_REPLAYS, item_results
 from .sql import acks as sql
 
 
@@ -33,7 +32,7 @@ class BatchAckStatements(StoreBase):
         """complete, per item; idempotent per item for the same lease, as complete."""
         args = _complete_args(task_ids, lease_ids, results, runtimes)
         rows = await self._run(lambda c: c.fetch(sql.BATCH_COMPLETE, *args))
-        return _item_results(task_ids, rows, replay_statuses=COMPLETE_REPLAYS)
+        return item_results(task_ids, rows, replay_statuses=COMPLETE_REPLAYS)
 
     async def fail_many(
         self,
@@ -47,7 +46,7 @@ class BatchAckStatements(StoreBase):
         """fail, per item."""
         args = _fail_args(task_ids, lease_ids, errors, retries, retry_after_seconds, runtimes)
         rows = await self._run(lambda c: c.fetch(sql.BATCH_FAIL, *args))
-        return _item_results(task_ids, rows)
+        return item_results(task_ids, rows)
 
     async def complete_and_fail_many(
         self, completes: CompleteItems, fails: FailItems, runtimes: Sequence[str] | None
@@ -65,8 +64,8 @@ class BatchAckStatements(StoreBase):
 
         done, failed = await self._run(both_in_tx)
         return (
-            _item_results(completes[0], done, replay_statuses=COMPLETE_REPLAYS),
-            _item_results(fails[0], failed),
+            item_results(completes[0], done, replay_statuses=COMPLETE_REPLAYS),
+            item_results(fails[0], failed),
         )
 
     async def heartbeat_many(
@@ -80,7 +79,7 @@ class BatchAckStatements(StoreBase):
         seconds = [float(n) for n in lease_seconds]
         args = (list(task_ids), _patterns(runtimes), list(lease_ids), seconds)
         rows = await self._run(lambda c: c.fetch(sql.BATCH_HEARTBEAT, *args))
-        return _item_results(task_ids, rows)
+        return item_results(task_ids, rows)
 
 
 # complete_many's items, column by column: task ids, lease ids, results (JSON text).
@@ -122,37 +121,3 @@ def _fail_args(
         list(retries),
         list(retry_after_seconds),
     )
-
-
-def _item_results(
-    task_ids: Sequence[uuid.UUID], rows: Sequence[Row], replay_statuses: tuple[str, ...] = ()
-) -> list[ItemResult]:
-    """A batch statement's answer rows (sql._BATCH_ANSWER, in item order) classified
-    as _lease_op classifies a single operation's outcome. An item with no row (its task
-    was deleted while the statement waited for its lock) is not found."""
-    by_ord = {r["ord"]: r for r in rows}
-    out = []
-    for ord_, task_id in enumerate(task_ids, start=1):
-        r = by_ord.get(ord_)
-        runtime_id = None if r is None else r["found_runtime"]
-        if r is None or runtime_id is None:
-            out.append(ItemResult(task_id, None, None, NotFound(f"no task with id {task_id}")))
-            continue
-        status = r["new_status"]
-        if status is not None:
-            out.append(
-                ItemResult(
-                    task_id,
-                    runtime_id,
-                    status,
-                    run_at=r.get("new_run_at"),
-                    lease_expires_at=r.get("new_lease_expires_at"),
-                    cancel_requested=bool(r.get("new_cancel_requested")),
-                )
-            )
-        elif r["found_status"] in replay_statuses and r["found_lease"] == r["item_lease"]:
-            out.append(ItemResult(task_id, runtime_id, r["found_status"]))
-        else:
-            error = lease_lost(task_id, r["item_lease"], r["found_status"])
-            out.append(ItemResult(task_id, runtime_id, r["found_status"], error))
-    return out

@@ -8,13 +8,14 @@ LeaseLost (`lease_lost`, which the batch operations of store/acks.py share).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import asyncpg
+import orjson
 
-from ..errors import LeaseLost, StoreUnavailable
-from ..rows import Leased, TaskRow
+from ..errors import LeaseLost, NotFound, StoreUnavailable
+from ..rows import CarriedCompletes, ItemResult, Leased, TaskRow
 from .base import Row
 from .sql import leases as sql
 from .tasks import TaskStatements
@@ -62,23 +63,53 @@ class LeaseStatements(TaskStatements):
         hold more rows than its candidate window does it run again, wider, for the
         slots left (CLAIM's `more`).
         """
-        self._metrics.pg_claims.inc()
+        leased, due_in, _ = await self._claim_rounds(runtime_id, worker_ids, lease_seconds, None)
+        return leased, due_in
+
+    async def claim_acked(
+        self,
+        runtime_id: str,
+        worker_ids: Sequence[str],
+        lease_seconds: Sequence[float],
+        completes: CarriedCompletes,
+    ) -> tuple[list[Leased], float | None, list[ItemResult]]:
+        """`claim`, whose first statement also applies `completes` (those the claims it
+        serves carry), so that they commit together: the leases, the seconds until the
+        next due task, and each complete's outcome, in the items' order, as
+        complete_many answers them. A StoreUnavailable applied nothing. Idempotent per
+        complete for the same lease, as complete_many."""
+        return await self._claim_rounds(runtime_id, worker_ids, lease_seconds, completes)
+
+    async def _claim_rounds(
+        self,
+        runtime_id: str,
+        worker_ids: Sequence[str],
+        lease_seconds: Sequence[float],
+        completes: CarriedCompletes | None,
+    ) -> tuple[list[Leased], float | None, list[ItemResult]]:
+        if worker_ids:  # (without, it only applies the completes)
+            self._metrics.pg_claims.inc()
         leased: list[Leased] = []
+        outcomes: list[ItemResult] = []
         due_in: float | None = None
         window = len(worker_ids) + CLAIM_WINDOW
         with self._metrics.claim_seconds.time():
             for round_ in range(CLAIM_ROUNDS):
                 done = len(leased)
+                acks = completes if round_ == 0 else None
                 try:
                     result = await self._claim_once(
-                        runtime_id, worker_ids[done:], lease_seconds[done:], window
+                        runtime_id, worker_ids[done:], lease_seconds[done:], window, acks
                     )
                 except StoreUnavailable:
-                    if not leased:
+                    if round_ == 0:
                         raise
                     # The leases already taken are delivered; the poll checks again soon.
                     due_in = CONTENDED_RECHECK_SECONDS
                     break
+                if acks is not None:
+                    answered = orjson.loads(result[0]["acks"] or "[]")
+                    outcomes = item_results(acks.task_ids, answered, COMPLETE_REPLAYS)
                 # With nothing leased, the statement's one row carries only due_in.
                 rows = [r for r in result if r["slot"] is not None]
                 leased.extend(Leased(done + r["slot"], TaskRow.of(r)) for r in rows)
@@ -93,7 +124,7 @@ class LeaseStatements(TaskStatements):
                     due_in = CONTENDED_RECHECK_SECONDS
                 window *= CLAIM_WINDOW_GROWTH
         self._metrics.tasks_claimed.inc(len(leased))
-        return sorted(leased, key=lambda x: x.slot), due_in
+        return sorted(leased, key=lambda x: x.slot), due_in, outcomes
 
     async def _claim_once(
         self,
@@ -101,9 +132,10 @@ class LeaseStatements(TaskStatements):
         worker_ids: Sequence[str],
         lease_seconds: Sequence[float],
         window: int,
+        completes: CarriedCompletes | None = None,
     ) -> list[Row]:
         return await self._run(
-            lambda c: self._claim_on(c, runtime_id, worker_ids, lease_seconds, window)
+            lambda c: self._claim_on(c, runtime_id, worker_ids, lease_seconds, window, completes)
         )
 
     async def _claim_on(
@@ -113,12 +145,19 @@ class LeaseStatements(TaskStatements):
         worker_ids: Sequence[str],
         lease_seconds: Sequence[float],
         window: int,
+        completes: CarriedCompletes | None = None,
     ) -> list[Row]:
-        """CLAIM's rows, on a connection the caller holds: a pooled one of its own
-        (`_claim_once`), or a limited runtime's transaction (`claim_limited`)."""
-        rows: list[Row] = await c.fetch(
-            sql.CLAIM, runtime_id, list(worker_ids), list(lease_seconds), window
-        )
+        """CLAIM's rows (CLAIM_ACKED's, with `completes`), on a connection the caller
+        holds: a pooled one of its own (`_claim_once`), or a limited runtime's
+        transaction (`claim_limited`)."""
+        args = [runtime_id, list(worker_ids), list(lease_seconds), window]
+        if completes is None:
+            rows: list[Row] = await c.fetch(sql.CLAIM, *args)
+        else:
+            # Each item's patterns as one text (a pattern holds no space).
+            patterns = [None if r is None else " ".join(r) for r in completes.runtimes]
+            acks = (list(completes.task_ids), list(completes.lease_ids), list(completes.results))
+            rows = await c.fetch(sql.CLAIM_ACKED, *args, *acks, patterns)
         return rows
 
     async def unclaim(
@@ -203,3 +242,39 @@ class LeaseStatements(TaskStatements):
 
     async def release(self, task_id: uuid.UUID, lease_id: uuid.UUID) -> TaskRow:
         return await self._lease_op(sql.RELEASE, task_id, lease_id)
+
+
+def item_results(
+    task_ids: Sequence[uuid.UUID],
+    rows: Sequence[Mapping[str, Any]],
+    replay_statuses: tuple[str, ...] = (),
+) -> list[ItemResult]:
+    """A batch statement's answer rows (sql.acks.BATCH_ANSWER, in item order) classified
+    as _lease_op classifies a single operation's outcome. An item with no row (its task
+    was deleted while the statement waited for its lock) is not found."""
+    by_ord = {r["ord"]: r for r in rows}
+    out = []
+    for ord_, task_id in enumerate(task_ids, start=1):
+        r = by_ord.get(ord_)
+        runtime_id = None if r is None else r["found_runtime"]
+        if r is None or runtime_id is None:
+            out.append(ItemResult(task_id, None, None, NotFound(f"no task with id {task_id}")))
+            continue
+        status = r["new_status"]
+        if status is not None:
+            out.append(
+                ItemResult(
+                    task_id,
+                    runtime_id,
+                    status,
+                    run_at=r.get("new_run_at"),
+                    lease_expires_at=r.get("new_lease_expires_at"),
+                    cancel_requested=bool(r.get("new_cancel_requested")),
+                )
+            )
+        elif r["found_status"] in replay_statuses and r["found_lease"] == r["item_lease"]:
+            out.append(ItemResult(task_id, runtime_id, r["found_status"]))
+        else:
+            error = lease_lost(task_id, r["item_lease"], r["found_status"])
+            out.append(ItemResult(task_id, runtime_id, r["found_status"], error))
+    return out

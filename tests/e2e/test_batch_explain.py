@@ -119,10 +119,40 @@ def list_args(statement: str, runtime: str, n: int) -> list[tuple[Any, str]]:
         return group_args(n)
     if statement == "UNCLAIM":
         return [([uuid.uuid4() for _ in range(n)], "uuid[]")] * 2
-    if statement == "CLAIM":
+    if statement in ("CLAIM", "CLAIM_ACKED"):
         workers = [f"w{i}" for i in range(n)]
-        return [(runtime, "text"), (workers, "text[]"), ([60.0] * n, "float8[]"), (n, "int")]
+        claim = [(runtime, "text"), (workers, "text[]"), ([60.0] * n, "float8[]"), (n, "int")]
+        return claim + (carried_args(n) if statement == "CLAIM_ACKED" else [])
     return batch_args(n, statement)
+
+
+def carried_args(n: int) -> list[tuple[Any, str]]:
+    """CLAIM_ACKED's $5 to $8: `n` completes, each with its caller's patterns."""
+    return [
+        ([uuid.uuid4() for _ in range(n)], "uuid[]"),
+        ([uuid.uuid4() for _ in range(n)], "uuid[]"),
+        (['{"ok": 1}'] * n, "text[]"),
+        ([None if i % 2 else "explain-* other" for i in range(n)], "text[]"),
+    ]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_claims_carried_completes_use_the_primary_key(
+    conn: asyncpg.Connection,
+    filled: str,
+    mode: str,
+) -> None:
+    """CLAIM_ACKED finds each carried complete's task by its id and locks only those its
+    lease holds, as BATCH_COMPLETE does; the claim beside it reads its own indexes
+    (tests/integration/test_claim_explain.py holds its shape)."""
+    args = list_args("CLAIM_ACKED", f"{filled}-hot", 200)
+    nodes = await plan_of(conn, mode, lease_sql.CLAIM_ACKED, args)
+    shown = f"CLAIM_ACKED {mode}: {describe(nodes)}"
+    assert not [n for n in task_scans(nodes) if n["Node Type"] == "Seq Scan"], shown
+    assert holder_tested_before_lock(nodes), shown
+    assert [n.get("Index Name") for n in locked_scans(nodes, "locked")] == ["tasks_pkey"], shown
+    [seen] = [n for n in nodes if n.get("Subplan Name") == "CTE seen"]
+    assert indexes(subtree(seen)) == {"tasks_pkey"}, shown
 
 
 LIST_STATEMENTS = [
@@ -132,6 +162,7 @@ LIST_STATEMENTS = [
     "COMPLETE_GROUP",
     "UNCLAIM",
     "CLAIM",
+    "CLAIM_ACKED",
 ]
 
 

@@ -219,11 +219,13 @@ async def test_an_overloaded_claim_still_answers_the_reports(database_url, redis
         assert resp.body["retry_after_seconds"] == int(plain.headers["Retry-After"])
 
 
+@pytest.mark.parametrize("kinds", ["complete and fail", "complete"])
 async def test_with_the_database_down_the_claim_is_503_and_nothing_is_applied(
-    pg_admin_url, redis_url, runtime_id
+    pg_admin_url, redis_url, runtime_id, kinds
 ):
     """The gateway's database (one of its own) stops taking connections and every
-    connection to it is cut, as when Postgres stops or restarts."""
+    connection to it is cut, as when Postgres stops or restarts. Completes alone ride
+    in the claim's own statement; with fails, they are applied before it."""
     async with temporary_database(pg_admin_url) as url:
         name = (await fetch(url, "SELECT current_database() AS name"))[0]["name"]
         try:
@@ -235,9 +237,10 @@ async def test_with_the_database_down_the_claim_is_503_and_nothing_is_applied(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1",
                     name,
                 )
-                resp = await claim_with(
-                    gw, runtime_id, complete=[item(done)], fail=[item(failed, error="e")]
-                )
+                reports: dict[str, Any] = {"complete": [item(done)]}
+                if kinds == "complete and fail":
+                    reports["fail"] = [item(failed, error="e")]
+                resp = await claim_with(gw, runtime_id, **reports)
                 assert resp.status == 503 and resp.body["code"] == "store_unavailable", resp.body
         finally:
             await execute(pg_admin_url, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
@@ -249,6 +252,52 @@ async def test_with_the_database_down_the_claim_is_503_and_nothing_is_applied(
         assert sorted((r["status"], r["lease"]) for r in found) == sorted(
             ("claimed", t["lease_id"]) for t in (done, failed)
         )
+
+
+async def test_completes_ride_in_the_claims_own_statement(gw, runtime_id):
+    """Workers that each finished a task claim the next one at once, each claim carrying
+    its complete: the completes commit with the claims, in the statements that claim
+    for them (leases.CLAIM_ACKED), and none in a statement of its own."""
+    held = await claimed(gw, runtime_id, 8)
+    for i in range(8):
+        await enqueue(gw, runtime_id, f"next-{i}")
+    own = sample(gw, "gateway_complete_statements_total")
+    claims = sample(gw, "gateway_postgres_claims_total")
+    answers = await asyncio.gather(
+        *(
+            acks_and_tasks(gw, runtime_id, complete=[item(task, result=i)])
+            for i, task in enumerate(held)
+        )
+    )
+    assert [acks for acks, _ in answers] == [["completed"]] * 8
+    assert sorted(n for _, n in answers) == [1] * 8
+    assert sample(gw, "gateway_complete_statements_total") == own
+    assert 1 <= sample(gw, "gateway_postgres_claims_total") - claims <= 8
+    assert [await status(gw, task) for task in held] == ["completed"] * 8
+
+
+async def test_a_complete_carried_twice_at_once_is_applied_once_and_answered_twice(gw, runtime_id):
+    """A worker whose claim's answer was lost sends it again while the first is still
+    being served: the two may reach the same claim statement, which would apply the
+    task once, for one of them. Each is answered `completed` (the second as a replay)."""
+    for round_ in range(5):
+        (task,) = await claimed(gw, runtime_id, 1)
+        answers = await asyncio.gather(
+            *(
+                acks_and_tasks(gw, runtime_id, complete=[item(task, result=round_)])
+                for _ in range(3)
+            )
+        )
+        assert [acks for acks, _ in answers] == [["completed"]] * 3, round_
+        found = await get_task(gw, task["id"])
+        assert (found["status"], found["result"]) == ("completed", round_)
+
+
+async def acks_and_tasks(gw, rt: str, **fields: Any) -> tuple[list[str], int]:
+    """A claim's ack outcomes and how many tasks it got."""
+    resp = await claim_with(gw, rt, **fields)
+    assert resp.status == 200, (resp.status, resp.body)
+    return [a["outcome"] for a in resp.body["acks"]], len(resp.body["tasks"])
 
 
 def requests_to(gw, route: str) -> float:

@@ -36,6 +36,7 @@ from tests.support.plans import (
     describe,
     explain,
     indexes,
+    plan_of,
     subtree,
     task_scans,
     walk,
@@ -144,6 +145,40 @@ async def test_claim_uses_the_claim_index(
     # EXPLAIN without ANALYZE does not run the UPDATE; the fixture's transaction is
     # rolled back in any case.
     nodes = await explain(conn, lease_sql.CLAIM, CLAIM_TYPES, claim_args(runtime), mode)
+    check_claim_plan(nodes, f"{mode}, {which}: {describe(nodes)}", backlog=which == "hot")
+
+
+# CLAIM_ACKED's own parts: its carried completes (BATCH_COMPLETE's shape, which
+# tests/e2e/test_batch_explain.py holds), and the answer that gathers their outcomes.
+CARRIED_CTES = ("CTE items", "CTE seen", "CTE locked", "CTE done", "CTE answer")
+
+
+def claim_part(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The plan's nodes less those of its carried completes."""
+    skipped: set[int] = set()
+    for node in nodes:
+        if node.get("Subplan Name") in CARRIED_CTES or "answer" in node.get("Subplan Name", ""):
+            skipped.update(id(n) for n in subtree(node))
+    return [n for n in nodes if id(n) not in skipped]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("which", ["17", "hot"])
+async def test_a_claim_carrying_completes_keeps_the_claims_plan(
+    conn: asyncpg.Connection, filled: str, mode: str, which: str
+) -> None:
+    """CLAIM_ACKED claims exactly as CLAIM does: the completes it applies beside the
+    claim change nothing in how the claim finds and locks its tasks."""
+    runtime = f"{filled}-{which}"
+    completes = (
+        ([uuid.uuid4() for _ in range(3)], "uuid[]"),
+        ([uuid.uuid4() for _ in range(3)], "uuid[]"),
+        (['{"ok": 1}', None, "2"], "text[]"),
+        ([None, "explain-*", "a b"], "text[]"),
+    )
+    types = [t.strip() for t in CLAIM_TYPES.split(",")]
+    args = [*zip(claim_args(runtime), types, strict=True), *completes]
+    nodes = claim_part(await plan_of(conn, mode, lease_sql.CLAIM_ACKED, args))
     check_claim_plan(nodes, f"{mode}, {which}: {describe(nodes)}", backlog=which == "hot")
 
 

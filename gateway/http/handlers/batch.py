@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -37,9 +38,10 @@ from ...api.bodies import (
 )
 from ...api.fields import Field
 from ...api.values import in_item
+from ...claim.waiters import Carried
 from ...errors import BadRequest, PayloadTooLarge, ValidationFailed, problem_for
 from ...instance import Gateway
-from ...rows import ItemResult
+from ...rows import ItemResult, ended
 from ...settings import Settings
 from ..io import json_response, read_json
 
@@ -203,12 +205,6 @@ def heartbeat_entry(result: ItemResult) -> dict[str, Any]:
     )
 
 
-def _ended(results: Sequence[ItemResult]) -> list[tuple[uuid.UUID, str]]:
-    """(id, status) of the items that succeeded, for the result wake-ups: the ones that
-    finished a task wake the requests waiting for it (results.py)."""
-    return [(r.task_id, r.status) for r in results if r.error is None and r.status is not None]
-
-
 def _runtimes(request: Request) -> Sequence[str] | None:
     """The runtime patterns of the caller's token; None: every runtime."""
     principal = getattr(request.state, "principal", None)
@@ -263,7 +259,7 @@ async def completed(gw: Gateway, results: Sequence[ItemResult]) -> list[dict[str
     """After the commit of completes: the requests waiting for their results woken, and
     the answer's entries."""
     # A limited runtime's parked polls may claim again (runtime controls).
-    await gw.tasks_ended(_ended(results), [r.runtime_id for r in results if r.runtime_id])
+    await gw.tasks_ended(ended(results), [r.runtime_id for r in results if r.runtime_id])
     return [complete_entry(r) for r in results]
 
 
@@ -278,8 +274,8 @@ async def failed(gw: Gateway, results: Sequence[ItemResult]) -> list[dict[str, A
     }
     for runtime_id in sorted(rt for rt in again if rt is not None):
         await gw.claimer.announce(runtime_id)
-    ended = [r.runtime_id for r in results if r.runtime_id is not None]
-    await gw.tasks_ended(_ended(results), [rt for rt in ended if rt not in again])
+    runtimes = [r.runtime_id for r in results if r.runtime_id is not None]
+    await gw.tasks_ended(ended(results), [rt for rt in runtimes if rt not in again])
     return entries
 
 
@@ -323,6 +319,22 @@ def parse_acks(body: Mapping[str, Any], settings: Settings) -> Acks | None:
         )
     fails = parse_fail_many(body, fail_field, seen) if fail_field.name in body else []
     return Acks(completes, fails)
+
+
+def carry(acks: Acks, runtimes: Sequence[str] | None) -> Carried | None:
+    """A claim's completes as its pump applies them, in the claim's own statement
+    (Carried); None when it carries fails too, which `acknowledge` applies first. Their
+    outcomes become the answer's entries as `POST /v1/tasks:complete` writes them, as
+    one JSON text (a parked poll holds about 0.2 KiB an outcome, not a dict each)."""
+    if acks.fails or not acks.completes:
+        return None
+
+    def settle(outcomes: list[ItemResult]) -> orjson.Fragment:
+        return orjson.Fragment(orjson.dumps([complete_entry(r) for r in outcomes]))
+
+    task_ids, lease_ids, results = _complete_columns(acks.completes)
+    patterns = None if runtimes is None else tuple(runtimes)
+    return Carried(task_ids, lease_ids, results, patterns, settle)
 
 
 async def acknowledge(

@@ -18,8 +18,8 @@ from starlette.responses import Response
 
 from ...api import decode, render, requests
 from ...auth.principals import Principal
-from ...claim.waiters import Departure
-from ...errors import GatewayError, RetryLater
+from ...claim.waiters import Carried, Departure
+from ...errors import GatewayError, RetryLater, StoreUnavailable
 from ...instance import Gateway
 from ...rows import Leased
 from ...settings import Settings
@@ -38,18 +38,25 @@ async def claim(request: Request, gw: Gateway, principal: Principal | None = Non
     # The decoded body is not kept in this frame: a parked poll would hold it for its
     # whole wait (about 0.2 KiB of its 15).
     req, acks = _parse(await read_json(request, gw.settings), gw.settings)
+    runtimes = None if principal is None else principal.runtimes
     entries: orjson.Fragment | None = None
+    carried = None
     if acks is not None:
-        runtimes = None if principal is None else principal.runtimes
-        # Written out at once: a parked poll holds the outcomes as one string (about
-        # 0.2 KiB an outcome), not a dict per outcome, nor the results it reported.
-        entries = orjson.Fragment(orjson.dumps(await batch.acknowledge(gw, acks, runtimes)))
+        # Completes alone ride with the claim, applied by its own statement; with fails
+        # they are all applied first, in a transaction of their own.
+        carried = batch.carry(acks, runtimes)
+        if carried is None:
+            # Written out at once: a parked poll holds the outcomes as one string (about
+            # 0.2 KiB an outcome), not a dict per outcome, nor the results it reported.
+            entries = orjson.Fragment(orjson.dumps(await batch.acknowledge(gw, acks, runtimes)))
         del acks
     gone = Departure()
     watch = DisconnectWatch(request.receive, gone.set) if req.wait_seconds else None
     try:
-        rows = await gw.claimer.claim(runtime_id, req, gone if watch else None)
+        rows = await gw.claimer.claim(runtime_id, req, gone if watch else None, carried)
     except GatewayError as exc:
+        if carried is not None:
+            entries = await _carried_entries(gw, carried, exc)
         if entries is None:
             raise
         # The acknowledgements are committed: their outcomes are the answer, and the
@@ -63,6 +70,10 @@ async def claim(request: Request, gw: Gateway, principal: Principal | None = Non
         # The client left while its tasks were being leased: nobody would receive them.
         await gw.claimer.give_back(runtime_id, [row.task for row in rows])
         return Response(status_code=CLIENT_LEFT)
+    if carried is not None:
+        if carried.answer is None and gone.is_set():
+            return Response(status_code=CLIENT_LEFT)  # left before its completes went in
+        entries = await _carried_entries(gw, carried)
     if entries is not None:
         held = None if rows else gw.claimer.held_seconds(runtime_id)
         tasks = await _deliverable(gw, rows) if rows else []
@@ -70,6 +81,26 @@ async def claim(request: Request, gw: Gateway, principal: Principal | None = Non
     if not rows:
         return empty_tasks_response()
     return json_response({"tasks": await _deliverable(gw, rows)})
+
+
+async def _carried_entries(
+    gw: Gateway, carried: Carried, refused: GatewayError | None = None
+) -> orjson.Fragment:
+    """The answer's `acks` for completes that rode with the claim. Applied by the
+    claim's statement as a rule; when the claim was refused or ended before one ran for
+    it (`refused`: draining, the database queue full), they are applied now, alone, as
+    a claim that carries fails applies its own. A database failure (StoreUnavailable)
+    of the claim's statement applied nothing, and is its answer."""
+    if carried.answer is None:
+        if isinstance(refused, StoreUnavailable):
+            raise refused
+        outcomes = await gw.completions.complete_many(
+            carried.task_ids, carried.lease_ids, carried.results, carried.runtimes
+        )
+        carried.settled(outcomes)
+        await batch.completed(gw, outcomes)
+    assert isinstance(carried.answer, orjson.Fragment)
+    return carried.answer
 
 
 def _parse(

@@ -13,6 +13,7 @@ RUNTIME_COVERED = """({patterns}::text[] IS NULL OR EXISTS (
            SELECT 1 FROM unnest({patterns}::text[]) AS p(pattern)
             WHERE {runtime} LIKE replace(replace(p.pattern, '_', '\\_'), '*', '%')))"""
 
+
 # The tasks a batch names. `seen`: each item with its task as the statement's snapshot
 # shows it (seen_*, NULL when there is no such task). Tasks of runtimes the caller
 # cannot see are left out (NULL): to the caller they do not exist. Columns are named
@@ -39,16 +40,21 @@ RUNTIME_COVERED = """({patterns}::text[] IS NULL OR EXISTS (
 #
 # Each step reads the one before it once and probes the primary key once per item
 # (one-element arrays, as leases._LEASE_HELD), and the answer is the three kinds of item put
-# together (_BATCH_ANSWER): no step joins two lists of items, which a generic plan
+# together (BATCH_ANSWER): no step joins two lists of items, which a generic plan
 # would do by scanning one of them once per row of the other (see leases._LEASE_HELD).
-_BATCH_HELD = f"""
+def batch_held(patterns: str) -> str:
+    """`seen` and `locked` over `items`, for callers whose runtime patterns are the SQL
+    expression `patterns` (a text[]; NULL: every runtime): a parameter when the batch is
+    one caller's, a column of the items when each item comes with its caller's
+    (leases.CLAIM_ACKED)."""
+    return f"""
 seen AS MATERIALIZED (
     SELECT i.*, tasks.id AS seen_id, tasks.runtime_id AS seen_runtime,
            tasks.lease_id AS seen_lease, {EFFECTIVE_STATUS} AS seen_status,
            {HOLDING_LEASE} AS seen_holder
       FROM items i
       LEFT JOIN tasks ON tasks.id = ANY (ARRAY[i.item_id])
-           AND {RUNTIME_COVERED.format(patterns="$2", runtime="tasks.runtime_id")}
+           AND {RUNTIME_COVERED.format(patterns=patterns, runtime="tasks.runtime_id")}
 ), locked AS MATERIALIZED (
     SELECT s.*, tasks.runtime_id AS now_runtime, tasks.lease_id AS now_lease,
            {EFFECTIVE_STATUS} AS now_status, {HOLDING_LEASE} AS now_holder
@@ -58,8 +64,11 @@ seen AS MATERIALIZED (
        FOR UPDATE OF tasks
 )"""
 
+
+_BATCH_HELD = batch_held("$2")
+
 # The rows `done` changes: those of `locked` that their item's lease still holds.
-_BATCH_DONE = """
+BATCH_DONE = """
       FROM locked l
      WHERE tasks.id = ANY (ARRAY[l.seen_id]) AND l.now_holder = l.item_lease
     RETURNING l.ord, l.item_id, l.item_lease, l.now_runtime AS found_runtime,
@@ -70,7 +79,7 @@ _BATCH_DONE = """
 # otherwise: {nulls} is one NULL per new_* column `done` returns). A task that the
 # snapshot showed held by its item's lease but that was gone once locked (deleted
 # meanwhile) has no row: the caller counts a missing item as not found.
-_BATCH_ANSWER = """
+BATCH_ANSWER = """
 SELECT * FROM done
 UNION ALL
 SELECT ord, item_id, item_lease, now_runtime, now_status, now_lease, {nulls}
@@ -81,20 +90,30 @@ SELECT ord, item_id, item_lease, seen_runtime, seen_status, seen_lease, {nulls}
  ORDER BY ord
 """
 
-# $1 task ids (distinct), $2 runtime patterns or NULL, $3 lease ids, $4 results (JSON
-# text or NULL). As leases.COMPLETE: a cancel requested while held ends the task
-# cancelled.
-BATCH_COMPLETE = f"""
-WITH items AS (
-    SELECT * FROM unnest($1::uuid[], $3::uuid[], $4::text[])
-           WITH ORDINALITY AS i(item_id, item_lease, item_result, ord)
-), {_BATCH_HELD.strip()}, done AS (
+
+# complete's `done` over `items` (item_id, item_lease, item_result, ord), for callers
+# whose runtime patterns are the SQL expression `patterns` (batch_held): the CTEs of
+# BATCH_COMPLETE, and of leases.CLAIM_ACKED, which answers a claim's carried completes
+# in the same statement as the claim. As leases.COMPLETE: a cancel requested while
+# held ends the task cancelled.
+def complete_ctes(items: str, patterns: str) -> str:
+    return f"""items AS ({items.strip()}
+), {batch_held(patterns).strip()}, done AS (
     UPDATE tasks
        SET {COMPLETE_TRANSITION.format(result="l.item_result::jsonb")}
-      {_BATCH_DONE.strip()}
+      {BATCH_DONE.strip()}
               {EFFECTIVE_STATUS} AS new_status
-)
-{_BATCH_ANSWER.format(nulls="NULL").strip()}
+)"""
+
+
+# $1 task ids (distinct), $2 runtime patterns or NULL, $3 lease ids, $4 results (JSON
+# text or NULL).
+_COMPLETE_ITEMS = """
+    SELECT * FROM unnest($1::uuid[], $3::uuid[], $4::text[])
+           WITH ORDINALITY AS i(item_id, item_lease, item_result, ord)"""
+BATCH_COMPLETE = f"""
+WITH {complete_ctes(_COMPLETE_ITEMS, "$2")}
+{BATCH_ANSWER.format(nulls="NULL").strip()}
 """
 
 # $1 task ids, $2 patterns, $3 lease ids, $4 errors, $5 retry flags, $6 retry delays
@@ -109,10 +128,10 @@ WITH items AS (
        SET {FAIL_TRANSITION.format(retry="l.item_retry", retry_after="l.item_delay")}
            last_error = l.item_error,
            updated_at = clock_timestamp()
-      {_BATCH_DONE.strip()}
+      {BATCH_DONE.strip()}
               {EFFECTIVE_STATUS} AS new_status, run_at AS new_run_at
 )
-{_BATCH_ANSWER.format(nulls="NULL, NULL").strip()}
+{BATCH_ANSWER.format(nulls="NULL, NULL").strip()}
 """
 
 # $1 task ids, $2 patterns, $3 lease ids, $4 lease lengths in seconds. As
@@ -125,10 +144,10 @@ WITH items AS (
     UPDATE tasks
        SET lease_expires_at = clock_timestamp() + make_interval(secs => l.item_seconds),
            updated_at = clock_timestamp()
-      {_BATCH_DONE.strip()}
+      {BATCH_DONE.strip()}
               {EFFECTIVE_STATUS} AS new_status,
               lease_expires_at AS new_lease_expires_at,
               cancel_requested AS new_cancel_requested
 )
-{_BATCH_ANSWER.format(nulls="NULL, NULL, NULL").strip()}
+{BATCH_ANSWER.format(nulls="NULL, NULL, NULL").strip()}
 """

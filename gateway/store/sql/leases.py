@@ -5,6 +5,7 @@ lease: heartbeat, complete (alone, or grouped), fail, release, bury.
 
 from __future__ import annotations
 
+from .acks import BATCH_ANSWER, complete_ctes
 from .fragments import COMPLETE_TRANSITION, FAIL_TRANSITION, HOLDING_LEASE, TASK_COLUMNS
 
 # Seconds until the earliest run_at among a runtime's scheduled tasks not due yet: a
@@ -36,8 +37,8 @@ SELECT extract(epoch FROM min(run_at) - now())::float8 AS due_in FROM tasks
 #
 # It always returns at least one row: with nothing leased, one whose slot is NULL,
 # carrying due_in and more.
-CLAIM = f"""
-WITH candidates AS (
+_CLAIM_CTES = f"""
+candidates AS (
     SELECT id, priority, created_at, queued FROM (
         (SELECT id, priority, created_at, true AS queued FROM tasks
           WHERE runtime_id = $1 AND status = 'queued' AND run_at <= now()
@@ -86,13 +87,42 @@ WITH candidates AS (
      WHERE s.id IS NOT NULL AND t.id = ANY (ARRAY[s.id])
     RETURNING s.slot, t.*
 ), next_due AS ({NEXT_DUE})
+"""
+_CLAIM_SELECT = """
 SELECT leased.*, next_due.due_in,
        -- Only read when slots are left, and then the candidates were all read anyway.
        CASE WHEN (SELECT count(*) FROM picked) < cardinality($2::text[])
             THEN (SELECT count(*) FILTER (WHERE queued) >= $4
                          OR count(*) FILTER (WHERE NOT queued) >= $4 FROM candidates)
-            ELSE false END AS more
+            ELSE false END AS more{acks}
   FROM next_due LEFT JOIN leased ON true
+"""
+CLAIM = f"""
+WITH {_CLAIM_CTES.strip()}
+{_CLAIM_SELECT.format(acks="").strip()}
+"""
+
+# CLAIM with the completes that the claims it serves carry (a claim's `complete` field,
+# gathered by the runtime's pump from every waiter it claims for): they are applied in
+# the same statement, and so commit with the leases, one commit and one round trip for
+# both. $5 task ids (distinct), $6 lease ids, $7 results (JSON text or NULL), $8 each
+# item's runtime patterns, space-separated (a pattern holds no space; NULL: every
+# runtime). Each item is answered as acks.BATCH_COMPLETE answers it, the answer rows as
+# one JSON array in `acks` (in every row; an init plan computes it once).
+#
+# The completes cannot meet the claim's rows: a task they complete is `claimed` in the
+# statement's snapshot, which the claim's candidates never read; and the tasks the
+# claim locks (SKIP LOCKED) are `queued` or `scheduled`, which no complete holds.
+_CARRIED_ITEMS = """
+    SELECT * FROM unnest($5::uuid[], $6::uuid[], $7::text[], $8::text[])
+           WITH ORDINALITY AS i(item_id, item_lease, item_result, item_patterns, ord)"""
+_ACKS_COLUMN = """,
+       (SELECT json_agg(answer ORDER BY ord) FROM answer)::text AS acks"""
+CLAIM_ACKED = f"""
+WITH {complete_ctes(_CARRIED_ITEMS, "string_to_array(i.item_patterns, ' ')")}, answer AS (
+{BATCH_ANSWER.format(nulls="NULL").strip()}
+), {_CLAIM_CTES.strip()}
+{_CLAIM_SELECT.format(acks=_ACKS_COLUMN).strip()}
 """
 
 # Gives back leases that were never delivered (the waiter left mid-claim). The claim
