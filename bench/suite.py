@@ -614,7 +614,38 @@ async def drain(opts: argparse.Namespace, servers: Servers, workdir: Path) -> li
         workdir,
         daemon=carried_daemon,
     )
-    return [single, batch, separate, carried, *await pgqueuer_once(opts, servers)]
+    peers = await pgqueuer_once(opts, servers)
+    return [single, batch, separate, carried, *peers, await _pgqueuer_one_at_a_time(opts, servers)]
+
+
+PGQ_ONE = "pgqueuer, one job at a time"
+
+
+async def _pgqueuer_one_at_a_time(opts: argparse.Namespace, servers: Servers) -> Result:
+    """pgqueuer's drain with a batch size of 1, the like-for-like peer of the gateway's
+    one-at-a-time workers (its own drain fetches --drain-max-tasks jobs at a time). A
+    figure shown beside the target, which stays against pgqueuer's drain as it runs."""
+    result = Result("drain", PGQ_ONE)
+    log("pgqueuer: drain, one job at a time")
+    try:
+        out = await run_pgqueuer(
+            servers.database_url,
+            jobs=opts.drain_tasks,
+            enqueue_jobs=opts.drain_tasks,
+            workers=opts.drain_workers,
+            batch_size=1,
+            enqueue_batch=1000,
+            latency_samples=0,
+            timeout_seconds=opts.drain_seconds,
+        )
+    except Exception as exc:
+        result.failures.append(f"pgqueuer could not be run: {type(exc).__name__}: {exc}")
+        return result
+    drain = out.get("drain", {})
+    result.numbers = {"tasks_per_second": drain.get("jobs_per_second"), "pgqueuer": drain}
+    if drain.get("jobs_run") != opts.drain_tasks:
+        result.notes.append(f"pgqueuer ran {drain.get('jobs_run')} of {opts.drain_tasks} jobs")
+    return result
 
 
 def _cpu_ms_per_request(

@@ -285,6 +285,14 @@ def _one_at_a_time_row(results: list[Result], pgq: float | None) -> Row:
     row.shown += "; separate complete: " + (
         "not measured" if separate is None else f"{_fmt(separate, 2)}x"
     )
+    # The like-for-like peer, shown beside the target (which stays against pgqueuer's
+    # drain as it runs, ten jobs a fetch): pgqueuer fetching one job at a time.
+    one = number(results, "drain", "pgqueuer, one job at a time", "tasks_per_second")
+    if one is not None:
+        like = _div(
+            number(results, "drain", "one at a time, acks carried", "tasks_per_second"), one
+        )
+        row.shown += f"; pgqueuer one job at a time {_fmt(one)} tasks/s: {_fmt(like, 2)}x"
     return row
 
 
