@@ -308,6 +308,19 @@ VARIABLES: tuple[Variable, ...] = (
         "it is.",
     ),
     Variable(
+        "GATEWAY_DB_QUEUE_BUDGET_MS",
+        "db_queue_budget_ms",
+        "number",
+        100.0,
+        low=1,
+        high=600_000,
+        unit="milliseconds",
+        doc="Load shedding: the longest an enqueue, claim or read may expect to wait for a "
+        "database connection (its place in line times the mean hold). Past it, it is "
+        "refused at once with `503 database_busy` (`429 overloaded` for a claim) and "
+        "`Retry-After`. Completes, fails, heartbeats and releases go first, never shed.",
+    ),
+    Variable(
         "GATEWAY_DB_STATEMENT_CACHE_SIZE",
         "db_statement_cache_size",
         "integer",

@@ -89,6 +89,21 @@ class Metrics:
             "flight).",
             registry=r,
         )
+        self.shed = Counter(
+            "gateway_shed",
+            "Requests refused at once, before any work, to keep the line short under "
+            "overload (reason: database_queue, the line for a database connection was "
+            "longer than GATEWAY_DB_QUEUE_BUDGET_MS of work).",
+            ["reason"],
+            registry=r,
+        )
+        self.db_queue_limit = Gauge(
+            "gateway_db_queue_limit",
+            "Requests of work (enqueues, claims, reads) that may wait for a database "
+            "connection now, from GATEWAY_DB_QUEUE_BUDGET_MS and the mean time a "
+            "connection is held; more are refused at once (gateway_shed_total).",
+            registry=r,
+        )
         self.db_acquire_timeouts = Counter(
             "gateway_db_acquire_timeouts",
             "Requests refused (503 database_busy) because no pooled Postgres connection "

@@ -80,6 +80,9 @@ class Settings:
     db_statement_timeout_ms: int = 10_000
     # How long a request waits for a pooled connection before a 503 database_busy.
     db_acquire_timeout_ms: int = 5_000
+    # The line of work (enqueues, claims, reads) waiting for a connection, in ms of the
+    # mean hold: past it, work is refused at once (gateway/admission.py).
+    db_queue_budget_ms: float = 100.0
     # asyncpg's prepared statement cache; 0 behind a transaction pooler (PgBouncer).
     db_statement_cache_size: int = 100
     shutdown_grace_seconds: float = 25.0

@@ -15,7 +15,8 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from .. import logs
-from ..errors import CacheUnavailable, GatewayError, Overloaded, StoreUnavailable
+from ..admission import releasing
+from ..errors import CacheUnavailable, DatabaseBusy, GatewayError, Overloaded, StoreUnavailable
 from ..metrics import Metrics
 from ..rows import CarriedCompletes, ItemResult, Leased, TaskRow
 from ..settings import Settings
@@ -209,12 +210,18 @@ class Pumps:
                     limited = await self._controls.claim(runtime_id, worker_ids, lease_seconds)
                     rows, due_in, hold = limited.rows, limited.due_in, limited.held
                 elif carried:
-                    rows, due_in, outcomes = await self._store.claim_acked(
-                        runtime_id, worker_ids, lease_seconds, _merged(carried)
-                    )
+                    # The completes it carries free work: the statement queues as they would.
+                    with releasing():
+                        rows, due_in, outcomes = await self._store.claim_acked(
+                            runtime_id, worker_ids, lease_seconds, _merged(carried)
+                        )
                 else:
                     rows, due_in = await self._store.claim(runtime_id, worker_ids, lease_seconds)
         except GatewayError as exc:
+            if isinstance(exc, DatabaseBusy):
+                # The database's line is full (gateway/admission.py): for a claim, that
+                # is overload, answered as the claims' own line answers it.
+                exc = Overloaded(exc.detail, exc.retry_after_seconds)
             if outcomes:  # applied alone before the claim failed
                 _share(carried, outcomes)
             for waiter in waiters:
@@ -244,7 +251,8 @@ class Pumps:
         what the statement raises (nothing applied)."""
         if not carried:
             return []
-        _, _, outcomes = await self._store.claim_acked(runtime_id, [], [], _merged(carried))
+        with releasing():
+            _, _, outcomes = await self._store.claim_acked(runtime_id, [], [], _merged(carried))
         return outcomes
 
     async def _settle_alone(self, state: RuntimeState) -> None:

@@ -25,6 +25,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Send
 from starlette.types import Scope as ASGIScope
 
+from ..admission import Priority, priority
 from ..api import decode
 from ..api.credential_bodies import Scope
 from ..auth.principals import Principal
@@ -63,6 +64,15 @@ class Endpoint:
     target: Target = Target.NONE
     doc: docs.Doc | None = None  # required in practice: tests/unit/test_openapi.py checks
 
+    @property
+    def priority(self) -> Priority:
+        """Its place in the line for a database connection (gateway/admission.py): the
+        operations on claimed tasks (complete, fail, heartbeat, release, one or many)
+        free work and keep leases alive, so they go before the rest."""
+        if self.scope is Scope.CLAIM and self.target in (Target.TASK, Target.TASKS):
+            return Priority.RELEASE
+        return Priority.WORK
+
 
 async def authorize(request: Request, gw: Gateway, endpoint: Endpoint) -> Principal | None:
     """Authenticate and check scope and runtime coverage, or raise 401/403/404."""
@@ -84,9 +94,12 @@ def api(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
     """The ASGI endpoint: authorization, the handler, and the error table. Unexpected
     exceptions are logged here, once, and answered 500."""
 
+    wanted = endpoint.priority
+
     @functools.wraps(endpoint.handler)
     async def run(request: Request) -> Response:
         gw: Gateway = request.app.state.gateway
+        priority.set(wanted)  # each request runs in a task (and a context) of its own
         try:
             request.state.principal = await authorize(request, gw, endpoint)
             return await endpoint.handler(request, gw)
@@ -108,10 +121,12 @@ def direct_api(endpoint: Endpoint, *, keep_principal: bool) -> ASGIApp:
     limited to the token's runtimes): this frame holds it anyway, while request.state
     would cost each parked poll an object more."""
     claim_handler = None if keep_principal else cast(ClaimHandler, endpoint.handler)
+    wanted = endpoint.priority
 
     async def app(scope: ASGIScope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive, send)
         gw: Gateway = request.app.state.gateway
+        priority.set(wanted)  # each request runs in a task (and a context) of its own
         try:
             principal = await authorize(request, gw, endpoint)
             if claim_handler is not None:

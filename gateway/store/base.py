@@ -19,6 +19,7 @@ from typing import NoReturn, TypeAlias, TypeVar
 import asyncpg
 import orjson
 
+from ..admission import Admission
 from ..errors import DatabaseBusy, StoreUnavailable
 from ..metrics import Metrics
 from .migrate import schema_is_current
@@ -84,6 +85,7 @@ class StoreBase:
         statement_cache_size: int = 100,
         lock_dsn: str | None = None,
         acquire_timeout_ms: int = 5_000,
+        queue_budget_ms: float = 100.0,
     ) -> None:
         self._dsn = dsn
         self._lock_dsn = lock_dsn or dsn
@@ -93,6 +95,8 @@ class StoreBase:
         self._statement_timeout_ms = statement_timeout_ms
         self._statement_cache_size = statement_cache_size
         self._acquire_timeout_ms = acquire_timeout_ms
+        # The line for a connection (gateway/admission.py): at most max_size hold one.
+        self._admission = Admission(max_size, queue_budget_ms, acquire_timeout_ms, metrics)
         self._busy_since_log: tuple[float, int] = (0.0, 0)  # (last logged, refused since)
         self._begin = sql.BEGIN_WITH_TIMEOUT.format(timeout_ms=statement_timeout_ms)
         self._pool: asyncpg.Pool | None = None
@@ -144,25 +148,39 @@ class StoreBase:
     async def _run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         pool = self.pool
         try:
-            # Bounded: with every connection busy (or Postgres not answering a new
-            # connection), a request is refused with Retry-After instead of queueing
-            # without end behind the others.
+            # Bounded: work that would wait past its share of the line, or any request
+            # that no connection came free for in time, is refused with Retry-After
+            # instead of queueing without end behind the others (gateway/admission.py).
+            granted = await self._admission.acquire()
+        except DatabaseBusy:
+            self._log_busy()
+            raise
+        try:
+            # At most max_size hold a slot, so a connection is idle or may be opened;
+            # only opening one can take time (Postgres slow to accept).
             conn = await pool.acquire(timeout=self._acquire_timeout_ms / 1000)
         except TimeoutError:
+            self._admission.release(granted)
             self._metrics.db_acquire_timeouts.inc()
             self._log_busy()
             raise DatabaseBusy(
                 f"no database connection came free within {self._acquire_timeout_ms} ms "
                 "(GATEWAY_DB_ACQUIRE_TIMEOUT_MS); retry"
             ) from None
-        except DRIVER_ERRORS as exc:
-            self._driver_error(exc)
+        except BaseException as exc:
+            self._admission.release(granted)
+            if isinstance(exc, DRIVER_ERRORS):
+                self._driver_error(exc)
+            raise
         try:
             return await fn(conn)
         except DRIVER_ERRORS as exc:
             self._driver_error(exc)
         finally:
-            await pool.release(conn)
+            try:
+                await pool.release(conn)
+            finally:
+                self._admission.release(granted)
 
     def _log_busy(self) -> None:
         """One warning per 10 s at most: under overload every request would log one."""
@@ -173,8 +191,10 @@ class StoreBase:
             return
         self._busy_since_log = (now, 0)
         log.warning(
-            "every database connection (GATEWAY_DB_POOL_MAX) stayed busy for %d ms: "
-            "requests are refused with 503 and Retry-After (%d more since the last warning)",
+            "the database is overloaded: requests are refused with 503 database_busy and "
+            "Retry-After, where every connection (GATEWAY_DB_POOL_MAX) stayed busy for %d "
+            "ms or the line for one held more than GATEWAY_DB_QUEUE_BUDGET_MS of work "
+            "(%d more refused since the last warning)",
             self._acquire_timeout_ms,
             refused,
         )

@@ -22,8 +22,7 @@ import asyncpg
 import pytest
 
 from gateway.rows import ItemResult
-from gateway.store.acks import _item_results
-from gateway.store.leases import COMPLETE_REPLAYS
+from gateway.store.leases import COMPLETE_REPLAYS, item_results
 from gateway.store.sql import acks as ack_sql
 from gateway.store.sql import janitor as janitor_sql
 from gateway.store.sql import leases as lease_sql
@@ -126,7 +125,7 @@ async def test_a_late_batch_operation_leaves_the_requeued_task_to_a_claim(
     args = [[uuid.UUID(task_id)], None, [stale], *BATCH_TAILS[statement]]
     async with other.transaction():
         rows = await other.fetch(getattr(ack_sql, statement), *args)
-        [answer] = _item_results(args[0], rows)
+        [answer] = item_results(args[0], rows)
         # Still answered as the single operation would be: the lease lost the task.
         assert answer.error is not None and answer.error.code == "lease_lost", answer
         assert answer.status == "queued", answer
@@ -174,7 +173,7 @@ async def batch_after(
     finally:
         await second.close()
     replays = COMPLETE_REPLAYS if batch[0] == "BATCH_COMPLETE" else ()
-    [answer] = _item_results(batch[1], rows, replay_statuses=replays)
+    [answer] = item_results(batch[1], rows, replay_statuses=replays)
     return answer
 
 
@@ -263,6 +262,6 @@ async def test_an_item_whose_task_was_deleted_while_the_statement_waited_is_not_
     finally:
         await first.close()
     assert [r["item_id"] for r in rows] == [kept_id]
-    gone, kept = _item_results(ids, rows)
+    gone, kept = item_results(ids, rows)
     assert gone.error is not None and gone.error.code == "not_found", gone
     assert kept.error is None and kept.status in ("completed", "queued", "claimed"), kept

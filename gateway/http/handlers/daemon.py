@@ -16,6 +16,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ...admission import releasing
 from ...api import decode, render, requests
 from ...auth.principals import Principal
 from ...claim.waiters import Carried, Departure
@@ -48,7 +49,9 @@ async def claim(request: Request, gw: Gateway, principal: Principal | None = Non
         if carried is None:
             # Written out at once: a parked poll holds the outcomes as one string (about
             # 0.2 KiB an outcome), not a dict per outcome, nor the results it reported.
-            entries = orjson.Fragment(orjson.dumps(await batch.acknowledge(gw, acks, runtimes)))
+            with releasing():  # they take a connection as completes and fails do
+                answered = await batch.acknowledge(gw, acks, runtimes)
+            entries = orjson.Fragment(orjson.dumps(answered))
         del acks
     gone = Departure()
     watch = DisconnectWatch(request.receive, gone.set) if req.wait_seconds else None
@@ -94,9 +97,10 @@ async def _carried_entries(
     if carried.answer is None:
         if isinstance(refused, StoreUnavailable):
             raise refused
-        outcomes = await gw.completions.complete_many(
-            carried.task_ids, carried.lease_ids, carried.results, carried.runtimes
-        )
+        with releasing():  # completes take a connection as completes do
+            outcomes = await gw.completions.complete_many(
+                carried.task_ids, carried.lease_ids, carried.results, carried.runtimes
+            )
         carried.settled(outcomes)
         await batch.completed(gw, outcomes)
     assert isinstance(carried.answer, orjson.Fragment)

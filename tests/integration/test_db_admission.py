@@ -1,0 +1,99 @@
+"""Load shedding on the database path, end to end against real Postgres and Redis
+(gateway/admission.py): while every connection is busy and the line is longer than
+GATEWAY_DB_QUEUE_BUDGET_MS of work, an enqueue is refused at once with 503
+database_busy and a claim with 429 overloaded, both with Retry-After and nothing
+stored; a complete, which frees work, waits instead, goes first, and succeeds."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import asyncpg
+import pytest
+
+from gateway.errors import DatabaseBusy
+from gateway.store import Store
+from tests.support.databases import fetch
+from tests.support.gateways import TOKEN, make_settings, running_gateway
+from tests.support.metrics import sample
+
+pytestmark = pytest.mark.integration
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+async def _hold(store: Store, release: asyncio.Event, held: asyncio.Semaphore) -> None:
+    """Holds one pooled connection until `release`."""
+
+    async def wait(_: asyncpg.Connection) -> None:
+        held.release()
+        await release.wait()
+
+    while True:
+        try:
+            await store.run(wait)
+            return
+        except DatabaseBusy:
+            await asyncio.sleep(0.05)
+
+
+async def test_work_is_refused_at_once_while_a_complete_waits_and_goes_first(
+    database_url, redis_url, redis_prefix, runtime_id
+):
+    settings = make_settings(
+        database_url,
+        redis_url,
+        redis_prefix,
+        db_pool_max=2,
+        db_acquire_timeout_ms=10_000,
+        db_queue_budget_ms=50,
+    )
+    async with running_gateway(settings) as gw:
+
+        async def post(path: str, body: dict[str, object]) -> tuple[int, dict[str, str], object]:
+            resp = await gw.http.post(f"{gw.url}{path}", json=body, headers=AUTH)
+            return resp.status, dict(resp.headers), await resp.json(content_type=None)
+
+        tasks = f"/v1/runtimes/{runtime_id}/tasks"
+        claim = f"/v1/runtimes/{runtime_id}/claim"
+        assert (await post(tasks, {"payload": {"n": 1}}))[0] == 201
+        status, _, claimed = await post(claim, {"worker_id": "w", "wait_seconds": 0})
+        assert status == 200, claimed
+        (task,) = claimed["tasks"]  # type: ignore[index]
+        # Another task queued: the runtime has no empty verdict, so a claim needs Postgres.
+        assert (await post(tasks, {"payload": {"n": 2}}))[0] == 201
+        store = gw.gateway.store
+        release, held = asyncio.Event(), asyncio.Semaphore(0)
+        holders = [asyncio.create_task(_hold(store, release, held)) for _ in range(2)]
+        try:
+            for _ in holders:
+                await asyncio.wait_for(held.acquire(), 10)
+            # Postgres has slowed down: every connection has been held 300 ms and more.
+            await asyncio.sleep(0.3)
+            # A request of work would wait half of that, past the 50 ms budget.
+            started = time.monotonic()
+            status, headers, body = await post(tasks, {"payload": {"n": 3}})
+            assert (status, body["code"], headers["Retry-After"]) == (503, "database_busy", "1"), (
+                body
+            )  # type: ignore[index]
+            status, headers, body = await post(claim, {"worker_id": "w", "wait_seconds": 0})
+            assert (status, body["code"], headers["Retry-After"]) == (429, "overloaded", "1"), body  # type: ignore[index]
+            assert time.monotonic() - started < 2.0  # at once, not after the 10 s timeout
+            assert sample(gw, "gateway_shed_total", reason="database_queue") >= 2
+            complete = asyncio.create_task(
+                post(
+                    f"/v1/tasks/{task['id']}/complete", {"lease_id": task["lease_id"], "result": 1}
+                )
+            )
+            await asyncio.sleep(0.3)
+            assert not complete.done(), "a complete must wait for a connection, not be shed"
+        finally:
+            release.set()
+            await asyncio.gather(*holders)
+        status, _, done = await complete
+        assert status == 200 and done["status"] == "completed", done  # type: ignore[index]
+        rows = await fetch(
+            database_url, "SELECT payload->>'n' AS n FROM tasks WHERE runtime_id = $1", runtime_id
+        )
+        assert sorted(r["n"] for r in rows) == ["1", "2"]  # the refused enqueue stored nothing

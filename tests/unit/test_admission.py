@@ -1,0 +1,113 @@
+"""The line for a database connection (gateway/admission.py): releases go before the
+work that waits; work that would wait past its budget is refused at once; nothing is
+refused while the line is short; and a slot is never lost, whatever ends a wait."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.admission import Admission, Priority, priority, releasing
+from gateway.errors import DatabaseBusy
+from gateway.metrics import Metrics
+from tests.support.metrics import sample
+
+
+def admission(slots: int = 1, budget_ms: float = 100.0, timeout_ms: float = 2_000.0) -> Admission:
+    return Admission(slots, budget_ms, timeout_ms, Metrics())
+
+
+async def take(line: Admission, wanted: Priority, order: list[str], name: str) -> int:
+    token = priority.set(wanted)
+    try:
+        granted = await line.acquire()
+    finally:
+        priority.reset(token)
+    order.append(name)
+    return granted
+
+
+async def test_releases_go_before_work_that_waited_longer() -> None:
+    line = admission(slots=1)
+    first = await line.acquire()
+    order: list[str] = []
+    work = asyncio.create_task(take(line, Priority.WORK, order, "work"))
+    await asyncio.sleep(0)
+    done = asyncio.create_task(take(line, Priority.RELEASE, order, "release"))
+    await asyncio.sleep(0)
+    line.release(first)
+    line.release(await done)
+    line.release(await work)
+    assert order == ["release", "work"]
+
+
+async def test_work_past_its_budget_is_refused_at_once_releases_wait() -> None:
+    line = admission(slots=2, budget_ms=50.0)
+    line.hold_ms = 80.0  # each connection is held 80 ms on average (and not longer yet)
+    held = [await line.acquire(), await line.acquire()]
+    # First in line: (0 + 1) / 2 slots x 80 ms = 40 ms, within the budget.
+    queued = asyncio.create_task(take(line, Priority.WORK, [], "queued"))
+    await asyncio.sleep(0)
+    # Second: 2 / 2 x 80 = 80 ms, past it.
+    with pytest.raises(DatabaseBusy) as refused:
+        await take(line, Priority.WORK, [], "refused")
+    assert "GATEWAY_DB_QUEUE_BUDGET_MS" in refused.value.detail
+    assert sample(line._metrics, "gateway_shed_total", reason="database_queue") == 1
+    # A release is never shed: it waits (and goes first).
+    with releasing():
+        release = asyncio.create_task(line.acquire())
+    await asyncio.sleep(0)
+    assert not release.done()
+    for granted in held:
+        line.release(granted)
+    line.release(await release)
+    line.release(await queued)
+    assert line.expected_wait_ms(Priority.WORK) == 0.0
+
+
+async def test_nothing_is_refused_while_the_line_is_short() -> None:
+    line = admission(slots=4, budget_ms=100.0)
+    line.hold_ms = 5.0
+    held = [await line.acquire() for _ in range(4)]
+    waiting = [asyncio.create_task(take(line, Priority.WORK, [], str(i))) for i in range(40)]
+    await asyncio.sleep(0)
+    # 40 waiters x 5 ms / 4 slots = 50 ms: all within the budget.
+    assert not any(w.done() for w in waiting)
+    for granted in held:
+        line.release(granted)
+    for w in waiting:
+        line.release(await w)
+    assert line.queue_limit() == pytest.approx(100.0 / line.hold_ms * 4)
+
+
+async def test_a_wait_ends_at_the_timeout_and_a_cancelled_wait_loses_no_slot() -> None:
+    line = admission(slots=1, timeout_ms=50.0)
+    first = await line.acquire()
+    with pytest.raises(DatabaseBusy) as late:
+        await line.acquire()
+    assert "GATEWAY_DB_ACQUIRE_TIMEOUT_MS" in late.value.detail
+    assert sample(line._metrics, "gateway_db_acquire_timeouts_total") == 1
+    cancelled = asyncio.create_task(line.acquire())
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    # Granted in the same turn as it is cancelled: the slot goes on, not lost.
+    granted_then_cancelled = asyncio.create_task(line.acquire())
+    await asyncio.sleep(0)
+    line.release(first)
+    granted_then_cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    with pytest.raises(asyncio.CancelledError):
+        await granted_then_cancelled
+    # Every slot came back: one acquire succeeds at once, a second must wait.
+    again = await asyncio.wait_for(line.acquire(), 1)
+    blocked = asyncio.create_task(line.acquire())
+    await asyncio.sleep(0.01)
+    assert not blocked.done()
+    line.release(again)
+    line.release(await blocked)
+
+
+def test_outside_a_request_the_gateways_own_work_goes_first() -> None:
+    assert priority.get() is Priority.RELEASE
