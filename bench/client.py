@@ -15,6 +15,11 @@ SAMPLE_CHARS = 300
 SCRAPE_SECONDS = 5.0
 
 
+# The problem code of a request the gateway refused before any work because its line
+# for a database connection was too long (load shedding), which the load retries.
+SHED_CODE = b'"database_busy"'
+
+
 class Tally:
     """What one kind of request got back: statuses, latencies, transport errors, and
     the first body seen for each unexpected outcome."""
@@ -24,16 +29,11 @@ class Tally:
         self.statuses: Counter[int] = Counter()
         self.transport: Counter[str] = Counter()
         self.samples: dict[str, str] = {}
+        self.shed = 0  # 503 database_busy: refused before any work, under overload
 
     @property
     def responses(self) -> int:
         return sum(self.statuses.values())
-
-    def record(self, status: int, seconds: float, body: bytes) -> None:
-        self.statuses[status] += 1
-        self.latencies.append(seconds)
-        if status >= 300:
-            self.sample(f"HTTP {status}", body.decode("utf-8", "replace"))
 
     def failed(self, exc: BaseException) -> None:
         name = type(exc).__name__
@@ -43,9 +43,23 @@ class Tally:
     def sample(self, key: str, text: str) -> None:
         self.samples.setdefault(key, text[:SAMPLE_CHARS])
 
+    def record(self, status: int, seconds: float, body: bytes) -> None:
+        self.statuses[status] += 1
+        self.latencies.append(seconds)
+        if status == 503 and SHED_CODE in body:
+            self.shed += 1
+        elif status >= 300:
+            self.sample(f"HTTP {status}", body.decode("utf-8", "replace"))
+
     def unexpected(self) -> dict[str, int]:
-        """Outcomes other than 2xx and 429 (overload, which the design allows)."""
+        """Outcomes other than 2xx and load shed, which the design allows under
+        overload: 429 (a claim refused), and 503 database_busy (anything else refused
+        before any work, gateway/admission.py), both to be retried."""
         out = {f"HTTP {s}": n for s, n in self.statuses.items() if s >= 300 and s != 429}
+        if self.shed:
+            out["HTTP 503"] -= self.shed
+            if not out["HTTP 503"]:
+                del out["HTTP 503"]
         out.update(self.transport)
         return out
 
@@ -53,6 +67,7 @@ class Tally:
         return {
             "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
             "transport_errors": dict(self.transport),
+            "shed": self.shed,
             "samples": dict(self.samples),
         }
 

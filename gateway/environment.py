@@ -311,7 +311,7 @@ VARIABLES: tuple[Variable, ...] = (
         "GATEWAY_DB_QUEUE_BUDGET_MS",
         "db_queue_budget_ms",
         "number",
-        100.0,
+        250.0,
         low=1,
         high=600_000,
         unit="milliseconds",

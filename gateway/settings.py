@@ -82,7 +82,7 @@ class Settings:
     db_acquire_timeout_ms: int = 5_000
     # The line of work (enqueues, claims, reads) waiting for a connection, in ms of the
     # mean hold: past it, work is refused at once (gateway/admission.py).
-    db_queue_budget_ms: float = 100.0
+    db_queue_budget_ms: float = 250.0
     # asyncpg's prepared statement cache; 0 behind a transaction pooler (PgBouncer).
     db_statement_cache_size: int = 100
     shutdown_grace_seconds: float = 25.0

@@ -85,7 +85,7 @@ class StoreBase:
         statement_cache_size: int = 100,
         lock_dsn: str | None = None,
         acquire_timeout_ms: int = 5_000,
-        queue_budget_ms: float = 100.0,
+        queue_budget_ms: float = 250.0,
     ) -> None:
         self._dsn = dsn
         self._lock_dsn = lock_dsn or dsn
