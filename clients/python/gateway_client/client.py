@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal, overload
@@ -44,6 +45,7 @@ from .models import (
     format_time,
 )
 from .paths import runtime_path, task_path
+from .retries import own_key, retrying
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 # Any call but a long poll; a database under load can take a few seconds.
@@ -170,6 +172,7 @@ class AsyncClient:
         ttl_seconds: float | None = None,
         max_attempts: int | None = None,
         minimal: Literal[False] = False,
+        retry_seconds: float = 0.0,
     ) -> Task: ...
 
     @overload
@@ -185,6 +188,7 @@ class AsyncClient:
         ttl_seconds: float | None = None,
         max_attempts: int | None = None,
         minimal: Literal[True],
+        retry_seconds: float = 0.0,
     ) -> str: ...
 
     async def enqueue(
@@ -199,42 +203,76 @@ class AsyncClient:
         ttl_seconds: float | None = None,
         max_attempts: int | None = None,
         minimal: bool = False,
+        retry_seconds: float = 0.0,
     ) -> Task | str:
         """A new task (or, for a repeated idempotency key, the one already stored).
         With `minimal=True`, only its id: the gateway answers no more
-        (`Prefer: return=minimal`)."""
-        new = NewTask(
+        (`Prefer: return=minimal`). With `retry_seconds`, a retryable failure (overload,
+        no answer) is retried for up to that long, honouring Retry-After; the enqueue
+        then always carries an idempotency key (yours, or one the client makes), so that
+        a retry after a lost answer gets the stored task, never a second one."""
+        if retry_seconds and idempotency_key is None:
+            idempotency_key = own_key()
+        body = NewTask(
             payload, priority, idempotency_key, delay_seconds, run_at, ttl_seconds, max_attempts
-        )
+        ).to_json()
         path = runtime_path(runtime, "/tasks")
-        if not minimal:
-            return await self._task("POST", path, new.to_json())
-        _, data, _ = await self.request("POST", path, new.to_json(), headers=PREFER_MINIMAL)
-        return str(data["id"])  # a gateway that ignores Prefer answers the task: same id
+
+        async def send() -> Task | str:
+            if not minimal:
+                return await self._task("POST", path, body)
+            _, data, _ = await self.request("POST", path, body, headers=PREFER_MINIMAL)
+            return str(data["id"])  # a gateway that ignores Prefer answers the task: same id
+
+        return await retrying(send, retry_seconds)
 
     @overload
     async def enqueue_batch(
-        self, runtime: str, tasks: Iterable[NewTask], *, minimal: Literal[False] = False
+        self,
+        runtime: str,
+        tasks: Iterable[NewTask],
+        *,
+        minimal: Literal[False] = False,
+        retry_seconds: float = 0.0,
     ) -> list[Task]: ...
 
     @overload
     async def enqueue_batch(
-        self, runtime: str, tasks: Iterable[NewTask], *, minimal: Literal[True]
+        self,
+        runtime: str,
+        tasks: Iterable[NewTask],
+        *,
+        minimal: Literal[True],
+        retry_seconds: float = 0.0,
     ) -> list[str]: ...
 
     async def enqueue_batch(
-        self, runtime: str, tasks: Iterable[NewTask], *, minimal: bool = False
+        self,
+        runtime: str,
+        tasks: Iterable[NewTask],
+        *,
+        minimal: bool = False,
+        retry_seconds: float = 0.0,
     ) -> list[Task] | list[str]:
         """1-1000 tasks, all or nothing; answered in the order given. With
         `minimal=True`, only their ids, which spares the gateway and this client the
-        payloads coming back (`Prefer: return=minimal`)."""
+        payloads coming back (`Prefer: return=minimal`). `retry_seconds` as for
+        `enqueue`: each task without an idempotency key gets one of the client's own."""
+        if retry_seconds:
+            tasks = [
+                t if t.idempotency_key else replace(t, idempotency_key=own_key()) for t in tasks
+            ]
         body = {"tasks": [t.to_json() for t in tasks]}
         path = runtime_path(runtime, "/tasks:batch")
-        if not minimal:
-            _, data, _ = await self.request("POST", path, body)
-            return [Task.from_json(t) for t in data["tasks"]]
-        _, data, _ = await self.request("POST", path, body, headers=PREFER_MINIMAL)
-        return [str(t["id"]) for t in data["tasks"]]
+
+        async def send() -> list[Task] | list[str]:
+            if not minimal:
+                _, data, _ = await self.request("POST", path, body)
+                return [Task.from_json(t) for t in data["tasks"]]
+            _, data, _ = await self.request("POST", path, body, headers=PREFER_MINIMAL)
+            return [str(t["id"]) for t in data["tasks"]]
+
+        return await retrying(send, retry_seconds)
 
     async def cancel(self, task_id: str) -> Task:
         return await self._task("POST", task_path(task_id, "/cancel"))

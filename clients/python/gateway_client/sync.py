@@ -118,6 +118,7 @@ class Client:
         ttl_seconds: float | None = None,
         max_attempts: int | None = None,
         minimal: Literal[False] = False,
+        retry_seconds: float = 0.0,
     ) -> Task: ...
 
     @overload
@@ -133,6 +134,7 @@ class Client:
         ttl_seconds: float | None = None,
         max_attempts: int | None = None,
         minimal: Literal[True],
+        retry_seconds: float = 0.0,
     ) -> str: ...
 
     def enqueue(
@@ -147,6 +149,7 @@ class Client:
         ttl_seconds: float | None = None,
         max_attempts: int | None = None,
         minimal: bool = False,
+        retry_seconds: float = 0.0,
     ) -> Task | str:
         """As AsyncClient.enqueue; with `minimal=True`, the task's id only."""
         if minimal:
@@ -161,6 +164,7 @@ class Client:
                     ttl_seconds=ttl_seconds,
                     max_attempts=max_attempts,
                     minimal=True,
+                    retry_seconds=retry_seconds,
                 )
             )
             return task_id
@@ -174,27 +178,45 @@ class Client:
                 run_at=run_at,
                 ttl_seconds=ttl_seconds,
                 max_attempts=max_attempts,
+                retry_seconds=retry_seconds,
             )
         )
         return task
 
     @overload
     def enqueue_batch(
-        self, runtime: str, tasks: Iterable[NewTask], *, minimal: Literal[False] = False
+        self,
+        runtime: str,
+        tasks: Iterable[NewTask],
+        *,
+        minimal: Literal[False] = False,
+        retry_seconds: float = 0.0,
     ) -> list[Task]: ...
 
     @overload
     def enqueue_batch(
-        self, runtime: str, tasks: Iterable[NewTask], *, minimal: Literal[True]
+        self,
+        runtime: str,
+        tasks: Iterable[NewTask],
+        *,
+        minimal: Literal[True],
+        retry_seconds: float = 0.0,
     ) -> list[str]: ...
 
     def enqueue_batch(
-        self, runtime: str, tasks: Iterable[NewTask], *, minimal: bool = False
+        self,
+        runtime: str,
+        tasks: Iterable[NewTask],
+        *,
+        minimal: bool = False,
+        retry_seconds: float = 0.0,
     ) -> list[Task] | list[str]:
         """As AsyncClient.enqueue_batch; with `minimal=True`, the tasks' ids only."""
         if minimal:
-            return self._run(self.aio.enqueue_batch(runtime, tasks, minimal=True))
-        return self._run(self.aio.enqueue_batch(runtime, tasks))
+            return self._run(
+                self.aio.enqueue_batch(runtime, tasks, minimal=True, retry_seconds=retry_seconds)
+            )
+        return self._run(self.aio.enqueue_batch(runtime, tasks, retry_seconds=retry_seconds))
 
     def cancel(self, task_id: str) -> Task:
         return self._run(self.aio.cancel(task_id))
