@@ -41,6 +41,7 @@ SUITE_ORDER = [
     "scale",
     "bulk-insert",
     "workers",
+    "overload",
 ]
 LEGACY = {"claim-throughput": SCENARIOS["claim-throughput"]}
 
@@ -86,6 +87,12 @@ Scenarios (--scenario, comma-separated, default all; about 10 minutes on 2 cores
                   (the finished-task counters are kept once per statement).
   workers         uvicorn --workers 2 against 1: empty polls and a drain; Redis
                   connections per process.
+  overload        wrk posting single enqueues: --overload-connections (16) for
+                  --overload-phase-seconds, then --overload-burst-connections
+                  (2,000) for --overload-burst-seconds with a 2 s client timeout,
+                  then 16 again; a well-behaved client beside it. Goodput, the
+                  accepted p99, client timeouts, recovery; again with admission
+                  control off (--no-overload-compare-off to skip).
   claim-throughput  the earlier scenario (--tasks enqueued one by one, --pollers
                   daemons), once per --cache mode; not part of all.
 
@@ -335,6 +342,37 @@ def parser() -> argparse.ArgumentParser:
         default=[10_000, 100_000, 1_000_000],
         metavar="N,...",
         help="scale: rows of each shape (default: 10000,100000,1000000)",
+    )
+    p.add_argument(
+        "--overload-connections",
+        type=int,
+        default=16,
+        help="overload: wrk's connections before and after the overload (default: 16)",
+    )
+    p.add_argument(
+        "--overload-burst-connections",
+        type=int,
+        default=2000,
+        help="overload: wrk's connections during the overload (default: 2000)",
+    )
+    p.add_argument(
+        "--overload-phase-seconds",
+        type=float,
+        default=8.0,
+        help="overload: seconds before and after the overload, each (default: 8)",
+    )
+    p.add_argument(
+        "--overload-burst-seconds",
+        type=float,
+        default=15.0,
+        help="overload: seconds of the overload (default: 15)",
+    )
+    p.add_argument(
+        "--overload-compare-off",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="overload: run it again with admission control off, to show the collapse "
+        "(default: on)",
     )
     p.add_argument(
         "--bulk-rows",

@@ -32,6 +32,7 @@ from .infra import (
     log_name,
     serving,
 )
+from .overload import overload
 from .peers import run_pgqueuer
 from .round_trips import round_trips
 from .scenarios import (
@@ -803,4 +804,5 @@ SUITES: dict[str, Suite] = {
     "enqueue": enqueue,
     "round-trips": round_trips,
     "workers": workers,
+    "overload": overload,
 }

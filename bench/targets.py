@@ -260,6 +260,28 @@ def evaluate(results: list[Result]) -> list[Row]:
         )
     )
     rows.append(_bulk_insert_row(results))
+    rows += _overload_rows(results)
+    return rows
+
+
+def _overload_rows(results: list[Result]) -> list[Row]:
+    """The overload scenario's four targets, with admission control on; the same run
+    with it off is shown beside each (it shows what the targets catch)."""
+    on = find(results, "overload", "admission control on")
+    off = find(results, "overload", "admission control off")
+    specs = [
+        ("goodput_x_before", "overload: 2xx/s under 2,000 connections vs before", ">=", 0.9),
+        ("accepted_p99_x_before", "overload: accepted p99 vs before", "<=", 5.0),
+        ("timeout_share", "overload: share of requests reaching the 2 s timeout", "<=", 0.01),
+        ("after_p99_x_before", "overload: p99 after the overload vs before", "<=", 1.5),
+    ]
+    rows = []
+    for key, title, op, bound in specs:
+        value = None if on is None else on.numbers.get(key)
+        shown = "not measured" if value is None else f"{_fmt(value, 3)}"
+        if off is not None and off.numbers.get(key) is not None:
+            shown += f"; admission control off: {_fmt(off.numbers[key], 3)}"
+        rows.append(Row(title, value, op, bound, shown))
     return rows
 
 

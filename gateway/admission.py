@@ -107,6 +107,21 @@ class Admission:
             return 0.0
         return (self._ahead(wanted) + 1) / self._slots * self._hold_ms()
 
+    def refuse_early(self) -> None:
+        """Raise the refusal `acquire` would give work now, if it would: called when a
+        request of work arrives, before its body is read or its token checked, so that
+        under a flood a refusal costs little of what serving would. (`acquire` decides
+        again when the request reaches the database.)"""
+        if self.expected_wait_ms(Priority.WORK) > self._budget_ms:
+            self._metrics.shed.labels("database_queue").inc()
+            raise self._shed()
+
+    def _shed(self) -> DatabaseBusy:
+        return DatabaseBusy(
+            f"the database queue is longer than {self._budget_ms:g} ms of work "
+            "(GATEWAY_DB_QUEUE_BUDGET_MS); retry"
+        )
+
     async def acquire(self) -> int:
         """Wait for a connection slot, in priority order (arrival order within one);
         returns the grant, for `release`. Raises DatabaseBusy at once when work would
@@ -118,10 +133,7 @@ class Admission:
             return self._grant(loop.time())
         if wanted is Priority.WORK and self.expected_wait_ms(wanted) > self._budget_ms:
             self._metrics.shed.labels("database_queue").inc()
-            raise DatabaseBusy(
-                f"the database queue is longer than {self._budget_ms:g} ms of work "
-                "(GATEWAY_DB_QUEUE_BUDGET_MS); retry"
-            )
+            raise self._shed()
         waiter: asyncio.Future[None] = loop.create_future()
         line = self._lines[wanted]
         line.append(waiter)

@@ -145,6 +145,12 @@ class StoreBase:
         idle: int = pool.get_idle_size()
         return idle > 0 or pool.get_size() < pool.get_max_size()
 
+    def refuse_early(self) -> None:
+        """Raise DatabaseBusy now if a request of work arriving now would be shed when it
+        reached the database (gateway/admission.py), so that it is refused before any
+        work of its own."""
+        self._admission.refuse_early()
+
     async def _run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         pool = self.pool
         try:

@@ -237,3 +237,42 @@ def test_the_one_at_a_time_drain_with_acks_carried_against_pgqueuer() -> None:
     )[title]
     assert missing.verdict == "n/a" and missing.shown.startswith("not available")
     assert _by_target(evaluate([pgq]))[title].verdict == "n/a"
+
+
+def test_overload_is_judged_with_admission_control_on_and_off_is_shown_beside() -> None:
+    from bench.overload import OFF, ON, _ratios
+
+    def phase(ok_per_second: float, p99_ms: float, probe_p99_ms: float | None) -> dict[str, Any]:
+        return {
+            "ok_per_second": ok_per_second,
+            "p99_ms": p99_ms,
+            "timeout_share": 0.0,
+            "probe": {"p99_ms": probe_p99_ms},
+        }
+
+    on = {
+        "before": phase(800, 40, 30),
+        "overload": phase(760, 900, 120),
+        "after": phase(790, 50, 31),
+    }
+    on["overload"]["timeout_share"] = 0.002
+    off = {
+        "before": phase(800, 40, 30),
+        "overload": phase(400, 1990, None),
+        "after": phase(500, 900, 700),
+    }
+    off["overload"]["timeout_share"] = 0.4
+    rows = _by_target(
+        evaluate([_r("overload", ON, **_ratios(on)), _r("overload", OFF, **_ratios(off))])
+    )
+    goodput = rows["overload: 2xx/s under 2,000 connections vs before"]
+    assert (goodput.value, goodput.verdict) == (0.95, "PASS")
+    assert "admission control off: 0.500" in goodput.shown
+    assert rows["overload: accepted p99 vs before"].verdict == "PASS"  # 4x
+    assert rows["overload: share of requests reaching the 2 s timeout"].verdict == "PASS"
+    after = rows["overload: p99 after the overload vs before"]
+    assert (after.value, after.verdict) == (1.25, "PASS")
+    # Too few accepted answers to know a p99: not measured, never a PASS.
+    assert _ratios(off)["accepted_p99_x_before"] is None
+    missing = _by_target(evaluate([]))["overload: accepted p99 vs before"]
+    assert missing.verdict == "n/a"

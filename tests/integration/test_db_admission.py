@@ -1,8 +1,8 @@
 """Load shedding on the database path, end to end against real Postgres and Redis
 (gateway/admission.py): while every connection is busy and the line is longer than
 GATEWAY_DB_QUEUE_BUDGET_MS of work, an enqueue is refused at once with 503
-database_busy and a claim with 429 overloaded, both with Retry-After and nothing
-stored; a complete, which frees work, waits instead, goes first, and succeeds."""
+database_busy (on arrival, before its body is read) and a claim with 429 overloaded,
+both with Retry-After and nothing stored; a complete, which frees work, waits instead, goes first, and succeeds."""
 
 from __future__ import annotations
 
@@ -79,6 +79,9 @@ async def test_work_is_refused_at_once_while_a_complete_waits_and_goes_first(
             )  # type: ignore[index]
             status, headers, body = await post(claim, {"worker_id": "w", "wait_seconds": 0})
             assert (status, body["code"], headers["Retry-After"]) == (429, "overloaded", "1"), body  # type: ignore[index]
+            # Refused on arrival, before its body is read: even a body that is not JSON.
+            resp = await gw.http.post(f"{gw.url}{tasks}", data=b"{not json", headers=AUTH)
+            assert resp.status == 503 and (await resp.json())["code"] == "database_busy"
             assert time.monotonic() - started < 2.0  # at once, not after the 10 s timeout
             assert sample(gw, "gateway_shed_total", reason="database_queue") >= 2
             complete = asyncio.create_task(
