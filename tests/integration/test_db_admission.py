@@ -2,7 +2,8 @@
 (gateway/admission.py): while every connection is busy and the line is longer than
 GATEWAY_DB_QUEUE_BUDGET_MS of work, an enqueue is refused at once with 503
 database_busy (on arrival, before its body is read) and a claim with 429 overloaded,
-both with Retry-After and nothing stored; a complete, which frees work, waits instead, goes first, and succeeds."""
+both with Retry-After and nothing stored; a complete, which frees work, waits
+instead, goes first, and succeeds."""
 
 from __future__ import annotations
 
