@@ -87,7 +87,8 @@ Scenarios (--scenario, comma-separated, default all; about 10 minutes on 2 cores
                   (the finished-task counters are kept once per statement).
   workers         uvicorn --workers 2 against 1: empty polls and a drain; Redis
                   connections per process.
-  overload        wrk posting single enqueues: --overload-connections (16) for
+  overload        wrk posting single enqueues (then claims and completes, then
+                  enqueues beside --overload-parked polls): --overload-connections (16) for
                   --overload-phase-seconds, then --overload-burst-connections
                   (2,000) for --overload-burst-seconds with a 2 s client timeout,
                   then 16 again; a well-behaved client beside it. Goodput, the
@@ -366,6 +367,18 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         default=15.0,
         help="overload: seconds of the overload (default: 15)",
+    )
+    p.add_argument(
+        "--overload-parked",
+        type=int,
+        default=2000,
+        help="overload: polls parked during the third load (default: 2000)",
+    )
+    p.add_argument(
+        "--overload-backlog",
+        type=int,
+        default=100_000,
+        help="overload: tasks queued before the claim-and-complete load (default: 100000)",
     )
     p.add_argument(
         "--overload-compare-off",

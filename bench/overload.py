@@ -9,10 +9,19 @@ misbehaving fleet would, so the gateway's refusals must be cheap. Beside wrk, a
 well-behaved client sends one enqueue at a time, every 20 ms, through its own
 connection: its 2xx latencies are what a client that gets in sees.
 
-Run twice: with admission control as configured, and with it off
-(`GATEWAY_DB_QUEUE_BUDGET_MS` at its largest), which shows the collapse the targets
-catch: the overload's requests waiting until their client gives up, and the backlog
-still there once the overload ends.
+Three loads, each with admission control as configured:
+
+- **enqueue**: single enqueues; run again with admission control off
+  (`GATEWAY_DB_QUEUE_BUDGET_MS` at its largest), which shows the collapse the targets
+  catch: the overload's requests waiting until their client gives up, and the backlog
+  still there once the overload ends;
+- **claim and complete**: each wrk connection claims one task (`wait_seconds` 0) from a
+  backlog queued beforehand and acknowledges it with `POST /v1/tasks:complete` as its
+  next request; goodput is the completes answered;
+- **enqueue with 2,000 parked polls**: single enqueues as above, while
+  `--overload-parked` (2,000) polls wait on 200 other, empty runtimes, each asking
+  again when answered; every poll must be answered by its deadline (its wait plus
+  `PARKED_SLACK_SECONDS`).
 """
 
 from __future__ import annotations
@@ -38,6 +47,12 @@ PROBE_INTERVAL_SECONDS = 0.02
 PROBE_MIN_SAMPLES = 20
 ADMISSION_OFF = {"GATEWAY_DB_QUEUE_BUDGET_MS": "600000"}
 ON, OFF = "admission control on", "admission control off"
+ENQUEUE, CLAIM_COMPLETE, WITH_PARKED = "enqueue", "claim and complete", "enqueue, 2,000 parked"
+# The parked polls: their wait, the runtimes they spread over, and how late an answer
+# may come after its wait and still count as on time.
+PARKED_WAIT_SECONDS = 5.0
+PARKED_RUNTIMES = 200
+PARKED_SLACK_SECONDS = 1.0
 
 # wrk's script: single enqueues over RUNTIMES runtimes; `done` prints the phase's
 # figures as one JSON line (the status errors are the non-2xx answers).
@@ -60,6 +75,57 @@ end
 """
 
 
+# wrk's script for claims each followed by a complete: a connection's answer to a claim
+# that got a task queues that task's complete, which the thread sends next. The 2xx
+# answers to completes are counted per thread (`completed`), read by `done`.
+WRK_CLAIM_SCRIPT = """
+local n = 0
+local pending = {}
+completed = 0  -- a global: done() reads it from each thread
+local threads = {}
+local headers = {["Content-Type"] = "application/json", ["Authorization"] = "Bearer %(token)s"}
+local claim_body = '{"worker_id": "wrk", "wait_seconds": 0, "max_tasks": 1}'
+setup = function(thread)
+  table.insert(threads, thread)
+end
+request = function()
+  local body = table.remove(pending)
+  if body then
+    return wrk.format("POST", "/v1/tasks:complete", headers, body)
+  end
+  n = n + 1
+  local path = "/v1/runtimes/bench-overload-" .. (n %% %(runtimes)d) .. "/claim"
+  return wrk.format("POST", path, headers, claim_body)
+end
+response = function(status, headers, body)
+  if status ~= 200 then
+    return
+  end
+  if body:find('"results"', 1, true) then
+    completed = completed + 1
+    return
+  end
+  local id, lease = body:match('"id":"([^"]+)".-"lease_id":"([^"]+)"')
+  if id then
+    table.insert(pending, '{"tasks": [{"id": "' .. id .. '", "lease_id": "' .. lease .. '"}]}')
+  end
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  local total = 0
+  for _, thread in ipairs(threads) do
+    total = total + thread:get("completed")
+  end
+  io.write(string.format(
+    '{"seconds": %%f, "requests": %%d, "non_2xx": %%d, "timeouts": %%d, "socket_errors": %%d,'
+    .. ' "p50_ms": %%f, "p99_ms": %%f, "completed": %%d}\\n',
+    summary.duration / 1e6, summary.requests, e.status, e.timeout,
+    e.connect + e.read + e.write, latency:percentile(50) / 1000, latency:percentile(99) / 1000,
+    total))
+end
+"""
+
+
 def _more_files() -> None:
     """wrk needs a descriptor per connection (and a few): raised to the hard limit."""
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -67,7 +133,8 @@ def _more_files() -> None:
 
 
 async def _wrk(url: str, script: Path, connections: int, seconds: float) -> dict[str, Any]:
-    """One phase of wrk: its JSON line, with the 2xx answers per second."""
+    """One phase of wrk: its JSON line, with the work done per second (`ok_per_second`:
+    the 2xx answers, or for claims and completes the completes answered)."""
     argv = [
         "wrk",
         f"-t{min(2, connections)}",
@@ -94,8 +161,8 @@ async def _wrk(url: str, script: Path, connections: int, seconds: float) -> dict
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"wrk failed ({proc.returncode}): {err.decode()[-500:]}")
     phase: dict[str, Any] = json.loads(lines[-1])
-    ok = phase["requests"] - phase["non_2xx"]
-    phase["ok_per_second"] = round(ok / phase["seconds"], 1) if phase["seconds"] else None
+    done = phase.get("completed", phase["requests"] - phase["non_2xx"])
+    phase["ok_per_second"] = round(done / phase["seconds"], 1) if phase["seconds"] else None
     phase["timeout_share"] = (
         round(phase["timeouts"] / phase["requests"], 4) if phase["requests"] else None
     )
@@ -144,6 +211,59 @@ async def _probe(url: str, token: str, stop: asyncio.Event) -> dict[str, Any]:
     }
 
 
+class Parked:
+    """`count` polls parked on PARKED_RUNTIMES empty runtimes, each asking again when
+    answered, while `stop` is unset: how many were answered by their deadline, how
+    many late or never, and their statuses."""
+
+    def __init__(self, url: str, token: str, count: int) -> None:
+        self.url, self.token, self.count = url, token, count
+        self.on_time = 0
+        self.late = 0
+        self.statuses: dict[str, int] = {}
+        self.stop = asyncio.Event()
+
+    async def run(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=PARKED_WAIT_SECONDS + CLIENT_TIMEOUT_SECONDS + 5)
+        headers = {"Authorization": f"Bearer {self.token}"}
+        connector = aiohttp.TCPConnector(limit=self.count + 10)
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=timeout, headers=headers
+        ) as http:
+            await asyncio.gather(*(self._poll(http, i) for i in range(self.count)))
+
+    async def _poll(self, http: aiohttp.ClientSession, i: int) -> None:
+        path = f"{self.url}/v1/runtimes/bench-overload-parked-{i % PARKED_RUNTIMES}/claim"
+        body = {"worker_id": f"parked-{i}", "wait_seconds": PARKED_WAIT_SECONDS}
+        while not self.stop.is_set():
+            started = time.perf_counter()
+            status = "no answer"
+            try:
+                async with http.post(path, json=body) as resp:
+                    await resp.read()
+                    status = str(resp.status)
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            took = time.perf_counter() - started
+            self.statuses[status] = self.statuses.get(status, 0) + 1
+            if status != "no answer" and took <= PARKED_WAIT_SECONDS + PARKED_SLACK_SECONDS:
+                self.on_time += 1
+            else:
+                self.late += 1
+            if status not in ("200", "no answer"):
+                await asyncio.sleep(1.0)  # a refusal: as its Retry-After says
+
+    def summary(self) -> dict[str, Any]:
+        answered = self.on_time + self.late
+        return {
+            "polls": self.count,
+            "answers": answered,
+            "on_time": self.on_time,
+            "late_share": round(self.late / answered, 4) if answered else None,
+            "statuses": dict(sorted(self.statuses.items())),
+        }
+
+
 async def _phase(
     url: str, token: str, script: Path, connections: int, seconds: float
 ) -> dict[str, Any]:
@@ -159,24 +279,63 @@ async def _phase(
     return phase
 
 
+async def _backlog(url: str, token: str, tasks: int) -> None:
+    """`tasks` tasks queued over the load's runtimes, in batches of 1,000, before the
+    claims begin."""
+    headers = {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession(headers=headers) as http:
+        for first in range(0, tasks, 1000):
+            runtime = f"bench-overload-{(first // 1000) % RUNTIMES}"
+            items = [{"payload": {"n": first + i}} for i in range(min(1000, tasks - first))]
+            async with http.post(
+                f"{url}/v1/runtimes/{runtime}/tasks:batch",
+                json={"tasks": items},
+                headers={"Prefer": "return=minimal"},
+            ) as resp:
+                if resp.status >= 300:
+                    raise RuntimeError(f"queueing the backlog: HTTP {resp.status}")
+
+
 async def _one_run(
-    opts: argparse.Namespace, servers: Servers, workdir: Path, label: str, env: dict[str, str]
+    opts: argparse.Namespace,
+    servers: Servers,
+    workdir: Path,
+    load: str,
+    label: str,
+    env: dict[str, str],
 ) -> Result:
-    result = Result("overload", label)
-    log_path = workdir / ("overload-on.log" if label == ON else "overload-off.log")
-    async with serving(opts, servers, log_path, env=env) as (proc, _db):
-        script = workdir / "overload.lua"
-        script.write_text(WRK_SCRIPT % {"token": proc.token, "runtimes": RUNTIMES})
-        phases: dict[str, Any] = {}
+    result = Result("overload", f"{load}, {label}")
+    slug = f"{load}-{label}".replace(" ", "-").replace(",", "")
+    async with serving(opts, servers, workdir / f"overload-{slug}.log", env=env) as (proc, _db):
+        script = workdir / f"overload-{slug}.lua"
+        text = WRK_CLAIM_SCRIPT if load == CLAIM_COMPLETE else WRK_SCRIPT
+        script.write_text(text % {"token": proc.token, "runtimes": RUNTIMES})
         steps = [
             ("before", opts.overload_connections, opts.overload_phase_seconds),
             ("overload", opts.overload_burst_connections, opts.overload_burst_seconds),
             ("after", opts.overload_connections, opts.overload_phase_seconds),
         ]
-        for name, connections, seconds in steps:
-            log(f"overload ({label}): {name}, {connections} connections for {seconds:g} s")
-            phases[name] = await _phase(proc.url, proc.token, script, connections, seconds)
+        if load == CLAIM_COMPLETE:
+            # Enough for the whole run at several times the capacity measured elsewhere.
+            await _backlog(proc.url, proc.token, opts.overload_backlog)
+        parked = None
+        if load == WITH_PARKED:
+            parked = Parked(proc.url, proc.token, opts.overload_parked)
+            polls = asyncio.create_task(parked.run())
+            await asyncio.sleep(2.0)  # parked before the load starts
+        phases: dict[str, Any] = {}
+        try:
+            for name, connections, seconds in steps:
+                log(f"overload ({load}, {label}): {name}, {connections} connections, {seconds:g} s")
+                phases[name] = await _phase(proc.url, proc.token, script, connections, seconds)
+        finally:
+            if parked is not None:
+                parked.stop.set()
+                await polls
         result.numbers = {**phases, **_ratios(phases)}
+        if parked is not None:
+            result.numbers["parked"] = parked.summary()
+            result.numbers["parked_late_share"] = parked.summary()["late_share"]
     return result
 
 
@@ -202,7 +361,9 @@ def _ratios(phases: dict[str, Any]) -> dict[str, float | None]:
 
 
 async def overload(opts: argparse.Namespace, servers: Servers, workdir: Path) -> list[Result]:
-    results = [await _one_run(opts, servers, workdir, ON, {})]
+    results = [await _one_run(opts, servers, workdir, ENQUEUE, ON, {})]
     if opts.overload_compare_off:
-        results.append(await _one_run(opts, servers, workdir, OFF, ADMISSION_OFF))
+        results.append(await _one_run(opts, servers, workdir, ENQUEUE, OFF, ADMISSION_OFF))
+    results.append(await _one_run(opts, servers, workdir, CLAIM_COMPLETE, ON, {}))
+    results.append(await _one_run(opts, servers, workdir, WITH_PARKED, ON, {}))
     return results
