@@ -1,5 +1,6 @@
 """deploy/kubernetes, checked offline: every overlay renders with kustomize, every object
-validates strictly against the Kubernetes API schemas, and the rendered manifests keep
+validates strictly against the Kubernetes API schemas (a CloudNativePG Cluster against
+the part of its schema kept beside this test), and the rendered manifests keep
 the properties the gateway depends on (timeouts that nest, real probe paths, settings
 the gateway reads, a locked-down pod, room for disruptions)."""
 
@@ -10,6 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -21,7 +23,11 @@ from tests.support.ci import unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 KUSTOMIZE = ROOT / "deploy" / "kubernetes"
-OVERLAYS = ("dev", "prod")
+OVERLAYS = ("dev", "prod", "ha")
+# Kinds of operators the cluster must run, validated against schemas kept here, not
+# the Kubernetes API's (kubernetes_validate knows only the core kinds).
+CNPG_CLUSTER = "postgresql.cnpg.io/v1"
+CNPG_SCHEMA = Path(__file__).with_name("cnpg-cluster.schema.yaml")
 # The oldest API the manifests need (the preStop sleep action), and a recent one.
 SCHEMA_VERSIONS = ("1.30.0", "1.34.0")
 SECRET_NAMES = {"DATABASE_URL", "REDIS_URL", "GATEWAY_ADMIN_TOKEN"}
@@ -111,7 +117,8 @@ def test_renders(name: str) -> None:
 @pytest.mark.parametrize("version", SCHEMA_VERSIONS)
 def test_validates_strictly(name: str, version: str) -> None:
     for obj in render(name):
-        kubernetes_validate.validate(obj, version, strict=True)
+        if obj["apiVersion"] != CNPG_CLUSTER:
+            kubernetes_validate.validate(obj, version, strict=True)
 
 
 def test_strict_validation_refuses_an_unknown_field() -> None:
@@ -304,3 +311,35 @@ def test_migration_job_runs_migrate_with_the_server_image(name: str) -> None:
     assert container["image"] == server(objects)["image"]
     assert not container["image"].endswith(":latest") and ":" in container["image"]
     assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+
+
+def cnpg_schema() -> Obj:
+    schema: Obj = yaml.safe_load(CNPG_SCHEMA.read_text())
+    return schema
+
+
+def test_the_ha_postgres_cluster_validates_and_a_misspelt_field_does_not() -> None:
+    cluster = one(render("ha"), "Cluster")
+    jsonschema.validate(cluster, cnpg_schema())
+    misspelt = {**cluster, "spec": {**cluster["spec"], "instance": 3}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(misspelt, cnpg_schema())
+
+
+def test_the_ha_overlay_reaches_the_primary_and_loses_no_acknowledged_commit() -> None:
+    """Three instances, each commit acknowledged by a synchronous standby too (a
+    failover then loses no acknowledged enqueue), and the gateway and its migration
+    reaching the primary through the operator's `-rw` Service, whose URL is in the
+    Secret the operator makes for the application's owner."""
+    objects = render("ha")
+    cluster = one(objects, "Cluster")
+    assert cluster["spec"]["instances"] >= 3
+    sync = cluster["spec"]["postgresql"]["synchronous"]
+    assert sync["number"] >= 1 and sync.get("dataDurability", "required") == "required"
+    secret = f"{cluster['metadata']['name']}-app"
+    for where, spec in pod_specs(objects):
+        [url] = [v for v in spec["containers"][0]["env"] if v["name"] == "DATABASE_URL"]
+        assert url["valueFrom"]["secretKeyRef"] == {"name": secret, "key": "uri"}, where
+    # The Cluster's pods are not the gateway's: no selector of the gateway's picks them.
+    assert "app.kubernetes.io/name" not in (cluster["metadata"].get("labels") or {})
+    assert cluster["metadata"]["namespace"] == one(objects, "Deployment")["metadata"]["namespace"]
