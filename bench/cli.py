@@ -384,8 +384,7 @@ def parser() -> argparse.ArgumentParser:
         "--overload-compare-off",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="overload: run it again with admission control off, to show the collapse "
-        "(default: on)",
+        help="overload: run it again with shedding off, to show the collapse (default: on)",
     )
     p.add_argument(
         "--bulk-rows",

@@ -15,9 +15,11 @@ SAMPLE_CHARS = 300
 SCRAPE_SECONDS = 5.0
 
 
-# The problem code of a request the gateway refused before any work because its line
-# for a database connection was too long (load shedding), which the load retries.
-SHED_CODE = b'"database_busy"'
+# What names a request the gateway refused before any work because its line for a
+# database connection was too long (load shedding), which the load retries: the
+# setting in its problem's detail. A 503 database_busy after the whole acquire timeout
+# (a stalled Postgres) is not shedding, and stays a failure.
+SHED_CODE = b"GATEWAY_DB_QUEUE_BUDGET_MS"
 
 
 class Tally:

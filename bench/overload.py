@@ -9,9 +9,9 @@ misbehaving fleet would, so the gateway's refusals must be cheap. Beside wrk, a
 well-behaved client sends one enqueue at a time, every 20 ms, through its own
 connection: its 2xx latencies are what a client that gets in sees.
 
-Three loads, each with admission control as configured:
+Three loads, each with shedding as configured:
 
-- **enqueue**: single enqueues; run again with admission control off
+- **enqueue**: single enqueues; run again with shedding off
   (`GATEWAY_DB_QUEUE_BUDGET_MS` at its largest), which shows the collapse the targets
   catch: the overload's requests waiting until their client gives up, and the backlog
   still there once the overload ends;
@@ -46,7 +46,7 @@ PROBE_INTERVAL_SECONDS = 0.02
 # The well-behaved client's percentiles need at least this many 2xx answers.
 PROBE_MIN_SAMPLES = 20
 ADMISSION_OFF = {"GATEWAY_DB_QUEUE_BUDGET_MS": "600000"}
-ON, OFF = "admission control on", "admission control off"
+ON, OFF = "shedding on", "shedding off"
 ENQUEUE, CLAIM_COMPLETE, WITH_PARKED = "enqueue", "claim and complete", "enqueue, 2,000 parked"
 # The parked polls: their wait, the runtimes they spread over, and how late an answer
 # may come after its wait and still count as on time.

@@ -266,7 +266,7 @@ def evaluate(results: list[Result]) -> list[Row]:
 
 
 def _overload_rows(results: list[Result]) -> list[Row]:
-    """The overload scenario's targets, for each load with admission control on; the
+    """The overload scenario's targets, for each load with shedding on; the
     enqueue load's run with it off is shown beside its rows (it shows what the targets
     catch). With parked polls, every poll must be answered by its deadline."""
     specs = [
@@ -283,7 +283,7 @@ def _overload_rows(results: list[Result]) -> list[Row]:
             value = None if on is None else on.numbers.get(key)
             shown = "not measured" if value is None else f"{_fmt(value, 3)}"
             if off is not None and off.numbers.get(key) is not None:
-                shown += f"; admission control off: {_fmt(off.numbers[key], 3)}"
+                shown += f"; shedding off: {_fmt(off.numbers[key], 3)}"
             rows.append(Row(f"overload ({load}): {title}", value, op, bound, shown))
     parked = find(results, "overload", f"{WITH_PARKED}, {ON}")
     late = None if parked is None else parked.numbers.get("parked_late_share")

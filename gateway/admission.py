@@ -16,9 +16,10 @@ that are let in are served at the unloaded pace.
   refused when that exceeds GATEWAY_DB_QUEUE_BUDGET_MS; the line it may join is
   shown as `gateway_db_queue_limit`.
 - **Priorities.** Releases (completes, fails, heartbeats, releases, batch acknowledgements,
-  and the gateway's own background work: the janitor, giving back undelivered leases) free
-  work and keep leases alive: they go before any waiting work, and are refused only when
-  no connection comes free within GATEWAY_DB_ACQUIRE_TIMEOUT_MS, as before.
+  and the gateway's own work: the janitor, giving back undelivered leases, loading a
+  token) free work and keep leases alive, and an operator's controls, the probes and the
+  metrics must work when they are needed most: they go before any waiting work, and are
+  refused only when no connection comes free within GATEWAY_DB_ACQUIRE_TIMEOUT_MS.
 - What a request is, the HTTP layer says (`priority`, a context variable, set per
   endpoint); a task started by a request inherits it. Outside a request (background
   work) it is RELEASE.
@@ -107,12 +108,17 @@ class Admission:
             return 0.0
         return (self._ahead(wanted) + 1) / self._slots * self._hold_ms()
 
+    def crowded(self) -> bool:
+        """True when work arriving now would wait past its budget: `acquire` would
+        refuse it."""
+        return self.expected_wait_ms(Priority.WORK) > self._budget_ms
+
     def refuse_early(self) -> None:
         """Raise the refusal `acquire` would give work now, if it would: called when a
         request of work arrives, before its body is read or its token checked, so that
         under a flood a refusal costs little of what serving would. (`acquire` decides
         again when the request reaches the database.)"""
-        if self.expected_wait_ms(Priority.WORK) > self._budget_ms:
+        if self.crowded():
             self._metrics.shed.labels("database_queue").inc()
             raise self._shed()
 

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from ..admission import releasing
 from ..api.credential_bodies import Scope
 from ..errors import Forbidden, Unauthorized
 from ..settings import Settings
@@ -153,7 +154,10 @@ class LocalCache(Generic[K, V]):
         # The age counts from before the read, so a slow read cannot stretch it.
         expires = self._clock() + self.ttl_seconds
         try:
-            value = await load(key)
+            # Shared by every request of the key, whatever their kind: a load is never
+            # shed for one of them (gateway/admission.py), nor fails the others with it.
+            with releasing():
+                value = await load(key)
         finally:
             self._loading.pop(key, None)
         self._entries[key] = (expires, value)

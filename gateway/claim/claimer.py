@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
+from ..admission import releasing
 from ..api.requests import ClaimRequest
 from ..errors import CacheUnavailable, Draining, Overloaded, StoreUnavailable
 from ..metrics import Metrics
@@ -270,7 +271,8 @@ class Claimer:
         janitor takes them back."""
         try:
             held = [(t.id, t.lease_id) for t in tasks if t.lease_id is not None]
-            await self._store.unclaim([i for i, _ in held], [lease for _, lease in held])
+            with releasing():  # it frees work: never shed (gateway/admission.py)
+                await self._store.unclaim([i for i, _ in held], [lease for _, lease in held])
         except StoreUnavailable:
             log.warning("could not give back %d undelivered leases", len(tasks))
         else:

@@ -46,6 +46,11 @@ class ClaimStore(Protocol):
         while `lease_ids` still holds it; idempotent. Returns the ids given back."""
         ...
 
+    def crowded(self) -> bool:
+        """True when a claim arriving now would be refused for the database's line
+        (gateway/admission.py)."""
+        ...
+
     def connection_free(self) -> bool:
         """True when a statement would not wait for a connection (a hint: sync match
         holds a parked poll for the enqueue's statement only when it is)."""

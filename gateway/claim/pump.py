@@ -209,6 +209,12 @@ class Pumps:
                     outcomes = await self._apply(runtime_id, carried)
                     limited = await self._controls.claim(runtime_id, worker_ids, lease_seconds)
                     rows, due_in, hold = limited.rows, limited.due_in, limited.held
+                elif carried and self._store.crowded():
+                    # The database's line is full: the completes go in as completes do,
+                    # and the claim waits, or is shed, as claims are; never one
+                    # lifted past the line by the other.
+                    outcomes = await self._apply(runtime_id, carried)
+                    rows, due_in = await self._store.claim(runtime_id, worker_ids, lease_seconds)
                 elif carried:
                     # The completes it carries free work: the statement queues as they would.
                     with releasing():

@@ -66,12 +66,19 @@ class Endpoint:
 
     @property
     def priority(self) -> Priority:
-        """Its place in the line for a database connection (gateway/admission.py): the
-        operations on claimed tasks (complete, fail, heartbeat, release, one or many)
-        free work and keep leases alive, so they go before the rest."""
-        if self.scope is Scope.CLAIM and self.target in (Target.TASK, Target.TASKS):
-            return Priority.RELEASE
-        return Priority.WORK
+        """Its place in the line for a database connection (gateway/admission.py). Work
+        (enqueues, signed webhooks, claims, reads) waits behind the rest and is shed
+        under overload. Before it: the operations on claimed tasks (complete, fail,
+        heartbeat, release, one or many), which free work and keep leases alive; an
+        operator's controls and administration, which must work when they are needed
+        most; and the probes and metrics, which must not fail a pod that is only busy."""
+        if self.scope in (Scope.ENQUEUE, Scope.READ):
+            return Priority.WORK
+        if self.scope is Scope.CLAIM:
+            return Priority.WORK if self.target is Target.RUNTIME else Priority.RELEASE
+        if self.scope is None and self.target is Target.RUNTIME:  # signed webhooks
+            return Priority.WORK
+        return Priority.RELEASE
 
     @property
     def refused_early(self) -> bool:

@@ -145,6 +145,12 @@ class StoreBase:
         idle: int = pool.get_idle_size()
         return idle > 0 or pool.get_size() < pool.get_max_size()
 
+    def crowded(self) -> bool:
+        """True when work (an enqueue, a claim, a read) arriving now would be shed
+        (gateway/admission.py): a hint, for the claim pump to keep the completes a claim
+        carries apart from a claim that would be refused."""
+        return self._admission.crowded()
+
     def refuse_early(self) -> None:
         """Raise DatabaseBusy now if a request of work arriving now would be shed when it
         reached the database (gateway/admission.py), so that it is refused before any

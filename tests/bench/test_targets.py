@@ -272,7 +272,7 @@ def test_overload_is_judged_with_admission_control_on_and_off_is_shown_beside() 
     )
     goodput = rows["overload (enqueue): work done/s under 2,000 connections vs before"]
     assert (goodput.value, goodput.verdict) == (0.95, "PASS")
-    assert "admission control off: 0.500" in goodput.shown
+    assert "shedding off: 0.500" in goodput.shown
     assert rows["overload (enqueue): accepted p99 vs before"].verdict == "PASS"  # 4x
     assert rows["overload (enqueue): share of requests reaching the 2 s timeout"].verdict == "PASS"
     after = rows["overload (enqueue): p99 after the overload vs before"]

@@ -84,6 +84,10 @@ async def test_work_is_refused_at_once_while_a_complete_waits_and_goes_first(
             resp = await gw.http.post(f"{gw.url}{tasks}", data=b"{not json", headers=AUTH)
             assert resp.status == 503 and (await resp.json())["code"] == "database_busy"
             assert time.monotonic() - started < 2.0  # at once, not after the 10 s timeout
+            # The probes and the metrics are never shed: a busy pod is not a dead one.
+            for path in ("/healthz", "/metrics"):
+                resp = await gw.http.get(f"{gw.url}{path}", headers=AUTH)
+                assert resp.status == 200, (path, await resp.text())
             assert sample(gw, "gateway_shed_total", reason="database_queue") >= 2
             complete = asyncio.create_task(
                 post(

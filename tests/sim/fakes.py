@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from gateway.errors import StoreUnavailable
+from gateway.errors import LeaseLost, NotFound, StoreUnavailable
 from gateway.redis.keys import runtime_of_channel
 from gateway.redis.verdict import BUMP_AND_PUBLISH_SCRIPT, PUBLISH_ALL_SCRIPT, RENEW_SCRIPT
-from gateway.rows import Leased, TaskRow
+from gateway.rows import CarriedCompletes, ItemResult, Leased, TaskRow
 
 T = TypeVar("T")
 
@@ -126,8 +126,38 @@ class FakeStore:
             raise StoreUnavailable("injected: the connection died after the commit")
         return rows, due_in
 
+    async def claim_acked(
+        self,
+        runtime_id: str,
+        worker_ids: Sequence[str],
+        lease_seconds: Sequence[float],
+        completes: CarriedCompletes,
+    ) -> tuple[list[Leased], float | None, list[ItemResult]]:
+        """claim, after completing each carried task its lease holds, in one step (the
+        real statement's one commit): a fault fails both. Runtime patterns are not
+        modelled (the simulation's claims carry no completes of foreign runtimes)."""
+        if self.faults and self.faults[0] == "before":
+            await self.claim(runtime_id, worker_ids, lease_seconds)  # fails: nothing applied
+        outcomes = []
+        for task_id, lease_id in zip(completes.task_ids, completes.lease_ids, strict=True):
+            task = self.tasks.get(task_id)
+            if task is None:
+                outcomes.append(ItemResult(task_id, None, None, NotFound(f"no task {task_id}")))
+            elif self.finish(task_id, lease_id, None):
+                outcomes.append(ItemResult(task_id, task.runtime_id, "completed"))
+            else:
+                lost = LeaseLost(
+                    f"lease {lease_id} does not hold {task_id}", task_status=task.status
+                )
+                outcomes.append(ItemResult(task_id, task.runtime_id, task.status, lost))
+        rows, due_in = await self.claim(runtime_id, worker_ids, lease_seconds)
+        return rows, due_in, outcomes
+
     def connection_free(self) -> bool:
         return True  # no pool: a statement never waits for a connection
+
+    def crowded(self) -> bool:
+        return False  # no line for connections: nothing is shed for it
 
     async def unclaim(
         self, task_ids: Sequence[uuid.UUID], lease_ids: Sequence[uuid.UUID]

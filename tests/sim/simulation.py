@@ -14,7 +14,7 @@ from typing import Any
 
 from gateway.api.requests import ClaimRequest
 from gateway.claim.claimer import Claimer
-from gateway.claim.waiters import Departure
+from gateway.claim.waiters import Carried, Departure
 from gateway.errors import CacheUnavailable, GatewayError, Overloaded, StoreUnavailable
 from gateway.metrics import Metrics
 from gateway.redis.breaker import CircuitBreaker
@@ -90,7 +90,10 @@ def generate(seed: int, steps: int = 40) -> list[tuple[Any, ...]]:
         elif roll < 0.45:
             wait = 0.0 if rng.random() < 0.15 else round(rng.uniform(0.5, 60.0), 3)
             gone = round(rng.uniform(0.0, 5.0), 3) if rng.random() < 0.1 else None
-            ops.append(("poll", rt, rng.choice((1, 1, 2, 3)), wait, rng.choice((5, 60)), gone))
+            carry = rng.choice((0, 0, 0, 1, 2))  # held tasks whose completes it carries
+            ops.append(
+                ("poll", rt, rng.choice((1, 1, 2, 3)), wait, rng.choice((5, 60)), gone, carry)
+            )
         elif roll < 0.55:
             retry_in = rng.choice((None, 0.0, 2.5, 12.0))
             via = "other" if remote else rng.choice(("here", "other"))
@@ -206,7 +209,13 @@ class World:
                 await self.others.wake([r for r in claimable if r not in stale])
 
     async def poll(
-        self, rt: str, max_tasks: int, wait: float, lease: int, gone: float | None
+        self,
+        rt: str,
+        max_tasks: int,
+        wait: float,
+        lease: int,
+        gone: float | None,
+        carry: int = 0,
     ) -> None:
         p = Poll(rt, now(), now() + wait)
         self.polls.append(p)
@@ -216,8 +225,11 @@ class World:
         req = ClaimRequest(
             worker_id="w", max_tasks=max_tasks, wait_seconds=wait, lease_seconds=lease
         )
+        carried = self.carry(carry)
+        failed = True
         try:
-            rows = await self.claimer.claim(rt, req, disconnected)
+            rows = await self.claimer.claim(rt, req, disconnected, carried)
+            failed = False
         except (StoreUnavailable, Overloaded) as exc:
             # Answered with an error (503, 429): allowed only for what was put in.
             expected = (
@@ -232,6 +244,8 @@ class World:
             self.violations.append(f"poll on {rt} failed: {exc!r}")
             rows = []
         self.check(when="answer")
+        if carried is not None:
+            self.check_carried(carried, failed or bool(disconnected and disconnected.is_set()))
         p.done = now()
         if disconnected is not None and disconnected.is_set() and rows:
             await self.claimer.give_back(rt, [r.task for r in rows])  # as daemon_routes.py does
@@ -241,6 +255,35 @@ class World:
             task = self.store.tasks[row.task.id]
             self.held.append(Held(task.id, row.task.lease_id, task.lease_expires_at))
         self.check(when="delivery")
+
+    def carry(self, n: int) -> Carried | None:
+        """The completes of up to `n` held tasks, for a poll to carry (as a worker's
+        next claim carries the tasks it finished); they are no longer held."""
+        live = [h for h in self.held if not h.done][:n]
+        if not live:
+            return None
+        for h in live:
+            h.done = True
+        ids = [h.task_id for h in live]
+        return Carried(ids, [h.lease_id for h in live], [None] * len(ids), None, list)
+
+    def check_carried(self, carried: Carried, failed_or_left: bool) -> None:
+        """A poll answered without an error has its carried completes applied (their
+        outcomes in its answer), each completed one completed in the store."""
+        outcomes = carried.answer
+        if outcomes is None:
+            if not failed_or_left:
+                self.violations.append(
+                    f"t={now():.4f} a poll answered with its completes unapplied"
+                )
+            return
+        assert isinstance(outcomes, list)
+        for outcome in outcomes:
+            if outcome.error is None and self.store.tasks[outcome.task_id].status != "completed":
+                self.violations.append(
+                    f"t={now():.4f} task {outcome.task_id} answered completed, but is "
+                    f"{self.store.tasks[outcome.task_id].status}"
+                )
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

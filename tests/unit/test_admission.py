@@ -111,3 +111,48 @@ async def test_a_wait_ends_at_the_timeout_and_a_cancelled_wait_loses_no_slot() -
 
 def test_outside_a_request_the_gateways_own_work_goes_first() -> None:
     assert priority.get() is Priority.RELEASE
+
+
+def test_each_endpoint_has_its_place_in_the_line() -> None:
+    """Work (enqueues, webhooks, reads) is shed, on arrival; the claim is work but never
+    refused on arrival (an empty verdict needs no database); operations on claimed tasks,
+    an operator's controls and administration, the probes and the metrics go first and
+    are never shed."""
+    from gateway.http.routes import ENDPOINTS
+
+    place = {(e.method, e.path): (e.priority, e.refused_early) for e in ENDPOINTS}
+    work, first = (Priority.WORK, True), (Priority.RELEASE, False)
+    for path in ("/v1/runtimes/{rt}/tasks", "/v1/runtimes/{rt}/tasks:batch"):
+        assert place["POST", path] == work
+    assert place["POST", "/v1/runtimes/{rt}/webhooks"] == work
+    assert place["GET", "/v1/tasks/{task_id}"] == work
+    assert place["GET", "/v1/runtimes/{rt}/stats"] == work
+    assert place["POST", "/v1/runtimes/{rt}/claim"] == (Priority.WORK, False)
+    for op in ("complete", "fail", "heartbeat", "release"):
+        assert place["POST", f"/v1/tasks/{{task_id}}/{op}"] == first
+    for op in ("complete", "fail", "heartbeat"):
+        assert place["POST", f"/v1/tasks:{op}"] == first
+    for path in ("/healthz", "/readyz", "/metrics", "/openapi.json", "/v1/admin/tokens"):
+        assert place["GET", path] == first
+    controls = [key for key in place if key[1].endswith((":pause", ":resume"))]
+    assert controls and all(place[key] == first for key in controls)
+
+
+async def test_a_token_is_loaded_as_a_release_whoever_asks_first() -> None:
+    """One load serves every request of the token, of whatever kind: it is never shed
+    for the first one's sake (and never fails a complete with it)."""
+    from gateway.auth.principals import LocalCache
+
+    seen: list[Priority] = []
+
+    async def load(key: str) -> str:
+        seen.append(priority.get())
+        return key
+
+    cache: LocalCache[str, str] = LocalCache(60.0, 10)
+    token = priority.set(Priority.WORK)
+    try:
+        assert await cache.get("k", load) == "k"
+    finally:
+        priority.reset(token)
+    assert seen == [Priority.RELEASE]

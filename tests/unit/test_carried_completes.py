@@ -1,17 +1,25 @@
 """How a claim pump gathers the completes its claims carry into one statement
 (gateway/claim/pump.py): a claim whose completes name a task an earlier claim's do, or
 would take the statement past CARRIED_MAX, waits for the next statement; each item goes
-with its own claim's runtime patterns; and each claim gets back exactly its own items'
-outcomes, in order."""
+with its own claim's runtime patterns; each claim gets back exactly its own items'
+outcomes, in order; and against the database's line (gateway/admission.py), the
+completes go as completes do, while the claim never jumps the line with them."""
 
 from __future__ import annotations
 
 import uuid
+from types import SimpleNamespace
+from typing import Any
 
+from gateway.admission import Priority, priority
 from gateway.api.requests import ClaimRequest
+from gateway.claim.claimer import Claimer
 from gateway.claim.pump import CARRIED_MAX, _fit, _merged, _share
 from gateway.claim.waiters import Carried, Waiter
+from gateway.metrics import Metrics
 from gateway.rows import ItemResult
+from gateway.settings import Settings
+from tests.sim.fakes import FakeWakeChannels
 
 
 def waiter(ids: list[uuid.UUID] | None, runtimes: tuple[str, ...] | None = None) -> Waiter:
@@ -64,3 +72,90 @@ def test_each_item_carries_its_claims_patterns_and_each_claim_gets_its_own_outco
     outcomes = [ItemResult(i, "rt", s) for i, s in zip(merged.task_ids, "xyz", strict=True)]
     _share([one, two], outcomes)
     assert one.carried.answer == ["x", "y"] and two.carried.answer == ["z"]
+
+
+# -- where the completes go, against the database's line (gateway/admission.py) ----------
+
+
+class LineStore:
+    """A store that records each statement, with the priority it was sent at."""
+
+    def __init__(self, crowded: bool) -> None:
+        self.is_crowded = crowded
+        self.sent: list[tuple[str, int, int, Priority]] = []
+
+    def crowded(self) -> bool:
+        return self.is_crowded
+
+    def connection_free(self) -> bool:
+        return True
+
+    async def claim(self, runtime_id: str, workers: Any, leases: Any) -> Any:
+        self.sent.append(("claim", len(workers), 0, priority.get()))
+        return [], None
+
+    async def claim_acked(self, runtime_id: str, workers: Any, leases: Any, completes: Any) -> Any:
+        n = len(completes.task_ids)
+        self.sent.append(("claim_acked", len(workers), n, priority.get()))
+        return [], None, [ItemResult(i, runtime_id, "completed") for i in completes.task_ids]
+
+    async def unclaim(self, task_ids: Any, lease_ids: Any) -> list[uuid.UUID]:
+        self.sent.append(("unclaim", 0, len(task_ids), priority.get()))
+        return list(task_ids)
+
+
+class NoCache:
+    healthy = True
+
+    def keys(self, runtime_id: str) -> Any:
+        return SimpleNamespace(wake=f"wake:{runtime_id}")
+
+    async def bump(self, runtime_id: str) -> str:
+        return "1"
+
+    async def ping(self) -> bool:
+        return True
+
+
+def claimer(store: LineStore) -> Claimer:
+    settings = Settings(cache_enabled=False)
+    return Claimer(store, NoCache(), FakeWakeChannels("t"), settings, Metrics())  # type: ignore[arg-type]
+
+
+async def claim_carrying(store: LineStore) -> Carried:
+    carried = waiter([uuid.uuid4()]).carried
+    assert carried is not None
+    token = priority.set(Priority.WORK)  # as the claim's request runs
+    try:
+        await claimer(store).claim("rt", ClaimRequest("w", 1, 0.0, 60), None, carried)
+    finally:
+        priority.reset(token)
+    return carried
+
+
+async def test_completes_ride_in_the_claim_while_the_line_is_short() -> None:
+    store = LineStore(crowded=False)
+    carried = await claim_carrying(store)
+    assert carried.answer == ["completed"]
+    # One statement for both: as a release, since its completes free work.
+    assert store.sent == [("claim_acked", 1, 1, Priority.RELEASE)]
+
+
+async def test_a_claim_whose_line_is_full_is_not_lifted_past_it_by_its_completes() -> None:
+    """The completes go in alone, as completes do; the claim then queues (or is shed)
+    as a claim, at the priority of work."""
+    store = LineStore(crowded=True)
+    carried = await claim_carrying(store)
+    assert carried.answer == ["completed"]
+    assert store.sent == [("claim_acked", 0, 1, Priority.RELEASE), ("claim", 1, 0, Priority.WORK)]
+
+
+async def test_leases_given_back_are_released_first_whoever_gives_them_back() -> None:
+    store = LineStore(crowded=True)
+    task = SimpleNamespace(id=uuid.uuid4(), lease_id=uuid.uuid4())
+    token = priority.set(Priority.WORK)
+    try:
+        await claimer(store).give_back("rt", [task])  # type: ignore[list-item]
+    finally:
+        priority.reset(token)
+    assert store.sent == [("unclaim", 0, 1, Priority.RELEASE)]

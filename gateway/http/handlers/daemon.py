@@ -74,9 +74,11 @@ async def claim(request: Request, gw: Gateway, principal: Principal | None = Non
         await gw.claimer.give_back(runtime_id, [row.task for row in rows])
         return Response(status_code=CLIENT_LEFT)
     if carried is not None:
-        if carried.answer is None and gone.is_set():
-            return Response(status_code=CLIENT_LEFT)  # left before its completes went in
         entries = await _carried_entries(gw, carried)
+        if gone.is_set():
+            # It left before its completes went in: they are applied all the same (its
+            # worker finished those tasks), though nobody reads their outcomes.
+            return Response(status_code=CLIENT_LEFT)
     if entries is not None:
         held = None if rows else gw.claimer.held_seconds(runtime_id)
         tasks = await _deliverable(gw, rows) if rows else []
