@@ -67,18 +67,20 @@ async def test_work_past_its_budget_is_refused_at_once_releases_wait() -> None:
 
 
 async def test_nothing_is_refused_while_the_line_is_short() -> None:
-    line = admission(slots=4, budget_ms=100.0)
-    line.hold_ms = 5.0
+    line = admission(slots=4, budget_ms=5_000.0)
+    line.hold_ms = 50.0
     held = [await line.acquire() for _ in range(4)]
     waiting = [asyncio.create_task(take(line, Priority.WORK, [], str(i))) for i in range(40)]
     await asyncio.sleep(0)
-    # 40 waiters x 5 ms / 4 slots = 50 ms: all within the budget.
+    # 40 waiters x 50 ms / 4 slots = 500 ms: all within the budget (and so they stay
+    # however slowly a loaded machine runs this: the current holds would have to be
+    # older than half a second).
     assert not any(w.done() for w in waiting)
     for granted in held:
         line.release(granted)
     for w in waiting:
         line.release(await w)
-    assert line.queue_limit() == pytest.approx(100.0 / line.hold_ms * 4)
+    assert line.queue_limit() == pytest.approx(5_000.0 / line.hold_ms * 4)
 
 
 async def test_a_wait_ends_at_the_timeout_and_a_cancelled_wait_loses_no_slot() -> None:
