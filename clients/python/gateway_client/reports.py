@@ -37,12 +37,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from .backoff import Backoff
-from .errors import GatewayError, LeaseLost, NotFound
+from .errors import DatabaseBusy, Draining, GatewayError, LeaseLost, NotFound, Overloaded
 from .failure import TaskFailed, format_error
 from .models import Claimed, Completion, Failure, Task
 from .options import WorkerOptions
 from .runs import Interrupt, Outcome, Running
 from .transport import BatchCalls, Transport, describe, log
+
+# Refusals that come before the gateway does anything: a report refused so was not
+# applied.
+APPLIED_NOTHING = (Overloaded, DatabaseBusy, Draining)
 
 # A report (complete, fail, release) is retried this long at most after a failure.
 REPORT_RETRY_SECONDS = 30.0
@@ -189,8 +193,10 @@ class Reporter:
         )
         return Outcome.FAILED, item
 
-    async def _report_single(self, run: Running) -> tuple[Outcome, str]:
-        """_report's single call (complete, fail or release), retried for a while."""
+    async def _report_single(self, run: Running, sent_before: bool = False) -> tuple[Outcome, str]:
+        """_report's single call (complete, fail or release), retried for a while.
+        `sent_before`: the report went out already (with a claim) and may have been
+        applied, its answer lost."""
         outcome, call = self._outcome(run)
         backoff = Backoff(base_seconds=0.2, cap_seconds=5.0)
         deadline = time.monotonic() + REPORT_RETRY_SECONDS
@@ -199,11 +205,24 @@ class Reporter:
                 answer = await call()
                 return outcome, answer.status
             except (LeaseLost, NotFound):
+                if sent_before:
+                    # A complete sent again is answered `completed` again; a fail or a
+                    # release is not: the first send most likely applied it.
+                    log.info(
+                        "task=%s %s: an earlier send whose answer was lost most likely "
+                        "applied it (the lease no longer holds the task)",
+                        run.task.id,
+                        outcome,
+                    )
+                    return outcome, "unknown"
                 return Outcome.LEASE_LOST, "-"
             except GatewayError as exc:
                 if not exc.retryable or time.monotonic() > deadline or self._forced.is_set():
                     log.error("task=%s %s not reported: %s", run.task.id, outcome, describe(exc))
                     return Outcome.UNREPORTED, "-"
+                # Refused before any work (overload, a shed request, shutdown), it did
+                # nothing; any other failure may have come after the gateway applied it.
+                sent_before = sent_before or not isinstance(exc, APPLIED_NOTHING)
                 await asyncio.sleep(backoff.next_delay(exc.retry_after_seconds))
 
     # -- carried by a claim --------------------------------------------------------
@@ -230,17 +249,18 @@ class Reporter:
             if not report.done.done():
                 report.done.set_result(outcome)
 
-    def send_apart(self, reports: list[Report]) -> None:
+    def send_apart(self, reports: list[Report], sent_before: bool = False) -> None:
         """Sends each report on its own (retried for a while, as any report), for those
-        a claim did not carry to an answer."""
+        a claim did not carry to an answer. `sent_before`: that claim went out and got
+        no answer, so it may have applied them."""
         for report in reports:
-            job = asyncio.create_task(self._report_apart(report))
+            job = asyncio.create_task(self._report_apart(report, sent_before))
             self._apart.add(job)
             job.add_done_callback(self._apart.discard)
 
-    async def _report_apart(self, report: Report) -> None:
+    async def _report_apart(self, report: Report, sent_before: bool) -> None:
         try:
-            outcome = await self._report_single(report.run)
+            outcome = await self._report_single(report.run, sent_before)
         except Exception as exc:  # an answer this client cannot read: never hang
             log.error("task=%s not reported: %s", report.run.task.id, describe(exc))
             outcome = (Outcome.UNREPORTED, "-")

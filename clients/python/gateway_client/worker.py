@@ -37,7 +37,7 @@ from .backoff import Backoff
 from .heartbeats import Heartbeats
 from .models import Claimed, Completion, Failure, Task
 from .options import WorkerOptions
-from .reports import Report, Reporter
+from .reports import APPLIED_NOTHING, Report, Reporter
 from .runs import Interrupt, Outcome, Running, interrupt
 from .transport import BatchCalls, Handler, Transport, describe, log
 
@@ -180,7 +180,9 @@ class Worker:
             try:
                 tasks = claim.result()
             except Exception as exc:
-                self._reporter.send_apart(reports)
+                # A claim refused before any work applied none of its reports; any other
+                # failure may have come after the gateway applied them.
+                self._reporter.send_apart(reports, not isinstance(exc, APPLIED_NOTHING))
                 delay = self._backoff.next_delay(getattr(exc, "retry_after_seconds", None))
                 log.warning(
                     "runtime=%s claim failed (%s); retrying in %.2fs",

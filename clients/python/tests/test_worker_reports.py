@@ -131,3 +131,32 @@ async def run_until_true(condition: Any, within: float = 5.0) -> None:
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "condition not reached"
         await asyncio.sleep(0.01)
+
+
+class LosingGateway(FakeGateway):
+    """Applies the next claim, reports and all, then loses its answer."""
+
+    lose = 1
+
+    async def claim(self, runtime: str, worker_id: str, **args: Any) -> Claimed:
+        claimed = await super().claim(runtime, worker_id, **args)
+        if self.lose and (args.get("complete") or args.get("fail")):
+            self.lose -= 1
+            raise TransportError("the connection was cut after the gateway answered")
+        return claimed
+
+
+async def test_a_fail_whose_claims_answer_was_lost_is_not_counted_as_a_lost_lease():
+    """Sent again on its own, the fail finds the lease gone (its first send, with the
+    claim, applied it): it counts as failed, not as a lease lost."""
+    fake = LosingGateway()
+    (task,) = fake.add("x")
+
+    async def handler(t: Task) -> Any:
+        raise TaskFailed("wrong", retry=False)
+
+    w = worker(fake, handler)
+    await run_until(w, lambda: sum(w.outcomes.values()) == 1)
+    assert [c.args["fail"] for c in carried(fake)] == [[task.id]]  # applied, answer lost
+    assert [c.args["task_id"] for c in fake.named("fail")] == [task.id, task.id]
+    assert w.outcomes == {Outcome.FAILED: 1}
