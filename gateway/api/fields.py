@@ -37,6 +37,10 @@ class Kind(enum.Enum):
     JSON = "json"  # any JSON value, stored: depth- and size-checked; a required one may be null
     ARRAY = "array"  # a list of min_items to max_items `items` objects, read by the caller
 
+    # A member is its own key: Enum's __hash__ hashes the name in Python code, and every
+    # field read looks its reader up by kind.
+    __hash__ = object.__hash__
+
 
 @dataclass(frozen=True)
 class Setting:

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from ..errors import BadRequest, PayloadTooLarge, ValidationFailed
 from ..rows import ControlsChange
@@ -176,16 +176,74 @@ class ClaimRequest:
 def parse_claim(
     body: Mapping[str, Any], max_wait_seconds: float, default_lease_seconds: int
 ) -> ClaimRequest:
-    spec = CLAIM_BODY
+    plain = _plain_claim(body, max_wait_seconds, default_lease_seconds)
+    if plain is not None:
+        return plain
+    return claim_by_fields(body, max_wait_seconds, default_lease_seconds)
+
+
+def claim_by_fields(
+    body: Mapping[str, Any], max_wait_seconds: float, default_lease_seconds: int
+) -> ClaimRequest:
+    """parse_claim through CLAIM_BODY's fields alone: every body, each error naming its
+    field. parse_claim answers the same, faster for the usual body."""
     limits = {"max_wait_seconds": max_wait_seconds, "default_lease_seconds": default_lease_seconds}
-    worker_id = spec["worker_id"].read(body, limits)
-    wait = spec["wait_seconds"].read(body, limits)
+    worker_id = _CLAIM_WORKER_ID.read(body, limits)
+    wait = _CLAIM_WAIT_SECONDS.read(body, limits)
     return ClaimRequest(
         worker_id=worker_id,
-        max_tasks=spec["max_tasks"].read(body, limits),
+        max_tasks=_CLAIM_MAX_TASKS.read(body, limits),
         wait_seconds=wait or 0.0,
-        lease_seconds=spec["lease_seconds"].read(body, limits),
+        lease_seconds=_CLAIM_LEASE_SECONDS.read(body, limits),
     )
+
+
+def _plain_claim(
+    body: Mapping[str, Any], max_wait_seconds: float, default_lease_seconds: int
+) -> ClaimRequest | None:
+    """The claim most daemons send, read as CLAIM_BODY's fields read it but without
+    their machinery (every poll comes here): a worker_id that is a plain string within
+    its rules, and wait_seconds, max_tasks and lease_seconds left out or plain numbers
+    within their bounds. None for anything else (a float max_tasks, an error): the
+    fields then read the body, and refuse it naming the field."""
+    worker_id = body.get("worker_id")
+    if (
+        type(worker_id) is not str
+        or not worker_id
+        or len(worker_id) > _MAX_WORKER_ID
+        or "\x00" in worker_id
+    ):
+        return None
+    wait = body.get("wait_seconds")
+    if wait is None:
+        wait = 0.0
+    elif type(wait) not in (int, float) or not 0 <= wait <= max_wait_seconds:
+        return None
+    max_tasks = body.get("max_tasks")
+    if max_tasks is None:
+        max_tasks = _DEFAULT_MAX_TASKS
+    elif type(max_tasks) is not int or not _MIN_MAX_TASKS <= max_tasks <= _MAX_MAX_TASKS:
+        return None
+    lease = body.get("lease_seconds")
+    if lease is None:
+        lease = default_lease_seconds
+    if type(lease) is not int or not _MIN_LEASE <= lease <= _MAX_LEASE:
+        return None
+    return ClaimRequest(worker_id, max_tasks, float(wait) or 0.0, lease)
+
+
+# Looked up once: a Body finds a field by name in a list, and every poll reads these.
+_CLAIM_WORKER_ID = CLAIM_BODY["worker_id"]
+_CLAIM_WAIT_SECONDS = CLAIM_BODY["wait_seconds"]
+_CLAIM_MAX_TASKS = CLAIM_BODY["max_tasks"]
+_CLAIM_LEASE_SECONDS = CLAIM_BODY["lease_seconds"]
+# Their rules, for _plain_claim; fixed numbers, as the fields declare them.
+_MAX_WORKER_ID = int(_CLAIM_WORKER_ID.max_length or 0)
+_DEFAULT_MAX_TASKS = int(_CLAIM_MAX_TASKS.default)
+_MIN_MAX_TASKS = int(cast(int, _CLAIM_MAX_TASKS.minimum))
+_MAX_MAX_TASKS = int(cast(int, _CLAIM_MAX_TASKS.maximum))
+_MIN_LEASE = int(cast(int, _CLAIM_LEASE_SECONDS.minimum))
+_MAX_LEASE = int(cast(int, _CLAIM_LEASE_SECONDS.maximum))
 
 
 def parse_lease_id(body: Mapping[str, Any]) -> uuid.UUID:

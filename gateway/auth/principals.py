@@ -166,6 +166,15 @@ class LocalCache(Generic[K, V]):
             self._entries.popitem(last=False)
         return value
 
+    def peek(self, key: K) -> tuple[bool, V | None]:
+        """(True, value) when `key` holds a live entry, as `get` would answer it without
+        loading; (False, None) otherwise."""
+        entry = self._entries.get(key)
+        if entry is None or entry[0] <= self._clock():
+            return False, None
+        self._entries.move_to_end(key)
+        return True, entry[1]
+
     def clear(self) -> None:
         """Forget every entry (a load under way still stores its answer)."""
         self._entries.clear()
@@ -186,6 +195,21 @@ class Authenticator:
         self.cache: LocalCache[bytes, Principal | None] = LocalCache(
             TOKEN_CACHE_TTL_SECONDS, TOKEN_CACHE_ENTRIES
         )
+
+    def known(self, authorization: str | None) -> Principal | None:
+        """The caller when it is known without a lookup: authentication is off, the
+        admin token, or an issued token whose principal this process's cache holds.
+        None when `authenticate` must answer (a lookup, or a refusal). Raises
+        Unauthorized as `authenticate` does for a header that holds no bearer token.
+        Every request asks this first: most are answered here, with no coroutine."""
+        if not self.enabled:
+            return ADMIN
+        token = bearer_token(authorization)
+        if hmac.compare_digest(token.encode(), self._admin_token):
+            return ADMIN
+        if token.startswith(TOKEN_PREFIX) and len(token) <= MAX_TOKEN_CHARS:
+            return self.cache.peek(hash_token(token))[1]
+        return None
 
     async def authenticate(self, authorization: str | None) -> Principal:
         """The caller, or Unauthorized (401); StoreUnavailable (503) when an issued

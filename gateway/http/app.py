@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import BadRequest, MethodNotAllowed, NotFound
 from ..instance import Gateway
@@ -34,6 +34,15 @@ class GatewayApp(Starlette):
         stack = super().build_middleware_stack()
         assert self.request_log_metrics is not None  # set by create_app
         return RequestLog(stack, metrics=self.request_log_metrics)
+
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:  # type: ignore[override]
+        # Starlette's, but not a coroutine of its own: its frame would be one more per
+        # request to make, and one more that a parked poll holds for its whole wait.
+        scope["app"] = self
+        stack = self.middleware_stack
+        if stack is None:
+            stack = self.middleware_stack = self.build_middleware_stack()
+        return stack(scope, receive, send)
 
 
 # The order methods are listed in an Allow header.

@@ -9,10 +9,10 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive
+from starlette.types import ASGIApp, Message, Receive, Scope
 
 from ..api import decode
 from ..errors import GatewayError, PayloadTooLarge, problem_for
@@ -185,22 +185,54 @@ def problem_response(error: GatewayError, headers: Mapping[str, str] | None = No
     )
 
 
+def header_value(scope: Scope, name: bytes) -> str | None:
+    """The first value of the header `name` (lower case, as the server hands names
+    over) as Starlette's `request.headers.get` gives it (latin-1), read from the scope
+    without building a Headers object: the claim path reads two headers per request."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     """The raw body, refusing more than `limit` bytes (GATEWAY_MAX_BODY_BYTES: 413)
     before reading it all when Content-Length says so, and as soon as the stream passes
-    the limit."""
-    declared = request.headers.get("content-length")
+    the limit. A client that leaves first raises ClientDisconnect. Read from the ASGI
+    messages themselves, as `request.stream()` does, without its async generator: most
+    bodies arrive in one message, and this runs on every claim."""
+    declared = header_value(request.scope, b"content-length")
     # More than 18 digits is over any limit, and int() has a digit limit of its own.
     if declared and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
         raise PayloadTooLarge(f"request body is larger than {limit} bytes")
-    chunks = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
+    cached: bytes | None = getattr(request, "_body", None)  # request.body() read it
+    if cached is not None:
+        if len(cached) > limit:
             raise PayloadTooLarge(f"request body is larger than {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+        return cached
+    if request._stream_consumed:
+        raise RuntimeError("Stream consumed")  # as request.stream() says
+    receive = request.receive
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        kind = message["type"]
+        if kind == "http.request":
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+            if not message.get("more_body", False):
+                request._stream_consumed = True
+                if not chunks:
+                    return chunk  # type: ignore[no-any-return]
+                chunks.append(chunk)
+                return b"".join(chunks)
+            chunks.append(chunk)
+        elif kind == "http.disconnect":
+            request._is_disconnected = True
+            raise ClientDisconnect()
 
 
 async def read_json(request: Request, settings: Settings) -> dict[str, Any]:

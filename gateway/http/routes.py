@@ -16,7 +16,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import Literal, cast
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
@@ -36,7 +36,14 @@ from . import admin_docs, docs, openapi
 from .handlers import admin, batch, controls, runtimes, webhooks
 from .handlers.daemon import claim, complete, fail, heartbeat, release
 from .handlers.producer import cancel, enqueue, enqueue_batch, get_task, list_tasks, retry, stats
-from .io import CLIENT_LEFT, DirectRoute, internal_error_response, json_response, problem_response
+from .io import (
+    CLIENT_LEFT,
+    DirectRoute,
+    header_value,
+    internal_error_response,
+    json_response,
+    problem_response,
+)
 
 log = logging.getLogger("gateway.http")
 
@@ -94,16 +101,37 @@ async def authorize(request: Request, gw: Gateway, endpoint: Endpoint) -> Princi
     """Authenticate and check scope and runtime coverage, or raise 401/403/404."""
     if endpoint.scope is None:
         return None
-    principal = await gw.auth.authenticate(request.headers.get("authorization"))
-    principal.require(endpoint.scope)
-    if endpoint.target is Target.RUNTIME:
-        runtime_id = decode.check_runtime_id(request.path_params["rt"])
-        principal.require_runtime(runtime_id)
-    elif endpoint.target is Target.TASK and not principal.all_runtimes:
+    authorization = header_value(request.scope, b"authorization")
+    principal = gw.auth.known(authorization) or await gw.auth.authenticate(authorization)
+    _check_scope_and_runtime(request, endpoint, principal)
+    if endpoint.target is Target.TASK and not principal.all_runtimes:
         task_id = decode.check_task_id(request.path_params["task_id"])
         if not principal.covers(await gw.store.task_runtime(task_id)):
             raise NotFound(f"no task with id {task_id}")
     return principal
+
+
+def authorize_at_once(
+    request: Request, gw: Gateway, endpoint: Endpoint
+) -> Principal | Literal[False] | None:
+    """`authorize` when it needs no I/O: the same principal or the same error. False
+    when it does (an issued token this process has not cached, or a task whose runtime
+    must be read): then await `authorize`. Every claim comes here first."""
+    if endpoint.scope is None:
+        return None
+    principal = gw.auth.known(header_value(request.scope, b"authorization"))
+    if principal is None or (endpoint.target is Target.TASK and not principal.all_runtimes):
+        return False
+    _check_scope_and_runtime(request, endpoint, principal)
+    return principal
+
+
+def _check_scope_and_runtime(request: Request, endpoint: Endpoint, principal: Principal) -> None:
+    assert endpoint.scope is not None
+    principal.require(endpoint.scope)
+    if endpoint.target is Target.RUNTIME:
+        runtime_id = decode.check_runtime_id(request.path_params["rt"])
+        principal.require_runtime(runtime_id)
 
 
 def api(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
@@ -148,7 +176,9 @@ def direct_api(endpoint: Endpoint, *, keep_principal: bool) -> ASGIApp:
         try:
             if early:
                 gw.store.refuse_early()  # under a flood, before its token or its body
-            principal = await authorize(request, gw, endpoint)
+            principal = authorize_at_once(request, gw, endpoint)
+            if principal is False:
+                principal = await authorize(request, gw, endpoint)
             if claim_handler is not None:
                 response = await claim_handler(request, gw, principal)
             else:

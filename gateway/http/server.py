@@ -99,7 +99,9 @@ class _ClosingSend:
         self._scope = scope
         self._send = send
 
-    async def __call__(self, message: Message) -> None:
+    def __call__(self, message: Message) -> Awaitable[None]:
+        # Not a coroutine of its own: uvicorn's send is awaited directly, one frame less
+        # per message sent.
         protocol = self._protocol
         if message["type"] == "http.response.start" and self._scope is protocol._pending_body:
             # Answered before its body arrived: the rest of it will not be read.
@@ -107,7 +109,7 @@ class _ClosingSend:
             message = {**message, "headers": headers}
             if not protocol.lingering:  # not already cut
                 protocol._count("body_unread")
-        await self._send(message)
+        return self._send(message)
 
 
 class GatewayHttpProtocol(HttpToolsProtocol):
@@ -125,6 +127,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     # each connection's dict grew from 288 bytes to 1.5 KiB: about a tenth of what a
     # parked poll costs.
     __slots__ = (
+        "_clock_on",
         "_cycles",
         "_deadline",
         "_got_bytes",
@@ -156,7 +159,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self.app = self._app
         self.lingering = False
         self._raw: asyncio.Transport | None = None
-        self._deadline: asyncio.TimerHandle | None = None
+        self._deadline: asyncio.TimerHandle | None = None  # the read clock's timer
+        self._clock_on = False  # the read clock runs (the timer may outlive it)
         self._linger: asyncio.TimerHandle | None = None
         self._receiving = True  # a request is due or arriving, and its clock runs
         self._got_bytes = False  # some of that request has arrived
@@ -176,7 +180,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._start_request()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._stop_clock()
+        self._cancel_clock()
         self._stop_write_clock()
         if self._linger is not None:
             self._linger.cancel()
@@ -258,17 +262,32 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def _start_request(self) -> None:
         self._receiving = True
+        self._clock_on = True
         self._request_started = self.loop.time()
-        self._stop_clock()
-        self._deadline = self.loop.call_later(self.read_timeout_seconds, self._read_timed_out)
+        # One timer per connection, not one per request: it is left armed when a
+        # request's clock stops, and when it fires it looks at the clock running then
+        # (the next request's, or none), so that a keep-alive connection's requests
+        # make no timer each.
+        if self._deadline is None:
+            self._deadline = self.loop.call_later(self.read_timeout_seconds, self._read_timed_out)
 
     def _stop_clock(self) -> None:
+        self._clock_on = False
+
+    def _cancel_clock(self) -> None:
+        self._clock_on = False
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
 
     def _read_timed_out(self) -> None:
         self._deadline = None
+        if not self._clock_on:
+            return  # no request is arriving: the next one arms the timer again
+        left = self._request_started + self.read_timeout_seconds - self.loop.time()
+        if left > 0:  # armed for an earlier request: this one has time left
+            self._deadline = self.loop.call_later(left, self._read_timed_out)
+            return
         if self.flow.read_paused:
             # The server stopped reading (an earlier request is still being answered, or
             # the body was not consumed yet): the client cannot be late. Look again later.
