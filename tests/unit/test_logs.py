@@ -257,3 +257,82 @@ def test_a_start_right_after_a_stop_leaves_one_writer_and_the_old_one_ends() -> 
     assert new is not None and new is not old and new.is_alive()
     queue.stop()
     assert not new.is_alive()
+
+
+# Times around the edges: a second's last microsecond (JSON rounds it up into the next
+# second), its last millisecond (text truncates), a whole second.
+EDGE_TIMES = (1_700_000_000.0, 1_700_000_000.9999996, 1_700_000_000.9996, 1_700_000_001.25)
+
+
+@pytest.mark.parametrize("formatter", [logs.TextFormatter(), logs.JsonFormatter()], ids=type)
+@pytest.mark.parametrize("created", EDGE_TIMES)
+@pytest.mark.parametrize(
+    ("msg", "args", "extra"),
+    [
+        (access.ACCESS_FORMAT, ("GET", "/healthz", 200, 1.234), {"status": 200, "request_id": "r"}),
+        ("two\nlines %s", ("here",), {"request_id": "r2", "color_message": "dropped"}),
+        ("no arguments", (), {}),
+    ],
+)
+def test_a_line_written_without_a_record_reads_as_the_record_s(
+    formatter: logs.TextFormatter | logs.JsonFormatter,
+    created: float,
+    msg: str,
+    args: tuple[object, ...],
+    extra: dict[str, object],
+) -> None:
+    queue = logs.LineQueue(logging.getLogger("gateway.access"), 10)
+    made = queue._record(created, logging.INFO, msg, args, extra)
+    for _ in range(2):  # the second time from the formatters' cached second
+        direct = formatter.format_line(created, "INFO", "gateway.access", msg % args, extra)
+        assert direct == formatter.format(made)
+
+
+class Listening(logging.Filter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.seen += 1
+        return True
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_the_writer_formats_lines_itself_only_while_nothing_else_could_see_them(
+    log_format: str,
+) -> None:
+    """With logging as `configure` sets it up, the writer thread makes no record; a
+    filter (or another handler) anywhere on the way gets records again, and the lines
+    read the same either way."""
+    import io
+
+    parent = logging.getLogger(f"test.plainpath-{log_format}")
+    parent.propagate = False
+    handler = logs.StderrHandler()
+    stream = io.StringIO()
+    handler.setStream(stream)
+    handler.setFormatter(logs.formatter(log_format))
+    parent.addHandler(handler)
+    logger = logging.getLogger(f"test.plainpath-{log_format}.access")
+    queue = logs.LineQueue(logger, 10)
+    queue._thread = threading.current_thread()  # as if started: lines wait for _write_waiting
+    try:
+        assert queue._plain_path() == (handler, handler.formatter)
+        queue.submit(logging.INFO, "%s %d", ("GET", 200), {"request_id": "r1"})
+        queue._write_waiting()
+        plain = stream.getvalue()
+        listening = Listening()
+        logger.addFilter(listening)
+        assert queue._plain_path() is None
+        queue.submit(logging.INFO, "%s %d", ("GET", 200), {"request_id": "r1"})
+        queue._write_waiting()
+        assert listening.seen == 1
+        recorded = stream.getvalue()[len(plain) :]
+        assert "GET 200" in plain and "r1" in plain
+        # The same line but for its time (each line is stamped when it is submitted).
+        assert plain.split("GET", 1)[1] == recorded.split("GET", 1)[1]
+    finally:
+        queue._thread = None
+        parent.removeHandler(handler)
+        logger.filters.clear()
