@@ -48,7 +48,12 @@ LINES = logs.LineQueue(log, MAX_QUEUED_LINES)
 
 def status_class(status: int) -> str:
     """`2xx`, `4xx`, ...: the request counter's label (499, client left, is 4xx)."""
-    return f"{min(max(status // 100, 1), 5)}xx"
+    known = _STATUS_CLASSES.get(status)
+    return known if known is not None else f"{min(max(status // 100, 1), 5)}xx"
+
+
+# Made once: every request's answer is counted by it.
+_STATUS_CLASSES = {status: f"{status // 100}xx" for status in range(100, 600)}
 
 
 def access_line(
@@ -87,8 +92,10 @@ def server_answer(metrics: Metrics | None, head: object, status: int, seconds: f
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
+    # Names arrive in lower case (ASGI; uvicorn lowers them), as Starlette's Headers
+    # assumes too.
     for key, value in scope.get("headers", ()):
-        if key.lower() == name:
+        if key == name:
             return bytes(value)
     return None
 

@@ -195,16 +195,20 @@ def header_value(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+def _refuse_declared(scope: Scope, limit: int) -> None:
+    """PayloadTooLarge when the request's Content-Length is over `limit`."""
+    declared = header_value(scope, b"content-length")
+    # More than 18 digits is over any limit, and int() has a digit limit of its own.
+    if declared and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
+        raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     """The raw body, refusing more than `limit` bytes (GATEWAY_MAX_BODY_BYTES: 413)
     before reading it all when Content-Length says so, and as soon as the stream passes
     the limit. A client that leaves first raises ClientDisconnect. Read from the ASGI
-    messages themselves, as `request.stream()` does, without its async generator: most
-    bodies arrive in one message, and this runs on every claim."""
-    declared = header_value(request.scope, b"content-length")
-    # More than 18 digits is over any limit, and int() has a digit limit of its own.
-    if declared and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
-        raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+    messages themselves, as `request.stream()` does, without its async generator."""
+    _refuse_declared(request.scope, limit)
     cached: bytes | None = getattr(request, "_body", None)  # request.body() read it
     if cached is not None:
         if len(cached) > limit:
@@ -212,30 +216,45 @@ async def read_body(request: Request, limit: int) -> bytes:
         return cached
     if request._stream_consumed:
         raise RuntimeError("Stream consumed")  # as request.stream() says
-    receive = request.receive
+    return await _read_rest(request, limit, await request.receive())
+
+
+async def _read_rest(request: Request, limit: int, message: Message) -> bytes:
+    """The body from its first ASGI message, `message`, on."""
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
         kind = message["type"]
         if kind == "http.request":
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
                 raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+            chunks.append(chunk)
             if not message.get("more_body", False):
                 request._stream_consumed = True
-                if not chunks:
-                    return chunk  # type: ignore[no-any-return]
-                chunks.append(chunk)
                 return b"".join(chunks)
-            chunks.append(chunk)
         elif kind == "http.disconnect":
             request._is_disconnected = True
             raise ClientDisconnect()
+        message = await request.receive()
 
 
 async def read_json(request: Request, settings: Settings) -> dict[str, Any]:
     """The body as a JSON object (decode.decode_body), within the body limit."""
-    raw = await read_body(request, settings.max_body_bytes)
+    limit = settings.max_body_bytes
+    if request._stream_consumed or getattr(request, "_body", None) is not None:
+        raw = await read_body(request, limit)
+    else:
+        _refuse_declared(request.scope, limit)
+        message = await request.receive()
+        if message["type"] == "http.request" and not message.get("more_body", False):
+            # The whole body in one message, as most arrive: read here, without
+            # read_body's coroutine (one frame less on every claim).
+            raw = message.get("body", b"")
+            if len(raw) > limit:
+                raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+            request._stream_consumed = True
+        else:
+            raw = await _read_rest(request, limit, message)
     return decode.decode_body(raw, settings.max_json_depth)

@@ -86,6 +86,22 @@ async def test_a_head_and_half_a_body_is_answered_408_and_closed(
     assert await tcp.closed_by_server(within=1) == b""
 
 
+async def test_a_later_request_on_a_connection_gets_its_own_whole_deadline(
+    gw: Instance, tcp: Conn
+) -> None:
+    """A connection keeps one read timer, armed for its first request: when it fires
+    during a later one, that request still has the whole timeout from its own first
+    byte, and is cut only then."""
+    await tcp.send(request("GET", "/healthz"))
+    assert (await tcp.answer(within=MARGIN)).status == 200
+    await asyncio.sleep(READ_TIMEOUT * 0.6)  # the first timer fires 0.4 s into the next
+    started = time.monotonic()
+    await tcp.send(b"GET /healthz HTTP/1.1\r\nHost: gateway\r\n")
+    answer = await tcp.answer(within=READ_TIMEOUT + MARGIN)
+    assert time.monotonic() - started >= READ_TIMEOUT * 0.9
+    assert_problem(answer, 408, "request_timeout")
+
+
 async def test_a_connection_that_sends_nothing_is_closed(gw: Instance, tcp: Conn) -> None:
     started = time.monotonic()
     # Nothing was asked, so nothing is answered: a 408 here could be taken by a client

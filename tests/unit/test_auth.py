@@ -153,6 +153,36 @@ async def test_authenticator_admin_issued_and_refused_tokens() -> None:
     assert seen == [hash_token(secret), hash_token(TOKEN_PREFIX + "other")]
 
 
+async def test_a_caller_known_without_a_lookup_is_answered_at_once() -> None:
+    """known() answers what authenticate() would when no lookup is needed, and None
+    when authenticate() must look the token up (or refuse it)."""
+    secret = TOKEN_PREFIX + "s" * 43
+
+    async def lookup(secret_hash: bytes) -> Principal | None:
+        return READER if secret_hash == hash_token(secret) else None
+
+    auth = Authenticator(settings(admin_token=ADMIN_TOKEN), lookup)
+    assert auth.known(f"Bearer {ADMIN_TOKEN}") is ADMIN
+    assert auth.known(f"Bearer {secret}") is None  # not looked up yet
+    assert await auth.authenticate(f"Bearer {secret}") == READER
+    assert auth.known(f"bearer {secret}") == READER  # now in this process's cache
+    assert auth.known("Bearer no-prefix") is None  # authenticate() refuses it
+    for header in (None, "", "Basic abc"):
+        with pytest.raises(Unauthorized):
+            auth.known(header)
+    assert Authenticator(settings(auth_enabled=False)).known(None) is ADMIN
+
+
+def test_peek_answers_a_live_entry_without_loading() -> None:
+    clock = FakeClock()
+    cache: LocalCache[str, str | None] = LocalCache(1.0, 10, clock=clock)
+    assert cache.peek("k") == (False, None)
+    cache._entries["k"] = (clock() + 1.0, None)  # a cached miss is an answer too
+    assert cache.peek("k") == (True, None)
+    clock.advance(1.0)
+    assert cache.peek("k") == (False, None)
+
+
 async def test_authenticator_without_lookup_knows_only_the_admin_token() -> None:
     auth = Authenticator(settings(admin_token=ADMIN_TOKEN))
     with pytest.raises(Unauthorized):

@@ -230,6 +230,54 @@ def test_claim_defaults() -> None:
     assert req.lease_seconds == 45
 
 
+def _read_both(body: dict[str, Any], max_wait: float, lease: int) -> tuple[object, object]:
+    """parse_claim's answer and claim_by_fields', each a ClaimRequest or the error's
+    (type, field, message)."""
+    out: list[object] = []
+    for parse in (requests.parse_claim, requests.claim_by_fields):
+        try:
+            out.append(parse(body, max_wait, lease))
+        except ValidationFailed as exc:
+            out.append((type(exc), exc.extra, str(exc)))
+    return out[0], out[1]
+
+
+_WORKERS: list[object] = ["w", "x" * 200, "x" * 201, "", "a\x00b", 7, None, True, ["w"]]
+_NUMBERS: list[object] = [
+    None,
+    0,
+    1,
+    2.5,
+    -0.0,
+    -1,
+    60,
+    61,
+    100,
+    101,
+    3600,
+    3601,
+    2.0,
+    True,
+    "1",
+    exactjson.ExactNumber("18446744073709551616"),
+]
+
+
+@pytest.mark.parametrize("worker", _WORKERS)
+@pytest.mark.parametrize("field", ["wait_seconds", "max_tasks", "lease_seconds"])
+@pytest.mark.parametrize("lease", [45, 0, 3601])
+def test_the_usual_claim_reads_as_its_fields_read_it(
+    worker: object, field: str, lease: int
+) -> None:
+    """parse_claim reads a plain body without the fields; every body, plain or not,
+    reads as CLAIM_BODY's fields read it (the same request, or the same error)."""
+    for number in _NUMBERS:
+        body = {"worker_id": worker, field: number}
+        fast, fields = _read_both(body, 60.0, lease)
+        assert fast == fields, body
+        assert type(fast) is type(fields)
+
+
 def test_claim_values() -> None:
     req = claim({"worker_id": "w", "max_tasks": 100, "wait_seconds": 60, "lease_seconds": 3600})
     assert (req.max_tasks, req.wait_seconds, req.lease_seconds) == (100, 60.0, 3600)
