@@ -57,7 +57,8 @@ Redis key under the run's prefix deleted afterwards.
 Scenarios (--scenario, comma-separated, default all; about 10 minutes on 2 cores):
   empty-polls     --connections clients claim with wait_seconds 0, rotating over
                   --poll-runtimes empty runtimes, for --poll-seconds: the gateway with
-                  the cache on, with it off, the bare Starlette floor, and the floor
+                  the cache on (access log off, then on as `gateway serve` starts by
+                  default), with it off, the bare Starlette floor, and the floor
                   plus one Redis MGET per request. req/s, p50/p99, Postgres claims
                   per poll (the gateway's own counter).
   round-trips     each kind of request (empty claim, claim of a task, enqueue,
@@ -612,6 +613,7 @@ DETAIL_COLUMNS: dict[str, list[str]] = {
         "pg_claims_per_poll",
         "pg_stat_xacts",
         "server_cpu_percent",
+        "server_cpu_us_per_request",
         "bench_cpu_percent",
         "errors",
     ],

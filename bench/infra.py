@@ -214,6 +214,10 @@ class GatewayProcess:
     # How long SIGTERM may take before SIGKILL: the gateway answers every parked poll
     # first, which takes longer with thousands of them on a busy machine.
     stop_grace_seconds: float = STOP_GRACE_SECONDS
+    # `gateway serve`'s --log-level, and whether its access log is on (its default;
+    # off unless a scenario measures it).
+    log_level: str = "warning"
+    access_log: bool = False
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     prefix: str = field(default_factory=lambda: "bench" + secrets.token_hex(4))
     port: int = field(default_factory=free_port)
@@ -252,13 +256,13 @@ class GatewayProcess:
                 "-c",
                 "from gateway.cli.main import main; main()",
                 "--log-level",
-                "warning",
+                self.log_level,
                 "serve",
                 "--host",
                 "127.0.0.1",
                 "--port",
                 str(self.port),
-                "--no-access-log",
+                *([] if self.access_log else ["--no-access-log"]),
             ]
         return [
             sys.executable,
@@ -271,6 +275,9 @@ class GatewayProcess:
             "--port",
             str(self.port),
             "--no-access-log",
+            # As the gateway's own server (server.server_config): uvicorn's command line
+            # would otherwise put its proxy-headers middleware in front of every request.
+            "--no-proxy-headers",
             "--log-level",
             "warning",
             "--loop",
@@ -357,12 +364,15 @@ async def serving(
     env: dict[str, str] | None = None,
     stop_grace_seconds: float = 10.0,
     database_via: Callable[[str], str] | None = None,
+    log_level: str = "warning",
+    access_log: bool = False,
 ) -> AsyncIterator[tuple[GatewayProcess, str]]:
     """A fresh database and a process serving `app` on it (GatewayProcess: `workers` 0
     is `gateway serve`, N uvicorn workers otherwise); both gone afterwards.
     `database_via` maps the database's URL to the one the process is given (a relay in
     front of it); the process's direct connections (GATEWAY_DIRECT_DATABASE_URL: the
-    janitor's leader lock) then go to the database itself."""
+    janitor's leader lock) then go to the database itself. `log_level` and `access_log`:
+    `gateway serve`'s --log-level and --access-log."""
     async with fresh_database(servers.database_url) as database_url:
         direct = {"GATEWAY_DIRECT_DATABASE_URL": database_url} if database_via else {}
         proc = GatewayProcess(
@@ -374,6 +384,8 @@ async def serving(
             app=app,
             workers=workers,
             stop_grace_seconds=stop_grace_seconds,
+            log_level=log_level,
+            access_log=access_log,
         )
         try:
             await proc.start()

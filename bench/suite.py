@@ -44,6 +44,7 @@ from .scenarios import (
     run_bounded,
 )
 from .stats import SAMPLES, Result, ms, percentile, ratio
+from .targets import ACCESS_LOG_LABEL
 from .watch import Watchdog
 
 FLOOR_APP = "bench.floor:create_app"
@@ -190,13 +191,24 @@ async def empty_polls_variant(
     app: str = GATEWAY_APP,
     cache: bool = True,
     workers: int = 0,
+    log_level: str = "warning",
+    access_log: bool = False,
 ) -> Result:
     result = Result(scenario, label)
     runtimes = [f"bench-empty-{i:04d}" for i in range(opts.poll_runtimes)]
     gateway = app == GATEWAY_APP
     log_path = workdir / log_name(scenario, label)
     async with (
-        serving(opts, servers, log_path, app=app, cache=cache, workers=workers) as (proc, db),
+        serving(
+            opts,
+            servers,
+            log_path,
+            app=app,
+            cache=cache,
+            workers=workers,
+            log_level=log_level,
+            access_log=access_log,
+        ) as (proc, db),
         client.session(opts.connections + 10) as http,
     ):
         api = Api(http, proc.url, proc.token)
@@ -246,6 +258,11 @@ async def empty_polls_variant(
         if xacts_before is None or xacts_after is None
         else xacts_after - xacts_before,
         "server_cpu_percent": round(100.0 * cpu_used / elapsed, 1) if elapsed else None,
+        # What an answer costs the server: unlike req/s, not capped by the load
+        # generator, which on 2 shared cores is often the slower side.
+        "server_cpu_us_per_request": round(1e6 * cpu_used / tally.responses, 1)
+        if tally.responses
+        else None,
         "redis_connections_by_process": {str(k): v for k, v in redis_conns.items()},
         "errors": errors,
         **watchdog.numbers(),
@@ -254,8 +271,13 @@ async def empty_polls_variant(
 
 
 async def empty_polls(opts: argparse.Namespace, servers: Servers, workdir: Path) -> list[Result]:
+    # The gateway as `gateway serve` starts by default (log level info, the access log
+    # on, as text), and the same with the access log off: the two differ in that alone.
     return [
-        await empty_polls_variant(opts, servers, workdir, "cache on", cache=True),
+        await empty_polls_variant(opts, servers, workdir, "cache on", log_level="info"),
+        await empty_polls_variant(
+            opts, servers, workdir, ACCESS_LOG_LABEL, log_level="info", access_log=True
+        ),
         await empty_polls_variant(opts, servers, workdir, "cache off", cache=False),
         await empty_polls_variant(opts, servers, workdir, "floor", app=FLOOR_APP),
         await empty_polls_variant(opts, servers, workdir, "floor+MGET", app=FLOOR_MGET_APP),

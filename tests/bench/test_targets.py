@@ -26,16 +26,54 @@ def test_empty_polls_are_judged_against_the_floor_and_cache_off() -> None:
             [
                 _r("empty-polls", "cache on", requests_per_second=1000.0, pg_claims_per_poll=0.0),
                 _r("empty-polls", "cache off", requests_per_second=500.0),
-                _r("empty-polls", "floor", requests_per_second=1500.0),
+                _r("empty-polls", "floor", requests_per_second=1200.0),
+                _r("empty-polls", "cache on, access log", requests_per_second=880.0),
             ]
         )
     )
     floor = rows["empty polls, cache on vs the bare Starlette floor"]
-    assert (floor.value, floor.verdict) == (pytest.approx(2 / 3), "PASS")
+    assert (floor.value, floor.verdict) == (pytest.approx(1000 / 1200), "PASS")
+    assert floor.bound == 0.8
+    logged = rows["empty polls, access log on (the default) vs off"]
+    assert (logged.value, logged.bound, logged.verdict) == (pytest.approx(0.88), 0.9, "MISS")
     off = rows["empty polls, cache on vs cache off"]
     assert (off.value, off.verdict) == (2.0, "MISS")  # needs 2.5x
     per_poll = rows["empty polls, Postgres transactions per poll (cache on)"]
     assert per_poll.verdict == "PASS"
+
+
+def test_empty_polls_are_judged_by_cpu_per_answer_when_measured() -> None:
+    """Both sides answered as fast as the load generator asked (the same req/s): what
+    tells them apart is the server's CPU per answer."""
+    rows = _by_target(
+        evaluate(
+            [
+                _r(
+                    "empty-polls",
+                    "cache on",
+                    requests_per_second=4000.0,
+                    server_cpu_us_per_request=60.0,
+                ),
+                _r(
+                    "empty-polls",
+                    "cache on, access log",
+                    requests_per_second=4000.0,
+                    server_cpu_us_per_request=70.0,
+                ),
+                _r(
+                    "empty-polls",
+                    "floor",
+                    requests_per_second=4000.0,
+                    server_cpu_us_per_request=45.0,
+                ),
+            ]
+        )
+    )
+    floor = rows["empty polls, cache on vs the bare Starlette floor"]
+    assert (floor.value, floor.verdict) == (pytest.approx(0.75), "MISS")
+    assert "req/s 1.00x" in floor.shown
+    logged = rows["empty polls, access log on (the default) vs off"]
+    assert (logged.value, logged.verdict) == (pytest.approx(60 / 70), "MISS")
 
 
 def test_a_target_without_its_peer_is_not_available_never_pass() -> None:
