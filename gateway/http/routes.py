@@ -171,7 +171,8 @@ def direct_api(endpoint: Endpoint, *, keep_principal: bool) -> ASGIApp:
 
     async def app(scope: ASGIScope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive, send)
-        gw: Gateway = request.app.state.gateway
+        # app.GatewayApp's attribute, else (another app) its state's.
+        gw: Gateway = getattr(scope["app"], "gateway", None) or request.app.state.gateway
         priority.set(wanted)  # each request runs in a task (and a context) of its own
         try:
             if early:

@@ -67,11 +67,15 @@ class _Transport:
     half-closes first when the client may still be sending; writes after that are
     dropped (the answer has been sent)."""
 
-    __slots__ = ("_protocol", "_transport")
+    __slots__ = ("_protocol", "_transport", "write")
+
+    write: Callable[[bytes], None]
 
     def __init__(self, transport: asyncio.Transport, protocol: GatewayHttpProtocol) -> None:
         self._transport = transport
         self._protocol = protocol
+        # The transport's own, not a method calling it: a frame less on every write.
+        self.write = transport.write
 
     def close(self) -> None:
         self._protocol.close_softly()
@@ -79,12 +83,16 @@ class _Transport:
     def is_closing(self) -> bool:
         return self._protocol.lingering or self._transport.is_closing()
 
-    def write(self, data: bytes) -> None:
-        if not self._protocol.lingering:
-            self._transport.write(data)
+    def stop_writing(self) -> None:
+        """Drop every later write: the connection is closing once its answer is sent."""
+        self.write = _drop_write
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
+
+
+def _drop_write(data: bytes) -> None:
+    pass
 
 
 class _ClosingSend:
@@ -155,7 +163,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
-        self._inner_app = self.app
+        # The start-up gate, once open, is skipped by connections made after that.
+        app_if_open = getattr(self.app, "app_if_open", None)
+        self._inner_app = (app_if_open() if app_if_open is not None else None) or self.app
         self.app = self._app
         self.lingering = False
         self._raw: asyncio.Transport | None = None
@@ -255,7 +265,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def _app(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         # Not a coroutine of its own: its frame would be held for as long as the request
         # runs, which for a parked poll is its whole wait.
-        answer: Awaitable[None] = self._inner_app(scope, receive, _ClosingSend(self, scope, send))
+        if scope is self._pending_body:  # its body is still arriving (see _ClosingSend);
+            send = _ClosingSend(self, scope, send)  # once in, it is never pending again
+        answer: Awaitable[None] = self._inner_app(scope, receive, send)
         return answer
 
     # -- deadline and cuts ---------------------------------------------------
@@ -398,6 +410,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 self._start_write_clock()  # the close waits for what is still unsent
             return
         self.lingering = True
+        cast(_Transport, self.transport).stop_writing()
         self._stop_clock()
         self.flow.pause_reading()
         raw.write_eof()

@@ -43,6 +43,11 @@ class StartupGate:
         """From now on every request goes to the gateway's app."""
         self._open = True
 
+    def app_if_open(self) -> ASGIApp | None:
+        """The gateway's app once the gate is open (a connection made from then on may
+        call it directly), else None."""
+        return self._app if self._open else None
+
     def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         # Not a coroutine of its own once open: a parked poll would hold its frame for
         # its whole wait (as server.GatewayHttpProtocol._app).

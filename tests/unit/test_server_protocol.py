@@ -1,0 +1,98 @@
+"""The gateway's HTTP protocol on a keep-alive connection, driven in this process
+through a transport of the test's own: what it makes per request."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from uvicorn.config import Config
+from uvicorn.server import ServerState
+
+from gateway.http.server import GatewayHttpProtocol, _ClosingSend
+from gateway.http.startup import StartupGate
+
+
+class Transport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = bytearray()
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"sockname": ("127.0.0.1", 8080), "peername": ("127.0.0.1", 5555)}.get(name, default)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+class App:
+    """Answers 200 once the body is read; keeps the send each request was handed."""
+
+    def __init__(self) -> None:
+        self.sends: list[Any] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.sends.append(send)
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+REQUEST = b"POST /x HTTP/1.1\r\nHost: h\r\ncontent-length: 2\r\n\r\n{}"
+
+
+async def test_a_keep_alive_connection_keeps_one_read_timer_and_sends_unwrapped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """20 requests, each whole in one read: one read timer for the connection (not one
+    per request), and each answer sent through uvicorn's send as it is, since no body
+    is still arriving when the app starts; a request whose body is still on its way
+    gets the send that closes the connection. The open start-up gate is not called."""
+    app = App()
+    gate = StartupGate(app)
+    gate.open()
+    config = Config(gate, interface="asgi3", lifespan="off", log_config=None, proxy_headers=False)
+    config.load()
+    monkeypatch.setattr(StartupGate, "__call__", lambda *a: pytest.fail("the gate was called"))
+    state = ServerState()
+    protocol = GatewayHttpProtocol(config, state, {})
+    loop = asyncio.get_running_loop()
+    timers = 0
+    call_later = loop.call_later
+
+    def counting(delay: float, callback: Any, *args: Any) -> asyncio.TimerHandle:
+        nonlocal timers
+        if getattr(callback, "__name__", "") == "_read_timed_out":
+            timers += 1
+        return call_later(delay, callback, *args)
+
+    monkeypatch.setattr(loop, "call_later", counting)
+    transport = Transport()
+    protocol.connection_made(transport)
+    for _ in range(20):
+        protocol.data_received(REQUEST)
+        for task in list(state.tasks):
+            await task
+    assert timers == 1
+    assert transport.written.count(b"HTTP/1.1 200 OK") == 20
+    assert not any(isinstance(send, _ClosingSend) for send in app.sends)
+    protocol.data_received(REQUEST[:-2])  # the head; its body comes later
+    await asyncio.sleep(0)
+    assert isinstance(app.sends[-1], _ClosingSend)
+    protocol.data_received(REQUEST[-2:])
+    for task in list(state.tasks):
+        await task
+    protocol.connection_lost(None)
