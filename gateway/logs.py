@@ -318,10 +318,12 @@ class LineQueue:
         self._lines.append((time.time(), level, msg, args, extra))
         return True
 
-    def start(self) -> None:
+    def start(self, thread: bool = True) -> None:
+        """Count one more user; start the thread unless `thread` is false (a user that
+        will queue no line) or it runs already."""
         with self._lock:
             self._users += 1
-            if self._thread is None:
+            if thread and self._thread is None:
                 # Each thread has a stop signal of its own: a start just after a stop
                 # must not clear the signal the stopping thread has yet to see.
                 self._stopping = threading.Event()

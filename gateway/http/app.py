@@ -90,7 +90,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # The access log's writer thread: started before the first request, stopped
         # (its waiting lines written) after the last.
-        access.LINES.start()
+        access.start_writer()
         try:
             await gateway.open()
             try:
@@ -98,7 +98,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             finally:
                 await gateway.close()
         finally:
-            access.LINES.stop()
+            access.stop_writer()
 
     app = GatewayApp(
         routes=[*ROUTES, *console.ROUTES],  # the console: static files only

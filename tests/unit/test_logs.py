@@ -336,3 +336,27 @@ def test_the_writer_formats_lines_itself_only_while_nothing_else_could_see_them(
         queue._thread = None
         parent.removeHandler(handler)
         logger.filters.clear()
+
+
+def test_the_writer_thread_runs_only_while_the_access_log_is_on() -> None:
+    """With the access log off no line is queued: no thread wakes to find none (each
+    wake takes the interpreter lock from the event loop). A start is counted either way,
+    so that the stops match."""
+    logger = logging.getLogger("gateway.access")
+    level = logger.level
+    try:
+        logger.setLevel(logging.WARNING)  # gateway serve --no-access-log
+        access.start_writer()
+        try:
+            assert not access.LINES.running
+        finally:
+            access.stop_writer()
+        logger.setLevel(logging.INFO)
+        access.start_writer()
+        try:
+            assert access.LINES.running
+        finally:
+            access.stop_writer()
+        assert not access.LINES.running
+    finally:
+        logger.setLevel(level)
