@@ -413,6 +413,19 @@ VARIABLES: tuple[Variable, ...] = (
         "[Logs and metrics](operations/metrics.md).",
     ),
     Variable(
+        "GATEWAY_ACCESS_LOG_SAMPLE",
+        "access_log_sample",
+        "number",
+        0.1,
+        low=0,
+        high=1,
+        unit="share of requests",
+        doc="The share of successful requests (status below 400, answered within a second) "
+        "that get an access line, spread evenly: 0.1 is every tenth. Every error and every "
+        "slower request always gets one; `1` logs every request. See "
+        "[Logs and metrics](operations/metrics.md) for what a line costs.",
+    ),
+    Variable(
         "GATEWAY_REDIS_MODE",
         "redis_mode",
         "lowered",

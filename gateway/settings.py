@@ -90,6 +90,9 @@ class Settings:
     read_timeout_seconds: float = 30.0
     max_parked_polls: int = 10_000
     log_format: str = "text"  # text for people, json (one object a line) for collectors
+    # The share of successful requests answered within a second that get an access line
+    # (errors and slower requests always do; 1: every request).
+    access_log_sample: float = 0.1
     # Keep verdict hits of subscribed runtimes in the process (near_cache.py): an empty poll
     # then costs no Redis round trip.
     near_cache_enabled: bool = True

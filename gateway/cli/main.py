@@ -421,7 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--access-log",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="log one line per request (logger gateway.access; on by default)",
+        help="the access log (logger gateway.access; on by default): a line for every "
+        "error and slow request, and GATEWAY_ACCESS_LOG_SAMPLE of the others",
     )
     serve.add_argument(
         "--keep-alive-seconds",

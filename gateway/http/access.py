@@ -1,10 +1,11 @@
-"""Request ids and the access log: one line per request, and the request counter.
+"""Request ids, the access log and the request counter.
 
 `RequestLog` wraps the whole app, Starlette's error middleware included
 (app.GatewayApp). For each HTTP request it sets the request id (logs.REQUEST_ID),
-returns it as `X-Request-ID` on the answer, and when the answer is done writes one
-access line (logger `gateway.access`, INFO) and counts the request by route template
-and status class. The route is the
+returns it as `X-Request-ID` on the answer, and when the answer is done counts the
+request by route template and status class and writes its access line (logger
+`gateway.access`, INFO): every error's and slow request's, and a share of the others
+(`Sampler`: GATEWAY_ACCESS_LOG_SAMPLE, GATEWAY_ACCESS_LOG_SLOW_SECONDS). The route is the
 template (`/v1/runtimes/{rt}/claim`), never the raw path: runtime and task ids would
 make the log's and the metric's values unbounded.
 
@@ -76,6 +77,38 @@ def status_class(status: int) -> str:
 _STATUS_CLASSES = {status: f"{status // 100}xx" for status in range(100, 600)}
 
 
+# A request that takes this long always gets its access line (a long poll that waited
+# does too): in seconds.
+SLOW_SECONDS = 1.0
+
+
+class Sampler:
+    """Which requests get an access line (GATEWAY_ACCESS_LOG_SAMPLE): every error
+    (status 400 and above, 499 and the server's own 408 and 431 included), every request
+    that took `slow_seconds` or longer, and `fraction` of the others, spread evenly (a
+    running sum, not chance: 0.1 is every tenth). Owned by one RequestLog; used on the
+    event loop's thread only."""
+
+    __slots__ = ("_sum", "fraction", "slow_seconds")
+
+    def __init__(self, fraction: float = 1.0, slow_seconds: float = SLOW_SECONDS) -> None:
+        self.fraction = fraction
+        self.slow_seconds = slow_seconds
+        self._sum = 0.0
+
+    def keeps(self, status: int, seconds: float) -> bool:
+        if status >= 400 or seconds >= self.slow_seconds or self.fraction >= 1.0:
+            return True
+        self._sum += self.fraction
+        if self._sum > _ALMOST_ONE:  # ten times 0.1 adds up to 0.9999999999999999
+            self._sum -= 1.0
+            return True
+        return False
+
+
+_ALMOST_ONE = 1.0 - 1e-9
+
+
 def access_line(
     metrics: Metrics | None,
     method: str,
@@ -83,10 +116,14 @@ def access_line(
     status: int,
     seconds: float,
     request_id: str,
+    sampler: Sampler | None = None,
 ) -> None:
-    """Log one request's access line (through LINES) and count it."""
+    """Count one request, and log its access line (through LINES) unless `sampler`
+    leaves it out (None: every line)."""
     if metrics is not None:
         metrics.http_requests.inc(route, method, status_class(status))
+    if sampler is not None and not sampler.keeps(status, seconds):
+        return
     if log.isEnabledFor(logging.INFO):
         duration_ms = round(seconds * 1000, 3)
         extra = {
@@ -123,9 +160,10 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
 class RequestLog:
     """ASGI middleware: request id, access line and request counter (module doc)."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, sampler: Sampler | None = None) -> None:
         self.app = app
         self.metrics = metrics
+        self.sampler = sampler  # None: every request gets its line
         self._direct: list[DirectRoute] | None = None  # found on the first request
 
     def _direct_routes(self, scope: Scope) -> list[DirectRoute]:
@@ -177,6 +215,7 @@ class RequestLog:
                 send_with_id.status or 500,
                 time.perf_counter() - started,
                 request_id,
+                self.sampler,
             )
 
 

@@ -17,7 +17,7 @@ from ..instance import Gateway
 from ..metrics import Metrics
 from ..settings import Settings
 from . import access, console
-from .access import RequestLog
+from .access import RequestLog, Sampler
 from .io import internal_error_response, problem_response
 from .routes import ROUTES
 
@@ -29,6 +29,7 @@ class GatewayApp(Starlette):
     through it, and its 500s still pass RequestLog, which adds the request id."""
 
     request_log_metrics: Metrics | None = None
+    request_log_sampler: Sampler | None = None
     # The app's Gateway, as app.state.gateway holds it: read on every claim, and a plain
     # attribute is read faster than Starlette's State.
     gateway: Gateway | None = None
@@ -36,7 +37,7 @@ class GatewayApp(Starlette):
     def build_middleware_stack(self) -> ASGIApp:
         stack = super().build_middleware_stack()
         assert self.request_log_metrics is not None  # set by create_app
-        return RequestLog(stack, metrics=self.request_log_metrics)
+        return RequestLog(stack, metrics=self.request_log_metrics, sampler=self.request_log_sampler)
 
     def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:  # type: ignore[override]
         # Starlette's, but not a coroutine of its own: its frame would be one more per
@@ -109,6 +110,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
     # the request's Host header back in its Location.
     app.router.redirect_slashes = False
     app.request_log_metrics = gateway.metrics
+    settings = gateway.settings
+    app.request_log_sampler = Sampler(settings.access_log_sample)
     app.state.gateway = gateway
     app.gateway = gateway
     return app

@@ -36,7 +36,9 @@ async def test_json_lines_request_ids_and_no_secret(
     database_url, redis_url, redis_prefix, runtime_id
 ):
     db_url, db_password = with_password(database_url, "db-pw-" + secrets.token_hex(8))
-    env = serve_env(db_url, redis_url, redis_prefix, GATEWAY_LOG_FORMAT="json")
+    env = serve_env(
+        db_url, redis_url, redis_prefix, GATEWAY_LOG_FORMAT="json", GATEWAY_ACCESS_LOG_SAMPLE="1"
+    )
     answered: list[tuple[str, int]] = []  # (request id, status) of every answer
     async with serve_process(env=env, log_level="debug", stdout=asyncio.subprocess.PIPE) as (
         proc,

@@ -35,7 +35,7 @@ GENERATED = re.compile(r"[0-9a-f]{32}")
 
 @pytest.fixture(scope="module")
 def gateway_options() -> dict[str, Any]:
-    return SHORT_DEADLINE
+    return {**SHORT_DEADLINE, "access_log_sample": 1.0}  # every request's line
 
 
 def requests(gw: Instance, route: str, method: str, status_class: str) -> float:

@@ -360,3 +360,45 @@ def test_the_writer_thread_runs_only_while_the_access_log_is_on() -> None:
         assert not access.LINES.running
     finally:
         logger.setLevel(level)
+
+
+def test_every_error_and_slow_request_gets_its_line_and_a_share_of_the_rest() -> None:
+    sampler = access.Sampler(0.1)
+    fast_ok = [sampler.keeps(200, 0.001) for _ in range(100)]
+    assert fast_ok.count(True) == 10 and fast_ok[9] and not fast_ok[0]  # every tenth
+    for status in (400, 404, 408, 409, 431, 499, 500, 503):
+        assert all(sampler.keeps(status, 0.001) for _ in range(20)), status
+    assert all(sampler.keeps(200, access.SLOW_SECONDS) for _ in range(20))  # a long poll too
+    assert not any(access.Sampler(0.0).keeps(204, 0.5) for _ in range(100))
+    assert all(access.Sampler(1.0).keeps(200, 0.001) for _ in range(100))
+
+
+def test_a_request_left_out_of_the_access_log_is_still_counted() -> None:
+    queue = logs.LineQueue(logging.getLogger("gateway.access"), 100, interval_seconds=60)
+    queue._thread = threading.current_thread()  # as if started: lines wait in the queue
+    logger = logging.getLogger("gateway.access")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    original, access.LINES = access.LINES, queue
+    metrics = Metrics()
+    try:
+        sampler = access.Sampler(0.5)
+        for status in (200, 200, 200, 200, 500):
+            access.access_line(metrics, "GET", "/healthz", status, 0.001, "id", sampler)
+    finally:
+        access.LINES = original
+        queue._thread = None
+        logger.setLevel(level)
+    assert [args[2] for _, _, _, args, _ in queue._lines] == [200, 200, 500]
+    counted = metrics.registry.get_sample_value(
+        "gateway_http_requests_total", {"route": "/healthz", "method": "GET", "status_class": "2xx"}
+    )
+    assert counted == 4
+
+
+def test_the_access_log_sample_defaults_to_a_tenth_and_one_logs_every_request() -> None:
+    base = {"GATEWAY_AUTH": "off"}
+    assert Settings.from_env(base).access_log_sample == 0.1
+    assert Settings.from_env({**base, "GATEWAY_ACCESS_LOG_SAMPLE": "1"}).access_log_sample == 1.0
+    with pytest.raises(ConfigError, match="GATEWAY_ACCESS_LOG_SAMPLE"):
+        Settings.from_env({**base, "GATEWAY_ACCESS_LOG_SAMPLE": "2"})
