@@ -122,9 +122,7 @@ def access_line(
     leaves it out (None: every line)."""
     if metrics is not None:
         metrics.http_requests.inc(route, method, status_class(status))
-    if sampler is not None and not sampler.keeps(status, seconds):
-        return
-    if log.isEnabledFor(logging.INFO):
+    if log.isEnabledFor(logging.INFO) and (sampler is None or sampler.keeps(status, seconds)):
         duration_ms = round(seconds * 1000, 3)
         extra = {
             "method": method,
