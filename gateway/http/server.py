@@ -51,6 +51,7 @@ from ..errors import GatewayError, HeadersTooLarge, RequestTimeout, problem_for
 from ..metrics import Metrics
 from ..settings import Settings
 from .access import REQUEST_ID_HEADER, server_answer
+from .transport import Transport
 
 log = logging.getLogger("gateway.server")
 
@@ -60,39 +61,6 @@ LINGER_SECONDS = 1.0
 # (asyncio's low-water mark). Any progress at all would let a client hold a large answer
 # for days, taking a kilobyte now and then.
 MIN_DRAIN_BYTES = 16 * 1024
-
-
-class _Transport:
-    """The transport as uvicorn sees it: its `close()` goes through the protocol, which
-    half-closes first when the client may still be sending; writes after that are
-    dropped (the answer has been sent)."""
-
-    __slots__ = ("_protocol", "_transport", "write")
-
-    write: Callable[[bytes], None]
-
-    def __init__(self, transport: asyncio.Transport, protocol: GatewayHttpProtocol) -> None:
-        self._transport = transport
-        self._protocol = protocol
-        # The transport's own, not a method calling it: a frame less on every write.
-        self.write = transport.write
-
-    def close(self) -> None:
-        self._protocol.close_softly()
-
-    def is_closing(self) -> bool:
-        return self._protocol.lingering or self._transport.is_closing()
-
-    def stop_writing(self) -> None:
-        """Drop every later write: the connection is closing once its answer is sent."""
-        self.write = _drop_write
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
-def _drop_write(data: bytes) -> None:
-    pass
 
 
 class _ClosingSend:
@@ -186,7 +154,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._raw = transport
-        super().connection_made(cast(asyncio.Transport, _Transport(transport, self)))
+        super().connection_made(cast(asyncio.Transport, Transport(transport, self)))
         self._start_request()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -356,6 +324,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._count(reason)
         log.debug("closing the connection from %s: %s", _peer(self.client), reason)
         if answer is not None and self._raw is not None:
+            cast(Transport, self.transport).flush()
             self._raw.write(answer)
         self.close_softly()
 
@@ -403,6 +372,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         raw = self._raw
         if raw is None:
             return
+        cast(Transport, self.transport).flush()  # the answer goes before the close
         unread = self._receiving and self._got_bytes
         if self.lingering or raw.is_closing() or not unread or not raw.can_write_eof():
             raw.close()
@@ -410,7 +380,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 self._start_write_clock()  # the close waits for what is still unsent
             return
         self.lingering = True
-        cast(_Transport, self.transport).stop_writing()
+        cast(Transport, self.transport).stop_writing()
         self._stop_clock()
         self.flow.pause_reading()
         raw.write_eof()

@@ -18,9 +18,11 @@ class Transport(asyncio.Transport):
     def __init__(self) -> None:
         super().__init__()
         self.written = bytearray()
+        self.writes = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.written += data
+        self.writes += 1
 
     def is_closing(self) -> bool:
         return False
@@ -58,7 +60,8 @@ async def test_a_keep_alive_connection_keeps_one_read_timer_and_sends_unwrapped(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """20 requests, each whole in one read: one read timer for the connection (not one
-    per request), and each answer sent through uvicorn's send as it is, since no body
+    per request), one write per answer (uvicorn writes its head and its body apart),
+    and each answer sent through uvicorn's send as it is, since no body
     is still arriving when the app starts; a request whose body is still on its way
     gets the send that closes the connection. The open start-up gate is not called."""
     app = App()
@@ -86,8 +89,10 @@ async def test_a_keep_alive_connection_keeps_one_read_timer_and_sends_unwrapped(
         protocol.data_received(REQUEST)
         for task in list(state.tasks):
             await task
+    await asyncio.sleep(0)  # the end of the loop's turn: what it held is written
     assert timers == 1
     assert transport.written.count(b"HTTP/1.1 200 OK") == 20
+    assert transport.writes == 20  # each answer's head and body in one write
     assert not any(isinstance(send, _ClosingSend) for send in app.sends)
     protocol.data_received(REQUEST[:-2])  # the head; its body comes later
     await asyncio.sleep(0)
