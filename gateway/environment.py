@@ -1,19 +1,15 @@
 """Every environment variable the gateway reads, each declared once.
 
-A declaration (Variable) holds the variable's name, the Settings field it sets, how its
-text is read (kind, default, bounds or choices, unit) and one paragraph on what it
-means. `Settings.from_env` reads the environment through these declarations alone, and
-the configuration reference of the documentation is written from them, so a variable
-cannot be read without being documented.
+A declaration (Variable, gateway/variable.py) holds the variable's name, the Settings
+field it sets, how its text is read (kind, default, bounds or choices, unit) and one
+paragraph on what it means. `Settings.from_env` reads the environment through these
+declarations alone, and the configuration reference of the documentation is written
+from them, so a variable cannot be read without being documented.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Literal
-
-from .errors import ConfigError
+from .variable import Variable
 
 MIN_ADMIN_TOKEN_CHARS = 32
 LOG_FORMATS = ("text", "json")
@@ -27,50 +23,6 @@ REDIS_MODES = ("standalone", "cluster", "sentinel")
 # (10,000). A call beyond the bound waits for a connection (gateway/redis/slots.py).
 DEFAULT_REDIS_MAX_CONNECTIONS = 64
 MAX_REDIS_MAX_CONNECTIONS = 10_000  # Redis's default maxclients: more could never open
-
-# How a variable's text becomes its value, by the reader of each kind (Variable.read):
-# "optional" is text or None when unset or empty; "text" keeps an empty value (a check
-# then refuses it); "lowered" is text folded to lower case, checked in validate(); the
-# others take the default when unset or empty and refuse a value out of range.
-Kind = Literal["optional", "text", "lowered", "switch", "choice", "number", "integer"]
-
-
-@dataclass(frozen=True)
-class Variable:
-    """One environment variable, declared once: its name, the Settings field it sets, how
-    its text is read (kind, default, bounds or choices, unit) and what it means, in the
-    paragraph the configuration reference shows."""
-
-    name: str
-    field: str
-    kind: Kind
-    default: str | float | bool | None
-    doc: str
-    low: float | None = None
-    high: float | None = None
-    choices: tuple[str, ...] = ()
-    unit: str = ""
-    # What the reference shows as the default where the value alone would say too little.
-    shown_default: str = ""
-
-    def read(self, env: Mapping[str, str]) -> object:
-        """This variable's value in env; raises ConfigError naming it."""
-        if self.kind == "optional":
-            return env.get(self.name) or None
-        if self.kind == "text":
-            return env.get(self.name, str(self.default))
-        if self.kind == "lowered":
-            return (env.get(self.name) or str(self.default)).strip().lower()
-        if self.kind == "switch":
-            return _switch(env, self.name, bool(self.default))
-        if self.kind == "choice":
-            return _choice(env, self.name, self.choices, str(self.default))
-        if self.low is None or self.high is None or not isinstance(self.default, int | float):
-            raise AssertionError(f"{self.name}: a number needs a numeric default and bounds")
-        if self.kind == "number":
-            return _number(env, self.name, self.default, self.low, self.high)
-        return _integer(env, self.name, int(self.default), int(self.low), int(self.high))
-
 
 # Every environment variable `Settings.from_env` reads, and no other: it refuses to read
 # a name missing here, so deployment checks can trust ENV_NAMES, and the configuration
@@ -469,45 +421,3 @@ VARIABLES: tuple[Variable, ...] = (
     ),
 )
 ENV_NAMES = frozenset(variable.name for variable in VARIABLES)
-
-
-def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    value = raw.strip().lower()
-    if value in ("on", "true", "1", "yes"):
-        return True
-    if value in ("off", "false", "0", "no"):
-        return False
-    raise ConfigError(f"{name} must be 'on' or 'off', got {raw!r}")
-
-
-def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    value = raw.strip().lower()
-    if value not in choices:
-        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {raw!r}")
-    return value
-
-
-def _number(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return float(default)
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
-    if not low <= value <= high:
-        raise ConfigError(f"{name} must be between {low:g} and {high:g}, got {raw!r}")
-    return value
-
-
-def _integer(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
-    value = _number(env, name, default, low, high)
-    if value != int(value):
-        raise ConfigError(f"{name} must be a whole number, got {env.get(name)!r}")
-    return int(value)
