@@ -34,7 +34,11 @@ def chromium() -> None:
 async def test_the_console_in_a_browser(
     chromium, fresh_database_url, redis_url, redis_prefix, runtime_id
 ):
-    env = serve_env(fresh_database_url, redis_url, redis_prefix)
+    # Every request's access line (a tenth of the 2xx ones by default).
+    env = {
+        **serve_env(fresh_database_url, redis_url, redis_prefix),
+        "GATEWAY_ACCESS_LOG_SAMPLE": "1",
+    }
     async with serve_process(
         "--migrate", "--access-log", env=env, stdout=asyncio.subprocess.PIPE
     ) as (proc, base):
