@@ -113,16 +113,8 @@ class Admission:
         refuse it."""
         return self.expected_wait_ms(Priority.WORK) > self._budget_ms
 
-    def refuse_early(self) -> None:
-        """Raise the refusal `acquire` would give work now, if it would: called when a
-        request of work arrives, before its body is read or its token checked, so that
-        under a flood a refusal costs little of what serving would. (`acquire` decides
-        again when the request reaches the database.)"""
-        if self.crowded():
-            self._metrics.shed.labels("database_queue").inc()
-            raise self._shed()
-
-    def _shed(self) -> DatabaseBusy:
+    def refusal(self) -> DatabaseBusy:
+        """What work refused for the line's length is answered."""
         return DatabaseBusy(
             f"the database queue is longer than {self._budget_ms:g} ms of work "
             "(GATEWAY_DB_QUEUE_BUDGET_MS); retry"
@@ -139,7 +131,7 @@ class Admission:
             return self._grant(loop.time())
         if wanted is Priority.WORK and self.expected_wait_ms(wanted) > self._budget_ms:
             self._metrics.shed.labels("database_queue").inc()
-            raise self._shed()
+            raise self.refusal()
         waiter: asyncio.Future[None] = loop.create_future()
         line = self._lines[wanted]
         line.append(waiter)

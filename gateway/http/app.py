@@ -19,7 +19,8 @@ from ..settings import Settings
 from . import access, console
 from .access import RequestLog, Sampler
 from .io import internal_error_response, problem_response
-from .routes import ROUTES
+from .routes import ENDPOINTS, ROUTES
+from .shedding import Shedding
 
 
 class GatewayApp(Starlette):
@@ -33,6 +34,8 @@ class GatewayApp(Starlette):
     # The app's Gateway, as app.state.gateway holds it: read on every claim, and a plain
     # attribute is read faster than Starlette's State.
     gateway: Gateway | None = None
+    # Work refused at the door while the database's line is full (shedding.py).
+    shedding: Shedding | None = None
 
     def build_middleware_stack(self) -> ASGIApp:
         stack = super().build_middleware_stack()
@@ -43,6 +46,16 @@ class GatewayApp(Starlette):
         # Starlette's, but not a coroutine of its own: its frame would be one more per
         # request to make, and one more that a parked poll holds for its whole wait.
         scope["app"] = self
+        gateway, door = self.gateway, self.shedding
+        if (
+            gateway is not None
+            and door is not None
+            and gateway.store.crowded()  # first: a few comparisons, false but in a flood
+            and scope["type"] == "http"
+            and door.refuses(scope)
+        ):
+            gateway.store.shed()
+            return door.answer(scope, receive, send)
         stack = self.middleware_stack
         if stack is None:
             stack = self.middleware_stack = self.build_middleware_stack()
@@ -114,4 +127,5 @@ def create_app(settings: Settings | None = None) -> Starlette:
     app.request_log_sampler = Sampler(settings.access_log_sample)
     app.state.gateway = gateway
     app.gateway = gateway
+    app.shedding = Shedding(ENDPOINTS, gateway.store.refusal())
     return app

@@ -89,10 +89,11 @@ class Endpoint:
 
     @property
     def refused_early(self) -> bool:
-        """Whether it is refused on arrival while the database's line is full (before
-        its token is checked or its body read): work, except the claim, which an empty
-        verdict answers without the database and whose refusal still applies the
-        reports it carries (the claim pump's statements are admitted as they go)."""
+        """Whether it is refused at the door while the database's line is full, before
+        its token is checked or its body read (gateway/http/shedding.py): work, except
+        the claim, which an empty verdict answers without the database and whose
+        refusal still applies the reports it carries (the claim pump's statements are
+        admitted as they go)."""
         claim = self.scope is Scope.CLAIM and self.target is Target.RUNTIME
         return self.priority is Priority.WORK and not claim
 
@@ -138,15 +139,13 @@ def api(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
     """The ASGI endpoint: authorization, the handler, and the error table. Unexpected
     exceptions are logged here, once, and answered 500."""
 
-    wanted, early = endpoint.priority, endpoint.refused_early
+    wanted = endpoint.priority
 
     @functools.wraps(endpoint.handler)
     async def run(request: Request) -> Response:
         gw: Gateway = request.app.state.gateway
         priority.set(wanted)  # each request runs in a task (and a context) of its own
         try:
-            if early:
-                gw.store.refuse_early()  # under a flood, before its token or its body
             request.state.principal = await authorize(request, gw, endpoint)
             return await endpoint.handler(request, gw)
         except Exception as exc:
@@ -167,7 +166,7 @@ def direct_api(endpoint: Endpoint, *, keep_principal: bool) -> ASGIApp:
     limited to the token's runtimes): this frame holds it anyway, while request.state
     would cost each parked poll an object more."""
     claim_handler = None if keep_principal else cast(ClaimHandler, endpoint.handler)
-    wanted, early = endpoint.priority, endpoint.refused_early
+    wanted = endpoint.priority
 
     async def app(scope: ASGIScope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive, send)
@@ -175,8 +174,6 @@ def direct_api(endpoint: Endpoint, *, keep_principal: bool) -> ASGIApp:
         gw: Gateway = getattr(scope["app"], "gateway", None) or request.app.state.gateway
         priority.set(wanted)  # each request runs in a task (and a context) of its own
         try:
-            if early:
-                gw.store.refuse_early()  # under a flood, before its token or its body
             principal = authorize_at_once(request, gw, endpoint)
             if principal is False:
                 principal = await authorize(request, gw, endpoint)

@@ -151,11 +151,15 @@ class StoreBase:
         carries apart from a claim that would be refused."""
         return self._admission.crowded()
 
-    def refuse_early(self) -> None:
-        """Raise DatabaseBusy now if a request of work arriving now would be shed when it
-        reached the database (gateway/admission.py), so that it is refused before any
-        work of its own."""
-        self._admission.refuse_early()
+    def refusal(self) -> DatabaseBusy:
+        """What work refused for the line's length is answered (gateway/admission.py)."""
+        return self._admission.refusal()
+
+    def shed(self) -> None:
+        """Count a request of work refused, for the line's length, before it reached
+        the database (gateway/http/shedding.py)."""
+        self._metrics.shed.labels("database_queue").inc()
+        self._log_busy()
 
     async def _run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         pool = self.pool
