@@ -5,9 +5,10 @@ posts single enqueues over 100 runtimes with `--overload-connections` (16) conne
 for `--overload-phase-seconds` (8) seconds ("before": the capacity), then with
 `--overload-burst-connections` (2,000) for `--overload-burst-seconds` (15) with a 2 s
 client timeout ("overload"), then with 16 again ("after"). wrk ignores Retry-After, as a
-misbehaving fleet would, so the gateway's refusals must be cheap. Beside wrk, a
-well-behaved client sends one enqueue at a time, every 20 ms, through its own
-connection: its 2xx latencies are what a client that gets in sees.
+misbehaving fleet would, so the gateway's refusals must be cheap. Beside wrk, eight
+well-behaved clients each send one enqueue at a time, every 20 ms, through a
+connection of their own, and honour a refusal's Retry-After: their 2xx latencies are
+what a client that gets in sees.
 
 Three loads, each with shedding as configured:
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import resource
 import time
@@ -43,7 +45,8 @@ from .stats import Result
 RUNTIMES = 100
 CLIENT_TIMEOUT_SECONDS = 2
 PROBE_INTERVAL_SECONDS = 0.02
-# The well-behaved client's percentiles need at least this many 2xx answers.
+PROBE_CLIENTS = 8
+# The well-behaved clients' percentiles need at least this many 2xx answers.
 PROBE_MIN_SAMPLES = 20
 ADMISSION_OFF = {"GATEWAY_DB_QUEUE_BUDGET_MS": "600000"}
 ON, OFF = "shedding on", "shedding off"
@@ -170,31 +173,40 @@ async def _wrk(url: str, script: Path, connections: int, seconds: float) -> dict
 
 
 async def _probe(url: str, token: str, stop: asyncio.Event) -> dict[str, Any]:
-    """A well-behaved client: one enqueue at a time on its own connection, every
-    PROBE_INTERVAL_SECONDS: its 2xx latencies, and how many it sent."""
+    """Well-behaved clients: PROBE_CLIENTS of them, each one enqueue at a time on its
+    own connection, every PROBE_INTERVAL_SECONDS, and after a refusal its Retry-After
+    later, as a client should: their 2xx latencies, and how many were refused."""
     ok: list[float] = []
-    refused = failed = 0
+    counts = {"refused": 0, "failed": 0}
     timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_SECONDS)
     headers = {"Authorization": f"Bearer {token}"}
-    async with aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=1), timeout=timeout, headers=headers
-    ) as http:
-        n = 0
-        while not stop.is_set():
-            n += 1
-            started = time.perf_counter()
-            try:
-                async with http.post(
-                    f"{url}/v1/runtimes/bench-overload-probe/tasks", json={"payload": {"n": n}}
-                ) as resp:
-                    await resp.read()
-                    if resp.status < 300:
-                        ok.append(time.perf_counter() - started)
-                    else:
-                        refused += 1
-            except (aiohttp.ClientError, TimeoutError):
-                failed += 1
-            await asyncio.sleep(PROBE_INTERVAL_SECONDS)
+
+    async def client(k: int) -> None:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=1), timeout=timeout, headers=headers
+        ) as http:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                pause = PROBE_INTERVAL_SECONDS
+                started = time.perf_counter()
+                try:
+                    async with http.post(
+                        f"{url}/v1/runtimes/bench-overload-probe-{k}/tasks",
+                        json={"payload": {"n": n}},
+                    ) as resp:
+                        await resp.read()
+                        if resp.status < 300:
+                            ok.append(time.perf_counter() - started)
+                        else:
+                            counts["refused"] += 1
+                            pause = float(resp.headers.get("Retry-After", pause))
+                except (aiohttp.ClientError, TimeoutError):
+                    counts["failed"] += 1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), pause)
+
+    await asyncio.gather(*(client(k) for k in range(PROBE_CLIENTS)))
     ok.sort()
 
     def pct(q: float) -> float | None:
@@ -202,13 +214,7 @@ async def _probe(url: str, token: str, stop: asyncio.Event) -> dict[str, Any]:
             return None  # too few answers to say anything of a p99
         return round(1000 * ok[min(len(ok) - 1, int(q * len(ok)))], 2)
 
-    return {
-        "ok": len(ok),
-        "refused": refused,
-        "failed": failed,
-        "p50_ms": pct(0.5),
-        "p99_ms": pct(0.99),
-    }
+    return {"ok": len(ok), **counts, "p50_ms": pct(0.5), "p99_ms": pct(0.99)}
 
 
 class Parked:
@@ -341,7 +347,7 @@ async def _one_run(
 
 def _ratios(phases: dict[str, Any]) -> dict[str, float | None]:
     """The targets' inputs: goodput under overload against the capacity, the
-    well-behaved client's p99 under overload against before, the share of requests
+    well-behaved clients' p99 under overload against before, the share of requests
     that reached the client timeout, and the p99 after against before."""
 
     def div(a: Any, b: Any) -> float | None:

@@ -51,6 +51,7 @@ from ..errors import GatewayError, HeadersTooLarge, RequestTimeout, problem_for
 from ..metrics import Metrics
 from ..settings import Settings
 from .access import REQUEST_ID_HEADER, server_answer
+from .shedding import HOLD_READING
 from .transport import Transport
 
 log = logging.getLogger("gateway.server")
@@ -199,6 +200,24 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             if self._pending_body is None and self._head_bytes >= MAX_HEAD_BYTES:
                 self._cut("head_too_large")
                 return
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        cycle = self.cycle
+        if cycle is None or self.transport.is_closing():
+            return
+        pause = cycle.scope.get(HOLD_READING)
+        if isinstance(pause, float):
+            # Refused at the door as the line is full: this connection's next request
+            # is read after the Retry-After it was told, so that a client that sends
+            # again at once (as a misbehaving fleet does) is not refused, and paid for,
+            # in a tight loop. The refusal itself went out at once.
+            self.flow.pause_reading()
+            self.loop.call_later(pause, self._resume_reading)
+
+    def _resume_reading(self) -> None:
+        if not self.transport.is_closing():
+            self.flow.resume_reading()
 
     # -- parser events -------------------------------------------------------
 

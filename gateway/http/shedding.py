@@ -9,6 +9,11 @@ body or access line, with one answer made at start-up: `503 database_busy`,
 `gateway_shed_total`, not in `gateway_http_requests_total` nor the access log (the
 gateway logs that it sheds at most once per 10 s).
 
+The connection is then read again only after the Retry-After it was told (the
+protocol, gateway/http/server.py, reads HOLD_READING in the request's scope once the
+answer is out): a client that ignores Retry-After and sends again at once is refused
+at most once a second per connection, rather than in a tight loop.
+
 Which requests: the endpoints `refused_early` marks (enqueues, signed webhooks, reads),
 matched by method and path only while the line is full; never a claim (an empty
 verdict answers it without the database), a report on a claimed task, a control, a
@@ -28,6 +33,10 @@ from ..errors import DatabaseBusy
 from .io import problem_response
 from .routes import Endpoint
 
+# The scope key under which the door tells the protocol how long, in seconds, to leave
+# the connection unread once the refusal is out.
+HOLD_READING = "gateway.hold_reading_seconds"
+
 
 class Shedding:
     """The door's check and its answer, for one app."""
@@ -39,6 +48,7 @@ class Shedding:
                 regex, _, _ = compile_path(endpoint.path)
                 self._paths.setdefault(endpoint.method, []).append(regex)
         self._answer: Response = problem_response(refusal)
+        self._hold_seconds = float(refusal.retry_after_seconds)
 
     def refuses(self, scope: Scope) -> bool:
         """Whether the request is work that the door refuses (asked only while the
@@ -47,5 +57,7 @@ class Shedding:
         return regexes is not None and any(r.match(scope["path"]) for r in regexes)
 
     def answer(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
-        """The refusal, the same bytes for every request."""
+        """The refusal, the same bytes for every request; its connection is read again
+        after its Retry-After."""
+        scope[HOLD_READING] = self._hold_seconds
         return self._answer(scope, receive, send)

@@ -1,7 +1,8 @@
 """Load shedding on the database path, end to end against real Postgres and Redis
 (gateway/admission.py): while every connection is busy and the line is longer than
 GATEWAY_DB_QUEUE_BUDGET_MS of work, an enqueue is refused at once with 503
-database_busy (on arrival, before its body is read) and a claim with 429 overloaded,
+database_busy (at the door, before its body is read, its connection read again only
+after its Retry-After) and a claim with 429 overloaded,
 both with Retry-After and nothing stored; a complete, which frees work, waits
 instead, goes first, and succeeds."""
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import aiohttp
 import asyncpg
 import pytest
 
@@ -84,6 +86,21 @@ async def test_work_is_refused_at_once_while_a_complete_waits_and_goes_first(
             resp = await gw.http.post(f"{gw.url}{tasks}", data=b"{not json", headers=AUTH)
             assert resp.status == 503 and (await resp.json())["code"] == "database_busy"
             assert time.monotonic() - started < 2.0  # at once, not after the 10 s timeout
+            # A client that sends again at once on the same connection, ignoring the
+            # Retry-After, is read again only once it has passed; one on another
+            # connection is answered at once.
+            async with aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=1), headers=AUTH
+            ) as one:
+                first = time.monotonic()
+                for _ in range(2):
+                    async with one.post(f"{gw.url}{tasks}", json={"payload": {}}) as again:
+                        assert again.status == 503
+                waited = time.monotonic() - first
+            assert waited >= 0.9, waited
+            other = time.monotonic()
+            resp = await gw.http.post(f"{gw.url}{tasks}", json={"payload": {}}, headers=AUTH)
+            assert resp.status == 503 and time.monotonic() - other < 0.5
             # The probes and the metrics are never shed: a busy pod is not a dead one.
             for path in ("/healthz", "/metrics"):
                 resp = await gw.http.get(f"{gw.url}{path}", headers=AUTH)
