@@ -580,27 +580,34 @@ def _drain_opts(opts: argparse.Namespace, label: str, **more: Any) -> argparse.N
     return argparse.Namespace(**values)
 
 
-async def _pgqueuer(opts: argparse.Namespace, servers: Servers) -> Result:
-    result = Result("pgqueuer", f"pgqueuer {opts.pgqueuer_version}")
+async def _pgqueuer(
+    opts: argparse.Namespace,
+    servers: Servers,
+    result: Result,
+    batch_size: int,
+    enqueue_jobs: int,
+    latency_samples: int,
+) -> dict[str, Any] | None:
+    """pgqueuer's run (bench/peers.py) into `result`: its figures, or None (and a
+    failure) when it could not run; a note when its drain did not run every job."""
     try:
         out = await run_pgqueuer(
             servers.database_url,
             jobs=opts.drain_tasks,
-            enqueue_jobs=opts.enqueue_tasks,
+            enqueue_jobs=enqueue_jobs,
             workers=opts.drain_workers,
-            batch_size=opts.drain_max_tasks,
+            batch_size=batch_size,
             enqueue_batch=1000,
-            latency_samples=200,
+            latency_samples=latency_samples,
             timeout_seconds=opts.drain_seconds,
         )
     except Exception as exc:
         result.failures.append(f"pgqueuer could not be run: {type(exc).__name__}: {exc}")
-        return result
-    result.numbers = out
+        return None
     drain = out.get("drain", {})
     if drain.get("jobs_run") != opts.drain_tasks:
         result.notes.append(f"pgqueuer ran {drain.get('jobs_run')} of {opts.drain_tasks} jobs")
-    return result
+    return out
 
 
 _PGQ_CACHE: dict[str, Result] = {}
@@ -612,8 +619,11 @@ async def pgqueuer_once(opts: argparse.Namespace, servers: Servers) -> list[Resu
     if "r" in _PGQ_CACHE:
         return []
     log("pgqueuer: batch enqueue, drain, enqueue-to-start latency")
-    _PGQ_CACHE["r"] = await _pgqueuer(opts, servers)
-    return [_PGQ_CACHE["r"]]
+    result = Result("pgqueuer", f"pgqueuer {opts.pgqueuer_version}")
+    out = await _pgqueuer(opts, servers, result, opts.drain_max_tasks, opts.enqueue_tasks, 200)
+    result.numbers = out or {}
+    _PGQ_CACHE["r"] = result
+    return [result]
 
 
 ONE_SEPARATE = "one at a time, separate complete"
@@ -650,24 +660,10 @@ async def _pgqueuer_one_at_a_time(opts: argparse.Namespace, servers: Servers) ->
     figure shown beside the target, which stays against pgqueuer's drain as it runs."""
     result = Result("drain", PGQ_ONE)
     log("pgqueuer: drain, one job at a time")
-    try:
-        out = await run_pgqueuer(
-            servers.database_url,
-            jobs=opts.drain_tasks,
-            enqueue_jobs=opts.drain_tasks,
-            workers=opts.drain_workers,
-            batch_size=1,
-            enqueue_batch=1000,
-            latency_samples=0,
-            timeout_seconds=opts.drain_seconds,
-        )
-    except Exception as exc:
-        result.failures.append(f"pgqueuer could not be run: {type(exc).__name__}: {exc}")
-        return result
-    drain = out.get("drain", {})
-    result.numbers = {"tasks_per_second": drain.get("jobs_per_second"), "pgqueuer": drain}
-    if drain.get("jobs_run") != opts.drain_tasks:
-        result.notes.append(f"pgqueuer ran {drain.get('jobs_run')} of {opts.drain_tasks} jobs")
+    out = await _pgqueuer(opts, servers, result, 1, opts.drain_tasks, 0)
+    if out is not None:
+        drain = out.get("drain", {})
+        result.numbers = {"tasks_per_second": drain.get("jobs_per_second"), "pgqueuer": drain}
     return result
 
 

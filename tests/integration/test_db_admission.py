@@ -12,33 +12,16 @@ import asyncio
 import time
 
 import aiohttp
-import asyncpg
 import pytest
 
-from gateway.errors import DatabaseBusy
-from gateway.store import Store
 from tests.support.databases import fetch
 from tests.support.gateways import TOKEN, make_settings, running_gateway
 from tests.support.metrics import sample
+from tests.support.stores import hold_connection
 
 pytestmark = pytest.mark.integration
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-async def _hold(store: Store, release: asyncio.Event, held: asyncio.Semaphore) -> None:
-    """Holds one pooled connection until `release`."""
-
-    async def wait(_: asyncpg.Connection) -> None:
-        held.release()
-        await release.wait()
-
-    while True:
-        try:
-            await store.run(wait)
-            return
-        except DatabaseBusy:
-            await asyncio.sleep(0.05)
 
 
 async def test_work_is_refused_at_once_while_a_complete_waits_and_goes_first(
@@ -68,7 +51,7 @@ async def test_work_is_refused_at_once_while_a_complete_waits_and_goes_first(
         assert (await post(tasks, {"payload": {"n": 2}}))[0] == 201
         store = gw.gateway.store
         release, held = asyncio.Event(), asyncio.Semaphore(0)
-        holders = [asyncio.create_task(_hold(store, release, held)) for _ in range(2)]
+        holders = [asyncio.create_task(hold_connection(store, release, held)) for _ in range(2)]
         try:
             for _ in holders:
                 await asyncio.wait_for(held.acquire(), 10)

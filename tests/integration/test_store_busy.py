@@ -8,7 +8,6 @@ import asyncio
 import time
 import uuid
 
-import asyncpg
 import pytest
 
 from gateway.errors import DatabaseBusy, NotFound, StoreUnavailable
@@ -16,25 +15,9 @@ from gateway.metrics import Metrics
 from gateway.store import Store
 from tests.support.gateways import TOKEN, make_settings, running_gateway
 from tests.support.metrics import sample
+from tests.support.stores import hold_connection
 
 pytestmark = pytest.mark.integration
-
-
-async def _hold(store: Store, release: asyncio.Event, held: asyncio.Semaphore) -> None:
-    """Holds one pooled connection until `release`. A gateway's own background work
-    (the janitor's first pass, on a loaded machine) may hold one for longer than the
-    test's short acquire timeout at first: the holder then asks again."""
-
-    async def wait(_: asyncpg.Connection) -> None:
-        held.release()
-        await release.wait()
-
-    while True:
-        try:
-            await store.run(wait)
-            return
-        except DatabaseBusy:
-            await asyncio.sleep(0.05)
 
 
 async def test_a_request_waits_the_acquire_timeout_then_is_refused(database_url):
@@ -42,7 +25,7 @@ async def test_a_request_waits_the_acquire_timeout_then_is_refused(database_url)
     store = Store(database_url, metrics, min_size=1, max_size=2, acquire_timeout_ms=300)
     await store.open()
     release, held = asyncio.Event(), asyncio.Semaphore(0)
-    holders = [asyncio.create_task(_hold(store, release, held)) for _ in range(2)]
+    holders = [asyncio.create_task(hold_connection(store, release, held)) for _ in range(2)]
     try:
         for _ in holders:
             await asyncio.wait_for(held.acquire(), 10)
@@ -86,7 +69,7 @@ async def test_the_http_answer_is_503_database_busy_with_retry_after(
     async with running_gateway(settings) as gw:
         store = gw.gateway.store
         release, held = asyncio.Event(), asyncio.Semaphore(0)
-        holders = [asyncio.create_task(_hold(store, release, held)) for _ in range(2)]
+        holders = [asyncio.create_task(hold_connection(store, release, held)) for _ in range(2)]
         try:
             for _ in holders:
                 await asyncio.wait_for(held.acquire(), 10)

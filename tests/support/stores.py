@@ -4,11 +4,15 @@ of a given size (`open_store`), and handed requests parsed as the routes parse t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import asyncpg
+
 from gateway.api.requests import EnqueueRequest, parse_enqueue
+from gateway.errors import DatabaseBusy
 from gateway.metrics import Metrics
 from gateway.store import Store
 
@@ -31,3 +35,21 @@ def enqueue_request(payload: Any, **fields: Any) -> EnqueueRequest:
     """One enqueue's request, as the route parses its body (`fields`: priority,
     idempotency_key, delay_seconds, ...)."""
     return parse_enqueue({"payload": payload, **fields}, None, MAX_PAYLOAD_BYTES)
+
+
+async def hold_connection(store: Store, release: asyncio.Event, held: asyncio.Semaphore) -> None:
+    """Holds one of the store's pooled connections until `release`, releasing `held`
+    once it has it. A gateway's own background work (the janitor's first pass, on a
+    loaded machine) may hold one for longer than a test's short acquire timeout at
+    first: the holder then asks again."""
+
+    async def wait(_: asyncpg.Connection) -> None:
+        held.release()
+        await release.wait()
+
+    while True:
+        try:
+            await store.run(wait)
+            return
+        except DatabaseBusy:
+            await asyncio.sleep(0.05)
