@@ -195,6 +195,19 @@ VARIABLES: tuple[Variable, ...] = (
         doc="Time between janitor passes; a lapsed lease is taken back within it.",
     ),
     Variable(
+        "GATEWAY_JANITOR_VACUUM_DEAD_ROWS",
+        "janitor_vacuum_dead_rows",
+        "integer",
+        100_000,
+        low=0,
+        high=2_000_000_000,
+        unit="rows",
+        doc="Dead row versions in the task table (Postgres's own count) at which the "
+        "janitor runs `VACUUM (ANALYZE) tasks` itself, after a burst of completions or "
+        "deletes, instead of waiting for autovacuum; it blocks no read or write. `0`: "
+        "leave it to autovacuum.",
+    ),
+    Variable(
         "GATEWAY_RETENTION_SECONDS",
         "retention_seconds",
         "number",

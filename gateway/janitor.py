@@ -1,5 +1,6 @@
 """The janitor: lease reclaim, TTL expiry, retention, the finished-task counts' fold,
-verdict repair (I6) and the queue-depth gauges.
+verdict repair (I6), the queue-depth gauges, and a VACUUM of the task table after a
+burst of completions or deletes.
 
 One instance at a time does the work: leadership is a Postgres advisory lock held on
 a dedicated connection, so when the leader dies another instance takes over at its
@@ -41,6 +42,14 @@ DEPTH_DUTY = 10.0
 # runtimes than two pages a round takes several passes (docs/design.md, I6).
 REPAIR_PAGES_PER_PASS = 2
 FINISHED = ("completed", "cancelled", "expired")
+# The VACUUM after a burst (GATEWAY_JANITOR_VACUUM_DEAD_ROWS) starts no sooner than this
+# many times the last one's duration after that one started, so that vacuums take at
+# most half the time however fast rows die: on a table of 10^7 rows one takes about
+# half a minute here (docs/capacity.md, "After a burst").
+VACUUM_DUTY = 2.0
+# One VACUUM's bound. Past it, it is cancelled, keeping the pages it has cleaned, and a
+# later pass starts another.
+VACUUM_TIMEOUT_SECONDS = 900.0
 
 
 @dataclass
@@ -59,6 +68,10 @@ class PassReport:
     woken: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)  # per step, for measurements
+    # The task table's dead row versions when the vacuum step read them (None: not read,
+    # the step off or a VACUUM running or not due), and whether it started a VACUUM.
+    dead_rows: int | None = None
+    vacuum_started: bool = False
 
 
 class Janitor:
@@ -91,6 +104,8 @@ class Janitor:
         self._depth_due = 0.0  # monotonic time of the next queue-depth count
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        self._vacuum_task: asyncio.Task[None] | None = None
+        self._vacuum_due = 0.0  # monotonic time from which the next VACUUM may start
 
     @property
     def is_leader(self) -> bool:
@@ -109,6 +124,7 @@ class Janitor:
             ("verdict repair", self._repair),
             ("promotion", self._promote),
             ("queue depth", self._gauge_depth),
+            ("vacuum", self._vacuum),
         ):
             step_started = time.monotonic()
             try:
@@ -249,6 +265,63 @@ class Janitor:
             self._metrics.tasks_by_status.labels(status).set(counts.get(status, 0))
         self._metrics.oldest_queued_age.set(oldest or 0.0)
 
+    async def _vacuum(self, report: PassReport) -> None:
+        """After a burst, a VACUUM (ANALYZE) of the task table, started here and run in
+        the background (the pass goes on; `vacuuming` while it runs).
+
+        A burst of completions leaves each task's earlier row versions dead, and their
+        index entries with them: a claim on that runtime then walks them before it
+        reaches a live task, and its stats read the table's pages instead of the index
+        alone, until a VACUUM removes them. Autovacuum waits for a fifth of the table
+        to be dead by default (two million rows of ten million), then for its next
+        round. The pass reads Postgres's count of dead rows (from its statistics, not
+        the table) and starts one VACUUM once GATEWAY_JANITOR_VACUUM_DEAD_ROWS are
+        dead; it skips at once when another VACUUM of the table runs (autovacuum's, or
+        another replica's janitor's after a change of leader: Postgres's lock
+        decides). It blocks no read or write, and runs on a connection of its own to
+        the direct URL. At most one at a time per process, bounded by
+        VACUUM_TIMEOUT_SECONDS, and no sooner than VACUUM_DUTY times the last one's
+        duration after it started."""
+        threshold = self._settings.janitor_vacuum_dead_rows
+        if threshold <= 0 or self.vacuuming is not None or time.monotonic() < self._vacuum_due:
+            return
+        report.dead_rows = await self._store.dead_task_rows()
+        if report.dead_rows < threshold:
+            return
+        report.vacuum_started = True
+        self._vacuum_task = asyncio.create_task(
+            self._vacuum_tasks(report.dead_rows), name="gateway-janitor-vacuum"
+        )
+
+    @property
+    def vacuuming(self) -> asyncio.Task[None] | None:
+        """The VACUUM this janitor started, while it runs."""
+        task = self._vacuum_task
+        return task if task is not None and not task.done() else None
+
+    async def _vacuum_tasks(self, dead_rows: int) -> None:
+        started = time.monotonic()
+        outcome = "failed"
+        try:
+            ran = await self._store.vacuum_tasks(VACUUM_TIMEOUT_SECONDS)
+            outcome = "done" if ran else "skipped"
+        except GatewayError as exc:
+            self._metrics.janitor_errors.inc()
+            log.warning("janitor VACUUM of the task table failed: %s", exc.detail)
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            took = time.monotonic() - started
+            self._vacuum_due = started + VACUUM_DUTY * took
+            self._metrics.table_vacuums.labels(outcome).inc()
+            log.info(
+                "janitor VACUUM of the task table after %d dead rows: %s in %.1fs",
+                dead_rows,
+                outcome,
+                took,
+            )
+
     # -- the loop ----------------------------------------------------------------
 
     async def start(self) -> None:
@@ -260,6 +333,9 @@ class Janitor:
         if self._task is not None:
             await stop_task(self._task, "janitor")
             self._task = None
+        if self._vacuum_task is not None:
+            await stop_task(self._vacuum_task, "janitor VACUUM")
+            self._vacuum_task = None
         await self._resign()
 
     async def _resign(self) -> None:

@@ -241,6 +241,14 @@ class Metrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
             registry=r,
         )
+        self.table_vacuums = Counter(
+            "gateway_janitor_vacuums",
+            "VACUUMs of the task table the janitor ran after a burst "
+            "(GATEWAY_JANITOR_VACUUM_DEAD_ROWS), by outcome: done, skipped (another VACUUM "
+            "of the table was running), failed, cancelled (the gateway stopping).",
+            ["outcome"],
+            registry=r,
+        )
         self.janitor_errors = Counter(
             "gateway_janitor_errors", "Janitor steps that failed (retried next pass).", registry=r
         )

@@ -71,6 +71,7 @@ class Settings:
     max_body_bytes: int = 16_777_216
     janitor_interval_seconds: float = 5.0
     janitor_batch_size: int = 1000
+    janitor_vacuum_dead_rows: int = 100_000
     retention_seconds: float = 7 * 86400.0
     dead_retention_seconds: float = 30 * 86400.0
     max_concurrent_claims: int = 16

@@ -1,11 +1,13 @@
 """The janitor's statements (janitor.py): lease reclaim, promotion of due scheduled
-tasks, TTL expiry, retention purge, the finished-task counts' fold, the queue depth and
-the repair walk's pages; and its leadership, an advisory lock held on a connection of
-its own (`Leadership`).
+tasks, TTL expiry, retention purge, the finished-task counts' fold, the queue depth, the
+repair walk's pages and the task table's vacuum; and its leadership, an advisory lock
+held on a connection of its own (`Leadership`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,6 +17,10 @@ from ..errors import StoreUnavailable
 from ..rows import Reclaimed
 from .base import DRIVER_ERRORS, StoreBase, log
 from .sql import janitor as sql
+
+# How long closing the vacuum's connection may take: long enough to deliver the cancel
+# request of a VACUUM cut short, and for Postgres to acknowledge it.
+VACUUM_CLOSE_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,49 @@ class JanitorStatements(StoreBase):
             next_after=rows[-1]["runtime_id"] if len(rows) == limit else "",
             visited=len(rows),
         )
+
+    async def dead_task_rows(self) -> int:
+        """Dead row versions in the task table, as Postgres's statistics count them
+        (the count autovacuum goes by); 0 when the statistics have none yet."""
+        return int(await self._run(lambda c: c.fetchval(sql.TASKS_DEAD_ROWS)) or 0)
+
+    async def vacuum_tasks(self, timeout_seconds: float) -> bool:
+        """`VACUUM (ANALYZE) tasks` on a connection of its own to the lock URL
+        (GATEWAY_DIRECT_DATABASE_URL when set), so that no pooled connection is held
+        for its duration; closed afterwards. True when it ran; False when another
+        VACUUM or ANALYZE of the table was running, and this one skipped.
+
+        Blocks no read or write of the table (sql.VACUUM_TASKS). Bounded by
+        `timeout_seconds`: past it, or when the caller is cancelled, the driver sends
+        Postgres a cancel request, and the work done so far is kept (the pages already
+        cleaned stay clean). Safe to run again at any time."""
+        try:
+            conn = await asyncpg.connect(
+                self._lock_dsn,
+                timeout=10,
+                server_settings={"application_name": "claim-gateway-vacuum"},
+            )
+        except DRIVER_ERRORS as exc:
+            raise StoreUnavailable(f"cannot connect to Postgres: {exc}") from exc
+        skipped: list[str] = []
+
+        def note_skip(_conn: object, message: asyncpg.PostgresLogMessage) -> None:
+            if message.sqlstate == sql.LOCK_NOT_AVAILABLE:
+                skipped.append(message.message)
+
+        conn.add_log_listener(note_skip)
+        try:
+            await conn.execute(sql.VACUUM_TASKS, timeout=timeout_seconds)
+        except DRIVER_ERRORS as exc:
+            raise StoreUnavailable(f"database error: {exc}") from exc
+        finally:
+            # close() first sends the cancel request a timeout or a cancel asked for, and
+            # waits for it (bounded); terminate() would drop that request, and the
+            # VACUUM would run on without anyone waiting for it. Shielded: a caller
+            # cancelled again meanwhile does not cut it short.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(conn.close(timeout=VACUUM_CLOSE_SECONDS))
+        return not skipped
 
     async def try_leadership(self, key: int) -> Leadership | None:
         """Advisory lock `key` on a dedicated connection, or None if another process

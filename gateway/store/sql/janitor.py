@@ -1,6 +1,7 @@
 """The statements of store/janitor.py (JanitorStatements): lease reclaim, promotion of due
 scheduled tasks, TTL expiry, retention purge, the finished-task counts' fold, the queue
-depth, the repair walk's pages, and the leadership's advisory lock.
+depth, the repair walk's pages, the task table's vacuum, and the leadership's advisory
+lock.
 """
 
 from __future__ import annotations
@@ -208,3 +209,26 @@ UPDATE tasks t
  WHERE t.id = due.id
 RETURNING t.runtime_id
 """
+
+# The task table's dead row versions as Postgres counts them: the cumulative statistics
+# that autovacuum reads too (each backend reports its changes within a second or so of
+# its transaction's end). Read from shared memory, not from the table.
+TASKS_DEAD_ROWS = """
+SELECT coalesce(n_dead_tup, 0) FROM pg_stat_user_tables WHERE relid = 'tasks'::regclass
+"""
+
+# A plain VACUUM takes a SHARE UPDATE EXCLUSIVE lock: reads and writes of the table go on
+# (only DDL on it and another VACUUM or ANALYZE of it wait). SKIP_LOCKED: when another
+# VACUUM or ANALYZE of the table holds that lock (autovacuum, another replica's janitor),
+# this one skips at once with a warning (SQLSTATE 55P03) instead of queueing behind it.
+# TRUNCATE false: the last phase of a VACUUM, giving empty pages at the end of the table
+# back to the system, takes an ACCESS EXCLUSIVE lock that would stop every claim for its
+# duration; the table grows back into those pages anyway. ANALYZE: after a burst the
+# planner's picture of the statuses is wrong too. INDEX_CLEANUP ON: left to itself, a
+# VACUUM that finds dead rows on under 2% of the table's pages leaves their index
+# entries (and the line pointers they point to) for later, and the ANALYZE after it
+# counts those as dead rows again: on a 10^7-row table with retention deleting, the
+# janitor then saw 100,000 dead rows after every VACUUM and ran one every pass. One
+# statement, outside any transaction block, as a transaction pooler allows it.
+VACUUM_TASKS = "VACUUM (ANALYZE, SKIP_LOCKED, TRUNCATE false, INDEX_CLEANUP ON) tasks"
+LOCK_NOT_AVAILABLE = "55P03"
