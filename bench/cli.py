@@ -82,7 +82,10 @@ Scenarios (--scenario, comma-separated, default all; about 10 minutes on 2 cores
   scale           --scale-sizes rows of each shape (delayed, finished, many
                   runtimes), then --scale-table-rows in all with retention
                   deleting old history; claim, stats, janitor pass, enqueue and
-                  claim cost against the small-runtime baseline.
+                  claim cost against the small-runtime baseline. Then a burst:
+                  --scale-burst tasks of one runtime claimed and completed, no
+                  VACUUM from the bench, its claims and stats watched for 90 s
+                  against quiet runtimes.
   bulk-insert     one INSERT of --bulk-rows finished tasks each (10^5, 10^6),
                   triggers on and off: the time must grow linearly with the rows
                   (the finished-task counters are kept once per statement).
@@ -402,6 +405,15 @@ def parser() -> argparse.ArgumentParser:
         help="scale: after the shapes, grow the table to N rows with finished tasks, "
         "half of them past retention, and measure again while retention deletes them "
         "(default: 10000000; 0: skip)",
+    )
+    p.add_argument(
+        "--scale-burst",
+        type=_sizes_one,
+        default=1_000_000,
+        metavar="N",
+        help="scale: last, N queued tasks of one runtime claimed and completed through the "
+        "gateway's statements, with no VACUUM or ANALYZE after them; claims and stats "
+        "watched for 90 s against quiet runtimes (default: 1000000; 0: skip)",
     )
     p.add_argument(
         "--scale-samples",

@@ -29,6 +29,10 @@ FLOOR_RATIO = 0.8
 ACCESS_LOG_RATIO = 0.9
 # The empty-polls variant served as `gateway serve` starts by default, access log on.
 ACCESS_LOG_LABEL = "cache on, access log"
+# After a burst of completions of one runtime (the scale scenario's burst step), its
+# claims and its stats, 90 s later, against the same operations on a quiet runtime.
+BURST_CLAIM_RATIO = 2.0
+BURST_STATS_RATIO = 3.0
 
 
 @dataclass
@@ -302,6 +306,7 @@ def evaluate(results: list[Result]) -> list[Row]:
             "x",
         )
     )
+    rows += _burst_rows(results)
     rows.append(_bulk_insert_row(results))
     rows += _overload_rows(results)
     return rows
@@ -333,6 +338,36 @@ def _overload_rows(results: list[Result]) -> list[Row]:
     shown = "not measured" if late is None else f"{_fmt(late, 4)} of {summary.get('answers')}"
     rows.append(Row("overload: parked polls answered after their deadline", late, "<=", 0.0, shown))
     return rows
+
+
+def _burst_rows(results: list[Result]) -> list[Row]:
+    """The burst step's claims and stats on the burst runtime against a quiet runtime:
+    the medians over the last part of the watch (about 90 s after the burst), with the
+    first of each after the burst shown beside them."""
+    r = find(results, "scale", "burst")
+    n: dict[str, Any] = {} if r is None else r.numbers
+    watch, judge = n.get("watch_seconds") or 0, n.get("judge_seconds") or 0
+    out = []
+    for op, key, bound in (
+        ("claim", "claim", BURST_CLAIM_RATIO),
+        ("stats", "stats", BURST_STATS_RATIO),
+    ):
+        title = f"scale: {op}, {watch or 90:g} s after a burst on its runtime vs a quiet runtime"
+        a, b = n.get(f"end_{key}_p50_ms"), n.get(f"end_quiet_{key}_p50_ms")
+        value = _div(a, b)
+        if value is None:
+            out.append(Row(title, None, "<=", bound, "not measured"))
+            continue
+        fa, fb = n.get(f"first_{key}_ms"), n.get(f"first_quiet_{key}_ms")
+        shown = (
+            f"{_fmt(value, 2)}x ({_fmt(a, 2)} vs {_fmt(b, 2)} ms, medians of the last "
+            f"{judge:g} s); first after the burst: {_fmt(_div(fa, fb), 1)}x ({_fmt(fa, 1)} vs "
+            f"{_fmt(fb, 1)} ms); {n.get('burst_tasks') or 0:,} completed in "
+            f"{_fmt(n.get('burst_seconds'))} s on {n.get('table_rows') or 0:,} rows; "
+            f"VACUUMs began at {n.get('vacuum_started_at_s')} s"
+        )
+        out.append(Row(title, value, "<=", bound, shown, "x"))
+    return out
 
 
 def _one_at_a_time_row(results: list[Result], pgq: float | None) -> Row:

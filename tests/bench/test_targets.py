@@ -320,3 +320,34 @@ def test_overload_is_judged_with_admission_control_on_and_off_is_shown_beside() 
     missing = _by_target(evaluate([]))
     assert missing["overload (claim and complete): accepted p99 vs before"].verdict == "n/a"
     assert missing["overload: parked polls answered after their deadline"].verdict == "n/a"
+
+
+def test_a_burst_is_judged_at_the_end_of_its_watch_against_quiet_runtimes() -> None:
+    numbers = {
+        "watch_seconds": 90.0,
+        "judge_seconds": 15.0,
+        "burst_tasks": 1_000_000,
+        "burst_seconds": 104.4,
+        "table_rows": 11_000_000,
+        "vacuum_started_at_s": [0.0],
+        "first_claim_ms": 52.9,
+        "first_quiet_claim_ms": 4.1,
+        "end_claim_p50_ms": 7.2,
+        "end_quiet_claim_p50_ms": 4.0,
+        "first_stats_ms": 313.0,
+        "first_quiet_stats_ms": 75.2,
+        "end_stats_p50_ms": 6.8,
+        "end_quiet_stats_p50_ms": 1.7,
+    }
+    rows = _by_target(evaluate([_r("scale", "burst", **numbers)]))
+    claim = rows["scale: claim, 90 s after a burst on its runtime vs a quiet runtime"]
+    assert claim.value is not None and round(claim.value, 2) == 1.8 and claim.verdict == "PASS"
+    assert "first after the burst: 12.9x (52.9 vs 4.1 ms)" in claim.shown
+    stats = rows["scale: stats, 90 s after a burst on its runtime vs a quiet runtime"]
+    assert (stats.value, stats.bound, stats.verdict) == (4.0, 3.0, "MISS")
+    # Not run (--scale-burst 0, or another scenario): not available, never PASS.
+    missing = _by_target(evaluate([]))
+    assert (
+        missing["scale: claim, 90 s after a burst on its runtime vs a quiet runtime"].verdict
+        == "n/a"
+    )
