@@ -64,7 +64,7 @@ fuzz: $(STAMP)
 clients-check: $(STAMP)
 	PYTHONPATH=. $(BIN)/python clients/generated-check/check.py
 
-## bench: every performance and scale target against its peers, in one run (~14 min; see bench/README.md)
+## bench: every performance and scale target against its peers, in one run (~15 min; see bench/README.md)
 bench: $(STAMP)
 	$(BIN)/python -m bench --json bench/results/bench.json --png bench/results/bench.png $(BENCH_ARGS)
 

@@ -54,7 +54,7 @@ process (the gateway, the bare Starlette floor, pgqueuer's driver) is started he
 on loopback, and stopped by pid; every database (bench_<random>) is dropped and every
 Redis key under the run's prefix deleted afterwards.
 
-Scenarios (--scenario, comma-separated, default all; about 14 minutes on 2 cores):
+Scenarios (--scenario, comma-separated, default all; about 15 minutes on 2 cores):
   empty-polls     --connections clients claim with wait_seconds 0, rotating over
                   --poll-runtimes empty runtimes, for --poll-seconds: the gateway with
                   the cache on (access log off, then on as `gateway serve` starts by
