@@ -1,7 +1,7 @@
 """The fault matrix's checker: a pure function over what the clients saw (a `History`)
 and the tasks table at the end (`Row`s), sorting every task into completed once,
-cancelled, lost, duplicated or unresolved, and every empty claim answer into fine or
-stale-empty.
+cancelled, acknowledged-lost, resurrected, lost, duplicated or unresolved, and every
+empty claim answer into fine or stale-empty.
 
 Times are wall-clock seconds (`time.time()`), the clock Postgres uses on the same
 machine. Every verdict is conservative: a request's effect happened somewhere between
@@ -18,11 +18,14 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Enqueue:
-    """A `201` to an enqueue: the task was committed claimable by `answered`."""
+    """A `201` to an enqueue (or a `200` to its retry with the same idempotency key):
+    the task was committed claimable by `answered`. `sent`: when the request that got
+    this answer was sent (None when unknown)."""
 
     task_id: str
     runtime: str
     answered: float
+    sent: float | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,13 @@ class Verdict:
 
     completed_once: set[str] = field(default_factory=set)
     cancelled: set[str] = field(default_factory=set)  # ended cancelled by a cancel sent
+    # A 2xx whose effect is gone at the end: an enqueue answered 201 whose row is
+    # missing, a complete answered 200 whose task did not end completed (a commit
+    # acknowledged by a primary and lost with it).
+    acknowledged_lost: dict[str, str] = field(default_factory=dict)
+    # Completed (a complete answered 200), then handed out again by a claim sent after
+    # that answer: the completion was undone.
+    resurrected: dict[str, str] = field(default_factory=dict)
     lost: dict[str, str] = field(default_factory=dict)
     duplicated: dict[str, str] = field(default_factory=dict)
     unresolved: dict[str, str] = field(default_factory=dict)
@@ -118,7 +128,26 @@ class Verdict:
 
     @property
     def clean(self) -> bool:
-        return not (self.lost or self.duplicated or self.unresolved or self.stale_empty)
+        return not (
+            self.acknowledged_lost
+            or self.resurrected
+            or self.lost
+            or self.duplicated
+            or self.unresolved
+            or self.stale_empty
+        )
+
+    def problems(self) -> list[str]:
+        """One line per task (or empty answer) in a failing category."""
+        kinds = (
+            ("acknowledged-lost", self.acknowledged_lost),
+            ("resurrected", self.resurrected),
+            ("lost", self.lost),
+            ("unresolved", self.unresolved),
+            ("duplicated", self.duplicated),
+        )
+        lines = [f"{kind} {task}: {why}" for kind, found in kinds for task, why in found.items()]
+        return lines + self.stale_empty
 
 
 def check(
@@ -151,10 +180,24 @@ def check(
     for task_id in sorted(set(by_id) | {e.task_id for e in history.enqueues}):
         why = _duplicated(leases[task_id], completes[task_id], fails[task_id])
         row = by_id.get(task_id)
-        if why:
-            verdict.duplicated[task_id] = why
+        completed_at = min((c.answered for c in completes[task_id]), default=None)
+        # A claim sent after a complete's 200 cannot have raced it: the task was done.
+        again = [
+            c.sent for c, _ in leases[task_id] if completed_at is not None and c.sent > completed_at
+        ]
+        if again:
+            verdict.resurrected[task_id] = (
+                f"completed (answered {completed_at:.3f}), handed out again by a claim sent at "
+                f"{min(again):.3f}"
+            )
         elif row is None:
-            verdict.lost[task_id] = "enqueue answered 201 but the row is gone"
+            verdict.acknowledged_lost[task_id] = "enqueue answered 201 but the row is gone"
+        elif completed_at is not None and row.status != "completed":
+            verdict.acknowledged_lost[task_id] = (
+                f"complete answered 200 at {completed_at:.3f} but the row ended {row.status}"
+            )
+        elif why:
+            verdict.duplicated[task_id] = why
         elif row.status == "completed":
             verdict.completed_once.add(task_id)
         elif row.status == "cancelled" and task_id in cancel_sent:

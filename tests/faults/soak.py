@@ -216,10 +216,7 @@ class SoakResult:
     def problems(self, bounds: Bounds) -> list[str]:
         found = failures(figures(self.samples), len(self.samples), bounds)
         v = self.verdict
-        found += [f"lost {t}: {why}" for t, why in v.lost.items()]
-        found += [f"unresolved {t}: {why}" for t, why in v.unresolved.items()]
-        found += [f"duplicated {t}: {why}" for t, why in v.duplicated.items()]
-        found += v.stale_empty
+        found += v.problems()
         if self.redis_errors <= 0:
             found.append("gateway_redis_errors_total did not grow: the Redis kill left no trace")
         return found
@@ -290,8 +287,10 @@ def report(result: SoakResult, bounds: Bounds) -> str:
         f"≤ {bounds.oldest_due_seconds} s |",
         f"| tasks (completed once / cancelled) | {result.tasks} ({len(v.completed_once)} / "
         f"{len(v.cancelled)}) | all |",
-        f"| lost / duplicated / stale-empty | {len(v.lost) + len(v.unresolved)} / "
-        f"{len(v.duplicated)} / {len(v.stale_empty)} | 0 / 0 / 0 |",
+        # An acknowledged write undone counts as lost, a completion undone as duplicated.
+        f"| lost / duplicated / stale-empty | "
+        f"{len(v.lost) + len(v.unresolved) + len(v.acknowledged_lost)} / "
+        f"{len(v.duplicated) + len(v.resurrected)} / {len(v.stale_empty)} | 0 / 0 / 0 |",
         f"| 5xx answers / tasks handed out more than once | {result.server_errors} / "
         f"{result.released} | counted |",
         f"| gateway Redis errors across the Redis kill | {result.redis_errors:.0f} | > 0 |",

@@ -45,9 +45,39 @@ def test_a_task_never_delivered_is_lost() -> None:
     assert set(verdict.lost) == {"t1"}, verdict
 
 
-def test_a_row_that_vanished_is_lost() -> None:
+def test_a_row_that_vanished_after_its_201_is_acknowledged_lost() -> None:
     verdict = _check(History(enqueues=[Enqueue("t1", RT, 0.0)]), [])
-    assert set(verdict.lost) == {"t1"}
+    assert set(verdict.acknowledged_lost) == {"t1"} and not verdict.clean
+
+
+def test_a_completion_answered_200_then_undone_is_acknowledged_lost() -> None:
+    # The primary acknowledged the complete and died; the new primary never had it, and
+    # the lease is still running there at the check.
+    history = _delivered()
+    verdict = _check(history, [Row("t1", RT, "claimed", lease_expires_at=11.0)], checked_at=5.0)
+    assert set(verdict.acknowledged_lost) == {"t1"}, verdict
+    assert "complete answered 200" in verdict.acknowledged_lost["t1"]
+    assert not verdict.clean
+
+
+def test_a_task_handed_out_again_after_its_completion_is_resurrected() -> None:
+    # Completed under l1 (answered at 1.2); the janitor reclaimed the lease the new
+    # primary still had and a claim sent at 5 got it; completed again under l2.
+    history = _delivered()
+    history.claims.append(Claim(RT, 5.0, 5.1, 10.0, (Lease("t1", "l2"),)))
+    history.completes.append(Complete("t1", "l2", 5.2, 5.3))
+    verdict = _check(history, [Row("t1", RT, "completed")])
+    assert set(verdict.resurrected) == {"t1"}, verdict
+    assert not verdict.duplicated and not verdict.clean
+
+
+def test_a_claim_sent_before_the_complete_was_answered_is_no_resurrection() -> None:
+    # Sent at 1.15, while the complete (sent 1.1, answered 1.2) was in flight: the two
+    # may have raced, so only a claim sent after the 200 accuses.
+    history = _delivered()
+    history.claims.append(Claim(RT, 1.15, 1.3, 10.0, (Lease("t1", "l2"),)))
+    verdict = _check(history, [Row("t1", RT, "completed")])
+    assert not verdict.resurrected, verdict
 
 
 def test_a_task_stuck_claimed_past_lease_and_janitor_is_lost() -> None:
@@ -65,7 +95,9 @@ def test_a_live_lease_at_check_time_is_unresolved_not_clean() -> None:
 
 
 def test_a_dead_task_is_lost() -> None:
-    verdict = _check(_delivered(), [Row("t1", RT, "dead")])
+    history = _delivered()
+    history.completes.clear()  # with its complete answered 200 it is acknowledged-lost
+    verdict = _check(history, [Row("t1", RT, "dead")])
     assert set(verdict.lost) == {"t1"}
 
 
