@@ -14,6 +14,7 @@ import asyncpg
 import psutil
 import redis.asyncio as aioredis
 
+from tests.faults.patroni import TTL_SECONDS, PatroniCluster
 from tests.faults.rig import JANITOR_INTERVAL_SECONDS, Rig
 from tests.faults.servers import log
 
@@ -32,6 +33,9 @@ class Fault:
     hold_seconds: float = 2.0
     proxy: bool = False  # the second gateway reaches Redis through a blackhole proxy
     private_postgres: bool = False  # the row restarts Postgres
+    # "synchronous" or "asynchronous": the row runs on a Patroni-managed pair and its
+    # producers retry enqueues with idempotency keys (LoadShape.enqueue_retry_seconds).
+    replication: str | None = None
     # A gateway counter (summed over both) that must grow across the fault, so that a
     # fault that silently did nothing cannot pass as a clean row.
     proof: str | None = None
@@ -191,6 +195,55 @@ async def _takeover_then_restart(rig: Rig) -> None:
     await _restart_killed(rig)
 
 
+# How long a new primary may take: the dead leader's key outlives it by up to its ttl,
+# then Patroni's loop (loop_wait) promotes the replica.
+PROMOTION_SECONDS = 3.0 * TTL_SECONDS
+
+
+def _cluster(rig: Rig) -> PatroniCluster:
+    assert rig.ha is not None
+    return rig.ha
+
+
+async def _switchover(rig: Rig) -> None:
+    """A planned switchover to the replica, through Patroni's REST API; returns once
+    Patroni reports it done."""
+    ha = _cluster(rig)
+    old = await asyncio.to_thread(ha.leader)
+    rig.notes["old primary"] = old.name
+    await asyncio.to_thread(ha.switchover, ha.others(old)[0])
+    log(f"switched over from {old.name}")
+
+
+async def _new_primary(rig: Rig) -> None:
+    """Heals once a node other than the old primary leads, and checks that it does: a
+    fault that moved nothing would prove nothing."""
+    ha = _cluster(rig)
+    old = rig.notes["old primary"]
+    await asyncio.to_thread(
+        ha.wait_for, lambda m: ha._leader(m) not in (None, old), "new primary", PROMOTION_SECONDS
+    )
+    log(f"{ha.leader().name} leads")
+
+
+async def _crash_primary(rig: Rig) -> None:
+    """The primary's node dies: Patroni and its Postgres (postmaster and backends)
+    SIGKILLed. The replica is promoted once the leader key expires."""
+    ha = _cluster(rig)
+    old = await asyncio.to_thread(ha.leader)
+    rig.notes["old primary"] = old.name
+    await asyncio.to_thread(ha.crash, old)
+    log(f"SIGKILLed {old.name} (Patroni and Postgres)")
+
+
+async def _promoted_then_rejoin(rig: Rig) -> None:
+    """Heals once the replica is promoted; the old primary's Patroni is then started
+    again and rejoins as a replica (pg_rewind if it diverged) while the load goes on."""
+    await _new_primary(rig)
+    ha = _cluster(rig)
+    await asyncio.to_thread(ha.start_node, ha.node(rig.notes["old primary"]))
+
+
 async def _blackhole(rig: Rig) -> None:
     assert rig.proxy is not None
     rig.proxy.blackhole()
@@ -236,6 +289,26 @@ FAULTS = {
             3.0,
             proxy=True,
             proof=REDIS_ERRORS,
+        ),
+        *(
+            fault
+            for mode in ("synchronous", "asynchronous")
+            for fault in (
+                Fault(
+                    f"Patroni switchover ({mode})",
+                    _switchover,
+                    _new_primary,
+                    hold_seconds=0.0,
+                    replication=mode,
+                ),
+                Fault(
+                    f"Patroni primary SIGKILLed ({mode})",
+                    _crash_primary,
+                    _promoted_then_rejoin,
+                    hold_seconds=0.0,
+                    replication=mode,
+                ),
+            )
         ),
     )
 }

@@ -54,6 +54,11 @@ class LoadShape:
     # One enqueue in this many is cancelled by its producer (0: none), between 0 and
     # 0.45 s after its 201: some while queued, some while held, most after their complete.
     cancel_every: int = 0
+    # How long (s) a producer retries an enqueue with no usable answer (a timeout, a
+    # connection error, a 5xx, a 429), always with the same idempotency key, so that a
+    # retry after a lost answer gets the task already stored, never a second one; its
+    # 200 (the replay) counts as the enqueue's answer. 0: no retry, no key.
+    enqueue_retry_seconds: float = 0.0
 
 
 @dataclass
@@ -113,18 +118,20 @@ class Load:
             await self._http.close()
 
     async def _post(
-        self, gateway: int, path: str, body: Any, seconds: float
+        self, gateway: int, path: str, body: Any, seconds: float, key: str | None = None
     ) -> tuple[int, Any] | None:
         """(status, body); (NOT_SENT, None) when no connection could be made, so the
         request surely did nothing; None for no usable answer (it may have taken effect)."""
         assert self._http is not None
         urls = self.urls()
+        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+        if key is not None:
+            headers["Idempotency-Key"] = key
         try:
             async with self._http.post(
                 urls[gateway % len(urls)] + path,
                 data=orjson.dumps(body),
-                headers={"Authorization": f"Bearer {self.token}",
-                         "Content-Type": "application/json"},
+                headers=headers,
                 timeout=aiohttp.ClientTimeout(total=seconds),
             ) as resp:  # fmt: skip
                 raw = await resp.read()
@@ -157,20 +164,31 @@ class Load:
         runtime = self.shape.runtimes[-1] if sparse else busy[n % len(busy)]
         # max_attempts high: a lease lost to a fault must come back, not end dead.
         body = {"payload": {"n": n}, "max_attempts": 100}
-        sent = time.time()
+        retrying = self.shape.enqueue_retry_seconds > 0
+        key = f"enqueue-{n}" if retrying else None
+        give_up = time.time() + self.shape.enqueue_retry_seconds
         try:
-            got = await self._post(
-                n // len(busy), f"/v1/runtimes/{runtime}/tasks", body,
-                self.shape.request_seconds,
-            )  # fmt: skip
-            if got is not None and got[0] == 201:
-                self.history.enqueues.append(Enqueue(got[1]["id"], runtime, time.time()))
-                every = self.shape.cancel_every
-                if every and n % every == 1:
-                    await asyncio.sleep((n // every) % 10 / 20)  # 0 to 0.45 s
-                    await self._cancel(n, runtime, got[1]["id"])
-            elif got is None:
-                self.history.unknown.append(Unknown("enqueue", runtime, sent, time.time()))
+            for attempt in itertools.count():
+                sent = time.time()
+                got = await self._post(
+                    n // len(busy) + attempt, f"/v1/runtimes/{runtime}/tasks", body,
+                    self.shape.request_seconds, key,
+                )  # fmt: skip
+                if got is not None and (got[0] == 201 or (got[0] == 200 and retrying)):
+                    answered = time.time()
+                    self.history.enqueues.append(Enqueue(got[1]["id"], runtime, answered, sent))
+                    every = self.shape.cancel_every
+                    if every and n % every == 1:
+                        await asyncio.sleep((n // every) % 10 / 20)  # 0 to 0.45 s
+                        await self._cancel(n, runtime, got[1]["id"])
+                    return
+                if got is None:
+                    self.history.unknown.append(Unknown("enqueue", runtime, sent, time.time()))
+                elif got[0] not in (NOT_SENT, 429):
+                    return  # refused for good
+                if not retrying or time.time() > give_up:
+                    return
+                await asyncio.sleep(RETRY_PAUSE_SECONDS)  # then the other gateway
         finally:
             room.release()
 

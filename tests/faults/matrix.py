@@ -11,10 +11,10 @@ import asyncio
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from tests.faults.checker import History, Row, Verdict, check
-from tests.faults.faults import FAULTS, Fault
+from tests.faults.faults import FAULTS, LEADER_METRIC, Fault
 from tests.faults.load import Load, LoadShape
 from tests.faults.rig import (
     JANITOR_INTERVAL_SECONDS,
@@ -44,6 +44,11 @@ class RowResult:
     released: int  # tasks handed out more than once (a lease lost to the fault, reclaimed)
     unproven: str  # why the fault may have had no effect, or ''
     seconds: float
+    unavailable_seconds: float | None = None  # see unavailability(); None: no write failed
+    # The longest stretch (s) in which two gateways reported themselves the janitor's
+    # leader at once, sampled every LEADER_SAMPLE_SECONDS; see watch_leaders().
+    leaders_overlap_seconds: float = 0.0
+    notes: dict[str, str] = field(default_factory=dict)
 
     @property
     def clean(self) -> bool:
@@ -55,11 +60,7 @@ class RowResult:
         )
 
     def problems(self) -> list[str]:
-        v = self.verdict
-        lines = [f"lost {t}: {why}" for t, why in v.lost.items()]
-        lines += [f"unresolved {t}: {why}" for t, why in v.unresolved.items()]
-        lines += [f"duplicated {t}: {why}" for t, why in v.duplicated.items()]
-        lines += v.stale_empty
+        lines = self.verdict.problems()
         if self.recovery_seconds is None:
             lines.append("no task was delivered after the fault was healed")
         if self.unproven:
@@ -99,16 +100,46 @@ async def drain(rig: Rig, seconds: float) -> None:
         await asyncio.sleep(0.25)
 
 
+LEADER_SAMPLE_SECONDS = 0.1
+# Producers on a failover row retry an enqueue this long (s): beyond a promotion, which
+# waits for the dead primary's leader key to expire (patroni.TTL_SECONDS).
+FAILOVER_RETRY_SECONDS = 30.0
+
+
+async def watch_leaders(rig: Rig, overlaps: list[float]) -> None:
+    """Samples every gateway's gateway_janitor_leader until cancelled, appending to
+    `overlaps` the length (s) of each stretch in which two or more reported 1 at once.
+    A gauge, not the lock itself: it shows how long a gateway believes it leads."""
+    since: float | None = None
+    while True:
+        values = await asyncio.gather(*(g.metric(LEADER_METRIC) for g in rig.gateways))
+        now = time.monotonic()
+        if sum(1 for v in values if v == 1.0) > 1:
+            since = now if since is None else since
+        elif since is not None:
+            overlaps.append(now - since)
+            since = None
+        await asyncio.sleep(LEADER_SAMPLE_SECONDS)
+
+
 async def run_row(fault: Fault, admin_url: str | None, timing: Timing) -> RowResult:
     started = time.monotonic()
     slug = re.sub(r"[^a-z0-9]+", "-", fault.name.lower()).strip("-")[:40]
     shape = LoadShape(runtimes=(f"{slug}-0", f"{slug}-1", f"{slug}-2", f"{slug}-sparse"))
-    async with rig(admin_url, private_postgres=fault.private_postgres, proxy=fault.proxy) as r:
+    if fault.replication:
+        shape = replace(shape, enqueue_retry_seconds=FAILOVER_RETRY_SECONDS)
+    overlaps: list[float] = []
+    async with rig(
+        admin_url, private_postgres=fault.private_postgres, proxy=fault.proxy,
+        replication=fault.replication,
+    ) as r:  # fmt: skip
         load = Load(r.urls, r.token, shape)
         await load.start()
+        r.background.append(asyncio.create_task(watch_leaders(r, overlaps)))
         try:
             await asyncio.sleep(timing.warmup)
             before = await counter(r, fault.proof) if fault.proof else 0.0
+            injected = time.time()
             await fault.inject(r)
             await asyncio.sleep(fault.hold_seconds)
             await fault.heal(r)
@@ -131,7 +162,28 @@ async def run_row(fault: Fault, admin_url: str | None, timing: Timing) -> RowRes
     return RowResult(
         fault.name, tasks, verdict, recovery(load.history, healed),
         load.server_errors, released, unproven, time.monotonic() - started,
+        unavailability(load.history, injected), max(overlaps, default=0.0), dict(r.notes),
     )  # fmt: skip
+
+
+WRITES = ("enqueue", "complete", "fail", "cancel")
+
+
+def unavailability(history: History, injected: float) -> float | None:
+    """How long (s) writes failed: from the send of the first write that got no usable
+    answer (a timeout, a connection error, a 5xx) and was given up after the fault was
+    injected (a send before the injection counts from the injection), to the first
+    write sent since then that succeeded (an enqueue answered 201, or 200 to its retry;
+    a complete answered 200). Only writes: an empty claim answer may come from the
+    Redis verdict without Postgres. None when no write failed."""
+    failed = [max(u.sent, injected) for u in history.unknown
+              if u.kind in WRITES and u.gave_up >= injected]  # fmt: skip
+    if not failed:
+        return None
+    start = min(failed)
+    successes = [e.answered for e in history.enqueues if e.sent is not None and e.sent >= start]
+    successes += [c.answered for c in history.completes if c.sent >= start]
+    return min(successes, default=float("inf")) - start
 
 
 def recovery(history: History, healed: float) -> float | None:
@@ -170,16 +222,18 @@ async def run_matrix(
 
 def table(results: list[RowResult]) -> str:
     lines = [
-        "| fault | tasks | lost | duplicated | stale-empty | worst recovery | 5xx | re-leased |",
-        "|---|---|---|---|---|---|---|---|",
+        "| fault | tasks | lost | acknowledged-lost | duplicated | resurrected | stale-empty "
+        "| worst recovery | unavailable | 5xx | re-leased |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         v = r.verdict
         waited = f"{r.recovery_seconds:.2f} s" if r.recovery_seconds is not None else "none"
+        down = f"{r.unavailable_seconds:.2f} s" if r.unavailable_seconds is not None else "none"
         lines.append(
             f"| {r.fault} | {r.tasks} | {len(v.lost) + len(v.unresolved)} | "
-            f"{len(v.duplicated)} | {len(v.stale_empty)} | {waited} | {r.server_errors} | "
-            f"{r.released} |"
+            f"{len(v.acknowledged_lost)} | {len(v.duplicated)} | {len(v.resurrected)} | "
+            f"{len(v.stale_empty)} | {waited} | {down} | {r.server_errors} | {r.released} |"
         )
     return "\n".join(lines)
 
@@ -194,6 +248,9 @@ def main() -> int:
     results = asyncio.run(run_matrix(names, admin_url))
     print(table(results))
     for r in results:
+        if r.leaders_overlap_seconds:
+            print(f"- {r.fault}: two gateways reported themselves the janitor's leader for "
+                  f"up to {r.leaders_overlap_seconds:.2f} s")  # fmt: skip
         for line in r.problems()[:20]:
             print(f"- {r.fault}: {line}")
     return 0 if all(r.clean for r in results) else 1

@@ -1,6 +1,7 @@
 """One row's servers: a private redis-server, a fresh migrated database (on a shared
-Postgres, or on a private cluster the row may restart), optionally a blackhole proxy
-in front of Redis for the second gateway, and two `gateway serve` processes."""
+Postgres, on a private cluster the row may restart, or on a Patroni-managed pair the
+row may fail over, reached through a multi-host URL), optionally a blackhole proxy in
+front of Redis for the second gateway, and two `gateway serve` processes."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 import asyncpg
 
 from gateway.janitor import REPAIR_PAGES_PER_PASS
+from tests.faults.patroni import PatroniCluster
 from tests.faults.servers import GatewayProcess, PrivatePostgres
 from tests.support.databases import create_database, drop_database, migrate
 from tests.support.proxy import BlackholeProxy
@@ -58,7 +60,9 @@ class Rig:
     gateways: list[GatewayProcess] = field(default_factory=list)
     proxy: BlackholeProxy | None = None
     postgres: PrivatePostgres | None = None
+    ha: PatroniCluster | None = None
     background: list[asyncio.Task[Any]] = field(default_factory=list)
+    notes: dict[str, str] = field(default_factory=dict)  # what a fault's inject tells its heal
 
     def urls(self) -> list[str]:
         return [g.url for g in self.gateways]
@@ -88,27 +92,40 @@ def _gateway_env(rig: Rig, redis_url: str) -> dict[str, str]:
 
 @contextlib.asynccontextmanager
 async def rig(
-    admin_url: str | None, *, private_postgres: bool = False, proxy: bool = False
+    admin_url: str | None,
+    *,
+    private_postgres: bool = False,
+    proxy: bool = False,
+    replication: str | None = None,
 ) -> AsyncIterator[Rig]:
     """Everything a row needs, torn down afterwards by pid. `admin_url` is a Postgres
-    where a database may be created; None (or `private_postgres`) starts a cluster."""
+    where a database may be created; None (or `private_postgres`) starts a cluster.
+    `replication` ("synchronous" or "asynchronous") starts a Patroni-managed pair
+    instead, which the gateways reach through one multi-host URL (their pool and the
+    janitor's lock connection alike, as GATEWAY_DIRECT_DATABASE_URL is unset)."""
     workdir = Path(tempfile.mkdtemp(prefix="gateway-faults-"))
     pgdir = Path(tempfile.mkdtemp(prefix="gateway-faults-pg-"))
     redis = RedisServer(workdir)
     postgres: PrivatePostgres | None = None
+    ha: PatroniCluster | None = None
     database_url: str | None = None
     made: Rig | None = None
     try:
         redis.start()
-        if private_postgres or not admin_url:
+        if replication is not None:
+            ha = PatroniCluster(synchronous=replication == "synchronous")
+            await asyncio.to_thread(ha.start)
+            admin_url = ha.url()
+        elif private_postgres or not admin_url:
             postgres = PrivatePostgres(pgdir)
             await asyncio.to_thread(postgres.init)
             admin_url = postgres.url
         database_url = await create_database(admin_url, "faults_")
         await migrate(database_url)
         made = Rig(
-            workdir, redis, admin_url, database_url, secrets.token_urlsafe(32), postgres=postgres
-        )
+            workdir, redis, admin_url, database_url, secrets.token_urlsafe(32),
+            postgres=postgres, ha=ha,
+        )  # fmt: skip
         redis_urls = [redis.url, redis.url]
         if proxy:
             made.proxy = BlackholeProxy(redis.port)
@@ -129,7 +146,9 @@ async def rig(
             if made.proxy is not None:
                 await made.proxy.close()
         redis.kill()
-        if postgres is not None:
+        if ha is not None:
+            await asyncio.to_thread(ha.stop)
+        elif postgres is not None:
             await asyncio.to_thread(postgres.stop, "immediate")
         elif admin_url and database_url:
             with contextlib.suppress(OSError, asyncpg.PostgresError):
