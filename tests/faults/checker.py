@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 class Enqueue:
     """A `201` to an enqueue (or a `200` to its retry with the same idempotency key):
     the task was committed claimable by `answered`. `sent`: when the request that got
-    this answer was sent (None when unknown)."""
+    this answer was sent (None when unknown); `replayed`: a 200, the stored task handed
+    back, which commits nothing."""
 
     task_id: str
     runtime: str
     answered: float
     sent: float | None = None
+    replayed: bool = False
 
 
 @dataclass(frozen=True)

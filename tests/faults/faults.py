@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -14,7 +15,7 @@ import asyncpg
 import psutil
 import redis.asyncio as aioredis
 
-from tests.faults.patroni import TTL_SECONDS, PatroniCluster
+from tests.faults.patroni import TTL_SECONDS, Node, PatroniCluster
 from tests.faults.rig import JANITOR_INTERVAL_SECONDS, Rig
 from tests.faults.servers import log
 
@@ -36,6 +37,9 @@ class Fault:
     # "synchronous" or "asynchronous": the row runs on a Patroni-managed pair and its
     # producers retry enqueues with idempotency keys (LoadShape.enqueue_retry_seconds).
     replication: str | None = None
+    # Asynchronous replication may lose what a dead primary acknowledged: the row
+    # reports acknowledged-lost and resurrected tasks but is not failed by them.
+    loss_allowed: bool = False
     # A gateway counter (summed over both) that must grow across the fault, so that a
     # fault that silently did nothing cannot pass as a clean row.
     proof: str | None = None
@@ -198,6 +202,7 @@ async def _takeover_then_restart(rig: Rig) -> None:
 # How long a new primary may take: the dead leader's key outlives it by up to its ttl,
 # then Patroni's loop (loop_wait) promotes the replica.
 PROMOTION_SECONDS = 3.0 * TTL_SECONDS
+REPLICA_STALL_SECONDS = 1.0
 
 
 def _cluster(rig: Rig) -> PatroniCluster:
@@ -232,8 +237,51 @@ async def _crash_primary(rig: Rig) -> None:
     ha = _cluster(rig)
     old = await asyncio.to_thread(ha.leader)
     rig.notes["old primary"] = old.name
+    await _note_replica_lag(rig, old)
     await asyncio.to_thread(ha.crash, old)
     log(f"SIGKILLed {old.name} (Patroni and Postgres)")
+
+
+async def _note_replica_lag(rig: Rig, primary: Node) -> None:
+    """How far the replica is behind `primary` (its flush position), into the notes."""
+    conn = await asyncpg.connect(f"postgresql://postgres@127.0.0.1:{primary.pg_port}/postgres")
+    try:
+        row = await conn.fetchrow(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), flush_lsn)::bigint AS behind "
+            "FROM pg_stat_replication"
+        )
+    finally:
+        await conn.close()
+    if row is not None:
+        rig.notes["replica behind at the kill"] = f"{row['behind']} bytes of WAL"
+
+
+async def _crash_primary_replica_stalled(rig: Rig) -> None:
+    """The primary's WAL sender stopped (SIGSTOP) for REPLICA_STALL_SECONDS, then the
+    primary's node dies. Asynchronous: the primary acknowledged commits it never sent,
+    and Patroni still promotes the replica (it is within maximum_lag_on_failover).
+    Synchronous: those commits waited for the standby, unacknowledged. (Stopping the
+    replica's receiver instead shows little: what was sent waits in the loopback
+    socket's buffer and is read once the receiver goes on.)"""
+    ha = _cluster(rig)
+    old = await asyncio.to_thread(ha.leader)
+    conn = await asyncpg.connect(f"postgresql://postgres@127.0.0.1:{old.pg_port}/postgres")
+    try:
+        sender = await conn.fetchval("SELECT pid FROM pg_stat_replication LIMIT 1")
+    finally:
+        await conn.close()
+    if sender is None:
+        raise RuntimeError(f"{old.name} has no WAL sender")
+    rig.notes["old primary"] = old.name
+    os.kill(sender, signal.SIGSTOP)
+    try:
+        await asyncio.sleep(REPLICA_STALL_SECONDS)
+        await _note_replica_lag(rig, old)
+        await asyncio.to_thread(ha.crash, old)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the crash killed it
+            os.kill(sender, signal.SIGCONT)
+    log(f"SIGKILLed {old.name}, {rig.notes.get('replica behind at the kill', '')} behind")
 
 
 async def _promoted_then_rejoin(rig: Rig) -> None:
@@ -307,6 +355,14 @@ FAULTS = {
                     _promoted_then_rejoin,
                     hold_seconds=0.0,
                     replication=mode,
+                ),
+                Fault(
+                    f"Patroni primary SIGKILLed with its replica 1 s behind ({mode})",
+                    _crash_primary_replica_stalled,
+                    _promoted_then_rejoin,
+                    hold_seconds=0.0,
+                    replication=mode,
+                    loss_allowed=mode == "asynchronous",
                 ),
             )
         ),

@@ -176,7 +176,9 @@ class Load:
                 )  # fmt: skip
                 if got is not None and (got[0] == 201 or (got[0] == 200 and retrying)):
                     answered = time.time()
-                    self.history.enqueues.append(Enqueue(got[1]["id"], runtime, answered, sent))
+                    self.history.enqueues.append(
+                        Enqueue(got[1]["id"], runtime, answered, sent, replayed=got[0] == 200)
+                    )
                     every = self.shape.cancel_every
                     if every and n % every == 1:
                         await asyncio.sleep((n // every) % 10 / 20)  # 0 to 0.45 s

@@ -49,11 +49,19 @@ class RowResult:
     # leader at once, sampled every LEADER_SAMPLE_SECONDS; see watch_leaders().
     leaders_overlap_seconds: float = 0.0
     notes: dict[str, str] = field(default_factory=dict)
+    loss_allowed: bool = False  # acknowledged-lost and resurrected are reported, not failed
+
+    @property
+    def verdict_clean(self) -> bool:
+        v = self.verdict
+        if not self.loss_allowed:
+            return v.clean
+        return not (v.lost or v.duplicated or v.unresolved or v.stale_empty)
 
     @property
     def clean(self) -> bool:
         return (
-            self.verdict.clean
+            self.verdict_clean
             and self.tasks > 0
             and self.recovery_seconds is not None
             and not self.unproven
@@ -148,6 +156,10 @@ async def run_row(fault: Fault, admin_url: str | None, timing: Timing) -> RowRes
             unproven = ""
             if fault.proof and await counter(r, fault.proof) <= before:
                 unproven = f"{fault.proof} did not grow: the fault left no trace"
+            if fault.replication and await counter(r, LEADER_METRIC) != 1.0:
+                # The lock lived on the old primary: a gateway must have taken it again
+                # on the new one, through the same multi-host URL.
+                unproven = "no single janitor leader after the failover"
             await load.stop_producing()
             await drain(r, timing.drain)
         finally:
@@ -163,6 +175,7 @@ async def run_row(fault: Fault, admin_url: str | None, timing: Timing) -> RowRes
         fault.name, tasks, verdict, recovery(load.history, healed),
         load.server_errors, released, unproven, time.monotonic() - started,
         unavailability(load.history, injected), max(overlaps, default=0.0), dict(r.notes),
+        fault.loss_allowed,
     )  # fmt: skip
 
 
@@ -173,15 +186,17 @@ def unavailability(history: History, injected: float) -> float | None:
     """How long (s) writes failed: from the send of the first write that got no usable
     answer (a timeout, a connection error, a 5xx) and was given up after the fault was
     injected (a send before the injection counts from the injection), to the first
-    write sent since then that succeeded (an enqueue answered 201, or 200 to its retry;
-    a complete answered 200). Only writes: an empty claim answer may come from the
-    Redis verdict without Postgres. None when no write failed."""
+    write sent since then that committed (an enqueue answered 201, a complete answered
+    200). Only commits: an empty claim answer may come from the Redis verdict without
+    Postgres, and a retried enqueue's 200 hands back the stored task, which a primary
+    waiting for its synchronous standby still does at once. None when no write failed."""
     failed = [max(u.sent, injected) for u in history.unknown
               if u.kind in WRITES and u.gave_up >= injected]  # fmt: skip
     if not failed:
         return None
     start = min(failed)
-    successes = [e.answered for e in history.enqueues if e.sent is not None and e.sent >= start]
+    successes = [e.answered for e in history.enqueues
+                 if e.sent is not None and e.sent >= start and not e.replayed]  # fmt: skip
     successes += [c.answered for c in history.completes if c.sent >= start]
     return min(successes, default=float("inf")) - start
 
@@ -248,6 +263,8 @@ def main() -> int:
     results = asyncio.run(run_matrix(names, admin_url))
     print(table(results))
     for r in results:
+        for what, note in r.notes.items():
+            print(f"- {r.fault}: {what}: {note}")
         if r.leaders_overlap_seconds:
             print(f"- {r.fault}: two gateways reported themselves the janitor's leader for "
                   f"up to {r.leaders_overlap_seconds:.2f} s")  # fmt: skip

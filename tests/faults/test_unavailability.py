@@ -1,0 +1,35 @@
+"""The matrix's unavailability figure: from the first failed write to the first write
+sent since then that committed."""
+
+from __future__ import annotations
+
+from tests.faults.checker import Complete, Enqueue, History, Unknown
+from tests.faults.matrix import unavailability
+
+RT = "rt"
+
+
+def test_it_runs_from_the_first_failed_write_to_the_first_commit_sent_after_it() -> None:
+    history = History(
+        enqueues=[
+            Enqueue("t0", RT, 9.1, 9.0),  # before the fault
+            Enqueue("t1", RT, 10.4, 10.3, replayed=True),  # a replay commits nothing
+            Enqueue("t2", RT, 15.0, 14.9),
+        ],
+        completes=[Complete("t0", "l0", 9.8, 16.0)],  # sent before the failure
+        unknown=[Unknown("enqueue", RT, 10.0, 14.0), Unknown("claim", RT, 9.5, 10.1)],
+    )
+    assert unavailability(history, injected=9.9) == 5.0
+
+
+def test_a_write_sent_before_the_fault_counts_from_the_fault() -> None:
+    history = History(
+        enqueues=[Enqueue("t1", RT, 13.0, 12.0)],
+        unknown=[Unknown("complete", RT, 8.0, 12.0)],
+    )
+    assert unavailability(history, injected=10.0) == 3.0
+
+
+def test_no_failed_write_is_no_unavailability() -> None:
+    history = History(unknown=[Unknown("claim", RT, 9.0, 12.0)])
+    assert unavailability(history, injected=10.0) is None
