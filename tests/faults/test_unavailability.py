@@ -30,6 +30,16 @@ def test_a_write_sent_before_the_fault_counts_from_the_fault() -> None:
     assert unavailability(history, injected=10.0) == 3.0
 
 
+def test_the_longest_outage_counts_not_the_first_blip() -> None:
+    # A connection cut at 10.0, written again at once (10.1 to 10.2); then the primary
+    # stops: writes from 11.0 fail until one sent at 12.9 commits at 13.0.
+    history = History(
+        enqueues=[Enqueue("t1", RT, 10.2, 10.1), Enqueue("t2", RT, 13.0, 12.9)],
+        unknown=[Unknown("enqueue", RT, 10.0, 10.05), Unknown("complete", RT, 11.0, 12.0)],
+    )
+    assert unavailability(history, injected=9.0) == 2.0
+
+
 def test_no_failed_write_is_no_unavailability() -> None:
     history = History(unknown=[Unknown("claim", RT, 9.0, 12.0)])
     assert unavailability(history, injected=10.0) is None
