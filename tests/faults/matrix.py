@@ -217,6 +217,16 @@ async def run_row(fault: Fault, admin_url: str | None, timing: Timing) -> RowRes
         finally:
             await load.stop()
         rows, checked_at, released = await read_rows(r)
+        if fault.replication:
+            # A retried enqueue carries its first attempt's idempotency key: one
+            # producer's enqueue n must be one row, however often it was sent.
+            twice = await r.sql(
+                "SELECT payload->>'n' AS n FROM tasks GROUP BY 1 HAVING count(*) > 1"
+            )
+            replays = sum(1 for e in load.history.enqueues if e.replayed)
+            r.notes["enqueues answered by a replay (200)"] = str(replays)
+            if twice:
+                unproven = f"enqueues stored twice despite their key: n = {[t['n'] for t in twice]}"
     verdict = check(
         load.history, rows, checked_at=checked_at,
         janitor_interval=JANITOR_INTERVAL_SECONDS,
