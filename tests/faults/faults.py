@@ -40,6 +40,7 @@ class Fault:
     # Asynchronous replication may lose what a dead primary acknowledged: the row
     # reports acknowledged-lost and resurrected tasks but is not failed by them.
     loss_allowed: bool = False
+    partition: bool = False  # Patroni's paths run through proxies (rig's `cuts`)
     # A gateway counter (summed over both) that must grow across the fault, so that a
     # fault that silently did nothing cannot pass as a clean row.
     proof: str | None = None
@@ -225,10 +226,13 @@ async def _new_primary(rig: Rig) -> None:
     fault that moved nothing would prove nothing."""
     ha = _cluster(rig)
     old = rig.notes["old primary"]
+    # Asked of the other nodes: the old primary, cut off from etcd, answers a stale view.
+    others = ha.others(ha.node(old))
     await asyncio.to_thread(
-        ha.wait_for, lambda m: ha._leader(m) not in (None, old), "new primary", PROMOTION_SECONDS
-    )
-    log(f"{ha.leader().name} leads")
+        ha.wait_for, lambda m: ha._leader(m) not in (None, old), "new primary",
+        PROMOTION_SECONDS, others,
+    )  # fmt: skip
+    log(f"{ha._leader(ha.members(others))} leads")
 
 
 async def _crash_primary(rig: Rig) -> None:
@@ -290,6 +294,26 @@ async def _promoted_then_rejoin(rig: Rig) -> None:
     await _new_primary(rig)
     ha = _cluster(rig)
     await asyncio.to_thread(ha.start_node, ha.node(rig.notes["old primary"]))
+
+
+async def _cut_primary(rig: Rig) -> None:
+    """The primary's paths to etcd and to its replica blackholed; the gateways still
+    reach it. Patroni demotes it once etcd has been unreachable for retry_timeout; the
+    replica is promoted once the leader key expires."""
+    ha = _cluster(rig)
+    old = await asyncio.to_thread(ha.leader)
+    rig.notes["old primary"] = old.name
+    for proxy in rig.cuts[old.name]:
+        proxy.blackhole()
+    log(f"cut {old.name} off from etcd and its replica")
+
+
+async def _promoted_then_reconnect(rig: Rig) -> None:
+    """Heals once the replica is promoted: the old primary's paths open again, and it
+    rejoins as a replica (through pg_rewind if it diverged) while the load goes on."""
+    await _new_primary(rig)
+    for proxy in rig.cuts[rig.notes["old primary"]]:
+        proxy.heal()
 
 
 async def _blackhole(rig: Rig) -> None:
@@ -355,6 +379,15 @@ FAULTS = {
                     _promoted_then_rejoin,
                     hold_seconds=0.0,
                     replication=mode,
+                ),
+                Fault(
+                    f"Patroni primary cut off from etcd and its replica ({mode})",
+                    _cut_primary,
+                    _promoted_then_reconnect,
+                    hold_seconds=0.0,
+                    replication=mode,
+                    loss_allowed=mode == "asynchronous",
+                    partition=True,
                 ),
                 Fault(
                     f"Patroni primary SIGKILLed with its replica 1 s behind ({mode})",

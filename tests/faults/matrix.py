@@ -13,6 +13,7 @@ import contextlib
 import os
 import re
 import time
+import traceback
 from dataclasses import dataclass, field, replace
 
 import asyncpg
@@ -81,11 +82,29 @@ class RowResult:
         return lines
 
 
+READ_ATTEMPTS = 10
+
+
+async def sql_retrying(rig: Rig, query: str) -> list[asyncpg.Record]:
+    """rig.sql, tried again (once a second, READ_ATTEMPTS in all) on a failure, on the
+    leader directly: a node rejoining after a failover (pg_rewind) may refuse a
+    connection with an error other than a network one, which the driver does not pass
+    over to the next host."""
+    with contextlib.suppress(OSError, asyncpg.PostgresError):
+        return await rig.sql(query)
+    for _ in range(READ_ATTEMPTS - 2):
+        with contextlib.suppress(OSError, asyncpg.PostgresError, RuntimeError):
+            return await rig.sql(query, direct=True)
+        await asyncio.sleep(1.0)
+    return await rig.sql(query, direct=True)
+
+
 async def read_rows(rig: Rig) -> tuple[list[Row], float, int]:
-    records = await rig.sql(
+    records = await sql_retrying(
+        rig,
         "SELECT id::text AS id, runtime_id, status, attempts, "
         "extract(epoch FROM lease_expires_at)::float8 AS lease_end, "
-        "extract(epoch FROM clock_timestamp())::float8 AS now FROM tasks"
+        "extract(epoch FROM clock_timestamp())::float8 AS now FROM tasks",
     )
     rows = [Row(r["id"], r["runtime_id"], r["status"], r["lease_end"]) for r in records]
     now = records[0]["now"] if records else time.time()
@@ -106,7 +125,7 @@ async def drain(rig: Rig, seconds: float) -> None:
             left = await rig.sql(
                 "SELECT 1 FROM tasks WHERE status NOT IN ('completed', 'cancelled') LIMIT 1"
             )
-        except OSError:
+        except (OSError, asyncpg.PostgresError):  # a failover node mid-rewind, say
             left = [None]
         if not left:
             return
@@ -180,7 +199,7 @@ async def run_row(fault: Fault, admin_url: str | None, timing: Timing) -> RowRes
     overlaps: list[float] = []
     async with rig(
         admin_url, private_postgres=fault.private_postgres, proxy=fault.proxy,
-        replication=fault.replication,
+        replication=fault.replication, partition=fault.partition,
     ) as r:  # fmt: skip
         load = Load(r.urls, r.token, shape)
         await load.start()
@@ -220,8 +239,8 @@ async def run_row(fault: Fault, admin_url: str | None, timing: Timing) -> RowRes
         if fault.replication:
             # A retried enqueue carries its first attempt's idempotency key: one
             # producer's enqueue n must be one row, however often it was sent.
-            twice = await r.sql(
-                "SELECT payload->>'n' AS n FROM tasks GROUP BY 1 HAVING count(*) > 1"
+            twice = await sql_retrying(
+                r, "SELECT payload->>'n' AS n FROM tasks GROUP BY 1 HAVING count(*) > 1"
             )
             replays = sum(1 for e in load.history.enqueues if e.replayed)
             r.notes["enqueues answered by a replay (200)"] = str(replays)
@@ -297,7 +316,7 @@ async def run_matrix(
         try:
             result = await run_row(FAULTS[name], admin_url, timing or Timing())
         except Exception as exc:  # one broken row must not hide the others' figures
-            log(f"{name}: the row failed: {exc!r}")
+            log(f"{name}: the row failed: {exc!r}\n{traceback.format_exc()}")
             seconds = time.monotonic() - started
             result = RowResult(name, 0, Verdict(), None, 0, 0, f"row failed: {exc!r}", seconds)
         log(f"{name}: {'clean' if result.clean else 'NOT CLEAN'} in {result.seconds:.1f}s")

@@ -91,6 +91,11 @@ class Node:
     pg_port: int = field(default_factory=free_port)
     api_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    # Where this node's Patroni reaches etcd, and the Postgres port it advertises (the
+    # one its replica streams from) when not the cluster's etcd and its own port: a
+    # proxy there can cut the node off from both while its clients still reach it.
+    etcd_via: int | None = None
+    advertised_port: int | None = None
 
     @property
     def data(self) -> Path:
@@ -207,7 +212,11 @@ class PatroniCluster:
                 "listen": f"127.0.0.1:{node.api_port}",
                 "connect_address": f"127.0.0.1:{node.api_port}",
             },
-            "etcd3": {"hosts": [f"127.0.0.1:{self.etcd_port}"]},
+            # use_proxies: no discovery of etcd's own address, which would bypass a proxy.
+            "etcd3": {
+                "hosts": [f"127.0.0.1:{node.etcd_via or self.etcd_port}"],
+                "use_proxies": node.etcd_via is not None,
+            },
             "bootstrap": {
                 "dcs": {
                     "ttl": TTL_SECONDS,
@@ -233,7 +242,7 @@ class PatroniCluster:
             },
             "postgresql": {
                 "listen": f"127.0.0.1:{node.pg_port}",
-                "connect_address": f"127.0.0.1:{node.pg_port}",
+                "connect_address": f"127.0.0.1:{node.advertised_port or node.pg_port}",
                 "data_dir": str(node.data),
                 "bin_dir": str(bindir),
                 "pgpass": str(self.workdir / f"{node.name}.pgpass"),
@@ -334,9 +343,10 @@ class PatroniCluster:
 
     # -- state ------------------------------------------------------------------------
 
-    def members(self) -> list[dict[str, Any]]:
-        """Patroni's view of the cluster (GET /cluster), from any node that answers."""
-        for node in self.nodes:
+    def members(self, via: list[Node] | None = None) -> list[dict[str, Any]]:
+        """Patroni's view of the cluster (GET /cluster), from the first node of `via`
+        (default: all) that answers. A node cut off from etcd answers its stale view."""
+        for node in via or self.nodes:
             if node.process is None:
                 continue
             with contextlib.suppress(OSError, ValueError):
@@ -364,11 +374,13 @@ class PatroniCluster:
     def others(self, node: Node) -> list[Node]:
         return [n for n in self.nodes if n is not node]
 
-    def wait_for(self, ok: Any, what: str, seconds: float = READY_SECONDS) -> list[Any]:
-        """Polls /cluster until `ok(members)`; returns the members."""
+    def wait_for(
+        self, ok: Any, what: str, seconds: float = READY_SECONDS, via: list[Node] | None = None
+    ) -> list[Any]:
+        """Polls /cluster (asking `via`) until `ok(members)`; returns the members."""
         deadline = time.monotonic() + seconds
         while True:
-            members = self.members()
+            members = self.members(via)
             if ok(members):
                 return members
             if time.monotonic() > deadline:

@@ -61,15 +61,26 @@ class Rig:
     proxy: BlackholeProxy | None = None
     postgres: PrivatePostgres | None = None
     ha: PatroniCluster | None = None
+    # Per Patroni node: proxies on its paths to etcd and to its replica, which a fault
+    # may blackhole (`partition`).
+    cuts: dict[str, list[BlackholeProxy]] = field(default_factory=dict)
     background: list[asyncio.Task[Any]] = field(default_factory=list)
     notes: dict[str, str] = field(default_factory=dict)  # what a fault's inject tells its heal
 
     def urls(self) -> list[str]:
         return [g.url for g in self.gateways]
 
-    async def sql(self, query: str, *args: Any) -> list[asyncpg.Record]:
-        """One query on the row's own database, on a connection of its own."""
-        conn = await asyncpg.connect(self.database_url, timeout=10)
+    async def sql(self, query: str, *args: Any, direct: bool = False) -> list[asyncpg.Record]:
+        """One query on the row's own database, on a connection of its own. `direct`:
+        on a Patroni cluster, to the node Patroni names the leader rather than through
+        the multi-host URL (which a node answering with an error, not a refusal, stops:
+        the driver passes over network errors only)."""
+        url = self.database_url
+        if direct and self.ha is not None:
+            leader = await asyncio.to_thread(self.ha.leader)
+            name = self.database_url.split("?", 1)[0].rsplit("/", 1)[1]
+            url = f"postgresql://postgres@127.0.0.1:{leader.pg_port}/{name}"
+        conn = await asyncpg.connect(url, timeout=10)
         try:
             return list(await conn.fetch(query, *args))
         finally:
@@ -97,23 +108,34 @@ async def rig(
     private_postgres: bool = False,
     proxy: bool = False,
     replication: str | None = None,
+    partition: bool = False,
 ) -> AsyncIterator[Rig]:
     """Everything a row needs, torn down afterwards by pid. `admin_url` is a Postgres
     where a database may be created; None (or `private_postgres`) starts a cluster.
     `replication` ("synchronous" or "asynchronous") starts a Patroni-managed pair
     instead, which the gateways reach through one multi-host URL (their pool and the
-    janitor's lock connection alike, as GATEWAY_DIRECT_DATABASE_URL is unset)."""
+    janitor's lock connection alike, as GATEWAY_DIRECT_DATABASE_URL is unset).
+    `partition`: each node's Patroni reaches etcd, and its replica reaches it, through
+    proxies (`Rig.cuts`); the gateways reach every node directly."""
     workdir = Path(tempfile.mkdtemp(prefix="gateway-faults-"))
     pgdir = Path(tempfile.mkdtemp(prefix="gateway-faults-pg-"))
     redis = RedisServer(workdir)
     postgres: PrivatePostgres | None = None
     ha: PatroniCluster | None = None
+    cuts: dict[str, list[BlackholeProxy]] = {}
     database_url: str | None = None
     made: Rig | None = None
     try:
         redis.start()
         if replication is not None:
             ha = PatroniCluster(synchronous=replication == "synchronous")
+            if partition:
+                for node in ha.nodes:
+                    to_etcd, to_node = BlackholeProxy(ha.etcd_port), BlackholeProxy(node.pg_port)
+                    cuts[node.name] = [to_etcd, to_node]
+                    await to_etcd.start()
+                    await to_node.start()
+                    node.etcd_via, node.advertised_port = to_etcd.port, to_node.port
             await asyncio.to_thread(ha.start)
             admin_url = ha.url()
         elif private_postgres or not admin_url:
@@ -124,7 +146,7 @@ async def rig(
         await migrate(database_url)
         made = Rig(
             workdir, redis, admin_url, database_url, secrets.token_urlsafe(32),
-            postgres=postgres, ha=ha,
+            postgres=postgres, ha=ha, cuts=cuts,
         )  # fmt: skip
         redis_urls = [redis.url, redis.url]
         if proxy:
@@ -147,7 +169,11 @@ async def rig(
                 await made.proxy.close()
         redis.kill()
         if ha is not None:
+            for proxy in [p for pair in cuts.values() for p in pair]:
+                proxy.heal()  # Patroni's stop must not wait on a blackholed etcd
             await asyncio.to_thread(ha.stop)
+            for proxy in [p for pair in cuts.values() for p in pair]:
+                await proxy.close()
         elif postgres is not None:
             await asyncio.to_thread(postgres.stop, "immediate")
         elif admin_url and database_url:
