@@ -144,13 +144,19 @@ class Admission:
             elif waiter in line:
                 line.remove(waiter)
             if isinstance(exc, TimeoutError):
-                self._metrics.db_acquire_timeouts.inc()
-                raise DatabaseBusy(
-                    f"no database connection came free within {self._timeout_ms:g} ms "
-                    "(GATEWAY_DB_ACQUIRE_TIMEOUT_MS); retry"
-                ) from None
+                raise self.timed_out() from None
             raise
         return self._grant(loop.time())
+
+    def timed_out(self) -> DatabaseBusy:
+        """Counted, what a request that got no connection within the acquire timeout
+        is answered: from the line, or from the pool while Postgres is slow to accept a
+        new connection (gateway/store/base.py)."""
+        self._metrics.db_acquire_timeouts.inc()
+        return DatabaseBusy(
+            f"no database connection came free within {self._timeout_ms:g} ms "
+            "(GATEWAY_DB_ACQUIRE_TIMEOUT_MS); retry"
+        )
 
     def _grant(self, now: float) -> int:
         self._grants += 1

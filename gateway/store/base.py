@@ -177,12 +177,8 @@ class StoreBase:
             conn = await pool.acquire(timeout=self._acquire_timeout_ms / 1000)
         except TimeoutError:
             self._admission.release(granted)
-            self._metrics.db_acquire_timeouts.inc()
             self._log_busy()
-            raise DatabaseBusy(
-                f"no database connection came free within {self._acquire_timeout_ms} ms "
-                "(GATEWAY_DB_ACQUIRE_TIMEOUT_MS); retry"
-            ) from None
+            raise self._admission.timed_out() from None
         except BaseException as exc:
             self._admission.release(granted)
             if isinstance(exc, DRIVER_ERRORS):
