@@ -21,6 +21,7 @@ from tests.support.claims import (
 )
 from tests.support.gateways import make_settings, running_gateway
 from tests.support.metrics import sample
+from tests.support.stores import holding
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -229,17 +230,7 @@ async def test_no_match_while_every_connection_is_busy_so_the_poll_keeps_its_dea
     async with running_gateway(cfg) as gw:
         waiting = asyncio.create_task(poll(gw, runtime_id, "w", wait_seconds=1.0))
         await wait_parked(gw, runtime_id, 1)
-        release, held = asyncio.Event(), asyncio.Semaphore(0)
-
-        async def hold(_: Any) -> None:
-            held.release()
-            await release.wait()
-
-        store = gw.gateway.store
-        holders = [asyncio.create_task(store.run(hold)) for _ in range(2)]
-        try:
-            for _ in holders:
-                await asyncio.wait_for(held.acquire(), 10)
+        async with holding(gw.gateway.store, 2):
             enqueue = asyncio.create_task(
                 gw.call("POST", f"/v1/runtimes/{runtime_id}/tasks", {"payload": {"n": 1}})
             )
@@ -250,6 +241,3 @@ async def test_no_match_while_every_connection_is_busy_so_the_poll_keeps_its_dea
             assert matches(gw) == 0
             status, body = await enqueue
             assert status == 503 and body["code"] == "database_busy", body
-        finally:
-            release.set()
-            await asyncio.gather(*holders)

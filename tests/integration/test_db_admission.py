@@ -17,7 +17,7 @@ import pytest
 from tests.support.databases import fetch
 from tests.support.gateways import TOKEN, make_settings, running_gateway
 from tests.support.metrics import sample
-from tests.support.stores import hold_connection
+from tests.support.stores import holding
 
 pytestmark = pytest.mark.integration
 
@@ -50,11 +50,7 @@ async def test_work_is_refused_at_once_while_a_complete_waits_and_goes_first(
         # Another task queued: the runtime has no empty verdict, so a claim needs Postgres.
         assert (await post(tasks, {"payload": {"n": 2}}))[0] == 201
         store = gw.gateway.store
-        release, held = asyncio.Event(), asyncio.Semaphore(0)
-        holders = [asyncio.create_task(hold_connection(store, release, held)) for _ in range(2)]
-        try:
-            for _ in holders:
-                await asyncio.wait_for(held.acquire(), 10)
+        async with holding(store, 2):
             # Postgres has slowed down: every connection has been held 300 ms and more.
             await asyncio.sleep(0.3)
             # A request of work would wait half of that, past the 50 ms budget.
@@ -96,9 +92,6 @@ async def test_work_is_refused_at_once_while_a_complete_waits_and_goes_first(
             )
             await asyncio.sleep(0.3)
             assert not complete.done(), "a complete must wait for a connection, not be shed"
-        finally:
-            release.set()
-            await asyncio.gather(*holders)
         status, _, done = await complete
         assert status == 200 and done["status"] == "completed", done  # type: ignore[index]
         rows = await fetch(

@@ -4,7 +4,6 @@ queueing without end behind the others."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 
@@ -15,7 +14,7 @@ from gateway.metrics import Metrics
 from gateway.store import Store
 from tests.support.gateways import TOKEN, make_settings, running_gateway
 from tests.support.metrics import sample
-from tests.support.stores import hold_connection
+from tests.support.stores import holding
 
 pytestmark = pytest.mark.integration
 
@@ -24,11 +23,7 @@ async def test_a_request_waits_the_acquire_timeout_then_is_refused(database_url)
     metrics = Metrics()
     store = Store(database_url, metrics, min_size=1, max_size=2, acquire_timeout_ms=300)
     await store.open()
-    release, held = asyncio.Event(), asyncio.Semaphore(0)
-    holders = [asyncio.create_task(hold_connection(store, release, held)) for _ in range(2)]
-    try:
-        for _ in holders:
-            await asyncio.wait_for(held.acquire(), 10)
+    async with holding(store, 2):
         started = time.monotonic()
         with pytest.raises(DatabaseBusy) as info:
             await store.get(uuid.uuid4())
@@ -39,9 +34,6 @@ async def test_a_request_waits_the_acquire_timeout_then_is_refused(database_url)
         assert "GATEWAY_DB_ACQUIRE_TIMEOUT_MS" in info.value.detail
         assert info.value.headers() == {"Retry-After": "1"}
         assert metrics.db_acquire_timeouts._value.get() == 1
-    finally:
-        release.set()
-        await asyncio.gather(*holders)
     # Both connections came back: the next request is served.
     with pytest.raises(NotFound):
         await store.get(uuid.uuid4())
@@ -68,11 +60,7 @@ async def test_the_http_answer_is_503_database_busy_with_retry_after(
     )
     async with running_gateway(settings) as gw:
         store = gw.gateway.store
-        release, held = asyncio.Event(), asyncio.Semaphore(0)
-        holders = [asyncio.create_task(hold_connection(store, release, held)) for _ in range(2)]
-        try:
-            for _ in holders:
-                await asyncio.wait_for(held.acquire(), 10)
+        async with holding(store, 2):
             resp = await gw.http.post(
                 f"{gw.url}/v1/runtimes/{runtime_id}/tasks",
                 json={"payload": {"n": 1}},
@@ -83,9 +71,6 @@ async def test_the_http_answer_is_503_database_busy_with_retry_after(
             assert body["code"] == "database_busy"
             assert resp.headers["Retry-After"] == "1"
             assert sample(gw, "gateway_db_acquire_timeouts_total") >= 1
-        finally:
-            release.set()
-            await asyncio.gather(*holders)
         resp = await gw.http.post(
             f"{gw.url}/v1/runtimes/{runtime_id}/tasks",
             json={"payload": {"n": 1}},

@@ -37,11 +37,26 @@ def enqueue_request(payload: Any, **fields: Any) -> EnqueueRequest:
     return parse_enqueue({"payload": payload, **fields}, None, MAX_PAYLOAD_BYTES)
 
 
-async def hold_connection(store: Store, release: asyncio.Event, held: asyncio.Semaphore) -> None:
-    """Holds one of the store's pooled connections until `release`, releasing `held`
-    once it has it. A gateway's own background work (the janitor's first pass, on a
-    loaded machine) may hold one for longer than a test's short acquire timeout at
-    first: the holder then asks again."""
+@contextlib.asynccontextmanager
+async def holding(store: Store, count: int) -> AsyncIterator[None]:
+    """Inside it, `count` of the store's pooled connections are held (every one, for a
+    pool of that size), as by statements that do not finish; released on the way out."""
+    release, held = asyncio.Event(), asyncio.Semaphore(0)
+    holders = [asyncio.create_task(_hold(store, release, held)) for _ in range(count)]
+    try:
+        for _ in holders:
+            await asyncio.wait_for(held.acquire(), 10)
+        yield
+    finally:
+        release.set()
+        await asyncio.gather(*holders)
+
+
+async def _hold(store: Store, release: asyncio.Event, held: asyncio.Semaphore) -> None:
+    """Holds one pooled connection until `release`, releasing `held` once it has it. A
+    gateway's own background work (the janitor's first pass, on a loaded machine) may
+    hold one for longer than a test's short acquire timeout at first: the holder then
+    asks again."""
 
     async def wait(_: asyncpg.Connection) -> None:
         held.release()
