@@ -124,7 +124,7 @@ class Gateway:
             settings,
             self.metrics,
             controls=self.controls,
-            settled=self._carried_completes_settled,
+            settled=self.completes_settled,
         )
         self.results = Results(
             self.store, self.cache, self.subscriber, self.claimer, settings, self.metrics
@@ -156,9 +156,10 @@ class Gateway:
         await self.results.finished(tasks)
         await self.controls.slot_freed(runtime_ids)
 
-    async def _carried_completes_settled(self, outcomes: list[ItemResult]) -> None:
-        """After the commit of completes that claims carried (the claim pump applies
-        them): what a batch complete wakes."""
+    async def completes_settled(self, outcomes: Sequence[ItemResult]) -> None:
+        """After the commit of completes applied item by item (a batch complete, the
+        completes a claim carries): the requests waiting for the results of those that
+        ended woken, and the parked polls of limited runtimes whose slots came free."""
         await self.tasks_ended(ended(outcomes), [r.runtime_id for r in outcomes if r.runtime_id])
 
     def _on_wake(self, runtime_id: str) -> None:

@@ -258,8 +258,7 @@ def _fail_columns(
 async def completed(gw: Gateway, results: Sequence[ItemResult]) -> list[dict[str, Any]]:
     """After the commit of completes: the requests waiting for their results woken, and
     the answer's entries."""
-    # A limited runtime's parked polls may claim again (runtime controls).
-    await gw.tasks_ended(ended(results), [r.runtime_id for r in results if r.runtime_id])
+    await gw.completes_settled(results)
     return [complete_entry(r) for r in results]
 
 

@@ -104,7 +104,7 @@ async def _carried_entries(
                 carried.task_ids, carried.lease_ids, carried.results, carried.runtimes
             )
         carried.settled(outcomes)
-        await batch.completed(gw, outcomes)
+        await gw.completes_settled(outcomes)
     assert isinstance(carried.answer, orjson.Fragment)
     return carried.answer
 
