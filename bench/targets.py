@@ -220,14 +220,16 @@ def evaluate(results: list[Result]) -> list[Row]:
         )
     )
     pgq = number(results, "pgqueuer", _pgq_label(results), "drain", "jobs_per_second")
-    for label in ("single ack", "batch ack"):
+    # Batch acknowledgement is the gateway's own advantage (one complete per claim of
+    # ten), so it is held to more than parity: 1.2x.
+    for label, bound in (("single ack", 1.0), ("batch ack", 1.2)):
         rows.append(
             _ratio_row(
                 f"drain, {label} vs pgqueuer",
                 number(results, "drain", label, "tasks_per_second"),
                 pgq,
                 ("gateway", "pgqueuer"),
-                1.0,
+                bound,
                 "tasks/s",
             )
         )

@@ -2,8 +2,10 @@
 parked in this process. It reads the empty verdict and, on a miss, runs one Postgres
 claim for all the waiters, handing rows out oldest waiter first (I9); a scan that
 leaves slots empty writes the verdict under the version read before it (I2, I4), and
-while polls stay parked the pump renews that verdict rather than scan again. The
-Claimer (gateway/claim/claimer.py) registers the waiters and starts the pump (`Pumps.ensure`).
+while polls stay parked the pump renews that verdict rather than scan again. Polls
+that arrive while its statement runs are claimed for by a helper, in a statement of
+their own, up to STATEMENTS_PER_RUNTIME statements at a time. The Claimer
+(gateway/claim/claimer.py) registers the waiters and starts the pump (`Pumps.ensure`).
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ from .. import logs
 from ..admission import releasing
 from ..errors import CacheUnavailable, DatabaseBusy, GatewayError, Overloaded, StoreUnavailable
 from ..metrics import Metrics
-from ..rows import CarriedCompletes, ItemResult, Leased, TaskRow
+from ..rows import ItemResult, Leased, TaskRow
 from ..settings import Settings
 from .activity import ClaimActivity
 from .controls import ClaimControls
 from .near_cache import NearCache
 from .ports import ClaimCache, ClaimStore, WakeChannels
-from .waiters import RuntimeState, Waiter, unserved, unsettled
+from .waiters import RuntimeState, Waiter, fit_statement, idle, merged, share, unserved, unsettled
 
 # The claim path's logger, as before the pump had a module of its own.
 log = logging.getLogger("gateway.claim")
@@ -37,9 +39,14 @@ RENEW_LEAD_SECONDS = 1.0
 # burst, which on a busy process runs Redis calls past their timeout and sends every
 # parked runtime to Postgres (degraded polling).
 RENEW_SPREAD = 0.2
-# Carried completes one claim statement applies at most, from the claims it serves: a
-# claim whose completes would pass it (unless it is the first) waits for the next one.
-CARRIED_MAX = 1000
+# Claim statements one runtime may have in flight in this process (I9): the pump's, and
+# those of helpers started for polls that arrive while every statement runs. With one,
+# a statement's commit (its WAL flush, about 2 ms on a plain disk) bounded a busy
+# runtime's claims to a few hundred statements a second, however many workers
+# polled; two overlap one commit with the next statement, and the database groups
+# their flushes. The claims a process runs at once stay bounded by
+# GATEWAY_MAX_CONCURRENT_CLAIMS.
+STATEMENTS_PER_RUNTIME = 2
 
 
 def renew_after(ttl: float, rng: random.Random) -> float:
@@ -86,12 +93,25 @@ class Pumps:
         self._claims_queued = 0
 
     def ensure(self, state: RuntimeState) -> None:
-        """Start the runtime's pump, unless it runs."""
+        """Start the runtime's pump, unless it runs; or, when the pump and its helpers
+        all wait on claim statements and fewer than STATEMENTS_PER_RUNTIME run, a
+        helper for the polls that no statement serves."""
         if state.pump is None:
             # A bump seen while no pump ran is old news: other claims may have written a
             # verdict under its version since, so the new pump reads the verdict first.
             state.bumped = None
             state.pump = asyncio.create_task(self._run(state), name=f"pump:{state.runtime_id}")
+        elif (
+            state.statements > len(state.helpers)
+            and 1 + len(state.helpers) < STATEMENTS_PER_RUNTIME
+            and idle(state)
+            and not self._draining()
+        ):
+            helper = asyncio.create_task(
+                self._assist(state), name=f"pump helper:{state.runtime_id}"
+            )
+            state.helpers.add(helper)
+            helper.add_done_callback(state.helpers.discard)
 
     async def _run(self, state: RuntimeState) -> None:
         logs.detach()  # started by one poll's request, it serves them all
@@ -109,11 +129,28 @@ class Pumps:
                     async with asyncio.timeout(park):
                         await state.wake.wait()
         except Exception:
-            log.exception("claim pump for runtime %s died", state.runtime_id)
-            for waiter in state.waiters:
-                waiter.finish(error=StoreUnavailable("internal error in the claim path"))
+            self._died(state, "claim pump")
         finally:
             state.pump = None
+
+    async def _assist(self, state: RuntimeState) -> None:
+        """A helper (in `state.helpers` from `ensure` until it ends): cycles for the polls that
+        arrived while the runtime's statements ran, until none is left unchecked or a
+        cycle finds nothing to claim. It never parks: the pump keeps the parked polls."""
+        logs.detach()
+        try:
+            while not self._draining() and any(not w.checked for w in idle(state)):
+                if await self._cycle(state) is not None:
+                    break
+        except Exception:
+            self._died(state, "claim pump helper")
+        finally:
+            state.wake.set()  # the pump takes over what is left
+
+    def _died(self, state: RuntimeState, what: str) -> None:
+        log.exception("%s for runtime %s died", what, state.runtime_id)
+        for waiter in state.waiters:
+            waiter.finish(error=StoreUnavailable("internal error in the claim path"))
 
     def _park_seconds(self, state: RuntimeState, verdict_ttl: float | None) -> float:
         """How long the pump sleeps without a wake-up. Wake-ups may be lost when this
@@ -129,6 +166,9 @@ class Pumps:
     async def _cycle(self, state: RuntimeState, woken: bool = False) -> float | None:
         """One verdict check and, on a miss, one claim. Returns how long to park, or
         None to run again at once. `woken`: a wake-up started this cycle."""
+        if not idle(state):
+            # Every poll is in a helper's statement: park until it ends (it wakes us).
+            return self._park_seconds(state, None)
         runtime_id = state.runtime_id
         version: str | None = None
         loop = asyncio.get_running_loop()
@@ -150,9 +190,9 @@ class Pumps:
                 # read is needed. A later bump elsewhere only makes the verdict stale.
                 version, state.bumped = state.bumped, None
                 state.renew_version = None
-            elif not unsettled(unserved(state)):
+            elif not unsettled(idle(state)):
                 # (With completes to apply, a statement runs whatever the verdict says.)
-                arrived = list(state.waiters)
+                arrived = idle(state)
                 if state.renew_version is not None and read_at >= state.renew_at:
                     renewed = await self._renew(state)
                     if renewed is not None:
@@ -191,7 +231,7 @@ class Pumps:
                             waiter.poke()
                         return self._park_seconds(state, verdict.ttl_seconds)
                     version = verdict.version
-        waiters, later = _fit(unserved(state))
+        waiters, later = fit_statement(idle(state))
         if not waiters:
             return None
         owners: list[Waiter] = []
@@ -201,6 +241,7 @@ class Pumps:
         carried = unsettled(waiters)
         outcomes: list[ItemResult] = []
         hold: float | None = None
+        state.statements += 1
         try:
             async with self._admission():
                 worker_ids = [w.req.worker_id for w in owners]
@@ -219,7 +260,7 @@ class Pumps:
                     # The completes it carries free work: the statement queues as they would.
                     with releasing():
                         rows, due_in, outcomes = await self._store.claim_acked(
-                            runtime_id, worker_ids, lease_seconds, _merged(carried)
+                            runtime_id, worker_ids, lease_seconds, merged(carried)
                         )
                 else:
                     rows, due_in = await self._store.claim(runtime_id, worker_ids, lease_seconds)
@@ -229,15 +270,17 @@ class Pumps:
                 # is overload, answered as the claims' own line answers it.
                 exc = Overloaded(exc.detail, exc.retry_after_seconds)
             if outcomes:  # applied alone before the claim failed
-                _share(carried, outcomes)
+                share(carried, outcomes)
             for waiter in waiters:
                 waiter.in_flight = False
                 waiter.finish(error=exc)
             if outcomes:
                 await self._settled(outcomes)
             return self._settings.degraded_poll_seconds
+        finally:
+            state.statements -= 1
         if outcomes:
-            _share(carried, outcomes)
+            share(carried, outcomes)
         await self._hand_out(runtime_id, waiters, owners, rows, woken)
         if outcomes:
             await self._settled(outcomes)
@@ -252,13 +295,13 @@ class Pumps:
         return await self._record_empty(state, version, due_in, (drops, read_at, trusted))
 
     async def _apply(self, runtime_id: str, carried: list[Waiter]) -> list[ItemResult]:
-        """Apply the completes of `carried` (distinct tasks, within CARRIED_MAX) in a
+        """Apply the completes of `carried` (distinct tasks, within waiters.CARRIED_MAX) in a
         statement of their own, which claims nothing: their outcomes in order. Raises
         what the statement raises (nothing applied)."""
         if not carried:
             return []
         with releasing():
-            _, _, outcomes = await self._store.claim_acked(runtime_id, [], [], _merged(carried))
+            _, _, outcomes = await self._store.claim_acked(runtime_id, [], [], merged(carried))
         return outcomes
 
     async def _settle_alone(self, state: RuntimeState) -> None:
@@ -266,10 +309,11 @@ class Pumps:
         each claim's are answered, or it fails with the statement's error (nothing of
         its applied). Its waiters stay in flight meanwhile, so that none leaves thinking
         its wait checked before its completes are in."""
-        while pending := unsettled(unserved(state)):
-            carried, _ = _fit(pending)
+        while pending := unsettled(idle(state)):
+            carried, _ = fit_statement(pending)
             for waiter in carried:
                 waiter.in_flight = True
+            state.statements += 1
             try:
                 async with self._admission():
                     outcomes = await self._apply(state.runtime_id, carried)
@@ -278,7 +322,9 @@ class Pumps:
                     waiter.in_flight = False
                     waiter.finish(error=exc)
                 continue
-            _share(carried, outcomes)
+            finally:
+                state.statements -= 1
+            share(carried, outcomes)
             for waiter in carried:
                 waiter.in_flight = False
                 waiter.poke()
@@ -409,48 +455,3 @@ class Pumps:
             yield
         finally:
             self._claim_slots.release()
-
-
-def _fit(waiters: list[Waiter]) -> tuple[list[Waiter], list[Waiter]]:
-    """`waiters` split into those one statement serves and those left for the next: a
-    claim whose carried completes name a task that an earlier one's do (a replay sent
-    while the first was in flight: one statement would apply the task once, for either),
-    or that would take the statement past CARRIED_MAX, waits."""
-    taken: list[Waiter] = []
-    later: list[Waiter] = []
-    named: set[object] = set()
-    for waiter in waiters:
-        carried = waiter.carried
-        if carried is not None and carried.answer is None:
-            ids = carried.task_ids
-            if (named and len(named) + len(ids) > CARRIED_MAX) or not named.isdisjoint(ids):
-                later.append(waiter)
-                continue
-            named.update(ids)
-        taken.append(waiter)
-    return taken, later
-
-
-def _merged(carried: list[Waiter]) -> CarriedCompletes:
-    """The completes of `carried`, one claim after another, each item with its claim's
-    runtime patterns."""
-    task_ids, lease_ids, results, runtimes = [], [], [], []
-    for waiter in carried:
-        c = waiter.carried
-        assert c is not None
-        task_ids += c.task_ids
-        lease_ids += c.lease_ids
-        results += c.results
-        runtimes += [c.runtimes] * len(c.task_ids)
-    return CarriedCompletes(task_ids, lease_ids, results, runtimes)
-
-
-def _share(carried: list[Waiter], outcomes: list[ItemResult]) -> None:
-    """Each claim of `carried` gets its own items' outcomes (in _merged's order)."""
-    start = 0
-    for waiter in carried:
-        c = waiter.carried
-        assert c is not None
-        end = start + len(c.task_ids)
-        c.settled(outcomes[start:end])
-        start = end

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ..api.requests import ClaimRequest
 from ..errors import GatewayError
-from ..rows import ItemResult, Leased
+from ..rows import CarriedCompletes, ItemResult, Leased
 
 # Parked waiters whose deadlines fall in the same slot of this length share one timer.
 DEADLINE_SLOT_SECONDS = 0.05
@@ -189,11 +189,24 @@ class RuntimeState:
     # Runtime controls: a limit cut the last claim short; until this loop time the pump
     # claims again only after a wake-up (a freed slot, a change of the controls).
     held_until: float = 0.0
+    # Claim statements in flight for this runtime (the pump's and its helpers'), and
+    # the helpers running: a helper claims for polls that arrive while every running
+    # coroutine waits on a statement (gateway/claim/pump.py, STATEMENTS_PER_RUNTIME).
+    statements: int = 0
+    helpers: set[asyncio.Task[None]] = field(default_factory=set)
 
 
 def unsettled(waiters: list[Waiter]) -> list[Waiter]:
     """Those of `waiters` whose carried completes are not applied yet."""
     return [w for w in waiters if w.carried is not None and w.carried.answer is None]
+
+
+def idle(state: RuntimeState) -> list[Waiter]:
+    """Unserved waiters that a new claim statement may serve: none runs for them, and
+    they are not leaving (checked, with their wait over: their request answers them
+    with nothing as soon as it runs, which another statement would only delay)."""
+    now = asyncio.get_running_loop().time()
+    return [w for w in unserved(state) if not w.in_flight and not (w.checked and w.deadline <= now)]
 
 
 def unserved(state: RuntimeState) -> list[Waiter]:
@@ -204,3 +217,53 @@ def unserved(state: RuntimeState) -> list[Waiter]:
         for w in state.waiters
         if not w.gone and w.rows is None and w.error is None and not w.matched
     ]
+
+
+# Carried completes one claim statement applies at most, from the claims it serves: a
+# claim whose completes would pass it (unless it is the first) waits for the next one.
+CARRIED_MAX = 1000
+
+
+def fit_statement(waiters: list[Waiter]) -> tuple[list[Waiter], list[Waiter]]:
+    """`waiters` split into those one statement serves and those left for the next: a
+    claim whose carried completes name a task that an earlier one's do (a replay sent
+    while the first was in flight: one statement would apply the task once, for either),
+    or that would take the statement past CARRIED_MAX, waits."""
+    taken: list[Waiter] = []
+    later: list[Waiter] = []
+    named: set[object] = set()
+    for waiter in waiters:
+        carried = waiter.carried
+        if carried is not None and carried.answer is None:
+            ids = carried.task_ids
+            if (named and len(named) + len(ids) > CARRIED_MAX) or not named.isdisjoint(ids):
+                later.append(waiter)
+                continue
+            named.update(ids)
+        taken.append(waiter)
+    return taken, later
+
+
+def merged(carried: list[Waiter]) -> CarriedCompletes:
+    """The completes of `carried`, one claim after another, each item with its claim's
+    runtime patterns."""
+    task_ids, lease_ids, results, runtimes = [], [], [], []
+    for waiter in carried:
+        c = waiter.carried
+        assert c is not None
+        task_ids += c.task_ids
+        lease_ids += c.lease_ids
+        results += c.results
+        runtimes += [c.runtimes] * len(c.task_ids)
+    return CarriedCompletes(task_ids, lease_ids, results, runtimes)
+
+
+def share(carried: list[Waiter], outcomes: list[ItemResult]) -> None:
+    """Each claim of `carried` gets its own items' outcomes (in _merged's order)."""
+    start = 0
+    for waiter in carried:
+        c = waiter.carried
+        assert c is not None
+        end = start + len(c.task_ids)
+        c.settled(outcomes[start:end])
+        start = end
