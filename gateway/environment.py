@@ -273,6 +273,23 @@ VARIABLES: tuple[Variable, ...] = (
         "it is.",
     ),
     Variable(
+        "GATEWAY_DB_CONNECT_TIMEOUT_MS",
+        "db_connect_timeout_ms",
+        "integer",
+        2_000,
+        low=100,
+        high=600_000,
+        unit="milliseconds",
+        doc="How long each host of `DATABASE_URL` (and of `GATEWAY_DIRECT_DATABASE_URL`) may "
+        "take to accept a new connection. A URL may name several hosts "
+        "(`postgresql://...@10.0.0.1:5432,10.0.0.2:5432/db?target_session_attrs=read-write`); "
+        "a host that does not answer within this time, or answers with an error, or is not "
+        "what `target_session_attrs` asks for, is passed over for the next, and the host "
+        "that took the last connection is tried first. With several hosts it must be less "
+        "than `GATEWAY_DB_ACQUIRE_TIMEOUT_MS`; see "
+        "[Failover](operations/failover.md).",
+    ),
+    Variable(
         "GATEWAY_DB_QUEUE_BUDGET_MS",
         "db_queue_budget_ms",
         "number",

@@ -68,6 +68,7 @@ class Gateway:
             max_size=settings.db_pool_max,
             statement_timeout_ms=settings.db_statement_timeout_ms,
             acquire_timeout_ms=settings.db_acquire_timeout_ms,
+            connect_timeout_ms=settings.db_connect_timeout_ms,
             queue_budget_ms=settings.db_queue_budget_ms,
             statement_cache_size=settings.db_statement_cache_size,
             lock_dsn=settings.lock_database_url,

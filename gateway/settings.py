@@ -81,6 +81,9 @@ class Settings:
     db_statement_timeout_ms: int = 10_000
     # How long a request waits for a pooled connection before a 503 database_busy.
     db_acquire_timeout_ms: int = 5_000
+    # How long each host of DATABASE_URL may take to accept a new connection before the
+    # next host is tried (gateway/store/hosts.py).
+    db_connect_timeout_ms: int = 2_000
     # The line of work (enqueues, claims, reads) waiting for a connection, in ms of the
     # mean hold: past it, work is refused at once (gateway/admission.py).
     db_queue_budget_ms: float = 250.0
@@ -172,6 +175,23 @@ class Settings:
             )
         if self.db_pool_min > self.db_pool_max:
             raise ConfigError(f"GATEWAY_DB_POOL_MAX must be at least {self.db_pool_min}")
+        self._validate_connect_timeout()
+
+    def _validate_connect_timeout(self) -> None:
+        # A request that needs a new connection waits for it GATEWAY_DB_ACQUIRE_TIMEOUT_MS
+        # at most, and its wait ending ends the connection attempt too: were a dead first
+        # host to take that long, no new connection would ever reach the second.
+        several = any(len(url_hosts(url)) > 1 for url in self._database_urls())
+        if several and self.db_connect_timeout_ms >= self.db_acquire_timeout_ms:
+            raise ConfigError(
+                f"GATEWAY_DB_CONNECT_TIMEOUT_MS ({self.db_connect_timeout_ms}) must be less "
+                f"than GATEWAY_DB_ACQUIRE_TIMEOUT_MS ({self.db_acquire_timeout_ms}) when the "
+                "database URL names several hosts: a host that does not answer would use up "
+                "a request's whole wait for a connection, and the next host would never be tried"
+            )
+
+    def _database_urls(self) -> list[str]:
+        return [url for url in (self.database_url, self.direct_database_url) if url]
 
     def _validate_redis_mode(self) -> None:
         if self.redis_mode not in REDIS_MODES:
@@ -217,13 +237,20 @@ def check_database_url(url: str | None) -> None:
             f"DATABASE_URL must be a postgresql:// (or postgres://) URL, got {got}: "
             "the gateway stores its tasks in Postgres only"
         )
-    # Each host of host1:5432,host2:5433 (the driver takes several), an IPv6 one in [].
-    hosts = url.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0].rsplit("@", 1)[-1]
-    for host in hosts.split(","):
+    for host in url_hosts(url):
         after_address = host.rsplit("]", 1)[-1]
         port = after_address.rpartition(":")[2] if ":" in after_address else ""
         if port and not port.isdigit():
             raise ConfigError(f"DATABASE_URL names the port {port!r}, which is not a number")
+
+
+def url_hosts(url: str) -> list[str]:
+    """Each host of a Postgres URL's host part, as written (`host1:5432,host2:5433`
+    names two, an IPv6 one is in []); empty when the URL names none there."""
+    if "://" not in url:
+        return []
+    hosts = url.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0].rsplit("@", 1)[-1]
+    return hosts.split(",") if hosts else []
 
 
 class _Listed(Mapping[str, str]):

@@ -236,7 +236,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_migrate(args: argparse.Namespace) -> int:
     import asyncpg
 
-    from ..store.migrate import apply_migrations, pending_migrations
+    from ..store.hosts import Hosts
+    from ..store.migrate import CONNECT_TIMEOUT_SECONDS, apply_migrations, pending_migrations
 
     # The migration lock is a session advisory lock: it needs a connection that no
     # transaction pooler shares, so the direct URL wins when set.
@@ -246,7 +247,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         return 2
 
     async def check() -> int:
-        conn = await asyncpg.connect(url)
+        conn = await Hosts(url, CONNECT_TIMEOUT_SECONDS).connect()
         try:
             pending = await pending_migrations(conn)
         finally:

@@ -151,6 +151,7 @@ class DatabaseWait:
         self._dsn = settings.database_url
         self._lock_dsn = settings.lock_database_url or self._dsn
         self._retry_seconds = settings.startup_retry_seconds
+        self._host_timeout_seconds = settings.db_connect_timeout_ms / 1000
         self._migrate = migrate
         self._clock = clock
         self._deadline = clock() + self._retry_seconds
@@ -189,8 +190,8 @@ class DatabaseWait:
 
     async def _check(self, timeout_seconds: float) -> None:
         if self._migrate:
-            await postgres.apply(self._lock_dsn, timeout_seconds)
-        schema = await postgres.probe(self._dsn, timeout_seconds)
+            await postgres.apply(self._lock_dsn, timeout_seconds, self._host_timeout_seconds)
+        schema = await postgres.probe(self._dsn, timeout_seconds, self._host_timeout_seconds)
         postgres.require_current(self._dsn, schema)
         warning = postgres.newer_warning(self._dsn, schema)
         if warning:

@@ -22,6 +22,7 @@ import orjson
 from ..admission import Admission
 from ..errors import DatabaseBusy, StoreUnavailable
 from ..metrics import Metrics
+from .hosts import Hosts
 from .migrate import schema_is_current
 from .sql import base as sql
 
@@ -86,9 +87,17 @@ class StoreBase:
         lock_dsn: str | None = None,
         acquire_timeout_ms: int = 5_000,
         queue_budget_ms: float = 250.0,
+        connect_timeout_ms: int = 2_000,
     ) -> None:
         self._dsn = dsn
-        self._lock_dsn = lock_dsn or dsn
+        # Every connection this process opens walks its URL's hosts, each within
+        # connect_timeout_ms (hosts.py). The lock URL (the janitor's and VACUUM's own
+        # connections) shares the pool's memory of the host that last took a
+        # connection when it is the same URL.
+        self._hosts = Hosts(dsn, connect_timeout_ms / 1000)
+        self._lock_hosts = self._hosts
+        if lock_dsn and lock_dsn != dsn:
+            self._lock_hosts = Hosts(lock_dsn, connect_timeout_ms / 1000)
         self._metrics = metrics
         self._min_size = min_size
         self._max_size = max_size
@@ -109,6 +118,7 @@ class StoreBase:
         try:
             self._pool = await asyncpg.create_pool(
                 self._dsn,
+                connect=self._hosts.connect,
                 min_size=self._min_size,
                 max_size=self._max_size,
                 init=_init_connection,

@@ -118,9 +118,7 @@ class JanitorStatements(StoreBase):
         Postgres a cancel request, and the work done so far is kept (the pages already
         cleaned stay clean). Safe to run again at any time."""
         try:
-            conn = await asyncpg.connect(
-                self._lock_dsn,
-                timeout=10,
+            conn = await self._lock_hosts.connect(
                 server_settings={"application_name": "claim-gateway-vacuum"},
             )
         except DRIVER_ERRORS as exc:
@@ -152,8 +150,7 @@ class JanitorStatements(StoreBase):
         the lock URL (GATEWAY_DIRECT_DATABASE_URL when set): through a transaction
         pooler a session lock would sit on a server connection others share."""
         try:
-            conn = await asyncpg.connect(
-                self._lock_dsn,
+            conn = await self._lock_hosts.connect(
                 server_settings={"application_name": "claim-gateway-janitor"},
             )
         except DRIVER_ERRORS as exc:

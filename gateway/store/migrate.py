@@ -25,6 +25,7 @@ import asyncpg
 import gateway
 
 from ..errors import GatewayError
+from .hosts import Hosts
 from .sql import migrate as sql
 
 logger = logging.getLogger("gateway.migrate")
@@ -33,6 +34,10 @@ NO_TRANSACTION_MARKER = "-- gateway: no-transaction"
 FILE_NAME_RE = re.compile(r"^(\d+)_[A-Za-z0-9_]+\.sql$")
 # A fixed bigint key for pg_advisory_lock, shared by every process that migrates.
 LOCK_KEY = zlib.crc32(b"claim-gateway.migrate")
+# What `gateway migrate` waits for each host of DATABASE_URL to take its connection: a
+# command an operator runs once can afford more than the server's pool
+# (GATEWAY_DB_CONNECT_TIMEOUT_MS), and a dead host is still passed over.
+CONNECT_TIMEOUT_SECONDS = 10.0
 
 
 class MigrationError(GatewayError):
@@ -176,10 +181,12 @@ async def apply_migrations(
     directory: Path | None = None,
     *,
     log: Callable[[str], None] | None = None,
+    connect_timeout_seconds: float = CONNECT_TIMEOUT_SECONDS,
 ) -> list[Migration]:
-    """Apply every pending migration under an advisory lock; returns those applied."""
+    """Apply every pending migration under an advisory lock; returns those applied. Each
+    host of a multi-host URL is given `connect_timeout_seconds` (hosts.py)."""
     log = log or logger.info
-    conn = await asyncpg.connect(dsn)
+    conn = await Hosts(dsn, connect_timeout_seconds).connect()
     try:
         await conn.execute(sql.MIGRATIONS_LOCK, LOCK_KEY)
         try:

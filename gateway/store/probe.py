@@ -5,8 +5,6 @@ closes its own connections; none writes anything."""
 from __future__ import annotations
 
 import asyncio
-import errno
-import socket
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -15,6 +13,7 @@ from typing import TypeVar
 import asyncpg
 
 from .base import DRIVER_ERRORS
+from .hosts import Hosts, reason
 from .migrate import Migration, load_migrations, pending_migrations
 from .sql import migrate as migrate_sql
 from .sql import probe as sql
@@ -35,28 +34,13 @@ async def connect(url: str) -> asyncpg.Connection:
     """A connection with no prepared-statement cache, so that it works through any
     pooler; raises ProbeFailed with the driver's reason."""
     try:
-        return await asyncpg.connect(
-            url,
-            timeout=PROBE_TIMEOUT_SECONDS,
+        # Each host of a multi-host URL within the timeout (hosts.py).
+        return await Hosts(url, PROBE_TIMEOUT_SECONDS).connect(
             statement_cache_size=0,
             server_settings={"application_name": "claim-gateway-doctor"},
         )
     except (*DRIVER_ERRORS, ValueError) as exc:
         raise ProbeFailed(reason(exc, PROBE_TIMEOUT_SECONDS)) from exc
-
-
-def reason(exc: BaseException, timeout_seconds: float) -> str:
-    """Why a connection failed, in a few words."""
-    if isinstance(exc, socket.gaierror):
-        return f"the host name does not resolve ({exc.strerror})"
-    text = str(exc)
-    if isinstance(exc, ConnectionRefusedError) or f"[Errno {errno.ECONNREFUSED}]" in text:
-        return "connection refused"
-    if isinstance(exc, TimeoutError):
-        return f"no answer within {timeout_seconds:g} s"
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror[0].lower() + exc.strerror[1:]
-    return text or type(exc).__name__
 
 
 async def bounded(awaitable: Awaitable[T]) -> T:

@@ -15,8 +15,9 @@ import asyncpg
 
 from ..errors import ConfigError, SchemaNotCurrent, Unreachable
 from .base import DRIVER_ERRORS
+from .hosts import Hosts, reason
 from .migrate import FILE_NAME_RE, Migration, MigrationError, apply_migrations
-from .probe import SchemaState, close_quietly, reason, schema_state
+from .probe import SchemaState, close_quietly, schema_state
 
 DEFAULT_PORT = 5432
 MIGRATE_HINT = "run `gateway migrate` (or start with `gateway serve --migrate`), then start again"
@@ -64,13 +65,17 @@ def _unreachable(what: str, dsn: str, exc: BaseException, timeout_seconds: float
     return Unreachable(f"{what.format(server=server(dsn))}: {why}", reason=why, server=server(dsn))
 
 
-async def connect(dsn: str, timeout_seconds: float) -> asyncpg.Connection:
-    """A connection of its own; raises Unreachable naming the server and why, or
-    ConfigError for a URL the driver cannot read."""
+async def connect(
+    dsn: str, timeout_seconds: float, host_timeout_seconds: float | None = None
+) -> asyncpg.Connection:
+    """A connection of its own within `timeout_seconds`, each host of a multi-host URL
+    given `host_timeout_seconds` at most (hosts.py); raises Unreachable naming the
+    server and why, or ConfigError for a URL the driver cannot read."""
+    per_host = min(timeout_seconds, host_timeout_seconds or timeout_seconds)
     try:
         # No statement cache: the probe may pass through a transaction pooler.
-        conn: asyncpg.Connection = await asyncpg.connect(
-            dsn, timeout=timeout_seconds, statement_cache_size=0
+        conn: asyncpg.Connection = await asyncio.wait_for(
+            Hosts(dsn, per_host).connect(statement_cache_size=0), timeout_seconds
         )
         return conn
     except (asyncpg.ClientConfigurationError, ValueError) as exc:
@@ -79,11 +84,13 @@ async def connect(dsn: str, timeout_seconds: float) -> asyncpg.Connection:
         raise _unreachable("cannot connect to {server}", dsn, exc, timeout_seconds) from exc
 
 
-async def probe(dsn: str, timeout_seconds: float) -> SchemaState:
-    """Connect, read the schema, close: raises Unreachable, ConfigError, or
-    SchemaNotCurrent for an applied migration edited or removed since; pending
+async def probe(
+    dsn: str, timeout_seconds: float, host_timeout_seconds: float | None = None
+) -> SchemaState:
+    """Connect (as `connect`), read the schema, close: raises Unreachable, ConfigError,
+    or SchemaNotCurrent for an applied migration edited or removed since; pending
     migrations are the caller's to judge (`require_current`)."""
-    conn = await connect(dsn, timeout_seconds)
+    conn = await connect(dsn, timeout_seconds, host_timeout_seconds)
     try:
         # Bounded too: through PgBouncer a stopped Postgres accepts the login and then
         # keeps the first query waiting (query_wait_timeout, 120 s by default).
@@ -134,14 +141,18 @@ def newer_warning(dsn: str, schema: SchemaState) -> str | None:
     )
 
 
-async def apply(dsn: str, timeout_seconds: float) -> list[Migration]:
+async def apply(
+    dsn: str, timeout_seconds: float, host_timeout_seconds: float | None = None
+) -> list[Migration]:
     """`gateway serve --migrate`: apply what is pending (migrate.apply_migrations),
     with its failures as start-up errors: Unreachable, or SchemaNotCurrent for a
     migration that failed or a file that was edited."""
-    conn = await connect(dsn, timeout_seconds)  # says why it cannot, within the timeout
+    # Says why it cannot, within the timeout.
+    conn = await connect(dsn, timeout_seconds, host_timeout_seconds)
     await conn.close()
+    per_host = min(timeout_seconds, host_timeout_seconds or timeout_seconds)
     try:
-        return await apply_migrations(dsn)
+        return await apply_migrations(dsn, connect_timeout_seconds=per_host)
     except MigrationError as exc:
         raise SchemaNotCurrent(exc.detail) from exc
     except DRIVER_ERRORS as exc:

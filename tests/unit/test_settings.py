@@ -79,6 +79,7 @@ NUMERIC: list[tuple[str, str, str, Any]] = [
     ("GATEWAY_MAX_QUEUED_CLAIMS", "max_queued_claims", "0", 0),
     ("GATEWAY_DB_POOL_MAX", "db_pool_max", "50", 50),
     ("GATEWAY_DB_STATEMENT_CACHE_SIZE", "db_statement_cache_size", "0", 0),
+    ("GATEWAY_DB_CONNECT_TIMEOUT_MS", "db_connect_timeout_ms", "500", 500),
     ("GATEWAY_SHUTDOWN_GRACE_SECONDS", "shutdown_grace_seconds", "3", 3.0),
     ("GATEWAY_DEGRADED_POLL_SECONDS", "degraded_poll_seconds", "0.25", 0.25),
 ]
@@ -146,6 +147,35 @@ def test_direct_database_url_is_where_locks_go_and_is_masked() -> None:
 def test_direct_database_url_must_be_postgres() -> None:
     with pytest.raises(ConfigError, match="GATEWAY_DIRECT_DATABASE_URL"):
         from_env(GATEWAY_DIRECT_DATABASE_URL="redis://h:6379/0")
+
+
+MULTI_HOST_URL = "postgresql://u@10.0.0.1:5432,10.0.0.2:5432/db?target_session_attrs=read-write"
+
+
+def test_connect_timeout_defaults_to_two_seconds_and_is_bounded() -> None:
+    assert Settings.from_env(BASE).db_connect_timeout_ms == 2_000
+    for bad in ("99", "600001"):
+        with pytest.raises(ConfigError, match="GATEWAY_DB_CONNECT_TIMEOUT_MS"):
+            from_env(GATEWAY_DB_CONNECT_TIMEOUT_MS=bad)
+
+
+@pytest.mark.parametrize("variable", ["DATABASE_URL", "GATEWAY_DIRECT_DATABASE_URL"])
+def test_with_several_hosts_the_connect_timeout_must_be_below_the_acquire_timeout(
+    variable: str,
+) -> None:
+    """A request's wait for a connection ends its connect too: were a silent first host
+    given as long, no new connection would ever reach the second."""
+    env = {variable: MULTI_HOST_URL, "GATEWAY_DB_ACQUIRE_TIMEOUT_MS": "2000"}
+    with pytest.raises(ConfigError) as info:
+        from_env(**env, GATEWAY_DB_CONNECT_TIMEOUT_MS="2000")
+    assert "GATEWAY_DB_CONNECT_TIMEOUT_MS (2000)" in info.value.detail
+    assert "GATEWAY_DB_ACQUIRE_TIMEOUT_MS (2000)" in info.value.detail
+    assert from_env(**env, GATEWAY_DB_CONNECT_TIMEOUT_MS="1999").db_connect_timeout_ms == 1999
+    # One host: nothing to pass over, any pair is fine.
+    one = from_env(
+        DATABASE_URL="postgresql://u@10.0.0.1:5432/db", GATEWAY_DB_ACQUIRE_TIMEOUT_MS="100"
+    )
+    assert one.db_connect_timeout_ms == 2_000
 
 
 def test_pool_max_below_pool_min_refused() -> None:
