@@ -12,6 +12,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
@@ -48,6 +49,21 @@ from .store import Store
 log = logging.getLogger("gateway")
 
 CLUSTER_DISCOVERY_SECONDS = 5.0  # bound on learning a cluster's nodes and slots at start
+
+
+# How long /readyz waits for Postgres to answer its schema check: well under a probe's
+# own timeout (3 s in deploy/kubernetes), so that a database that does not answer is
+# reported as such rather than failing the probe by its timeout.
+READINESS_DATABASE_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """What /readyz answers: `problems`, why this instance should get no traffic (none:
+    ready); `degraded`, what fails for every instance alike while this one stays ready."""
+
+    problems: list[str] = field(default_factory=list)
+    degraded: list[str] = field(default_factory=list)
 
 
 class Gateway:
@@ -136,6 +152,7 @@ class Gateway:
             self.cache, self.claimer.parked_counts, self.claimer.activity.counts
         )
         self._redis_watch: asyncio.Task[None] | None = None
+        self._schema_check: asyncio.Task[bool] | None = None  # readiness's, see readiness()
         self.janitor = Janitor(
             self.store,
             self.cache,
@@ -216,18 +233,57 @@ class Gateway:
             await stop_task(self._redis_watch, "Redis watch")
         await self.subscriber.stop()
         await self.cache.close()
+        if self._schema_check is not None:
+            self._schema_check.cancel()  # holds a connection the pool's close would wait for
         await self.store.close()
 
-    async def readiness_problems(self) -> list[str]:
-        """Empty when this instance should receive traffic. Redis is not required (I5)."""
+    async def readiness(self) -> Readiness:
+        """Whether this instance should receive traffic, and what fails meanwhile.
+
+        Not ready: it is shutting down (I10), or Postgres answers that its schema lacks a
+        migration this release needs (a release rolled out before its migration: the
+        instances of the release before still serve). A start not finished yet is
+        answered before this is asked (http/startup.py).
+
+        Ready, with "database unavailable" among `degraded`: Postgres does not answer,
+        or not within READINESS_DATABASE_SECONDS. Every instance shares it, so all of
+        them would report it together (a failover): were that not-ready, a load balancer
+        or Kubernetes Service would be left with no instance, and clients would get
+        refused connections instead of answers. A ready instance answers what needs
+        Postgres with 503 meanwhile, and what does not (parked polls, /metrics) as
+        usual. Redis is not required at all (I5)."""
         if self.claimer.draining:
-            return ["shutting down"]
+            return Readiness(["shutting down"])
         try:
-            current = await self.store.schema_is_current()
-        except GatewayError as exc:
+            current = await self._schema_is_current()
+        except (GatewayError, TimeoutError) as exc:
             # The answer is public: it names the component; the detail stays in the log.
-            log.warning("not ready: %s", exc.detail)
-            return ["database unavailable"]
+            detail = (
+                exc.detail
+                if isinstance(exc, GatewayError)
+                else (f"no answer within {READINESS_DATABASE_SECONDS:g} s")
+            )
+            log.warning("readiness: the database is unavailable (still ready): %s", detail)
+            return Readiness(degraded=["database unavailable"])
         if not current:
-            return ["database schema is not current: run `gateway migrate`"]
-        return []
+            return Readiness(["database schema is not current: run `gateway migrate`"])
+        return Readiness()
+
+    async def _schema_is_current(self) -> bool:
+        """The schema check, waited for READINESS_DATABASE_SECONDS at most (TimeoutError
+        past it). Not cancelled then: a statement cancelled on a connection that does
+        not answer would hold the probe up for the driver's cleanup. It runs on, bounded
+        by the statement timeout, and the probes meanwhile wait for it rather than
+        start another, so that a database that does not answer holds one connection for
+        readiness, not one per probe."""
+        check = self._schema_check
+        if check is None or check.done():
+            check = asyncio.create_task(self.store.schema_is_current(), name="readiness check")
+            # Read at once when done, so that a failure no probe waits for is not
+            # reported as never retrieved.
+            check.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self._schema_check = check
+        done, _ = await asyncio.wait({check}, timeout=READINESS_DATABASE_SECONDS)
+        if not done:
+            raise TimeoutError
+        return check.result()

@@ -26,6 +26,7 @@ TIME_SCHEMA = {
     "description": "RFC 3339 UTC with microseconds and a Z: times compare as strings.",
 }
 _COUNT = {"type": "integer", "minimum": 0}
+_NAMES = {"type": "array", "items": {"type": "string"}, "minItems": 1}  # what /readyz names
 _PAUSED = {"type": "boolean", "description": "Paused: claims hand out nothing (runtime controls)."}
 # The pause's details beside `paused` (controls and stats): all null unless paused.
 _PAUSE_DETAILS: dict[str, Any] = {
@@ -300,16 +301,13 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "Ready": {
         "type": "object",
         "required": ["status"],
-        "properties": {"status": {"type": "string", "const": "ready"}},
+        "properties": {"status": {"type": "string", "const": "ready"}, "degraded": _NAMES},
         "additionalProperties": False,
     },
     "NotReady": {
         "type": "object",
         "required": ["status", "problems"],
-        "properties": {
-            "status": {"type": "string", "const": "not ready"},
-            "problems": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-        },
+        "properties": {"status": {"type": "string", "const": "not ready"}, "problems": _NAMES},
         "additionalProperties": False,
     },
     "Problem": {

@@ -310,7 +310,13 @@ READYZ = Doc(
     "readyz",
     "Readiness",
     (
-        Reply(200, "Database reachable, schema current, not shutting down.", "Ready"),
+        Reply(
+            200,
+            "Serving: started, not shutting down, and the schema current when Postgres "
+            "answers. While Postgres does not answer it stays ready, saying so in "
+            "`degraded`.",
+            "Ready",
+        ),
         Reply(503, "Not ready; the problems name the components.", "NotReady"),
     ),
 )

@@ -211,9 +211,11 @@ async def healthz(request: Request, gw: Gateway) -> Response:
 
 
 async def readyz(request: Request, gw: Gateway) -> Response:
-    problems = await gw.readiness_problems()
-    if problems:
-        return json_response({"status": "not ready", "problems": problems}, 503)
+    readiness = await gw.readiness()
+    if readiness.problems:
+        return json_response({"status": "not ready", "problems": readiness.problems}, 503)
+    if readiness.degraded:
+        return json_response({"status": "ready", "degraded": readiness.degraded})
     return json_response({"status": "ready"})
 
 
