@@ -5,6 +5,7 @@ closes its own connections; none writes anything."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -30,12 +31,19 @@ class ProbeFailed(Exception):
     """Postgres could not be reached or refused a statement; the text says why."""
 
 
+@functools.lru_cache(maxsize=8)
+def _hosts(url: str) -> Hosts:
+    """The walk over `url`'s hosts, each within the timeout (hosts.py), shared by the
+    probes of one run: a host that does not answer costs its timeout once, not once
+    per question."""
+    return Hosts(url, PROBE_TIMEOUT_SECONDS)
+
+
 async def connect(url: str) -> asyncpg.Connection:
     """A connection with no prepared-statement cache, so that it works through any
     pooler; raises ProbeFailed with the driver's reason."""
     try:
-        # Each host of a multi-host URL within the timeout (hosts.py).
-        return await Hosts(url, PROBE_TIMEOUT_SECONDS).connect(
+        return await _hosts(url).connect(
             statement_cache_size=0,
             server_settings={"application_name": "claim-gateway-doctor"},
         )

@@ -16,7 +16,7 @@ import pytest
 
 from gateway.errors import StoreUnavailable, Unreachable
 from gateway.metrics import Metrics
-from gateway.store import Store
+from gateway.store import Store, probe
 from gateway.store import startup as postgres
 from tests.support.bad_hosts import ErrorHost, SilentHost, with_hosts_first
 from tests.support.gateways import gateway
@@ -111,3 +111,13 @@ async def test_gateway_serve_checks_the_schema_through_a_url_whose_first_host_ne
         async with asyncio.timeout(BOUND_SECONDS):
             schema = await postgres.probe(url, 10.0, CONNECT_TIMEOUT_MS / 1000)
     assert not schema.pending
+
+
+async def test_gateway_doctor_pays_for_a_silent_host_once_per_run(database_url, monkeypatch):
+    monkeypatch.setattr(probe, "PROBE_TIMEOUT_SECONDS", CONNECT_TIMEOUT_MS / 1000)
+    async with SilentHost() as silent:
+        url = with_hosts_first(database_url, silent.port)
+        for _ in range(3):  # doctor's questions each open a connection of their own
+            conn = await probe.connect(url)
+            await probe.close_quietly(conn)
+        assert silent.connections == 1
