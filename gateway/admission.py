@@ -20,6 +20,14 @@ that are let in are served at the unloaded pace.
   token) free work and keep leases alive, and an operator's controls, the probes and the
   metrics must work when they are needed most: they go before any waiting work, and are
   refused only when no connection comes free within GATEWAY_DB_ACQUIRE_TIMEOUT_MS.
+- **Work whose client has left is not started.** The HTTP layer hands each request of
+  work its connection's `Caller` (`caller`, a context variable), which the HTTP
+  protocol tells when the connection is lost. Such work waiting in line leaves it at
+  once, and work whose client is gone by the time it would be granted a connection is
+  not granted one: it is refused with ClientGone, nothing sent to Postgres, counted as
+  `gateway_shed_total{reason="client_gone"}`. Releases are applied whatever their
+  client does: a complete that was sent frees work (its worker did the task), and a
+  heartbeat or a fail costs one statement.
 - What a request is, the HTTP layer says (`priority`, a context variable, set per
   endpoint); a task started by a request inherits it. Outside a request (background
   work) it is RELEASE.
@@ -33,9 +41,11 @@ import contextvars
 from collections import deque
 from collections.abc import Iterator
 from enum import IntEnum
+from typing import NamedTuple
 
-from .errors import DatabaseBusy
+from .errors import ClientGone, DatabaseBusy
 from .metrics import Metrics
+from .refusals import Refusals
 
 # Weight of the newest hold in the mean hold time.
 HOLD_WEIGHT = 0.2
@@ -53,6 +63,52 @@ priority: contextvars.ContextVar[Priority] = contextvars.ContextVar(
 )
 
 
+class Caller:
+    """Whether a request's client is still connected, as the line needs to know: one per
+    HTTP connection, made by the HTTP protocol (gateway/http/server.py), which calls
+    `leave()` once the connection is lost. Requests of work waiting in line with it are
+    told at once (their wait ends: Admission.acquire)."""
+
+    __slots__ = ("_waiting", "gone")
+
+    def __init__(self) -> None:
+        self.gone = False
+        # Waits in line for a connection by this caller's requests (made only when one
+        # waits: most connections never do).
+        self._waiting: list[asyncio.Future[bool]] | None = None
+
+    def leave(self) -> None:
+        """The connection is lost: every wait of its requests ends, not granted."""
+        self.gone = True
+        waiting, self._waiting = self._waiting, None
+        for waiter in waiting or ():
+            if not waiter.done():
+                waiter.set_result(False)
+
+    def _watch(self, waiter: asyncio.Future[bool]) -> None:
+        if self._waiting is None:
+            self._waiting = []
+        self._waiting.append(waiter)
+
+    def _unwatch(self, waiter: asyncio.Future[bool]) -> None:
+        if self._waiting is not None and waiter in self._waiting:
+            self._waiting.remove(waiter)
+
+
+# The connection of the request being served, for work (set by the HTTP layer); None for
+# releases, background work and a task serving many requests (`detach`).
+caller: contextvars.ContextVar[Caller | None] = contextvars.ContextVar(
+    "gateway_db_caller", default=None
+)
+
+
+def detach() -> None:
+    """Forget the current request's client: for a task started while serving one
+    request that works for others too (the claim pump), whose statements must not be
+    dropped when that one client leaves."""
+    caller.set(None)
+
+
 @contextlib.contextmanager
 def releasing() -> Iterator[None]:
     """Within it, statements take a connection as releases do: for the completes and
@@ -62,6 +118,19 @@ def releasing() -> Iterator[None]:
         yield
     finally:
         priority.reset(token)
+
+
+class LineLoad(NamedTuple):
+    """The line for a database connection as it is now (Admission.load), for the
+    console (GET /v1/instance/load)."""
+
+    connections: int  # GATEWAY_DB_POOL_MAX
+    held: int  # connections in use now
+    waiting_work: int  # enqueues, claims, reads waiting for one
+    waiting_releases: int  # completes, fails, heartbeats, background work waiting
+    limit: float | None  # work that may wait (gateway_db_queue_limit); None: not yet known
+    hold_ms: float  # the mean time a connection is held; 0 until one was given back
+    budget_ms: float  # GATEWAY_DB_QUEUE_BUDGET_MS
 
 
 class Admission:
@@ -77,8 +146,10 @@ class Admission:
         self._held = 0
         self._started: dict[int, float] = {}  # loop time each current hold began, by grant
         self._grants = 0
-        self._lines: dict[Priority, deque[asyncio.Future[None]]] = {p: deque() for p in Priority}
+        # Each waiter's result: True granted a slot, False its client left (Caller).
+        self._lines: dict[Priority, deque[asyncio.Future[bool]]] = {p: deque() for p in Priority}
         self.hold_ms = 0.0  # the mean hold, 0 until one ended
+        self.refusals = Refusals()
         metrics.db_queue_limit.set_function(self.queue_limit)
 
     def queue_limit(self) -> float:
@@ -88,6 +159,20 @@ class Admission:
         if hold_ms <= 0:
             return float("inf")
         return self._budget_ms / hold_ms * self._slots
+
+    def load(self) -> LineLoad:
+        """How full the line is now."""
+        waiting = {p: sum(not w.done() for w in line) for p, line in self._lines.items()}
+        limit = self.queue_limit()
+        return LineLoad(
+            connections=self._slots,
+            held=self._held,
+            waiting_work=waiting[Priority.WORK],
+            waiting_releases=waiting[Priority.RELEASE],
+            limit=None if limit == float("inf") else limit,
+            hold_ms=self.hold_ms,
+            budget_ms=self._budget_ms,
+        )
 
     def _hold_ms(self) -> float:
         """How long a connection is held, in ms: the mean of the holds that ended, or the
@@ -120,33 +205,72 @@ class Admission:
             "(GATEWAY_DB_QUEUE_BUDGET_MS); retry"
         )
 
+    def shed(self, reason: str) -> None:
+        """Count a request refused before any work, by `reason` (a label of
+        gateway_shed_total: database_queue, client_gone)."""
+        self._metrics.shed.labels(reason).inc()
+        self.refusals.add(reason)
+
     async def acquire(self) -> int:
         """Wait for a connection slot, in priority order (arrival order within one);
         returns the grant, for `release`. Raises DatabaseBusy at once when work would
-        wait past its budget, or when no slot came free within the acquire timeout."""
+        wait past its budget, or when no slot came free within the acquire timeout;
+        ClientGone when work's client left (`caller`) before it was granted one."""
         wanted = priority.get()
+        # Only work is dropped for its client: a release that was sent is applied.
+        who = caller.get() if wanted is Priority.WORK else None
+        if who is not None and who.gone:
+            raise self._left()
         loop = asyncio.get_running_loop()
         if self._held < self._slots and not self._ahead(Priority.WORK):
             self._held += 1
             return self._grant(loop.time())
         if wanted is Priority.WORK and self.expected_wait_ms(wanted) > self._budget_ms:
-            self._metrics.shed.labels("database_queue").inc()
+            self.shed("database_queue")
             raise self.refusal()
-        waiter: asyncio.Future[None] = loop.create_future()
+        waiter: asyncio.Future[bool] = loop.create_future()
         line = self._lines[wanted]
         line.append(waiter)
+        if who is not None:
+            who._watch(waiter)
         try:
             async with asyncio.timeout(self._timeout_ms / 1000):
-                await waiter
+                granted = await waiter
         except BaseException as exc:
-            if waiter.done() and not waiter.cancelled():
+            if waiter.done() and not waiter.cancelled() and waiter.result():
                 self._hand_on()  # granted as its wait ended: the slot goes on
             elif waiter in line:
                 line.remove(waiter)
             if isinstance(exc, TimeoutError):
                 raise self.timed_out() from None
             raise
+        finally:
+            if who is not None:
+                who._unwatch(waiter)
+        if not granted:  # its client left while it waited (Caller.leave)
+            if waiter in line:
+                line.remove(waiter)
+            raise self._left()
+        if who is not None and who.gone:  # left as its turn came: the slot goes on
+            self._hand_on()
+            raise self._left()
         return self._grant(loop.time())
+
+    def check_caller(self) -> None:
+        """Raise ClientGone, counted, when the current request is work whose client has
+        left: for a connection granted that took time to open."""
+        if priority.get() is Priority.WORK:
+            who = caller.get()
+            if who is not None and who.gone:
+                raise self._left()
+
+    def _left(self) -> ClientGone:
+        """Counted, what work whose client left before it got a connection raises."""
+        self.shed("client_gone")
+        return ClientGone(
+            "the client closed its connection before its request got a database "
+            "connection; the request was not started"
+        )
 
     def timed_out(self) -> DatabaseBusy:
         """Counted, what a request that got no connection within the acquire timeout
@@ -173,12 +297,13 @@ class Admission:
         self._hand_on()
 
     def _hand_on(self) -> None:
-        """The slot goes to the first waiter of the highest priority, else back."""
+        """The slot goes to the first waiter of the highest priority, else back. A wait
+        already ended (its client left, its timeout) is passed over."""
         for wanted in sorted(self._lines, reverse=True):
             line = self._lines[wanted]
             while line:
                 waiter = line.popleft()
                 if not waiter.done():
-                    waiter.set_result(None)
+                    waiter.set_result(True)
                     return
         self._held -= 1

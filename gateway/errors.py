@@ -165,6 +165,14 @@ class DatabaseBusy(RetryLater, StoreUnavailable):
     code = "database_busy"
 
 
+class ClientGone(GatewayError):
+    """The client closed its connection before its request of work (an enqueue, a read)
+    got a database connection: the request was not started, and nobody is there to
+    read an answer (gateway/admission.py)."""
+
+    code = "client_gone"
+
+
 class CacheUnavailable(GatewayError):
     """Redis failed or timed out. Callers treat it as a cache miss (I5, fail open)."""
 
@@ -191,6 +199,8 @@ PROBLEMS: dict[type[GatewayError], tuple[int, str]] = {
     StoreUnavailable: (503, "Database unavailable"),
     DatabaseBusy: (503, "Database busy"),
     CacheUnavailable: (503, "Cache unavailable"),
+    # The status nginx logs for a client that left: written nowhere, the access log's.
+    ClientGone: (499, "Client closed request"),
     ConfigError: (500, "Configuration error"),
 }
 

@@ -93,7 +93,8 @@ class Metrics:
             "gateway_shed",
             "Requests refused at once, before any work, to keep the line short under "
             "overload (reason: database_queue, the line for a database connection was "
-            "longer than GATEWAY_DB_QUEUE_BUDGET_MS of work).",
+            "longer than GATEWAY_DB_QUEUE_BUDGET_MS of work; client_gone, the client "
+            "closed its connection while its request waited for one).",
             ["reason"],
             registry=r,
         )

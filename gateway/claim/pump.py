@@ -16,7 +16,7 @@ import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from .. import logs
+from .. import admission, logs
 from ..admission import releasing
 from ..errors import CacheUnavailable, DatabaseBusy, GatewayError, Overloaded, StoreUnavailable
 from ..metrics import Metrics
@@ -115,6 +115,7 @@ class Pumps:
 
     async def _run(self, state: RuntimeState) -> None:
         logs.detach()  # started by one poll's request, it serves them all
+        admission.detach()  # (or by an enqueue's, whose client may leave)
         try:
             while unserved(state) and not self._draining():
                 state.wake.clear()

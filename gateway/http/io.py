@@ -172,6 +172,9 @@ def internal_error_response() -> Response:
 
 # The status nginx logs for a client that left: nobody receives this answer.
 CLIENT_LEFT = 499
+# The scope key of the request's connection (admission.Caller), set by the HTTP protocol
+# (server.py): work whose client has left is not started.
+CALLER = "gateway.caller"
 
 
 def problem_response(error: GatewayError, headers: Mapping[str, str] | None = None) -> Response:

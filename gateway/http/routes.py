@@ -25,7 +25,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Send
 from starlette.types import Scope as ASGIScope
 
-from ..admission import Priority, priority
+from ..admission import Priority, caller, priority
 from ..api import decode
 from ..api.credential_bodies import Scope
 from ..auth.principals import Principal
@@ -37,6 +37,7 @@ from .handlers import admin, batch, controls, runtimes, webhooks
 from .handlers.daemon import claim, complete, fail, heartbeat, release
 from .handlers.producer import cancel, enqueue, enqueue_batch, get_task, list_tasks, retry, stats
 from .io import (
+    CALLER,
     CLIENT_LEFT,
     DirectRoute,
     header_value,
@@ -140,11 +141,14 @@ def api(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
     exceptions are logged here, once, and answered 500."""
 
     wanted = endpoint.priority
+    work = wanted is Priority.WORK
 
     @functools.wraps(endpoint.handler)
     async def run(request: Request) -> Response:
         gw: Gateway = request.app.state.gateway
         priority.set(wanted)  # each request runs in a task (and a context) of its own
+        if work:  # its connection: work whose client has left is not started
+            caller.set(request.scope.get(CALLER))
         try:
             request.state.principal = await authorize(request, gw, endpoint)
             return await endpoint.handler(request, gw)

@@ -18,6 +18,9 @@ whatever body is still coming. `GatewayHttpProtocol` adds, per connection:
   drain), at least MIN_DRAIN_BYTES of it must leave per GATEWAY_READ_TIMEOUT_SECONDS,
   or the connection is aborted and the answer dropped. So that setting bounds both
   directions: a client that never reads cannot hold its answer's memory.
+- each request carries its connection's `Caller` in its scope (io.CALLER), told when
+  the connection is lost or cut, so that work waiting for a database connection whose
+  client has left is not started (gateway/admission.py).
 
 Closing a socket while the client is still sending makes the kernel reset the
 connection, which can destroy the answer before the client reads it. So those closes
@@ -47,10 +50,12 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
+from ..admission import Caller
 from ..errors import GatewayError, HeadersTooLarge, RequestTimeout, problem_for
 from ..metrics import Metrics
 from ..settings import Settings
 from .access import REQUEST_ID_HEADER, server_answer
+from .io import CALLER
 from .shedding import HOLD_READING
 from .transport import Transport
 
@@ -104,6 +109,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     # each connection's dict grew from 288 bytes to 1.5 KiB: about a tenth of what a
     # parked poll costs.
     __slots__ = (
+        "_caller",
         "_clock_on",
         "_cycles",
         "_deadline",
@@ -150,6 +156,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._write_deadline: asyncio.TimerHandle | None = None
         self._unsent = 0  # bytes in the transport's buffer when that clock started
         self._request_started = 0.0  # loop time its read clock started
+        self._caller = Caller()  # told when the connection is lost (_leave)
 
     # -- connection events ---------------------------------------------------
 
@@ -254,6 +261,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         # runs, which for a parked poll is its whole wait.
         if scope is self._pending_body:  # its body is still arriving (see _ClosingSend);
             send = _ClosingSend(self, scope, send)  # once in, it is never pending again
+        scope[CALLER] = self._caller
         answer: Awaitable[None] = self._inner_app(scope, receive, send)
         return answer
 
@@ -351,7 +359,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         """Tell every request of this connection not yet answered that its client left:
         its receive() returns http.disconnect and its answer is dropped. uvicorn 0.54
         tells only the latest (`cycle`), so a long poll with a request pipelined behind
-        it would never learn that its client is gone."""
+        it would never learn that its client is gone. Work of theirs waiting for a
+        database connection leaves the line (admission.Caller)."""
+        self._caller.leave()
         for cycle in self._cycles:
             if not cycle.response_complete:
                 cycle.disconnected = True  # as uvicorn's connection_lost does

@@ -19,9 +19,10 @@ from typing import NoReturn, TypeAlias, TypeVar
 import asyncpg
 import orjson
 
-from ..admission import Admission
+from ..admission import Admission, LineLoad
 from ..errors import DatabaseBusy, StoreUnavailable
 from ..metrics import Metrics
+from ..refusals import Refusals
 from .hosts import Hosts
 from .migrate import schema_is_current
 from .sql import base as sql
@@ -161,6 +162,14 @@ class StoreBase:
         carries apart from a claim that would be refused."""
         return self._admission.crowded()
 
+    def line_load(self) -> LineLoad:
+        """How full the line for a connection is now (gateway/admission.py)."""
+        return self._admission.load()
+
+    def recent_refusals(self) -> Refusals:
+        """The requests refused before any work, per reason, over the last minutes."""
+        return self._admission.refusals
+
     def refusal(self) -> DatabaseBusy:
         """What work refused for the line's length is answered (gateway/admission.py)."""
         return self._admission.refusal()
@@ -168,7 +177,7 @@ class StoreBase:
     def shed(self) -> None:
         """Count a request of work refused, for the line's length, before it reached
         the database (gateway/http/shedding.py)."""
-        self._metrics.shed.labels("database_queue").inc()
+        self._admission.shed("database_queue")
         self._log_busy()
 
     async def _run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
@@ -176,7 +185,8 @@ class StoreBase:
         try:
             # Bounded: work that would wait past its share of the line, or any request
             # that no connection came free for in time, is refused with Retry-After
-            # instead of queueing without end behind the others (gateway/admission.py).
+            # instead of queueing without end behind the others; work whose client left
+            # meanwhile is not started (gateway/admission.py).
             granted = await self._admission.acquire()
         except DatabaseBusy:
             self._log_busy()
@@ -195,6 +205,9 @@ class StoreBase:
                 self._driver_error(exc)
             raise
         try:
+            # Opening a connection may have taken a while: work whose client left
+            # meanwhile is not started either.
+            self._admission.check_caller()
             return await fn(conn)
         except DRIVER_ERRORS as exc:
             self._driver_error(exc)

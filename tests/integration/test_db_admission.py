@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 import aiohttp
+import orjson
 import pytest
 
 from tests.support.databases import fetch
@@ -98,3 +100,74 @@ async def test_work_is_refused_at_once_while_a_complete_waits_and_goes_first(
             database_url, "SELECT payload->>'n' AS n FROM tasks WHERE runtime_id = $1", runtime_id
         )
         assert sorted(r["n"] for r in rows) == ["1", "2"]  # the refused enqueue stored nothing
+
+
+async def _send_and_leave(url: str, path: str, body: dict[str, object]) -> None:
+    """Send one request on a connection of its own, and close it without reading an
+    answer: a client that gave up."""
+    host, port = url.removeprefix("http://").split(":")
+    raw = orjson.dumps(body)
+    _, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(raw)}\r\n\r\n".encode()
+        + raw
+    )
+    await writer.drain()
+    writer.close()
+    await writer.wait_closed()
+
+
+async def test_work_whose_client_left_is_not_started_a_complete_still_is(
+    database_url, redis_url, redis_prefix, runtime_id
+):
+    """While every connection is held, an enqueue waits in line (the budget is large);
+    its client closes the socket: the enqueue leaves the line at once, counted as
+    client_gone, and is never run, even once connections come free. A complete whose
+    client left the same way is applied all the same: its worker finished the task."""
+    settings = make_settings(
+        database_url,
+        redis_url,
+        redis_prefix,
+        db_pool_max=2,
+        db_acquire_timeout_ms=30_000,
+        db_queue_budget_ms=60_000,
+    )
+    async with running_gateway(settings) as gw:
+        tasks = f"/v1/runtimes/{runtime_id}/tasks"
+        resp = await gw.http.post(f"{gw.url}{tasks}", json={"payload": {"n": 1}}, headers=AUTH)
+        assert resp.status == 201, await resp.text()
+        resp = await gw.http.post(
+            f"{gw.url}/v1/runtimes/{runtime_id}/claim",
+            json={"worker_id": "w", "wait_seconds": 0},
+            headers=AUTH,
+        )
+        (task,) = (await resp.json())["tasks"]
+        store = gw.gateway.store
+        async with holding(store, 2):
+            await _send_and_leave(gw.url, tasks, {"payload": {"n": "gone"}})
+            complete = f"/v1/tasks/{task['id']}/complete"
+            await _send_and_leave(gw.url, complete, {"lease_id": task["lease_id"], "result": 1})
+            # The enqueue leaves the line as soon as its connection is lost, while every
+            # connection is still held; the complete stays in it.
+            async with asyncio.timeout(10):
+                while sample(gw, "gateway_shed_total", reason="client_gone") < 1:
+                    await asyncio.sleep(0.02)
+                while store.line_load().waiting_releases < 1:
+                    await asyncio.sleep(0.02)
+            assert store.line_load().waiting_work == 0
+        # Connections are free again: the complete goes in, the enqueue never does.
+        async with asyncio.timeout(10):
+            while True:
+                (row,) = await fetch(
+                    database_url, "SELECT status FROM tasks WHERE id = $1", uuid.UUID(task["id"])
+                )
+                if row["status"] == "completed":
+                    break
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        rows = await fetch(
+            database_url, "SELECT payload->>'n' AS n FROM tasks WHERE runtime_id = $1", runtime_id
+        )
+        assert [r["n"] for r in rows] == ["1"]  # the enqueue whose client left stored nothing
+        assert sample(gw, "gateway_shed_total", reason="client_gone") == 1

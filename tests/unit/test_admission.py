@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from gateway.admission import Admission, Priority, priority, releasing
-from gateway.errors import DatabaseBusy
+from gateway.admission import Admission, Caller, Priority, caller, priority, releasing
+from gateway.errors import ClientGone, DatabaseBusy
 from gateway.metrics import Metrics
 from tests.support.metrics import sample
 
@@ -158,3 +158,56 @@ async def test_a_token_is_loaded_as_a_release_whoever_asks_first() -> None:
     finally:
         priority.reset(token)
     assert seen == [Priority.RELEASE]
+
+
+async def take_for(line: Admission, who: Caller, wanted: Priority = Priority.WORK) -> int:
+    """acquire() as a request of `wanted` on the connection `who` makes it."""
+    tokens = priority.set(wanted), caller.set(who)
+    try:
+        return await line.acquire()
+    finally:
+        caller.reset(tokens[1])
+        priority.reset(tokens[0])
+
+
+async def test_work_whose_client_left_leaves_the_line_and_is_never_granted() -> None:
+    line = admission(slots=1, budget_ms=60_000.0)
+    first = await line.acquire()
+    gone, staying, release_gone = Caller(), Caller(), Caller()
+    leaving = asyncio.create_task(take_for(line, gone))
+    behind = asyncio.create_task(take_for(line, staying))
+    complete = asyncio.create_task(take_for(line, release_gone, Priority.RELEASE))
+    await asyncio.sleep(0)
+    assert line.load().waiting_work == 2
+    gone.leave()
+    release_gone.leave()
+    # Its wait ends at once, while the slot is still held.
+    with pytest.raises(ClientGone):
+        await asyncio.wait_for(leaving, 1)
+    assert sample(line._metrics, "gateway_shed_total", reason="client_gone") == 1
+    assert line.load().waiting_work == 1
+    assert line.refusals.last_minute() == {"client_gone": 1}
+    # A release whose client left is granted all the same (a sent complete is applied).
+    line.release(first)
+    line.release(await asyncio.wait_for(complete, 1))
+    line.release(await asyncio.wait_for(behind, 1))
+    # Work arriving after its client left is refused before it waits, even with a
+    # slot free.
+    with pytest.raises(ClientGone):
+        await take_for(line, gone)
+    assert sample(line._metrics, "gateway_shed_total", reason="client_gone") == 2
+
+
+async def test_a_slot_granted_as_its_client_leaves_goes_on() -> None:
+    line = admission(slots=1, budget_ms=60_000.0)
+    first = await line.acquire()
+    gone = Caller()
+    leaving = asyncio.create_task(take_for(line, gone))
+    after = asyncio.create_task(take_for(line, Caller()))
+    await asyncio.sleep(0)
+    line.release(first)  # granted to `leaving`, which has not run yet
+    gone.leave()
+    with pytest.raises(ClientGone):
+        await leaving
+    line.release(await asyncio.wait_for(after, 1))
+    assert line.load().held == 0

@@ -33,6 +33,7 @@ EXPECTED: list[tuple[type[GatewayError], int, str, str]] = [
     (errors.StoreUnavailable, 503, "store_unavailable", "Database unavailable"),
     (errors.DatabaseBusy, 503, "database_busy", "Database busy"),
     (errors.CacheUnavailable, 503, "cache_unavailable", "Cache unavailable"),
+    (errors.ClientGone, 499, "client_gone", "Client closed request"),
     (errors.ConfigError, 500, "config_error", "Configuration error"),
 ]
 
