@@ -1,6 +1,7 @@
 """Each operation's documentation: summary, description, replies and errors.
 
-Replies name their body's schema in answers.SCHEMAS (admin answers: admin_docs.SCHEMAS);
+Replies name their body's schema in answers.SCHEMAS (admin answers: admin_docs.SCHEMAS; the
+instance's load: load_docs.SCHEMAS);
 request bodies come from the field specs in bodies.py. Each Endpoint in routes.py
 carries one of the `Doc`s below; openapi.py turns them into the OpenAPI document, and
 TAGS describes the groups they are listed in.
@@ -53,7 +54,8 @@ class Reply:
 
     status: int
     description: str
-    # A schema's name (answers.SCHEMAS, admin_docs.SCHEMAS), a JSON Schema, or no body.
+    # A schema's name (answers.SCHEMAS, admin_docs.SCHEMAS, load_docs.SCHEMAS), a JSON
+    # Schema, or no body.
     schema: str | Mapping[str, Any] | None
     media_type: str = "application/json"
     headers: tuple[Param, ...] = ()
@@ -85,7 +87,8 @@ TAGS = {
     "lease: heartbeat, complete, fail or release, one task or many at once.",
     "controls": "Pause, resume and limit a runtime's claims, over every gateway instance.",
     "admin": "Scoped API tokens and webhook signing secrets; the `admin` scope only.",
-    "operations": "Liveness, readiness, metrics and this document; no authentication.",
+    "operations": "Liveness, readiness, metrics and this document, with no authentication; "
+    "the answering instance's load, with a `read` token.",
 }
 
 # -- operations ---------------------------------------------------------------------------

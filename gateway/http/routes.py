@@ -32,8 +32,8 @@ from ..auth.principals import Principal
 from ..errors import GatewayError, NotFound
 from ..instance import Gateway
 from ..metrics import CONTENT_TYPE
-from . import admin_docs, docs, openapi
-from .handlers import admin, batch, controls, runtimes, webhooks
+from . import admin_docs, docs, load_docs, openapi
+from .handlers import admin, batch, controls, load, runtimes, webhooks
 from .handlers.daemon import claim, complete, fail, heartbeat, release
 from .handlers.producer import cancel, enqueue, enqueue_batch, get_task, list_tasks, retry, stats
 from .io import (
@@ -71,6 +71,9 @@ class Endpoint:
     scope: Scope | None
     target: Target = Target.NONE
     doc: docs.Doc | None = None  # required in practice: tests/unit/test_openapi.py checks
+    # Answered from the process's memory: it never waits for a database connection, so it
+    # is never shed (the instance's load, wanted most while it sheds).
+    memory_only: bool = False
 
     @property
     def priority(self) -> Priority:
@@ -80,6 +83,8 @@ class Endpoint:
         heartbeat, release, one or many), which free work and keep leases alive; an
         operator's controls and administration, which must work when they are needed
         most; and the probes and metrics, which must not fail a pod that is only busy."""
+        if self.memory_only:
+            return Priority.RELEASE
         if self.scope in (Scope.ENQUEUE, Scope.READ):
             return Priority.WORK
         if self.scope is Scope.CLAIM:
@@ -358,6 +363,15 @@ ENDPOINTS = [
         Scope.CONTROL,
         Target.RUNTIME,
         docs.RESUME,
+    ),
+    # The answering instance's load (the console's load panel); memory only.
+    Endpoint(
+        "GET",
+        "/v1/instance/load",
+        load.instance_load,
+        Scope.READ,
+        doc=load_docs.INSTANCE_LOAD,
+        memory_only=True,
     ),
     Endpoint("GET", "/healthz", healthz, None, doc=docs.HEALTHZ),
     Endpoint("GET", "/readyz", readyz, None, doc=docs.READYZ),

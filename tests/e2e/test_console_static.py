@@ -25,6 +25,7 @@ ASSETS = {
     "api.js": "text/javascript",
     "dom.js": "text/javascript",
     "json.js": "text/javascript",
+    "load.js": "text/javascript",
     "console.css": "text/css",
     "icon.svg": "image/svg+xml",
 }

@@ -106,6 +106,8 @@ RECIPES: dict[tuple[str, str], Recipe] = {
     # Lists, never refuses, by runtime: a token sees only the runtimes its patterns cover
     # (tests/e2e/test_console_api.py).
     ("GET", "/v1/runtimes"): Recipe(),
+    # The answering instance's load: instance-wide, any `read` token sees it.
+    ("GET", "/v1/instance/load"): Recipe(),
     # Runtime controls: reading takes `read`, changing them `control`.
     ("GET", "/v1/runtimes/{rt}/controls"): Recipe(),
     ("PATCH", "/v1/runtimes/{rt}/controls"): Recipe(lambda w: {"max_in_flight": 1}),

@@ -134,6 +134,8 @@ def test_each_endpoint_has_its_place_in_the_line() -> None:
         assert place["POST", f"/v1/tasks/{{task_id}}/{op}"] == first
     for op in ("complete", "fail", "heartbeat"):
         assert place["POST", f"/v1/tasks:{op}"] == first
+    # The instance's load is read from memory: it is wanted most while the line is full.
+    assert place["GET", "/v1/instance/load"] == first
     for path in ("/healthz", "/readyz", "/metrics", "/openapi.json", "/v1/admin/tokens"):
         assert place["GET", path] == first
     controls = [key for key in place if key[1].endswith((":pause", ":resume"))]

@@ -3,6 +3,7 @@
 import { ApiError, call, path, session } from "./api.js";
 import { age, badge, h, replace, time } from "./dom.js";
 import { parseExact, pretty } from "./json.js";
+import { loadPanel } from "./load.js";
 
 // A sign-in link, /console#token=..., carries the token in the fragment, which the
 // browser never sends to the server. Keep it for this tab and take it out of the
@@ -22,6 +23,8 @@ const FINISHED = new Set(["completed", "dead", "expired", "cancelled"]);
 const main = document.getElementById("main");
 const crumbs = document.getElementById("crumbs");
 const signout = document.getElementById("signout");
+const load = document.getElementById("load");
+const refreshLoad = loadPanel(load);
 let view = null; // {refresh(): Promise<void>}
 let generation = 0; // bumped on every navigation, so a late answer is dropped
 
@@ -63,6 +66,7 @@ function showSignIn(message) {
   generation++;
   view = null;
   signout.hidden = true;
+  load.hidden = true;
   setCrumbs(["Sign in"]);
   // No name: a form field without one is never sent, whatever happens to the form.
   const input = h("input", {
@@ -619,6 +623,7 @@ async function route() {
   const id = raw ? decodeURIComponent(raw) : null;
   view = kind === "runtime" ? showRuntime(id) : kind === "task" ? showTask(id) : showRuntimes();
   const current = view;
+  refreshLoad();
   try {
     await current.refresh();
   } catch (err) {
@@ -632,7 +637,7 @@ setInterval(async () => {
   refreshing = true;
   const current = view;
   try {
-    await current.refresh();
+    await Promise.all([current.refresh(), refreshLoad()]);
   } catch (err) {
     if (view === current) failed(err, current.errors);
   } finally {
