@@ -139,6 +139,7 @@ class Pumps:
         arrived while the runtime's statements ran, until none is left unchecked or a
         cycle finds nothing to claim. It never parks: the pump keeps the parked polls."""
         logs.detach()
+        admission.detach()  # started by one request, it serves others too
         try:
             while not self._draining() and any(not w.checked for w in idle(state)):
                 if await self._cycle(state) is not None:
