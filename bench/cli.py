@@ -385,6 +385,14 @@ def parser() -> argparse.ArgumentParser:
         help="overload: tasks queued before the claim-and-complete load (default: 100000)",
     )
     p.add_argument(
+        "--overload-budget-ms",
+        type=_positive_int,
+        default=None,
+        metavar="MS",
+        help="overload: GATEWAY_DB_QUEUE_BUDGET_MS of the gateway under test, for "
+        "tuning it (default: the gateway's own default)",
+    )
+    p.add_argument(
         "--overload-compare-off",
         action=argparse.BooleanOptionalAction,
         default=True,

@@ -311,6 +311,8 @@ async def _one_run(
     env: dict[str, str],
 ) -> Result:
     result = Result("overload", f"{load}, {label}")
+    if "GATEWAY_DB_QUEUE_BUDGET_MS" in env and env is not ADMISSION_OFF:
+        result.notes.append(f"GATEWAY_DB_QUEUE_BUDGET_MS={env['GATEWAY_DB_QUEUE_BUDGET_MS']}")
     slug = f"{load}-{label}".replace(" ", "-").replace(",", "")
     async with serving(opts, servers, workdir / f"overload-{slug}.log", env=env) as (proc, _db):
         script = workdir / f"overload-{slug}.lua"
@@ -367,9 +369,12 @@ def _ratios(phases: dict[str, Any]) -> dict[str, float | None]:
 
 
 async def overload(opts: argparse.Namespace, servers: Servers, workdir: Path) -> list[Result]:
-    results = [await _one_run(opts, servers, workdir, ENQUEUE, ON, {})]
+    on: dict[str, str] = {}
+    if opts.overload_budget_ms is not None:
+        on["GATEWAY_DB_QUEUE_BUDGET_MS"] = str(opts.overload_budget_ms)
+    results = [await _one_run(opts, servers, workdir, ENQUEUE, ON, on)]
     if opts.overload_compare_off:
         results.append(await _one_run(opts, servers, workdir, ENQUEUE, OFF, ADMISSION_OFF))
-    results.append(await _one_run(opts, servers, workdir, CLAIM_COMPLETE, ON, {}))
-    results.append(await _one_run(opts, servers, workdir, WITH_PARKED, ON, {}))
+    results.append(await _one_run(opts, servers, workdir, CLAIM_COMPLETE, ON, on))
+    results.append(await _one_run(opts, servers, workdir, WITH_PARKED, ON, on))
     return results
