@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import resource
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -369,6 +370,11 @@ def _ratios(phases: dict[str, Any]) -> dict[str, float | None]:
 
 
 async def overload(opts: argparse.Namespace, servers: Servers, workdir: Path) -> list[Result]:
+    if shutil.which("wrk") is None:
+        raise RuntimeError(
+            "wrk is not installed, and the overload scenario drives its load with it "
+            "(Debian and Ubuntu: apt-get install wrk; macOS: brew install wrk)"
+        )
     on: dict[str, str] = {}
     if opts.overload_budget_ms is not None:
         on["GATEWAY_DB_QUEUE_BUDGET_MS"] = str(opts.overload_budget_ms)
