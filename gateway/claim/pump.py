@@ -102,7 +102,7 @@ class Pumps:
             state.bumped = None
             state.pump = asyncio.create_task(self._run(state), name=f"pump:{state.runtime_id}")
         elif (
-            state.statements > len(state.helpers)
+            state.running > len(state.helpers)
             and 1 + len(state.helpers) < STATEMENTS_PER_RUNTIME
             and idle(state)
             and not self._draining()
@@ -152,7 +152,8 @@ class Pumps:
     def _died(self, state: RuntimeState, what: str) -> None:
         log.exception("%s for runtime %s died", what, state.runtime_id)
         for waiter in state.waiters:
-            waiter.finish(error=StoreUnavailable("internal error in the claim path"))
+            if not waiter.in_flight:  # another statement answers its own
+                waiter.finish(error=StoreUnavailable("internal error in the claim path"))
 
     def _park_seconds(self, state: RuntimeState, verdict_ttl: float | None) -> float:
         """How long the pump sleeps without a wake-up. Wake-ups may be lost when this
@@ -170,7 +171,7 @@ class Pumps:
         None to run again at once. `woken`: a wake-up started this cycle."""
         if not idle(state):
             # Every poll is in a helper's statement: park until it ends (it wakes us).
-            return self._park_seconds(state, None)
+            return self._settings.empty_ttl_seconds
         runtime_id = state.runtime_id
         version: str | None = None
         loop = asyncio.get_running_loop()
@@ -245,7 +246,7 @@ class Pumps:
         hold: float | None = None
         state.statements += 1
         try:
-            async with self._admission():
+            async with self._admission(state):
                 worker_ids = [w.req.worker_id for w in owners]
                 lease_seconds = [float(w.req.lease_seconds) for w in owners]
                 if self._controls is not None and self._controls.limited(runtime_id):
@@ -266,7 +267,12 @@ class Pumps:
                         )
                 else:
                     rows, due_in = await self._store.claim(runtime_id, worker_ids, lease_seconds)
-        except GatewayError as exc:
+        except Exception as exc:
+            if not isinstance(exc, GatewayError):
+                for waiter in waiters:  # this statement's own: answered here
+                    waiter.in_flight = False
+                    waiter.finish(error=StoreUnavailable("internal error in the claim path"))
+                raise
             if isinstance(exc, DatabaseBusy):
                 # The database's line is full (gateway/admission.py): for a claim, that
                 # is overload, answered as the claims' own line answers it.
@@ -443,7 +449,7 @@ class Pumps:
         return ttl
 
     @contextlib.asynccontextmanager
-    async def _admission(self) -> AsyncIterator[None]:
+    async def _admission(self, state: RuntimeState | None = None) -> AsyncIterator[None]:
         """A global bound on Postgres claims in flight; beyond the queue limit, 429 (I9)."""
         if self._claim_slots.locked() and self._claims_queued >= self._settings.max_queued_claims:
             self._metrics.claims_rejected.labels("database_queue").inc()
@@ -454,6 +460,10 @@ class Pumps:
         finally:
             self._claims_queued -= 1
         try:
+            if state is not None:
+                state.running += 1
             yield
         finally:
+            if state is not None:
+                state.running -= 1
             self._claim_slots.release()

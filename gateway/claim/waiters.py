@@ -194,6 +194,9 @@ class RuntimeState:
     # coroutine waits on a statement (gateway/claim/pump.py, STATEMENTS_PER_RUNTIME).
     statements: int = 0
     helpers: set[asyncio.Task[None]] = field(default_factory=set)
+    # Of those statements, the ones that hold a claim slot (GATEWAY_MAX_CONCURRENT_CLAIMS):
+    # a helper starts only beside one that runs, never beside one still queued for a slot.
+    running: int = 0
 
 
 def unsettled(waiters: list[Waiter]) -> list[Waiter]:

@@ -76,9 +76,7 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-@pytest.mark.parametrize(
-    "bound", [1, pytest.param(2, marks=pytest.mark.xfail(strict=True, reason="helper queues"))]
-)
+@pytest.mark.parametrize("bound", [1, 2])
 async def test_a_poll_arriving_while_its_pump_waits_for_a_claim_slot_is_not_refused(
     monkeypatch: pytest.MonkeyPatch, bound: int
 ) -> None:
@@ -102,7 +100,6 @@ async def test_a_poll_arriving_while_its_pump_waits_for_a_claim_slot_is_not_refu
     assert not refused, "a poll was refused 429 only because its pump's statement was queued"
 
 
-@pytest.mark.xfail(strict=True, reason="a helper's death answers the pump's polls")
 async def test_a_helper_that_dies_does_not_answer_the_polls_of_the_pumps_statement() -> None:
     """A helper's death fails every waiter of the runtime, including those whose
     statement, the pump's, is still running and then leases them a task: the poll is
@@ -136,7 +133,6 @@ async def test_a_helper_that_dies_does_not_answer_the_polls_of_the_pumps_stateme
     assert not isinstance(first_result, StoreUnavailable)
 
 
-@pytest.mark.xfail(strict=True, reason="parks 1 ms while a renewal is due")
 async def test_the_pump_does_not_spin_while_a_helper_holds_every_poll() -> None:
     """Every poll is in a helper's statement and the verdict this process wrote is due
     for renewal: the pump parks until the helper wakes it, not for a millisecond."""
