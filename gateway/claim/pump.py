@@ -150,10 +150,11 @@ class Pumps:
             state.wake.set()  # the pump takes over what is left
 
     def _died(self, state: RuntimeState, what: str) -> None:
+        """A pump or helper died of a bug: the polls no statement serves fail (a
+        statement's own were failed by the coroutine that ran it, and another
+        coroutine's answers its own)."""
         log.exception("%s for runtime %s died", what, state.runtime_id)
-        for waiter in state.waiters:
-            if not waiter.in_flight:  # another statement answers its own
-                waiter.finish(error=StoreUnavailable("internal error in the claim path"))
+        _failed([w for w in state.waiters if not w.in_flight])
 
     def _park_seconds(self, state: RuntimeState, verdict_ttl: float | None) -> float:
         """How long the pump sleeps without a wake-up. Wake-ups may be lost when this
@@ -244,7 +245,6 @@ class Pumps:
         carried = unsettled(waiters)
         outcomes: list[ItemResult] = []
         hold: float | None = None
-        state.statements += 1
         try:
             async with self._admission(state):
                 worker_ids = [w.req.worker_id for w in owners]
@@ -269,9 +269,7 @@ class Pumps:
                     rows, due_in = await self._store.claim(runtime_id, worker_ids, lease_seconds)
         except Exception as exc:
             if not isinstance(exc, GatewayError):
-                for waiter in waiters:  # this statement's own: answered here
-                    waiter.in_flight = False
-                    waiter.finish(error=StoreUnavailable("internal error in the claim path"))
+                _failed(waiters)
                 raise
             if isinstance(exc, DatabaseBusy):
                 # The database's line is full (gateway/admission.py): for a claim, that
@@ -285,8 +283,6 @@ class Pumps:
             if outcomes:
                 await self._settled(outcomes)
             return self._settings.degraded_poll_seconds
-        finally:
-            state.statements -= 1
         if outcomes:
             share(carried, outcomes)
         await self._hand_out(runtime_id, waiters, owners, rows, woken)
@@ -321,17 +317,17 @@ class Pumps:
             carried, _ = fit_statement(pending)
             for waiter in carried:
                 waiter.in_flight = True
-            state.statements += 1
             try:
-                async with self._admission():
+                async with self._admission(state):
                     outcomes = await self._apply(state.runtime_id, carried)
             except GatewayError as exc:
                 for waiter in carried:
                     waiter.in_flight = False
                     waiter.finish(error=exc)
                 continue
-            finally:
-                state.statements -= 1
+            except Exception:
+                _failed(carried)
+                raise
             share(carried, outcomes)
             for waiter in carried:
                 waiter.in_flight = False
@@ -449,8 +445,9 @@ class Pumps:
         return ttl
 
     @contextlib.asynccontextmanager
-    async def _admission(self, state: RuntimeState | None = None) -> AsyncIterator[None]:
-        """A global bound on Postgres claims in flight; beyond the queue limit, 429 (I9)."""
+    async def _admission(self, state: RuntimeState) -> AsyncIterator[None]:
+        """A global bound on Postgres claims in flight; beyond the queue limit, 429 (I9).
+        While it holds a slot, the statement counts in `state.running`."""
         if self._claim_slots.locked() and self._claims_queued >= self._settings.max_queued_claims:
             self._metrics.claims_rejected.labels("database_queue").inc()
             raise Overloaded("too many claims are waiting for the database; retry shortly")
@@ -460,10 +457,15 @@ class Pumps:
         finally:
             self._claims_queued -= 1
         try:
-            if state is not None:
-                state.running += 1
+            state.running += 1
             yield
         finally:
-            if state is not None:
-                state.running -= 1
+            state.running -= 1
             self._claim_slots.release()
+
+
+def _failed(waiters: list[Waiter]) -> None:
+    """Answer `waiters` with an internal error: a bug, not the database, ended their claim."""
+    for waiter in waiters:
+        waiter.in_flight = False
+        waiter.finish(error=StoreUnavailable("internal error in the claim path"))

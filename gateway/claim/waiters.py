@@ -189,14 +189,12 @@ class RuntimeState:
     # Runtime controls: a limit cut the last claim short; until this loop time the pump
     # claims again only after a wake-up (a freed slot, a change of the controls).
     held_until: float = 0.0
-    # Claim statements in flight for this runtime (the pump's and its helpers'), and
-    # the helpers running: a helper claims for polls that arrive while every running
-    # coroutine waits on a statement (gateway/claim/pump.py, STATEMENTS_PER_RUNTIME).
-    statements: int = 0
-    helpers: set[asyncio.Task[None]] = field(default_factory=set)
-    # Of those statements, the ones that hold a claim slot (GATEWAY_MAX_CONCURRENT_CLAIMS):
-    # a helper starts only beside one that runs, never beside one still queued for a slot.
+    # Claim statements of this runtime that hold a claim slot (GATEWAY_MAX_CONCURRENT_CLAIMS),
+    # and the helpers running: a helper claims for polls that arrive while every running
+    # coroutine's statement runs (gateway/claim/pump.py, STATEMENTS_PER_RUNTIME), never
+    # beside one still waiting for a slot.
     running: int = 0
+    helpers: set[asyncio.Task[None]] = field(default_factory=set)
 
 
 def unsettled(waiters: list[Waiter]) -> list[Waiter]:

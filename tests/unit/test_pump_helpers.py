@@ -1,5 +1,7 @@
-"""Review of the claim pump's helpers (gateway/claim/pump.py, STATEMENTS_PER_RUNTIME):
-proofs of what a second statement per runtime changes under overload and failure."""
+"""The claim pump's helpers (gateway/claim/pump.py, STATEMENTS_PER_RUNTIME) under
+overload and failure: a second statement per runtime starts only beside one that holds
+a claim slot, a coroutine that dies answers only the polls no other statement serves,
+and the pump sleeps while a helper holds every poll."""
 
 from __future__ import annotations
 
