@@ -230,6 +230,18 @@ VARIABLES: tuple[Variable, ...] = (
         doc="Age after which `dead` tasks are deleted.",
     ),
     Variable(
+        "GATEWAY_SCHEDULE_TICKS_DAYS",
+        "schedule_ticks_days",
+        "integer",
+        30,
+        low=1,
+        high=3650,
+        unit="days",
+        doc="How long every schedule tick is recorded (its outcome and task), which is what "
+        "makes a tick's task exactly one: the janitor deletes older ticks, and a backfill "
+        "may not reach further back.",
+    ),
+    Variable(
         "GATEWAY_MAX_CONCURRENT_CLAIMS",
         "max_concurrent_claims",
         "integer",

@@ -43,6 +43,7 @@ from .redis.parked import ParkedReport
 from .redis.verdict import VerdictCache
 from .redis.wakeups import Subscriber
 from .rows import ItemResult, ended
+from .schedules.service import Scheduler
 from .settings import Settings
 from .store import Store
 
@@ -68,7 +69,7 @@ class Readiness:
 
 class Gateway:
     """Owns the Postgres pool, the Redis clients, the pub/sub subscriber, the claimer,
-    the janitor, and the short-lived caches of tokens and webhook secrets."""
+    the janitor, the scheduler, and the short-lived caches of tokens and webhook secrets."""
 
     def __init__(self, settings: Settings) -> None:
         if not settings.database_url:
@@ -162,6 +163,14 @@ class Gateway:
             finished=self.results.finished,
             slots_freed=self.controls.slot_freed,
         )
+        self.scheduler = Scheduler(
+            self.store,
+            self.claimer.announce,
+            settings,
+            self.metrics,
+            leading=lambda: self.janitor.is_leader,
+            finished=self.results.finished,
+        )
 
     async def tasks_ended(
         self, tasks: Iterable[tuple[uuid.UUID, str]], runtime_ids: Sequence[str]
@@ -219,11 +228,13 @@ class Gateway:
             log.warning("Redis is not reachable; claims go to Postgres until it is back")
         await self.controls.start()
         await self.janitor.start()
+        await self.scheduler.start()
         await self.parked.start()
         self._redis_watch = asyncio.create_task(self.claimer.watch_redis(), name="redis-watch")
 
     async def close(self) -> None:
         self.claimer.drain()
+        await self.scheduler.stop()
         await self.janitor.stop()
         await self.parked.stop()
         await self.completions.close()  # before the result wake-ups its requests send

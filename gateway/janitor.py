@@ -1,4 +1,5 @@
-"""The janitor: lease reclaim, TTL expiry, retention, the finished-task counts' fold,
+"""The janitor: lease reclaim, TTL expiry, retention (of tasks and of schedule ticks),
+the finished-task counts' fold,
 verdict repair (I6), the queue-depth gauges, and a VACUUM of the task table after a
 burst of completions or deletes.
 
@@ -60,6 +61,7 @@ class PassReport:
     expired: int = 0
     promoted: int = 0
     purged: int = 0
+    ticks_purged: int = 0  # schedule ticks past GATEWAY_SCHEDULE_TICKS_DAYS
     folded: int = 0
     # Runtimes the repair walk visited, claimable or not (at most
     # REPAIR_PAGES_PER_PASS * janitor_batch_size per pass).
@@ -120,6 +122,7 @@ class Janitor:
             ("lease reclaim", self._reclaim),
             ("expiry", self._expire),
             ("retention", self._purge),
+            ("tick retention", self._purge_ticks),
             ("counts fold", self._fold),
             ("verdict repair", self._repair),
             ("promotion", self._promote),
@@ -197,6 +200,15 @@ class Janitor:
                 if n < self._batch:
                     break
         self._metrics.tasks_purged.inc(report.purged)
+
+    async def _purge_ticks(self, report: PassReport) -> None:
+        """The schedules' tick record kept GATEWAY_SCHEDULE_TICKS_DAYS (a backfill may
+        not reach further back), oldest first, in bounded batches."""
+        for _ in range(MAX_BATCHES_PER_STEP):
+            n = await self._store.purge_ticks(self._settings.schedule_ticks_days, self._batch)
+            report.ticks_purged += n
+            if n < self._batch:
+                break
 
     async def _fold(self, report: PassReport) -> None:
         """Keeps the finished-task counts at a few rows per runtime (FOLD_TASK_COUNTS):

@@ -253,6 +253,22 @@ class Metrics:
         self.janitor_errors = Counter(
             "gateway_janitor_errors", "Janitor steps that failed (retried next pass).", registry=r
         )
+        self.schedule_ticks = Counter(
+            "gateway_schedule_ticks",
+            "Schedule ticks decided, by outcome: enqueued (the tick's task was made), "
+            "skipped_overlap (the previous task was still queued or running), skipped_late "
+            "(older than the schedule's catch_up_seconds), failed (a tick pass's batch that "
+            "failed; its ticks are decided by the next pass).",
+            ["outcome"],
+            registry=r,
+        )
+        self.schedule_lag = Histogram(
+            "gateway_schedule_lag_seconds",
+            "How long after its tick's time the tick pass enqueued a schedule's task, in "
+            "seconds (the task's jitter not counted).",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+            registry=r,
+        )
         self.connections_cut = Counter(
             "gateway_connections_cut",
             "Connections the gateway cut, by reason: read_timeout (a request not in full "

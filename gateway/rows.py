@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,6 +36,8 @@ class TaskRow:
     cancel_requested: bool
     result: Any
     last_error: str | None
+    schedule: str | None = None  # the schedule that made it, and its tick's time
+    scheduled_for: datetime | None = None
 
     @classmethod
     def of(cls, record: Mapping[str, Any]) -> TaskRow:
@@ -169,3 +171,104 @@ class CarriedCompletes:
     lease_ids: Sequence[uuid.UUID]
     results: Sequence[str | None]
     runtimes: Sequence[Sequence[str] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRow:
+    """One schedule as stored (store/sql/schedules.SCHEDULE_COLUMNS), with its last
+    task's status as the API shows it (None: no task yet, or deleted by retention).
+    `payload` is stored JSON, kept verbatim (an orjson.Fragment)."""
+
+    id: int
+    runtime_id: str
+    name: str
+    version: int
+    cron: str | None
+    every_seconds: int | None
+    timezone: str
+    payload: Any
+    priority: int
+    ttl_seconds: float | None
+    max_attempts: int
+    overlap: str
+    catch_up_seconds: float
+    jitter_seconds: float
+    paused: bool
+    note: str | None
+    next_tick_at: datetime
+    last_tick_at: datetime | None
+    last_task_id: uuid.UUID | None
+    created_at: datetime
+    updated_at: datetime
+    last_task_status: str | None
+
+    @classmethod
+    def of(cls, record: Mapping[str, Any]) -> ScheduleRow:
+        return cls(*[record[name] for name in _SCHEDULE_ROW_FIELDS])
+
+
+_SCHEDULE_ROW_FIELDS = tuple(f.name for f in fields(ScheduleRow))
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleWrite:
+    """A schedule's stored definition as a PUT, a pause or a resume writes it, in the
+    order of its columns (store/sql/schedules._DEFINITION). `bumps`: whether the
+    definition changed, so that ticks computed from the old one make no task."""
+
+    cron: str | None
+    every_seconds: int | None
+    timezone: str
+    payload_json: str
+    priority: int
+    ttl_seconds: float | None
+    max_attempts: int
+    overlap: str
+    catch_up_seconds: float
+    jitter_seconds: float
+    paused: bool
+    note: str | None
+    next_tick_at: datetime
+    bumps: bool = True
+
+    def columns(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self) if f.name != "bumps")
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedTick:
+    """A tick decided by the tick pass, a trigger or a backfill, before it is recorded:
+    its schedule at the definition's `version` it was computed from, its time, its
+    outcome (enqueued, skipped_overlap, skipped_late) and, when enqueued, the new
+    task's id and when that task becomes due (the tick plus its jitter)."""
+
+    schedule_id: int
+    version: int
+    tick_at: datetime
+    outcome: str
+    task_id: uuid.UUID | None = None
+    run_at: datetime | None = None
+
+
+@dataclass
+class TickPlan:
+    """What one transaction decides: the ticks, each schedule's next tick to come
+    (`next_ticks`, by schedule id; absent: unchanged), and the live task a schedule
+    with overlap cancel_previous replaces (`replaces`, by schedule id), cancelled only
+    if the new task is made."""
+
+    ticks: list[PlannedTick] = field(default_factory=list)
+    next_ticks: dict[int, datetime] = field(default_factory=dict)
+    replaces: dict[int, uuid.UUID] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class DecidedTick:
+    """A tick recorded now (one already decided before is never among them), and the
+    runtime of the task it made (None unless enqueued)."""
+
+    schedule_id: int
+    tick_at: datetime
+    outcome: str
+    task_id: uuid.UUID | None
+    runtime_id: str | None

@@ -74,6 +74,8 @@ class Settings:
     janitor_vacuum_dead_rows: int = 100_000
     retention_seconds: float = 7 * 86400.0
     dead_retention_seconds: float = 30 * 86400.0
+    # How long schedule ticks are recorded; a backfill may not reach further back.
+    schedule_ticks_days: int = 30
     max_concurrent_claims: int = 16
     max_queued_claims: int = 1000
     db_pool_min: int = 2

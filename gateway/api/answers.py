@@ -98,6 +98,8 @@ _TASK_PROPERTIES: dict[str, Any] = {
     },
     "result": {"description": "Present once completed: what complete sent, or null."},
     "last_error": {"type": "string", "description": "The last failure's error."},
+    "schedule": {"type": "string", "description": "The schedule that made it; only then."},
+    "scheduled_for": {**TIME_SCHEMA, "description": "Its schedule's tick; with schedule."},
     "render_error": {
         "type": "string",
         "description": "Present only on a stub: a stored task that cannot be shown "
@@ -438,7 +440,6 @@ SCHEMAS.update(
     )
 )
 
-
 # Runtime controls (gateway/claim/controls.py).
 SCHEMAS["Controls"] = {
     "type": "object",
@@ -468,7 +469,6 @@ SCHEMAS["Controls"] = {
     },
     "additionalProperties": False,
 }
-
 
 # A claim's answer: its tasks and, when it carried completes or fails, their outcomes
 # (the batch endpoints' items above, completes first).

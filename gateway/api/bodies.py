@@ -203,6 +203,12 @@ LIST_QUERY = Body(
         ),
         Field("limit", Kind.INTEGER, "Tasks per page.", default=100, minimum=1, maximum=1000),
         Field("cursor", Kind.STRING, "The next_cursor of the previous page."),
+        Field(
+            "schedule",
+            Kind.STRING,
+            "Only the tasks this schedule made (by its name).",
+            max_length=64,
+        ),
     ),
 )
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from ..rows import Controls, TaskRow
+from ..rows import Controls, ScheduleRow, TaskRow
 
 TASK_FIELDS = (
     "id",
@@ -51,6 +51,9 @@ def task_json(row: TaskRow) -> dict[str, Any]:
         out["result"] = row.result
     if row.last_error is not None:
         out["last_error"] = row.last_error
+    if row.schedule is not None:
+        out["schedule"] = row.schedule
+        out["scheduled_for"] = format_time(row.scheduled_for)
     return out
 
 
@@ -108,4 +111,33 @@ def pause_json(controls: Controls) -> dict[str, Any]:
         "paused_reason": controls.paused_reason if on else None,
         "paused_since": format_time(controls.paused_at) if on else None,
         "paused_until": format_time(controls.paused_until) if on else None,
+    }
+
+
+def schedule_json(row: ScheduleRow, upcoming: list[datetime]) -> dict[str, Any]:
+    """A schedule as `GET /v1/runtimes/{rt}/schedules/{name}` answers it; `upcoming`:
+    its next ticks (none while paused), the first of them its next_run_at."""
+    return {
+        "runtime_id": row.runtime_id,
+        "name": row.name,
+        "cron": row.cron,
+        "every_seconds": row.every_seconds,
+        "timezone": row.timezone,
+        "payload": row.payload,
+        "priority": row.priority,
+        "ttl_seconds": row.ttl_seconds,
+        "max_attempts": row.max_attempts,
+        "overlap": row.overlap,
+        "catch_up_seconds": row.catch_up_seconds,
+        "jitter_seconds": row.jitter_seconds,
+        "paused": row.paused,
+        "note": row.note,
+        "version": row.version,
+        "next_run_at": format_time(upcoming[0]) if upcoming else None,
+        "upcoming": [format_time(t) for t in upcoming],
+        "last_tick_at": format_time(row.last_tick_at),
+        "last_task_id": None if row.last_task_id is None else str(row.last_task_id),
+        "last_task_status": row.last_task_status,
+        "created_at": format_time(row.created_at),
+        "updated_at": format_time(row.updated_at),
     }

@@ -348,6 +348,7 @@ class ListQuery:
     status: str | None
     limit: int
     after: tuple[datetime, uuid.UUID] | None
+    schedule: str | None = None
 
 
 def parse_list_query(params: Mapping[str, str]) -> ListQuery:
@@ -355,7 +356,8 @@ def parse_list_query(params: Mapping[str, str]) -> ListQuery:
     status = read_query(LIST_QUERY["status"], params, {})
     limit = read_query(LIST_QUERY["limit"], params, {})
     cursor = read_query(LIST_QUERY["cursor"], params, {})
-    return ListQuery(status, limit, None if cursor is None else decode_cursor(cursor))
+    schedule = read_query(LIST_QUERY["schedule"], params, {})
+    return ListQuery(status, limit, None if cursor is None else decode_cursor(cursor), schedule)
 
 
 def parse_controls(body: Any) -> ControlsChange:

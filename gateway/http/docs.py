@@ -86,6 +86,8 @@ TAGS = {
     "daemons": "Claim tasks, waiting for work when there is none, and report each under its "
     "lease: heartbeat, complete, fail or release, one task or many at once.",
     "controls": "Pause, resume and limit a runtime's claims, over every gateway instance.",
+    "schedules": "Recurring tasks per runtime: cron or a fixed interval, with overlap and "
+    "catch-up policies, time zones, trigger, pause and backfill; one task per tick.",
     "admin": "Scoped API tokens and webhook signing secrets; the `admin` scope only.",
     "operations": "Liveness, readiness, metrics and this document, with no authentication; "
     "the answering instance's load, with a `read` token.",

@@ -27,7 +27,7 @@ from ..api.decode import RUNTIME_ID_RE
 from ..api.fields import JSON_VALUE, JSON_VALUE_SCHEMA
 from ..errors import GatewayError
 from ..settings import Settings
-from . import admin_docs, load_docs
+from . import admin_docs, load_docs, schedule_docs
 from .docs import TAGS, Doc, Link, Param, Reply
 
 PATH_PARAMS = {
@@ -154,6 +154,7 @@ def build(endpoints: Iterable[Documented], settings: Settings) -> dict[str, Any]
     schemas.update(SCHEMAS)
     schemas.update(admin_docs.SCHEMAS)
     schemas.update(load_docs.SCHEMAS)
+    schemas.update(schedule_docs.SCHEMAS)
     schemas[JSON_VALUE] = JSON_VALUE_SCHEMA
     schemas["Problem"] = _problem_schema()
     schemas["ProblemCode"] = {

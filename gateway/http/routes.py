@@ -32,8 +32,8 @@ from ..auth.principals import Principal
 from ..errors import GatewayError, NotFound
 from ..instance import Gateway
 from ..metrics import CONTENT_TYPE
-from . import admin_docs, docs, load_docs, openapi
-from .handlers import admin, batch, controls, load, runtimes, webhooks
+from . import admin_docs, docs, load_docs, openapi, schedule_docs
+from .handlers import admin, batch, controls, load, runtimes, schedules, webhooks
 from .handlers.daemon import claim, complete, fail, heartbeat, release
 from .handlers.producer import cancel, enqueue, enqueue_batch, get_task, list_tasks, retry, stats
 from .io import (
@@ -240,6 +240,8 @@ async def openapi_document(request: Request, gw: Gateway) -> Response:
     return Response(state.openapi, media_type="application/json")
 
 
+_SCHEDULE = "/v1/runtimes/{rt}/schedules/{name}"
+
 ENDPOINTS = [
     Endpoint(
         "POST", "/v1/runtimes/{rt}/tasks", enqueue, Scope.ENQUEUE, Target.RUNTIME, docs.ENQUEUE
@@ -372,6 +374,71 @@ ENDPOINTS = [
         Scope.READ,
         doc=load_docs.INSTANCE_LOAD,
         memory_only=True,
+    ),
+    # Schedules: managing them is `enqueue` on the runtime, reading them `read`.
+    Endpoint(
+        "GET",
+        "/v1/runtimes/{rt}/schedules",
+        schedules.list_schedules,
+        Scope.READ,
+        Target.RUNTIME,
+        schedule_docs.LIST_SCHEDULES,
+    ),
+    Endpoint(
+        "PUT",
+        _SCHEDULE,
+        schedules.put_schedule,
+        Scope.ENQUEUE,
+        Target.RUNTIME,
+        schedule_docs.PUT_SCHEDULE,
+    ),
+    Endpoint(
+        "GET",
+        _SCHEDULE,
+        schedules.get_schedule,
+        Scope.READ,
+        Target.RUNTIME,
+        schedule_docs.GET_SCHEDULE,
+    ),
+    Endpoint(
+        "DELETE",
+        _SCHEDULE,
+        schedules.delete_schedule,
+        Scope.ENQUEUE,
+        Target.RUNTIME,
+        schedule_docs.DELETE_SCHEDULE,
+    ),
+    Endpoint(
+        "POST",
+        _SCHEDULE + ":trigger",
+        schedules.trigger_schedule,
+        Scope.ENQUEUE,
+        Target.RUNTIME,
+        schedule_docs.TRIGGER_SCHEDULE,
+    ),
+    Endpoint(
+        "POST",
+        _SCHEDULE + ":pause",
+        schedules.pause_schedule,
+        Scope.ENQUEUE,
+        Target.RUNTIME,
+        schedule_docs.PAUSE_SCHEDULE,
+    ),
+    Endpoint(
+        "POST",
+        _SCHEDULE + ":resume",
+        schedules.resume_schedule,
+        Scope.ENQUEUE,
+        Target.RUNTIME,
+        schedule_docs.RESUME_SCHEDULE,
+    ),
+    Endpoint(
+        "POST",
+        _SCHEDULE + ":backfill",
+        schedules.backfill_schedule,
+        Scope.ENQUEUE,
+        Target.RUNTIME,
+        schedule_docs.BACKFILL_SCHEDULE,
     ),
     Endpoint("GET", "/healthz", healthz, None, doc=docs.HEALTHZ),
     Endpoint("GET", "/readyz", readyz, None, doc=docs.READYZ),

@@ -10,6 +10,7 @@ above the store sees a driver exception), and `Store` is all of them in one obje
 - janitor.py: the janitor's statements and its leadership lock;
 - controls.py: runtime controls and the claim of a runtime with limits;
 - runtimes.py: the runtimes listing's reads;
+- schedules.py: schedules, and the transactions that decide their ticks;
 - credentials.py: API tokens and webhook signing secrets.
 
 A group's SQL is in the module of sql/ named after it (sql/tasks.py for tasks.py), the
@@ -27,6 +28,7 @@ from .credentials import CredentialStatements
 from .janitor import JanitorStatements
 from .leases import LeaseStatements
 from .runtimes import RuntimeListStatements
+from .schedules import ScheduleStatements
 from .tasks import TaskStatements
 
 
@@ -38,5 +40,6 @@ class Store(
     JanitorStatements,
     RuntimeListStatements,
     CredentialStatements,
+    ScheduleStatements,
 ):
     """Task storage in Postgres. `open()` and `close()` are called by the app's lifespan."""

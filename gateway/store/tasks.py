@@ -345,11 +345,17 @@ class TaskStatements(StoreBase):
         status: str | None,
         limit: int,
         after: tuple[datetime, uuid.UUID] | None,
+        schedule: str | None = None,
     ) -> list[TaskRow]:
+        """A page of the runtime's tasks oldest first, after the (created_at, id) of
+        `after`; with `schedule`, only the tasks that schedule made (tasks_schedule_idx)."""
         created, task_id = after if after else (None, None)
-        rows = await self._run(
-            lambda c: c.fetch(sql.LIST_TASKS, runtime_id, status, created, task_id, limit)
-        )
+        if schedule is not None:
+            args: tuple[object, ...] = (runtime_id, status, created, task_id, limit, schedule)
+            statement = sql.LIST_SCHEDULE_TASKS
+        else:
+            args, statement = (runtime_id, status, created, task_id, limit), sql.LIST_TASKS
+        rows = await self._run(lambda c: c.fetch(statement, *args))
         return [TaskRow.of(r) for r in rows]
 
     async def stats(self, runtime_id: str) -> tuple[dict[str, int], float | None]:

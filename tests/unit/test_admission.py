@@ -138,8 +138,11 @@ def test_each_endpoint_has_its_place_in_the_line() -> None:
     assert place["GET", "/v1/instance/load"] == first
     for path in ("/healthz", "/readyz", "/metrics", "/openapi.json", "/v1/admin/tokens"):
         assert place["GET", path] == first
-    controls = [key for key in place if key[1].endswith((":pause", ":resume"))]
-    assert controls and all(place[key] == first for key in controls)
+    controls = [("POST", f"/v1/runtimes/{{rt}}:{op}") for op in ("pause", "resume")]
+    assert all(place[key] == first for key in controls)
+    # Schedules are a producer's work: managed as enqueues are, read as reads are.
+    schedules = [key for key in place if "/schedules" in key[1]]
+    assert schedules and all(place[key] == work for key in schedules)
 
 
 async def test_a_token_is_loaded_as_a_release_whoever_asks_first() -> None:

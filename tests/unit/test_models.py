@@ -508,6 +508,8 @@ def _row(**over: Any) -> TaskRow:
         "cancel_requested": False,
         "result": None,
         "last_error": None,
+        "schedule": None,
+        "scheduled_for": None,
     }
     row.update(over)
     return TaskRow.of(row)

@@ -129,7 +129,7 @@ async def list_tasks(request: Request, gw: Gateway) -> Response:
     size, after, last = 0, query.after, None
     want = min(query.limit, LIST_FIRST_ROWS)
     while True:
-        rows = await gw.store.list_tasks(runtime_id, query.status, want + 1, after)
+        rows = await gw.store.list_tasks(runtime_id, query.status, want + 1, after, query.schedule)
         taken = 0
         for row in rows[:want]:
             task = render.task_bytes_or_stub(row)

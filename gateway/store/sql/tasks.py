@@ -257,6 +257,18 @@ SELECT {TASK_COLUMNS} FROM tasks
  LIMIT $5
 """
 
+# LIST_TASKS for the tasks one schedule ($6) made: a statement of its own, so that its
+# plan walks tasks_schedule_idx (only scheduled tasks have entries) whatever the
+# runtime's other tasks.
+LIST_SCHEDULE_TASKS = f"""
+SELECT {TASK_COLUMNS} FROM tasks
+ WHERE runtime_id = $1 AND schedule = $6 AND schedule IS NOT NULL
+   AND ($2::text IS NULL OR {EFFECTIVE_STATUS} = $2)
+   AND ($3::timestamptz IS NULL OR (created_at, id) > ($3, $4::uuid))
+ ORDER BY created_at, id
+ LIMIT $5
+"""
+
 # Stats in time that does not grow with the runtime's history (docs/design.md, 5.1):
 # live tasks are counted from tasks_live_idx (index-only, proportional to the runtime's
 # live rows), finished ones from task_counts, which triggers keep in the same

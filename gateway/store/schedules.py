@@ -1,0 +1,195 @@
+"""Schedules in Postgres: a runtime's schedules read, written and deleted, and the
+transactions that decide ticks (the tick pass's batch, a trigger, a backfill).
+
+What to decide is the caller's (gateway/schedules/plans.py): each transaction here
+locks the schedules it decides for, reads the database's clock, hands both to the
+caller's `plan`, and records the plan's ticks with their tasks in one statement
+(sql.RECORD_TICKS), whose key on (schedule, tick time) makes each tick's task exactly
+one however many instances decide it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+
+import asyncpg
+
+from ..errors import NotFound
+from ..rows import DecidedTick, ScheduleRow, ScheduleWrite, TickPlan
+from .base import Row, StoreBase
+from .sql import schedules as sql
+
+# What a PUT, a pause or a resume writes, given the row as it is (None: no such
+# schedule yet) and the database's clock; None writes nothing.
+Writer = Callable[[ScheduleRow | None, datetime], ScheduleWrite | None]
+Planner = Callable[[list[ScheduleRow], datetime], TickPlan]
+
+
+class ScheduleStatements(StoreBase):
+    """A runtime's schedules and their ticks."""
+
+    async def get_schedule(self, runtime_id: str, name: str) -> ScheduleRow | None:
+        row = await self._run(lambda c: c.fetchrow(sql.GET_SCHEDULE, runtime_id, name))
+        return None if row is None else ScheduleRow.of(row)
+
+    async def list_schedules(self, runtime_id: str, after: str, limit: int) -> list[ScheduleRow]:
+        """Up to `limit` of the runtime's schedules named after `after`, in name order."""
+        rows = await self._run(lambda c: c.fetch(sql.LIST_SCHEDULES, runtime_id, after, limit))
+        return [ScheduleRow.of(r) for r in rows]
+
+    async def now(self) -> datetime:
+        """The database's clock, which every tick is computed against."""
+        now: datetime = await self._run(lambda c: c.fetchval(sql.NOW))
+        return now
+
+    async def write_schedule(
+        self, runtime_id: str, name: str, write: Writer, create: bool = True
+    ) -> tuple[ScheduleRow, bool]:
+        """Create or change the schedule, holding its row: (the row now, created).
+        `write` decides from the row as it is; a schedule that does not exist is
+        created if `create`, else NotFound. Idempotent when `write` is."""
+
+        async def write_in_tx(c: asyncpg.Connection) -> tuple[ScheduleRow, bool] | None:
+            async with self._transaction(c):
+                row = await c.fetchrow(sql.LOCK_SCHEDULE, runtime_id, name)
+                now = row["now"] if row is not None else await c.fetchval(sql.NOW)
+                current = None if row is None else ScheduleRow.of(row)
+                if current is None and not create:
+                    raise NotFound(f"runtime {runtime_id} has no schedule named {name!r}")
+                wanted = write(current, now)
+                if wanted is None:
+                    assert current is not None
+                    return current, False
+                if current is None:
+                    made = await c.fetchrow(
+                        sql.INSERT_SCHEDULE, runtime_id, name, *wanted.columns()
+                    )
+                    if made is None:
+                        return None  # created meanwhile by a concurrent PUT: again
+                    return ScheduleRow.of(made), True
+                changed = await c.fetchrow(
+                    sql.UPDATE_SCHEDULE,
+                    current.id,
+                    runtime_id,
+                    *wanted.columns(),
+                    int(wanted.bumps),
+                )
+                return ScheduleRow.of(changed), False
+
+        for _ in range(3):
+            done = await self._run(write_in_tx)
+            if done is not None:
+                return done
+        raise NotFound(f"runtime {runtime_id} has no schedule named {name!r}")
+
+    async def delete_schedule(self, runtime_id: str, name: str) -> bool:
+        """Delete the schedule and its ticks; False when there was none. Waits for a
+        transaction deciding its ticks: none is decided from it once this returns."""
+        deleted = await self._run(lambda c: c.fetchval(sql.DELETE_SCHEDULE, runtime_id, name))
+        return deleted is not None
+
+    async def decide_due(
+        self, batch: int, plan: Planner
+    ) -> tuple[list[DecidedTick], list[tuple[uuid.UUID, str]], int]:
+        """One batch of the tick pass, in one transaction: up to `batch` due schedules
+        (SKIP LOCKED), `plan`'s ticks recorded with their tasks, and each schedule's
+        next tick. Returns the ticks decided, the tasks cancelled for overlap
+        cancel_previous (id, status now), and how many schedules were due."""
+
+        async def decide_in_tx(
+            c: asyncpg.Connection,
+        ) -> tuple[list[DecidedTick], list[tuple[uuid.UUID, str]], int]:
+            async with self._transaction(c):
+                rows = await c.fetch(sql.DUE_SCHEDULES, batch)
+                if not rows:
+                    return [], [], 0
+                schedules = [ScheduleRow.of(r) for r in rows]
+                decided, cancelled = await self._record(
+                    c, plan(schedules, rows[0]["now"]), "schedule", False
+                )
+                return decided, cancelled, len(rows)
+
+        return await self._run(decide_in_tx)
+
+    async def decide_one(
+        self, runtime_id: str, name: str, plan: Planner, source: str, upgrade: bool = False
+    ) -> tuple[ScheduleRow, list[DecidedTick], list[tuple[uuid.UUID, str]]]:
+        """A trigger's or a backfill's ticks (`source`) for one schedule, holding its
+        row: (the row as it was, the ticks decided, the tasks cancelled). `upgrade`: a
+        tick recorded as skipped may become enqueued (a backfill); one enqueued never
+        makes a second task."""
+
+        async def decide_in_tx(
+            c: asyncpg.Connection,
+        ) -> tuple[ScheduleRow, list[DecidedTick], list[tuple[uuid.UUID, str]]]:
+            async with self._transaction(c):
+                row = await c.fetchrow(sql.LOCK_SCHEDULE, runtime_id, name)
+                if row is None:
+                    raise NotFound(f"runtime {runtime_id} has no schedule named {name!r}")
+                schedule = ScheduleRow.of(row)
+                decided, cancelled = await self._record(
+                    c, plan([schedule], row["now"]), source, upgrade
+                )
+                return schedule, decided, cancelled
+
+        return await self._run(decide_in_tx)
+
+    async def _record(
+        self, c: asyncpg.Connection, plan: TickPlan, source: str, upgrade: bool
+    ) -> tuple[list[DecidedTick], list[tuple[uuid.UUID, str]]]:
+        """Inside a transaction holding the plan's schedules: its ticks and their tasks
+        (one statement), the tasks they replace cancelled, the schedules advanced."""
+        decided: list[DecidedTick] = []
+        if plan.ticks:
+            ticks = plan.ticks
+            rows = await c.fetch(
+                sql.RECORD_TICKS,
+                [t.schedule_id for t in ticks],
+                [t.version for t in ticks],
+                [t.tick_at for t in ticks],
+                [t.outcome for t in ticks],
+                [t.task_id for t in ticks],
+                [t.run_at for t in ticks],
+                source,
+                upgrade,
+            )
+            decided = [
+                DecidedTick(
+                    r["schedule_id"], r["tick_at"], r["outcome"], r["task_id"], r["made_in"]
+                )
+                for r in rows
+            ]
+        made: dict[int, DecidedTick] = {}
+        last: dict[int, datetime] = {}
+        for tick in sorted(decided, key=lambda t: t.tick_at):
+            last[tick.schedule_id] = tick.tick_at
+            if tick.runtime_id is not None:
+                made[tick.schedule_id] = tick
+        cancelled: list[tuple[uuid.UUID, str]] = []
+        replaced = [task for sid, task in plan.replaces.items() if sid in made]
+        if replaced:
+            rows = await c.fetch(sql.CANCEL_PREVIOUS, replaced)
+            cancelled = [(r["id"], r["status"]) for r in rows]
+        if source == "backfill":
+            return decided, cancelled  # a past range moves neither the next tick nor the last
+        ids = sorted(set(plan.next_ticks) | set(last))
+        if ids:
+            await c.execute(
+                sql.ADVANCE_SCHEDULES,
+                ids,
+                [plan.next_ticks.get(i) for i in ids],
+                [last.get(i) for i in ids],
+                [made[i].task_id if i in made else None for i in ids],
+            )
+        return decided, cancelled
+
+    async def purge_ticks(self, days: int, batch: int) -> int:
+        """Delete up to `batch` ticks older than `days`; returns how many."""
+        status: str = await self._run(lambda c: c.execute(sql.PURGE_TICKS, days, batch))
+        return int(status.split()[-1])
+
+    async def schedule_ticks(self, schedule_id: int, start: datetime, end: datetime) -> list[Row]:
+        """The recorded ticks of a schedule in [start, end], for tests and checks."""
+        return await self._run(lambda c: c.fetch(sql.LIST_TICKS, schedule_id, start, end))

@@ -1,0 +1,184 @@
+"""The statements of store/schedules.py (ScheduleStatements): a runtime's schedules
+read, written and deleted, the tick pass's batch of due schedules, the one statement
+that records ticks and makes their tasks, and the retention of the tick record.
+
+Every statement that decides ticks runs in a transaction that holds the schedule's row
+(FOR UPDATE): a PUT, DELETE or pause of it waits for that transaction, so that once it
+has answered no tick is decided from the definition it replaced.
+"""
+
+from __future__ import annotations
+
+from .fragments import EFFECTIVE_STATUS
+
+SCHEDULE_COLUMNS = """
+    s.id, s.runtime_id, s.name, s.version, s.cron, s.every_seconds, s.timezone, s.payload,
+    s.priority, s.ttl_seconds, s.max_attempts, s.overlap, s.catch_up_seconds,
+    s.jitter_seconds, s.paused, s.note, s.next_tick_at, s.last_tick_at, s.last_task_id,
+    s.created_at, s.updated_at"""
+
+# The schedule's last task's status as the API shows it (null once retention deleted
+# the task), read through the task's primary key.
+_LAST_TASK_STATUS = f"{EFFECTIVE_STATUS} AS last_task_status"
+_FROM = "schedules s LEFT JOIN tasks t ON t.id = s.last_task_id"
+_WITH_LAST_TASK = f"{SCHEDULE_COLUMNS}, {_LAST_TASK_STATUS}\n  FROM {_FROM}"
+
+GET_SCHEDULE = f"SELECT {_WITH_LAST_TASK} WHERE s.runtime_id = $1 AND s.name = $2"
+
+# A page of a runtime's schedules in name order, after the name $2 ('' for the first).
+LIST_SCHEDULES = f"""
+SELECT {_WITH_LAST_TASK}
+ WHERE s.runtime_id = $1 AND s.name > $2
+ ORDER BY s.name
+ LIMIT $3
+"""
+
+# The first statement of every change and manual tick (inside its transaction): holds
+# the schedule's row until the commit, and reads the database's clock, which every
+# tick is computed against (one clock for every instance).
+LOCK_SCHEDULE = f"""
+SELECT {SCHEDULE_COLUMNS}, {_LAST_TASK_STATUS}, clock_timestamp() AS now
+  FROM {_FROM}
+ WHERE s.runtime_id = $1 AND s.name = $2
+   FOR UPDATE OF s
+"""
+
+NOW = "SELECT clock_timestamp()"
+
+_DEFINITION = """cron, every_seconds, timezone, payload, priority, ttl_seconds, max_attempts,
+    overlap, catch_up_seconds, jitter_seconds, paused, note, next_tick_at"""
+
+# A new schedule. A name taken meanwhile by a concurrent PUT inserts nothing (the
+# caller then locks that row and replaces it).
+INSERT_SCHEDULE = f"""
+INSERT INTO schedules AS s (runtime_id, name, {_DEFINITION})
+VALUES ($1, $2, $3, $4, $5, $6::text::jsonb, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+ON CONFLICT (runtime_id, name) DO NOTHING
+RETURNING {SCHEDULE_COLUMNS}, NULL::text AS last_task_status
+"""
+
+# A locked schedule ($1: its id) written anew; its version grows by $16 (1 when the
+# definition changed, 0 for a pause or a note), which makes every tick computed from
+# the old one fail to join it (RECORD_TICKS).
+UPDATE_SCHEDULE = f"""
+WITH s AS (
+    UPDATE schedules SET ({_DEFINITION}) =
+        ($3, $4, $5, $6::text::jsonb, $7, $8, $9, $10, $11, $12, $13, $14, $15),
+        version = version + $16, updated_at = clock_timestamp()
+     WHERE id = $1 AND runtime_id = $2
+    RETURNING *
+)
+SELECT {SCHEDULE_COLUMNS}, {_LAST_TASK_STATUS}
+  FROM s LEFT JOIN tasks t ON t.id = s.last_task_id
+"""
+
+DELETE_SCHEDULE = "DELETE FROM schedules WHERE runtime_id = $1 AND name = $2 RETURNING id"
+
+# The tick pass's batch: up to $1 unpaused schedules whose next tick has come, oldest
+# first (schedules_due_idx), each with its last task's status for the overlap policy,
+# locked until the pass's commit. SKIP LOCKED: a schedule another transaction holds (a
+# PUT, a manual trigger, another instance's pass) is left to the next pass.
+DUE_SCHEDULES = f"""
+SELECT {SCHEDULE_COLUMNS}, {_LAST_TASK_STATUS}, clock_timestamp() AS now
+  FROM {_FROM}
+ WHERE NOT s.paused AND s.next_tick_at <= clock_timestamp()
+ ORDER BY s.next_tick_at
+ LIMIT $1
+   FOR UPDATE OF s SKIP LOCKED
+"""
+
+# How a tick already decided answers a second decision of it: nothing, except that a
+# backfill ($8 true) turns a skipped tick into an enqueued one. Without this clause
+# and the key it names, a second instance or a second backfill would make a second
+# task for the same tick (tests/integration/test_schedule_ticks.py shows it does).
+TICK_KEY = """ON CONFLICT (schedule_id, tick_at) DO UPDATE
+    SET outcome = EXCLUDED.outcome, task_id = EXCLUDED.task_id, source = EXCLUDED.source,
+        version = EXCLUDED.version, recorded_at = clock_timestamp()
+  WHERE $8 AND k.outcome <> 'enqueued' AND EXCLUDED.outcome = 'enqueued'"""
+
+
+# Records ticks and makes the tasks of the enqueued ones, in one statement: a tick's
+# row and its task commit together or not at all. $1..$6 are the ticks' columns
+# (schedule, the definition's version they were computed from, tick time, outcome, the
+# new task's id, its run_at); a tick whose schedule is no longer at that version joins
+# nothing and is dropped. A tick the key finds decided already comes back not at all,
+# and makes no task. Rows are written in key order, so that two writers wait for each
+# other instead of deadlocking. Answers each tick decided now, with the runtime of
+# its task if it made one.
+def record_ticks(tick_key: str) -> str:
+    """RECORD_TICKS with `tick_key` as its conflict clause (a test drops it)."""
+    return f"""
+WITH plan AS (
+    SELECT i.*, s.runtime_id, s.name, s.payload, s.priority, s.max_attempts, s.ttl_seconds
+      FROM unnest($1::bigint[], $2::int[], $3::timestamptz[], $4::text[], $5::uuid[],
+                  $6::timestamptz[]) AS i(schedule_id, version, tick_at, outcome, task_id,
+                                          run_at)
+      JOIN schedules s ON s.id = i.schedule_id AND s.version = i.version
+), decided AS (
+    INSERT INTO schedule_ticks AS k (schedule_id, tick_at, outcome, task_id, version, source)
+    SELECT schedule_id, tick_at, outcome, task_id, version, $7 FROM plan
+     ORDER BY schedule_id, tick_at
+    {tick_key}
+    RETURNING k.schedule_id, k.tick_at, k.outcome, k.task_id
+), made AS (
+    INSERT INTO tasks (id, runtime_id, status, priority, payload, max_attempts, run_at,
+                       expires_at, schedule, scheduled_for)
+    SELECT d.task_id, p.runtime_id,
+           CASE WHEN p.run_at > clock_timestamp() THEN 'scheduled' ELSE 'queued' END,
+           p.priority, p.payload, p.max_attempts, p.run_at,
+           greatest(p.run_at, clock_timestamp()) + make_interval(secs => p.ttl_seconds),
+           p.name, d.tick_at
+      FROM decided d JOIN plan p ON (p.schedule_id, p.tick_at) = (d.schedule_id, d.tick_at)
+     WHERE d.outcome = 'enqueued'
+     ORDER BY d.schedule_id, d.tick_at
+    RETURNING id, runtime_id
+)
+SELECT d.schedule_id, d.tick_at, d.outcome, d.task_id, m.runtime_id AS made_in
+  FROM decided d LEFT JOIN made m ON m.id = d.task_id
+"""
+
+
+RECORD_TICKS = record_ticks(TICK_KEY)
+
+# After RECORD_TICKS, in its transaction: each schedule's next tick ($2, null: keep
+# it), its last tick decided ($3) and its last task made ($4, null: keep it).
+ADVANCE_SCHEDULES = """
+UPDATE schedules s
+   SET next_tick_at = COALESCE(u.next_tick_at, s.next_tick_at),
+       last_tick_at = greatest(s.last_tick_at, u.last_tick_at),
+       last_task_id = COALESCE(u.last_task_id, s.last_task_id)
+  FROM unnest($1::bigint[], $2::timestamptz[], $3::timestamptz[], $4::uuid[])
+       AS u(id, next_tick_at, last_tick_at, last_task_id)
+ WHERE s.id = u.id
+"""
+
+# overlap cancel_previous: the tasks a schedule's new ones replace, as a cancel does it
+# (tasks.CANCEL): a queued one at once, a claimed one flagged for its holder.
+CANCEL_PREVIOUS = f"""
+UPDATE tasks
+   SET status = CASE WHEN status IN ('queued', 'scheduled') THEN 'cancelled' ELSE status END,
+       cancel_requested = (status = 'claimed'),
+       finished_at = CASE WHEN status IN ('queued', 'scheduled') THEN clock_timestamp()
+                          ELSE finished_at END,
+       updated_at = clock_timestamp()
+ WHERE id = ANY($1::uuid[]) AND {EFFECTIVE_STATUS} IN ('queued', 'claimed')
+RETURNING id, status
+"""
+
+# Retention of the tick record (GATEWAY_SCHEDULE_TICKS_DAYS), oldest first, in batches
+# of $2 (schedule_ticks_age_idx).
+PURGE_TICKS = """
+DELETE FROM schedule_ticks WHERE (schedule_id, tick_at) IN (
+    SELECT schedule_id, tick_at FROM schedule_ticks
+     WHERE tick_at < clock_timestamp() - make_interval(days => $1)
+     ORDER BY tick_at
+     LIMIT $2
+)
+"""
+
+# The ticks of one schedule in a range, for tests and the fault checker.
+LIST_TICKS = """
+SELECT tick_at, outcome, task_id, source FROM schedule_ticks
+ WHERE schedule_id = $1 AND tick_at BETWEEN $2 AND $3
+ ORDER BY tick_at
+"""
