@@ -1,0 +1,239 @@
+"""Exactly one task per schedule tick, over the real Postgres: two instances' tick passes
+and backfills racing over the same due ticks, a pass retried with the ticks it had
+decided, and a PUT or DELETE while a pass holds the schedule. The control drops the
+tick key (schema and statement) and shows that the same race then makes duplicates.
+
+Each test has a database of its own (`own_database_url`); "instances" are Stores on
+pools of their own, as two gateway processes would hold them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+
+from gateway.api.schedule_bodies import parse_schedule
+from gateway.metrics import Metrics
+from gateway.rows import ScheduleRow, TickPlan
+from gateway.schedules import plans
+from gateway.store import Store
+from gateway.store.sql import schedules as schedule_sql
+from tests.support.databases import execute, fetch
+
+pytestmark = pytest.mark.integration
+
+SCHEDULES = 8
+BEHIND_SECONDS = 20  # each schedule's next tick this far back: that many ticks due
+
+
+@contextlib.asynccontextmanager
+async def instances(url: str, count: int = 2) -> AsyncIterator[list[Store]]:
+    stores = [Store(url, Metrics(), min_size=1, max_size=4) for _ in range(count)]
+    for store in stores:
+        await store.open()
+    try:
+        yield stores
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def put(store: Store, runtime_id: str, name: str, **body: Any) -> ScheduleRow:
+    body.setdefault("payload", {"from": name})
+    definition = parse_schedule(body, 1_000_000, 64)
+    row, _ = await store.write_schedule(
+        runtime_id, name, lambda current, now: plans.put_write(definition, current, now)
+    )
+    return row
+
+
+async def behind(url: str, seconds: float) -> None:
+    """Every schedule's next tick moved `seconds` back: that many ticks come due."""
+    await execute(
+        url,
+        "UPDATE schedules SET next_tick_at = date_trunc('second', now()) "
+        "- make_interval(secs => $1)",
+        seconds,
+    )
+
+
+async def duplicates(url: str) -> int:
+    """Tasks beyond the first of each (schedule, tick)."""
+    found = await fetch(
+        url,
+        "SELECT count(*) - count(DISTINCT (schedule, scheduled_for)) AS extra FROM tasks",
+    )
+    return int(found[0]["extra"])
+
+
+async def race(url: str) -> dict[str, int]:
+    """Two instances at once over the same due ticks: each runs tick passes (in batches
+    of a few schedules) and backfills every schedule over the range the passes decide;
+    then one replays a pass's ticks as a pass retried after its answer was lost would.
+    Returns the counts the checks read."""
+    async with instances(url) as (a, b):
+        for n in range(SCHEDULES):
+            await put(a, "rt", f"s{n}", every_seconds=1, overlap="allow", catch_up_seconds=3600)
+        await behind(url, BEHIND_SECONDS)
+        now = await a.now()
+        body = {
+            "start": (now - timedelta(seconds=BEHIND_SECONDS + 5)).isoformat(),
+            "end": now.isoformat(),
+        }
+        decided: list[TickPlan] = []
+
+        def recording(rows: list[ScheduleRow], at: datetime) -> TickPlan:
+            plan = plans.due_plan(30)(rows, at)
+            decided.append(plan)
+            return plan
+
+        async def passes(store: Store) -> None:
+            for _ in range(4):
+                await store.decide_due(3, recording)
+
+        async def backfills(store: Store) -> None:
+            for n in range(SCHEDULES):
+                start = datetime.fromisoformat(body["start"])
+                end = datetime.fromisoformat(body["end"])
+                await store.decide_one(
+                    "rt", f"s{n}", plans.backfill_plan(start, end), "backfill", upgrade=True
+                )
+
+        await asyncio.gather(passes(a), passes(b), backfills(a), backfills(b))
+        # A pass retried after its answer was lost decides the same ticks again (each
+        # with a new task id, as a new plan draws them): its schedules due again.
+        await behind(url, BEHIND_SECONDS)
+        first = decided[0]
+        again = TickPlan(
+            [replace(t, task_id=uuid.uuid4()) if t.task_id else t for t in first.ticks]
+        )
+        await a.decide_due(SCHEDULES, lambda rows, at: again)
+    tasks = await fetch(url, "SELECT count(*) AS n FROM tasks")
+    enqueued = await fetch(
+        url, "SELECT count(*) AS n FROM schedule_ticks WHERE outcome = 'enqueued'"
+    )
+    return {
+        "tasks": int(tasks[0]["n"]),
+        "enqueued": int(enqueued[0]["n"]),
+        "duplicates": await duplicates(url),
+        "replayed": sum(1 for t in first.ticks if t.outcome == "enqueued"),
+    }
+
+
+async def test_racing_instances_make_exactly_one_task_per_tick(own_database_url: str) -> None:
+    counts = await race(own_database_url)
+    assert counts["replayed"] > 0, counts
+    assert counts["duplicates"] == 0, counts
+    # Every enqueued tick has its task, and every task its tick.
+    assert counts["tasks"] == counts["enqueued"] >= SCHEDULES * BEHIND_SECONDS, counts
+    missing = await fetch(
+        own_database_url,
+        "SELECT k.* FROM schedule_ticks k LEFT JOIN tasks t ON t.id = k.task_id "
+        "WHERE k.outcome = 'enqueued' AND t.id IS NULL",
+    )
+    assert missing == []
+
+
+async def test_control_without_the_tick_key_the_same_race_makes_duplicates(
+    own_database_url: str, monkeypatch: Any
+) -> None:
+    """The check above can fail: with the key dropped from the table and its conflict
+    clause from the statement, the racing backfills and the retried pass each make a
+    second task for ticks already enqueued."""
+    await execute(
+        own_database_url, "ALTER TABLE schedule_ticks DROP CONSTRAINT schedule_ticks_pkey"
+    )
+    # Without its conflict clause the statement no longer reads the backfill's flag ($8),
+    # which it is still sent: it is read, to no effect, where the schedule is joined.
+    keyless = schedule_sql.record_ticks("").replace(
+        "AND s.version = i.version", "AND s.version = i.version AND $8::boolean IS NOT NULL"
+    )
+    monkeypatch.setattr(schedule_sql, "RECORD_TICKS", keyless)
+    counts = await race(own_database_url)
+    assert counts["duplicates"] > 0, counts
+
+
+async def waiting_for_locks(conn: asyncpg.Connection, count: int) -> None:
+    """Until `count` backends of this database wait for a lock."""
+    query = (
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    for _ in range(1000):
+        if await conn.fetchval(query) >= count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{count} backends never waited for a lock")
+
+
+@pytest.mark.parametrize("change", ["put", "delete"])
+async def test_a_put_or_delete_mid_pass_waits_and_then_nothing_old_is_made(
+    own_database_url: str, change: str
+) -> None:
+    """A pass holds the schedule (its ticks' write made to wait on a table lock); a PUT
+    or DELETE of it waits for the pass's commit. Once it has answered, no task of the
+    old definition is made: the next passes make the new one's, or nothing."""
+    url = own_database_url
+    async with instances(url) as (a, b):
+        await put(a, "rt", "s", every_seconds=1, overlap="allow", payload={"v": 1})
+        await behind(url, 3)
+        blocker = await asyncpg.connect(url)
+        try:
+            tx = blocker.transaction()
+            await tx.start()
+            await blocker.execute("LOCK TABLE schedule_ticks IN SHARE MODE")
+            passing = asyncio.create_task(a.decide_due(10, plans.due_plan(30)))
+            await waiting_for_locks(blocker, 1)  # the pass, at its ticks' write
+            if change == "put":
+                changing: asyncio.Task[Any] = asyncio.create_task(
+                    put(b, "rt", "s", every_seconds=1, overlap="allow", payload={"v": 2})
+                )
+            else:
+                changing = asyncio.create_task(b.delete_schedule("rt", "s"))
+            await waiting_for_locks(blocker, 2)  # the change, at the schedule's row
+            assert not changing.done()
+            await tx.rollback()
+            decided, _, _ = await passing
+            await changing
+        finally:
+            await blocker.close()
+        assert [t.outcome for t in decided] == ["enqueued"] * 4
+        answered = (await fetch(url, "SELECT clock_timestamp() AS t"))[0]["t"]
+        # The next tick comes due within a second; the passes after it decide it.
+        for _ in range(300):
+            later, _, _ = await a.decide_due(10, plans.due_plan(30))
+            if later or change == "delete":
+                break
+            await asyncio.sleep(0.01)
+    made = await fetch(url, "SELECT payload::text AS p, created_at FROM tasks ORDER BY created_at")
+    old = [r for r in made if r["p"] == '{"v": 1}']
+    assert len(old) == 4 and all(r["created_at"] < answered for r in old)
+    new = [r for r in made if r["p"] == '{"v": 2}']
+    assert (len(new) > 0) == (change == "put"), made
+
+
+async def test_ticks_computed_from_a_replaced_definition_make_no_task(
+    own_database_url: str,
+) -> None:
+    """The version join: ticks decided from a definition that was replaced since (a
+    stale plan) are dropped, with no record and no task."""
+    url = own_database_url
+    async with instances(url, 1) as (a,):
+        await put(a, "rt", "s", every_seconds=1, overlap="allow", payload={"v": 1})
+        await behind(url, 3)
+        row = await a.get_schedule("rt", "s")
+        assert row is not None
+        stale = plans.due_plan(30)([row], await a.now())
+        assert stale.ticks and {t.version for t in stale.ticks} == {1}
+        replaced = await put(a, "rt", "s", every_seconds=1, overlap="allow", payload={"v": 2})
+        assert replaced.version == 2
+        decided, _, due = await a.decide_due(10, lambda rows, at: stale)
+    assert due == 1 and decided == []
+    assert await fetch(url, "SELECT * FROM tasks") == []
