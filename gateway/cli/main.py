@@ -1,6 +1,6 @@
 """The `gateway` command: serve, migrate, doctor, token, webhook-secret, and the client's
-work, enqueue and runtime. Server modules are imported when their command runs, so that the
-client's commands load no more than the client does."""
+work, enqueue, runtime and schedule. Server modules are imported when their command runs,
+so that the client's commands load no more than the client does."""
 
 from __future__ import annotations
 

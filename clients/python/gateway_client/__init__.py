@@ -44,6 +44,7 @@ from .models import (
 )
 from .options import WorkerOptions
 from .runs import Outcome
+from .schedules import Backfill, Schedule, ScheduleTick
 from .sync import Client
 from .worker import Worker
 
@@ -53,6 +54,7 @@ __all__ = [
     "KEEP",
     "AlreadyExists",
     "AsyncClient",
+    "Backfill",
     "Backoff",
     "BadRequest",
     "Beat",
@@ -79,6 +81,8 @@ __all__ = [
     "PayloadTooLarge",
     "RuntimePage",
     "RuntimeSummary",
+    "Schedule",
+    "ScheduleTick",
     "ServerError",
     "Stats",
     "StoreUnavailable",

@@ -1,6 +1,7 @@
-"""`work`, `enqueue` and `runtime`: the client's commands, in `gateway` (the server's command) and
-in `gateway-client` (this distribution's). Only the standard library is imported
-until a command runs, so that building the parser costs nothing."""
+"""`work`, `enqueue`, `runtime` and `schedule` (schedule_cli.py): the client's commands,
+in `gateway` (the server's command) and in `gateway-client` (this distribution's). Only
+the standard library is imported until a command runs, so that building the parser costs
+nothing."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import logging
 import shutil
 import sys
 from typing import Any
+
+from .schedule_cli import add_schedule_command
 
 # `enqueue`'s exit codes.
 EXIT_ERROR = 1  # the gateway refused the call, or no answer came
@@ -30,7 +33,7 @@ def _connection_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_commands(sub: Any) -> None:
-    """Adds `work` and `enqueue` to an argparse subparsers object."""
+    """Adds `work`, `enqueue`, `runtime` and `schedule` to an argparse subparsers object."""
     work = sub.add_parser(
         "work",
         help="run a command for each task of a runtime",
@@ -96,6 +99,7 @@ def add_commands(sub: Any) -> None:
     _connection_options(enqueue)
     enqueue.set_defaults(func=cmd_enqueue)
     _add_runtime_command(sub)
+    add_schedule_command(sub)
 
 
 # `runtime`'s exit codes (argparse's own usage errors are 2 as well).

@@ -46,6 +46,7 @@ from .models import (
 )
 from .paths import runtime_path, task_path
 from .retries import own_key, retrying
+from .schedules import ScheduleCalls
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 # Any call but a long poll; a database under load can take a few seconds.
@@ -68,7 +69,7 @@ def config_from_env(url: str | None = None, token: str | None = None) -> tuple[s
     return base.rstrip("/"), token or os.environ.get("GATEWAY_TOKEN") or None
 
 
-class AsyncClient:
+class AsyncClient(ScheduleCalls):
     """Talks to one gateway. Use it as `async with AsyncClient() as gw:`, or call
     `close()`; the session is opened on the first call, inside the running loop."""
 
