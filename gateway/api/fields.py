@@ -115,6 +115,8 @@ class Field:
         out: dict[str, Any] = _SCHEMAS[kind](self, limits)
         if self.enum_name:
             out = {"$ref": f"#/components/schemas/{self.enum_name}"}
+            if nullable and self.null_means_absent:
+                out = {"anyOf": [out, {"type": "null"}]}
         elif self.enum and self.documented_as is None:
             out["enum"] = list(self.enum)
         if nullable and not self.required and self.kind in _NULL_MEANS_ABSENT and "type" in out:
@@ -131,6 +133,7 @@ class Body:
     description: str
     fields: tuple[Field, ...]
     exclusive: tuple[tuple[str, str], ...] = ()  # pairs that may not both be given
+    one_of: tuple[str, ...] = ()  # fields of which one at least must be given, not null
     closed: bool = False  # a field it does not declare is refused
     min_fields: int = 0  # fields that must be given at least
     example: Mapping[str, Any] | None = None  # a body the server accepts, for readers
@@ -197,6 +200,11 @@ class Body:
             {"not": {"required": [first, second], "properties": {first: given, second: given}}}
             for first, second in self.exclusive
         ]
+        if self.one_of:
+            one_of: dict[str, Any] = {
+                "anyOf": [{"required": [f], "properties": {f: given}} for f in self.one_of]
+            }
+            rules.append(one_of)
         # One rule stands alone, where generators ignore it; several go in an allOf.
         if len(rules) == 1:
             out.update(rules[0])

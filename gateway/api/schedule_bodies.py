@@ -102,6 +102,7 @@ SCHEDULE_BODY = Body(
         _NOTE,
     ),
     exclusive=(("cron", "every_seconds"),),
+    one_of=("cron", "every_seconds"),
     closed=True,
     example={"cron": "0 3 * * *", "timezone": "Europe/Paris", "payload": {"job": "nightly"}},
 )

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Literal, cast
 
 import orjson
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -449,11 +450,37 @@ ENDPOINTS = [
 # These run as DirectRoutes: the claim because every parked poll holds its frames for
 # its wait, the completes because a drain sends one per task (or per claimed batch).
 DIRECT = (claim, complete, batch.complete_many)
+
+
+class ScheduleName(Convertor[str]):
+    """A schedule's name in a path: a segment that does not end in one of the schedule
+    actions (`:trigger`, ...), so that `PUT …/x:trigger` is the action's path with a
+    method it lacks (405), never a PUT of a schedule named `x:trigger`. Another name with
+    a `:` reaches the handler, which refuses it naming the field (422)."""
+
+    regex = "(?:[^/:]+|[^/]*:(?!(?:trigger|pause|resume|backfill)$)[^/]*)"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("schedule_name", ScheduleName())
+
+
+def _route_path(path: str) -> str:
+    """An endpoint's path as its Starlette route matches it (the documented path names
+    its parameters plainly)."""
+    return path.replace("{name}", "{name:schedule_name}")
+
+
 ROUTES = [
     DirectRoute(
         e.path, direct_api(e, keep_principal=e.handler is not claim), e.method, e.handler.__name__
     )
     if e.handler in DIRECT
-    else Route(e.path, api(e), methods=[e.method])
+    else Route(_route_path(e.path), api(e), methods=[e.method])
     for e in ENDPOINTS
 ]

@@ -33,6 +33,16 @@ UNSTATABLE = (
     ("bad_request", "idempotency_key in the body and the Idempotency-Key header differ"),
     # A time's year must lie from 1970 to 9000; JSON Schema's date-time has no bounds.
     ("validation_failed", "must lie between 1970 and 9000"),
+    # A schedule's cron and time zone: a grammar and a database no pattern states.
+    ("validation_failed", "cannot be read"),
+    ("validation_failed", "never fires"),
+    ("validation_failed", "unknown time zone"),
+    ("validation_failed", "cron must have 5 fields"),
+    # A backfill's range: in the past, within the tick record, at most 1,000 ticks.
+    ("validation_failed", "must be within the last"),
+    ("validation_failed", "end must not be in the future"),
+    ("validation_failed", "start must not be after end"),
+    ("validation_failed", "the range holds more than"),
 )
 
 

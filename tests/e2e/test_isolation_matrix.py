@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -62,6 +63,17 @@ class Recipe:
     body: Callable[[World], Any] | None = None
     task: str = "claimed"  # which of the world's tasks {task_id} names
     expect: int = 200  # the positive control's status
+
+
+# The world's schedule ticks once a year (at midnight on 1 January): never on its own
+# during the test.
+SCHEDULE = "/v1/runtimes/{rt}/schedules/{name}"
+WORLD_SCHEDULE = {"cron": "0 0 1 1 *", "payload": {"x": 1}}
+
+
+def last_hour() -> dict[str, str]:
+    now = datetime.now(UTC)
+    return {"start": (now - timedelta(hours=1)).isoformat(), "end": now.isoformat()}
 
 
 def lease(w: World) -> dict[str, Any]:
@@ -113,6 +125,15 @@ RECIPES: dict[tuple[str, str], Recipe] = {
     ("PATCH", "/v1/runtimes/{rt}/controls"): Recipe(lambda w: {"max_in_flight": 1}),
     ("POST", "/v1/runtimes/{rt}:pause"): Recipe(),
     ("POST", "/v1/runtimes/{rt}:resume"): Recipe(),
+    # Schedules: managing them takes `enqueue`, reading them `read`; the world's schedule.
+    ("GET", "/v1/runtimes/{rt}/schedules"): Recipe(),
+    ("PUT", SCHEDULE): Recipe(lambda w: {"cron": "0 0 2 1 *", "payload": {"x": 2}}),
+    ("GET", SCHEDULE): Recipe(),
+    ("DELETE", SCHEDULE): Recipe(expect=204),
+    ("POST", SCHEDULE + ":trigger"): Recipe(),
+    ("POST", SCHEDULE + ":pause"): Recipe(),
+    ("POST", SCHEDULE + ":resume"): Recipe(),
+    ("POST", SCHEDULE + ":backfill"): Recipe(lambda w: last_hour()),
 }
 PUBLIC = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/openapi.json")}
 SIGNED = {("POST", "/v1/runtimes/{rt}/webhooks")}
@@ -138,6 +159,8 @@ async def make_world(gw, rt: str) -> World:
     victim = await enqueue(gw, rt, "to be cancelled")
     cancelled = await req(gw, "POST", f"/v1/tasks/{victim['id']}/cancel")
     assert cancelled.body["status"] == "cancelled"
+    made = await req(gw, "PUT", f"/v1/runtimes/{rt}/schedules/daily", WORLD_SCHEDULE)
+    assert made.status == 201, made.body
     other = unique(f"{WORLD_PREFIX}-other")
     everything = [s.value for s in Scope if s is not Scope.ADMIN]
     lacking = {
@@ -164,7 +187,9 @@ async def world(gw) -> World:
 
 def path_of(e: Endpoint, w: World, recipe: Recipe) -> str:
     task = w.claimed if recipe.task == "claimed" else w.cancelled
-    return e.path.format(rt=w.rt, task_id=task["id"], token_id=w.token_id, secret_id=w.secret_id)
+    return e.path.format(
+        rt=w.rt, task_id=task["id"], token_id=w.token_id, secret_id=w.secret_id, name="daily"
+    )
 
 
 async def send(gw, e: Endpoint, w: World, token: str | None):

@@ -96,14 +96,28 @@ async def deliver(
 
 async def snapshot(inst: Instance, runtime_prefix: str) -> dict[str, list[dict[str, Any]]]:
     """Every column of every row of the credentials and runtime controls tables, and of
-    the tasks of runtimes named `runtime_prefix`...: the tasks table is shared by the
-    session's tests, and a janitor pass may change another test's leftover task (a
-    lease running out, a retry coming due) between two snapshots."""
+    the tasks and schedules (with their ticks) of runtimes named `runtime_prefix`...: the
+    tasks table is shared by the session's tests, and a janitor pass may change another
+    test's leftover task (a lease running out, a retry coming due) between two
+    snapshots."""
     tasks = await rows(
         inst, "SELECT * FROM tasks WHERE starts_with(runtime_id, $1) ORDER BY id", runtime_prefix
     )
+    schedules = await rows(
+        inst,
+        "SELECT * FROM schedules WHERE starts_with(runtime_id, $1) ORDER BY id",
+        runtime_prefix,
+    )
+    ticks = await rows(
+        inst,
+        "SELECT k.* FROM schedule_ticks k JOIN schedules s ON s.id = k.schedule_id "
+        "WHERE starts_with(s.runtime_id, $1) ORDER BY k.schedule_id, k.tick_at",
+        runtime_prefix,
+    )
     return {
         "tasks": tasks,
+        "schedules": schedules,
+        "schedule_ticks": ticks,
         **{
             table: await rows(inst, f"SELECT * FROM {table} ORDER BY {order}")
             for table, order in (
