@@ -41,6 +41,7 @@ from .models import (
     Task,
     TaskStatus,
 )
+from .schedules import Backfill, Overlap, Schedule, ScheduleTick
 
 T = TypeVar("T")
 
@@ -357,6 +358,57 @@ class Client:
 
     def resume(self, runtime: str) -> Controls:
         return self._run(self.aio.resume(runtime))
+
+    # -- schedules -----------------------------------------------------------------
+
+    def put_schedule(
+        self,
+        runtime: str,
+        name: str,
+        payload: Any,
+        *,
+        cron: str | None = None,
+        every_seconds: int | None = None,
+        timezone: str | None = None,
+        overlap: Overlap | None = None,
+        **options: Any,
+    ) -> Schedule:
+        """As AsyncClient.put_schedule: create or replace, idempotently."""
+        return self._run(
+            self.aio.put_schedule(
+                runtime,
+                name,
+                payload,
+                cron=cron,
+                every_seconds=every_seconds,
+                timezone=timezone,
+                overlap=overlap,
+                **options,
+            )
+        )
+
+    def get_schedule(self, runtime: str, name: str) -> Schedule:
+        return self._run(self.aio.get_schedule(runtime, name))
+
+    def list_schedules(self, runtime: str) -> list[Schedule]:
+        return self._run(self.aio.list_schedules(runtime))
+
+    def delete_schedule(self, runtime: str, name: str) -> None:
+        self._run(self.aio.delete_schedule(runtime, name))
+
+    def trigger_schedule(self, runtime: str, name: str) -> ScheduleTick:
+        return self._run(self.aio.trigger_schedule(runtime, name))
+
+    def pause_schedule(self, runtime: str, name: str, note: str | None = None) -> Schedule:
+        return self._run(self.aio.pause_schedule(runtime, name, note))
+
+    def resume_schedule(self, runtime: str, name: str) -> Schedule:
+        return self._run(self.aio.resume_schedule(runtime, name))
+
+    def backfill_schedule(
+        self, runtime: str, name: str, start: datetime | str, end: datetime | str
+    ) -> Backfill:
+        return self._run(self.aio.backfill_schedule(runtime, name, start, end))
 
     def iter_runtimes(self, *, page_size: int | None = None) -> Iterator[RuntimeSummary]:
         """Every runtime with live tasks that the token covers, following the cursors."""

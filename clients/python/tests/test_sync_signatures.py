@@ -16,9 +16,11 @@ CONTEXT = {"__aenter__", "__aexit__", "__enter__", "__exit__"}
 
 
 def public_methods(cls: type) -> set[str]:
+    """Its own and its bases' (AsyncClient's schedule calls are ScheduleCalls')."""
     return {
         name
-        for name, value in vars(cls).items()
+        for klass in cls.__mro__[:-1]
+        for name, value in vars(klass).items()
         if callable(value) and (not name.startswith("_") or name == "__init__")
     } - CONTEXT
 
