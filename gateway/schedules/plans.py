@@ -24,6 +24,9 @@ from ..timing import Timing
 # The most ticks one schedule decides in one pass. A schedule further behind (a
 # every_seconds 1 after an hour down) goes on at the next pass, first in line.
 MAX_TICKS_PER_SCHEDULE = 1000
+# The most ticks one transaction decides (its one statement's rows): the schedules of a
+# batch past it are left as they are, first in line at the next pass.
+MAX_TICKS_PER_TRANSACTION = 5000
 # A task in these statuses is the schedule's previous task still at work (overlap).
 LIVE = ("queued", "claimed")
 UPCOMING = 5
@@ -195,14 +198,18 @@ def due_plan(
 ) -> Callable[[list[ScheduleRow], datetime], TickPlan]:
     """The tick pass's plan for a batch of due schedules: every tick from each one's
     next tick up to now (at most MAX_TICKS_PER_SCHEDULE; the rest next pass), decided,
-    and its next tick after them. Ticks older than the tick record (`ticks_days`) are
-    passed over: no record of them would outlive the janitor's retention."""
+    and its next tick after them; once MAX_TICKS_PER_TRANSACTION are decided, the rest
+    of the batch waits for the next pass. Ticks older than the tick record
+    (`ticks_days`) are passed over: no record of them would outlive the janitor's
+    retention."""
     chance = rng or random.Random()
 
     def plan(rows: list[ScheduleRow], now: datetime) -> TickPlan:
         out = TickPlan()
         horizon = now - timedelta(days=ticks_days)
         for row in rows:
+            if len(out.ticks) >= MAX_TICKS_PER_TRANSACTION:
+                break  # left as they are: their next tick stays, due at the next pass
             timing = timing_of(row)
             first = row.next_tick_at
             if first < horizon:

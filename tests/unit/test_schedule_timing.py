@@ -191,6 +191,17 @@ def test_a_schedule_far_behind_decides_a_bounded_number_per_pass() -> None:
     assert plan.next_ticks[1] == plan.ticks[-1].tick_at + timedelta(seconds=1) <= NOW
 
 
+def test_a_pass_bounds_the_ticks_of_one_transaction() -> None:
+    far = [
+        row(id=n, overlap="allow", every_seconds=1, next_tick_at=NOW - timedelta(hours=1))
+        for n in range(10)
+    ]
+    plan = plans.due_plan(30)(far, NOW)
+    assert len(plan.ticks) == plans.MAX_TICKS_PER_TRANSACTION
+    # The schedules past the bound keep their next tick: decided at the next pass.
+    assert set(plan.next_ticks) == {t.schedule_id for t in plan.ticks} == set(range(5))
+
+
 def test_a_backfill_longer_than_its_bound_is_refused_naming_end() -> None:
     every_second = row(every_seconds=1)
     plan = plans.backfill_plan(NOW - timedelta(hours=1), NOW)
