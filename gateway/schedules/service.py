@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -211,10 +211,3 @@ class Scheduler:
                 log.exception("schedule tick pass failed; retrying")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), PASS_INTERVAL_SECONDS)
-
-
-def outcome_counts(decided: Sequence[DecidedTick]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for tick in decided:
-        out[tick.outcome] = out.get(tick.outcome, 0) + 1
-    return out

@@ -26,6 +26,9 @@ from gateway.schedules import plans
 from gateway.store import Store
 from gateway.store.sql import schedules as schedule_sql
 from tests.support.databases import execute, fetch
+from tests.support.gateways import running_gateway
+from tests.support.janitor import janitor_settings
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -237,3 +240,45 @@ async def test_ticks_computed_from_a_replaced_definition_make_no_task(
         decided, _, due = await a.decide_due(10, lambda rows, at: stale)
     assert due == 1 and decided == []
     assert await fetch(url, "SELECT * FROM tasks") == []
+
+
+async def test_the_leaders_loop_enqueues_and_wakes_a_parked_claim(
+    own_database_url: str, redis_url: str, redis_prefix: str
+) -> None:
+    """End to end on a running gateway: its tick pass (on the janitor's leader) makes an
+    every-second schedule's task, and the bump after the commit hands it to a claim
+    parked on the runtime."""
+    settings = janitor_settings(own_database_url, redis_url, redis_prefix)
+    async with running_gateway(settings) as gw:
+        await wait_until(lambda: gw.gateway.janitor.is_leader, 5.0, "the janitor to lead")
+        status, body = await gw.call(
+            "PUT",
+            "/v1/runtimes/rt/schedules/every",
+            {"every_seconds": 1, "payload": {"tick": True}},
+        )
+        assert status == 201, body
+        [task] = await gw.claim("rt", wait_seconds=10)
+        assert task["schedule"] == "every" and task["payload"] == {"tick": True}
+        assert datetime.fromisoformat(task["scheduled_for"]).microsecond == 0
+
+
+async def test_the_janitor_deletes_ticks_older_than_the_record_keeps(
+    own_database_url: str,
+) -> None:
+    url = own_database_url
+    async with instances(url, 1) as (a,):
+        row = await put(a, "rt", "s", every_seconds=60)
+        await execute(
+            url,
+            "INSERT INTO schedule_ticks (schedule_id, tick_at, outcome, version, source) "
+            "SELECT $1, now() - make_interval(days => d), 'skipped_late', 1, 'schedule' "
+            "FROM generate_series(1, 40) AS d WHERE d <> 30",
+            row.id,
+        )
+        assert await a.purge_ticks(30, 4) == 4  # a batch, oldest first
+        assert await a.purge_ticks(30, 100) == 6
+        assert await a.purge_ticks(30, 100) == 0
+    left = await fetch(
+        url, "SELECT min(tick_at) > now() - interval '31 days' AS ok FROM schedule_ticks"
+    )
+    assert left[0]["ok"]
