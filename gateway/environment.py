@@ -292,13 +292,15 @@ VARIABLES: tuple[Variable, ...] = (
         low=100,
         high=600_000,
         unit="milliseconds",
-        doc="How long each host of `DATABASE_URL` (and of `GATEWAY_DIRECT_DATABASE_URL`) may "
-        "take to accept a new connection. A URL may name several hosts "
-        "(`postgresql://...@10.0.0.1:5432,10.0.0.2:5432/db?target_session_attrs=read-write`); "
-        "a host that does not answer within this time, or answers with an error, or is not "
-        "what `target_session_attrs` asks for, is passed over for the next, and the host "
-        "that took the last connection is tried first. With several hosts it must be less "
-        "than `GATEWAY_DB_ACQUIRE_TIMEOUT_MS`; see "
+        doc="How long each host of a `DATABASE_URL` (or `GATEWAY_DIRECT_DATABASE_URL`) that "
+        "names several hosts may take to accept a new connection "
+        "(`postgresql://...@10.0.0.1:5432,10.0.0.2:5432/db?target_session_attrs=read-write`; "
+        "such a URL must say `target_session_attrs=read-write` or `primary`). A host that "
+        "does not answer within this time, or answers with an error, or is not what "
+        "`target_session_attrs` asks for, is passed over for the next, and the host that "
+        "took the last connection is tried first. It must be less than "
+        "`GATEWAY_DB_ACQUIRE_TIMEOUT_MS`. A URL of one host has nothing to pass on to: "
+        "a new connection to it may take up to `GATEWAY_DB_ACQUIRE_TIMEOUT_MS`. See "
         "[Failover](operations/failover.md).",
     ),
     Variable(

@@ -183,7 +183,20 @@ class Settings:
         # A request that needs a new connection waits for it GATEWAY_DB_ACQUIRE_TIMEOUT_MS
         # at most, and its wait ending ends the connection attempt too: were a dead first
         # host to take that long, no new connection would ever reach the second.
-        several = any(len(url_hosts(url)) > 1 for url in self._database_urls())
+        several = [url for url in self._database_urls() if len(url_hosts(url)) > 1]
+        for url in several:
+            # With any server of the list taken, a process could settle on a standby,
+            # where every write fails (and an advisory lock still succeeds: two janitor
+            # leaders); asyncpg's default, and PGTARGETSESSIONATTRS's, is "any".
+            attrs = dict(parse_qsl(urlsplit(url).query)).get(
+                "target_session_attrs", os.environ.get("PGTARGETSESSIONATTRS", "any")
+            )
+            if attrs not in ("read-write", "primary"):
+                raise ConfigError(
+                    "a database URL that names several hosts must ask for the primary: "
+                    "add target_session_attrs=read-write to it (it says "
+                    f"{attrs!r}), or the gateway could connect to a read-only standby"
+                )
         if several and self.db_connect_timeout_ms >= self.db_acquire_timeout_ms:
             raise ConfigError(
                 f"GATEWAY_DB_CONNECT_TIMEOUT_MS ({self.db_connect_timeout_ms}) must be less "
@@ -239,7 +252,7 @@ def check_database_url(url: str | None) -> None:
             f"DATABASE_URL must be a postgresql:// (or postgres://) URL, got {got}: "
             "the gateway stores its tasks in Postgres only"
         )
-    for host in url_hosts(url):
+    for host in _host_part(url):
         after_address = host.rsplit("]", 1)[-1]
         port = after_address.rpartition(":")[2] if ":" in after_address else ""
         if port and not port.isdigit():
@@ -247,8 +260,18 @@ def check_database_url(url: str | None) -> None:
 
 
 def url_hosts(url: str) -> list[str]:
-    """Each host of a Postgres URL's host part, as written (`host1:5432,host2:5433`
-    names two, an IPv6 one is in []); empty when the URL names none there."""
+    """Each host a Postgres URL names, as written: in its host part (`host1:5432,
+    host2:5433` names two, an IPv6 one is in []), else in its `host` parameter
+    (`postgresql://u@/db?host=10.0.0.1,10.0.0.2`); empty when it names none."""
+    hosts = _host_part(url)
+    if not hosts and "://" in url:
+        named = dict(parse_qsl(urlsplit(url).query)).get("host", "")
+        hosts = named.split(",") if named else []
+    return hosts
+
+
+def _host_part(url: str) -> list[str]:
+    """The hosts of a Postgres URL's host part, as written (empty when it has none)."""
     if "://" not in url:
         return []
     hosts = url.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0].rsplit("@", 1)[-1]

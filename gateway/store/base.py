@@ -92,13 +92,15 @@ class StoreBase:
     ) -> None:
         self._dsn = dsn
         # Every connection this process opens walks its URL's hosts, each within
-        # connect_timeout_ms (hosts.py). The lock URL (the janitor's and VACUUM's own
+        # connect_timeout_ms (hosts.py); a URL of one host waits as long as a request
+        # may wait for a connection. The lock URL (the janitor's and VACUUM's own
         # connections) shares the pool's memory of the host that last took a
         # connection when it is the same URL.
-        self._hosts = Hosts(dsn, connect_timeout_ms / 1000)
+        alone = max(connect_timeout_ms, acquire_timeout_ms) / 1000
+        self._hosts = Hosts(dsn, connect_timeout_ms / 1000, alone)
         self._lock_hosts = self._hosts
         if lock_dsn and lock_dsn != dsn:
-            self._lock_hosts = Hosts(lock_dsn, connect_timeout_ms / 1000)
+            self._lock_hosts = Hosts(lock_dsn, connect_timeout_ms / 1000, alone)
         self._metrics = metrics
         self._min_size = min_size
         self._max_size = max_size

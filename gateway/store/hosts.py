@@ -131,9 +131,15 @@ class Hosts:
     Shared by every connection one process opens to that URL; safe for concurrent
     connects (each walks on its own)."""
 
-    def __init__(self, dsn: str, timeout_seconds: float) -> None:
+    def __init__(
+        self, dsn: str, timeout_seconds: float, alone_seconds: float | None = None
+    ) -> None:
+        """`alone_seconds`: the connect timeout of a URL that names one host, which has
+        no other host to pass on to (a slow login, TLS across regions, a loaded
+        pooler, would only fail sooner); `timeout_seconds` when not given."""
         self.dsn = dsn
         self.timeout_seconds = timeout_seconds
+        self.alone_seconds = timeout_seconds if alone_seconds is None else alone_seconds
         self._hosts = hosts(dsn)
         self._last: Host | None = None
 
@@ -152,7 +158,7 @@ class Hosts:
         (ClientConfigurationError, a ValueError)."""
         if len(self._hosts) < 2:
             conn: asyncpg.Connection = await asyncpg.connect(
-                self.dsn, timeout=self.timeout_seconds, **kwargs
+                self.dsn, timeout=self.alone_seconds, **kwargs
             )
             return conn
         failures: list[tuple[Host, str]] = []

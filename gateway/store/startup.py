@@ -75,7 +75,8 @@ async def connect(
     try:
         # No statement cache: the probe may pass through a transaction pooler.
         conn: asyncpg.Connection = await asyncio.wait_for(
-            Hosts(dsn, per_host).connect(statement_cache_size=0), timeout_seconds
+            Hosts(dsn, per_host, timeout_seconds).connect(statement_cache_size=0),
+            timeout_seconds,
         )
         return conn
     except (asyncpg.ClientConfigurationError, ValueError) as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -18,7 +19,7 @@ from gateway.errors import StoreUnavailable, Unreachable
 from gateway.metrics import Metrics
 from gateway.store import Store, probe
 from gateway.store import startup as postgres
-from tests.support.bad_hosts import ErrorHost, SilentHost, with_hosts_first
+from tests.support.bad_hosts import ErrorHost, SilentHost, SlowHost, with_hosts_first
 from tests.support.gateways import gateway
 from tests.support.lifecycle import claim_one, enqueue
 
@@ -121,3 +122,28 @@ async def test_gateway_doctor_pays_for_a_silent_host_once_per_run(database_url, 
             conn = await probe.connect(url)
             await probe.close_quietly(conn)
         assert silent.connections == 1
+
+
+async def test_a_url_of_one_slow_host_is_given_the_acquire_timeout_not_the_per_host_one(
+    database_url,
+):
+    """One host has nothing to pass on to: a login slower than the per-host timeout
+    (here 0.5 s against a 1.5 s login) still connects, within the acquire timeout."""
+    parts = urlsplit(database_url)
+    async with SlowHost((parts.hostname or "127.0.0.1", parts.port or 5432), 1.5) as slow:
+        url = urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{slow.port}"))
+        store = Store(
+            url,
+            Metrics(),
+            min_size=1,
+            max_size=2,
+            connect_timeout_ms=500,
+            acquire_timeout_ms=5_000,
+        )
+        async with asyncio.timeout(BOUND_SECONDS):
+            await store.open()
+            try:
+                assert await store.schema_is_current() in (True, False)
+            finally:
+                await store.close()
+        assert slow.connections >= 1

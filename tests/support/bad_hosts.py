@@ -27,11 +27,15 @@ GSSENC_REQUEST_CODE = 80877104
 
 def with_hosts_first(url: str, *ports: int) -> str:
     """`url` naming 127.0.0.1:port for each of `ports` before its own host, as a
-    multi-host URL does (postgresql://user@127.0.0.1:P,127.0.0.1:5432/db)."""
+    multi-host URL does, asking for the primary as the gateway requires of one
+    (postgresql://user@127.0.0.1:P,127.0.0.1:5432/db?target_session_attrs=read-write)."""
     parts = urlsplit(url)
     auth, _, hostspec = parts.netloc.rpartition("@")
     listed = ",".join([*(f"127.0.0.1:{port}" for port in ports), hostspec])
-    return urlunsplit(parts._replace(netloc=f"{auth}@{listed}" if auth else listed))
+    query = parts.query
+    if "target_session_attrs" not in query:
+        query = "&".join(q for q in (query, "target_session_attrs=read-write") if q)
+    return urlunsplit(parts._replace(netloc=f"{auth}@{listed}" if auth else listed, query=query))
 
 
 class _Listener:
@@ -115,3 +119,33 @@ class ErrorHost(_Listener):
         writer.write(b"E" + struct.pack("!i", len(payload) + 4) + payload)
         with contextlib.suppress(OSError):
             await writer.drain()
+
+
+class SlowHost(_Listener):
+    """A working Postgres (`target`, host and port) whose first answer to a new
+    connection comes `delay_seconds` late: a slow login (TLS across regions, a loaded
+    pooler). Then it passes bytes both ways."""
+
+    def __init__(self, target: tuple[str, int], delay_seconds: float) -> None:
+        super().__init__()
+        self.target = target
+        self.delay_seconds = delay_seconds
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        first = True
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, late: bool) -> None:
+            nonlocal first
+            while data := await src.read(65536):
+                if late and first:
+                    first = False
+                    await asyncio.sleep(self.delay_seconds)
+                dst.write(data)
+                await dst.drain()
+            dst.close()
+
+        try:
+            await asyncio.gather(pipe(reader, up_writer, False), pipe(up_reader, writer, True))
+        finally:
+            up_writer.close()

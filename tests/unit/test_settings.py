@@ -178,6 +178,32 @@ def test_with_several_hosts_the_connect_timeout_must_be_below_the_acquire_timeou
     assert one.db_connect_timeout_ms == 2_000
 
 
+def test_hosts_named_in_the_host_parameter_count_as_several() -> None:
+    url = "postgresql://u@/db?host=10.0.0.1,10.0.0.2&target_session_attrs=read-write"
+    env = {"DATABASE_URL": url, "GATEWAY_DB_ACQUIRE_TIMEOUT_MS": "5000"}
+    with pytest.raises(ConfigError, match="GATEWAY_DB_CONNECT_TIMEOUT_MS"):
+        from_env(**env, GATEWAY_DB_CONNECT_TIMEOUT_MS="5000")
+    assert from_env(**env).db_connect_timeout_ms == 2_000
+
+
+@pytest.mark.parametrize(
+    "attrs", ["", "&target_session_attrs=any", "&target_session_attrs=standby"]
+)
+def test_several_hosts_must_ask_for_the_primary(
+    attrs: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any server of the list would do otherwise, a read-only standby too."""
+    monkeypatch.delenv("PGTARGETSESSIONATTRS", raising=False)
+    url = f"postgresql://u@10.0.0.1:5432,10.0.0.2:5432/db?sslmode=prefer{attrs}"
+    with pytest.raises(ConfigError, match="target_session_attrs=read-write"):
+        from_env(DATABASE_URL=url)
+    for fine in ("read-write", "primary"):
+        url = f"postgresql://u@10.0.0.1:5432,10.0.0.2:5432/db?target_session_attrs={fine}"
+        assert from_env(DATABASE_URL=url).database_url == url
+    monkeypatch.setenv("PGTARGETSESSIONATTRS", "read-write")
+    assert from_env(DATABASE_URL="postgresql://u@h1,h2/db").database_url is not None
+
+
 def test_pool_max_below_pool_min_refused() -> None:
     with pytest.raises(ConfigError, match="GATEWAY_DB_POOL_MAX"):
         from_env(GATEWAY_DB_POOL_MAX="1")
