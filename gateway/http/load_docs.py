@@ -25,7 +25,6 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "required": [
             "instance_id",
             "host",
-            "pid",
             "shedding",
             "database_line",
             "shed_last_minute",
@@ -37,7 +36,6 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "description": "The answering instance's id, as it reports itself to the others.",
             },
             "host": {"type": "string", "description": "Its host name (the pod's, on Kubernetes)."},
-            "pid": {"type": "integer", "description": "Its process id."},
             "shedding": {
                 "type": "boolean",
                 "description": "It refused at least one request in the last minute.",

@@ -19,6 +19,7 @@ import asyncpg
 import orjson
 from asyncpg.pgproto.pgproto import UUID as DriverUUID
 
+from ..admission import releasing
 from ..api.render import task_bytes_or_stub, task_ref_json
 from ..api.requests import EnqueueRequest
 from ..errors import Conflict, DatabaseBusy, IdempotencyKeyReused, NotFound, StoreUnavailable
@@ -169,7 +170,9 @@ class TaskStatements(StoreBase):
             raise  # nothing was sent: nothing to give back
         except StoreUnavailable:
             if leased:
-                with contextlib.suppress(StoreUnavailable):  # else the lease runs out
+                # It frees work: a release's place in line, whatever the client does
+                # (gateway/admission.py). On failure the lease runs out instead.
+                with contextlib.suppress(StoreUnavailable), releasing():
                     await self._run(lambda c: c.execute(sql.UNCLAIM_LEASE, task_id, lease_id))
             raise
         if not created and row["request_hash"] != req.request_hash:

@@ -38,7 +38,7 @@ async def test_quiet_then_shedding_as_the_line_fills(
         assert quiet.status == 200, quiet.body
         body = quiet.body
         assert body["instance_id"] == gw.gateway.parked.instance
-        assert body["host"] and body["pid"] > 0
+        assert body["host"] and "pid" not in body
         assert body["shedding"] is False and body["shed_last_minute"] == {}
         line = body["database_line"]
         assert (line["connections"], line["budget_ms"]) == (2, 50)
@@ -48,6 +48,10 @@ async def test_quiet_then_shedding_as_the_line_fills(
         starts = [datetime.fromisoformat(m["minute"].replace("Z", "+00:00")) for m in minutes]
         assert all(s.second == 0 for s in starts)
         assert all((b - a).total_seconds() == 60 for a, b in itertools.pairwise(starts))
+        # A client that left while its request waited is counted, but is not shedding.
+        gw.gateway.store.recent_refusals().add("client_gone")
+        left = (await req(gw, "GET", LOAD)).body
+        assert left["shedding"] is False and left["shed_last_minute"] == {"client_gone": 1}
 
         # Enqueued and claimed, for a complete to wait in line below.
         tasks = f"/v1/runtimes/{runtime_id}/tasks"
@@ -77,7 +81,7 @@ async def test_quiet_then_shedding_as_the_line_fills(
             assert busy.status == 200, busy.body
             body = busy.body
             assert body["shedding"] is True
-            assert body["shed_last_minute"] == {"database_queue": 3}
+            assert body["shed_last_minute"] == {"database_queue": 3, "client_gone": 1}
             assert body["shed_per_minute"][-1]["shed"].get("database_queue", 0) >= 1
             assert sum(m["shed"].get("database_queue", 0) for m in body["shed_per_minute"]) == 3
             line = body["database_line"]

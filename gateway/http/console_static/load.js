@@ -24,7 +24,7 @@ function total(counts) {
 }
 
 function instanceText(load) {
-  return `instance ${load.host} (pid ${load.pid}, id ${load.instance_id})`;
+  return `instance ${load.host} (id ${load.instance_id})`;
 }
 
 // The line's limit is how much work may wait before more is refused at once; it falls

@@ -11,7 +11,6 @@ request may reach another instance, and each answer says which it was.
 
 from __future__ import annotations
 
-import os
 import socket
 from datetime import UTC, datetime
 
@@ -22,9 +21,9 @@ from ...api.render import format_time
 from ...instance import Gateway
 from ..io import json_response
 
-# Read once: a process's host name and id do not change while it runs.
+# Read once: a process's host name does not change while it runs. (Not its process id:
+# any token that may read tasks may read this, and the id says nothing it needs.)
 HOST = socket.gethostname()
-PID = os.getpid()
 
 
 async def instance_load(request: Request, gw: Gateway) -> Response:
@@ -37,8 +36,8 @@ async def instance_load(request: Request, gw: Gateway) -> Response:
         {
             "instance_id": gw.parked.instance,
             "host": HOST,
-            "pid": PID,
-            "shedding": bool(last_minute),
+            # Refused for load; a client that left while it waited is not shedding.
+            "shedding": bool(last_minute.get("database_queue")),
             "database_line": {
                 "connections": line.connections,
                 "connections_in_use": line.held,
