@@ -253,11 +253,12 @@ class PatroniCluster:
                 },
                 "pg_hba": trust,
                 # fsync off: a SIGKILLed server's WAL survives in the page cache, and
-                # these servers never outlive the machine's uptime.
+                # these servers never outlive the machine's uptime. full_page_writes
+                # stays on: pg_rewind refuses a source without it, and Patroni would
+                # then wipe the old primary and copy it afresh instead of rewinding it.
                 "parameters": {
                     "unix_socket_directories": str(self.workdir),
                     "fsync": "off",
-                    "full_page_writes": "off",
                 },
                 "remove_data_directory_on_rewind_failure": True,
                 "remove_data_directory_on_diverged_timelines": True,
