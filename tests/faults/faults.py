@@ -5,25 +5,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 import psutil
 import redis.asyncio as aioredis
 
-from tests.faults.patroni import TTL_SECONDS, Node, PatroniCluster
+from tests.faults import failovers
 from tests.faults.rig import JANITOR_INTERVAL_SECONDS, Rig
-from tests.faults.servers import log
+from tests.faults.servers import REDIS_ERRORS, log
 
 Step = Callable[[Rig], Awaitable[None]]
+# Runs from the heal, beside the load, and says what went wrong ('' for nothing).
+Check = Callable[[Rig], Coroutine[Any, Any, str]]
 LEADER_METRIC = "gateway_janitor_leader"
 BACKEND_KILL_EVERY_SECONDS = 0.3
 MID_CLAIM_WATCH_SECONDS = 5.0
-REDIS_ERRORS = "gateway_redis_errors_total"
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,15 @@ class Fault:
     # A gateway counter (summed over both) that must grow across the fault, so that a
     # fault that silently did nothing cannot pass as a clean row.
     proof: str | None = None
+    # What must come true after the heal while the load goes on (the old primary back
+    # as a replica, say); its problem, if any, fails the row.
+    settled: Check | None = None
+    sentinel: bool = False  # Redis is a master, its replica and sentinels (rig's `sentinel`)
+
+    @property
+    def failover(self) -> bool:
+        """A row that moves a primary: Postgres's (Patroni) or Redis's (Sentinel)."""
+        return self.replication is not None or self.sentinel
 
 
 async def _nothing(_rig: Rig) -> None:
@@ -200,122 +210,6 @@ async def _takeover_then_restart(rig: Rig) -> None:
     await _restart_killed(rig)
 
 
-# How long a new primary may take: the dead leader's key outlives it by up to its ttl,
-# then Patroni's loop (loop_wait) promotes the replica.
-PROMOTION_SECONDS = 3.0 * TTL_SECONDS
-REPLICA_STALL_SECONDS = 1.0
-
-
-def _cluster(rig: Rig) -> PatroniCluster:
-    assert rig.ha is not None
-    return rig.ha
-
-
-async def _switchover(rig: Rig) -> None:
-    """A planned switchover to the replica, through Patroni's REST API; returns once
-    Patroni reports it done."""
-    ha = _cluster(rig)
-    old = await asyncio.to_thread(ha.leader)
-    rig.notes["old primary"] = old.name
-    await asyncio.to_thread(ha.switchover, ha.others(old)[0])
-    log(f"switched over from {old.name}")
-
-
-async def _new_primary(rig: Rig) -> None:
-    """Heals once a node other than the old primary leads, and checks that it does: a
-    fault that moved nothing would prove nothing."""
-    ha = _cluster(rig)
-    old = rig.notes["old primary"]
-    # Asked of the other nodes: the old primary, cut off from etcd, answers a stale view.
-    others = ha.others(ha.node(old))
-    await asyncio.to_thread(
-        ha.wait_for, lambda m: ha._leader(m) not in (None, old), "new primary",
-        PROMOTION_SECONDS, others,
-    )  # fmt: skip
-    log(f"{ha._leader(ha.members(others))} leads")
-
-
-async def _crash_primary(rig: Rig) -> None:
-    """The primary's node dies: Patroni and its Postgres (postmaster and backends)
-    SIGKILLed. The replica is promoted once the leader key expires."""
-    ha = _cluster(rig)
-    old = await asyncio.to_thread(ha.leader)
-    rig.notes["old primary"] = old.name
-    await _note_replica_lag(rig, old)
-    await asyncio.to_thread(ha.crash, old)
-    log(f"SIGKILLed {old.name} (Patroni and Postgres)")
-
-
-async def _note_replica_lag(rig: Rig, primary: Node) -> None:
-    """How far the replica is behind `primary` (its flush position), into the notes."""
-    conn = await asyncpg.connect(f"postgresql://postgres@127.0.0.1:{primary.pg_port}/postgres")
-    try:
-        row = await conn.fetchrow(
-            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), flush_lsn)::bigint AS behind "
-            "FROM pg_stat_replication"
-        )
-    finally:
-        await conn.close()
-    if row is not None:
-        rig.notes["replica behind at the kill"] = f"{row['behind']} bytes of WAL"
-
-
-async def _crash_primary_replica_stalled(rig: Rig) -> None:
-    """The primary's WAL sender stopped (SIGSTOP) for REPLICA_STALL_SECONDS, then the
-    primary's node dies. Asynchronous: the primary acknowledged commits it never sent,
-    and Patroni still promotes the replica (it is within maximum_lag_on_failover).
-    Synchronous: those commits waited for the standby, unacknowledged. (Stopping the
-    replica's receiver instead shows little: what was sent waits in the loopback
-    socket's buffer and is read once the receiver goes on.)"""
-    ha = _cluster(rig)
-    old = await asyncio.to_thread(ha.leader)
-    conn = await asyncpg.connect(f"postgresql://postgres@127.0.0.1:{old.pg_port}/postgres")
-    try:
-        sender = await conn.fetchval("SELECT pid FROM pg_stat_replication LIMIT 1")
-    finally:
-        await conn.close()
-    if sender is None:
-        raise RuntimeError(f"{old.name} has no WAL sender")
-    rig.notes["old primary"] = old.name
-    os.kill(sender, signal.SIGSTOP)
-    try:
-        await asyncio.sleep(REPLICA_STALL_SECONDS)
-        await _note_replica_lag(rig, old)
-        await asyncio.to_thread(ha.crash, old)
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # the crash killed it
-            os.kill(sender, signal.SIGCONT)
-    log(f"SIGKILLed {old.name}, {rig.notes.get('replica behind at the kill', '')} behind")
-
-
-async def _promoted_then_rejoin(rig: Rig) -> None:
-    """Heals once the replica is promoted; the old primary's Patroni is then started
-    again and rejoins as a replica (pg_rewind if it diverged) while the load goes on."""
-    await _new_primary(rig)
-    ha = _cluster(rig)
-    await asyncio.to_thread(ha.start_node, ha.node(rig.notes["old primary"]))
-
-
-async def _cut_primary(rig: Rig) -> None:
-    """The primary's paths to etcd and to its replica blackholed; the gateways still
-    reach it. Patroni demotes it once etcd has been unreachable for retry_timeout; the
-    replica is promoted once the leader key expires."""
-    ha = _cluster(rig)
-    old = await asyncio.to_thread(ha.leader)
-    rig.notes["old primary"] = old.name
-    for proxy in rig.cuts[old.name]:
-        proxy.blackhole()
-    log(f"cut {old.name} off from etcd and its replica")
-
-
-async def _promoted_then_reconnect(rig: Rig) -> None:
-    """Heals once the replica is promoted: the old primary's paths open again, and it
-    rejoins as a replica (through pg_rewind if it diverged) while the load goes on."""
-    await _new_primary(rig)
-    for proxy in rig.cuts[rig.notes["old primary"]]:
-        proxy.heal()
-
-
 async def _blackhole(rig: Rig) -> None:
     assert rig.proxy is not None
     rig.proxy.blackhole()
@@ -368,22 +262,23 @@ FAULTS = {
             for fault in (
                 Fault(
                     f"Patroni switchover ({mode})",
-                    _switchover,
-                    _new_primary,
+                    failovers.switchover,
+                    failovers.new_primary,
                     hold_seconds=0.0,
                     replication=mode,
                 ),
                 Fault(
                     f"Patroni primary SIGKILLed ({mode})",
-                    _crash_primary,
-                    _promoted_then_rejoin,
+                    failovers.crash_primary,
+                    failovers.promoted_then_rejoin,
                     hold_seconds=0.0,
                     replication=mode,
+                    settled=failovers.rejoined,
                 ),
                 Fault(
                     f"Patroni primary cut off from etcd and its replica ({mode})",
-                    _cut_primary,
-                    _promoted_then_reconnect,
+                    failovers.cut_primary,
+                    failovers.promoted_then_reconnect,
                     hold_seconds=0.0,
                     replication=mode,
                     loss_allowed=mode == "asynchronous",
@@ -391,13 +286,25 @@ FAULTS = {
                 ),
                 Fault(
                     f"Patroni primary SIGKILLed with its replica 1 s behind ({mode})",
-                    _crash_primary_replica_stalled,
-                    _promoted_then_rejoin,
+                    failovers.crash_primary_replica_stalled,
+                    failovers.promoted_then_rejoin,
                     hold_seconds=0.0,
                     replication=mode,
                     loss_allowed=mode == "asynchronous",
+                    # Its WAL outran the replica's: it can only come back rewound.
+                    settled=failovers.rejoined_through_rewind,
                 ),
             )
+        ),
+        Fault(
+            "Redis Sentinel failover (master SIGKILLed)",
+            failovers.kill_redis_master,
+            failovers.redis_replica_promoted,
+            hold_seconds=0.0,
+            sentinel=True,
+            # The subscriber's connection was to the dead master: it must reconnect.
+            proof="gateway_pubsub_reconnects_total",
+            settled=failovers.back_on_redis,
         ),
     )
 }

@@ -402,6 +402,70 @@ class PatroniCluster:
 
         self.wait_for(healthy, "healthy cluster", seconds)
 
+    def status(self, node: Node) -> dict[str, Any]:
+        """Patroni's view of `node`'s own Postgres (GET /patroni: role, state, timeline,
+        and on a primary the WAL senders under `replication`); {} when it does not
+        answer."""
+        if node.process is None:
+            return {}
+        with contextlib.suppress(OSError, ValueError):
+            found = _get(node.api + "/patroni")
+            assert isinstance(found, dict)
+            return found
+        return {}
+
+    def not_rejoined(self, node: Node) -> str:
+        """Why `node` is not (yet) back as a replica of the leader, or '' once it is:
+        Patroni's /cluster, asked of the other nodes, lists it running as a replica (in
+        synchronous mode as the synchronous standby); its own /patroni says it runs as
+        a replica on the leader's timeline; and the leader's WAL senders include one
+        streaming to it."""
+        members = self.members(self.others(node))
+        leader_name = self._leader(members)
+        if leader_name is None or leader_name == node.name:
+            return f"no other node leads: {members}"
+        want = "sync_standby" if self.synchronous else "replica"
+        mine = next((m for m in members if m.get("name") == node.name), {})
+        if mine.get("role") != want or mine.get("state") not in ("running", "streaming"):
+            return f"/cluster lists it {mine.get('role')} {mine.get('state')}, not {want} running"
+        own, lead = self.status(node), self.status(self.node(leader_name))
+        if own.get("role") != "replica" or own.get("state") != "running":
+            return f"/patroni says {own.get('role')} {own.get('state')}, not replica running"
+        if own.get("timeline") is None or own.get("timeline") != lead.get("timeline"):
+            return f"on timeline {own.get('timeline')}, the leader on {lead.get('timeline')}"
+        senders = lead.get("replication") or []
+        if not any(s.get("application_name") == node.name and s.get("state") == "streaming"
+                   for s in senders):  # fmt: skip
+            return f"the leader streams to no {node.name}: {senders}"
+        return ""
+
+    def wait_rejoined(self, node: Node, seconds: float) -> str:
+        """Polls `not_rejoined(node)` until it is '' (returned) or `seconds` pass (the
+        last reason returned)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            why = self.not_rejoined(node)
+            if not why or time.monotonic() > deadline:
+                return why
+            time.sleep(0.2)
+
+    def log_size(self, node: Node) -> int:
+        """How many bytes `node`'s Patroni log holds now: where a later read begins."""
+        with contextlib.suppress(OSError):
+            return (self.workdir / f"{node.name}.log").stat().st_size
+        return 0
+
+    def rewound(self, node: Node, since: int = 0) -> bool:
+        """Whether `node`'s Patroni ran pg_rewind, and it succeeded, in its log from
+        byte `since` on (Patroni logs 'running pg_rewind from ...', then 'pg_rewind exit
+        code=0')."""
+        with contextlib.suppress(OSError):
+            with (self.workdir / f"{node.name}.log").open("rb") as log:
+                log.seek(since)
+                text = log.read().decode(errors="replace")
+            return "running pg_rewind from" in text and "pg_rewind exit code=0" in text
+        return False
+
     def log(self, name: str, chars: int = 3000) -> str:
         path = self.workdir / f"{name}.log"
         with contextlib.suppress(OSError):

@@ -1,7 +1,8 @@
-"""One row's servers: a private redis-server, a fresh migrated database (on a shared
-Postgres, on a private cluster the row may restart, or on a Patroni-managed pair the
-row may fail over, reached through a multi-host URL), optionally a blackhole proxy in
-front of Redis for the second gateway, and two `gateway serve` processes."""
+"""One row's servers: a private redis-server (or a Redis master, its replica and three
+sentinels, which the gateways reach in sentinel mode), a fresh migrated database (on a
+shared Postgres, on a private cluster the row may restart, or on a Patroni-managed pair
+the row may fail over, reached through a multi-host URL), optionally a blackhole proxy
+in front of Redis for the second gateway, and two `gateway serve` processes."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from tests.faults.patroni import PatroniCluster
 from tests.faults.servers import GatewayProcess, PrivatePostgres
 from tests.support.databases import create_database, drop_database, migrate
 from tests.support.proxy import BlackholeProxy
-from tests.support.redis_servers import RedisServer
+from tests.support.redis_servers import LocalSentinel, RedisServer
 
 # Short enough that a fault's leftovers (a lease nobody will complete, a lost bump)
 # are repaired within a row of a few seconds. The empty verdict keeps its default life
@@ -48,6 +49,11 @@ def repair_bound_seconds(runtimes: int) -> float:
 
 
 REPAIR_BOUND_SECONDS = repair_bound_seconds(1)
+SENTINELS = 3  # a majority (2) must agree that the master is down
+SENTINEL_MASTER = "faults"
+# How soon the sentinels try a stalled failover again; short, so that a row that needs
+# a second attempt still ends within a minute.
+SENTINEL_FAILOVER_TIMEOUT_MS = 5000
 
 
 @dataclass
@@ -64,8 +70,12 @@ class Rig:
     # Per Patroni node: proxies on its paths to etcd and to its replica, which a fault
     # may blackhole (`partition`).
     cuts: dict[str, list[BlackholeProxy]] = field(default_factory=dict)
+    sentinel: LocalSentinel | None = None  # the Redis master, replica and sentinels, if any
     background: list[asyncio.Task[Any]] = field(default_factory=list)
     notes: dict[str, str] = field(default_factory=dict)  # what a fault's inject tells its heal
+    # When (time.time()) the old primary was started again and when it was back as a
+    # replica of the new primary; set by a row that checks the rejoin.
+    rejoin: tuple[float, float] | None = None
 
     def urls(self) -> list[str]:
         return [g.url for g in self.gateways]
@@ -98,6 +108,8 @@ def _gateway_env(rig: Rig, redis_url: str) -> dict[str, str]:
         GATEWAY_SHUTDOWN_GRACE_SECONDS="2",
         GATEWAY_DB_POOL_MAX="10",
     )
+    if rig.sentinel is not None:
+        env.update(GATEWAY_REDIS_MODE="sentinel", GATEWAY_REDIS_SENTINEL_MASTER=SENTINEL_MASTER)
     return env
 
 
@@ -109,6 +121,7 @@ async def rig(
     proxy: bool = False,
     replication: str | None = None,
     partition: bool = False,
+    sentinel: bool = False,
 ) -> AsyncIterator[Rig]:
     """Everything a row needs, torn down afterwards by pid. `admin_url` is a Postgres
     where a database may be created; None (or `private_postgres`) starts a cluster.
@@ -116,17 +129,28 @@ async def rig(
     instead, which the gateways reach through one multi-host URL (their pool and the
     janitor's lock connection alike, as GATEWAY_DIRECT_DATABASE_URL is unset).
     `partition`: each node's Patroni reaches etcd, and its replica reaches it, through
-    proxies (`Rig.cuts`); the gateways reach every node directly."""
+    proxies (`Rig.cuts`); the gateways reach every node directly. `sentinel`: instead
+    of one redis-server, a master, its replica and SENTINELS sentinels (`Rig.sentinel`),
+    which the gateways ask for the master (`Rig.redis` is the first master)."""
     workdir = Path(tempfile.mkdtemp(prefix="gateway-faults-"))
     pgdir = Path(tempfile.mkdtemp(prefix="gateway-faults-pg-"))
-    redis = RedisServer(workdir)
+    sentinels: LocalSentinel | None = None
+    if sentinel:
+        sentinels = LocalSentinel(
+            workdir / "sentinel", SENTINEL_MASTER, count=SENTINELS,
+            failover_timeout_ms=SENTINEL_FAILOVER_TIMEOUT_MS,
+        )  # fmt: skip
+    redis = sentinels.master if sentinels is not None else RedisServer(workdir)
     postgres: PrivatePostgres | None = None
     ha: PatroniCluster | None = None
     cuts: dict[str, list[BlackholeProxy]] = {}
     database_url: str | None = None
     made: Rig | None = None
     try:
-        redis.start()
+        if sentinels is not None:
+            await asyncio.to_thread(sentinels.start)
+        else:
+            redis.start()
         if replication is not None:
             ha = PatroniCluster(synchronous=replication == "synchronous")
             if partition:
@@ -146,9 +170,10 @@ async def rig(
         await migrate(database_url)
         made = Rig(
             workdir, redis, admin_url, database_url, secrets.token_urlsafe(32),
-            postgres=postgres, ha=ha, cuts=cuts,
+            postgres=postgres, ha=ha, cuts=cuts, sentinel=sentinels,
         )  # fmt: skip
-        redis_urls = [redis.url, redis.url]
+        redis_url = sentinels.url if sentinels is not None else redis.url
+        redis_urls = [redis_url, redis_url]
         if proxy:
             made.proxy = BlackholeProxy(redis.port)
             await made.proxy.start()
@@ -168,6 +193,8 @@ async def rig(
             if made.proxy is not None:
                 await made.proxy.close()
         redis.kill()
+        if sentinels is not None:
+            await asyncio.to_thread(sentinels.stop)
         if ha is not None:
             for proxy in [p for pair in cuts.values() for p in pair]:
                 proxy.heal()  # Patroni's stop must not wait on a blackholed etcd

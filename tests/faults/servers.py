@@ -20,6 +20,8 @@ import aiohttp
 from tests.support.net import free_port
 
 READY_SECONDS = 20.0
+REDIS_ERRORS = "gateway_redis_errors_total"  # a counter: Redis calls that failed
+REDIS_BREAKER = "gateway_redis_breaker_open"  # a gauge: 1 while Redis is skipped
 
 
 def log(message: str) -> None:

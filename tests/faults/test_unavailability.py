@@ -1,10 +1,11 @@
-"""The matrix's unavailability figure: from the first failed write to the first write
-sent since then that committed."""
+"""The matrix's unavailability figure (from the first failed write to the first write
+sent since then that committed), and its check that writes kept committing while an
+old primary rejoined."""
 
 from __future__ import annotations
 
 from tests.faults.checker import Complete, Enqueue, History, Unknown
-from tests.faults.matrix import unavailability
+from tests.faults.matrix import served_through, unavailability
 
 RT = "rt"
 
@@ -43,3 +44,26 @@ def test_the_longest_outage_counts_not_the_first_blip() -> None:
 def test_no_failed_write_is_no_unavailability() -> None:
     history = History(unknown=[Unknown("claim", RT, 9.0, 12.0)])
     assert unavailability(history, injected=10.0) is None
+
+
+def test_a_rejoin_is_served_through_while_commits_keep_coming() -> None:
+    history = History(
+        enqueues=[Enqueue("t1", RT, 20.5, 20.4), Enqueue("t2", RT, 21.5, 21.4)],
+        completes=[Complete("t1", "l1", 22.0, 22.2)],
+        unknown=[Unknown("enqueue", RT, 21.0, 21.1)],
+    )
+    notes: dict[str, str] = {}
+    assert served_through(history, 20.0, 23.0, notes) == ""
+    assert notes["while the old primary rejoined"] == (
+        "3 writes committed, 1 got no usable answer, longest without a commit 1.00 s"
+    )
+
+
+def test_a_rejoin_that_stops_commits_fails_the_row() -> None:
+    # Commits before and after the span do not count; inside it, 20.5 to 24.0 is empty.
+    history = History(
+        enqueues=[Enqueue("t0", RT, 19.0, 18.9), Enqueue("t1", RT, 20.5, 20.4),
+                  Enqueue("t2", RT, 25.0, 24.9), Enqueue("t3", RT, 22.0, 21.9, replayed=True)],
+    )  # fmt: skip
+    problem = served_through(history, 20.0, 24.0, {})
+    assert problem.startswith("no write committed for 3.50 s while the old primary rejoined")

@@ -172,10 +172,16 @@ class LocalCluster:
 
 
 class LocalSentinel:
-    """One master, one replica of it, and one sentinel watching them under
-    `master_name`; `kill_master()` makes the sentinel promote the replica."""
+    """One master, one replica of it, and `count` sentinels watching them under
+    `master_name` (a majority must agree that the master is down); `kill_master()`
+    makes the sentinels promote the replica. Timeouts are short: the master is judged
+    down after 1 s without an answer, and a failover that stalls is tried again after
+    `failover_timeout_ms`."""
 
-    def __init__(self, workdir: Path, master_name: str = "gwmaster", binary: str = "") -> None:
+    def __init__(
+        self, workdir: Path, master_name: str = "gwmaster", binary: str = "",
+        count: int = 1, failover_timeout_ms: int = 5000,
+    ) -> None:  # fmt: skip
         binary = binary or redis_server_binary()
         self.master_name = master_name
         self.master = RedisServer(workdir / "master", cluster_port(), binary=binary)
@@ -183,64 +189,92 @@ class LocalSentinel:
             workdir / "replica", cluster_port(),
             ["--replicaof", "127.0.0.1", str(self.master.port)], binary,
         )  # fmt: skip
-        self.sentinel_port = cluster_port()
+        self.sentinel_ports = [cluster_port() for _ in range(count)]
         self.sentinel_dir = workdir / "sentinel"
-        self.sentinel: subprocess.Popen[bytes] | None = None
+        self.failover_timeout_ms = failover_timeout_ms
+        self.sentinels: list[subprocess.Popen[bytes]] = []
 
     @property
     def url(self) -> str:
-        return f"redis+sentinel://127.0.0.1:{self.sentinel_port}/0"
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
+        return f"redis+sentinel://{hosts}/0"
+
+    @property
+    def quorum(self) -> int:
+        return len(self.sentinel_ports) // 2 + 1
 
     def start(self) -> None:
         self.master.start()
         self.replica.start()
         self.sentinel_dir.mkdir(parents=True, exist_ok=True)
-        config = self.sentinel_dir / "sentinel.conf"
-        config.write_text(
-            f"port {self.sentinel_port}\nbind 127.0.0.1\ndir {self.sentinel_dir}\n"
-            f"sentinel monitor {self.master_name} 127.0.0.1 {self.master.port} 1\n"
-            f"sentinel down-after-milliseconds {self.master_name} 1000\n"
-        )
-        self.sentinel = subprocess.Popen(
-            [self.master.binary, str(config), "--sentinel"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        name = self.master_name
+        for port in self.sentinel_ports:
+            config = self.sentinel_dir / f"sentinel-{port}.conf"  # each rewrites its own
+            config.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {self.sentinel_dir}\n"
+                f"sentinel monitor {name} 127.0.0.1 {self.master.port} {self.quorum}\n"
+                f"sentinel down-after-milliseconds {name} 1000\n"
+                f"sentinel failover-timeout {name} {self.failover_timeout_ms}\n"
+            )
+            argv = [self.master.binary, str(config), "--sentinel"]
+            quiet = subprocess.DEVNULL
+            self.sentinels.append(subprocess.Popen(argv, stdout=quiet, stderr=quiet))
         self.wait_master(self.master.port)
-        # The sentinel must know the replica before it can fail over to it.
+        # Every sentinel must know the replica before it can fail over to it, and the
+        # other sentinels (found through the master's hello channel) before they can
+        # agree that the master is down.
+        others = str(len(self.sentinel_ports) - 1)
         deadline = time.monotonic() + 15
-        while str(self.replica.port) not in self._sentinel("replicas", self.master_name):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the sentinel did not discover the replica")
-            time.sleep(0.1)
+        for port in self.sentinel_ports:
+            while not (
+                str(self.replica.port) in self._sentinel(port, "replicas", name)
+                and self._field(port, "num-other-sentinels") == others
+            ):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"sentinel {port} did not discover the replica and its peers"
+                    )
+                time.sleep(0.1)
 
-    def _sentinel(self, *args: str) -> str:
+    def _sentinel(self, port: int, *args: str) -> str:
         try:
-            return redis_cli("-p", str(self.sentinel_port), "sentinel", *args)
+            return redis_cli("-p", str(port), "sentinel", *args)
         except RuntimeError:
             return ""
 
-    def master_port(self) -> int | None:
-        out = self._sentinel("get-master-addr-by-name", self.master_name).split()
+    def _field(self, port: int, name: str) -> str:
+        """One field of `SENTINEL MASTER` as sentinel `port` sees it ('' if unknown)."""
+        lines = self._sentinel(port, "master", self.master_name).splitlines()
+        pairs = dict(zip(lines[::2], lines[1::2], strict=False))
+        return pairs.get(name, "")
+
+    def master_port(self, sentinel_port: int | None = None) -> int | None:
+        """The master's port as the sentinel on `sentinel_port` (the first) names it."""
+        port = sentinel_port or self.sentinel_ports[0]
+        out = self._sentinel(port, "get-master-addr-by-name", self.master_name).split()
         return int(out[1]) if len(out) == 2 else None
 
     def wait_master(self, port: int, within: float = 15) -> None:
+        """Until every sentinel names `port` as the master."""
         deadline = time.monotonic() + within
-        while self.master_port() != port:
+        while any(self.master_port(s) != port for s in self.sentinel_ports):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the sentinel does not name {port} as master")
+                raise RuntimeError(f"the sentinels do not all name {port} as master")
             time.sleep(0.1)
 
     def kill_master(self) -> int:
-        """SIGKILL the master and wait for the sentinel to promote the replica (it
-        sees the master down after 1 s); returns the new master's port."""
+        """SIGKILL the master and wait for the sentinels to promote the replica (they
+        see the master down after 1 s); returns the new master's port."""
         self.master.kill()
         self.wait_master(self.replica.port, within=30)
         return self.replica.port
 
     def stop(self) -> None:
-        if self.sentinel is not None and self.sentinel.poll() is None:
-            self.sentinel.kill()
-            self.sentinel.wait(timeout=10)
-        self.sentinel = None
+        """Every sentinel, the replica and the master, by pid."""
+        sentinels, self.sentinels = self.sentinels, []
+        for sentinel in sentinels:
+            if sentinel.poll() is None:
+                sentinel.kill()
+                sentinel.wait(timeout=10)
         self.replica.kill()
         self.master.kill()
