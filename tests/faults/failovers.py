@@ -110,15 +110,33 @@ async def crash_primary_replica_stalled(rig: Rig) -> None:
     log(f"SIGKILLed {old.name}, {rig.notes.get('replica behind at the kill', '')} behind")
 
 
-async def promoted_then_rejoin(rig: Rig) -> None:
-    """Heals once the replica is promoted; the old primary's Patroni is then started
-    again and rejoins as a replica (pg_rewind if it diverged) while the load goes on."""
-    await new_primary(rig)
+ENQUEUED = "gateway_tasks_enqueued_total"
+# How long the gateways may take to commit on the new primary after its promotion (s),
+# before the old primary is started again anyway.
+SERVING_AGAIN_SECONDS = 20.0
+
+
+async def _start_old_primary(rig: Rig) -> float:
+    """Once every gateway has committed an enqueue since the promotion (so that the
+    rejoin's span shows the rejoin, not the failover's tail; SERVING_AGAIN_SECONDS at
+    most), the old primary's Patroni is started again, to rejoin as a replica (pg_rewind
+    if it diverged) while the load goes on. Returns when (time.time())."""
+    promoted = time.monotonic()
+    before = [await g.metric(ENQUEUED) or 0.0 for g in rig.gateways]
+    while time.monotonic() < promoted + SERVING_AGAIN_SECONDS:
+        now = [await g.metric(ENQUEUED) or 0.0 for g in rig.gateways]
+        if all(b > a for a, b in zip(before, now, strict=True)):
+            rig.notes["every gateway committed on the new primary"] = (
+                f"{time.monotonic() - promoted:.2f} s after the heal"
+            )
+            break
+        await asyncio.sleep(0.05)
     ha = _cluster(rig)
     old = ha.node(rig.notes["old primary"])
     rig.notes["old primary's log from"] = str(ha.log_size(old))
-    rig.notes["old primary started again"] = f"{time.time():.3f}"
+    started = time.time()
     await asyncio.to_thread(ha.start_node, old)
+    return started
 
 
 # Patroni's start, crash recovery in single-user mode, pg_rewind and the start as a
@@ -127,13 +145,14 @@ REJOIN_SECONDS = 60.0
 
 
 async def _rejoin(rig: Rig, *, rewind: bool) -> str:
-    """Waits for the old primary, started again at the heal, to run as a replica of the
-    new primary (PatroniCluster.not_rejoined); notes how long it took and whether
-    pg_rewind ran, and sets `rig.rejoin`. `rewind`: it must have rejoined through
-    pg_rewind (a row whose old primary surely had WAL the new one lacks)."""
+    """From the heal (the replica promoted): starts the old primary again
+    (`_start_old_primary`) and waits for it to run as a replica of the new primary
+    (PatroniCluster.not_rejoined); notes how long it took and whether pg_rewind ran,
+    and sets `rig.rejoin`. `rewind`: it must have rejoined through pg_rewind (a row
+    whose old primary surely had WAL the new one lacks)."""
+    started = await _start_old_primary(rig)
     ha = _cluster(rig)
     old = ha.node(rig.notes["old primary"])
-    started = float(rig.notes["old primary started again"])
     why = await asyncio.to_thread(ha.wait_rejoined, old, REJOIN_SECONDS)
     if why:
         return f"the old primary was not a replica {REJOIN_SECONDS:.0f} s after its restart: {why}"

@@ -270,7 +270,7 @@ FAULTS = {
                 Fault(
                     f"Patroni primary SIGKILLed ({mode})",
                     failovers.crash_primary,
-                    failovers.promoted_then_rejoin,
+                    failovers.new_primary,
                     hold_seconds=0.0,
                     replication=mode,
                     settled=failovers.rejoined,
@@ -287,7 +287,7 @@ FAULTS = {
                 Fault(
                     f"Patroni primary SIGKILLed with its replica 1 s behind ({mode})",
                     failovers.crash_primary_replica_stalled,
-                    failovers.promoted_then_rejoin,
+                    failovers.new_primary,
                     hold_seconds=0.0,
                     replication=mode,
                     loss_allowed=mode == "asynchronous",

@@ -283,7 +283,7 @@ async def run_row(fault: Fault, admin_url: str | None, timing: Timing) -> RowRes
 
 
 # What a fault's steps tell each other through Rig.notes, not figures for the table.
-STEP_NOTES = ("old primary's log from", "old primary started again")
+STEP_NOTES = ("old primary's log from",)
 
 
 # The longest the gateways may go without committing a write while the old primary
