@@ -69,13 +69,10 @@ class Caller:
     `leave()` once the connection is lost. Requests of work waiting in line with it are
     told at once (their wait ends: Admission.acquire)."""
 
-    __slots__ = ("_waiting", "gone", "refused")
+    __slots__ = ("_waiting", "gone")
 
     def __init__(self) -> None:
         self.gone = False
-        # Requests of this connection refused at the door in a row (gateway/http/
-        # shedding.py: each waits longer before the connection is read again).
-        self.refused = 0
         # Waits in line for a connection by this caller's requests (made only when one
         # waits: most connections never do).
         self._waiting: list[asyncio.Future[bool]] | None = None

@@ -214,9 +214,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if cycle is None or self.transport.is_closing():
             return
         pause = cycle.scope.get(HOLD_READING)
-        if pause is None:
-            self._caller.refused = 0  # let in: a refusal after it starts again at 1 s
-        elif isinstance(pause, float):
+        if isinstance(pause, float):
             # Refused at the door as the line is full: this connection's next request
             # is read after the Retry-After it was told, so that a client that sends
             # again at once (as a misbehaving fleet does) is not refused, and paid for,

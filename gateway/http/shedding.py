@@ -12,12 +12,7 @@ gateway logs that it sheds at most once per 10 s).
 The connection is then read again only after the Retry-After it was told (the
 protocol, gateway/http/server.py, reads HOLD_READING in the request's scope once the
 answer is out): a client that ignores Retry-After and sends again at once is refused
-at most once per Retry-After per connection, rather than in a tight loop. And each
-refusal in a row on one connection doubles its Retry-After, from 1 s up to
-MAX_HOLD_SECONDS; the first request let in starts it again at 1 s. Under a flood of
-such clients the refusals were still a third of the process's CPU, taken from the
-work let in (which then held its database connections longer, so that the line let
-in less again): backing off each connection cuts them to a fraction.
+at most once a second per connection, rather than in a tight loop.
 
 Which requests: the endpoints `refused_early` marks (enqueues, signed webhooks, reads),
 matched by method and path only while the line is full; never a claim (an empty
@@ -35,15 +30,12 @@ from starlette.routing import compile_path
 from starlette.types import Receive, Scope, Send
 
 from ..errors import DatabaseBusy
-from .io import CALLER, problem_response
+from .io import problem_response
 from .routes import Endpoint
 
 # The scope key under which the door tells the protocol how long, in seconds, to leave
 # the connection unread once the refusal is out.
 HOLD_READING = "gateway.hold_reading_seconds"
-# The longest Retry-After (and hold) of a connection refused again and again: short
-# enough that a client which honours it comes back soon after the overload ends.
-MAX_HOLD_SECONDS = 4
 
 
 class Shedding:
@@ -55,15 +47,8 @@ class Shedding:
             if endpoint.refused_early:
                 regex, _, _ = compile_path(endpoint.path)
                 self._paths.setdefault(endpoint.method, []).append(regex)
-        # The answers for 1, 2, 4 ... MAX_HOLD_SECONDS of Retry-After, made once each.
-        self._answers: list[tuple[float, Response]] = []
-        seconds = refusal.retry_after_seconds
-        while True:
-            told = type(refusal)(refusal.detail, retry_after_seconds=seconds)
-            self._answers.append((float(seconds), problem_response(told)))
-            if seconds >= MAX_HOLD_SECONDS:
-                break
-            seconds = min(seconds * 2, MAX_HOLD_SECONDS)
+        self._answer: Response = problem_response(refusal)
+        self._hold_seconds = float(refusal.retry_after_seconds)
 
     def refuses(self, scope: Scope) -> bool:
         """Whether the request is work that the door refuses (asked only while the
@@ -72,13 +57,7 @@ class Shedding:
         return regexes is not None and any(r.match(scope["path"]) for r in regexes)
 
     def answer(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
-        """The refusal, the same bytes for every request refused as many times in a row
-        on its connection; the connection is read again after its Retry-After."""
-        caller = scope.get(CALLER)
-        strikes = 0
-        if caller is not None:
-            strikes = caller.refused
-            caller.refused = strikes + 1
-        seconds, answer = self._answers[min(strikes, len(self._answers) - 1)]
-        scope[HOLD_READING] = seconds
-        return answer(scope, receive, send)
+        """The refusal, the same bytes for every request; its connection is read again
+        after its Retry-After."""
+        scope[HOLD_READING] = self._hold_seconds
+        return self._answer(scope, receive, send)

@@ -68,25 +68,17 @@ async def test_work_is_refused_at_once_while_a_complete_waits_and_goes_first(
             assert resp.status == 503 and (await resp.json())["code"] == "database_busy"
             assert time.monotonic() - started < 2.0  # at once, not after the 10 s timeout
             # A client that sends again at once on the same connection, ignoring the
-            # Retry-After, is read again only once it has passed, and each refusal in
-            # a row doubles it; a request let in (a probe) starts it again at 1 s. One
-            # on another connection is answered at once.
+            # Retry-After, is read again only once it has passed; one on another
+            # connection is answered at once.
             async with aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=1), headers=AUTH
             ) as one:
-                told, waits = [], []
-                for path in (tasks, tasks, "/healthz", tasks):
-                    sent = time.monotonic()
-                    async with one.request(
-                        "GET" if path == "/healthz" else "POST",
-                        f"{gw.url}{path}",
-                        json=None if path == "/healthz" else {"payload": {}},
-                    ) as again:
-                        told.append((again.status, again.headers.get("Retry-After")))
-                    waits.append(time.monotonic() - sent)
-            assert told == [(503, "1"), (503, "2"), (200, None), (503, "1")], told
-            # Each was read once the Retry-After before it had passed.
-            assert waits[1] >= 0.9 and waits[2] >= 1.9, waits
+                first = time.monotonic()
+                for _ in range(2):
+                    async with one.post(f"{gw.url}{tasks}", json={"payload": {}}) as again:
+                        assert again.status == 503
+                waited = time.monotonic() - first
+            assert waited >= 0.9, waited
             other = time.monotonic()
             resp = await gw.http.post(f"{gw.url}{tasks}", json={"payload": {}}, headers=AUTH)
             assert resp.status == 503 and time.monotonic() - other < 0.5
