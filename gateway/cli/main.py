@@ -139,8 +139,8 @@ def freeze_startup_heap() -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from ..http.app import create_app
-    from ..http.server import DrainingServer, server_config
-    from ..http.startup import StartupGate, run, serve
+    from ..http.server import server_config
+    from ..http.startup import DrainingServer, StartupGate, run, serve
     from . import startup
 
     env = dict(os.environ)

@@ -32,14 +32,9 @@ the client sends meanwhile stays in the kernel's buffers and is never read.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import http
 import logging
-import signal
-import socket
-import threading
-from collections.abc import Awaitable, Callable, Iterator
-from types import FrameType
+from collections.abc import Awaitable
 from typing import Any, cast
 
 import orjson
@@ -115,6 +110,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         "_deadline",
         "_got_bytes",
         "_head_bytes",
+        "_held",
         "_inner_app",
         "_linger",
         "_pending_body",
@@ -157,6 +153,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._unsent = 0  # bytes in the transport's buffer when that clock started
         self._request_started = 0.0  # loop time its read clock started
         self._caller = Caller()  # told when the connection is lost (_leave)
+        # While refused at the door (HOLD_READING): what arrives meanwhile, kept unread.
+        self._held: bytearray | None = None
 
     # -- connection events ---------------------------------------------------
 
@@ -185,6 +183,15 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._start_write_clock()
 
     def data_received(self, data: bytes) -> None:
+        if self._held is not None:
+            # Held after a refusal at the door: kept as it came, and fed to the parser
+            # when the hold ends. Read rather than left in the socket, so that a client
+            # that gives up and closes meanwhile is seen to leave, and what it sent is
+            # never started.
+            self._held += data
+            if len(self._held) > MAX_HEAD_BYTES:
+                self.flow.pause_reading()  # enough kept: the rest waits in the socket
+            return
         if self.lingering:
             return  # read before reading was paused: the rest of a refused request
         if not self._receiving:
@@ -216,15 +223,19 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         pause = cycle.scope.get(HOLD_READING)
         if isinstance(pause, float):
             # Refused at the door as the line is full: this connection's next request
-            # is read after the Retry-After it was told, so that a client that sends
+            # is parsed after the Retry-After it was told, so that a client that sends
             # again at once (as a misbehaving fleet does) is not refused, and paid for,
             # in a tight loop. The refusal itself went out at once.
-            self.flow.pause_reading()
-            self.loop.call_later(pause, self._resume_reading)
+            self._held = bytearray()
+            self.loop.call_later(pause, self._end_hold)
 
-    def _resume_reading(self) -> None:
-        if not self.transport.is_closing():
-            self.flow.resume_reading()
+    def _end_hold(self) -> None:
+        held, self._held = self._held, None
+        if self.transport.is_closing():
+            return  # the client left meanwhile: what it sent is never started
+        self.flow.resume_reading()
+        if held:
+            self.data_received(bytes(held))
 
     # -- parser events -------------------------------------------------------
 
@@ -459,40 +470,3 @@ def server_config(
         timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
         **options,
     )
-
-
-HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-class DrainingServer(uvicorn.Server):
-    """uvicorn waits for open requests before the lifespan shutdown runs, so parked
-    polls would hold up SIGTERM for their whole wait: drain them at the signal (I10)."""
-
-    def __init__(self, config: uvicorn.Config, on_exit_signal: Callable[[], None]) -> None:
-        super().__init__(config)
-        self._on_exit_signal = on_exit_signal
-        # Set once the sockets accept connections (uvicorn's startup has ended).
-        self.listening = asyncio.Event()
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
-        if self.started:
-            self.listening.set()
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self._on_exit_signal()
-        super().handle_exit(sig, frame)
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        # uvicorn re-raises the signal once it has stopped, which would kill the process
-        # before the embedded servers are stopped; handle it and return instead.
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)

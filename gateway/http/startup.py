@@ -4,25 +4,66 @@ opened by its app's lifespan, then the sockets served) and the app served meanwh
 While a start waits for Postgres (GATEWAY_STARTUP_RETRY_SECONDS), the sockets are
 served already: `/healthz` answers 200 (the process is alive), `/readyz` 503 saying
 what it waits for, every other request 503. Once the gateway's own app is open, every
-request goes to it.
+request goes to it. The server itself is uvicorn's, made to drain parked polls at
+SIGTERM (`DrainingServer`, I10).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
-from collections.abc import Awaitable, Callable, Coroutine
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from types import FrameType
 from typing import Any, TypeVar
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import StoreUnavailable
 from .io import json_response, problem_response
-from .server import DrainingServer
 
 T = TypeVar("T")
+
+
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn waits for open requests before the lifespan shutdown runs, so parked
+    polls would hold up SIGTERM for their whole wait: drain them at the signal (I10)."""
+
+    def __init__(self, config: uvicorn.Config, on_exit_signal: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit_signal = on_exit_signal
+        # Set once the sockets accept connections (uvicorn's startup has ended).
+        self.listening = asyncio.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            self.listening.set()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._on_exit_signal()
+        super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn re-raises the signal once it has stopped, which would kill the process
+        # before the embedded servers are stopped; handle it and return instead.
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 class StartupGate:

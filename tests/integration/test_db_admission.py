@@ -171,3 +171,42 @@ async def test_work_whose_client_left_is_not_started_a_complete_still_is(
         )
         assert [r["n"] for r in rows] == ["1"]  # the enqueue whose client left stored nothing
         assert sample(gw, "gateway_shed_total", reason="client_gone") == 1
+
+
+async def test_a_request_sent_during_a_hold_by_a_client_that_then_leaves_is_never_started(
+    database_url, redis_url, redis_prefix, runtime_id
+):
+    """A client refused at the door sends again at once, ignoring Retry-After, then
+    gives up and closes. What it sent during the hold is read and kept, not parsed: the
+    close is seen, and the enqueue is never started, even though the line has room
+    again by the time the hold ends."""
+    settings = make_settings(
+        database_url, redis_url, redis_prefix, db_pool_max=2, db_queue_budget_ms=50
+    )
+    async with running_gateway(settings) as gw:
+        tasks = f"/v1/runtimes/{runtime_id}/tasks"
+        host, port = gw.url.removeprefix("http://").split(":")
+
+        def request(n: str) -> bytes:
+            raw = orjson.dumps({"payload": {"n": n}})
+            return (
+                f"POST {tasks} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(raw)}\r\n\r\n"
+            ).encode() + raw
+
+        async with holding(gw.gateway.store, 2):
+            await asyncio.sleep(0.3)  # every connection held past the budget
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(request("refused"))
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert head.startswith(b"HTTP/1.1 503"), head
+            writer.write(request("sent during the hold"))
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+        # The line has room again before the hold (1 s) ends.
+        await asyncio.sleep(1.5)
+        rows = await fetch(
+            database_url, "SELECT payload->>'n' AS n FROM tasks WHERE runtime_id = $1", runtime_id
+        )
+        assert rows == [], [r["n"] for r in rows]
