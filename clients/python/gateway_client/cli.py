@@ -10,6 +10,7 @@ import json
 import logging
 import shutil
 import sys
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from .schedule_cli import add_schedule_command
@@ -218,10 +219,7 @@ def parse_limit(option: str, value: str | None, kind: type[int] | type[float]) -
 
 
 def cmd_runtime(args: argparse.Namespace) -> int:
-    import asyncio
-
     from .client import AsyncClient
-    from .errors import Forbidden, GatewayError
     from .models import KEEP
 
     name = f"runtime {args.action}"
@@ -251,13 +249,26 @@ def cmd_runtime(args: argparse.Namespace) -> int:
                 controls = await client.get_controls(args.runtime)
             return controls.to_json()
 
+    needed = "read" if args.action == "show" else "control (or admin)"
+    return print_answer(name, args.runtime, needed, run)
+
+
+def print_answer(
+    name: str, runtime: str, needed: str, run: Callable[[], Coroutine[Any, Any, Any]]
+) -> int:
+    """Run a command's call (`run`) and print its answer as JSON: 0; or say on stderr
+    why the gateway refused it (a forbidden call names the scope `needed` on `runtime`):
+    EXIT_ERROR."""
+    import asyncio
+
+    from .errors import Forbidden, GatewayError
+
     try:
-        controls = asyncio.run(run())
+        answer = asyncio.run(run())
     except Forbidden as exc:
-        needed = "read" if args.action == "show" else "control (or admin)"
         print(
             f"{name}: forbidden: {exc.detail}. This needs a token with the {needed} scope "
-            f"that covers runtime {args.runtime}.",
+            f"that covers runtime {runtime}.",
             file=sys.stderr,
         )
         return EXIT_ERROR
@@ -265,7 +276,7 @@ def cmd_runtime(args: argparse.Namespace) -> int:
         field = f" (field {exc.field})" if exc.field else ""
         print(f"{name}: {exc.code}: {exc.detail}{field}", file=sys.stderr)
         return EXIT_ERROR
-    print(json.dumps(controls))
+    print(json.dumps(answer))
     return 0
 
 

@@ -5,7 +5,6 @@ library is imported until the command runs."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -145,10 +144,7 @@ def _definition(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
-    import asyncio
-
     from .client import AsyncClient
-    from .errors import Forbidden, GatewayError
 
     name = f"schedule {args.action}"
     now = datetime.now(UTC)
@@ -205,19 +201,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
                 "already_enqueued": done.already_enqueued,
             }
 
-    try:
-        answer = asyncio.run(run())
-    except Forbidden as exc:
-        needed = "read" if args.action in ("list", "get") else "enqueue"
-        print(
-            f"{name}: forbidden: {exc.detail}. This needs a token with the {needed} scope "
-            f"that covers runtime {args.runtime}.",
-            file=sys.stderr,
-        )
-        return EXIT_ERROR
-    except GatewayError as exc:
-        field = f" (field {exc.field})" if exc.field else ""
-        print(f"{name}: {exc.code}: {exc.detail}{field}", file=sys.stderr)
-        return EXIT_ERROR
-    print(json.dumps(answer))
-    return 0
+    from .cli import print_answer
+
+    needed = "read" if args.action in ("list", "get") else "enqueue"
+    return print_answer(name, args.runtime, needed, run)

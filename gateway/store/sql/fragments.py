@@ -61,3 +61,15 @@ FAIL_TRANSITION = """
        lease_expires_at = NULL,
        finished_at = CASE WHEN {retry} AND attempts < max_attempts AND NOT cancel_requested
                           THEN NULL ELSE clock_timestamp() END,"""
+
+
+# A cancel (tasks.CANCEL, and schedules.CANCEL_PREVIOUS for an overlap policy): a queued
+# (or scheduled) task ends cancelled at once; a claimed one is flagged, and ends
+# `cancelled` when its holder next reports. For the rows whose effective status is
+# queued or claimed.
+CANCEL_TRANSITION = """status = CASE WHEN status IN ('queued', 'scheduled') THEN 'cancelled'
+                     ELSE status END,
+       cancel_requested = (status = 'claimed'),
+       finished_at = CASE WHEN status IN ('queued', 'scheduled') THEN clock_timestamp()
+                          ELSE finished_at END,
+       updated_at = clock_timestamp()"""

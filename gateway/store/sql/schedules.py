@@ -9,7 +9,7 @@ has answered no tick is decided from the definition it replaced.
 
 from __future__ import annotations
 
-from .fragments import EFFECTIVE_STATUS
+from .fragments import CANCEL_TRANSITION, EFFECTIVE_STATUS
 
 SCHEDULE_COLUMNS = """
     s.id, s.runtime_id, s.name, s.version, s.cron, s.every_seconds, s.timezone, s.payload,
@@ -156,11 +156,7 @@ UPDATE schedules s
 # (tasks.CANCEL): a queued one at once, a claimed one flagged for its holder.
 CANCEL_PREVIOUS = f"""
 UPDATE tasks
-   SET status = CASE WHEN status IN ('queued', 'scheduled') THEN 'cancelled' ELSE status END,
-       cancel_requested = (status = 'claimed'),
-       finished_at = CASE WHEN status IN ('queued', 'scheduled') THEN clock_timestamp()
-                          ELSE finished_at END,
-       updated_at = clock_timestamp()
+   SET {CANCEL_TRANSITION}
  WHERE id = ANY($1::uuid[]) AND {EFFECTIVE_STATUS} IN ('queued', 'claimed')
 RETURNING id, status
 """

@@ -6,7 +6,7 @@ stats.
 
 from __future__ import annotations
 
-from .fragments import EFFECTIVE_STATUS, TASK_COLUMNS
+from .fragments import CANCEL_TRANSITION, EFFECTIVE_STATUS, TASK_COLUMNS
 
 # run_at and expires_at come from Postgres's clock, as created_at, leases and backoff
 # do: delay_seconds ($6) and ttl_seconds ($7) count from the insert, not from the
@@ -225,11 +225,7 @@ SELECT id, request_hash, idempotency_key FROM tasks
 # `cancelled` when its holder next reports.
 CANCEL = f"""
 UPDATE tasks
-   SET status = CASE WHEN status IN ('queued', 'scheduled') THEN 'cancelled' ELSE status END,
-       cancel_requested = (status = 'claimed'),
-       finished_at = CASE WHEN status IN ('queued', 'scheduled') THEN clock_timestamp()
-                          ELSE finished_at END,
-       updated_at = clock_timestamp()
+   SET {CANCEL_TRANSITION}
  WHERE id = $1 AND {EFFECTIVE_STATUS} IN ('queued', 'claimed')
 RETURNING {TASK_COLUMNS}
 """
