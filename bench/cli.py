@@ -42,6 +42,7 @@ SUITE_ORDER = [
     "bulk-insert",
     "workers",
     "overload",
+    "schedules",
 ]
 LEGACY = {"claim-throughput": SCENARIOS["claim-throughput"]}
 
@@ -98,6 +99,13 @@ Scenarios (--scenario, comma-separated, default all; about 15 minutes on 2 cores
                   then 16 again; a well-behaved client beside it. Goodput, the
                   accepted p99, client timeouts, recovery; again with admission
                   control off (--no-overload-compare-off to skip).
+  schedules       --schedules (10,000) schedules over 1,000 runtimes, every 10 s,
+                  created with PUT over --schedule-connections (32), ticking for
+                  --schedule-seconds (40) while --schedule-workers (4) drain their
+                  tasks, then until that window's ticks are all decided: tick
+                  lag (task created vs its tick's time), ticks expected vs made,
+                  duplicate ticks, the tick pass's transactions; read from
+                  Postgres. About a minute.
   claim-throughput  the earlier scenario (--tasks enqueued one by one, --pollers
                   daemons), once per --cache mode; not part of all.
 
@@ -143,6 +151,13 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -161,11 +176,12 @@ def _scenarios(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     if names == ["all"]:
         return list(SUITE_ORDER)
-    unknown = [n for n in names if n not in SUITE_ORDER and n not in LEGACY]
+    known = [*SUITE_ORDER, *LEGACY]
+    unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
             f"unknown scenario {', '.join(unknown) or text!r}; choose from "
-            + ", ".join([*SUITE_ORDER, *LEGACY, "all"])
+            + ", ".join([*known, "all"])
         )
     return names
 
@@ -397,6 +413,36 @@ def parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="overload: run it again with shedding off, to show the collapse (default: on)",
+    )
+    p.add_argument(
+        "--schedules",
+        type=_positive_int,
+        default=10_000,
+        metavar="N",
+        help="schedules: schedules created, spread over 1,000 runtimes (default: 10000)",
+    )
+    p.add_argument(
+        "--schedule-seconds",
+        type=_positive_float,
+        default=40.0,
+        metavar="S",
+        help="schedules: seconds the schedules tick once all are created; at 10 s a "
+        "tick, 40 s is 4 ticks each (default: 40)",
+    )
+    p.add_argument(
+        "--schedule-workers",
+        type=_non_negative_int,
+        default=4,
+        metavar="N",
+        help="schedules: workers draining the tasks, each claiming up to 10 tasks of a "
+        "runtime at a time; 0 leaves them queued (default: 4)",
+    )
+    p.add_argument(
+        "--schedule-connections",
+        type=_positive_int,
+        default=32,
+        metavar="N",
+        help="schedules: concurrent connections creating the schedules (default: 32)",
     )
     p.add_argument(
         "--bulk-rows",
@@ -684,6 +730,24 @@ DETAIL_COLUMNS: dict[str, list[str]] = {
         "pg_stat_xacts_per_second",
         "window_seconds",
         "stop_seconds",
+    ],
+    "schedules": [
+        "schedules",
+        "ticks_expected",
+        "ticks_made",
+        "duplicate_ticks",
+        "silent_gaps",
+        "lag_p50_ms",
+        "lag_p99_ms",
+        "lag_max_ms",
+        "tick_write_p50_ms",
+        "tick_write_max_ms",
+        "batches_per_tick",
+        "insert_per_batch_p50_ms",
+        "between_batches_p50_ms",
+        "settle_seconds",
+        "put_seconds",
+        "tasks_completed",
     ],
     "scale": ["sizes", "shape_rows", "runtimes", "p50_ms", "p99_ms", "x_baseline_p50"],
     "bulk-insert": [

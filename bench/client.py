@@ -94,9 +94,23 @@ class Api:
         """(status, parsed body) or None after a transport error (recorded in tally).
         `body` is sent as JSON, or as it is when it is bytes (JSON made beforehand);
         `headers` are sent beside the token's."""
+        return await self.send("POST", path, body, tally, seconds=seconds, headers=headers)
+
+    async def send(
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        tally: Tally,
+        *,
+        seconds: float = 30.0,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, Any] | None:
+        """As `post`, with another method (a PUT)."""
         started = time.perf_counter()
         try:
-            async with self.session.post(
+            async with self.session.request(
+                method,
                 self.base_url + path,
                 data=body if isinstance(body, bytes) else orjson.dumps(body),
                 headers=self.headers if headers is None else {**self.headers, **headers},

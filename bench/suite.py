@@ -43,6 +43,7 @@ from .scenarios import (
     finish,
     run_bounded,
 )
+from .schedules import schedules
 from .stats import SAMPLES, Result, ms, percentile, ratio
 from .targets import ACCESS_LOG_LABEL
 from .watch import Watchdog
@@ -823,4 +824,5 @@ SUITES: dict[str, Suite] = {
     "round-trips": round_trips,
     "workers": workers,
     "overload": overload,
+    "schedules": schedules,
 }
