@@ -38,6 +38,9 @@ PASS_INTERVAL_SECONDS = 0.5
 # and what is left is first in line at the next one.
 BATCH_SCHEDULES = 500
 MAX_BATCHES_PER_PASS = 10
+# Runtimes bumped at once after a batch's commit: most of the Redis connections
+# (GATEWAY_REDIS_MAX_CONNECTIONS, 64 by default) stay free for claims.
+ANNOUNCE_CONCURRENCY = 16
 
 
 @dataclass
@@ -118,10 +121,21 @@ class Scheduler:
                 self._metrics.schedule_lag.observe(max((now - tick.tick_at).total_seconds(), 0))
         made = sorted({t.runtime_id for t in decided if t.runtime_id is not None})
         self._metrics.tasks_enqueued.inc(sum(1 for t in decided if t.runtime_id is not None))
-        for runtime_id in made:
-            await self._announce(runtime_id)
+        await self._announce_all(made)
         if cancelled and self._finished is not None:
             await self._finished(cancelled)
+
+    async def _announce_all(self, runtime_ids: list[str]) -> None:
+        """Bump each runtime (one Redis round trip each), ANNOUNCE_CONCURRENCY at a
+        time: one after another, a batch's 500 runtimes took about 0.4 s, and a tick of
+        10,000 schedules about 8 s."""
+        gate = asyncio.Semaphore(ANNOUNCE_CONCURRENCY)
+
+        async def one(runtime_id: str) -> None:
+            async with gate:
+                await self._announce(runtime_id)
+
+        await asyncio.gather(*(one(runtime_id) for runtime_id in runtime_ids))
 
     # -- the API's operations --------------------------------------------------
 
