@@ -27,6 +27,7 @@ from ..metrics import Metrics
 from ..rows import DecidedTick, ScheduleRow
 from ..settings import Settings
 from ..store import Store
+from ..store.schedules import Planner
 from . import plans
 
 log = logging.getLogger("gateway.schedules")
@@ -87,6 +88,18 @@ class Scheduler:
         Safe from any instance at any time, and at once on several."""
         report = TickReport()
         plan = plans.due_plan(self._settings.schedule_ticks_days)
+        # A batch's runtimes are bumped while the next batch is decided; the pass ends
+        # once every bump is sent.
+        bumping: list[asyncio.Task[None]] = []
+        try:
+            await self._batches(report, plan, bumping)
+        finally:
+            await asyncio.gather(*bumping)
+        return report
+
+    async def _batches(
+        self, report: TickReport, plan: Planner, bumping: list[asyncio.Task[None]]
+    ) -> None:
         for _ in range(MAX_BATCHES_PER_PASS):
             try:
                 decided, cancelled, due = await self._store.decide_due(BATCH_SCHEDULES, plan)
@@ -97,10 +110,9 @@ class Scheduler:
                 log.warning("schedule tick pass failed: %s", exc.detail)
                 break
             report.schedules += due
-            await self._after_commit(report, decided, cancelled, lag=True)
+            await self._after_commit(report, decided, cancelled, lag=True, bumping=bumping)
             if due < BATCH_SCHEDULES:
                 break
-        return report
 
     async def _after_commit(
         self,
@@ -108,6 +120,7 @@ class Scheduler:
         decided: list[DecidedTick],
         cancelled: list[tuple[uuid.UUID, str]],
         lag: bool = False,
+        bumping: list[asyncio.Task[None]] | None = None,
     ) -> None:
         """Counts, and after the commit: the runtimes that got tasks bumped (I1), the
         requests waiting for a cancelled task's result woken."""
@@ -121,7 +134,10 @@ class Scheduler:
                 self._metrics.schedule_lag.observe(max((now - tick.tick_at).total_seconds(), 0))
         made = sorted({t.runtime_id for t in decided if t.runtime_id is not None})
         self._metrics.tasks_enqueued.inc(sum(1 for t in decided if t.runtime_id is not None))
-        await self._announce_all(made)
+        if bumping is None:
+            await self._announce_all(made)
+        else:
+            bumping.append(asyncio.create_task(self._announce_all(made), name="schedule bumps"))
         if cancelled and self._finished is not None:
             await self._finished(cancelled)
 
