@@ -37,7 +37,7 @@ log = logging.getLogger("gateway.schedules")
 PASS_INTERVAL_SECONDS = 0.5
 # Due schedules per transaction, and transactions per pass: a pass's work is bounded,
 # and what is left is first in line at the next one.
-BATCH_SCHEDULES = 500
+BATCH_SCHEDULES = 2000
 MAX_BATCHES_PER_PASS = 10
 # Runtimes bumped at once after a batch's commit: most of the Redis connections
 # (GATEWAY_REDIS_MAX_CONNECTIONS, 64 by default) stay free for claims.
@@ -230,14 +230,21 @@ class Scheduler:
 
     async def _loop(self) -> None:
         while not self._stopping.is_set():
+            full = False
             try:
                 if self._leading():
-                    await self.run_once()
+                    report = await self.run_once()
+                    full = report.schedules >= BATCH_SCHEDULES * MAX_BATCHES_PER_PASS
             except asyncio.CancelledError:
                 raise
             except Exception:
                 # Never let the loop die: a dead pass stops every schedule.
                 self._metrics.schedule_ticks.labels("failed").inc()
                 log.exception("schedule tick pass failed; retrying")
+            if full:
+                # The pass stopped at its bound with ticks perhaps still due: the next
+                # one starts at once, not an interval later (they would be late).
+                await asyncio.sleep(0)
+                continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), PASS_INTERVAL_SECONDS)
