@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -397,6 +398,22 @@ class _RenewScript:
 
 
 # -- pub/sub ---------------------------------------------------------------------
+
+
+class NoCache:
+    """The claim path's cache when it is switched off (GATEWAY_CACHE=off): never read,
+    only bumped and pinged, for unit tests of the Claimer."""
+
+    healthy = True
+
+    def keys(self, runtime_id: str) -> Any:
+        return SimpleNamespace(wake=f"wake:{runtime_id}")
+
+    async def bump(self, runtime_id: str) -> str:
+        return "1"
+
+    async def ping(self) -> bool:
+        return True
 
 
 class FakeWakeChannels:

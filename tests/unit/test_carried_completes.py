@@ -18,7 +18,7 @@ from gateway.claim.waiters import CARRIED_MAX, Carried, Waiter, fit_statement, m
 from gateway.metrics import Metrics
 from gateway.rows import ItemResult
 from gateway.settings import Settings
-from tests.sim.fakes import FakeWakeChannels
+from tests.sim.fakes import FakeWakeChannels, NoCache
 
 
 def waiter(ids: list[uuid.UUID] | None, runtimes: tuple[str, ...] | None = None) -> Waiter:
@@ -101,19 +101,6 @@ class LineStore:
     async def unclaim(self, task_ids: Any, lease_ids: Any) -> list[uuid.UUID]:
         self.sent.append(("unclaim", 0, len(task_ids), priority.get()))
         return list(task_ids)
-
-
-class NoCache:
-    healthy = True
-
-    def keys(self, runtime_id: str) -> Any:
-        return SimpleNamespace(wake=f"wake:{runtime_id}")
-
-    async def bump(self, runtime_id: str) -> str:
-        return "1"
-
-    async def ping(self) -> bool:
-        return True
 
 
 def claimer(store: LineStore) -> Claimer:

@@ -20,20 +20,7 @@ from gateway.errors import Overloaded, StoreUnavailable
 from gateway.metrics import Metrics
 from gateway.rows import Leased
 from gateway.settings import Settings
-from tests.sim.fakes import FakeWakeChannels
-
-
-class NoCache:
-    healthy = True
-
-    def keys(self, runtime_id: str) -> Any:
-        return SimpleNamespace(wake=f"wake:{runtime_id}")
-
-    async def bump(self, runtime_id: str) -> str:
-        return "1"
-
-    async def ping(self) -> bool:
-        return True
+from tests.sim.fakes import FakeWakeChannels, NoCache
 
 
 class GatedStore:
