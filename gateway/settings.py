@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from .dsn import Host, hosts
 from .environment import (
     DEFAULT_REDIS_MAX_CONNECTIONS as DEFAULT_REDIS_MAX_CONNECTIONS,
 )
@@ -183,7 +184,7 @@ class Settings:
         # A request that needs a new connection waits for it GATEWAY_DB_ACQUIRE_TIMEOUT_MS
         # at most, and its wait ending ends the connection attempt too: were a dead first
         # host to take that long, no new connection would ever reach the second.
-        several = [url for url in self._database_urls() if len(url_hosts(url)) > 1]
+        several = [url for url in self._database_urls() if len(_hosts_of(url)) > 1]
         for url in several:
             # With any server of the list taken, a process could settle on a standby,
             # where every write fails (and an advisory lock still succeeds: two janitor
@@ -259,15 +260,12 @@ def check_database_url(url: str | None) -> None:
             raise ConfigError(f"DATABASE_URL names the port {port!r}, which is not a number")
 
 
-def url_hosts(url: str) -> list[str]:
-    """Each host a Postgres URL names, as written: in its host part (`host1:5432,
-    host2:5433` names two, an IPv6 one is in []), else in its `host` parameter
-    (`postgresql://u@/db?host=10.0.0.1,10.0.0.2`); empty when it names none."""
-    hosts = _host_part(url)
-    if not hosts and "://" in url:
-        named = dict(parse_qsl(urlsplit(url).query)).get("host", "")
-        hosts = named.split(",") if named else []
-    return hosts
+def _hosts_of(url: str) -> list[Host]:
+    """The hosts `url` names, as its connections walk them (gateway/dsn.py)."""
+    try:
+        return hosts(url)
+    except ValueError as exc:  # a port, in the host part or its parameter, not a number
+        raise ConfigError(f"DATABASE_URL names a port that is not a number ({exc})") from None
 
 
 def _host_part(url: str) -> list[str]:
