@@ -186,6 +186,12 @@ def test_hosts_named_in_the_host_parameter_count_as_several() -> None:
     assert from_env(**env).db_connect_timeout_ms == 2_000
 
 
+def test_a_port_parameter_that_is_not_a_number_is_refused_plainly() -> None:
+    url = "postgresql://u@/db?host=10.0.0.1,10.0.0.2&port=x&target_session_attrs=read-write"
+    with pytest.raises(ConfigError, match="port that is not a number"):
+        from_env(DATABASE_URL=url)
+
+
 @pytest.mark.parametrize(
     "attrs", ["", "&target_session_attrs=any", "&target_session_attrs=standby"]
 )
