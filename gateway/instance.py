@@ -165,7 +165,7 @@ class Gateway:
         )
         self.scheduler = Scheduler(
             self.store,
-            self.claimer.announce,
+            self.claimer.announce_many,
             settings,
             self.metrics,
             leading=lambda: self.janitor.is_leader,

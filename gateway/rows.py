@@ -272,3 +272,4 @@ class DecidedTick:
     outcome: str
     task_id: uuid.UUID | None
     runtime_id: str | None
+    recorded_at: datetime | None = None  # the database's clock when it was recorded

@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import logging
 import random
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -145,6 +145,20 @@ class Claimer:
             log.warning("version bump for runtime %s lost: %s", runtime_id, exc.detail)
             version = None
         self.wake(runtime_id, version)
+
+    async def announce_many(self, runtime_ids: Sequence[str]) -> None:
+        """`announce` for each runtime, their bumps in one Redis round trip: for a
+        commit that made tasks in many runtimes (a tick pass's batch)."""
+        try:
+            versions = await self._cache.bump_many(runtime_ids)
+        except CacheUnavailable as exc:
+            log.warning("version bumps of %d runtimes lost: %s", len(runtime_ids), exc.detail)
+            versions = [None] * len(runtime_ids)
+        lost = [rt for rt, v in zip(runtime_ids, versions, strict=True) if v is None]
+        if lost and len(lost) < len(runtime_ids):
+            log.warning("version bumps lost for runtimes %s", ", ".join(lost[:10]))
+        for runtime_id, version in zip(runtime_ids, versions, strict=True):
+            self.wake(runtime_id, version)
 
     def parked(self, runtime_id: str) -> int:
         state = self._states.get(runtime_id)

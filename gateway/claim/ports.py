@@ -87,6 +87,10 @@ class ClaimCache(Protocol):
         """Invalidate the verdict and publish a wake-up; after commit (I1)."""
         ...
 
+    async def bump_many(self, runtime_ids: Sequence[str]) -> list[str | None]:
+        """`bump` for each, in one round trip: each new version, None where lost."""
+        ...
+
     async def ping(self) -> bool:
         """One round trip; False (never an error) when Redis did not answer."""
         ...

@@ -251,6 +251,46 @@ class VerdictCache:
         self._metrics.bumps.labels("ok").inc()
         return version
 
+    async def bump_many(self, runtime_ids: Sequence[str]) -> list[str | None]:
+        """`bump` for each runtime, in one round trip (a pipeline of the bump script):
+        each one's new version, or None where its bump was lost (counted, as a lost
+        `bump` is; the janitor repairs it, I6). Call after commit (I1). A cluster runs
+        the bumps one by one: its pipelines do not load scripts."""
+        if not runtime_ids:
+            return []
+        if self._cluster:
+            return [await self._bump_or_none(rt) for rt in runtime_ids]
+
+        async def go() -> list[Any]:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for runtime_id in runtime_ids:
+                    k = self.keys(runtime_id)
+                    args: list[str | int] = [new_epoch(), self._version_ttl, k.wake, runtime_id]
+                    # A pipeline queues the call (and loads the script at execute).
+                    await self._bump_and_publish(
+                        keys=[k.version, k.empty],
+                        args=args,
+                        client=pipe,  # type: ignore[arg-type]
+                    )
+                return list(await pipe.execute(raise_on_error=False))
+
+        try:
+            answers = await self._call("version bumps", go)
+        except CacheUnavailable:
+            self._metrics.bumps.labels("error").inc(len(runtime_ids))
+            raise
+        versions = [None if isinstance(a, BaseException) else str(a) for a in answers]
+        lost = sum(1 for v in versions if v is None)
+        self._metrics.bumps.labels("ok").inc(len(versions) - lost)
+        self._metrics.bumps.labels("error").inc(lost)
+        return versions
+
+    async def _bump_or_none(self, runtime_id: str) -> str | None:
+        try:
+            return await self.bump(runtime_id)
+        except CacheUnavailable:
+            return None
+
     async def wake(self, runtime_ids: list[str]) -> None:
         """Publish a wake-up to each runtime's pollers, without a bump; one round trip.
         For the janitor's repair pass: a publish can be lost while the bump landed."""

@@ -44,6 +44,12 @@ class ScheduleStatements(StoreBase):
         now: datetime = await self._run(lambda c: c.fetchval(sql.NOW))
         return now
 
+    async def next_due_in(self) -> float | None:
+        """Seconds until the earliest unpaused schedule's next tick (<= 0: due now), by
+        the database's clock; None when there is no such schedule."""
+        due: float | None = await self._run(lambda c: c.fetchval(sql.NEXT_DUE_IN))
+        return due
+
     async def write_schedule(
         self, runtime_id: str, name: str, write: Writer, create: bool = True
     ) -> tuple[ScheduleRow, bool]:
@@ -157,7 +163,12 @@ class ScheduleStatements(StoreBase):
             )
             decided = [
                 DecidedTick(
-                    r["schedule_id"], r["tick_at"], r["outcome"], r["task_id"], r["made_in"]
+                    r["schedule_id"],
+                    r["tick_at"],
+                    r["outcome"],
+                    r["task_id"],
+                    r["made_in"],
+                    r["recorded_at"],
                 )
                 for r in rows
             ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,7 +22,8 @@ import pytest
 from gateway.api.schedule_bodies import parse_schedule
 from gateway.metrics import Metrics
 from gateway.rows import ScheduleRow, TickPlan
-from gateway.schedules import plans
+from gateway.schedules import plans, service
+from gateway.settings import Settings
 from gateway.store import Store
 from gateway.store.sql import schedules as schedule_sql
 from tests.support.databases import execute, fetch
@@ -282,3 +283,33 @@ async def test_the_janitor_deletes_ticks_older_than_the_record_keeps(
         url, "SELECT min(tick_at) > now() - interval '31 days' AS ok FROM schedule_ticks"
     )
     assert left[0]["ok"]
+
+
+async def test_a_pass_runs_batches_at_once_and_stops_at_its_bound(
+    own_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a full first batch, batches run BATCHES_AT_ONCE at a time on connections of
+    their own: each takes schedules of its own (no tick twice), and the pass takes no
+    more than MAX_BATCHES_PER_PASS batches; the next pass takes what is left."""
+    monkeypatch.setattr(service, "BATCH_SCHEDULES", 3)
+    monkeypatch.setattr(service, "MAX_BATCHES_PER_PASS", 4)
+    url = own_database_url
+    bumped: list[str] = []
+
+    async def announce(runtime_ids: Sequence[str]) -> None:
+        bumped.extend(runtime_ids)
+
+    async with instances(url, 1) as (a,):
+        for n in range(20):
+            await put(a, f"rt{n % 5}", f"s{n}", every_seconds=3600, overlap="allow")
+        await behind(url, 1)
+        settings = Settings(database_url=url)
+        scheduler = service.Scheduler(a, announce, settings, Metrics(), leading=lambda: True)
+        first = await scheduler.run_once()
+        assert first.schedules == 12 and first.count("enqueued") == 12
+        assert sorted(set(bumped)) == [f"rt{n}" for n in range(5)]
+        second = await scheduler.run_once()
+        assert second.schedules == 8 and second.count("enqueued") == 8
+        assert (await scheduler.run_once()).schedules == 0
+    assert await duplicates(url) == 0
+    assert len(await fetch(url, "SELECT 1 FROM tasks")) == 20

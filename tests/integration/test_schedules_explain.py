@@ -71,6 +71,18 @@ async def test_the_tick_pass_reads_due_schedules_from_their_index(
 
 
 @pytest.mark.parametrize("mode", MODES)
+async def test_the_next_ticks_time_is_one_probe_of_the_due_index(
+    conn: asyncpg.Connection, filled: str, mode: str
+) -> None:
+    await add_schedules(conn, filled)
+    nodes = await explain(conn, schedule_sql.NEXT_DUE_IN, "", (), mode, analyze=True)
+    shown = describe(nodes)
+    scans = [n for n in nodes if n.get("Relation Name") == "schedules"]
+    assert [n.get("Index Name") for n in scans] == ["schedules_due_idx"], shown
+    assert [n["Actual Rows"] for n in scans] == [1], shown  # the earliest, not all
+
+
+@pytest.mark.parametrize("mode", MODES)
 async def test_a_schedules_tasks_are_listed_from_their_index(
     conn: asyncpg.Connection, filled: str, mode: str
 ) -> None:

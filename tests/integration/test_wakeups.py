@@ -136,3 +136,57 @@ async def test_a_bump_redis_refuses_to_write_still_publishes_its_wake_up_and_dro
         await listener.aclose()
         await admin.aclose()
         await cache.close()
+
+
+async def test_bumps_in_one_round_trip_bump_publish_and_drop_each_verdict(
+    redis_process, redis_prefix
+):
+    """bump_many (a tick pass's batch) is bump for each runtime: each version counts up,
+    each verdict goes stale, each wake-up goes out, even on a server that never saw the
+    script (the pipeline loads it). A server refusing writes loses every bump, reports
+    each one, and still publishes and drops the verdicts, as a lost single bump does."""
+    metrics = Metrics()
+    cache = VerdictCache(
+        make_client(redis_process.url, 0.25),
+        redis_prefix,
+        metrics,
+        timeout_seconds=0.25,
+        version_ttl_seconds=600,
+        breaker=CircuitBreaker(100, 1.0),
+    )
+    admin = make_client(redis_process.url, 0.25)
+    listener = admin.pubsub()
+    runtimes = ["a", "b", "c"]
+    try:
+        await listener.subscribe(*(keys_for(redis_prefix, rt).wake for rt in runtimes))
+        before = {}
+        for rt in runtimes:
+            before[rt] = (await cache.read(rt)).version
+            await cache.write_empty(rt, before[rt], 60.0)
+        await admin.script_flush()
+        versions = await cache.bump_many(runtimes)
+        for rt, version in zip(runtimes, versions, strict=True):
+            epoch, count = before[rt].rsplit(":", 1)
+            assert version == f"{epoch}:{int(count) + 1}"
+            verdict = await cache.read(rt)
+            assert verdict.version == version and not verdict.hit
+            await cache.write_empty(rt, version, 60.0)
+        assert sample(metrics, "gateway_version_bumps_total", outcome="ok") == 3
+
+        await admin.config_set("maxmemory-policy", "noeviction")
+        await admin.config_set("maxmemory", 1)  # every write is now refused (OOM)
+        assert await cache.bump_many(runtimes) == [None, None, None]
+        assert sample(metrics, "gateway_version_bumps_total", outcome="error") == 3
+        assert not any([(await cache.read(rt)).hit for rt in runtimes])
+        await admin.config_set("maxmemory", 0)
+        wake_ups = []
+        async with asyncio.timeout(5):
+            while len(wake_ups) < 6:
+                message = await listener.get_message(timeout=0.2)
+                if message is not None and message["type"] == "message":
+                    wake_ups.append(message["data"])
+        assert sorted(wake_ups) == sorted(runtimes * 2)
+    finally:
+        await listener.aclose()
+        await admin.aclose()
+        await cache.close()

@@ -412,6 +412,9 @@ class NoCache:
     async def bump(self, runtime_id: str) -> str:
         return "1"
 
+    async def bump_many(self, runtime_ids: Sequence[str]) -> list[str | None]:
+        return ["1" for _ in runtime_ids]
+
     async def ping(self) -> bool:
         return True
 

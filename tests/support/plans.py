@@ -108,13 +108,14 @@ async def explain(
     name = "explain_" + secrets.token_hex(4)
     options = "ANALYZE, BUFFERS, FORMAT JSON" if analyze else "FORMAT JSON"
     await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
-    await conn.execute(f"PREPARE {name}({types}) AS {sql}")
+    await conn.execute(f"PREPARE {name}{f'({types})' if types else ''} AS {sql}")
     savepoint = conn.transaction()
     await savepoint.start()
     try:
         # EXECUTE takes no bind parameters: the values go in as literals.
         values = ", ".join(literal(arg) for arg in args)
-        raw = await conn.fetchval(f"EXPLAIN ({options}) EXECUTE {name}({values})")
+        call = f"{name}({values})" if values else name
+        raw = await conn.fetchval(f"EXPLAIN ({options}) EXECUTE {call}")
     finally:
         await savepoint.rollback()
         await conn.execute(f"DEALLOCATE {name}")

@@ -87,6 +87,15 @@ SELECT {SCHEDULE_COLUMNS}, {_LAST_TASK_STATUS}, clock_timestamp() AS now
    FOR UPDATE OF s SKIP LOCKED
 """
 
+# Seconds from now until the earliest unpaused schedule's next tick (negative: due
+# already; null: no schedule), by the database's clock: how long the pass may rest.
+# One probe of schedules_due_idx.
+NEXT_DUE_IN = """
+SELECT extract(epoch FROM min(next_tick_at) - clock_timestamp())::float8
+  FROM schedules
+ WHERE NOT paused
+"""
+
 # How a tick already decided answers a second decision of it: nothing, except that a
 # backfill ($8 true) turns a skipped tick into an enqueued one. Without this clause
 # and the key it names, a second instance or a second backfill would make a second
@@ -104,7 +113,7 @@ TICK_KEY = """ON CONFLICT (schedule_id, tick_at) DO UPDATE
 # nothing and is dropped. A tick the key finds decided already comes back not at all,
 # and makes no task. Rows are written in key order, so that two writers wait for each
 # other instead of deadlocking. Answers each tick decided now, with the runtime of
-# its task if it made one.
+# its task if it made one, and the clock once the tasks are in.
 def record_ticks(tick_key: str) -> str:
     """RECORD_TICKS with `tick_key` as its conflict clause (a test drops it)."""
     return f"""
@@ -133,7 +142,8 @@ WITH plan AS (
      ORDER BY d.schedule_id, d.tick_at
     RETURNING id, runtime_id
 )
-SELECT d.schedule_id, d.tick_at, d.outcome, d.task_id, m.runtime_id AS made_in
+SELECT d.schedule_id, d.tick_at, d.outcome, d.task_id, m.runtime_id AS made_in,
+       clock_timestamp() AS recorded_at
   FROM decided d LEFT JOIN made m ON m.id = d.task_id
 """
 
