@@ -737,6 +737,7 @@ DETAIL_COLUMNS: dict[str, list[str]] = {
         "ticks_made",
         "duplicate_ticks",
         "silent_gaps",
+        "decided_ahead_share",
         "lag_p50_ms",
         "lag_p99_ms",
         "lag_max_ms",

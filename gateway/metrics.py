@@ -265,7 +265,8 @@ class Metrics:
         self.schedule_lag = Histogram(
             "gateway_schedule_lag_seconds",
             "How long after its tick's time the tick pass enqueued a schedule's task, in "
-            "seconds (the task's jitter not counted).",
+            "seconds (the task's jitter not counted); 0 for a tick decided ahead of its "
+            "time (overlap allow), whose task waits for it.",
             buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
             registry=r,
         )

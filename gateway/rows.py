@@ -201,13 +201,17 @@ class ScheduleRow:
     created_at: datetime
     updated_at: datetime
     last_task_status: str | None
+    # Its earliest tick decided ahead of its time and still to come (overlap allow), as
+    # the API's reads give it; None when there is none, or not read.
+    decided_ahead: datetime | None = None
 
     @classmethod
     def of(cls, record: Mapping[str, Any]) -> ScheduleRow:
-        return cls(*[record[name] for name in _SCHEDULE_ROW_FIELDS])
+        values = {name: record[name] for name in _SCHEDULE_ROW_FIELDS}
+        return cls(**values, decided_ahead=record.get("decided_ahead"))
 
 
-_SCHEDULE_ROW_FIELDS = tuple(f.name for f in fields(ScheduleRow))
+_SCHEDULE_ROW_FIELDS = tuple(f.name for f in fields(ScheduleRow) if f.name != "decided_ahead")
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,10 +39,12 @@ def timing_of(row: ScheduleRow) -> Timing:
 
 
 def upcoming(row: ScheduleRow, count: int = UPCOMING) -> list[datetime]:
-    """The schedule's next ticks, starting with its next one; none while paused."""
+    """The schedule's next ticks, starting with its next one (one decided ahead of its
+    time, if any, else its next tick to decide); none while paused."""
     if row.paused:
         return []
-    return [row.next_tick_at, *timing_of(row).upcoming(row.next_tick_at, count - 1)]
+    first = row.next_tick_at if row.decided_ahead is None else row.decided_ahead
+    return [first, *timing_of(row).upcoming(first, count - 1)]
 
 
 def _first_tick(timing: Timing, now: datetime) -> datetime:
@@ -217,15 +219,21 @@ def _decide(
 
 
 def due_plan(
-    ticks_days: int, rng: random.Random | None = None
+    ticks_days: int, rng: random.Random | None = None, *, ahead_seconds: float = 0.0
 ) -> Callable[[list[ScheduleRow], datetime], TickPlan]:
     """The tick pass's plan for a batch of due schedules: every tick from each one's
     next tick up to now (at most MAX_TICKS_PER_SCHEDULE; the rest next pass), decided,
     and its next tick after them; once MAX_TICKS_PER_TRANSACTION are decided, the rest
     of the batch waits for the next pass. Ticks older than the tick record
     (`ticks_days`) are passed over: no record of them would outlive the janitor's
-    retention."""
+    retention.
+
+    A schedule with overlap allow also decides its ticks of the next `ahead_seconds`:
+    their tasks are made now, waiting (scheduled) until their time, so that they are
+    claimable at their tick however long the pass takes. No other policy can decide
+    early: each depends on how the previous task stands at the tick."""
     chance = rng or random.Random()
+    ahead = timedelta(seconds=ahead_seconds)
 
     def plan(rows: list[ScheduleRow], now: datetime) -> TickPlan:
         out = TickPlan()
@@ -235,14 +243,15 @@ def due_plan(
             if len(out.ticks) >= MAX_TICKS_PER_TRANSACTION:
                 break  # left as they are: their next tick stays, due at the next pass
             timing = timing_of(row)
+            until = now + ahead if row.overlap == "allow" else now
             first = row.next_tick_at
             if first < horizon:
                 first = _first_tick(timing, horizon)
-            ticks = [first] if first <= now else []
+            ticks = [first] if first <= until else []
             if ticks:
-                ticks += timing.ticks_between(first, now, MAX_TICKS_PER_SCHEDULE - 1)
+                ticks += timing.ticks_between(first, until, MAX_TICKS_PER_SCHEDULE - 1)
             _decide(row, ticks, now, out, chance, ids)
-            out.next_ticks[row.id] = _first_tick(timing, ticks[-1] if ticks else now)
+            out.next_ticks[row.id] = _first_tick(timing, ticks[-1] if ticks else until)
         return out
 
     return plan

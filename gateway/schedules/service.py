@@ -41,6 +41,12 @@ log = logging.getLogger("gateway.schedules")
 PASS_INTERVAL_SECONDS = 0.5
 DUE_MARGIN_SECONDS = 0.002
 MIN_REST_SECONDS = 0.02
+# How far ahead a schedule with overlap allow has its ticks decided: their tasks wait
+# (scheduled) until their time, so a tick is claimable on time however long the pass
+# takes, as long as a pass runs within this of the tick (passes are at most
+# PASS_INTERVAL_SECONDS apart). A change of the definition, a pause or a DELETE
+# withdraws the ticks decided ahead whose time has not come.
+AHEAD_SECONDS = 2.0
 # Due schedules per transaction, and transactions per pass: a pass's work is bounded,
 # and what is left is first in line at the next one.
 BATCH_SCHEDULES = 2000
@@ -128,7 +134,7 @@ class Scheduler:
         """One pass: due schedules in batches until none is left or the pass's bound.
         Safe from any instance at any time, and at once on several."""
         report = TickReport()
-        plan = plans.due_plan(self._settings.schedule_ticks_days)
+        plan = plans.due_plan(self._settings.schedule_ticks_days, ahead_seconds=AHEAD_SECONDS)
         # A batch's runtimes are bumped while the next batch is decided; the pass ends
         # once every bump is sent.
         bumps = Bumps(self._announce)
@@ -151,7 +157,9 @@ class Scheduler:
             nonlocal left
             left -= 1
             try:
-                decided, cancelled, due = await self._store.decide_due(BATCH_SCHEDULES, plan)
+                decided, cancelled, due = await self._store.decide_due(
+                    BATCH_SCHEDULES, plan, AHEAD_SECONDS
+                )
             except GatewayError as exc:
                 # Nothing of the batch was committed: its ticks are decided next pass.
                 self._metrics.schedule_ticks.labels("failed").inc()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 
 import asyncpg
@@ -25,6 +26,24 @@ from .sql import schedules as sql
 # schedule yet) and the database's clock; None writes nothing.
 Writer = Callable[[ScheduleRow | None, datetime], ScheduleWrite | None]
 Planner = Callable[[list[ScheduleRow], datetime], TickPlan]
+
+
+async def _withdraw_ahead(
+    c: asyncpg.Connection, current: ScheduleRow, wanted: ScheduleWrite
+) -> ScheduleWrite:
+    """Inside the transaction holding the schedule: its ticks decided ahead whose time
+    has not come withdrawn with their tasks (a change of definition or a pause). When
+    the timing stays, its next tick moves back to the earliest withdrawn, which the new
+    definition then decides; a new timing has ticks of its own."""
+    earliest: datetime | None = await c.fetchval(sql.WITHDRAW_AHEAD, current.id)
+    same_timing = (wanted.cron, wanted.every_seconds, wanted.timezone) == (
+        current.cron,
+        current.every_seconds,
+        current.timezone,
+    )
+    if earliest is not None and same_timing and earliest < wanted.next_tick_at:
+        return replace(wanted, next_tick_at=earliest)
+    return wanted
 
 
 class ScheduleStatements(StoreBase):
@@ -75,6 +94,8 @@ class ScheduleStatements(StoreBase):
                     if made is None:
                         return None  # created meanwhile by a concurrent PUT: again
                     return ScheduleRow.of(made), True
+                if wanted.bumps or (wanted.paused and not current.paused):
+                    wanted = await _withdraw_ahead(c, current, wanted)
                 changed = await c.fetchrow(
                     sql.UPDATE_SCHEDULE,
                     current.id,
@@ -91,24 +112,35 @@ class ScheduleStatements(StoreBase):
         raise NotFound(f"runtime {runtime_id} has no schedule named {name!r}")
 
     async def delete_schedule(self, runtime_id: str, name: str) -> bool:
-        """Delete the schedule and its ticks; False when there was none. Waits for a
-        transaction deciding its ticks: none is decided from it once this returns."""
-        deleted = await self._run(lambda c: c.fetchval(sql.DELETE_SCHEDULE, runtime_id, name))
-        return deleted is not None
+        """Delete the schedule, its ticks, and the tasks of its ticks decided ahead
+        whose time has not come; False when there was none. Waits for a transaction
+        deciding its ticks: none is decided from it once this returns."""
+
+        async def delete_in_tx(c: asyncpg.Connection) -> bool:
+            async with self._transaction(c):
+                schedule_id = await c.fetchval(sql.LOCK_FOR_DELETE, runtime_id, name)
+                if schedule_id is None:
+                    return False
+                await c.fetchval(sql.WITHDRAW_AHEAD, schedule_id)
+                await c.execute(sql.DELETE_SCHEDULE, schedule_id)
+                return True
+
+        return await self._run(delete_in_tx)
 
     async def decide_due(
-        self, batch: int, plan: Planner
+        self, batch: int, plan: Planner, ahead_seconds: float = 0.0
     ) -> tuple[list[DecidedTick], list[tuple[uuid.UUID, str]], int]:
         """One batch of the tick pass, in one transaction: up to `batch` due schedules
-        (SKIP LOCKED), `plan`'s ticks recorded with their tasks, and each schedule's
-        next tick. Returns the ticks decided, the tasks cancelled for overlap
-        cancel_previous (id, status now), and how many schedules were due."""
+        (SKIP LOCKED; those with overlap allow due within `ahead_seconds`), `plan`'s
+        ticks recorded with their tasks, and each schedule's next tick. Returns the
+        ticks decided, the tasks cancelled for overlap cancel_previous (id, status
+        now), and how many schedules were due."""
 
         async def decide_in_tx(
             c: asyncpg.Connection,
         ) -> tuple[list[DecidedTick], list[tuple[uuid.UUID, str]], int]:
             async with self._transaction(c):
-                rows = await c.fetch(sql.DUE_SCHEDULES, batch)
+                rows = await c.fetch(sql.DUE_SCHEDULES, batch, ahead_seconds)
                 if not rows:
                     return [], [], 0
                 schedules = [ScheduleRow.of(r) for r in rows]

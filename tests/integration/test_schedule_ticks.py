@@ -9,9 +9,8 @@ pools of their own, as two gateway processes would hold them."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -19,7 +18,6 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway.api.schedule_bodies import parse_schedule
 from gateway.metrics import Metrics
 from gateway.rows import ScheduleRow, TickPlan
 from gateway.schedules import plans, service
@@ -29,33 +27,13 @@ from gateway.store.sql import schedules as schedule_sql
 from tests.support.databases import execute, fetch
 from tests.support.gateways import running_gateway
 from tests.support.janitor import janitor_settings
+from tests.support.schedules import duplicates, instances, put
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
 SCHEDULES = 8
 BEHIND_SECONDS = 20  # each schedule's next tick this far back: that many ticks due
-
-
-@contextlib.asynccontextmanager
-async def instances(url: str, count: int = 2) -> AsyncIterator[list[Store]]:
-    stores = [Store(url, Metrics(), min_size=1, max_size=4) for _ in range(count)]
-    for store in stores:
-        await store.open()
-    try:
-        yield stores
-    finally:
-        for store in stores:
-            await store.close()
-
-
-async def put(store: Store, runtime_id: str, name: str, **body: Any) -> ScheduleRow:
-    body.setdefault("payload", {"from": name})
-    definition = parse_schedule(body, 1_000_000, 64)
-    row, _ = await store.write_schedule(
-        runtime_id, name, lambda current, now: plans.put_write(definition, current, now)
-    )
-    return row
 
 
 async def behind(url: str, seconds: float) -> None:
@@ -66,15 +44,6 @@ async def behind(url: str, seconds: float) -> None:
         "- make_interval(secs => $1)",
         seconds,
     )
-
-
-async def duplicates(url: str) -> int:
-    """Tasks beyond the first of each (schedule, tick)."""
-    found = await fetch(
-        url,
-        "SELECT count(*) - count(DISTINCT (schedule, scheduled_for)) AS extra FROM tasks",
-    )
-    return int(found[0]["extra"])
 
 
 async def race(url: str) -> dict[str, int]:

@@ -61,7 +61,9 @@ async def test_the_tick_pass_reads_due_schedules_from_their_index(
     conn: asyncpg.Connection, filled: str, mode: str
 ) -> None:
     await add_schedules(conn, filled)
-    nodes = await explain(conn, schedule_sql.DUE_SCHEDULES, "int", (500,), mode, analyze=True)
+    nodes = await explain(
+        conn, schedule_sql.DUE_SCHEDULES, "int, float8", (500, 2.0), mode, analyze=True
+    )
     shown = describe(nodes)
     scans = [n for n in nodes if n.get("Relation Name") == "schedules"]
     assert [n.get("Index Name") for n in scans] == ["schedules_due_idx"], shown

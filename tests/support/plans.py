@@ -82,8 +82,8 @@ def literal(value: Any) -> str:
     """A SQL literal for the test's own (quote-free) values."""
     if isinstance(value, str):
         return "'" + value.replace("'", "''") + "'"
-    if isinstance(value, int):
-        return str(value)
+    if isinstance(value, int | float):
+        return repr(value)
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return "ARRAY[" + ", ".join(literal(v) for v in value) + "]::text[]"
     if isinstance(value, list):

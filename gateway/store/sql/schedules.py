@@ -21,7 +21,11 @@ SCHEDULE_COLUMNS = """
 # the task), read through the task's primary key.
 _LAST_TASK_STATUS = f"{EFFECTIVE_STATUS} AS last_task_status"
 _FROM = "schedules s LEFT JOIN tasks t ON t.id = s.last_task_id"
-_WITH_LAST_TASK = f"{SCHEDULE_COLUMNS}, {_LAST_TASK_STATUS}\n  FROM {_FROM}"
+# Its earliest tick decided ahead of its time (overlap allow), still to come: the
+# next run the API shows, before next_tick_at. One probe of the ticks' primary key.
+_DECIDED_AHEAD = """(SELECT min(k.tick_at) FROM schedule_ticks k
+        WHERE k.schedule_id = s.id AND k.tick_at > clock_timestamp()) AS decided_ahead"""
+_WITH_LAST_TASK = f"{SCHEDULE_COLUMNS}, {_LAST_TASK_STATUS}, {_DECIDED_AHEAD}\n  FROM {_FROM}"
 
 GET_SCHEDULE = f"SELECT {_WITH_LAST_TASK} WHERE s.runtime_id = $1 AND s.name = $2"
 
@@ -37,7 +41,7 @@ SELECT {_WITH_LAST_TASK}
 # the schedule's row until the commit, and reads the database's clock, which every
 # tick is computed against (one clock for every instance).
 LOCK_SCHEDULE = f"""
-SELECT {SCHEDULE_COLUMNS}, {_LAST_TASK_STATUS}, clock_timestamp() AS now
+SELECT {SCHEDULE_COLUMNS}, {_LAST_TASK_STATUS}, {_DECIDED_AHEAD}, clock_timestamp() AS now
   FROM {_FROM}
  WHERE s.runtime_id = $1 AND s.name = $2
    FOR UPDATE OF s
@@ -54,7 +58,7 @@ INSERT_SCHEDULE = f"""
 INSERT INTO schedules AS s (runtime_id, name, {_DEFINITION})
 VALUES ($1, $2, $3, $4, $5, $6::text::jsonb, $7, $8, $9, $10, $11, $12, $13, $14, $15)
 ON CONFLICT (runtime_id, name) DO NOTHING
-RETURNING {SCHEDULE_COLUMNS}, NULL::text AS last_task_status
+RETURNING {SCHEDULE_COLUMNS}, NULL::text AS last_task_status, NULL::timestamptz AS decided_ahead
 """
 
 # A locked schedule ($1: its id) written anew; its version grows by $16 (1 when the
@@ -68,20 +72,48 @@ WITH s AS (
      WHERE id = $1 AND runtime_id = $2
     RETURNING *
 )
-SELECT {SCHEDULE_COLUMNS}, {_LAST_TASK_STATUS}
+SELECT {SCHEDULE_COLUMNS}, {_LAST_TASK_STATUS}, {_DECIDED_AHEAD}
   FROM s LEFT JOIN tasks t ON t.id = s.last_task_id
 """
 
-DELETE_SCHEDULE = "DELETE FROM schedules WHERE runtime_id = $1 AND name = $2 RETURNING id"
+# A schedule's ticks decided ahead of their time (overlap allow) whose time has not
+# come, withdrawn with their tasks, as if never decided: a PUT that changes the
+# definition, a pause and a DELETE run it in their transaction, so that no task of the
+# old definition runs after they answer, and the new one decides those ticks afresh.
+# Only a task still waiting for its time goes (a claim that took it first keeps it, and
+# so does its tick). Answers the earliest tick withdrawn, or null.
+WITHDRAW_AHEAD = """
+WITH withdrawn AS (
+    DELETE FROM tasks t USING schedule_ticks k
+     WHERE k.schedule_id = $1 AND k.tick_at > clock_timestamp() AND t.id = k.task_id
+       AND t.status = 'scheduled' AND t.run_at > clock_timestamp()
+    RETURNING k.tick_at
+), ticks AS (
+    DELETE FROM schedule_ticks k USING withdrawn w
+     WHERE k.schedule_id = $1 AND k.tick_at = w.tick_at
+    RETURNING k.tick_at
+)
+SELECT min(tick_at) FROM ticks
+"""
 
-# The tick pass's batch: up to $1 unpaused schedules whose next tick has come, oldest
-# first (schedules_due_idx), each with its last task's status for the overlap policy,
-# locked until the pass's commit. SKIP LOCKED: a schedule another transaction holds (a
-# PUT, a manual trigger, another instance's pass) is left to the next pass.
+# Locks the schedule for a DELETE, which withdraws its ticks decided ahead first.
+LOCK_FOR_DELETE = "SELECT id FROM schedules WHERE runtime_id = $1 AND name = $2 FOR UPDATE"
+
+DELETE_SCHEDULE = "DELETE FROM schedules WHERE id = $1"
+
+# The tick pass's batch: up to $1 unpaused schedules whose next tick has come, or
+# comes within $2 seconds for those with overlap allow (their ticks are decided ahead),
+# oldest first (schedules_due_idx), each with its last task's status for the overlap
+# policy, locked until the pass's commit. SKIP LOCKED: a schedule another transaction
+# holds (a PUT, a manual trigger, another instance's pass) is left to the next pass.
+# statement_timestamp(), not clock_timestamp(): a stable bound is an index condition,
+# and the scan reads the due rows only.
 DUE_SCHEDULES = f"""
 SELECT {SCHEDULE_COLUMNS}, {_LAST_TASK_STATUS}, clock_timestamp() AS now
   FROM {_FROM}
- WHERE NOT s.paused AND s.next_tick_at <= clock_timestamp()
+ WHERE NOT s.paused
+   AND s.next_tick_at <= statement_timestamp() + make_interval(secs => $2)
+   AND (s.overlap = 'allow' OR s.next_tick_at <= statement_timestamp())
  ORDER BY s.next_tick_at
  LIMIT $1
    FOR UPDATE OF s SKIP LOCKED
