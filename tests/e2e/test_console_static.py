@@ -26,6 +26,8 @@ ASSETS = {
     "dom.js": "text/javascript",
     "json.js": "text/javascript",
     "load.js": "text/javascript",
+    "controls.js": "text/javascript",
+    "task.js": "text/javascript",
     "console.css": "text/css",
     "icon.svg": "image/svg+xml",
 }

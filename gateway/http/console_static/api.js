@@ -22,6 +22,11 @@ export class ApiError extends Error {
   }
 }
 
+// What went wrong, in words for the page: the gateway's problem, or the error itself.
+export function problemText(err) {
+  return err instanceof ApiError ? err.explain() : `Unexpected error: ${err.message || err}`;
+}
+
 // Answers {body, text}: the parsed JSON and its text (for exact numbers, see json.js).
 // `json`, when given, is sent as the request's JSON body.
 export async function call(method, path, params = {}, json = undefined) {

@@ -1,9 +1,11 @@
 // The console: runtimes, a runtime, a task. Hash routes (#/, #/runtime/ID, #/task/ID)
-// so that the gateway serves one page; data comes from the public API.
-import { ApiError, call, path, session } from "./api.js";
-import { age, badge, h, replace, time } from "./dom.js";
-import { parseExact, pretty } from "./json.js";
+// so that the gateway serves one page; data comes from the public API. A runtime's
+// controls (controls.js) and a task's page (task.js) are modules of their own.
+import { ApiError, call, path, problemText, session } from "./api.js";
+import { controlsPanel } from "./controls.js";
+import { age, badge, h, pager, replace, time } from "./dom.js";
 import { loadPanel } from "./load.js";
+import { showTask } from "./task.js";
 
 // A sign-in link, /console#token=..., carries the token in the fragment, which the
 // browser never sends to the server. Keep it for this tab and take it out of the
@@ -18,7 +20,6 @@ const REFRESH_MS = 5000;
 const RUNTIMES_PER_PAGE = 50;
 const TASKS_PER_PAGE = 20;
 const STATUSES = ["queued", "claimed", "completed", "dead", "expired", "cancelled"];
-const FINISHED = new Set(["completed", "dead", "expired", "cancelled"]);
 
 const main = document.getElementById("main");
 const crumbs = document.getElementById("crumbs");
@@ -33,10 +34,6 @@ signout.addEventListener("click", () => {
   showSignIn("Signed out.");
 });
 
-function problemText(err) {
-  return err instanceof ApiError ? err.explain() : `Unexpected error: ${err.message || err}`;
-}
-
 // An error of a refresh or a page load: a refused token goes back to sign-in.
 function failed(err, where) {
   if (err instanceof ApiError && err.status === 401) {
@@ -45,6 +42,13 @@ function failed(err, where) {
     return;
   }
   replace(where, h("p", { class: "error", role: "alert" }, problemText(err)));
+}
+
+// What the parts of a page need of the console: whether the user has left the page
+// since it was drawn (a late answer is then dropped), how to show an error, the crumbs.
+function pageContext() {
+  const mine = generation;
+  return { stale: () => mine !== generation, failed, setCrumbs };
 }
 
 function setCrumbs(...items) {
@@ -111,20 +115,6 @@ function showSignIn(message) {
 }
 
 // -- shared pieces -----------------------------------------------------------------------
-
-function pager(cursors, next, go) {
-  const previous = h("button", { type: "button", disabled: cursors.length <= 1 }, "Previous page");
-  const following = h("button", { type: "button", disabled: !next }, "Next page");
-  previous.addEventListener("click", () => {
-    cursors.pop();
-    go();
-  });
-  following.addEventListener("click", () => {
-    cursors.push(next);
-    go();
-  });
-  return h("div", { class: "pager" }, previous, following);
-}
 
 function updated() {
   return `Updated ${new Date().toISOString().slice(11, 19)} UTC, every ${REFRESH_MS / 1000} s`;
@@ -276,122 +266,7 @@ function showRuntime(rt) {
     );
   }
   drawFilters();
-
-  // The runtime's controls: pause and resume, and the limits form.
-  const state = h("p", { id: "runtime-state" });
-  const toggle = h("button", { type: "button", id: "pause-toggle" }, "…");
-  // Sent with a pause only; shown to everyone who opens the runtime while it is paused.
-  const reasonLabel = h("label", { for: "pause-reason" }, "Reason for pausing (optional)");
-  const reason = h("input", {
-    id: "pause-reason",
-    name: "reason",
-    maxlength: "500",
-    autocomplete: "off",
-    placeholder: "e.g. database maintenance",
-  });
-  const controlsMessage = h("div", { class: "message" });
-  const maxInFlight = h("input", {
-    id: "max-in-flight",
-    name: "max_in_flight",
-    type: "number",
-    min: "1",
-    max: "100000",
-    step: "1",
-    placeholder: "no limit",
-  });
-  const perSecond = h("input", {
-    id: "claims-per-second",
-    name: "claims_per_second",
-    type: "number",
-    min: "0.001",
-    max: "100000",
-    step: "any",
-    placeholder: "no limit",
-  });
-  const limits = h(
-    "form",
-    { class: "inline limits" },
-    h("label", { for: "max-in-flight" }, "Max in flight"),
-    maxInFlight,
-    h("label", { for: "claims-per-second" }, "Claims per second"),
-    perSecond,
-    h("button", { type: "submit" }, "Save limits"),
-  );
-  let controls = null;
-
-  function sayControls(text, kind) {
-    replace(
-      controlsMessage,
-      h("p", { class: kind, role: kind === "error" ? "alert" : "status" }, text),
-    );
-  }
-
-  function limitText(c) {
-    const parts = [];
-    if (c.max_in_flight !== null) parts.push(`at most ${c.max_in_flight} in flight`);
-    if (c.claims_per_second !== null) parts.push(`at most ${c.claims_per_second} claims per second`);
-    return parts.length ? parts.join(", ") : "no limits";
-  }
-
-  function drawControls(c, fillForm) {
-    controls = c;
-    replace(
-      state,
-      c.paused ? h("span", { class: "badge paused" }, "paused") : h("span", { class: "badge running" }, "running"),
-      ` — ${limitText(c)}. `,
-      c.paused ? "Claims hand out nothing; enqueues still work." : "",
-      c.paused && c.paused_reason
-        ? h("span", { id: "pause-reason-shown", class: "reason" }, ` Reason: ${c.paused_reason}.`)
-        : "",
-      c.paused && c.paused_since ? ` Paused since ${c.paused_since.slice(0, 19).replace("T", " ")} UTC.` : "",
-      c.paused && c.paused_until
-        ? ` Resumes by itself at ${c.paused_until.slice(0, 19).replace("T", " ")} UTC.`
-        : "",
-    );
-    replace(toggle, c.paused ? "Resume runtime" : "Pause runtime");
-    reasonLabel.hidden = reason.hidden = c.paused;
-    if (fillForm) {
-      maxInFlight.value = c.max_in_flight ?? "";
-      perSecond.value = c.claims_per_second ?? "";
-    }
-  }
-
-  async function change(method, where, body, done) {
-    try {
-      const { body: c } = await call(method, where, {}, body);
-      drawControls(c, true);
-      sayControls(done, "ok");
-    } catch (err) {
-      if (err instanceof ApiError && err.status === 401) return failed(err, controlsMessage);
-      const why = err instanceof ApiError && err.status === 403 ? "Not allowed. " : "";
-      sayControls(`Refused. ${why}${problemText(err)}`, "error");
-    }
-  }
-
-  toggle.addEventListener("click", async () => {
-    if (!controls) return;
-    toggle.disabled = true;
-    const pausing = !controls.paused;
-    const why = reason.value.trim();
-    await change(
-      "POST",
-      pausing ? path.pause(rt) : path.resume(rt),
-      pausing && why ? { reason: why } : undefined,
-      pausing ? "Paused: claims hand out nothing until it is resumed." : "Resumed.",
-    );
-    toggle.disabled = false;
-    toggle.focus();
-  });
-  limits.addEventListener("submit", async (event) => {
-    event.preventDefault();
-    const number = (input) => (input.value.trim() === "" ? null : Number(input.value));
-    await change(
-      "PATCH",
-      path.controls(rt),
-      { max_in_flight: number(maxInFlight), claims_per_second: number(perSecond) },
-      "Limits saved.",
-    );
-  });
+  const controls = controlsPanel(rt, pageContext());
 
   replace(
     main,
@@ -399,14 +274,7 @@ function showRuntime(rt) {
     stamp,
     counts,
     h("h2", {}, "Controls"),
-    h(
-      "div",
-      { class: "controls" },
-      state,
-      h("div", { class: "inline" }, reasonLabel, reason, toggle),
-      limits,
-      controlsMessage,
-    ),
+    controls.el,
     h("h2", {}, "Tasks"),
     filters,
     list,
@@ -488,128 +356,10 @@ function showRuntime(rt) {
     replace(pages, pager(cursors, next, () => refreshTasks().catch((err) => failed(err, list))));
   }
 
-  async function refreshControls() {
-    const mine = generation;
-    const { body } = await call("GET", path.controls(rt));
-    if (mine !== generation) return;
-    // The form is filled once; later refreshes leave what the user is typing alone.
-    drawControls(body, controls === null);
-  }
-
   async function refresh() {
-    await Promise.all([refreshStats(), refreshTasks(), refreshControls()]);
+    await Promise.all([refreshStats(), refreshTasks(), controls.refresh()]);
   }
   return { refresh, errors: counts };
-}
-
-// -- a task ------------------------------------------------------------------------------
-
-function showTask(id) {
-  setCrumbs(["Runtimes", "#/"], ["Task"]);
-  const head = h("div", { class: "taskhead" });
-  const actions = h("div", { class: "actions" });
-  const message = h("div", { class: "message" });
-  const details = h("div");
-  replace(main, head, actions, message, details);
-  let shown = null;
-
-  function say(text, kind) {
-    replace(message, h("p", { class: kind, role: kind === "error" ? "alert" : "status" }, text));
-  }
-
-  function action(label, verb, done) {
-    const b = h("button", { type: "button", class: verb === "cancel" ? "danger" : "" }, label);
-    b.addEventListener("click", async () => {
-      b.disabled = true;
-      try {
-        const { body } = await call("POST", `${path.task(id)}/${verb}`);
-        say(`${done} It is now ${body.status}${body.cancel_requested ? " (cancel requested)" : ""}.`, "ok");
-        await refresh();
-      } catch (err) {
-        if (err instanceof ApiError && err.status === 401) return failed(err, message);
-        const why = err instanceof ApiError && err.status === 403 ? "Not allowed. " : "";
-        say(`${label} refused. ${why}${problemText(err)}`, "error");
-      } finally {
-        b.disabled = false;
-      }
-    });
-    return b;
-  }
-
-  function drawActions(t) {
-    const buttons = [];
-    if ((t.status === "queued" || t.status === "claimed") && !t.cancel_requested) {
-      buttons.push(action("Cancel task", "cancel", "Cancelled."));
-    }
-    if (t.status === "dead" || t.status === "expired" || t.status === "cancelled") {
-      buttons.push(action("Retry task", "retry", "Queued again."));
-    }
-    const focused = actions.contains(document.activeElement) ? document.activeElement.textContent : null;
-    replace(actions, buttons);
-    const again = [...actions.querySelectorAll("button")].find((b) => b.textContent === focused);
-    if (again) again.focus();
-  }
-
-  function field(label, ...value) {
-    return [h("dt", {}, label), h("dd", {}, ...value)];
-  }
-
-  function json(label, value, cls) {
-    return h("section", {}, h("h2", {}, label), h("pre", { class: cls || "json", tabindex: "0" }, value));
-  }
-
-  async function refresh() {
-    const mine = generation;
-    const { body: t, text } = await call("GET", path.task(id));
-    if (mine !== generation) return;
-    let exact = null;
-    try {
-      exact = parseExact(text);
-    } catch {
-      exact = null;
-    }
-    const show = (key) => (exact ? pretty(exact.get(key)) : JSON.stringify(t[key], null, 2));
-    setCrumbs(["Runtimes", "#/"], [t.runtime_id, `#/runtime/${encodeURIComponent(t.runtime_id)}`], ["Task"]);
-    replace(
-      head,
-      h("h1", {}, "Task ", h("span", { class: "mono" }, t.id)),
-      h("p", {}, badge(t.status), t.cancel_requested ? h("span", { class: "note" }, " cancel requested") : ""),
-    );
-    if (shown !== `${t.status}/${t.cancel_requested}`) drawActions(t);
-    shown = `${t.status}/${t.cancel_requested}`;
-    const finished = FINISHED.has(t.status) ? t.updated_at : null;
-    replace(
-      details,
-      h(
-        "dl",
-        { class: "facts" },
-        field("Runtime", h("a", { href: `#/runtime/${encodeURIComponent(t.runtime_id)}` }, t.runtime_id)),
-        field("Priority", t.priority),
-        field("Attempts", `${t.attempts} of ${t.max_attempts}`),
-        t.status === "claimed"
-          ? [
-              field("Worker", t.worker_id),
-              field("Lease expires", time(t.lease_expires_at)),
-            ]
-          : field("Lease", "none"),
-      ),
-      h("h2", {}, "Timeline"),
-      h(
-        "ol",
-        { class: "timeline" },
-        h("li", {}, h("span", {}, "Created"), time(t.created_at)),
-        h("li", {}, h("span", {}, "Run at"), time(t.run_at)),
-        t.expires_at ? h("li", {}, h("span", {}, "Expires"), time(t.expires_at)) : null,
-        h("li", {}, h("span", {}, "Updated"), time(t.updated_at)),
-        finished ? h("li", {}, h("span", {}, "Finished"), time(finished)) : null,
-      ),
-      t.render_error ? h("p", { class: "error" }, t.render_error) : null,
-      json("Payload", show("payload")),
-      t.status === "completed" ? json("Result", show("result")) : null,
-      t.last_error ? json("Last error", t.last_error, "errortext") : null,
-    );
-  }
-  return { refresh, errors: details };
 }
 
 // -- routing -----------------------------------------------------------------------------
@@ -621,7 +371,9 @@ async function route() {
   const hash = location.hash || "#/";
   const [, kind, raw] = hash.match(/^#\/(runtime|task)\/(.+)$/) || [];
   const id = raw ? decodeURIComponent(raw) : null;
-  view = kind === "runtime" ? showRuntime(id) : kind === "task" ? showTask(id) : showRuntimes();
+  if (kind === "runtime") view = showRuntime(id);
+  else if (kind === "task") view = showTask(id, main, pageContext());
+  else view = showRuntimes();
   const current = view;
   refreshLoad();
   try {

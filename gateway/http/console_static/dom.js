@@ -46,3 +46,20 @@ export function age(seconds) {
 export function badge(status) {
   return h("span", { class: `badge s-${status}` }, status);
 }
+
+// Previous and Next buttons over a keyset listing. `cursors` is the stack of the pages
+// shown so far (the first page's cursor is ""), `next` the cursor of the page after
+// this one (null on the last), and `go()` loads the page on top of the stack.
+export function pager(cursors, next, go) {
+  const previous = h("button", { type: "button", disabled: cursors.length <= 1 }, "Previous page");
+  const following = h("button", { type: "button", disabled: !next }, "Next page");
+  previous.addEventListener("click", () => {
+    cursors.pop();
+    go();
+  });
+  following.addEventListener("click", () => {
+    cursors.push(next);
+    go();
+  });
+  return h("div", { class: "pager" }, previous, following);
+}
