@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from tests.support.browser import MISSING, chromium_missing
+from tests.support.ci import unavailable
 from tests.support.connections import Conn
 from tests.support.gateways import Instance, Served, gateway, gateway_thread
 from tests.support.logs import Records, server_records
@@ -66,3 +68,11 @@ def server_logs() -> Iterator[Records]:
     """Every record the gateway's and uvicorn's loggers write during the test."""
     with server_records() as records:
         yield records
+
+
+@pytest.fixture
+def chromium() -> None:
+    """Debian's Chromium for a browser test: missing, the test fails with CI=true and is
+    skipped otherwise."""
+    if chromium_missing():
+        unavailable(MISSING)

@@ -14,20 +14,13 @@ import re
 import aiohttp
 import pytest
 
-from tests.support.browser import MISSING, Api, browser_page, chromium_missing
-from tests.support.ci import unavailable
+from tests.support.browser import Api, browser_page
 from tests.support.gateways import TOKEN, serve_env, serve_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.slow]
 
 BIG = "18446744073709551616.000000000000000000001"  # JSON.parse would round it
 HOSTILE = "<img src=x onerror=document.title='pwned'>"
-
-
-@pytest.fixture
-def chromium() -> None:
-    if chromium_missing():
-        unavailable(MISSING)
 
 
 @pytest.mark.timeout(90)  # two processes start; the browser part itself takes ~10 s

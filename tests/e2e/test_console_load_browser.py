@@ -14,19 +14,12 @@ import re
 
 import pytest
 
-from tests.support.browser import MISSING, browser_page, chromium_missing
-from tests.support.ci import unavailable
+from tests.support.browser import browser_page
 from tests.support.gateways import TOKEN, make_settings, running_gateway
 from tests.support.http import req
 from tests.support.stores import holding
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.slow]
-
-
-@pytest.fixture
-def chromium() -> None:
-    if chromium_missing():
-        unavailable(MISSING)
 
 
 @pytest.mark.timeout(90)

@@ -24,18 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.browser import MISSING, browser_page, chromium_missing
-from tests.support.ci import unavailable
+from tests.support.browser import browser_page
 
 pytestmark = [pytest.mark.browser]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def chromium() -> None:
-    if chromium_missing():
-        unavailable(MISSING)
 
 
 @pytest.fixture(scope="module")
