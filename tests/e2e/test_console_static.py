@@ -27,6 +27,7 @@ ASSETS = {
     "json.js": "text/javascript",
     "load.js": "text/javascript",
     "controls.js": "text/javascript",
+    "schedules.js": "text/javascript",
     "task.js": "text/javascript",
     "console.css": "text/css",
     "icon.svg": "image/svg+xml",

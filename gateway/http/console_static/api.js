@@ -70,4 +70,6 @@ export const path = {
   controls: (rt) => `/v1/runtimes/${encodeURIComponent(rt)}/controls`,
   pause: (rt) => `/v1/runtimes/${encodeURIComponent(rt)}:pause`,
   resume: (rt) => `/v1/runtimes/${encodeURIComponent(rt)}:resume`,
+  schedules: (rt) => `/v1/runtimes/${encodeURIComponent(rt)}/schedules`,
+  schedule: (rt, name) => `/v1/runtimes/${encodeURIComponent(rt)}/schedules/${encodeURIComponent(name)}`,
 };

@@ -1,10 +1,12 @@
 // The console: runtimes, a runtime, a task. Hash routes (#/, #/runtime/ID, #/task/ID)
 // so that the gateway serves one page; data comes from the public API. A runtime's
-// controls (controls.js) and a task's page (task.js) are modules of their own.
+// controls (controls.js) and schedules (schedules.js), and a task's page (task.js), are
+// modules of their own.
 import { ApiError, call, path, problemText, session } from "./api.js";
 import { controlsPanel } from "./controls.js";
 import { age, badge, h, pager, replace, time } from "./dom.js";
 import { loadPanel } from "./load.js";
+import { schedulesPanel } from "./schedules.js";
 import { showTask } from "./task.js";
 
 // A sign-in link, /console#token=..., carries the token in the fragment, which the
@@ -89,7 +91,8 @@ function showSignIn(message) {
       "p",
       { class: "muted" },
       "Paste an API token. A token with the read scope can look; cancelling and " +
-        "retrying need the enqueue scope. The token stays in this tab only.",
+        "retrying tasks, and pausing and running schedules, need the enqueue scope. " +
+        "The token stays in this tab only.",
     ),
     message ? h("p", { class: "muted", role: "status" }, message) : null,
     h("label", { for: "token" }, "API token"),
@@ -267,6 +270,7 @@ function showRuntime(rt) {
   }
   drawFilters();
   const controls = controlsPanel(rt, pageContext());
+  const schedules = schedulesPanel(rt, pageContext());
 
   replace(
     main,
@@ -275,6 +279,8 @@ function showRuntime(rt) {
     counts,
     h("h2", {}, "Controls"),
     controls.el,
+    h("h2", {}, "Schedules"),
+    schedules.el,
     h("h2", {}, "Tasks"),
     filters,
     list,
@@ -357,7 +363,7 @@ function showRuntime(rt) {
   }
 
   async function refresh() {
-    await Promise.all([refreshStats(), refreshTasks(), controls.refresh()]);
+    await Promise.all([refreshStats(), refreshTasks(), controls.refresh(), schedules.refresh()]);
   }
   return { refresh, errors: counts };
 }

@@ -2,18 +2,13 @@
 // reason and end), Pause/Resume and the limits form (GET/PATCH …/controls,
 // POST …:pause and …:resume, which need the `control` scope).
 import { ApiError, call, path, problemText } from "./api.js";
-import { h, replace } from "./dom.js";
+import { dateTime, h, replace } from "./dom.js";
 
 function limitText(c) {
   const parts = [];
   if (c.max_in_flight !== null) parts.push(`at most ${c.max_in_flight} in flight`);
   if (c.claims_per_second !== null) parts.push(`at most ${c.claims_per_second} claims per second`);
   return parts.length ? parts.join(", ") : "no limits";
-}
-
-// "2026-11-26T09:21:57.123456Z" -> "2026-11-26 09:21:57"
-function utc(iso) {
-  return iso.slice(0, 19).replace("T", " ");
 }
 
 // `page.stale()` says the user has left the page (a late answer is then dropped);
@@ -75,8 +70,8 @@ export function controlsPanel(rt, page) {
       c.paused && c.paused_reason
         ? h("span", { id: "pause-reason-shown", class: "reason" }, ` Reason: ${c.paused_reason}.`)
         : "",
-      c.paused && c.paused_since ? ` Paused since ${utc(c.paused_since)} UTC.` : "",
-      c.paused && c.paused_until ? ` Resumes by itself at ${utc(c.paused_until)} UTC.` : "",
+      c.paused && c.paused_since ? ` Paused since ${dateTime(c.paused_since)} UTC.` : "",
+      c.paused && c.paused_until ? ` Resumes by itself at ${dateTime(c.paused_until)} UTC.` : "",
     );
     replace(toggle, c.paused ? "Resume runtime" : "Pause runtime");
     reasonLabel.hidden = reason.hidden = c.paused;

@@ -27,10 +27,15 @@ export function replace(el, ...children) {
   return append(el, children);
 }
 
+// "2026-11-26T09:21:57.123456Z" -> "2026-11-26 09:21:57" (UTC, said elsewhere)
+export function dateTime(iso) {
+  return `${iso.slice(0, 10)} ${iso.slice(11, 19)}`;
+}
+
 // "2026-11-26T09:21:57.123456Z" -> "2026-11-26 09:21:57 UTC"
 export function time(iso) {
   if (!iso) return "—";
-  return `${iso.slice(0, 10)} ${iso.slice(11, 19)} UTC`;
+  return `${dateTime(iso)} UTC`;
 }
 
 // Seconds -> "42 s", "3 min", "2 h 5 min", "3 d 4 h"
