@@ -2,7 +2,8 @@
 
 Starts a `gateway serve` process on a database of its own (made on TEST_DATABASE_URL's
 server, dropped afterwards) and TEST_REDIS_URL, fills it with a few example runtimes,
-and saves docs/console/{runtimes,runtime,task,task-narrow}.png from Debian's Chromium.
+and saves docs/console/{runtimes,runtime,schedules,task,task-narrow}.png from Debian's
+Chromium.
 Not run by the test suite."""
 
 from __future__ import annotations
@@ -70,6 +71,22 @@ async def _seed(api: Api) -> str:
         f"/v1/runtimes/{rt}:pause",
         {"reason": "runner image upgrade in progress", "until": until},
     )
+    # The runtime page's schedules panel: a cron in a zone, an interval, a paused one,
+    # and one run now, so that its row links its last task.
+    for name, definition in [
+        ("nightly-full", {"cron": "0 3 * * *", "timezone": "Europe/Paris"}),
+        ("flaky-retest", {"every_seconds": 900, "overlap": "buffer_one"}),
+        ("weekly-deps", {"cron": "0 6 * * 1", "timezone": "America/New_York"}),
+    ]:
+        await api.ok(
+            "PUT", f"/v1/runtimes/{rt}/schedules/{name}", {**definition, "payload": {"job": name}}
+        )
+    await api.ok("POST", f"/v1/runtimes/{rt}/schedules/nightly-full:trigger")
+    await api.ok(
+        "POST",
+        f"/v1/runtimes/{rt}/schedules/weekly-deps:pause",
+        {"note": "lockfile frozen until the 2.0 release"},
+    )
     shown = await api.enqueue(
         rt,
         {
@@ -120,6 +137,12 @@ async def main() -> int:
                 await page.goto(f"{base}/console#/runtime/ci-linux-x64")
                 await page.locator("#tasks").wait_for()
                 await page.screenshot(path=OUT / "runtime.png", full_page=True)
+                await page.locator("#schedules details").first.locator("summary").click()
+                panel = page.locator(".schedules")
+                await panel.screenshot(path=OUT / "schedules.png")
+                table = page.locator(".schedules .scroll")
+                if await table.evaluate("e => e.scrollWidth > e.clientWidth"):
+                    print("the schedules table scrolls sideways at 1,100 pixels", file=sys.stderr)
                 await page.goto(f"{base}/console#/task/{task_id}")
                 await page.locator("pre").wait_for()
                 await page.screenshot(path=OUT / "task.png", full_page=True)
