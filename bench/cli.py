@@ -746,6 +746,7 @@ DETAIL_COLUMNS: dict[str, list[str]] = {
         "batches_per_tick",
         "insert_per_batch_p50_ms",
         "between_batches_p50_ms",
+        "gateway_pass_mean_ms",
         "settle_seconds",
         "put_seconds",
         "tasks_completed",

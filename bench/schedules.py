@@ -22,10 +22,11 @@ Every figure is read from Postgres afterwards, not from the gateway:
   the skips recorded in `schedule_ticks`; a tick with neither is a silent gap;
 - duplicates: tasks beyond the first with the same (runtime, schedule,
   `scheduled_for`); the guarantee is none;
-- the tick pass's Postgres cost: the gateway has no metric of a pass's time or of its
-  statements, so what is measured is each tick's write span, from its first task's
-  insert to its last (all 10,000 schedules share a tick, so this is the passes that
-  tick took), beside the gateway's own `gateway_schedule_lag_seconds`.
+- the tick pass's Postgres cost: each tick's write span, from its first task's insert
+  to its last (all 10,000 schedules share a tick, so this is the passes that tick
+  took), beside the gateway's own `gateway_schedule_lag_seconds` and
+  `gateway_schedule_pass_seconds` (the passes that found schedules due: how many, and
+  their mean).
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ SETTLE_POLL_SECONDS = 0.5
 IDLE_PAUSE_SECONDS = 0.2
 LAG_BUCKET = 'gateway_schedule_lag_seconds_bucket{le="1.0"}'
 LAG_COUNT = "gateway_schedule_lag_seconds_count"
+PASS_COUNT = "gateway_schedule_pass_seconds_count"
+PASS_SUM = "gateway_schedule_pass_seconds_sum"
 TICKS_ENQUEUED = 'gateway_schedule_ticks_total{outcome="enqueued"}'
 
 TICKS_DECIDED = "SELECT count(*) FROM schedule_ticks WHERE tick_at <= $1"
@@ -321,6 +324,7 @@ async def schedules(opts: argparse.Namespace, servers: Servers, workdir: Path) -
         metrics = await client.scrape(http, gw.url)
         result.numbers.update(await _read_back(database_url, window_end, first_ticks, result))
         lagged = metrics.get(LAG_COUNT) or 0.0
+        passes = metrics.get(PASS_COUNT) or 0.0
         result.numbers.update(
             put_seconds=round(put_seconds, 2),
             puts_per_second=round(opts.schedules / put_seconds, 1) if put_seconds else None,
@@ -332,6 +336,8 @@ async def schedules(opts: argparse.Namespace, servers: Servers, workdir: Path) -
             gateway_lag_within_1s_share=(
                 round(metrics.get(LAG_BUCKET, 0.0) / lagged, 4) if lagged else None
             ),
+            gateway_passes=int(passes),
+            gateway_pass_mean_ms=(_ms(metrics.get(PASS_SUM, 0.0) / passes) if passes else None),
         )
         check_tally(result, "put schedule", puts)
         check_tally(result, "claim", drain.claims)

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -138,10 +139,13 @@ class Scheduler:
         # A batch's runtimes are bumped while the next batch is decided; the pass ends
         # once every bump is sent.
         bumps = Bumps(self._announce)
+        started = time.monotonic()
         try:
             await self._batches(report, plan, bumps)
         finally:
             await bumps.finish()
+        if report.schedules:
+            self._metrics.schedule_pass_seconds.observe(time.monotonic() - started)
         return report
 
     async def _batches(self, report: TickReport, plan: Planner, bumps: Bumps) -> None:

@@ -27,6 +27,7 @@ from gateway.store.sql import schedules as schedule_sql
 from tests.support.databases import execute, fetch
 from tests.support.gateways import running_gateway
 from tests.support.janitor import janitor_settings
+from tests.support.metrics import sample
 from tests.support.schedules import duplicates, instances, put
 from tests.support.waiting import wait_until
 
@@ -273,12 +274,15 @@ async def test_a_pass_runs_batches_at_once_and_stops_at_its_bound(
             await put(a, f"rt{n % 5}", f"s{n}", every_seconds=3600, overlap="allow")
         await behind(url, 1)
         settings = Settings(database_url=url)
-        scheduler = service.Scheduler(a, announce, settings, Metrics(), leading=lambda: True)
+        metrics = Metrics()
+        scheduler = service.Scheduler(a, announce, settings, metrics, leading=lambda: True)
         first = await scheduler.run_once()
         assert first.schedules == 12 and first.count("enqueued") == 12
         assert sorted(set(bumped)) == [f"rt{n}" for n in range(5)]
         second = await scheduler.run_once()
         assert second.schedules == 8 and second.count("enqueued") == 8
         assert (await scheduler.run_once()).schedules == 0
+    # Two passes found schedules due; the empty third is not counted.
+    assert sample(metrics, "gateway_schedule_pass_seconds_count") == 2
     assert await duplicates(url) == 0
     assert len(await fetch(url, "SELECT 1 FROM tasks")) == 20
