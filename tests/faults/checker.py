@@ -1,7 +1,9 @@
 """The fault matrix's checker: a pure function over what the clients saw (a `History`)
 and the tasks table at the end (`Row`s), sorting every task into completed once,
 cancelled, acknowledged-lost, resurrected, lost, duplicated or unresolved, and every
-empty claim answer into fine or stale-empty.
+empty claim answer into fine or stale-empty. Tasks that schedules made are the
+schedules class's (`check_schedules`): every due tick has exactly one task or a
+recorded skip, read from the schedules' tick record.
 
 Times are wall-clock seconds (`time.time()`), the clock Postgres uses on the same
 machine. Every verdict is conservative: a request's effect happened somewhere between
@@ -12,8 +14,11 @@ accuse.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
+
+from gateway.timing import Timing
 
 
 @dataclass(frozen=True)
@@ -102,12 +107,14 @@ class History:
 
 @dataclass(frozen=True)
 class Row:
-    """One row of the tasks table at check time; `lease_expires_at` in epoch seconds."""
+    """One row of the tasks table at check time; `lease_expires_at` in epoch seconds;
+    `schedule`: the name of the schedule that made it (None for a producer's task)."""
 
     task_id: str
     runtime: str
     status: str
     lease_expires_at: float | None = None
+    schedule: str | None = None
 
 
 @dataclass
@@ -162,9 +169,11 @@ def check(
 ) -> Verdict:
     """Sort every task of `rows` (and every task an answered enqueue names) into one
     category; list the stale-empty answers. `checked_at` is when `rows` were read;
-    `repair_bound` is how long (s) a committed claimable task may stay hidden."""
+    `repair_bound` is how long (s) a committed claimable task may stay hidden. Rows a
+    schedule made are left to `check_schedules`: no producer's answer names them, and
+    their schedules keep making them until the check."""
     verdict = Verdict()
-    by_id = {row.task_id: row for row in rows}
+    by_id = {row.task_id: row for row in rows if row.schedule is None}
     leases: dict[str, list[tuple[Claim, Lease]]] = defaultdict(list)
     for claim in history.claims:
         for lease in claim.leases:
@@ -277,3 +286,160 @@ def _stale_empty(
                 )
                 break
     return found
+
+
+# -- the schedules class -------------------------------------------------------------
+#
+# Times here are the database's aware datetimes (UTC), the clock every tick is computed
+# against, not the clients' epoch seconds.
+
+# The most ticks of one schedule counted up to the cut-off: a row's minute of
+# every-second ticks is far below it.
+MAX_TICKS_PER_SCHEDULE = 100_000
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One schedule of the row: its row's id, runtime and name, its timing as stored,
+    and `first_tick`, its first due tick (the `next_run_at` its PUT answered)."""
+
+    schedule_id: int
+    runtime: str
+    name: str
+    first_tick: datetime
+    every_seconds: int | None = None
+    cron: str | None = None
+    timezone: str = "UTC"
+
+    def due(self, until: datetime) -> list[datetime]:
+        """Its ticks from the first to `until`, as the gateway computes them."""
+        if self.first_tick > until:
+            return []
+        timing = Timing(self.cron, self.every_seconds, self.timezone)
+        ticks = timing.ticks_between(self.first_tick, until, MAX_TICKS_PER_SCHEDULE)
+        return [self.first_tick, *ticks]
+
+
+@dataclass(frozen=True)
+class Tick:
+    """One row of the tick record (`schedule_ticks`): a tick decided, its outcome
+    (enqueued, skipped_overlap, skipped_late, failed) and, when enqueued, its task."""
+
+    schedule_id: int
+    tick_at: datetime
+    outcome: str
+    task_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ScheduledTask:
+    """A task a schedule made: its runtime, `schedule` (the schedule's name) and
+    `scheduled_for` (its tick's time), as the tasks table holds them."""
+
+    task_id: str
+    runtime: str
+    schedule: str
+    scheduled_for: datetime
+
+
+@dataclass
+class ScheduleVerdict:
+    """The schedules class. Keys name a tick as `runtime/schedule@tick time`."""
+
+    due: int = 0  # ticks due by the cut-off, over every schedule
+    # The due ticks by the outcome recorded for them ("no tick row" for a task without).
+    outcomes: Counter[str] = field(default_factory=Counter)
+    # A tick with more than one task, or more than one row in the tick record.
+    duplicated: dict[str, str] = field(default_factory=dict)
+    # A due tick with neither a task nor a recorded skip: it was silently passed over.
+    gaps: dict[str, str] = field(default_factory=dict)
+    # The record and the tasks disagree: a tick recorded enqueued whose task is missing,
+    # a task whose tick has no row, a tick recorded skipped that made a task anyway.
+    unmatched: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def clean(self) -> bool:
+        return not (self.duplicated or self.gaps or self.unmatched)
+
+    @property
+    def skipped(self) -> int:
+        return sum(n for outcome, n in self.outcomes.items() if outcome.startswith("skipped"))
+
+    def summary(self) -> str:
+        """The due ticks by outcome, in one line."""
+        counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(self.outcomes.items()))
+        return f"{self.due} due ({counts or 'none decided'})"
+
+    def problems(self) -> list[str]:
+        kinds = (
+            ("duplicated tick", self.duplicated),
+            ("silent gap", self.gaps),
+            ("tick record and tasks disagree", self.unmatched),
+        )
+        return [f"{kind} {key}: {why}" for kind, found in kinds for key, why in found.items()]
+
+
+def check_schedules(
+    schedules: list[Schedule],
+    ticks: list[Tick],
+    tasks: list[ScheduledTask],
+    *,
+    until: datetime,
+) -> ScheduleVerdict:
+    """Every tick of `schedules` due by `until` must have exactly one task or a recorded
+    skip; every tick recorded or with a task (due or not yet) at most one of each, the
+    record and the task agreeing. `ticks` and `tasks` must come from one snapshot (a
+    tick's row and its task commit together). `until` is a cut-off by which a live tick
+    pass must have decided every tick due."""
+    verdict = ScheduleVerdict()
+    by_id = {s.schedule_id: s for s in schedules}
+    by_name = {(s.runtime, s.name): s.schedule_id for s in schedules}
+    recorded: dict[tuple[int, datetime], list[Tick]] = defaultdict(list)
+    for tick in ticks:
+        recorded[(tick.schedule_id, tick.tick_at)].append(tick)
+    made: dict[tuple[int, datetime], list[ScheduledTask]] = defaultdict(list)
+    for task in tasks:
+        schedule_id = by_name.get((task.runtime, task.schedule))
+        if schedule_id is None:
+            named = f"{task.runtime}/{task.schedule}@{task.scheduled_for.isoformat()}"
+            verdict.unmatched[named] = f"task {task.task_id} names no schedule of the row"
+            continue
+        made[(schedule_id, task.scheduled_for)].append(task)
+
+    def label(schedule_id: int, tick_at: datetime) -> str:
+        s = by_id.get(schedule_id)
+        name = f"{s.runtime}/{s.name}" if s is not None else f"schedule {schedule_id}"
+        return f"{name}@{tick_at.isoformat()}"
+
+    for key in sorted(set(recorded) | set(made)):
+        rows, its_tasks = recorded.get(key, []), made.get(key, [])
+        if len(rows) > 1 or len(its_tasks) > 1:
+            verdict.duplicated[label(*key)] = (
+                f"{len(its_tasks)} tasks ({', '.join(t.task_id for t in its_tasks)}), "
+                f"{len(rows)} tick rows"
+            )
+        elif not rows:
+            verdict.unmatched[label(*key)] = f"task {its_tasks[0].task_id} has no tick row"
+        elif rows[0].outcome == "enqueued":
+            if not its_tasks or its_tasks[0].task_id != rows[0].task_id:
+                verdict.unmatched[label(*key)] = (
+                    f"recorded enqueued with task {rows[0].task_id}, which is missing"
+                )
+        elif its_tasks:
+            verdict.unmatched[label(*key)] = (
+                f"recorded {rows[0].outcome}, yet task {its_tasks[0].task_id} was made"
+            )
+
+    for schedule in schedules:
+        for tick_at in schedule.due(until):
+            key = (schedule.schedule_id, tick_at)
+            verdict.due += 1
+            if key in recorded:
+                verdict.outcomes[recorded[key][0].outcome] += 1
+            elif key in made:
+                verdict.outcomes["no tick row"] += 1
+            else:
+                verdict.gaps[label(*key)] = (
+                    f"due, and neither a task nor a recorded skip by {until.isoformat()}"
+                )
+    return verdict

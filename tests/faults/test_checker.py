@@ -1,7 +1,10 @@
 """The checker finds each kind of failure on a crafted history, and passes a clean one:
-a checker that cannot fail checks nothing."""
+a checker that cannot fail checks nothing. The same for the schedules class, over a
+crafted tick record and its tasks."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
 
 from tests.faults.checker import (
     Cancel,
@@ -12,9 +15,13 @@ from tests.faults.checker import (
     History,
     Lease,
     Row,
+    Schedule,
+    ScheduledTask,
+    Tick,
     Unknown,
     Verdict,
     check,
+    check_schedules,
 )
 
 RT = "rt"
@@ -224,3 +231,117 @@ def test_a_cancel_with_no_answer_excuses_a_cancelled_row() -> None:
 def test_a_cancelled_row_nobody_cancelled_is_lost() -> None:
     verdict = _check(History(enqueues=[Enqueue("t1", RT, 0.0)]), [Row("t1", RT, "cancelled")])
     assert set(verdict.lost) == {"t1"}, verdict
+
+
+def test_a_task_a_schedule_made_is_left_to_the_schedules_class() -> None:
+    # No producer's answer names it, and it may still be queued at the check.
+    rows = [Row("t1", RT, "completed"), Row("s1", "rt-ticks", "queued", schedule="every")]
+    verdict = _check(_delivered(), rows)
+    assert verdict.clean and verdict.completed_once == {"t1"}, verdict
+
+
+# -- the schedules class ---------------------------------------------------------------
+
+T0 = datetime(2026, 11, 27, 12, 0, 0, tzinfo=UTC)
+EVERY = Schedule(1, "rt-ticks", "every", T0, every_seconds=1)
+
+
+def _at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def _enqueued(seconds: int, schedule: Schedule = EVERY) -> tuple[Tick, ScheduledTask]:
+    """Tick `seconds` after T0 recorded enqueued, and its task."""
+    task_id = f"{schedule.name}-{seconds}"
+    return (
+        Tick(schedule.schedule_id, _at(seconds), "enqueued", task_id),
+        ScheduledTask(task_id, schedule.runtime, schedule.name, _at(seconds)),
+    )
+
+
+def _every_tick(count: int) -> tuple[list[Tick], list[ScheduledTask]]:
+    """Ticks 0 to count - 1 each enqueued with its task."""
+    made = [_enqueued(n) for n in range(count)]
+    return [tick for tick, _ in made], [task for _, task in made]
+
+
+def test_every_due_tick_with_its_task_or_a_recorded_skip_is_clean() -> None:
+    ticks, tasks = _every_tick(5)
+    ticks[2] = Tick(1, _at(2), "skipped_overlap")
+    ticks[3] = Tick(1, _at(3), "skipped_late")
+    del tasks[2:4]
+    verdict = check_schedules([EVERY], ticks, tasks, until=_at(4.5))
+    assert verdict.clean, verdict.problems()
+    assert verdict.due == 5
+    assert verdict.outcomes == {"enqueued": 3, "skipped_overlap": 1, "skipped_late": 1}
+    assert verdict.skipped == 2
+
+
+def test_a_tick_with_two_tasks_is_duplicated() -> None:
+    ticks, tasks = _every_tick(3)
+    tasks.append(ScheduledTask("second", "rt-ticks", "every", _at(1)))
+    verdict = check_schedules([EVERY], ticks, tasks, until=_at(2))
+    assert list(verdict.duplicated) == [f"rt-ticks/every@{_at(1).isoformat()}"], verdict
+    assert "2 tasks" in verdict.duplicated[f"rt-ticks/every@{_at(1).isoformat()}"]
+    assert not verdict.clean
+
+
+def test_a_tick_recorded_twice_is_duplicated_even_past_the_cut_off() -> None:
+    # Without the tick key a second decision adds a row (and a task): the record shows
+    # it whether or not the tick is due by the cut-off.
+    ticks, tasks = _every_tick(4)
+    again, its_task = _enqueued(3)
+    ticks.append(Tick(1, _at(3), "enqueued", "again"))
+    tasks.append(ScheduledTask("again", its_task.runtime, its_task.schedule, _at(3)))
+    verdict = check_schedules([EVERY], ticks, tasks, until=_at(2))
+    assert set(verdict.duplicated) == {f"rt-ticks/every@{again.tick_at.isoformat()}"}, verdict
+
+
+def test_a_due_tick_with_neither_task_nor_skip_is_a_silent_gap() -> None:
+    ticks, tasks = _every_tick(5)
+    del ticks[3], tasks[3]
+    verdict = check_schedules([EVERY], ticks, tasks, until=_at(4))
+    assert list(verdict.gaps) == [f"rt-ticks/every@{_at(3).isoformat()}"], verdict
+    assert not verdict.clean
+
+
+def test_ticks_after_the_cut_off_or_before_the_first_are_not_due() -> None:
+    ticks, tasks = _every_tick(3)
+    late_starter = Schedule(2, "rt-ticks", "later", _at(10), every_seconds=1)
+    verdict = check_schedules([EVERY, late_starter], ticks, tasks, until=_at(2.9))
+    assert verdict.clean and verdict.due == 3, verdict.problems()
+
+
+def test_the_record_and_the_tasks_must_agree() -> None:
+    ticks, tasks = _every_tick(4)
+    tasks = [t for t in tasks if t.scheduled_for != _at(0)]  # enqueued, its task missing
+    ticks = [t for t in ticks if t.tick_at != _at(1)]  # a task, no tick row
+    ticks[-1] = Tick(1, _at(3), "skipped_overlap")  # skipped, yet its task was made
+    verdict = check_schedules([EVERY], ticks, tasks, until=_at(3))
+    assert set(verdict.unmatched) == {f"rt-ticks/every@{_at(n).isoformat()}" for n in (0, 1, 3)}, (
+        verdict
+    )
+    assert not verdict.gaps and not verdict.duplicated and not verdict.clean
+
+
+def test_a_cron_is_read_by_the_gateways_own_timing() -> None:
+    # Every 2 s (6 fields, seconds first): the odd seconds are no ticks, so leaving them
+    # out is no gap, and T0 + 4 missing is one.
+    every_two = Schedule(3, "rt-cron", "two", T0, cron="*/2 * * * * *")
+    made = [_enqueued(n, every_two) for n in (0, 2, 6)]
+    ticks, tasks = [t for t, _ in made], [t for _, t in made]
+    verdict = check_schedules([every_two], ticks, tasks, until=_at(7))
+    assert verdict.due == 4
+    assert list(verdict.gaps) == [f"rt-cron/two@{_at(4).isoformat()}"], verdict
+
+
+def test_a_duplicate_and_a_gap_together_are_both_reported() -> None:
+    """The class can fail: what the tick key dropped from a real run looks like (a
+    tick decided twice), beside a tick a pass passed over."""
+    ticks, tasks = _every_tick(6)
+    ticks.append(Tick(1, _at(2), "enqueued", "twice"))
+    tasks.append(ScheduledTask("twice", "rt-ticks", "every", _at(2)))
+    del ticks[4], tasks[4]
+    verdict = check_schedules([EVERY], ticks, tasks, until=_at(5))
+    assert len(verdict.duplicated) == 1 and len(verdict.gaps) == 1, verdict
+    assert len(verdict.problems()) == 2 and not verdict.clean
