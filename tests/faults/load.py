@@ -6,6 +6,10 @@ complete what they get at once, but for a few tasks they drop, as a dead daemon 
 and may fail some with a retry (the task comes back and is completed later). An
 answer with no usable outcome (timeout, connection error, 5xx) is recorded as unknown.
 All times are `time.time()` seconds, as the checker wants.
+
+A row may also ask for schedules: created at the start on runtimes of their own, whose
+tasks the same workers drain, and backfilled now and then over their last seconds, so
+that a backfill races the tick passes over the same ticks.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
@@ -26,6 +31,21 @@ from tests.faults.checker import Cancel, Claim, Complete, Enqueue, Fail, History
 MAX_IN_FLIGHT_ENQUEUES = 50
 RETRY_PAUSE_SECONDS = 0.2
 NOT_SENT = 0  # the status _post gives a request that never reached a gateway
+PUT_ATTEMPTS = 10  # a schedule's PUT, again after no usable answer
+# A backfill covers its schedule's last BACKFILL_SECONDS up to BACKFILL_LAG_SECONDS ago
+# (its end must not be after the database's clock, the same machine's): ticks the
+# passes decided, and the last ones, which a pass may be deciding at that moment.
+BACKFILL_SECONDS = 4.0
+BACKFILL_LAG_SECONDS = 0.1
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """A schedule the load creates at its start: `body` is its PUT's definition."""
+
+    runtime: str
+    name: str
+    body: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -59,6 +79,14 @@ class LoadShape:
     # retry after a lost answer gets the task already stored, never a second one; its
     # 200 (the replay) counts as the enqueue's answer. 0: no retry, no key.
     enqueue_retry_seconds: float = 0.0
+    # Schedules created at the start, their runtimes worked as the others are; while
+    # producing, one of them backfilled every `backfill_every_seconds` (0: never).
+    schedules: tuple[ScheduleSpec, ...] = ()
+    backfill_every_seconds: float = 0.0
+
+    @property
+    def schedule_runtimes(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(s.runtime for s in self.schedules))
 
 
 @dataclass
@@ -71,6 +99,11 @@ class Load:
     shape: LoadShape
     history: History = field(default_factory=History)
     statuses: Counter[int] = field(default_factory=Counter)
+    # Each schedule's first tick, (runtime, name) -> the `next_run_at` its PUT answered.
+    first_ticks: dict[tuple[str, str], datetime] = field(default_factory=dict)
+    # Backfills by their answer ("answered 200", "no answer", "not sent"...), and "ticks
+    # enqueued" by those answered 200.
+    backfills: Counter[str] = field(default_factory=Counter)
     _producing: asyncio.Event = field(default_factory=asyncio.Event)
     _working: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -85,13 +118,16 @@ class Load:
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=self.shape.connections, force_close=False)
         self._http = aiohttp.ClientSession(connector=connector)
+        await self._create_schedules()
         self._producing.set()
         self._working.set()
         self._tasks.append(asyncio.create_task(self._produce()))
         for gateway in range(len(self.urls())):
-            for runtime in self.shape.runtimes:
+            for runtime in self.shape.runtimes + self.shape.schedule_runtimes:
                 for _ in range(self.shape.workers_per_runtime):
                     self._tasks.append(asyncio.create_task(self._work(gateway, runtime)))
+        if self.shape.schedules and self.shape.backfill_every_seconds > 0:
+            self._tasks.append(asyncio.create_task(self._backfill()))
 
     async def stop_producing(self) -> None:
         self._producing.clear()
@@ -118,7 +154,13 @@ class Load:
             await self._http.close()
 
     async def _post(
-        self, gateway: int, path: str, body: Any, seconds: float, key: str | None = None
+        self,
+        gateway: int,
+        path: str,
+        body: Any,
+        seconds: float,
+        key: str | None = None,
+        method: str = "POST",
     ) -> tuple[int, Any] | None:
         """(status, body); (NOT_SENT, None) when no connection could be made, so the
         request surely did nothing; None for no usable answer (it may have taken effect)."""
@@ -128,7 +170,8 @@ class Load:
         if key is not None:
             headers["Idempotency-Key"] = key
         try:
-            async with self._http.post(
+            async with self._http.request(
+                method,
                 urls[gateway % len(urls)] + path,
                 data=orjson.dumps(body),
                 headers=headers,
@@ -143,6 +186,48 @@ class Load:
             return NOT_SENT, None
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
             return None
+
+    async def _create_schedules(self) -> None:
+        """PUT each schedule, again after no usable answer, and record its first tick:
+        the `next_run_at` of the answer. A 200 (an earlier PUT created it, its answer
+        lost) names the next tick not yet decided, so that the check starts there."""
+        for i, spec in enumerate(self.shape.schedules):
+            path = f"/v1/runtimes/{spec.runtime}/schedules/{spec.name}"
+            got = None
+            for attempt in range(PUT_ATTEMPTS):
+                got = await self._post(i + attempt, path, spec.body,
+                                       self.shape.request_seconds, method="PUT")  # fmt: skip
+                if got is not None and got[0] in (200, 201):
+                    first = datetime.fromisoformat(got[1]["next_run_at"])
+                    self.first_ticks[(spec.runtime, spec.name)] = first
+                    break
+                await asyncio.sleep(RETRY_PAUSE_SECONDS)
+            else:
+                raise RuntimeError(f"PUT {path} was not answered 200 or 201: {got}")
+
+    async def _backfill(self) -> None:
+        """While producing, every backfill_every_seconds, one schedule (in turn) is
+        backfilled over its last BACKFILL_SECONDS, through the gateways in turn."""
+        specs = self.shape.schedules
+        for n in itertools.count():
+            await asyncio.sleep(self.shape.backfill_every_seconds)
+            if not self._producing.is_set():
+                return
+            spec = specs[n % len(specs)]
+            end = datetime.now(UTC) - timedelta(seconds=BACKFILL_LAG_SECONDS)
+            start = max(self.first_ticks[(spec.runtime, spec.name)],
+                        end - timedelta(seconds=BACKFILL_SECONDS))  # fmt: skip
+            if start > end:
+                continue
+            path = f"/v1/runtimes/{spec.runtime}/schedules/{spec.name}:backfill"
+            body = {"start": start.isoformat(), "end": end.isoformat()}
+            got = await self._post(n, path, body, self.shape.request_seconds)
+            if got is None or got[0] == NOT_SENT:
+                self.backfills["no answer" if got is None else "not sent"] += 1
+                continue
+            self.backfills[f"answered {got[0]}"] += 1
+            if got[0] == 200:
+                self.backfills["ticks enqueued"] += len(got[1]["enqueued"])
 
     async def _produce(self) -> None:
         room = asyncio.Semaphore(MAX_IN_FLIGHT_ENQUEUES)

@@ -22,6 +22,7 @@ import asyncpg
 from gateway.janitor import REPAIR_PAGES_PER_PASS
 from tests.faults.patroni import PatroniCluster
 from tests.faults.servers import GatewayProcess, PrivatePostgres
+from tests.faults.ticks import KEYLESS_GATEWAY, drop_tick_key
 from tests.support.databases import create_database, drop_database, migrate
 from tests.support.proxy import BlackholeProxy
 from tests.support.redis_servers import LocalSentinel, RedisServer
@@ -122,6 +123,7 @@ async def rig(
     replication: str | None = None,
     partition: bool = False,
     sentinel: bool = False,
+    tick_key: bool = True,
 ) -> AsyncIterator[Rig]:
     """Everything a row needs, torn down afterwards by pid. `admin_url` is a Postgres
     where a database may be created; None (or `private_postgres`) starts a cluster.
@@ -131,7 +133,9 @@ async def rig(
     `partition`: each node's Patroni reaches etcd, and its replica reaches it, through
     proxies (`Rig.cuts`); the gateways reach every node directly. `sentinel`: instead
     of one redis-server, a master, its replica and SENTINELS sentinels (`Rig.sentinel`),
-    which the gateways ask for the master (`Rig.redis` is the first master)."""
+    which the gateways ask for the master (`Rig.redis` is the first master). Without
+    `tick_key`, the schedules' tick record has no key and the gateways' statement
+    names none (tests/faults/ticks.py): the broken variant of the schedules class."""
     workdir = Path(tempfile.mkdtemp(prefix="gateway-faults-"))
     pgdir = Path(tempfile.mkdtemp(prefix="gateway-faults-pg-"))
     sentinels: LocalSentinel | None = None
@@ -168,6 +172,8 @@ async def rig(
             admin_url = postgres.url
         database_url = await create_database(admin_url, "faults_")
         await migrate(database_url)
+        if not tick_key:
+            await drop_tick_key(database_url)
         made = Rig(
             workdir, redis, admin_url, database_url, secrets.token_urlsafe(32),
             postgres=postgres, ha=ha, cuts=cuts, sentinel=sentinels,
@@ -178,8 +184,9 @@ async def rig(
             made.proxy = BlackholeProxy(redis.port)
             await made.proxy.start()
             redis_urls[1] = made.proxy.url
+        module = "gateway.cli" if tick_key else KEYLESS_GATEWAY
         made.gateways = [
-            GatewayProcess(_gateway_env(made, u), workdir / f"gateway{i}.log")
+            GatewayProcess(_gateway_env(made, u), workdir / f"gateway{i}.log", module=module)
             for i, u in enumerate(redis_urls)
         ]
         await asyncio.gather(*(g.start() for g in made.gateways))

@@ -95,6 +95,9 @@ class GatewayProcess:
     log_path: Path
     port: int = field(default_factory=free_port)
     process: asyncio.subprocess.Process | None = None
+    # The module run as `python -m`: the gateway's command, or a variant of it that a
+    # check's broken run starts (tests/faults/ticks.py).
+    module: str = "gateway.cli"
 
     @property
     def url(self) -> str:
@@ -103,7 +106,7 @@ class GatewayProcess:
     async def start(self) -> None:
         with self.log_path.open("ab") as out:
             self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "gateway.cli", "--log-level", "warning",
+                sys.executable, "-m", self.module, "--log-level", "warning",
                 "serve", "--port", str(self.port),
                 env=self.env, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
             )  # fmt: skip

@@ -24,6 +24,7 @@ from gateway.schedules import plans, service
 from gateway.settings import Settings
 from gateway.store import Store
 from gateway.store.sql import schedules as schedule_sql
+from tests.faults.ticks import drop_tick_key, keyless_record_ticks
 from tests.support.databases import execute, fetch
 from tests.support.gateways import running_gateway
 from tests.support.janitor import janitor_settings
@@ -121,15 +122,8 @@ async def test_control_without_the_tick_key_the_same_race_makes_duplicates(
     """The check above can fail: with the key dropped from the table and its conflict
     clause from the statement, the racing backfills and the retried pass each make a
     second task for ticks already enqueued."""
-    await execute(
-        own_database_url, "ALTER TABLE schedule_ticks DROP CONSTRAINT schedule_ticks_pkey"
-    )
-    # Without its conflict clause the statement no longer reads the backfill's flag ($8),
-    # which it is still sent: it is read, to no effect, where the schedule is joined.
-    keyless = schedule_sql.record_ticks("").replace(
-        "AND s.version = i.version", "AND s.version = i.version AND $8::boolean IS NOT NULL"
-    )
-    monkeypatch.setattr(schedule_sql, "RECORD_TICKS", keyless)
+    await drop_tick_key(own_database_url)
+    monkeypatch.setattr(schedule_sql, "RECORD_TICKS", keyless_record_ticks())
     counts = await race(own_database_url)
     assert counts["duplicates"] > 0, counts
 
