@@ -1,4 +1,5 @@
-"""The matrix's rows: each fault is injected, held for `hold_seconds`, then healed."""
+"""The matrix's rows: each fault is injected, held for `hold_seconds`, then healed; and
+the reading of the counter that proves a fault left a trace."""
 
 from __future__ import annotations
 
@@ -25,6 +26,16 @@ Check = Callable[[Rig], Coroutine[Any, Any, str]]
 LEADER_METRIC = "gateway_janitor_leader"
 BACKEND_KILL_EVERY_SECONDS = 0.3
 MID_CLAIM_WATCH_SECONDS = 5.0
+# Ticks the tick passes enqueued (gateway/schedules/service.py), a pass's failures left out.
+TICKS_ENQUEUED = 'gateway_schedule_ticks_total{outcome="enqueued"}'
+# The tick pass's statements (gateway/store/sql/schedules.py) as pg_stat_activity shows
+# the one a backend runs, or last ran in its open transaction: the due schedules
+# locked, their ticks and tasks written, the schedules advanced.
+TICK_PASS_STATEMENTS = [
+    "%FOR UPDATE OF s SKIP LOCKED%",
+    "%INSERT INTO schedule_ticks%",
+    "%UPDATE schedules s%",
+]
 
 
 @dataclass(frozen=True)
@@ -42,13 +53,20 @@ class Fault:
     # reports acknowledged-lost and resurrected tasks but is not failed by them.
     loss_allowed: bool = False
     partition: bool = False  # Patroni's paths run through proxies (rig's `cuts`)
-    # A gateway counter (summed over both) that must grow across the fault, so that a
-    # fault that silently did nothing cannot pass as a clean row.
+    # A gateway counter (summed over both; a gateway started again counts from zero)
+    # that must grow across the fault, so that a fault that silently did nothing cannot
+    # pass as a clean row.
     proof: str | None = None
+    # The proof must also have counted before the fault: the work it counts ran on both
+    # sides of it.
+    proof_before: bool = False
     # What must come true after the heal while the load goes on (the old primary back
     # as a replica, say); its problem, if any, fails the row.
     settled: Check | None = None
     sentinel: bool = False  # Redis is a master, its replica and sentinels (rig's `sentinel`)
+    # The load also runs schedules (tests/faults/ticks.py), and the check their class:
+    # every due tick has exactly one task or a recorded skip.
+    schedules: bool = False
 
     @property
     def failover(self) -> bool:
@@ -187,15 +205,57 @@ async def _restart_killed(rig: Rig) -> None:
             await gateway.start()
 
 
-async def _kill_janitor_leader(rig: Rig) -> None:
+async def _kill_mid_pass(rig: Rig, index: int) -> None:
+    """SIGKILL gateway `index` as soon as one of its tick passes is seen inside its
+    transaction (due schedules locked, their ticks perhaps written, nothing committed):
+    Postgres rolls the pass back whole, and the next leader decides the same ticks.
+    After MID_CLAIM_WATCH_SECONDS without seeing one, anyway."""
+    gateway = rig.gateways[index]
+    assert gateway.process is not None
+    conn = await asyncpg.connect(rig.database_url, timeout=10)
+    try:
+        deadline = time.monotonic() + MID_CLAIM_WATCH_SECONDS
+        seen = None
+        for round_ in itertools.count():
+            if seen is not None or time.monotonic() > deadline:
+                break
+            if round_ % 50 == 0:  # its pool opens connections as it needs them
+                ports = _local_ports(gateway.process.pid)
+            seen = await conn.fetchval(
+                "SELECT query FROM pg_stat_activity WHERE client_port = ANY($1::int[]) "
+                "AND state IN ('active', 'idle in transaction') "
+                "AND query LIKE ANY($2::text[])",
+                ports,
+                TICK_PASS_STATEMENTS,
+            )
+        await gateway.kill()  # before anything else: the pass may commit any moment
+    finally:
+        await conn.close()
+    where = "inside a tick pass's transaction" if seen else "without seeing a tick pass"
+    rig.notes["janitor leader SIGKILLed"] = where
+    log(f"SIGKILLed gateway {index}, the janitor's leader, {where}")
+
+
+async def _janitor_leader(rig: Rig) -> int:
+    """The index of the gateway that reports itself the janitor's leader."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         for index, gateway in enumerate(rig.gateways):
             if await gateway.metric(LEADER_METRIC) == 1.0:
-                await _kill_mid_claim(rig, index)
-                return
+                return index
         await asyncio.sleep(0.1)
     raise RuntimeError("no gateway reported itself the janitor's leader")
+
+
+async def _kill_janitor_leader(rig: Rig) -> None:
+    await _kill_mid_claim(rig, await _janitor_leader(rig))
+
+
+async def _redis_kill_then_leader_mid_pass(rig: Rig) -> None:
+    """Redis first, so that the surviving gateway takes the lead, and runs its first
+    tick passes, with no Redis to bump the runtimes that got tasks."""
+    rig.redis.kill()
+    await _kill_mid_pass(rig, await _janitor_leader(rig))
 
 
 async def _takeover_then_restart(rig: Rig) -> None:
@@ -208,6 +268,11 @@ async def _takeover_then_restart(rig: Rig) -> None:
             raise RuntimeError("no surviving gateway took over the janitor")
         await asyncio.sleep(0.1)
     await _restart_killed(rig)
+
+
+async def _redis_start_then_takeover(rig: Rig) -> None:
+    await _redis_start(rig)
+    await _takeover_then_restart(rig)
 
 
 async def _blackhole(rig: Rig) -> None:
@@ -248,6 +313,16 @@ FAULTS = {
         Fault("Postgres restarted", _postgres_stop, _postgres_start, private_postgres=True),
         Fault("one gateway SIGKILLed mid-claim", _kill_first_gateway, _restart_killed),
         Fault("janitor leader SIGKILLed", _kill_janitor_leader, _takeover_then_restart),
+        Fault(
+            "janitor leader SIGKILLed mid tick pass + Redis restarted",
+            _redis_kill_then_leader_mid_pass,
+            _redis_start_then_takeover,
+            schedules=True,
+            # Passes enqueued ticks before the fault (the old leader's) and after it
+            # (the survivor's, once it took the lock).
+            proof=TICKS_ENQUEUED,
+            proof_before=True,
+        ),
         Fault(
             "gateway-Redis path blackholed 3 s",
             _blackhole,
@@ -308,4 +383,45 @@ FAULTS = {
         ),
     )
 }
-SHORT = ("Redis SIGKILL + restart", "pub/sub connection killed", "one gateway SIGKILLed mid-claim")
+SHORT = (
+    "Redis SIGKILL + restart",
+    "pub/sub connection killed",
+    "one gateway SIGKILLed mid-claim",
+    "janitor leader SIGKILLed mid tick pass + Redis restarted",
+)
+
+
+async def counters(rig: Rig, name: str) -> dict[int, float]:
+    """Counter `name` of each gateway that answers, by its process id."""
+    found = {}
+    for g in rig.gateways:
+        pid = g.process.pid if g.process is not None else None
+        value = await g.metric(name)
+        if pid is not None and value is not None:
+            found[pid] = value
+    return found
+
+
+def grown(before: dict[int, float], after: dict[int, float]) -> float:
+    """How much a counter grew over the gateways from `before` to `after` (counters()):
+    a process started since counts from zero, one gone counts nothing."""
+    return sum(value - before.get(pid, 0.0) for pid, value in after.items())
+
+
+# How long a row waits, after its warm-up, for its proof counter to count what ran
+# before the fault (Fault.proof_before).
+PROOF_BEFORE_SECONDS = 10.0
+
+
+async def proof_before(rig: Rig, fault: Fault) -> tuple[dict[int, float], str]:
+    """The proof counter before the fault, and what is wrong with it ('' for
+    nothing): with proof_before, it must count something, waited for a while."""
+    assert fault.proof is not None
+    deadline = time.monotonic() + PROOF_BEFORE_SECONDS
+    before = await counters(rig, fault.proof)
+    while fault.proof_before and not sum(before.values()):
+        if time.monotonic() > deadline:
+            return before, f"{fault.proof} counted nothing before the fault"
+        await asyncio.sleep(0.1)
+        before = await counters(rig, fault.proof)
+    return before, ""

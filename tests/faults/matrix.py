@@ -2,7 +2,8 @@
 
 A row: fresh servers, steady load for `warmup` s, the fault injected, held and healed,
 load for `after` s more, producers stopped, workers kept polling until every task is
-finished in Postgres (or `drain` s passed), then the check against the tasks table.
+finished in Postgres (or `drain` s passed), then the check against the tasks table;
+for a row with schedules, also the check of their ticks against the tick record.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import asyncpg
 
 from gateway.janitor import LOCK_KEY
 from tests.faults import patroni
-from tests.faults.checker import History, Row, Verdict, check
-from tests.faults.faults import FAULTS, LEADER_METRIC, Fault
+from tests.faults.checker import History, Row, ScheduleVerdict, Verdict, check
+from tests.faults.faults import FAULTS, LEADER_METRIC, Fault, counters, grown, proof_before
 from tests.faults.load import Load, LoadShape
 from tests.faults.rig import (
     JANITOR_INTERVAL_SECONDS,
@@ -32,6 +33,7 @@ from tests.faults.rig import (
     rig,
 )
 from tests.faults.servers import log
+from tests.faults.ticks import row_schedules, settled_verdict
 from tests.support.ci import IN_CI
 
 
@@ -64,6 +66,7 @@ class RowResult:
     # (a failover may make the gateway refuse, 503, but never err).
     unexpected_5xx: dict[int, int] = field(default_factory=dict)
     skipped: str = ""  # why the row did not run (a server it needs is missing), or ''
+    schedules: ScheduleVerdict | None = None  # the schedules class, for a row with schedules
 
     @property
     def verdict_clean(self) -> bool:
@@ -82,6 +85,7 @@ class RowResult:
             and self.recovery_seconds is not None
             and not self.unproven
             and not self.unexpected_5xx
+            and (self.schedules is None or (self.schedules.clean and self.schedules.due > 0))
         )
 
     def problems(self) -> list[str]:
@@ -94,6 +98,10 @@ class RowResult:
             lines.append(self.unproven)
         if self.unexpected_5xx:
             lines.append(f"5xx answers other than 503 (status: count): {self.unexpected_5xx}")
+        if self.schedules is not None:
+            lines += self.schedules.problems()
+            if not self.schedules.due:
+                lines.append("no schedule tick came due: the schedules class checked nothing")
         return lines
 
 
@@ -117,13 +125,17 @@ async def sql_retrying(rig: Rig, query: str) -> list[asyncpg.Record]:
 async def read_rows(rig: Rig) -> tuple[list[Row], float, int]:
     records = await sql_retrying(
         rig,
-        "SELECT id::text AS id, runtime_id, status, attempts, "
+        "SELECT id::text AS id, runtime_id, status, attempts, schedule, "
         "extract(epoch FROM lease_expires_at)::float8 AS lease_end, "
         "extract(epoch FROM clock_timestamp())::float8 AS now FROM tasks",
     )
-    rows = [Row(r["id"], r["runtime_id"], r["status"], r["lease_end"]) for r in records]
+    rows = [
+        Row(r["id"], r["runtime_id"], r["status"], r["lease_end"], r["schedule"]) for r in records
+    ]
     now = records[0]["now"] if records else time.time()
-    return rows, now, sum(1 for r in records if r["attempts"] > 1)
+    # The producers' tasks: a schedule's are counted by the schedules class.
+    released = sum(1 for r in records if r["attempts"] > 1 and r["schedule"] is None)
+    return rows, now, released
 
 
 async def counter(rig: Rig, name: str) -> float:
@@ -132,13 +144,15 @@ async def counter(rig: Rig, name: str) -> float:
 
 
 async def drain(rig: Rig, seconds: float) -> None:
-    """Until no task is left unfinished (completed, or cancelled by its producer), or
-    `seconds` passed."""
+    """Until no producer's task is left unfinished (completed, or cancelled by its
+    producer), or `seconds` passed. Schedules go on making tasks until the rig stops:
+    theirs are the schedules class's, which asks nothing of their status."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
             left = await rig.sql(
-                "SELECT 1 FROM tasks WHERE status NOT IN ('completed', 'cancelled') LIMIT 1"
+                "SELECT 1 FROM tasks WHERE status NOT IN ('completed', 'cancelled') "
+                "AND schedule IS NULL LIMIT 1"
             )
         except (OSError, asyncpg.PostgresError):  # a failover node mid-rewind, say
             left = [None]
@@ -211,6 +225,10 @@ async def run_row(fault: Fault, admin_url: str | None, timing: Timing) -> RowRes
     shape = LoadShape(runtimes=(f"{slug}-0", f"{slug}-1", f"{slug}-2", f"{slug}-sparse"))
     if fault.replication:
         shape = replace(shape, enqueue_retry_seconds=FAILOVER_RETRY_SECONDS)
+    if fault.schedules:
+        shape = replace(shape, schedules=row_schedules(slug),
+                        backfill_every_seconds=BACKFILL_EVERY_SECONDS)  # fmt: skip
+    schedules: ScheduleVerdict | None = None
     overlaps: list[float] = []
     async with rig(
         admin_url, private_postgres=fault.private_postgres, proxy=fault.proxy,
@@ -221,7 +239,7 @@ async def run_row(fault: Fault, admin_url: str | None, timing: Timing) -> RowRes
         r.background.append(asyncio.create_task(watch_leaders(r, overlaps)))
         try:
             await asyncio.sleep(timing.warmup)
-            before = await counter(r, fault.proof) if fault.proof else 0.0
+            before, unproven = await proof_before(r, fault) if fault.proof else ({}, "")
             injected = time.time()
             await fault.inject(r)
             await asyncio.sleep(fault.hold_seconds)
@@ -232,9 +250,9 @@ async def run_row(fault: Fault, admin_url: str | None, timing: Timing) -> RowRes
             if settling is not None:
                 r.background.append(settling)  # cancelled with the rig if the row fails
             await asyncio.sleep(timing.after)
-            unproven = await settling if settling is not None else ""
-            if fault.proof and await counter(r, fault.proof) <= before:
-                unproven = f"{fault.proof} did not grow: the fault left no trace"
+            unproven = unproven or (await settling if settling is not None else "")
+            if fault.proof and grown(before, await counters(r, fault.proof)) <= 0:
+                unproven = unproven or f"{fault.proof} did not grow: the fault left no trace"
             if fault.replication:
                 # The lock lived on the old primary: a gateway must take it again on the
                 # new one, through the same multi-host URL.
@@ -254,6 +272,10 @@ async def run_row(fault: Fault, admin_url: str | None, timing: Timing) -> RowRes
         finally:
             await load.stop()
         rows, checked_at, released = await read_rows(r)
+        if fault.schedules:
+            schedules = await settled_verdict(r.database_url, load.first_ticks)
+            r.notes["schedule ticks"] = schedules.summary()
+            r.notes["backfills"] = ", ".join(f"{n} {k}" for k, n in sorted(load.backfills.items()))
         if fault.replication:
             # A retried enqueue carries its first attempt's idempotency key: one
             # producer's enqueue n must be one row, however often it was sent.
@@ -271,17 +293,20 @@ async def run_row(fault: Fault, admin_url: str | None, timing: Timing) -> RowRes
         janitor_interval=JANITOR_INTERVAL_SECONDS,
         repair_bound=repair_bound_seconds(len(load.shape.runtimes)),
     )  # fmt: skip
-    tasks = len({row.task_id for row in rows} | {e.task_id for e in load.history.enqueues})
+    produced = {row.task_id for row in rows if row.schedule is None}
+    tasks = len(produced | {e.task_id for e in load.history.enqueues})
     unexpected = {s: n for s, n in load.statuses.items() if s >= 500 and s != 503}
     notes = {k: v for k, v in r.notes.items() if k not in STEP_NOTES}
     return RowResult(
         fault.name, tasks, verdict, recovery(load.history, healed),
         load.server_errors, released, unproven, time.monotonic() - started,
         unavailability(load.history, injected), max(overlaps, default=0.0), notes,
-        fault.loss_allowed, unexpected if fault.failover else {},
+        fault.loss_allowed, unexpected if fault.failover else {}, schedules=schedules,
     )  # fmt: skip
 
 
+# A row with schedules backfills one of them this often (s), racing the tick passes.
+BACKFILL_EVERY_SECONDS = 0.5
 # What a fault's steps tell each other through Rig.notes, not figures for the table.
 STEP_NOTES = ("old primary's log from",)
 
@@ -405,20 +430,23 @@ def missing(fault: Fault) -> str:
 def table(results: list[RowResult]) -> str:
     lines = [
         "| fault | tasks | lost | acknowledged-lost | duplicated | resurrected | stale-empty "
-        "| worst recovery | unavailable | 5xx | re-leased |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| worst recovery | unavailable | 5xx | re-leased | ticks due (duplicated / gaps) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         if r.skipped:
-            lines.append(f"| {r.fault} | skipped: {r.skipped} |" + " |" * 9)
+            lines.append(f"| {r.fault} | skipped: {r.skipped} |" + " |" * 10)
             continue
+        s = r.schedules
+        ticks = "-" if s is None else f"{s.due} ({len(s.duplicated)} / {len(s.gaps)})"
         v = r.verdict
         waited = f"{r.recovery_seconds:.2f} s" if r.recovery_seconds is not None else "none"
         down = f"{r.unavailable_seconds:.2f} s" if r.unavailable_seconds is not None else "none"
         lines.append(
             f"| {r.fault} | {r.tasks} | {len(v.lost) + len(v.unresolved)} | "
             f"{len(v.acknowledged_lost)} | {len(v.duplicated)} | {len(v.resurrected)} | "
-            f"{len(v.stale_empty)} | {waited} | {down} | {r.server_errors} | {r.released} |"
+            f"{len(v.stale_empty)} | {waited} | {down} | {r.server_errors} | {r.released} "
+            f"| {ticks} |"
         )
     return "\n".join(lines)
 
