@@ -41,11 +41,13 @@ BACKFILL_LAG_SECONDS = 0.1
 
 @dataclass(frozen=True)
 class ScheduleSpec:
-    """A schedule the load creates at its start: `body` is its PUT's definition."""
+    """A schedule the load creates at its start: `body` is its PUT's definition;
+    `backfilled`: the load backfills it (LoadShape.backfill_every_seconds)."""
 
     runtime: str
     name: str
     body: dict[str, Any]
+    backfilled: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,8 @@ class LoadShape:
     # 200 (the replay) counts as the enqueue's answer. 0: no retry, no key.
     enqueue_retry_seconds: float = 0.0
     # Schedules created at the start, their runtimes worked as the others are; while
-    # producing, one of them backfilled every `backfill_every_seconds` (0: never).
+    # producing, one of those marked `backfilled` backfilled every
+    # `backfill_every_seconds` (0: never).
     schedules: tuple[ScheduleSpec, ...] = ()
     backfill_every_seconds: float = 0.0
 
@@ -126,7 +129,7 @@ class Load:
             for runtime in self.shape.runtimes + self.shape.schedule_runtimes:
                 for _ in range(self.shape.workers_per_runtime):
                     self._tasks.append(asyncio.create_task(self._work(gateway, runtime)))
-        if self.shape.schedules and self.shape.backfill_every_seconds > 0:
+        if any(s.backfilled for s in self.shape.schedules) and self.shape.backfill_every_seconds:
             self._tasks.append(asyncio.create_task(self._backfill()))
 
     async def stop_producing(self) -> None:
@@ -208,7 +211,7 @@ class Load:
     async def _backfill(self) -> None:
         """While producing, every backfill_every_seconds, one schedule (in turn) is
         backfilled over its last BACKFILL_SECONDS, through the gateways in turn."""
-        specs = self.shape.schedules
+        specs = [s for s in self.shape.schedules if s.backfilled]
         for n in itertools.count():
             await asyncio.sleep(self.shape.backfill_every_seconds)
             if not self._producing.is_set():

@@ -31,24 +31,25 @@ SETTLE_SECONDS = 5.0
 SETTLE_POLL_SECONDS = 0.25
 
 
-def _every_second(runtime: str, name: str, **policy: Any) -> ScheduleSpec:
+def _every_second(runtime: str, name: str, backfilled: bool = False, **policy: Any) -> ScheduleSpec:
     body = {"every_seconds": 1, "jitter_seconds": 0, "payload": {"schedule": name}, **policy}
-    return ScheduleSpec(runtime, name, body)
+    return ScheduleSpec(runtime, name, body, backfilled)
 
 
 def row_schedules(prefix: str) -> tuple[ScheduleSpec, ...]:
     """A row's schedules, all every second, on runtimes of their own: 20 that run every
-    tick (`allow`) over two runtimes; 3 that skip a tick while their last task is live
-    (`skip`: a task dropped by a worker, or several ticks decided at once after the
-    leader died, records `skipped_overlap`); 2 whose ticks decided more than 1 s late
-    are skipped (`catch_up_seconds` 1: the ticks of a leaderless spell record
-    `skipped_late`)."""
+    tick (`allow`) over two runtimes, which the load backfills; 3 that skip a tick while
+    their last task is live (`skip`: a task dropped by a worker, or several ticks
+    decided at once after the leader died, records `skipped_overlap`); 2 whose ticks
+    decided more than 0.5 s late are skipped (`catch_up_seconds`; the ticks of a
+    leaderless spell, and some a pass decides just before its next, record
+    `skipped_late`). Backfilling the last two would turn their skips into tasks."""
     return (
-        *(_every_second(f"{prefix}-ticks-{n % 2}", f"allow-{n}", overlap="allow")
+        *(_every_second(f"{prefix}-ticks-{n % 2}", f"allow-{n}", True, overlap="allow")
           for n in range(20)),
         *(_every_second(f"{prefix}-ticks-skip", f"skip-{n}", overlap="skip") for n in range(3)),
-        *(_every_second(f"{prefix}-ticks-late", f"late-{n}", overlap="allow", catch_up_seconds=1)
-          for n in range(2)),
+        *(_every_second(f"{prefix}-ticks-late", f"late-{n}", overlap="allow",
+                        catch_up_seconds=0.5) for n in range(2)),
     )  # fmt: skip
 
 
