@@ -445,23 +445,30 @@ class AsyncClient(ScheduleCalls):
         status: TaskStatus | None = None,
         limit: int | None = None,
         cursor: str | None = None,
+        schedule: str | None = None,
     ) -> Page:
-        """One page, oldest first; pass its `next_cursor` back for the next."""
-        params = {
-            k: str(v)
-            for k, v in (("status", status), ("limit", limit), ("cursor", cursor))
-            if v is not None
-        }
+        """One page, oldest first; pass its `next_cursor` back for the next. `schedule`:
+        only the tasks that schedule made."""
+        given = (("status", status), ("limit", limit), ("cursor", cursor), ("schedule", schedule))
+        params = {k: str(v) for k, v in given if v is not None}
         _, data, _ = await self.request("GET", runtime_path(runtime, "/tasks"), params=params)
         return Page([Task.from_json(t) for t in data["tasks"]], data.get("next_cursor"))
 
     async def iter_tasks(
-        self, runtime: str, *, status: TaskStatus | None = None, page_size: int | None = None
+        self,
+        runtime: str,
+        *,
+        status: TaskStatus | None = None,
+        page_size: int | None = None,
+        schedule: str | None = None,
     ) -> AsyncIterator[Task]:
-        """Every task of the runtime (with that status), following the cursors."""
+        """Every task of the runtime (with that status, made by that schedule),
+        following the cursors."""
         cursor: str | None = None
         while True:
-            page = await self.list_tasks(runtime, status=status, limit=page_size, cursor=cursor)
+            page = await self.list_tasks(
+                runtime, status=status, limit=page_size, cursor=cursor, schedule=schedule
+            )
             for task in page.tasks:
                 yield task
             if page.next_cursor is None:

@@ -68,6 +68,9 @@ class Task:
     last_error: str | None = None
     # Set instead of the payload when the gateway could not show this task whole.
     render_error: str | None = None
+    # The schedule that made it (its name) and its tick's time; None for other tasks.
+    schedule: str | None = None
+    scheduled_for: datetime | None = None
     # The task object exactly as received, for fields this client does not know yet.
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -91,6 +94,8 @@ class Task:
             cancel_requested=bool(data.get("cancel_requested", False)),
             result=data.get("result"),
             last_error=data.get("last_error"),
+            schedule=data.get("schedule"),
+            scheduled_for=parse_time(data.get("scheduled_for")),
             render_error=data.get("render_error"),
             raw=data,
         )

@@ -182,12 +182,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
                 await client.delete_schedule(rt, args.name)
                 return {"deleted": args.name}
             if args.action == "trigger":
-                tick = await client.trigger_schedule(rt, args.name)
-                return {
-                    "tick_at": tick.tick_at.isoformat(),
-                    "outcome": tick.outcome,
-                    "task_id": tick.task_id,
-                }
+                return (await client.trigger_schedule(rt, args.name)).to_json()
             if args.action == "pause":
                 return (await client.pause_schedule(rt, args.name, args.note)).raw
             if args.action == "resume":
@@ -195,9 +190,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             done = await client.backfill_schedule(rt, args.name, start, end)
             return {
                 "ticks": done.ticks,
-                "enqueued": [
-                    {"tick_at": t.tick_at.isoformat(), "task_id": t.task_id} for t in done.enqueued
-                ],
+                "enqueued": [t.to_json() for t in done.enqueued],
                 "already_enqueued": done.already_enqueued,
             }
 

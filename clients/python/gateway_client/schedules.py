@@ -76,6 +76,14 @@ class ScheduleTick:
         assert tick_at is not None
         return cls(tick_at, data["outcome"], data.get("task_id"))
 
+    def to_json(self) -> dict[str, Any]:
+        """As the gateway answers it."""
+        return {
+            "tick_at": format_time(self.tick_at),
+            "outcome": self.outcome,
+            "task_id": self.task_id,
+        }
+
 
 @dataclass(frozen=True)
 class Backfill:

@@ -306,16 +306,29 @@ class Client:
         status: TaskStatus | None = None,
         limit: int | None = None,
         cursor: str | None = None,
+        schedule: str | None = None,
     ) -> Page:
-        return self._run(self.aio.list_tasks(runtime, status=status, limit=limit, cursor=cursor))
+        return self._run(
+            self.aio.list_tasks(
+                runtime, status=status, limit=limit, cursor=cursor, schedule=schedule
+            )
+        )
 
     def iter_tasks(
-        self, runtime: str, *, status: TaskStatus | None = None, page_size: int | None = None
+        self,
+        runtime: str,
+        *,
+        status: TaskStatus | None = None,
+        page_size: int | None = None,
+        schedule: str | None = None,
     ) -> Iterator[Task]:
-        """Every task of the runtime (with that status), following the cursors."""
+        """Every task of the runtime (with that status, made by that schedule),
+        following the cursors."""
         cursor: str | None = None
         while True:
-            page = self.list_tasks(runtime, status=status, limit=page_size, cursor=cursor)
+            page = self.list_tasks(
+                runtime, status=status, limit=page_size, cursor=cursor, schedule=schedule
+            )
             yield from page.tasks
             if page.next_cursor is None:
                 return
