@@ -218,10 +218,16 @@ class Scheduler:
     ) -> tuple[ScheduleRow, bool]:
         """Create or replace; (the schedule now, created). Idempotent: the same
         definition again changes nothing. Once this returns, no tick is decided from
-        the definition it replaced."""
-        return await self._store.write_schedule(
-            runtime_id, name, lambda current, now: plans.put_write(definition, current, now)
+        the definition it replaced; the ticks that came due before it and were not
+        decided yet are decided first, under the definition they came due in."""
+        written = await self._store.write_schedule(
+            runtime_id,
+            name,
+            lambda current, now: plans.put_write(definition, current, now),
+            settle=self._settle(),
         )
+        await self._after_commit(TickReport(), written.decided, written.cancelled, lag=True)
+        return written.row, written.created
 
     async def get(self, runtime_id: str, name: str) -> ScheduleRow:
         row = await self._store.get_schedule(runtime_id, name)
@@ -240,11 +246,18 @@ class Scheduler:
     async def pause(
         self, runtime_id: str, name: str, paused: bool, note: str | None
     ) -> ScheduleRow:
-        """Pause or resume (idempotent), with a note when given."""
-        row, _ = await self._store.write_schedule(
-            runtime_id, name, plans.pause_write(paused, note), create=False
+        """Pause or resume (idempotent), with a note when given. A pause first decides
+        the ticks that came due before it and were not decided yet."""
+        written = await self._store.write_schedule(
+            runtime_id, name, plans.pause_write(paused, note), create=False, settle=self._settle()
         )
-        return row
+        await self._after_commit(TickReport(), written.decided, written.cancelled, lag=True)
+        return written.row
+
+    def _settle(self) -> Planner:
+        """The ticks due now, as the pass would decide them (none ahead: the change
+        may withdraw those)."""
+        return plans.due_plan(self._settings.schedule_ticks_days)
 
     async def trigger(self, runtime_id: str, name: str) -> DecidedTick | None:
         """A tick now, under the schedule's overlap policy: the tick decided."""

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
+from typing import NamedTuple
 
 import asyncpg
 
@@ -26,6 +27,16 @@ from .sql import schedules as sql
 # schedule yet) and the database's clock; None writes nothing.
 Writer = Callable[[ScheduleRow | None, datetime], ScheduleWrite | None]
 Planner = Callable[[list[ScheduleRow], datetime], TickPlan]
+
+
+class Written(NamedTuple):
+    """What write_schedule did: the row now, whether it was created, and the ticks due
+    before the change that it decided first (with the tasks they cancelled)."""
+
+    row: ScheduleRow
+    created: bool
+    decided: list[DecidedTick]
+    cancelled: list[tuple[uuid.UUID, str]]
 
 
 async def _withdraw_ahead(
@@ -70,30 +81,51 @@ class ScheduleStatements(StoreBase):
         return due
 
     async def write_schedule(
-        self, runtime_id: str, name: str, write: Writer, create: bool = True
-    ) -> tuple[ScheduleRow, bool]:
-        """Create or change the schedule, holding its row: (the row now, created).
-        `write` decides from the row as it is; a schedule that does not exist is
-        created if `create`, else NotFound. Idempotent when `write` is."""
+        self,
+        runtime_id: str,
+        name: str,
+        write: Writer,
+        create: bool = True,
+        settle: Planner | None = None,
+    ) -> Written:
+        """Create or change the schedule, holding its row. `write` decides from the row
+        as it is; a schedule that does not exist is created if `create`, else NotFound.
+        Idempotent when `write` is.
 
-        async def write_in_tx(c: asyncpg.Connection) -> tuple[ScheduleRow, bool] | None:
+        `settle`: the plan of the ticks due and not decided yet (a change that lands
+        between a tick and the pass that would decide it), run first in the same
+        transaction under the definition the change replaces, so that no tick due
+        before the change goes unrecorded. The ticks it decided come back in
+        `Written` for the caller to announce after the commit."""
+
+        async def write_in_tx(c: asyncpg.Connection) -> Written | None:
             async with self._transaction(c):
                 row = await c.fetchrow(sql.LOCK_SCHEDULE, runtime_id, name)
                 now = row["now"] if row is not None else await c.fetchval(sql.NOW)
                 current = None if row is None else ScheduleRow.of(row)
                 if current is None and not create:
                     raise NotFound(f"runtime {runtime_id} has no schedule named {name!r}")
+                settled: tuple[list[DecidedTick], list[tuple[uuid.UUID, str]]] = ([], [])
+                if (
+                    settle is not None
+                    and current is not None
+                    and not current.paused
+                    and current.next_tick_at <= now
+                ):
+                    settled = await self._record(c, settle([current], now), "schedule", False)
+                    row = await c.fetchrow(sql.LOCK_SCHEDULE, runtime_id, name)
+                    current, now = ScheduleRow.of(row), row["now"]
                 wanted = write(current, now)
                 if wanted is None:
                     assert current is not None
-                    return current, False
+                    return Written(current, False, *settled)
                 if current is None:
                     made = await c.fetchrow(
                         sql.INSERT_SCHEDULE, runtime_id, name, *wanted.columns()
                     )
                     if made is None:
                         return None  # created meanwhile by a concurrent PUT: again
-                    return ScheduleRow.of(made), True
+                    return Written(ScheduleRow.of(made), True, [], [])
                 if wanted.bumps or (wanted.paused and not current.paused):
                     wanted = await _withdraw_ahead(c, current, wanted)
                 changed = await c.fetchrow(
@@ -103,7 +135,7 @@ class ScheduleStatements(StoreBase):
                     *wanted.columns(),
                     int(wanted.bumps),
                 )
-                return ScheduleRow.of(changed), False
+                return Written(ScheduleRow.of(changed), False, *settled)
 
         for _ in range(3):
             done = await self._run(write_in_tx)

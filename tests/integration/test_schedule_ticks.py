@@ -18,6 +18,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from gateway.api.schedule_bodies import parse_schedule
 from gateway.metrics import Metrics
 from gateway.rows import ScheduleRow, TickPlan
 from gateway.schedules import plans, service
@@ -280,3 +281,39 @@ async def test_a_pass_runs_batches_at_once_and_stops_at_its_bound(
     assert sample(metrics, "gateway_schedule_pass_seconds_count") == 2
     assert await duplicates(url) == 0
     assert len(await fetch(url, "SELECT 1 FROM tasks")) == 20
+
+
+@pytest.mark.parametrize("change", ["pause", "put"])
+async def test_a_change_first_decides_the_ticks_that_came_due_before_it(
+    own_database_url: str, change: str
+) -> None:
+    """Ticks that came due before a pause or a PUT and that no pass has decided yet (the
+    change landed between a tick and its pass, or no leader ran) are decided in the
+    change's transaction, under the definition they came due in: none goes
+    unrecorded, and none is made from the new definition."""
+    url = own_database_url
+    async with instances(url, 1) as (a,):
+        await put(a, "rt", "s", every_seconds=1, overlap="allow", payload={"v": 1})
+        await behind(url, 3)  # four ticks due, none decided
+        settle = plans.due_plan(30)
+        if change == "pause":
+            written = await a.write_schedule(
+                "rt", "s", plans.pause_write(True, "quiet"), create=False, settle=settle
+            )
+        else:
+            definition = parse_schedule(
+                {"every_seconds": 7, "overlap": "allow", "payload": {"v": 2}}, 1_000_000, 64
+            )
+            written = await a.write_schedule(
+                "rt",
+                "s",
+                lambda current, now: plans.put_write(definition, current, now),
+                settle=settle,
+            )
+        answered = await a.now()
+    assert [t.outcome for t in written.decided] == ["enqueued"] * 4
+    made = await fetch(url, "SELECT payload->>'v' AS v, scheduled_for FROM tasks")
+    assert sorted(r["v"] for r in made) == ["1"] * 4
+    assert all(r["scheduled_for"] <= answered for r in made)
+    ticks = await fetch(url, "SELECT tick_at FROM schedule_ticks ORDER BY tick_at")
+    assert len(ticks) == 4 and await duplicates(url) == 0

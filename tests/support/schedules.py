@@ -33,10 +33,10 @@ async def put(store: Store, runtime_id: str, name: str, **body: Any) -> Schedule
     with `body` (a payload naming the schedule unless given)."""
     body.setdefault("payload", {"from": name})
     definition = parse_schedule(body, 1_000_000, 64)
-    row, _ = await store.write_schedule(
+    written = await store.write_schedule(
         runtime_id, name, lambda current, now: plans.put_write(definition, current, now)
     )
-    return row
+    return written.row
 
 
 async def duplicates(url: str) -> int:
