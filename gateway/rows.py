@@ -38,6 +38,8 @@ class TaskRow:
     last_error: str | None
     schedule: str | None = None  # the schedule that made it, and its tick's time
     scheduled_for: datetime | None = None
+    trace_parent: str | None = None  # its trace context (api/trace.py), as sent
+    trace_state: str | None = None
 
     @classmethod
     def of(cls, record: Mapping[str, Any]) -> TaskRow:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from . import bodies
+from . import bodies, trace
 from .bodies import CONTROLS_BODY, MAX_PAUSE_REASON
 from .credential_bodies import SCOPE_SCHEMA
 from .decode import RUNTIME_ID_RE
@@ -76,6 +76,7 @@ def _bare(field: str) -> dict[str, Any]:
     return schema
 
 
+_TRACE = "The trace context its producer sent with it; only then."
 _TASK_PROPERTIES: dict[str, Any] = {
     "id": UUID_SCHEMA,
     "runtime_id": {"type": "string", "pattern": RUNTIME_ID_RE.pattern},
@@ -100,6 +101,7 @@ _TASK_PROPERTIES: dict[str, Any] = {
     "last_error": {"type": "string", "description": "The last failure's error."},
     "schedule": {"type": "string", "description": "The schedule that made it; only then."},
     "scheduled_for": {**TIME_SCHEMA, "description": "Its schedule's tick; with schedule."},
+    "trace": {"$ref": f"#/components/schemas/{trace.SCHEMA_NAME}", "description": _TRACE},
     "render_error": {
         "type": "string",
         "description": "Present only on a stub: a stored task that cannot be shown "

@@ -25,6 +25,18 @@ IDEMPOTENCY_KEY_HEADER = Field(
     "The idempotency_key, as a header; if both are given they must be equal.",
     max_length=MAX_IDEMPOTENCY_KEY,
 )
+TRACEPARENT_HEADER = Field(
+    "traceparent",
+    Kind.TEXT,
+    "W3C Trace Context: stored with every task the request enqueues (a batch item's own "
+    "`trace` wins) and given back with it. Malformed, it is ignored.",
+)
+TRACESTATE_HEADER = Field(
+    "tracestate",
+    Kind.TEXT,
+    "W3C Trace Context vendor entries, kept with the traceparent; ignored without one.",
+)
+TRACE_HEADERS = (TRACEPARENT_HEADER, TRACESTATE_HEADER)
 PREFER_HEADER = Field(
     "Prefer",
     Kind.TEXT,
@@ -93,6 +105,14 @@ ENQUEUE_BODY = Body(
             default=5,
             minimum=1,
             maximum=100,
+        ),
+        Field(
+            "trace",
+            Kind.TRACE,
+            "The task's trace context, stored with it and given to whoever claims it. "
+            "The request's traceparent and tracestate headers say the same for every "
+            "task it enqueues; this wins over them. Malformed, it is ignored. Not part of "
+            "the request an idempotency key names.",
         ),
     ),
     exclusive=(("delay_seconds", "run_at"),),

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from ..errors import ValidationFailed
-from . import exactjson
+from . import exactjson, trace
 from .values import TIME_RE, WRITTEN_BUDGET, json_text, parse_time
 
 Limits = Mapping[str, Any]
@@ -36,6 +36,7 @@ class Kind(enum.Enum):
     TIME = "time"  # an RFC 3339 time with a zone, between EARLIEST and LATEST
     JSON = "json"  # any JSON value, stored: depth- and size-checked; a required one may be null
     ARRAY = "array"  # a list of min_items to max_items `items` objects, read by the caller
+    TRACE = "trace"  # a W3C trace context object; malformed reads as absent, never refused
 
     # A member is its own key: Enum's __hash__ hashes the name in Python code, and every
     # field read looks its reader up by kind.
@@ -337,6 +338,10 @@ def _array(f: Field, body: Mapping[str, Any], limits: Limits) -> list[Any]:
     return raw
 
 
+def _trace(f: Field, body: Mapping[str, Any], limits: Limits) -> trace.TraceContext | None:
+    return trace.from_item(body.get(f.name))
+
+
 _READERS = {
     Kind.INTEGER: _integer,
     Kind.NUMBER: _number,
@@ -347,6 +352,7 @@ _READERS = {
     Kind.TIME: _time,
     Kind.JSON: _json,
     Kind.ARRAY: _array,
+    Kind.TRACE: _trace,
 }
 
 
@@ -489,4 +495,5 @@ _SCHEMAS: dict[Kind, Any] = {
     },
     Kind.JSON: lambda f, limits: {"$ref": f"#/components/schemas/{JSON_VALUE}"},
     Kind.ARRAY: _array_schema,
+    Kind.TRACE: lambda f, limits: {"$ref": f"#/components/schemas/{trace.SCHEMA_NAME}"},
 }

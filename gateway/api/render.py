@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from ..rows import Controls, ScheduleRow, TaskRow
+from . import trace
 
 TASK_FIELDS = (
     "id",
@@ -54,6 +55,8 @@ def task_json(row: TaskRow) -> dict[str, Any]:
     if row.schedule is not None:
         out["schedule"] = row.schedule
         out["scheduled_for"] = format_time(row.scheduled_for)
+    if row.trace_parent is not None:
+        out["trace"] = trace.as_json(row.trace_parent, row.trace_state)
     return out
 
 

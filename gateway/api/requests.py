@@ -38,6 +38,7 @@ from .bodies import (
 from .cursors import decode_cursor
 from .decode import DEFAULT_MAX_DEPTH
 from .fields import Field, read_query, resolve
+from .trace import TraceContext
 from .values import WRITTEN_BUDGET, WrittenBudget, in_item, json_text
 
 
@@ -72,6 +73,9 @@ class EnqueueRequest(NamedTuple):
     # What a replay with the same key must match; '' for a batch item without a key,
     # which nothing is matched against (its hash was a measurable part of a batch).
     request_hash: str
+    # Its trace context (api/trace.py): stored with the task, not part of request_hash.
+    trace_parent: str | None = None
+    trace_state: str | None = None
 
 
 # The enqueue body's fields, looked up once; the optional ones take null as absent.
@@ -82,6 +86,7 @@ _RUN_AT = ENQUEUE_BODY["run_at"]
 _TTL = ENQUEUE_BODY["ttl_seconds"]
 _PRIORITY = ENQUEUE_BODY["priority"]
 _MAX_ATTEMPTS = ENQUEUE_BODY["max_attempts"]
+_TRACE = ENQUEUE_BODY["trace"]
 _OPTIONAL = (_KEY, _DELAY, _RUN_AT, _TTL, _PRIORITY, _MAX_ATTEMPTS)
 assert all(f.null_means_absent for f in _OPTIONAL)
 
@@ -153,6 +158,7 @@ def _parse_enqueue(
         # Hash the request as understood, so a retry that spells out a default matches.
         fingerprint = [body["payload"], priority, max_attempts, delay or 0, body.get("run_at"), ttl]
         request_hash = hashlib.sha256(exactjson.dumps(fingerprint, sort_keys=True)).hexdigest()
+    context = _TRACE.read(body, limits) if "trace" in body else None
     return EnqueueRequest(
         payload_json=payload_json,
         priority=priority,
@@ -162,7 +168,17 @@ def _parse_enqueue(
         ttl_seconds=ttl,
         idempotency_key=key,
         request_hash=request_hash,
+        trace_parent=None if context is None else context.traceparent,
+        trace_state=None if context is None else context.tracestate,
     )
+
+
+def traced(req: EnqueueRequest, context: TraceContext | None) -> EnqueueRequest:
+    """The request with the trace context of its HTTP request's headers, unless it has
+    one of its own (a body's or a batch item's `trace`, which wins)."""
+    if context is None or req.trace_parent is not None:
+        return req
+    return req._replace(trace_parent=context.traceparent, trace_state=context.tracestate)
 
 
 @dataclass(frozen=True)

@@ -221,6 +221,6 @@ RECEIVE_WEBHOOK = Doc(
         "Enqueue options.",
         tuple(bodies.ENQUEUE_BODY[name] for name in requests.QUERY_FIELDS),
     ),
-    headers=_SIGNATURE_HEADERS,
+    headers=(*_SIGNATURE_HEADERS, *bodies.TRACE_HEADERS),
     errors=(InvalidSignature, IdempotencyKeyReused),
 )

@@ -165,7 +165,7 @@ ENQUEUE = Doc(
     "same.",
     tag="producers",
     body=bodies.ENQUEUE_BODY,
-    headers=(bodies.IDEMPOTENCY_KEY_HEADER, bodies.PREFER_HEADER),
+    headers=(bodies.IDEMPOTENCY_KEY_HEADER, bodies.PREFER_HEADER, *bodies.TRACE_HEADERS),
     errors=(IdempotencyKeyReused,),
 )
 ENQUEUE_BATCH = Doc(
@@ -193,7 +193,7 @@ ENQUEUE_BATCH = Doc(
     "same.",
     tag="producers",
     body=bodies.BATCH_BODY,
-    headers=(bodies.PREFER_HEADER,),
+    headers=(bodies.PREFER_HEADER, *bodies.TRACE_HEADERS),
     errors=(IdempotencyKeyReused,),
 )
 LIST_TASKS = Doc(

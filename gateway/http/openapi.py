@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .. import __version__, errors
+from ..api import trace
 from ..api.answers import SCHEMAS
 from ..api.credential_bodies import Scope
 from ..api.decode import RUNTIME_ID_RE
@@ -156,6 +157,7 @@ def build(endpoints: Iterable[Documented], settings: Settings) -> dict[str, Any]
     schemas.update(load_docs.SCHEMAS)
     schemas.update(schedule_docs.SCHEMAS)
     schemas[JSON_VALUE] = JSON_VALUE_SCHEMA
+    schemas[trace.SCHEMA_NAME] = trace.SCHEMA
     schemas["Problem"] = _problem_schema()
     schemas["ProblemCode"] = {
         "type": "string",

@@ -51,8 +51,14 @@ def _int_array(values: list[int]) -> str:
 
 
 def _is_plain(req: EnqueueRequest) -> bool:
-    """An item that sets no time: due at once, never expiring (sql.ENQUEUE_BATCH_PLAIN)."""
-    return req.run_at is None and not req.delay_seconds and req.ttl_seconds is None
+    """An item that sets no time and no trace: due at once, never expiring
+    (sql.ENQUEUE_BATCH_PLAIN)."""
+    return (
+        req.run_at is None
+        and not req.delay_seconds
+        and req.ttl_seconds is None
+        and req.trace_parent is None
+    )
 
 
 def _times(start: datetime, count: int) -> list[str]:
@@ -143,6 +149,8 @@ class TaskStatements(StoreBase):
                     lease[1],
                     task_id,
                     lease_id,
+                    req.trace_parent,
+                    req.trace_state,
                 )
             else:
                 row = await c.fetchrow(
@@ -156,6 +164,8 @@ class TaskStatements(StoreBase):
                     req.ttl_seconds,
                     req.idempotency_key,
                     key_hash,
+                    req.trace_parent,
+                    req.trace_state,
                 )
             if row is not None:
                 return row, True
@@ -264,9 +274,16 @@ class TaskStatements(StoreBase):
             _column([r.delay_seconds for r in reqs]),
             _column([r.ttl_seconds for r in reqs]),
         )
+        traces = (
+            _column([r.trace_parent for r in reqs]),
+            _column([r.trace_state for r in reqs]),
+        )
         if not keys:
             statement = sql.ENQUEUE_BATCH_NEW_IDS if ids_only else sql.ENQUEUE_BATCH_NEW
-            return await self._inserted(statement, len(reqs), runtime_id, *columns, *timed), False
+            inserted = await self._inserted(
+                statement, len(reqs), runtime_id, *columns, *timed, *traces
+            )
+            return inserted, False
 
         ids = new_task_ids(len(reqs))
 
@@ -279,6 +296,7 @@ class TaskStatements(StoreBase):
                 *timed,
                 _column([r.idempotency_key for r in reqs]),
                 _column([r.request_hash if r.idempotency_key else None for r in reqs]),
+                *traces,
             )
             by_id = {row[0]: row[1] for row in inserted}
             if len(by_id) == len(reqs):  # every item new: nothing to match by key

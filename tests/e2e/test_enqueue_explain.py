@@ -22,6 +22,7 @@ pytestmark = pytest.mark.integration
 # for items that set every field (store/tasks.py): the integer columns and the payloads
 # as one text each, the rest as arrays.
 TIMED = [("timestamptz[]", None), ("float8[]", 5.0), ("float8[]", 60.0)]
+PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 def enqueue_args(statement: str, runtime: str, n: int) -> list[tuple[Any, str]]:
@@ -31,8 +32,10 @@ def enqueue_args(statement: str, runtime: str, n: int) -> list[tuple[Any, str]]:
     items = [(ints, "text"), (payloads, "text"), (ints, "text")]  # priority, payload, max
     if statement.startswith("ENQUEUE_BATCH_PLAIN"):
         return [(runtime, "text"), *items]
+    # Every item traced: the trace columns as the store sends them when one item sets them.
+    traces = [([PARENT] * n, "text[]"), (["k=v"] * n, "text[]")]
     if statement.startswith("ENQUEUE_BATCH_NEW"):
-        return [(runtime, "text"), *items, *timed]
+        return [(runtime, "text"), *items, *timed, *traces]
     ids = [uuid.uuid4() for _ in range(n)]
     keys = [f"key-{i}" for i in range(n)]
     return [
@@ -42,6 +45,7 @@ def enqueue_args(statement: str, runtime: str, n: int) -> list[tuple[Any, str]]:
         *timed,
         (keys, "text[]"),
         (["h"] * n, "text[]"),
+        *traces,
     ]
 
 

@@ -126,6 +126,9 @@ async def test_a_plain_batchs_json_written_by_the_gateway_is_the_one_models_writ
     assert written == "[" + ",".join(expected) + "]"
 
 
+PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
 @pytest.mark.parametrize("keyed", [False, True], ids=["without-keys", "with-keys"])
 async def test_a_new_tasks_json_from_postgres_is_the_one_models_writes(
     store: Store, runtime_id: str, keyed: bool
@@ -142,6 +145,8 @@ async def test_a_new_tasks_json_from_postgres_is_the_one_models_writes(
         ),
         enqueue_request(0.1, ttl_seconds=1.5),
         enqueue_request([], run_at="1970-01-01T00:00:00Z", ttl_seconds=86400),
+        enqueue_request(7)._replace(trace_parent=PARENT),
+        enqueue_request(8)._replace(trace_parent=PARENT, trace_state='k=v,"q"=\\x'),
     ]
     if keyed:
         items = [r._replace(idempotency_key=f"k{n}") for n, r in enumerate(items)]

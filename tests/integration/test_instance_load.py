@@ -82,7 +82,9 @@ async def test_quiet_then_shedding_as_the_line_fills(
             body = busy.body
             assert body["shedding"] is True
             assert body["shed_last_minute"] == {"database_queue": 3, "client_gone": 1}
-            assert body["shed_per_minute"][-1]["shed"].get("database_queue", 0) >= 1
+            # In the latest minute, or the one before it when a minute ended meanwhile.
+            recent = body["shed_per_minute"][-2:]
+            assert sum(m["shed"].get("database_queue", 0) for m in recent) == 3
             assert sum(m["shed"].get("database_queue", 0) for m in body["shed_per_minute"]) == 3
             line = body["database_line"]
             assert line["connections_in_use"] == 2

@@ -510,6 +510,8 @@ def _row(**over: Any) -> TaskRow:
         "last_error": None,
         "schedule": None,
         "scheduled_for": None,
+        "trace_parent": None,
+        "trace_state": None,
     }
     row.update(over)
     return TaskRow.of(row)

@@ -296,7 +296,7 @@ def test_the_task_schema_lists_every_field_the_api_returns() -> None:
     task = DOC["components"]["schemas"]["Task"]
     assert set(task["required"]) == set(render.TASK_FIELDS)
     shown = set(render.TASK_FIELDS) | set(render.LEASE_FIELDS)
-    optional = {"result", "last_error", "render_error", "schedule", "scheduled_for"}
+    optional = {"result", "last_error", "render_error", "schedule", "scheduled_for", "trace"}
     assert shown | optional == set(task["properties"])
     assert task["properties"]["status"] == {"$ref": "#/components/schemas/TaskStatus"}
     assert task["additionalProperties"] is False

@@ -11,7 +11,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ...api import bodies, cursors, decode, render, requests
+from ...api import bodies, cursors, decode, render, requests, trace
 from ...claim.waiters import Departure
 from ...errors import StoreUnavailable
 from ...instance import Gateway
@@ -53,6 +53,7 @@ async def enqueue(request: Request, gw: Gateway) -> Response:
         gw.settings.max_json_depth,
         gw.settings.max_body_bytes,
     )
+    req = requests.traced(req, trace.from_headers(request.headers))
     # Sync match: a task due now may go straight to a poll parked here (claim.py).
     waiter = gw.claimer.match(runtime_id) if req.run_at is None and not req.delay_seconds else None
     leased = None
@@ -92,6 +93,9 @@ async def enqueue_batch(request: Request, gw: Gateway) -> Response:
         settings.max_json_depth,
         settings.max_body_bytes,
     )
+    context = trace.from_headers(request.headers)
+    if context is not None:
+        reqs = [requests.traced(r, context) for r in reqs]
     tasks, all_replayed = await gw.store.enqueue_batch(runtime_id, reqs, ids_only=minimal)
     body = {"tasks": orjson.Fragment(tasks)}
     if all_replayed:

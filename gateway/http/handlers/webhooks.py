@@ -11,7 +11,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ...api import decode, exactjson, render, requests
+from ...api import decode, exactjson, render, requests, trace
 from ...api.requests import query_fields
 from ...auth.webhooks import KEY_PREFIX, MAX_MSG_ID, parse_headers
 from ...errors import BadRequest, ValidationFailed
@@ -41,6 +41,7 @@ async def receive(request: Request, gw: Gateway) -> Response:
     req = requests.parse_enqueue(
         fields, None, settings.max_payload_bytes, settings.max_json_depth, settings.max_body_bytes
     )._replace(idempotency_key=KEY_PREFIX + delivery.msg_id)
+    req = requests.traced(req, trace.from_headers(request.headers))
     repeated = exactjson.repeated_key(raw)
     if repeated is not None:
         raise ValidationFailed(

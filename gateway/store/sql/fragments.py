@@ -24,7 +24,7 @@ HOLDING_LEASE = "CASE WHEN tasks.status = 'claimed' THEN tasks.lease_id END"
 TASK_COLUMNS = f"""
     id, runtime_id, {EFFECTIVE_STATUS} AS status, priority, payload, attempts, max_attempts,
     run_at, expires_at, created_at, updated_at, lease_id, lease_expires_at, worker_id,
-    cancel_requested, result, last_error, schedule, scheduled_for
+    cancel_requested, result, last_error, schedule, scheduled_for, trace_parent, trace_state
 """
 
 # The complete transition's SET list, shared by leases.COMPLETE, leases.COMPLETE_GROUP

@@ -19,10 +19,10 @@ WITH due AS (
                     clock_timestamp() + make_interval(secs => COALESCE($6::float8, 0))) AS t
 )
 INSERT INTO tasks (runtime_id, status, priority, payload, max_attempts, run_at, expires_at,
-                   idempotency_key, request_hash)
+                   idempotency_key, request_hash, trace_parent, trace_state)
 SELECT $1, CASE WHEN due.t > clock_timestamp() THEN 'scheduled' ELSE 'queued' END,
        $2, $3, $4, due.t,
-       due.t + make_interval(secs => $7::float8), $8, $9 FROM due
+       due.t + make_interval(secs => $7::float8), $8, $9, $10, $11 FROM due
 ON CONFLICT (runtime_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING {TASK_COLUMNS}, request_hash
 """
@@ -36,9 +36,9 @@ ENQUEUE_LEASED = f"""
 WITH due AS (SELECT clock_timestamp() AS t)
 INSERT INTO tasks (id, runtime_id, status, priority, payload, max_attempts, run_at,
                    expires_at, idempotency_key, request_hash, attempts, lease_id,
-                   lease_expires_at, worker_id, updated_at)
+                   lease_expires_at, worker_id, updated_at, trace_parent, trace_state)
 SELECT $10, $1, 'claimed', $2, $3, $4, due.t, due.t + make_interval(secs => $5::float8), $6,
-       $7, 1, $11, due.t + make_interval(secs => $9::float8), $8, due.t FROM due
+       $7, 1, $11, due.t + make_interval(secs => $9::float8), $8, due.t, $12, $13 FROM due
 ON CONFLICT (runtime_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING {TASK_COLUMNS}, request_hash
 """
@@ -70,6 +70,12 @@ def _json_time(column: str) -> str:
     return f"""COALESCE('"' || {spelled} || '"', 'null')"""
 
 
+# A task's `trace` member as api/render.task_json writes it (after its other members),
+# or nothing for a task without one.
+_TRACE_JSON = """COALESCE(',"trace":{"traceparent":' || to_json(trace_parent)
+    || COALESCE(',"tracestate":' || to_json(trace_state), '') || '}', '')"""
+
+
 # A new task's JSON object, byte for byte what api/render.task_bytes makes of the row (a
 # new task is never claimed, completed or failed, so only TASK_FIELDS appear), written
 # by Postgres in the INSERT's RETURNING: a batch's answer then costs the gateway one
@@ -82,7 +88,7 @@ NEW_TASK_JSON = (
     """|| ',"attempts":' || attempts || ',"max_attempts":' || max_attempts || ',"run_at":' """
     f"""|| {_json_time("run_at")} || ',"expires_at":' || {_json_time("expires_at")} """
     f"""|| ',"created_at":' || {_json_time("created_at")} """
-    f"""|| ',"updated_at":' || {_json_time("updated_at")} || '}}'"""
+    f"""|| ',"updated_at":' || {_json_time("updated_at")} || {_TRACE_JSON} || '}}'"""
 )
 
 # What the batch statements insert, from the unnest()ed columns `i` (ord: the item's
@@ -116,15 +122,18 @@ def _enqueue_batch(task_json: str) -> str:
     return f"""
 WITH base AS (SELECT clock_timestamp() AS t)
 INSERT INTO tasks (id, runtime_id, status, priority, payload, max_attempts, run_at,
-                   expires_at, idempotency_key, request_hash, created_at)
-SELECT i.id, $1, {_BATCH_ROW}, i.idempotency_key, i.request_hash, {_BATCH_CREATED_AT}
+                   expires_at, idempotency_key, request_hash, created_at, trace_parent,
+                   trace_state)
+SELECT i.id, $1, {_BATCH_ROW}, i.idempotency_key, i.request_hash, {_BATCH_CREATED_AT},
+       i.trace_parent, i.trace_state
   FROM base,
        ROWS FROM (unnest($2::uuid[]), unnest($3::text::int[]), json_array_elements($4::json),
                   unnest($5::text::int[]), unnest($6::timestamptz[]), unnest($7::float8[]),
-                  unnest($8::float8[]), unnest($9::text[]), unnest($10::text[]))
+                  unnest($8::float8[]), unnest($9::text[]), unnest($10::text[]),
+                  unnest($11::text[]), unnest($12::text[]))
        WITH ORDINALITY
        AS i(id, priority, payload, max_attempts, run_at, delay, ttl, idempotency_key,
-            request_hash, ord),
+            request_hash, trace_parent, trace_state, ord),
        {_BATCH_DUE}
  -- Keys in one order for every batch, so that two batches sharing keys wait for each
  -- other instead of deadlocking; created_at keeps the request's order (FIFO).
@@ -154,13 +163,15 @@ def _enqueue_batch_new(task_json: str) -> str:
 WITH base AS (SELECT clock_timestamp() AS t),
 new AS (
 INSERT INTO tasks (runtime_id, status, priority, payload, max_attempts, run_at,
-                   expires_at, created_at)
-SELECT $1, {_BATCH_ROW}, {_BATCH_CREATED_AT}
+                   expires_at, created_at, trace_parent, trace_state)
+SELECT $1, {_BATCH_ROW}, {_BATCH_CREATED_AT}, i.trace_parent, i.trace_state
   FROM base,
        ROWS FROM (unnest($2::text::int[]), json_array_elements($3::json),
                   unnest($4::text::int[]), unnest($5::timestamptz[]), unnest($6::float8[]),
-                  unnest($7::float8[]))
-       WITH ORDINALITY AS i(priority, payload, max_attempts, run_at, delay, ttl, ord),
+                  unnest($7::float8[]), unnest($8::text[]), unnest($9::text[]))
+       WITH ORDINALITY
+       AS i(priority, payload, max_attempts, run_at, delay, ttl, trace_parent, trace_state,
+            ord),
        {_BATCH_DUE}
 RETURNING created_at, {task_json} AS task_json
 )
