@@ -146,19 +146,24 @@ class Overloaded(RetryLater):
     code = "overloaded"
 
 
-class Draining(GatewayError):
-    """The process is shutting down and takes no new claims."""
+class Draining(RetryLater):
+    """The process is shutting down and takes no new claims. Said with Retry-After
+    (1 s): sent again, the request reaches another instance."""
 
     code = "draining"
 
 
-class StoreUnavailable(GatewayError):
-    """Postgres could not be reached or failed the statement."""
+class StoreUnavailable(RetryLater):
+    """Postgres could not be reached or failed the statement. Said with Retry-After
+    (1 s): a failover or a restart is usually over within seconds, and a client that
+    honours it does not hammer a recovering database. The request may have been applied
+    if the failure came after its commit: an enqueue retried with its idempotency key is
+    safe."""
 
     code = "store_unavailable"
 
 
-class DatabaseBusy(RetryLater, StoreUnavailable):
+class DatabaseBusy(StoreUnavailable):
     """Every pooled Postgres connection stayed busy past the acquire timeout. Nothing
     was sent to Postgres; the request may be retried as it is."""
 

@@ -63,6 +63,8 @@ async def test_readyz_stays_ready_while_postgres_is_stopped(
         # Ready, and answering: what needs Postgres gets a 503 at once.
         refused = await req(gw, "POST", f"/v1/runtimes/{runtime_id}/tasks", {"payload": 1})
         assert_problem(refused, 503, "store_unavailable")
+        # When to try again, as every 503 says: a client that honours it waits.
+        assert refused.headers["Retry-After"] == "1"
 
         await asyncio.to_thread(private_postgres.start)
         await wait_until_serving(gw, runtime_id)

@@ -55,6 +55,20 @@ def test_problem_for_each_class(
     assert body["type"] == "about:blank"
 
 
+@pytest.mark.parametrize(
+    "cls",
+    [
+        cls
+        for cls, status, *_ in EXPECTED
+        if status in (429, 503) and cls.code != "cache_unavailable"
+    ],
+)
+def test_every_answer_that_asks_to_retry_says_when(cls: type[GatewayError]) -> None:
+    """429 and 503 answers carry Retry-After (cache_unavailable is never an answer: it
+    is a miss, I5), so that a client that honours it waits instead of hammering."""
+    assert cls("busy").headers() == {"Retry-After": "1"}
+
+
 def test_extra_fields_reach_the_body() -> None:
     status, body = problem_for(errors.ValidationFailed("priority out of range", field="priority"))
     assert status == 422
