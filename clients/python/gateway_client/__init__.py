@@ -41,6 +41,7 @@ from .models import (
     Stats,
     Task,
     TaskStatus,
+    TraceContext,
 )
 from .options import WorkerOptions
 from .runs import Outcome
@@ -89,6 +90,7 @@ __all__ = [
     "Task",
     "TaskFailed",
     "TaskStatus",
+    "TraceContext",
     "TransportError",
     "Unauthorized",
     "ValidationFailed",

@@ -47,6 +47,7 @@ from .models import (
 from .paths import runtime_path, task_path
 from .retries import own_key, retrying
 from .schedules import ScheduleCalls
+from .tracing import request_headers
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 # Any call but a long poll; a database under load can take a few seconds.
@@ -174,6 +175,8 @@ class AsyncClient(ScheduleCalls):
         max_attempts: int | None = None,
         minimal: Literal[False] = False,
         retry_seconds: float = 0.0,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> Task: ...
 
     @overload
@@ -190,6 +193,8 @@ class AsyncClient(ScheduleCalls):
         max_attempts: int | None = None,
         minimal: Literal[True],
         retry_seconds: float = 0.0,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> str: ...
 
     async def enqueue(
@@ -205,24 +210,33 @@ class AsyncClient(ScheduleCalls):
         max_attempts: int | None = None,
         minimal: bool = False,
         retry_seconds: float = 0.0,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> Task | str:
         """A new task (or, for a repeated idempotency key, the one already stored).
         With `minimal=True`, only its id: the gateway answers no more
         (`Prefer: return=minimal`). With `retry_seconds`, a retryable failure (overload,
         no answer) is retried for up to that long, honouring Retry-After; the enqueue
         then always carries an idempotency key (yours, or one the client makes), so that
-        a retry after a lost answer gets the stored task, never a second one."""
+        a retry after a lost answer gets the stored task, never a second one.
+
+        `traceparent` and `tracestate` (W3C Trace Context) are stored with the task, and
+        handed to whatever claims it; without them, the active OpenTelemetry span's
+        context is sent, when OpenTelemetry is installed (see `tracing`)."""
         if retry_seconds and idempotency_key is None:
             idempotency_key = own_key()
         body = NewTask(
             payload, priority, idempotency_key, delay_seconds, run_at, ttl_seconds, max_attempts
         ).to_json()
         path = runtime_path(runtime, "/tasks")
+        headers = request_headers(traceparent, tracestate)
+        if minimal:
+            headers.update(PREFER_MINIMAL)
 
         async def send() -> Task | str:
+            _, data, _ = await self.request("POST", path, body, headers=headers)
             if not minimal:
-                return await self._task("POST", path, body)
-            _, data, _ = await self.request("POST", path, body, headers=PREFER_MINIMAL)
+                return Task.from_json(data)
             return str(data["id"])  # a gateway that ignores Prefer answers the task: same id
 
         return await retrying(send, retry_seconds)
@@ -258,19 +272,23 @@ class AsyncClient(ScheduleCalls):
         """1-1000 tasks, all or nothing; answered in the order given. With
         `minimal=True`, only their ids, which spares the gateway and this client the
         payloads coming back (`Prefer: return=minimal`). `retry_seconds` as for
-        `enqueue`: each task without an idempotency key gets one of the client's own."""
+        `enqueue`: each task without an idempotency key gets one of the client's own.
+        A task's `trace` is its own; the others get the active OpenTelemetry span's
+        context, when OpenTelemetry is installed."""
         if retry_seconds:
             tasks = [
                 t if t.idempotency_key else replace(t, idempotency_key=own_key()) for t in tasks
             ]
         body = {"tasks": [t.to_json() for t in tasks]}
         path = runtime_path(runtime, "/tasks:batch")
+        headers = request_headers(None, None)
+        if minimal:
+            headers.update(PREFER_MINIMAL)
 
         async def send() -> list[Task] | list[str]:
+            _, data, _ = await self.request("POST", path, body, headers=headers)
             if not minimal:
-                _, data, _ = await self.request("POST", path, body)
                 return [Task.from_json(t) for t in data["tasks"]]
-            _, data, _ = await self.request("POST", path, body, headers=PREFER_MINIMAL)
             return [str(t["id"]) for t in data["tasks"]]
 
         return await retrying(send, retry_seconds)

@@ -1,6 +1,7 @@
-"""Typed views of the gateway's JSON: a task, a listing page, a runtime's counts, and
-a task to enqueue. Times are timezone-aware `datetime`s (in UTC), parsed from the
-RFC 3339 strings the gateway sends; statuses and outcomes are `Literal` strings."""
+"""Typed views of the gateway's JSON: a task (with its trace context), a listing page, a
+runtime's counts, and a task to enqueue. Times are timezone-aware `datetime`s (in UTC),
+parsed from the RFC 3339 strings the gateway sends; statuses and outcomes are `Literal`
+strings."""
 
 from __future__ import annotations
 
@@ -45,9 +46,39 @@ def format_time(value: datetime | str) -> str:
 
 
 @dataclass(frozen=True)
+class TraceContext:
+    """A task's W3C trace context, as the producer's request carried it: `traceparent`
+    (`00-<trace id>-<parent span id>-<flags>`, in hex) and `tracestate` (the tracing
+    vendors' own entries, or None). The gateway stores it with the task and answers it
+    back unchanged; this client sends and reads it as given, and leaves checking it to
+    the gateway, which ignores a malformed value rather than refuse the request."""
+
+    traceparent: str
+    tracestate: str | None = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> TraceContext | None:
+        """The task's `trace` object; None when it has none (or one without a
+        traceparent, which no tracer could continue)."""
+        if not isinstance(data, dict) or not isinstance(data.get("traceparent"), str):
+            return None
+        tracestate = data.get("tracestate")
+        return cls(data["traceparent"], tracestate if isinstance(tracestate, str) else None)
+
+    def to_json(self) -> dict[str, str]:
+        """As the gateway reads it: as a batch item's `trace`, and (the same names) as
+        an enqueue's headers."""
+        out = {"traceparent": self.traceparent}
+        if self.tracestate:
+            out["tracestate"] = self.tracestate
+        return out
+
+
+@dataclass(frozen=True)
 class Task:
     """One task. `lease_id`, `lease_expires_at`, `worker_id` and `cancel_requested`
-    are set while it is claimed; `result` once completed; `last_error` after a failure."""
+    are set while it is claimed; `result` once completed; `last_error` after a failure;
+    `trace` when its producer's request carried a trace context."""
 
     id: str
     runtime_id: str
@@ -71,6 +102,7 @@ class Task:
     # The schedule that made it (its name) and its tick's time; None for other tasks.
     schedule: str | None = None
     scheduled_for: datetime | None = None
+    trace: TraceContext | None = None
     # The task object exactly as received, for fields this client does not know yet.
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -97,6 +129,7 @@ class Task:
             schedule=data.get("schedule"),
             scheduled_for=parse_time(data.get("scheduled_for")),
             render_error=data.get("render_error"),
+            trace=TraceContext.from_json(data.get("trace")),
             raw=data,
         )
 
@@ -140,7 +173,8 @@ class Stats:
 @dataclass(frozen=True)
 class NewTask:
     """A task to enqueue. Give at most one of `delay_seconds` and `run_at` (an aware
-    datetime, or an RFC 3339 string with its offset)."""
+    datetime, or an RFC 3339 string with its offset). `trace`: this task's own trace
+    context, which in a batch wins over the request's (see `enqueue_batch`)."""
 
     payload: Any
     priority: int | None = None
@@ -149,6 +183,7 @@ class NewTask:
     run_at: datetime | str | None = None
     ttl_seconds: float | None = None
     max_attempts: int | None = None
+    trace: TraceContext | None = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"payload": self.payload}
@@ -163,6 +198,8 @@ class NewTask:
             value = getattr(self, name)
             if value is not None:
                 body[name] = format_time(value) if name == "run_at" else value
+        if self.trace is not None:
+            body["trace"] = self.trace.to_json()
         return body
 
 

@@ -12,6 +12,7 @@ threads at once.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Coroutine, Iterable, Iterator, Mapping
 from datetime import datetime
 from types import TracebackType
@@ -85,7 +86,9 @@ class Client:
             self._runner.close()
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self._runner.run(coro)
+        # In the caller's context, not the one the runner copied at its first call: an
+        # enqueue sends the OpenTelemetry span active now (contextvars), not then.
+        return self._runner.run(coro, context=contextvars.copy_context())
 
     def request(
         self,
@@ -120,6 +123,8 @@ class Client:
         max_attempts: int | None = None,
         minimal: Literal[False] = False,
         retry_seconds: float = 0.0,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> Task: ...
 
     @overload
@@ -136,6 +141,8 @@ class Client:
         max_attempts: int | None = None,
         minimal: Literal[True],
         retry_seconds: float = 0.0,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> str: ...
 
     def enqueue(
@@ -151,6 +158,8 @@ class Client:
         max_attempts: int | None = None,
         minimal: bool = False,
         retry_seconds: float = 0.0,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> Task | str:
         """As AsyncClient.enqueue; with `minimal=True`, the task's id only."""
         if minimal:
@@ -166,6 +175,8 @@ class Client:
                     max_attempts=max_attempts,
                     minimal=True,
                     retry_seconds=retry_seconds,
+                    traceparent=traceparent,
+                    tracestate=tracestate,
                 )
             )
             return task_id
@@ -180,6 +191,8 @@ class Client:
                 ttl_seconds=ttl_seconds,
                 max_attempts=max_attempts,
                 retry_seconds=retry_seconds,
+                traceparent=traceparent,
+                tracestate=tracestate,
             )
         )
         return task

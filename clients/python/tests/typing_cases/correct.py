@@ -9,6 +9,10 @@ def blocking() -> None:
     with Client() as gw:
         task: Task = gw.enqueue("demo", {"n": 1}, priority=90)
         task_id: str = gw.enqueue("demo", {"n": 2}, minimal=True, run_at=datetime.now(UTC))
+        parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        traced: Task = gw.enqueue("demo", 3, traceparent=parent, tracestate="congo=t61rcWkgMzE")
+        if traced.trace is not None:
+            print(traced.trace.traceparent, traced.trace.tracestate)
         claimed: list[Task] = gw.claim("demo", "me", wait_seconds=20)
         acked = gw.claim("demo", "me", complete=[Completion(task.id, "l", {"ok": 1})])
         outcomes: list[ItemOutcome] = acked.acks
