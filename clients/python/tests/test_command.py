@@ -1,5 +1,6 @@
-"""The command runner alone: what becomes the result or the error, and how a cancelled
-command's whole process group is ended."""
+"""The command runner alone: what becomes the result or the error, what its environment
+holds (the task's trace context, and never the worker's), and how a cancelled command's
+whole process group is ended."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import asyncio
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from gateway_client import Task, TaskFailed
+from gateway_client import Task, TaskFailed, TraceContext
 from gateway_client.command import CommandHandler
 from tests.support.fake_gateway import make_task
 
@@ -42,6 +44,28 @@ async def test_environment_names_the_task_and_withholds_the_token():
     t = task()
     out = await CommandHandler(["sh", "-c", script], env=env)(t)
     assert out == {"stdout": f"{t.id} 0 rt none\n"}
+
+
+# The worker's own context, as a traced process that started it would leave it.
+WORKER_TRACE = {
+    "TRACEPARENT": "00-11111111111111111111111111111111-2222222222222222-01",
+    "TRACESTATE": "worker=1",
+}
+PRINT_TRACE = 'echo "${TRACEPARENT:-none} ${TRACESTATE:-none}"'
+
+
+async def test_a_traced_task_s_context_is_in_its_command_s_environment():
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    run = CommandHandler(["sh", "-c", PRINT_TRACE], env={**os.environ, **WORKER_TRACE})
+    traced = replace(task(), trace=TraceContext(parent, "congo=t61rcWkgMzE"))
+    assert await run(traced) == {"stdout": f"{parent} congo=t61rcWkgMzE\n"}
+    # Its own tracestate or none: never the worker's beside the task's traceparent.
+    assert await run(replace(task(), trace=TraceContext(parent))) == {"stdout": f"{parent} none\n"}
+
+
+async def test_a_task_without_a_trace_does_not_inherit_the_worker_s():
+    run = CommandHandler(["sh", "-c", PRINT_TRACE], env={**os.environ, **WORKER_TRACE})
+    assert await run(task()) == {"stdout": "none none\n"}
 
 
 async def test_a_failing_command_fails_with_its_exit_code_and_stderr_tail():
