@@ -40,8 +40,9 @@ def add_commands(sub: Any) -> None:
         help="run a command for each task of a runtime",
         description="Long-poll RUNTIME and run CMD once per task, in a process group of its "
         "own: the payload as JSON on stdin, GATEWAY_TASK_ID, GATEWAY_TASK_ATTEMPT and "
-        "GATEWAY_RUNTIME in its environment. Exit 0 completes the task with stdout (its "
-        'JSON, else {"stdout": ...}); another exit fails it with the exit code and the '
+        "GATEWAY_RUNTIME in its environment, and TRACEPARENT and TRACESTATE when the task "
+        "carries a trace context (never the worker's own). Exit 0 completes the task with "
+        'stdout (its JSON, else {"stdout": ...}); another exit fails it with the exit code and the '
         "last 4 KiB of stderr. A cancelled task's process group gets SIGTERM, then SIGKILL. "
         "SIGTERM or SIGINT: claim no more, let running commands finish within "
         "--grace-seconds, then release what still runs; a second signal releases at once. "
