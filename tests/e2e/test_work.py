@@ -25,11 +25,16 @@ TASK = str(Path(__file__).with_name("work_task.py"))
 
 @contextlib.asynccontextmanager
 async def work(
-    url: str, runtime: str, *options: str, log: Path | None = None
+    url: str,
+    runtime: str,
+    *options: str,
+    log: Path | None = None,
+    environ: dict[str, str] | None = None,
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     """`gateway work RUNTIME OPTIONS -- python work_task.py`, its log in `log` (a pipe
-    nobody reads could fill and block it); killed afterwards if alive."""
-    env = client_env(url, TOKEN)
+    nobody reads could fill and block it), `environ` added to its environment; killed
+    afterwards if alive."""
+    env = {**client_env(url, TOKEN), **(environ or {})}
     with _opened(log) as out:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway.cli", "work", runtime, "--wait-seconds", "1",
@@ -110,6 +115,36 @@ async def test_two_hundred_tasks_each_completed_once(
             assert task.status == "completed"
             assert task.result["n"] == n and task.result["task_id"] == task.id
             assert task.result["runtime"] == runtime_id and task.result["token_withheld"]
+
+
+async def test_a_traced_task_s_command_gets_its_context_and_no_other(
+    own_database_url, redis_url, redis_prefix, runtime_id
+):
+    """W3C Trace Context from the producer's headers reaches the command as TRACEPARENT
+    and TRACESTATE; an untraced task's command gets none, not even the worker's own."""
+    settings = make_settings(own_database_url, redis_url, redis_prefix)
+    traced = {"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-01", "tracestate": "k=v"}
+    async with running_gateway(settings) as gw, AsyncClient(gw.url, TOKEN) as client:
+        sent = await client.enqueue(runtime_id, {"n": 1}, **traced)
+        bare = await client.enqueue(runtime_id, {"n": 2})
+        mine = {"TRACEPARENT": f"00-{'ef' * 16}-{'01' * 8}-01", "TRACESTATE": "worker=1"}
+        async with work(gw.url, runtime_id, environ=mine) as proc:
+
+            async def done() -> bool:
+                counts = (await client.stats(runtime_id)).counts
+                return counts.get("completed", 0) == 2
+
+            async with asyncio.timeout(30):
+                while not await done():
+                    await asyncio.sleep(0.2)
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 10) == 0
+        got = {t.id: t.result async for t in client.iter_tasks(runtime_id)}
+    assert (got[sent.id]["traceparent"], got[sent.id]["tracestate"]) == (
+        traced["traceparent"],
+        "k=v",
+    )
+    assert (got[bare.id]["traceparent"], got[bare.id]["tracestate"]) == (None, None)
 
 
 async def test_a_killed_worker_s_task_is_done_by_the_next(

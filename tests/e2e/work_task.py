@@ -25,6 +25,8 @@ print(
             "runtime": os.environ["GATEWAY_RUNTIME"],
             "attempt": attempt,
             "token_withheld": "GATEWAY_TOKEN" not in os.environ,
+            "traceparent": os.environ.get("TRACEPARENT"),
+            "tracestate": os.environ.get("TRACESTATE"),
         }
     )
 )
