@@ -43,10 +43,13 @@ async def _withdraw_ahead(
     c: asyncpg.Connection, current: ScheduleRow, wanted: ScheduleWrite
 ) -> ScheduleWrite:
     """Inside the transaction holding the schedule: its ticks decided ahead whose time
-    has not come withdrawn with their tasks (a change of definition or a pause). When
-    the timing stays, its next tick moves back to the earliest withdrawn, which the new
-    definition then decides; a new timing has ticks of its own."""
+    has not come withdrawn with their tasks (a change of definition or a pause), and its
+    last tick and last task those of the latest tick left. When the timing stays, its
+    next tick moves back to the earliest withdrawn, which the new definition then
+    decides; a new timing has ticks of its own."""
     earliest: datetime | None = await c.fetchval(sql.WITHDRAW_AHEAD, current.id)
+    if earliest is not None:
+        await c.execute(sql.RESTORE_LAST_TICK, current.id)
     same_timing = (wanted.cron, wanted.every_seconds, wanted.timezone) == (
         current.cron,
         current.every_seconds,

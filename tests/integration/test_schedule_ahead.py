@@ -170,3 +170,40 @@ async def test_a_task_decided_ahead_is_handed_out_at_its_time_not_before(
         ahead = await fetch(own_database_url, "SELECT 1 FROM tasks WHERE status = 'scheduled'")
     assert [b - a for a, b in itertools.pairwise(got)] == [timedelta(seconds=1)] * 3
     assert ahead, "no tick was decided ahead of its time"
+
+
+@pytest.mark.parametrize("overlap", ["skip", "buffer_one", "cancel_previous"])
+async def test_a_change_from_allow_leaves_the_new_policy_the_task_still_to_run(
+    own_database_url: str, overlap: str
+) -> None:
+    """A PUT from allow to another policy, its timing kept, withdraws the ticks decided
+    ahead; the schedule's last tick and last task are then the latest left (a task not
+    yet claimed), not a withdrawn one, so that the new policy sees that task still
+    queued at its first tick: skip and buffer_one skip the tick, cancel_previous
+    cancels the task. Taken as the last task, a withdrawn one (deleted) looked finished,
+    and every policy enqueued beside the task still queued."""
+    url = own_database_url
+    async with instances(url, 1) as (a,):
+        await put(a, "rt", "s", every_seconds=1, overlap="allow", payload={"v": 1})
+        await due_now(url)
+        await pass_ahead(a)
+        await put(a, "rt", "s", every_seconds=1, overlap=overlap, payload={"v": 1})
+        row = await a.get_schedule("rt", "s")
+        left = await fetch(url, TASKS)
+        assert row is not None and left, left
+        latest = left[-1]
+        assert (row.last_tick_at, row.last_task_id) == (latest["scheduled_for"], latest["id"])
+        assert row.last_task_status == "queued"
+        # The first tick under the new policy, once it has come.
+        wait = (row.next_tick_at - await a.now()).total_seconds()
+        await execute(url, "SELECT pg_sleep($1)", max(wait, 0.0) + 0.05)
+        decided, cancelled, _ = await a.decide_due(100, plans.due_plan(30))
+        final = await fetch(url, TASKS)
+    first = [t for t in decided if t.tick_at == row.next_tick_at]
+    assert len(first) == 1, decided
+    if overlap == "cancel_previous":
+        assert first[0].outcome == "enqueued"
+        assert cancelled == [(latest["id"], "cancelled")]
+    else:
+        assert first[0].outcome == "skipped_overlap"
+        assert [t["id"] for t in final] == [t["id"] for t in left]

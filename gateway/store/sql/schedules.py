@@ -96,6 +96,20 @@ WITH withdrawn AS (
 SELECT min(tick_at) FROM ticks
 """
 
+# After WITHDRAW_AHEAD took ticks away ($1: the schedule): its last tick and last task
+# are those of the latest tick it still has (null when none is left), not a withdrawn
+# one. The overlap policy reads the last task's status; a withdrawn task is deleted,
+# so it would read as finished, and a new skip, buffer_one or cancel_previous would
+# enqueue beside the previous task still queued or running.
+RESTORE_LAST_TICK = """
+UPDATE schedules s
+   SET last_tick_at = (SELECT max(k.tick_at) FROM schedule_ticks k WHERE k.schedule_id = s.id),
+       last_task_id = (SELECT k.task_id FROM schedule_ticks k
+                        WHERE k.schedule_id = s.id AND k.task_id IS NOT NULL
+                        ORDER BY k.tick_at DESC LIMIT 1)
+ WHERE s.id = $1
+"""
+
 # Locks the schedule for a DELETE, which withdraws its ticks decided ahead first.
 LOCK_FOR_DELETE = "SELECT id FROM schedules WHERE runtime_id = $1 AND name = $2 FOR UPDATE"
 
