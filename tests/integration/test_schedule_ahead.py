@@ -8,6 +8,7 @@ alone withdraws nothing, nor does a change meet a task a claim already holds."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,7 +18,8 @@ import pytest
 from gateway.schedules import plans
 from gateway.store import Store
 from tests.support.databases import execute, fetch
-from tests.support.gateways import running_gateway
+from tests.support.gateways import gateway, running_gateway
+from tests.support.http import req
 from tests.support.janitor import janitor_settings
 from tests.support.schedules import duplicates, instances, put
 from tests.support.waiting import wait_until
@@ -207,3 +209,48 @@ async def test_a_change_from_allow_leaves_the_new_policy_the_task_still_to_run(
     else:
         assert first[0].outcome == "skipped_overlap"
         assert [t["id"] for t in final] == [t["id"] for t in left]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a withdrawn task is deleted without a publish on its result channel: a "
+    "GET /v1/tasks/{id}?wait_seconds on it sleeps its whole wait, then answers 404",
+)
+async def test_a_wait_for_the_result_of_a_withdrawn_task_ends_when_it_is_withdrawn(
+    own_database_url: str, redis_url: str
+) -> None:
+    """The schedule shows its task decided ahead as its last task, and a client may
+    wait for that task's result. A PUT that withdraws the task ends the wait at once
+    (the task is gone: 404), as a finish wakes the waits on its task."""
+    url = own_database_url
+    async with gateway(url, redis_url) as gw:
+        status, body = await gw.call(
+            "PUT",
+            "/v1/runtimes/rt/schedules/s",
+            {"every_seconds": 1, "overlap": "allow", "payload": {"v": 1}},
+        )
+        assert status == 201, body
+        await due_now(url)
+        # Ticks decided far ahead, so that the one waited on is still to come at the PUT.
+        await gw.gateway.store.decide_due(100, plans.due_plan(30, ahead_seconds=30), 30)
+        [far] = await fetch(
+            url,
+            "SELECT id FROM tasks WHERE status = 'scheduled' "
+            "AND scheduled_for > now() + interval '20 seconds' ORDER BY scheduled_for LIMIT 1",
+        )
+        task_id = str(far["id"])
+        results = gw.gateway.results
+        waiter = asyncio.create_task(req(gw, "GET", f"/v1/tasks/{task_id}?wait_seconds=30"))
+        await wait_until(lambda: results.waiting() >= 1, 10, "the wait to park")
+        status, body = await gw.call(
+            "PUT",
+            "/v1/runtimes/rt/schedules/s",
+            {"every_seconds": 1, "overlap": "allow", "payload": {"v": 2}},
+        )
+        assert status == 200, body
+        assert not await fetch(url, "SELECT 1 FROM tasks WHERE id = $1", far["id"])
+        try:
+            answer = await asyncio.wait_for(waiter, 5)
+        finally:
+            waiter.cancel()
+    assert answer.status == 404, (answer.status, answer.body)
