@@ -60,6 +60,16 @@ async def _withdraw_ahead(
     return wanted
 
 
+async def _hold(c: asyncpg.Connection, runtime_id: str, name: str) -> Row | None:
+    """Inside a transaction: the schedule's row held until the commit, and read (with
+    the clock) once held, by a statement of its own (see sql.LOCK_SCHEDULE_ID); None
+    when there is no such schedule."""
+    if await c.fetchval(sql.LOCK_SCHEDULE_ID, runtime_id, name) is None:
+        return None
+    row: Row | None = await c.fetchrow(sql.LOCK_SCHEDULE, runtime_id, name)
+    return row
+
+
 class ScheduleStatements(StoreBase):
     """A runtime's schedules and their ticks."""
 
@@ -103,7 +113,7 @@ class ScheduleStatements(StoreBase):
 
         async def write_in_tx(c: asyncpg.Connection) -> Written | None:
             async with self._transaction(c):
-                row = await c.fetchrow(sql.LOCK_SCHEDULE, runtime_id, name)
+                row = await _hold(c, runtime_id, name)
                 now = row["now"] if row is not None else await c.fetchval(sql.NOW)
                 current = None if row is None else ScheduleRow.of(row)
                 if current is None and not create:
@@ -153,7 +163,7 @@ class ScheduleStatements(StoreBase):
 
         async def delete_in_tx(c: asyncpg.Connection) -> bool:
             async with self._transaction(c):
-                schedule_id = await c.fetchval(sql.LOCK_FOR_DELETE, runtime_id, name)
+                schedule_id = await c.fetchval(sql.LOCK_SCHEDULE_ID, runtime_id, name)
                 if schedule_id is None:
                     return False
                 await c.fetchval(sql.WITHDRAW_AHEAD, schedule_id)
@@ -198,7 +208,7 @@ class ScheduleStatements(StoreBase):
             c: asyncpg.Connection,
         ) -> tuple[ScheduleRow, list[DecidedTick], list[tuple[uuid.UUID, str]]]:
             async with self._transaction(c):
-                row = await c.fetchrow(sql.LOCK_SCHEDULE, runtime_id, name)
+                row = await _hold(c, runtime_id, name)
                 if row is None:
                     raise NotFound(f"runtime {runtime_id} has no schedule named {name!r}")
                 schedule = ScheduleRow.of(row)

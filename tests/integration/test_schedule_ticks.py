@@ -317,3 +317,90 @@ async def test_a_change_first_decides_the_ticks_that_came_due_before_it(
     assert all(r["scheduled_for"] <= answered for r in made)
     ticks = await fetch(url, "SELECT tick_at FROM schedule_ticks ORDER BY tick_at")
     assert len(ticks) == 4 and await duplicates(url) == 0
+
+
+@pytest.mark.parametrize("overlap", ["skip", "cancel_previous"])
+async def test_a_trigger_that_waited_for_a_pass_sees_the_task_the_pass_made(
+    own_database_url: str, overlap: str
+) -> None:
+    """A trigger at a tick's instant waits for the pass holding the schedule (its ticks'
+    write made to wait on a table lock), which enqueues the tick's task. The trigger then
+    applies its overlap policy to that task, still queued: skip skips, cancel_previous
+    cancels it. Read in the statement that waited for the lock, the task was not yet
+    visible (its snapshot predates the pass's commit) and looked finished."""
+    url = own_database_url
+    async with instances(url) as (a, b):
+        await put(a, "rt", "s", every_seconds=3600, overlap=overlap)
+        await behind(url, 0)
+        blocker = await asyncpg.connect(url)
+        try:
+            tx = blocker.transaction()
+            await tx.start()
+            await blocker.execute("LOCK TABLE schedule_ticks IN SHARE MODE")
+            passing = asyncio.create_task(a.decide_due(10, plans.due_plan(30)))
+            await waiting_for_locks(blocker, 1)  # the pass, at its ticks' write
+            triggering = asyncio.create_task(
+                b.decide_one("rt", "s", plans.trigger_plan(), "trigger")
+            )
+            await waiting_for_locks(blocker, 2)  # the trigger, at the schedule's row
+            await tx.rollback()
+            passed, _, _ = await passing
+            _, triggered, cancelled = await triggering
+        finally:
+            await blocker.close()
+    [made] = passed
+    assert made.outcome == "enqueued"
+    [tick] = triggered
+    if overlap == "skip":
+        assert tick.outcome == "skipped_overlap"
+    else:
+        assert tick.outcome == "enqueued" and cancelled == [(made.task_id, "cancelled")]
+    live = await fetch(url, "SELECT id FROM tasks WHERE status IN ('queued', 'scheduled')")
+    assert len(live) == 1, live
+
+
+async def test_a_put_that_waited_for_a_backfill_decides_the_tick_that_came_meanwhile(
+    own_database_url: str,
+) -> None:
+    """A PUT that changes the timing waits for a backfill holding the schedule (which
+    writes no schedule row), and a tick of the old timing comes due meanwhile. The PUT
+    decides that tick first: its clock is read once it holds the row. Read in the
+    statement that waited, the clock was from before the wait, the tick looked still
+    to come, and the new timing passed over it: a tick due, never recorded."""
+    url = own_database_url
+    async with instances(url) as (a, b):
+        row = await put(a, "rt", "s", every_seconds=1, overlap="skip")
+        created = await a.now()
+        blocker = await asyncpg.connect(url)
+        try:
+            tx = blocker.transaction()
+            await tx.start()
+            await blocker.execute("LOCK TABLE schedule_ticks IN SHARE MODE")
+            past = plans.backfill_plan(
+                created - timedelta(seconds=10), created - timedelta(seconds=5)
+            )
+            backfilling = asyncio.create_task(a.decide_one("rt", "s", past, "backfill"))
+            await waiting_for_locks(blocker, 1)  # the backfill, at its ticks' write
+            definition = parse_schedule(
+                {"every_seconds": 3600, "overlap": "skip", "payload": {"from": "s"}}, 1_000_000, 64
+            )
+            changing = asyncio.create_task(
+                b.write_schedule(
+                    "rt",
+                    "s",
+                    lambda current, now: plans.put_write(definition, current, now),
+                    settle=plans.due_plan(30),
+                )
+            )
+            await waiting_for_locks(blocker, 2)  # the PUT, at the schedule's row
+            # The old timing's next tick comes due while both wait.
+            wait = (row.next_tick_at - await a.now()).total_seconds() + 0.1
+            await asyncio.sleep(max(wait, 0.0))
+            await tx.rollback()
+            await backfilling
+            written = await changing
+        finally:
+            await blocker.close()
+    assert written.row.every_seconds == 3600
+    ticks = await fetch(url, "SELECT tick_at, source FROM schedule_ticks WHERE source = 'schedule'")
+    assert [t["tick_at"] for t in ticks] == [row.next_tick_at], ticks

@@ -37,9 +37,18 @@ SELECT {_WITH_LAST_TASK}
  LIMIT $3
 """
 
-# The first statement of every change and manual tick (inside its transaction): holds
-# the schedule's row until the commit, and reads the database's clock, which every
-# tick is computed against (one clock for every instance).
+# Holds the schedule's row until the commit: the first statement of every change,
+# manual tick and DELETE (inside its transaction). Only that: a statement that waited
+# for the row reads the tables as they were when it began, before the commit it waited
+# for (Postgres re-reads only the locked row), and its clock_timestamp() too. So after
+# a pass, a trigger read the task the pass had just made as missing (finished: the
+# overlap policy enqueued beside it), and after a backfill a PUT read the clock of
+# before its wait (a tick due meanwhile looked still to come, and went unrecorded).
+LOCK_SCHEDULE_ID = "SELECT id FROM schedules WHERE runtime_id = $1 AND name = $2 FOR UPDATE"
+
+# The schedule as it is once held (the statement after LOCK_SCHEDULE_ID, in its
+# transaction), and the database's clock, which every tick is computed against (one
+# clock for every instance). FOR UPDATE too, so that it holds the row by itself.
 LOCK_SCHEDULE = f"""
 SELECT {SCHEDULE_COLUMNS}, {_LAST_TASK_STATUS}, {_DECIDED_AHEAD}, clock_timestamp() AS now
   FROM {_FROM}
@@ -109,9 +118,6 @@ UPDATE schedules s
                         ORDER BY k.tick_at DESC LIMIT 1)
  WHERE s.id = $1
 """
-
-# Locks the schedule for a DELETE, which withdraws its ticks decided ahead first.
-LOCK_FOR_DELETE = "SELECT id FROM schedules WHERE runtime_id = $1 AND name = $2 FOR UPDATE"
 
 DELETE_SCHEDULE = "DELETE FROM schedules WHERE id = $1"
 
