@@ -12,6 +12,11 @@ from typing import Any
 
 from .errors import GatewayError
 
+# What Results.finished is told of a task deleted before it finished (a schedule's task
+# decided ahead and withdrawn): the requests waiting for its result are woken too, and
+# find it gone.
+DELETED = "deleted"
+
 
 @dataclass(frozen=True, slots=True)
 class TaskRow:

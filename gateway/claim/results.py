@@ -36,7 +36,7 @@ from typing import Protocol
 
 from ..errors import CacheUnavailable
 from ..metrics import Metrics
-from ..rows import TaskRow
+from ..rows import DELETED, TaskRow
 from ..settings import Settings
 from .ports import WakeChannels
 from .waiters import Departure, wake_signal
@@ -136,11 +136,12 @@ class Results:
 
     async def finished(self, tasks: Iterable[tuple[uuid.UUID, str]]) -> None:
         """Call after a commit that changed tasks' statuses, with each (id, status
-        now): wakes the requests waiting for those that finished. Returns at once: the
-        publish is sent in the background, together with the others made meanwhile
-        (one round trip per batch), so a finish never waits on Redis."""
+        now, or DELETED): wakes the requests waiting for those that finished or went.
+        Returns at once: the publish is sent in the background, together with the
+        others made meanwhile (one round trip per batch), so a finish never waits on
+        Redis."""
         for task_id, status in tasks:
-            if status in FINISHED:
+            if status in FINISHED or status == DELETED:
                 self._outbox.append((done_channel(self._prefix, task_id), str(task_id)))
         if self._outbox and self._sender is None:
             self._sender = asyncio.create_task(self._send(), name="result-wakeups")

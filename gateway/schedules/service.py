@@ -27,7 +27,7 @@ from ..api.schedule_bodies import MAX_BACKFILL_TICKS, ScheduleDefinition, parse_
 from ..background import stop_task
 from ..errors import GatewayError, NotFound
 from ..metrics import Metrics
-from ..rows import DecidedTick, ScheduleRow
+from ..rows import DELETED, DecidedTick, ScheduleRow
 from ..settings import Settings
 from ..store import Store
 from ..store.schedules import Planner
@@ -227,6 +227,7 @@ class Scheduler:
             settle=self._settle(),
         )
         await self._after_commit(TickReport(), written.decided, written.cancelled, lag=True)
+        await self._woken(written.withdrawn)
         return written.row, written.created
 
     async def get(self, runtime_id: str, name: str) -> ScheduleRow:
@@ -240,8 +241,10 @@ class Scheduler:
 
     async def delete(self, runtime_id: str, name: str) -> None:
         """Delete, or NotFound. Once this returns, the schedule makes no task."""
-        if not await self._store.delete_schedule(runtime_id, name):
+        found, withdrawn = await self._store.delete_schedule(runtime_id, name)
+        if not found:
             raise NotFound(f"runtime {runtime_id} has no schedule named {name!r}")
+        await self._woken(withdrawn)
 
     async def pause(
         self, runtime_id: str, name: str, paused: bool, note: str | None
@@ -252,7 +255,14 @@ class Scheduler:
             runtime_id, name, plans.pause_write(paused, note), create=False, settle=self._settle()
         )
         await self._after_commit(TickReport(), written.decided, written.cancelled, lag=True)
+        await self._woken(written.withdrawn)
         return written.row
+
+    async def _woken(self, withdrawn: Sequence[uuid.UUID]) -> None:
+        """After the commit that withdrew (deleted) tasks decided ahead: a request
+        waiting for one's result is woken, and finds it gone (404)."""
+        if withdrawn and self._finished is not None:
+            await self._finished([(task_id, DELETED) for task_id in withdrawn])
 
     def _settle(self) -> Planner:
         """The ticks due now, as the pass would decide them (none ahead: the change

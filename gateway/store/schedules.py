@@ -37,17 +37,23 @@ class Written(NamedTuple):
     created: bool
     decided: list[DecidedTick]
     cancelled: list[tuple[uuid.UUID, str]]
+    # Tasks of ticks decided ahead that the change withdrew (deleted): requests waiting
+    # for their results are to be woken after the commit.
+    withdrawn: tuple[uuid.UUID, ...] = ()
 
 
 async def _withdraw_ahead(
     c: asyncpg.Connection, current: ScheduleRow, wanted: ScheduleWrite
-) -> ScheduleWrite:
+) -> tuple[ScheduleWrite, tuple[uuid.UUID, ...]]:
     """Inside the transaction holding the schedule: its ticks decided ahead whose time
     has not come withdrawn with their tasks (a change of definition or a pause), and its
     last tick and last task those of the latest tick left. When the timing stays, its
     next tick moves back to the earliest withdrawn, which the new definition then
-    decides; a new timing has ticks of its own."""
-    earliest: datetime | None = await c.fetchval(sql.WITHDRAW_AHEAD, current.id)
+    decides; a new timing has ticks of its own. Returns the write and the tasks
+    withdrawn."""
+    done = await c.fetchrow(sql.WITHDRAW_AHEAD, current.id)
+    earliest: datetime | None = done["earliest"]
+    withdrawn = tuple(done["tasks"])
     if earliest is not None:
         await c.execute(sql.RESTORE_LAST_TICK, current.id)
     same_timing = (wanted.cron, wanted.every_seconds, wanted.timezone) == (
@@ -56,8 +62,8 @@ async def _withdraw_ahead(
         current.timezone,
     )
     if earliest is not None and same_timing and earliest < wanted.next_tick_at:
-        return replace(wanted, next_tick_at=earliest)
-    return wanted
+        return replace(wanted, next_tick_at=earliest), withdrawn
+    return wanted, withdrawn
 
 
 async def _hold(c: asyncpg.Connection, runtime_id: str, name: str) -> Row | None:
@@ -139,8 +145,9 @@ class ScheduleStatements(StoreBase):
                     if made is None:
                         return None  # created meanwhile by a concurrent PUT: again
                     return Written(ScheduleRow.of(made), True, [], [])
+                withdrawn: tuple[uuid.UUID, ...] = ()
                 if wanted.bumps or (wanted.paused and not current.paused):
-                    wanted = await _withdraw_ahead(c, current, wanted)
+                    wanted, withdrawn = await _withdraw_ahead(c, current, wanted)
                 changed = await c.fetchrow(
                     sql.UPDATE_SCHEDULE,
                     current.id,
@@ -148,7 +155,7 @@ class ScheduleStatements(StoreBase):
                     *wanted.columns(),
                     int(wanted.bumps),
                 )
-                return Written(ScheduleRow.of(changed), False, *settled)
+                return Written(ScheduleRow.of(changed), False, *settled, withdrawn)
 
         for _ in range(3):
             done = await self._run(write_in_tx)
@@ -156,19 +163,21 @@ class ScheduleStatements(StoreBase):
                 return done
         raise NotFound(f"runtime {runtime_id} has no schedule named {name!r}")
 
-    async def delete_schedule(self, runtime_id: str, name: str) -> bool:
+    async def delete_schedule(
+        self, runtime_id: str, name: str
+    ) -> tuple[bool, tuple[uuid.UUID, ...]]:
         """Delete the schedule, its ticks, and the tasks of its ticks decided ahead
-        whose time has not come; False when there was none. Waits for a transaction
-        deciding its ticks: none is decided from it once this returns."""
+        whose time has not come: (whether there was one, those tasks). Waits for a
+        transaction deciding its ticks: none is decided from it once this returns."""
 
-        async def delete_in_tx(c: asyncpg.Connection) -> bool:
+        async def delete_in_tx(c: asyncpg.Connection) -> tuple[bool, tuple[uuid.UUID, ...]]:
             async with self._transaction(c):
                 schedule_id = await c.fetchval(sql.LOCK_SCHEDULE_ID, runtime_id, name)
                 if schedule_id is None:
-                    return False
-                await c.fetchval(sql.WITHDRAW_AHEAD, schedule_id)
+                    return False, ()
+                done = await c.fetchrow(sql.WITHDRAW_AHEAD, schedule_id)
                 await c.execute(sql.DELETE_SCHEDULE, schedule_id)
-                return True
+                return True, tuple(done["tasks"])
 
         return await self._run(delete_in_tx)
 

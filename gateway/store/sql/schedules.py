@@ -90,19 +90,21 @@ SELECT {SCHEDULE_COLUMNS}, {_LAST_TASK_STATUS}, {_DECIDED_AHEAD}
 # definition, a pause and a DELETE run it in their transaction, so that no task of the
 # old definition runs after they answer, and the new one decides those ticks afresh.
 # Only a task still waiting for its time goes (a claim that took it first keeps it, and
-# so does its tick). Answers the earliest tick withdrawn, or null.
+# so does its tick). Answers the earliest tick withdrawn (or null) and the tasks
+# deleted, whose result waits the caller wakes after the commit.
 WITHDRAW_AHEAD = """
 WITH withdrawn AS (
     DELETE FROM tasks t USING schedule_ticks k
      WHERE k.schedule_id = $1 AND k.tick_at > clock_timestamp() AND t.id = k.task_id
        AND t.status = 'scheduled' AND t.run_at > clock_timestamp()
-    RETURNING k.tick_at
+    RETURNING k.tick_at, t.id
 ), ticks AS (
     DELETE FROM schedule_ticks k USING withdrawn w
      WHERE k.schedule_id = $1 AND k.tick_at = w.tick_at
     RETURNING k.tick_at
 )
-SELECT min(tick_at) FROM ticks
+SELECT (SELECT min(tick_at) FROM ticks) AS earliest,
+       (SELECT coalesce(array_agg(id), '{}') FROM withdrawn) AS tasks
 """
 
 # After WITHDRAW_AHEAD took ticks away ($1: the schedule): its last tick and last task
