@@ -275,7 +275,9 @@ class Gateway:
                 else (f"no answer within {READINESS_DATABASE_SECONDS:g} s")
             )
             log.warning("readiness: the database is unavailable (still ready): %s", detail)
+            self.metrics.database_reachable.set(0)
             return Readiness(degraded=["database unavailable"])
+        self.metrics.database_reachable.set(1)
         if not current:
             return Readiness(["database schema is not current: run `gateway migrate`"])
         return Readiness()

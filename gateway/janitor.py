@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from .api.bodies import STATUSES
 from .background import stop_task
-from .errors import CacheUnavailable, GatewayError
+from .errors import CacheUnavailable, GatewayError, StoreUnavailable
 from .metrics import Metrics
 from .redis.verdict import VerdictCache
 from .settings import Settings
@@ -374,8 +374,15 @@ class Janitor:
                         self._metrics.janitor_leader.set(1)
                 if self._leadership is not None:
                     await self.run_once()
+                self._metrics.database_reachable.set(1)
             except asyncio.CancelledError:
                 raise
+            except StoreUnavailable as exc:
+                # Expected while Postgres is away (a failover, a partition): one line,
+                # no traceback, each round until it answers again.
+                self._metrics.database_reachable.set(0)
+                self._metrics.janitor_errors.inc()
+                log.warning("janitor: the database is unavailable (%s); retrying", exc.detail)
             except Exception:
                 # Never let the loop die: a dead janitor strands tasks.
                 self._metrics.janitor_errors.inc()

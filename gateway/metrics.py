@@ -291,6 +291,15 @@ class Metrics:
         self.janitor_leader = Gauge(
             "gateway_janitor_leader", "1 while this instance runs the janitor.", registry=r
         )
+        self.database_reachable = Gauge(
+            "gateway_database_reachable",
+            "1 while this instance reaches Postgres, 0 while it does not: as the last "
+            "readiness probe or janitor round found it (every instance tries once per "
+            "GATEWAY_JANITOR_INTERVAL_SECONDS). An instance that does not reach Postgres "
+            "stays ready (a failover would otherwise leave no instance) and answers 503.",
+            registry=r,
+        )
+        self.database_reachable.set(1)
         self.tasks_by_status = Gauge(
             "gateway_tasks_stored",
             "Tasks stored, by status, counted by the janitor's leader once per "

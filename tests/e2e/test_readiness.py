@@ -20,6 +20,7 @@ from tests.support.databases import migrate
 from tests.support.gateways import gateway
 from tests.support.http import req
 from tests.support.lifecycle import assert_problem, enqueue
+from tests.support.metrics import sample
 from tests.support.proxy import BlackholeProxy
 from tests.support.waiting import within
 
@@ -65,10 +66,13 @@ async def test_readyz_stays_ready_while_postgres_is_stopped(
         assert_problem(refused, 503, "store_unavailable")
         # When to try again, as every 503 says: a client that honours it waits.
         assert refused.headers["Retry-After"] == "1"
+        # Ready, but its metrics say it does not reach Postgres (the alert's input).
+        assert sample(gw, "gateway_database_reachable") == 0
 
         await asyncio.to_thread(private_postgres.start)
         await wait_until_serving(gw, runtime_id)
         assert (await probe(gw))[:2] == (200, {"status": "ready"})
+        assert sample(gw, "gateway_database_reachable") == 1
 
 
 async def test_readyz_is_not_ready_while_shutting_down_even_with_postgres_stopped(

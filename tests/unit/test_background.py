@@ -8,9 +8,11 @@ import logging
 import time
 
 from gateway.background import stop_task
+from gateway.errors import StoreUnavailable
 from gateway.janitor import Janitor
 from gateway.metrics import Metrics
 from gateway.settings import Settings
+from tests.support.metrics import sample
 
 
 async def test_stop_task_cancels_again_after_a_swallowed_cancellation() -> None:
@@ -85,3 +87,45 @@ async def test_janitor_stop_returns_even_if_its_loop_lost_the_cancellation() -> 
     await asyncio.wait_for(janitor.stop(), 3)
     assert time.monotonic() - started < 1.0, "stop waited for the loop's next pass"
     assert janitor._task is None
+
+
+class UnreachableStore:
+    """A database that refuses every connection, then answers again once `back`."""
+
+    def __init__(self) -> None:
+        self.back = False
+        self.tries = 0
+
+    async def try_leadership(self, key: int) -> None:
+        self.tries += 1
+        if not self.back:
+            raise StoreUnavailable("cannot connect to Postgres: refused")
+        return None
+
+
+async def test_the_janitor_reports_whether_this_instance_reaches_postgres(caplog) -> None:
+    """Every instance's janitor tries Postgres once per interval: gateway_database_reachable
+    says what it found (the input of the alert on an instance cut off from Postgres), and
+    the failure is one warning line, no traceback."""
+    store = UnreachableStore()
+
+    async def announce(runtime_id: str) -> None:
+        return None
+
+    metrics = Metrics()
+    settings = Settings(auth_enabled=False, janitor_interval_seconds=0.01)
+    janitor = Janitor(store, None, announce, settings, metrics)  # type: ignore[arg-type]
+    await janitor.start()
+    try:
+        while store.tries < 2:
+            await asyncio.sleep(0.01)
+        assert sample(metrics, "gateway_database_reachable") == 0
+        store.back = True
+        tried = store.tries
+        while store.tries < tried + 2:
+            await asyncio.sleep(0.01)
+        assert sample(metrics, "gateway_database_reachable") == 1
+    finally:
+        await janitor.stop()
+    failures = [r for r in caplog.records if "database is unavailable" in r.getMessage()]
+    assert failures and all(r.exc_info is None for r in failures)
