@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import MaxConnectionsError, RedisError
+from redis.exceptions import MaxConnectionsError, NoScriptError, RedisError
 
 from ..errors import CacheUnavailable
 from ..metrics import Metrics
@@ -275,9 +275,9 @@ class VerdictCache:
 
             return list(await asyncio.gather(*(one(rt) for rt in runtime_ids)))
 
-        async def go() -> list[Any]:
+        async def send(ids: Sequence[str]) -> list[Any]:
             async with self._client.pipeline(transaction=False) as pipe:
-                for runtime_id in runtime_ids:
+                for runtime_id in ids:
                     k = self.keys(runtime_id)
                     args: list[str | int] = [new_epoch(), self._version_ttl, k.wake, runtime_id]
                     # A pipeline queues the call (and loads the script at execute).
@@ -287,6 +287,20 @@ class VerdictCache:
                         client=pipe,  # type: ignore[arg-type]
                     )
                 return list(await pipe.execute(raise_on_error=False))
+
+        async def go() -> list[Any]:
+            answers = await send(runtime_ids)
+            # A pipeline checks its scripts once, before its first attempt: one sent
+            # again on a new connection to a Redis that restarted meanwhile (its
+            # scripts gone) gets NOSCRIPT for every call. Those are sent once more,
+            # after loading the script.
+            again = [i for i, a in enumerate(answers) if isinstance(a, NoScriptError)]
+            if again:
+                await self._client.script_load(BUMP_AND_PUBLISH_SCRIPT)
+                retried = await send([runtime_ids[i] for i in again])
+                for i, answer in zip(again, retried, strict=True):
+                    answers[i] = answer
+            return answers
 
         try:
             answers = await self._call("version bumps", go)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from redis.asyncio.client import Pipeline
 
 from gateway.errors import CacheUnavailable
 from gateway.metrics import Metrics
@@ -188,5 +189,38 @@ async def test_bumps_in_one_round_trip_bump_publish_and_drop_each_verdict(
         assert sorted(wake_ups) == sorted(runtimes * 2)
     finally:
         await listener.aclose()
+        await admin.aclose()
+        await cache.close()
+
+
+async def test_bumps_sent_again_to_a_redis_that_lost_its_scripts_still_land(
+    redis_process, redis_prefix, monkeypatch
+):
+    """A pipeline checks its scripts once, before its first attempt; sent again on a
+    new connection to a Redis that restarted meanwhile, every bump gets NOSCRIPT.
+    bump_many then loads the script and sends those bumps once more: none is lost.
+    (The lost check is played by a pipeline that skips it.)"""
+
+    async def unchecked(self: Pipeline) -> None:
+        return None
+
+    metrics = Metrics()
+    cache = VerdictCache(
+        make_client(redis_process.url, 0.25),
+        redis_prefix,
+        metrics,
+        timeout_seconds=0.25,
+        version_ttl_seconds=600,
+        breaker=CircuitBreaker(100, 1.0),
+    )
+    admin = make_client(redis_process.url, 0.25)
+    try:
+        await admin.script_flush()
+        monkeypatch.setattr(Pipeline, "load_scripts", unchecked)
+        versions = await cache.bump_many(["a", "b"])
+        assert all(v is not None and v.endswith(":1") for v in versions), versions
+        assert sample(metrics, "gateway_version_bumps_total", outcome="ok") == 2
+        assert sample(metrics, "gateway_version_bumps_total", outcome="error") == 0
+    finally:
         await admin.aclose()
         await cache.close()
