@@ -228,9 +228,11 @@ class FakeGateway:
         return out
 
 
-def worker(fake: FakeGateway, handler: Any, **options: Any) -> Worker:
+def worker(
+    fake: FakeGateway, handler: Any, *, tracer_provider: Any = None, **options: Any
+) -> Worker:
     opts = {"wait_seconds": 0.05, "worker_id": "w", **options}
-    return Worker(fake, "rt", handler, WorkerOptions(**opts))
+    return Worker(fake, "rt", handler, WorkerOptions(**opts), tracer_provider=tracer_provider)
 
 
 async def run_until(w: Worker, condition: Any, within: float = 5.0) -> None:

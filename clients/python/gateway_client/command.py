@@ -1,9 +1,11 @@
 """A task as a command (`gateway work RUNTIME -- CMD ARGS...`): each task runs CMD in a
 process group of its own, with the payload as JSON on stdin and GATEWAY_TASK_ID,
 GATEWAY_TASK_ATTEMPT and GATEWAY_RUNTIME in its environment (GATEWAY_TOKEN is not
-passed on). A task that carries a trace context gets it as TRACEPARENT and TRACESTATE,
-so that a traced command continues its producer's trace; any other runs without them,
-even when the worker's own environment has them.
+passed on). Its trace context, if it has one, is in TRACEPARENT and TRACESTATE, so that
+a traced command continues the task's trace: its consumer span's context when the worker
+loop records one (spans.py), which makes the command's spans that span's children, else
+the task's stored context. Without either it runs without them, even when the worker's
+own environment has them.
 
 Exit 0 completes the task with stdout: its JSON value if it parses, else
 `{"stdout": "..."}`, cut to fit `max_result_bytes`. Another exit fails it with the exit
@@ -23,7 +25,7 @@ from typing import Any
 
 from .failure import TaskFailed
 from .models import Task
-from .tracing import command_environment
+from .tracing import command_environment, task_context
 
 STDERR_TAIL_BYTES = 4096
 # The gateway's default GATEWAY_MAX_PAYLOAD_BYTES, which bounds a result too.
@@ -63,7 +65,7 @@ class CommandHandler:
             "GATEWAY_TASK_ATTEMPT": str(task.attempts),
             "GATEWAY_RUNTIME": task.runtime_id,
         }
-        command_environment(env, task.trace)
+        command_environment(env, task_context(task))
         proc = await asyncio.create_subprocess_exec(
             *self.argv,
             stdin=asyncio.subprocess.PIPE,

@@ -11,6 +11,7 @@ to be cancelled or its lease is lost.
   then released, which the gateway ends `cancelled`); `lease_lost` cancels it and
   nothing is reported, since the task may already be another daemon's. Once the
   handler has finished, the report's own answer says how the task ended.
+- Each extended lease is an event on its task's consumer span, when one is recorded.
 - A failed heartbeat is retried after a full-jitter backoff of at most one interval,
   unless a `Retry-After` asks for longer.
 
@@ -28,6 +29,10 @@ from .errors import LeaseLost, NotFound
 from .models import Beat, ItemOutcome, ItemOutcomeKind
 from .runs import Interrupt, Running, interrupt
 from .transport import BatchCalls, Transport, describe, log
+
+# A lease extended, as an event on the task's consumer span (spans.py).
+HEARTBEAT = "heartbeat"
+LEASE_ATTRIBUTE = "messaging.claim_gateway.lease_seconds"
 
 
 class Heartbeats:
@@ -70,6 +75,7 @@ class Heartbeats:
                 continue
             backoff.reset()
             delay = interval
+            run.event(HEARTBEAT, {LEASE_ATTRIBUTE: lease})
             if answer.cancel_requested and run.interrupt is None:
                 # Beating goes on: the release may wait for room among the reports in
                 # flight, and the lease must hold until it is answered.
@@ -113,7 +119,9 @@ class Heartbeats:
             for run, answer in zip(runs, answers, strict=False):
                 if answer.refused:
                     interrupt(run, Interrupt.LEASE_LOST)
-                elif answer.cancel_requested:
+                    continue
+                run.event(HEARTBEAT, {LEASE_ATTRIBUTE: lease})
+                if answer.cancel_requested:
                     interrupt(run, Interrupt.CANCEL_REQUESTED)
 
     async def _beat_each(self, beats: list[Beat]) -> list[ItemOutcome]:

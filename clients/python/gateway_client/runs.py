@@ -1,7 +1,8 @@
 """A claimed task as the worker loop holds it, from its claim until its report is
 answered: `Running` (the task, its handler's asyncio task, when it started in
-monotonic seconds, and why it was interrupted, if it was), `Interrupt` (why a handler
-was cancelled), `interrupt()`, and `Outcome`, how a held task ended.
+monotonic seconds, why it was interrupted, if it was, and its consumer span, if any),
+`Interrupt` (why a handler was cancelled; an event on the span too), `interrupt()`,
+and `Outcome`, how a held task ended.
 
 The `Worker` makes each `Running` and keeps it while the lease is held; the heartbeats
 interrupt it, and the reports decide its outcome from its handler.
@@ -12,9 +13,12 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .models import Task
+
+if TYPE_CHECKING:  # spans.py imports this module
+    from .spans import ConsumerSpan
 
 
 class Outcome(enum.StrEnum):
@@ -40,6 +44,14 @@ class Running:
     handler: asyncio.Task[Any]
     started: float  # time.monotonic() as its handler started
     interrupt: Interrupt | None = None
+    # Its consumer span, when OpenTelemetry records one (spans.py); ended by the worker
+    # loop once the report is answered.
+    span: ConsumerSpan | None = None
+
+    def event(self, name: str, attributes: dict[str, Any] | None = None) -> None:
+        """An event on its consumer span, if it has one."""
+        if self.span is not None:
+            self.span.event(name, attributes)
 
 
 def interrupt(run: Running, why: Interrupt) -> None:
@@ -49,4 +61,5 @@ def interrupt(run: Running, why: Interrupt) -> None:
         return
     if run.interrupt is None:
         run.interrupt = why
+        run.event(why.value)  # "cancel_requested", "lease_lost" or "shutdown"
     run.handler.cancel()

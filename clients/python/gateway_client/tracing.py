@@ -13,10 +13,12 @@ it, never when this module is, and an import that fails is not tried again.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 
-from .models import TraceContext
+from .models import Task, TraceContext
 
 # OpenTelemetry's environment-variable carrier: the names a traced program reads its
 # parent's context from (see the OpenTelemetry specification, "Environment Variables
@@ -26,6 +28,13 @@ TRACESTATE_ENV = "TRACESTATE"
 TRACE_ENV = (TRACEPARENT_ENV, TRACESTATE_ENV)
 
 Inject = Callable[[MutableMapping[str, str]], None]
+
+# The consumer span the worker loop runs a handler in (spans.py), as (task id, its W3C
+# context): set in the handler's own asyncio task, so that tasks run side by side never
+# see each other's.
+_consumer: contextvars.ContextVar[tuple[str, TraceContext | None] | None] = contextvars.ContextVar(
+    "gateway_client_consumer", default=None
+)
 
 
 def request_headers(traceparent: str | None, tracestate: str | None) -> dict[str, str]:
@@ -43,6 +52,27 @@ def request_headers(traceparent: str | None, tracestate: str | None) -> dict[str
     # goes without, as it would without OpenTelemetry.
     inject(carrier)
     return carrier
+
+
+@contextlib.contextmanager
+def consumer_context(task_id: str, context: TraceContext | None) -> Iterator[None]:
+    """Within it, `task_context` of the task `task_id` is the consumer span's `context`
+    (when it is valid, else the task's stored one)."""
+    token = _consumer.set((task_id, context))
+    try:
+        yield
+    finally:
+        _consumer.reset(token)
+
+
+def task_context(task: Task) -> TraceContext | None:
+    """The context that the work done for `task` continues: its consumer span's, when
+    the worker loop runs the caller inside one for this very task, else the task's
+    stored context (`task.trace`), as without OpenTelemetry."""
+    current = _consumer.get()
+    if current is not None and current[0] == task.id and current[1] is not None:
+        return current[1]
+    return task.trace
 
 
 def command_environment(env: MutableMapping[str, str], trace: TraceContext | None) -> None:

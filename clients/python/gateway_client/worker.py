@@ -17,9 +17,13 @@ at once, and hand each finished task to its report. Times are in seconds.
   `stop()` does that at once. Either way `run()` returns only once every report in
   flight is answered (or has given up retrying), so nothing is dropped on SIGTERM.
 
-The `Worker` owns the held tasks (from claim to answered report), the slots and the
-stop events; its `Heartbeats` and `Reporter` read them. `WorkerOptions`, `Outcome`,
-`Transport` and `Handler` are importable from here as well as from their own modules.
+- With OpenTelemetry and a tracer provider set, each task gets a consumer span, from
+  its claim until its report is answered, and its handler runs inside it (spans.py).
+
+The `Worker` owns the held tasks (from claim to answered report), their consumer
+spans, the slots and the stop events; its `Heartbeats` and `Reporter` read them.
+`WorkerOptions`, `Outcome`, `Transport` and `Handler` are importable from here as well
+as from their own modules.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from .models import Claimed, Completion, Failure, Task
 from .options import WorkerOptions
 from .reports import APPLIED_NOTHING, Report, Reporter
 from .runs import Interrupt, Outcome, Running, interrupt
+from .spans import ConsumerSpan, start_consumer_span
 from .transport import BatchCalls, Handler, Transport, describe, log
 
 __all__ = ["Handler", "Outcome", "Transport", "Worker", "WorkerOptions"]
@@ -59,13 +64,17 @@ class Worker:
         options: WorkerOptions | None = None,
         *,
         backoff: Backoff | None = None,
+        tracer_provider: Any = None,
     ) -> None:
+        """`tracer_provider`: an OpenTelemetry TracerProvider for the consumer spans;
+        by default the one the application set globally, and none when it set none."""
         self.transport = transport
         self.runtime = runtime
         self.handler = handler
         self.options = options or WorkerOptions()
         self.outcomes: Counter[Outcome] = Counter()
         self._backoff = backoff or Backoff()
+        self._tracer_provider = tracer_provider
         # Every held task, from its claim until its report is answered.
         self._running: dict[str, asyncio.Task[None]] = {}
         self._runs: dict[str, Running] = {}
@@ -250,7 +259,9 @@ class Worker:
         return True
 
     def _start(self, task: Task) -> None:
-        run = Running(task, asyncio.create_task(self._call(task)), time.monotonic())
+        span = start_consumer_span(task, self.options.worker_id, self._tracer_provider)
+        handler = asyncio.create_task(self._call(task, span))
+        run = Running(task, handler, time.monotonic(), span=span)
         job = asyncio.create_task(self._process(run), name=f"task-{task.id}")
         self._running[task.id] = job
         self._runs[task.id] = run
@@ -284,6 +295,11 @@ class Worker:
                         await run.handler
                 self._reporter.handler_finished()
             outcome, status = await self._reporter.hand_over(run, self._free_slot)
+        except BaseException:
+            # Cut short (cancelled): no outcome came, and none was reported.
+            if run.span is not None:
+                run.span.end(Outcome.UNREPORTED, "-")
+            raise
         finally:
             # Only now: the lease is held until the report is answered.
             if beat is not None:
@@ -291,6 +307,9 @@ class Worker:
                 with contextlib.suppress(asyncio.CancelledError):
                     await beat
         self.outcomes[outcome] += 1
+        if run.span is not None:
+            failed = run.handler.exception() if outcome is Outcome.FAILED else None
+            run.span.end(outcome, status, failed)
         duration = time.monotonic() - run.started
         log.info(
             "task=%s runtime=%s attempt=%d duration_seconds=%.3f outcome=%s status=%s",
@@ -309,8 +328,14 @@ class Worker:
             },
         )
 
-    async def _call(self, task: Task) -> Any:
-        return await self.handler(task)
+    async def _call(self, task: Task, span: ConsumerSpan | None) -> Any:
+        """The handler, inside the task's consumer span if there is one: the spans it
+        makes are that span's children. It runs in an asyncio task of its own, so the
+        span is current there only."""
+        if span is None:
+            return await self.handler(task)
+        with span.active():
+            return await self.handler(task)
 
     # -- stopping ----------------------------------------------------------------
 
