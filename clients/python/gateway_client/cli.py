@@ -46,7 +46,9 @@ def add_commands(sub: Any) -> None:
         "last 4 KiB of stderr. A cancelled task's process group gets SIGTERM, then SIGKILL. "
         "SIGTERM or SIGINT: claim no more, let running commands finish within "
         "--grace-seconds, then release what still runs; a second signal releases at once. "
-        + CONNECTION_HELP,
+        "With OTEL_EXPORTER_OTLP_ENDPOINT set and claim-gateway-client[otel] installed, each "
+        "task's run is a consumer span exported over OTLP/HTTP, and its command's TRACEPARENT "
+        "names that span. " + CONNECTION_HELP,
     )
     work.add_argument("runtime", metavar="RUNTIME")
     work.add_argument("--concurrency", type=int, default=1, help="commands at once (%(default)s)")
@@ -365,6 +367,7 @@ def cmd_work(args: argparse.Namespace) -> int:
     from .client import AsyncClient
     from .command import CommandHandler
     from .options import WorkerOptions
+    from .span_export import exporting_provider
     from .worker import Worker
 
     command = args.argv
@@ -389,11 +392,13 @@ def cmd_work(args: argparse.Namespace) -> int:
         print(f"work: {exc}", file=sys.stderr)
         return 2
     handler = CommandHandler(command, max_result_bytes=args.max_result_bytes)
+    # The consumer spans' exporter, when OTEL_* asks for one (span_export.py).
+    provider = exporting_provider()
 
     async def work() -> None:
         # Every claim may be parked at once, plus the calls of running tasks.
         async with AsyncClient(args.url, args.token, connections=options.concurrency + 4) as gw:
-            worker = Worker(gw, args.runtime, handler, options)
+            worker = Worker(gw, args.runtime, handler, options, tracer_provider=provider)
             worker.install_signal_handlers()
             logging.getLogger("gateway_client").info(
                 "runtime=%s worker=%s concurrency=%d working: %s",
@@ -404,7 +409,11 @@ def cmd_work(args: argparse.Namespace) -> int:
             )
             await worker.run()
 
-    asyncio.run(work())
+    try:
+        asyncio.run(work())
+    finally:
+        if provider is not None:
+            provider.shutdown()  # sends the spans still waiting in its batch
     return 0
 
 
