@@ -177,8 +177,9 @@ async def test_a_failed_handler_ends_its_span_in_error_with_the_exception(record
     assert refused.attributes["messaging.claim_gateway.status"] == "dead"
 
 
+@pytest.mark.parametrize("concurrency", [1, 2])  # a heartbeat each, or all in one request
 async def test_heartbeats_and_a_cancel_are_events_and_a_cancelled_task_is_no_error(
-    recorded: Recorded,
+    recorded: Recorded, concurrency: int
 ):
     from opentelemetry.trace import StatusCode
 
@@ -193,7 +194,9 @@ async def test_heartbeats_and_a_cancel_are_events_and_a_cancelled_task_is_no_err
         finally:
             stopped.set()
 
-    w = worker(fake, handler, lease_seconds=1, tracer_provider=recorded.provider)
+    w = worker(
+        fake, handler, lease_seconds=1, concurrency=concurrency, tracer_provider=recorded.provider
+    )
     job = asyncio.create_task(w.run())
     await asyncio.sleep(0.4)  # a heartbeat each third of a second
     fake.cancelled.add(task.id)
