@@ -45,6 +45,7 @@ TRACER_NAME = "gateway_client"
 ATTEMPT = "messaging.claim_gateway.attempt"
 OUTCOME = "messaging.claim_gateway.outcome"
 STATUS = "messaging.claim_gateway.status"  # the task's status in the report's answer
+STATUS_CHARS = 500  # of an error in the span's status description
 
 # A span that ends so is the work's success or failure; the others (released,
 # cancelled) were stopped from outside and are neither.
@@ -122,8 +123,10 @@ class ConsumerSpan:
         elif outcome is Outcome.FAILED:
             if error is not None:
                 span.record_exception(error)
-            text = format_error(error).splitlines()[0] if error is not None else "failed"
-            span.set_status(codes.ERROR, text)
+            # The first line of what the gateway is told ("exit code 4", "ValueError: …"):
+            # the whole of it, traceback and all, is in the exception event.
+            lines = format_error(error).splitlines() if error is not None else []
+            span.set_status(codes.ERROR, (lines[0] if lines else "failed")[:STATUS_CHARS])
         elif outcome in _ERRORS:
             span.set_status(codes.ERROR, _ERRORS[outcome])
         span.end()

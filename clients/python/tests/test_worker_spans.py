@@ -155,15 +155,15 @@ async def test_a_failed_handler_ends_its_span_in_error_with_the_exception(record
     from opentelemetry.trace import StatusCode
 
     fake = FakeGateway()
-    crash, refusal = fake.add("crash", "refuse")
+    crash, refusal, silent = fake.add("crash", "refuse", "silent")
 
     async def handler(task: Task) -> None:
         if task.payload == "crash":
             raise ValueError("the disk is full")
-        raise TaskFailed("bad input", retry=False)
+        raise TaskFailed("bad input" if task.payload == "refuse" else "", retry=False)
 
     w = worker(fake, handler, tracer_provider=recorded.provider)
-    await run_until(w, lambda: len(fake.named("fail")) == 2)
+    await run_until(w, lambda: len(fake.named("fail")) == 3)
 
     crashed = recorded.consumer(crash.id)
     assert crashed.status.status_code is StatusCode.ERROR
@@ -174,7 +174,9 @@ async def test_a_failed_handler_ends_its_span_in_error_with_the_exception(record
     assert crashed.attributes["messaging.claim_gateway.status"] == "queued"
     refused = recorded.consumer(refusal.id)
     assert refused.status.status_code is StatusCode.ERROR
+    assert refused.status.description == "bad input"
     assert refused.attributes["messaging.claim_gateway.status"] == "dead"
+    assert recorded.consumer(silent.id).status.description == "failed"  # an empty error
 
 
 @pytest.mark.parametrize("concurrency", [1, 2])  # a heartbeat each, or all in one request
