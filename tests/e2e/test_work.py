@@ -10,43 +10,13 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import BinaryIO
 
 import pytest
 
 from gateway_client import AsyncClient, NewTask
-from tests.support.gateways import TOKEN, client_env, make_settings, running_gateway
+from tests.support.gateways import TOKEN, client_env, make_settings, running_gateway, work
 from tests.support.waiting import wait_until
-
-TASK = str(Path(__file__).with_name("work_task.py"))
-
-
-@contextlib.asynccontextmanager
-async def work(
-    url: str,
-    runtime: str,
-    *options: str,
-    log: Path | None = None,
-    environ: dict[str, str] | None = None,
-) -> AsyncIterator[asyncio.subprocess.Process]:
-    """`gateway work RUNTIME OPTIONS -- python work_task.py`, its log in `log` (a pipe
-    nobody reads could fill and block it), `environ` added to its environment; killed
-    afterwards if alive."""
-    env = {**client_env(url, TOKEN), **(environ or {})}
-    with _opened(log) as out:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.cli", "work", runtime, "--wait-seconds", "1",
-            *options, "--", sys.executable, TASK,
-            env=env, stderr=out,
-        )  # fmt: skip
-    try:
-        yield proc
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
 
 
 def alive(pid: int) -> bool:
@@ -55,10 +25,6 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def _opened(log: Path | None) -> BinaryIO:
-    return open(log or os.devnull, "ab")
 
 
 def pid_in(path: Path) -> int | None:

@@ -16,9 +16,8 @@ from typing import Any
 import pytest
 
 from gateway_client import AsyncClient
-from tests.e2e.test_work import work
 from tests.support.ci import unavailable
-from tests.support.gateways import TOKEN, make_settings, running_gateway
+from tests.support.gateways import TOKEN, make_settings, running_gateway, work
 
 
 @dataclass

@@ -10,7 +10,8 @@
   `gateway_thread(...)`;
 - as a real `gateway serve` process: `serve_process(..., env=serve_env(...))`, or
   `serve_refused(...)` for one whose start must fail; and the environment of the
-  client commands (`gateway work`, `gateway runtime`) that call one: `client_env(...)`.
+  client commands (`gateway work`, `gateway runtime`) that call one: `client_env(...)`,
+  and a `gateway work` process that runs tests/e2e/work_task.py: `work(...)`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import threading
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import aiohttp
 
@@ -224,3 +225,37 @@ def client_env(url: str, token: str) -> dict[str, str]:
         "GATEWAY_TOKEN": token,
         "PYTHONPATH": os.pathsep.join(p for p in path if p),
     }
+
+
+def _opened(log: Path | None) -> BinaryIO:
+    return open(log or os.devnull, "ab")
+
+
+# What `work` runs for each task (see its docstring): it echoes what it was given.
+WORK_TASK = str(ROOT / "tests" / "e2e" / "work_task.py")
+
+
+@contextlib.asynccontextmanager
+async def work(
+    url: str,
+    runtime: str,
+    *options: str,
+    log: Path | None = None,
+    environ: dict[str, str] | None = None,
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`gateway work RUNTIME OPTIONS -- python work_task.py`, its log in `log` (a pipe
+    nobody reads could fill and block it), `environ` added to its environment; killed
+    afterwards if alive."""
+    env = {**client_env(url, TOKEN), **(environ or {})}
+    with _opened(log) as out:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.cli", "work", runtime, "--wait-seconds", "1",
+            *options, "--", sys.executable, WORK_TASK,
+            env=env, stderr=out,
+        )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
