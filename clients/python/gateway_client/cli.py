@@ -367,7 +367,7 @@ def cmd_work(args: argparse.Namespace) -> int:
     from .client import AsyncClient
     from .command import CommandHandler
     from .options import WorkerOptions
-    from .span_export import exporting_provider
+    from .tracing.export import exporting_provider
     from .worker import Worker
 
     command = args.argv
@@ -392,7 +392,7 @@ def cmd_work(args: argparse.Namespace) -> int:
         print(f"work: {exc}", file=sys.stderr)
         return 2
     handler = CommandHandler(command, max_result_bytes=args.max_result_bytes)
-    # The consumer spans' exporter, when OTEL_* asks for one (span_export.py).
+    # The consumer spans' exporter, when OTEL_* asks for one (tracing/export.py).
     provider = exporting_provider()
 
     async def work() -> None:

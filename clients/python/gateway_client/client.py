@@ -47,7 +47,7 @@ from .models import (
 from .paths import runtime_path, task_path
 from .retries import own_key, retrying
 from .schedules import ScheduleCalls
-from .tracing import request_headers
+from .tracing.propagation import request_headers
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 # Any call but a long poll; a database under load can take a few seconds.

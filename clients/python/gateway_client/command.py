@@ -3,7 +3,7 @@ process group of its own, with the payload as JSON on stdin and GATEWAY_TASK_ID,
 GATEWAY_TASK_ATTEMPT and GATEWAY_RUNTIME in its environment (GATEWAY_TOKEN is not
 passed on). Its trace context, if it has one, is in TRACEPARENT and TRACESTATE, so that
 a traced command continues the task's trace: its consumer span's context when the worker
-loop records one (spans.py), which makes the command's spans that span's children, else
+loop records one (tracing/spans.py), which makes the command's spans that span's children, else
 the task's stored context. Without either it runs without them, even when the worker's
 own environment has them.
 
@@ -25,7 +25,7 @@ from typing import Any
 
 from .failure import TaskFailed
 from .models import Task
-from .tracing import command_environment, task_context
+from .tracing.propagation import command_environment, task_context
 
 STDERR_TAIL_BYTES = 4096
 # The gateway's default GATEWAY_MAX_PAYLOAD_BYTES, which bounds a result too.

@@ -30,7 +30,7 @@ from .models import Beat, ItemOutcome, ItemOutcomeKind
 from .runs import Interrupt, Running, interrupt
 from .transport import BatchCalls, Transport, describe, log
 
-# A lease extended, as an event on the task's consumer span (spans.py).
+# A lease extended, as an event on the task's consumer span (tracing/spans.py).
 HEARTBEAT = "heartbeat"
 LEASE_ATTRIBUTE = "messaging.claim_gateway.lease_seconds"
 

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from .models import Task
 
-if TYPE_CHECKING:  # spans.py imports this module
-    from .spans import ConsumerSpan
+if TYPE_CHECKING:  # tracing/spans.py imports this module
+    from .tracing.spans import ConsumerSpan
 
 
 class Outcome(enum.StrEnum):
@@ -44,7 +44,7 @@ class Running:
     handler: asyncio.Task[Any]
     started: float  # time.monotonic() as its handler started
     interrupt: Interrupt | None = None
-    # Its consumer span, when OpenTelemetry records one (spans.py); ended by the worker
+    # Its consumer span, when OpenTelemetry records one (tracing/spans.py); ended by the worker
     # loop once the report is answered.
     span: ConsumerSpan | None = None
 

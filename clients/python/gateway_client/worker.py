@@ -18,7 +18,7 @@ at once, and hand each finished task to its report. Times are in seconds.
   flight is answered (or has given up retrying), so nothing is dropped on SIGTERM.
 
 - With OpenTelemetry and a tracer provider set, each task gets a consumer span, from
-  its claim until its report is answered, and its handler runs inside it (spans.py).
+  its claim until its report is answered, and its handler runs inside it (tracing/spans.py).
 
 The `Worker` owns the held tasks (from claim to answered report), their consumer
 spans, the slots and the stop events; its `Heartbeats` and `Reporter` read them.
@@ -43,7 +43,7 @@ from .models import Claimed, Completion, Failure, Task
 from .options import WorkerOptions
 from .reports import APPLIED_NOTHING, Report, Reporter
 from .runs import Interrupt, Outcome, Running, interrupt
-from .spans import ConsumerSpan, start_consumer_span
+from .tracing.spans import ConsumerSpan, start_consumer_span
 from .transport import BatchCalls, Handler, Transport, describe, log
 
 __all__ = ["Handler", "Outcome", "Transport", "Worker", "WorkerOptions"]

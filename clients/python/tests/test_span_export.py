@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from gateway_client.span_export import export_asked, exporting_provider
+from gateway_client.tracing.export import export_asked, exporting_provider
 
 ENDPOINT = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}
 

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from gateway_client import AsyncClient, Client, NewTask, Task, TraceContext, tracing
+from gateway_client import AsyncClient, Client, NewTask, Task, TraceContext
+from gateway_client.tracing import propagation
 from tests.support.ci import unavailable
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -220,7 +221,7 @@ async def test_without_opentelemetry_an_enqueue_sends_no_context(
 ) -> None:
     """As where the package is not installed: its import fails, and a span that some
     other library keeps active is not looked for."""
-    tracing._otel_inject.cache_clear()
+    propagation._otel_inject.cache_clear()
     monkeypatch.setitem(sys.modules, "opentelemetry", None)
     monkeypatch.setitem(sys.modules, "opentelemetry.propagate", None)
     try:
@@ -231,7 +232,7 @@ async def test_without_opentelemetry_an_enqueue_sends_no_context(
                 await gw.enqueue("rt", 2, traceparent=PARENT)
                 assert gateway.trace_headers() == {"traceparent": PARENT}
     finally:
-        tracing._otel_inject.cache_clear()
+        propagation._otel_inject.cache_clear()
 
 
 def test_importing_the_client_imports_no_opentelemetry() -> None:

@@ -283,7 +283,8 @@ def test_without_a_tracer_provider_the_command_gets_the_task_s_own_context():
     check = f"""
 import asyncio
 from dataclasses import replace
-from gateway_client import TraceContext, spans
+from gateway_client import TraceContext
+from gateway_client.tracing import spans
 from gateway_client.command import CommandHandler
 from tests.support.fake_gateway import FakeGateway, make_task, run_until, worker
 from opentelemetry import trace
@@ -314,7 +315,7 @@ async def test_without_opentelemetry_no_span_is_made_and_the_command_gets_the_st
 ):
     """As where the package is not installed: its import fails, and even a provider
     handed to the worker records nothing."""
-    from gateway_client import spans
+    from gateway_client.tracing import spans
 
     spans._otel.cache_clear()
     for name in ("opentelemetry", "opentelemetry.trace", "opentelemetry.context"):

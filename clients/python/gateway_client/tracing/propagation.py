@@ -18,7 +18,7 @@ import contextvars
 import functools
 from collections.abc import Callable, Iterator, MutableMapping
 
-from .models import Task, TraceContext
+from ..models import Task, TraceContext
 
 # OpenTelemetry's environment-variable carrier: the names a traced program reads its
 # parent's context from (see the OpenTelemetry specification, "Environment Variables

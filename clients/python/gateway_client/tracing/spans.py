@@ -4,7 +4,7 @@ from the claim until the task's report is answered (`ConsumerSpan`, made by
 
 - Recorded only when OpenTelemetry's API is installed and the application has set a
   tracer provider (or hands one to the `Worker`): this client never configures the SDK
-  itself (`gateway work` does, for its own process: see span_export.py). Otherwise no
+  itself (`gateway work` does, for its own process: see export.py). Otherwise no
   span is made, and nothing of OpenTelemetry is imported until the first task.
 - Kind CONSUMER, named `process {runtime}`, with the messaging semantic conventions'
   attributes (`messaging.system` "claim-gateway", `messaging.operation.type` "process",
@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from .failure import format_error
-from .models import Task, TraceContext
-from .runs import Outcome
-from .tracing import consumer_context
+from ..failure import format_error
+from ..models import Task, TraceContext
+from ..runs import Outcome
+from .propagation import consumer_context
 
 SYSTEM = "claim-gateway"
 TRACER_NAME = "gateway_client"
