@@ -47,8 +47,8 @@ OUTCOME = "messaging.claim_gateway.outcome"
 STATUS = "messaging.claim_gateway.status"  # the task's status in the report's answer
 STATUS_CHARS = 500  # of an error in the span's status description
 
-# A span that ends so is the work's success or failure; the others (released,
-# cancelled) were stopped from outside and are neither.
+# Outcomes that end a span in error besides a failed handler. A released or cancelled
+# task was stopped from outside, which is no error of its work: its status stays unset.
 _ERRORS = {
     Outcome.LEASE_LOST: "the lease was lost: another worker may run the task",
     Outcome.UNREPORTED: "the outcome could not be reported: the lease will lapse",
