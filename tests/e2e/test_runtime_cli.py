@@ -9,19 +9,18 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 from gateway_client import AsyncClient
-from tests.support.gateways import TOKEN, client_env, make_settings, running_gateway
+from tests.support.gateways import (
+    TOKEN,
+    client_command,
+    client_env,
+    make_settings,
+    running_gateway,
+)
 
 
 async def runtime_cli(url: str, *args: str, token: str = TOKEN) -> tuple[int, str, str]:
     """`gateway runtime ARGS`: (exit code, stdout, stderr)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", "runtime", *args,
-        env=client_env(url, token), stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), 20)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    return await client_command(url, "runtime", *args, token=token)
 
 
 async def test_pause_resume_limits_and_show(database_url, redis_url, redis_prefix, runtime_id):

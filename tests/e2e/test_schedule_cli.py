@@ -5,25 +5,21 @@ store nothing."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 from datetime import datetime
 
 from gateway_client import AsyncClient
-from tests.support.gateways import TOKEN, client_env, make_settings, running_gateway
+from tests.support.gateways import (
+    TOKEN,
+    client_command,
+    make_settings,
+    running_gateway,
+)
 
 
 async def schedule_cli(url: str, *args: str, token: str = TOKEN) -> tuple[int, str, str]:
     """`gateway schedule ARGS`: (exit code, stdout, stderr)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", "schedule", *args,
-        env=client_env(url, token), stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), 20)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    return await client_command(url, "schedule", *args, token=token)
 
 
 def is_gateway_time(value: str) -> bool:

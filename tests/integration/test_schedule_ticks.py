@@ -9,9 +9,10 @@ pools of their own, as two gateway processes would hold them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -142,6 +143,35 @@ async def waiting_for_locks(conn: asyncpg.Connection, count: int) -> None:
     raise AssertionError(f"{count} backends never waited for a lock")
 
 
+@dataclass
+class Held:
+    """The tick record locked by a connection of its own (see ticks_held)."""
+
+    blocker: asyncpg.Connection
+    tx: Any
+
+    async def waiting(self, count: int) -> None:
+        """Until `count` backends wait for a lock."""
+        await waiting_for_locks(self.blocker, count)
+
+    async def release(self) -> None:
+        await self.tx.rollback()
+
+
+@contextlib.asynccontextmanager
+async def ticks_held(url: str) -> AsyncIterator[Held]:
+    """schedule_ticks locked (SHARE) until release(): a transaction that records ticks
+    (a pass, a trigger, a backfill) waits at its write, holding the schedules it locked."""
+    blocker = await asyncpg.connect(url)
+    try:
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute("LOCK TABLE schedule_ticks IN SHARE MODE")
+        yield Held(blocker, tx)
+    finally:
+        await blocker.close()
+
+
 @pytest.mark.parametrize("change", ["put", "delete"])
 async def test_a_put_or_delete_mid_pass_waits_and_then_nothing_old_is_made(
     own_database_url: str, change: str
@@ -153,26 +183,20 @@ async def test_a_put_or_delete_mid_pass_waits_and_then_nothing_old_is_made(
     async with instances(url) as (a, b):
         await put(a, "rt", "s", every_seconds=1, overlap="allow", payload={"v": 1})
         await behind(url, 3)
-        blocker = await asyncpg.connect(url)
-        try:
-            tx = blocker.transaction()
-            await tx.start()
-            await blocker.execute("LOCK TABLE schedule_ticks IN SHARE MODE")
+        async with ticks_held(url) as held:
             passing = asyncio.create_task(a.decide_due(10, plans.due_plan(30)))
-            await waiting_for_locks(blocker, 1)  # the pass, at its ticks' write
+            await held.waiting(1)  # the pass, at its ticks' write
             if change == "put":
                 changing: asyncio.Task[Any] = asyncio.create_task(
                     put(b, "rt", "s", every_seconds=1, overlap="allow", payload={"v": 2})
                 )
             else:
                 changing = asyncio.create_task(b.delete_schedule("rt", "s"))
-            await waiting_for_locks(blocker, 2)  # the change, at the schedule's row
+            await held.waiting(2)  # the change, at the schedule's row
             assert not changing.done()
-            await tx.rollback()
+            await held.release()
             decided, _, _ = await passing
             await changing
-        finally:
-            await blocker.close()
         assert [t.outcome for t in decided] == ["enqueued"] * 4
         answered = (await fetch(url, "SELECT clock_timestamp() AS t"))[0]["t"]
         # The next tick comes due within a second; the passes after it decide it.
@@ -332,22 +356,16 @@ async def test_a_trigger_that_waited_for_a_pass_sees_the_task_the_pass_made(
     async with instances(url) as (a, b):
         await put(a, "rt", "s", every_seconds=3600, overlap=overlap)
         await behind(url, 0)
-        blocker = await asyncpg.connect(url)
-        try:
-            tx = blocker.transaction()
-            await tx.start()
-            await blocker.execute("LOCK TABLE schedule_ticks IN SHARE MODE")
+        async with ticks_held(url) as held:
             passing = asyncio.create_task(a.decide_due(10, plans.due_plan(30)))
-            await waiting_for_locks(blocker, 1)  # the pass, at its ticks' write
+            await held.waiting(1)  # the pass, at its ticks' write
             triggering = asyncio.create_task(
                 b.decide_one("rt", "s", plans.trigger_plan(), "trigger")
             )
-            await waiting_for_locks(blocker, 2)  # the trigger, at the schedule's row
-            await tx.rollback()
+            await held.waiting(2)  # the trigger, at the schedule's row
+            await held.release()
             passed, _, _ = await passing
             _, triggered, cancelled = await triggering
-        finally:
-            await blocker.close()
     [made] = passed
     assert made.outcome == "enqueued"
     [tick] = triggered
@@ -371,16 +389,12 @@ async def test_a_put_that_waited_for_a_backfill_decides_the_tick_that_came_meanw
     async with instances(url) as (a, b):
         row = await put(a, "rt", "s", every_seconds=1, overlap="skip")
         created = await a.now()
-        blocker = await asyncpg.connect(url)
-        try:
-            tx = blocker.transaction()
-            await tx.start()
-            await blocker.execute("LOCK TABLE schedule_ticks IN SHARE MODE")
+        async with ticks_held(url) as held:
             past = plans.backfill_plan(
                 created - timedelta(seconds=10), created - timedelta(seconds=5)
             )
             backfilling = asyncio.create_task(a.decide_one("rt", "s", past, "backfill"))
-            await waiting_for_locks(blocker, 1)  # the backfill, at its ticks' write
+            await held.waiting(1)  # the backfill, at its ticks' write
             definition = parse_schedule(
                 {"every_seconds": 3600, "overlap": "skip", "payload": {"from": "s"}}, 1_000_000, 64
             )
@@ -392,15 +406,13 @@ async def test_a_put_that_waited_for_a_backfill_decides_the_tick_that_came_meanw
                     settle=plans.due_plan(30),
                 )
             )
-            await waiting_for_locks(blocker, 2)  # the PUT, at the schedule's row
+            await held.waiting(2)  # the PUT, at the schedule's row
             # The old timing's next tick comes due while both wait.
             wait = (row.next_tick_at - await a.now()).total_seconds() + 0.1
             await asyncio.sleep(max(wait, 0.0))
-            await tx.rollback()
+            await held.release()
             await backfilling
             written = await changing
-        finally:
-            await blocker.close()
     assert written.row.every_seconds == 3600
     ticks = await fetch(url, "SELECT tick_at, source FROM schedule_ticks WHERE source = 'schedule'")
     assert [t["tick_at"] for t in ticks] == [row.next_tick_at], ticks

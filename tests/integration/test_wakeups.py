@@ -87,6 +87,18 @@ async def test_a_connection_the_server_drops_wakes_every_waiter(redis_process, r
         await sub.stop()
 
 
+def cache_on(url: str, prefix: str, metrics: Metrics) -> VerdictCache:
+    """A VerdictCache on its own client, with a quarter-second budget."""
+    return VerdictCache(
+        make_client(url, 0.25),
+        prefix,
+        metrics,
+        timeout_seconds=0.25,
+        version_ttl_seconds=600,
+        breaker=CircuitBreaker(100, 1.0),
+    )
+
+
 async def test_a_bump_redis_refuses_to_write_still_publishes_its_wake_up_and_drops_the_verdict(
     redis_process, redis_prefix
 ):
@@ -96,14 +108,7 @@ async def test_a_bump_redis_refuses_to_write_still_publishes_its_wake_up_and_dro
     as it did when the two were pipelined: a poll parked elsewhere without a verdict to
     trust (none can be written now) then checks Postgres at once rather than at its next
     degraded poll (I8)."""
-    cache = VerdictCache(
-        make_client(redis_process.url, 0.25),
-        redis_prefix,
-        Metrics(),
-        timeout_seconds=0.25,
-        version_ttl_seconds=600,
-        breaker=CircuitBreaker(100, 1.0),
-    )
+    cache = cache_on(redis_process.url, redis_prefix, Metrics())
     admin = make_client(redis_process.url, 0.25)
     listener = admin.pubsub()
     try:
@@ -147,14 +152,7 @@ async def test_bumps_in_one_round_trip_bump_publish_and_drop_each_verdict(
     script (the pipeline loads it). A server refusing writes loses every bump, reports
     each one, and still publishes and drops the verdicts, as a lost single bump does."""
     metrics = Metrics()
-    cache = VerdictCache(
-        make_client(redis_process.url, 0.25),
-        redis_prefix,
-        metrics,
-        timeout_seconds=0.25,
-        version_ttl_seconds=600,
-        breaker=CircuitBreaker(100, 1.0),
-    )
+    cache = cache_on(redis_process.url, redis_prefix, metrics)
     admin = make_client(redis_process.url, 0.25)
     listener = admin.pubsub()
     runtimes = ["a", "b", "c"]
@@ -205,14 +203,7 @@ async def test_bumps_sent_again_to_a_redis_that_lost_its_scripts_still_land(
         return None
 
     metrics = Metrics()
-    cache = VerdictCache(
-        make_client(redis_process.url, 0.25),
-        redis_prefix,
-        metrics,
-        timeout_seconds=0.25,
-        version_ttl_seconds=600,
-        breaker=CircuitBreaker(100, 1.0),
-    )
+    cache = cache_on(redis_process.url, redis_prefix, metrics)
     admin = make_client(redis_process.url, 0.25)
     try:
         await admin.script_flush()

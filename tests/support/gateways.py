@@ -215,6 +215,19 @@ async def serve_refused(
     return proc.returncode, err.decode().splitlines()
 
 
+async def client_command(url: str, *args: str, token: str = TOKEN) -> tuple[int, str, str]:
+    """`gateway ARGS`, a client command (runtime, schedule…) against the gateway at
+    `url` with `token`: (exit code, stdout, stderr), within 20 s."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", *args,
+        env=client_env(url, token), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
 def client_env(url: str, token: str) -> dict[str, str]:
     """The client commands find the gateway by GATEWAY_URL and GATEWAY_TOKEN, and the
     packages in this checkout whether or not it is installed."""
