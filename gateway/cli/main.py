@@ -141,6 +141,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..http.app import create_app
     from ..http.server import server_config
     from ..http.startup import DrainingServer, StartupGate, run, serve
+    from ..tracing import setup as tracing_setup
     from . import startup
 
     env = dict(os.environ)
@@ -171,6 +172,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 env["GATEWAY_ADMIN_TOKEN"] = _dev_token(data_dir)
                 token_file = data_dir / "dev-token"
         settings = Settings.from_env(env)
+        tracing_setup.check(env)  # OTEL_* variables that ask for traces need the SDK
         sockets = startup.bind(args.host, args.port)
         app = create_app(settings)
         gate = StartupGate(app)

@@ -9,6 +9,9 @@ request by route template and status class and writes its access line (logger
 template (`/v1/runtimes/{rt}/claim`), never the raw path: runtime and task ids would
 make the log's and the metric's values unbounded.
 
+While tracing is on (gateway/tracing), it also makes each request's server span, the
+active span while the request is served, and ends it with the same route and status.
+
 Answers the server writes itself, outside the app (408, 431: gateway/http/server.py), log
 their line there with `access_line`.
 
@@ -29,7 +32,7 @@ from typing import Any
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .. import logs
+from .. import logs, tracing
 from ..metrics import Metrics
 from .io import DirectRoute, internal_error_response
 
@@ -193,6 +196,9 @@ class RequestLog:
         # its own line about an exception, written after this returns, should carry it.
         logs.REQUEST_ID.set(request_id)
         send_with_id = _SendWithId(send, request_id)
+        # One read of a module attribute while tracing is off (gateway/tracing).
+        spans = tracing.active
+        server = spans.server_start(scope) if spans is not None else None
         try:
             await self._target(scope)(scope, receive, send_with_id)
         except Exception:
@@ -206,15 +212,19 @@ class RequestLog:
         finally:
             route = _route_of(scope)
             # No answer at all: the client left, or the server's own error answer.
+            status = send_with_id.status or 500
             access_line(
                 self.metrics,
                 scope["method"],
                 route,
-                send_with_id.status or 500,
+                status,
                 time.perf_counter() - started,
                 request_id,
                 self.sampler,
             )
+            if server is not None:
+                assert spans is not None
+                spans.server_end(server, scope["method"], route, status)
 
 
 class _SendWithId:

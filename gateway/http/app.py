@@ -16,6 +16,7 @@ from ..errors import BadRequest, MethodNotAllowed, NotFound
 from ..instance import Gateway
 from ..metrics import Metrics
 from ..settings import Settings
+from ..tracing import setup as tracing_setup
 from . import access, console
 from .access import RequestLog, Sampler
 from .io import internal_error_response, problem_response
@@ -105,6 +106,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
         # The access log's writer thread: started before the first request, stopped
         # (its waiting lines written) after the last.
         access.start_writer()
+        # The tracer provider (when the OTEL_* variables ask for it): started before
+        # the first request, and its queued spans sent after the last.
+        tracing_setup.start()
         try:
             await gateway.open()
             try:
@@ -112,6 +116,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             finally:
                 await gateway.close()
         finally:
+            tracing_setup.stop()
             access.stop_writer()
 
     app = GatewayApp(

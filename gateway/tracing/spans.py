@@ -1,0 +1,115 @@
+"""The spans the gateway makes while tracing is on, with the attributes of
+OpenTelemetry's semantic conventions (HTTP server spans, messaging spans).
+
+- A SERVER span per HTTP request (`server_start`, `server_end`), a child of the
+  request's `traceparent` header when it has one. It is the active span while the
+  request is served, so that the spans made for it and its log lines name it.
+
+Imported by `setup.start` only: the rest of the gateway reaches it through
+`gateway.tracing.active`, which is None while tracing is off. A `Spans` belongs to one
+process and is used on its event loop's thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextvars import Token
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.propagators.textmap import Getter
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+# The gateway speaks W3C Trace Context on the wire and in what a task stores
+# (gateway/api/trace.py), whatever OTEL_PROPAGATORS says for other programs.
+W3C = TraceContextTextMapPropagator()
+
+# The HTTP route of a request no endpoint's path matched (gateway/http/access.py's).
+UNMATCHED = "unmatched"
+
+
+class _AsgiHeaders(Getter[Sequence[tuple[bytes, bytes]]]):
+    """Reads W3C headers straight from an ASGI scope's header list (lower-case names)."""
+
+    def get(self, carrier: Sequence[tuple[bytes, bytes]], key: str) -> list[str] | None:
+        name = key.encode("latin-1")
+        found = [value.decode("latin-1") for header, value in carrier if header == name]
+        return found or None
+
+    def keys(self, carrier: Sequence[tuple[bytes, bytes]]) -> list[str]:
+        return [header.decode("latin-1") for header, _ in carrier]
+
+
+_HEADERS = _AsgiHeaders()
+
+
+class ServerSpan:
+    """A request's server span and the context token that made it the active span
+    until `Spans.server_end`. Held by the request's middleware frame."""
+
+    __slots__ = ("span", "token")
+
+    def __init__(self, span: Span, token: Token[Context]) -> None:
+        self.span = span
+        self.token = token
+
+
+class Spans:
+    """The gateway's spans (module docstring), made with one tracer."""
+
+    def __init__(self, tracer: trace.Tracer) -> None:
+        self.tracer = tracer
+
+    # -- the server span of a request -------------------------------------------------
+
+    def server_start(self, scope: Mapping[str, Any]) -> ServerSpan:
+        """Start the request's server span, a child of its `traceparent` header (when
+        well formed), and make it the active span. Named by its method until its route
+        is known (`server_end`)."""
+        headers = scope.get("headers", ())
+        parent = W3C.extract(headers, getter=_HEADERS)
+        method = str(scope.get("method", "_OTHER"))
+        attributes: dict[str, Any] = {
+            "http.request.method": method,
+            "url.scheme": str(scope.get("scheme", "http")),
+        }
+        host = _server_address(scope, headers)
+        if host:
+            attributes["server.address"] = host
+        span = self.tracer.start_span(
+            method, context=parent, kind=SpanKind.SERVER, attributes=attributes
+        )
+        token = otel_context.attach(trace.set_span_in_context(span, parent))
+        return ServerSpan(span, token)
+
+    def server_end(self, server: ServerSpan, method: str, route: str, status: int) -> None:
+        """End the request's server span with its route template (never the raw path,
+        whose ids would make every span's name its own) and status, and make the span
+        that was active before it active again. A 5xx marks the span as an error (a 4xx
+        is the client's, as the HTTP conventions say)."""
+        span = server.span
+        if route != UNMATCHED:
+            span.update_name(f"{method} {route}")
+            span.set_attribute("http.route", route)
+        span.set_attribute("http.response.status_code", status)
+        if status >= 500:
+            span.set_status(Status(StatusCode.ERROR))
+            span.set_attribute("error.type", str(status))
+        span.end()
+        otel_context.detach(server.token)
+
+
+def _server_address(scope: Mapping[str, Any], headers: Sequence[tuple[bytes, bytes]]) -> str | None:
+    """The host the client asked for (its Host header, without the port), else the
+    address the server listens on."""
+    for name, value in headers:
+        if name == b"host":
+            host = value.decode("latin-1")
+            if host.startswith("["):  # [v6]:port
+                return host[1 : host.find("]")] if "]" in host else host
+            return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    server = scope.get("server")
+    return str(server[0]) if server else None

@@ -1,0 +1,134 @@
+"""The gateway's own spans, exported over OTLP/HTTP by a real `gateway serve` with the
+OpenTelemetry SDK to a receiver that decodes the real protobuf (tests/support/otlp.py):
+a server span per request, a child of the request's `traceparent`, named by its route
+template. And a start whose variables ask for traces without the SDK installed is
+refused in one line."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+import pytest_asyncio
+
+from tests.support.gateways import TOKEN, serve_env, serve_process, serve_refused
+from tests.support.otlp import Receiver, Span, receiver
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CALLER = "00f067aa0ba902b7"
+PARENT = f"00-{TRACE}-{CALLER}-01"
+TASKS_ROUTE = "/v1/runtimes/{rt}/tasks"
+BATCH_ROUTE = "/v1/runtimes/{rt}/tasks:batch"
+
+
+def parent(n: int) -> str:
+    """A distinct well-formed, sampled traceparent per n."""
+    return f"00-{n + 1:032x}-{n + 1:016x}-01"
+
+
+class Traced:
+    """A gateway exporting to `spans`, and a session on it with the admin token."""
+
+    def __init__(self, spans: Receiver, http: aiohttp.ClientSession) -> None:
+        self.spans = spans
+        self.http = http
+
+    async def post(
+        self, path: str, body: Any, headers: dict[str, str] | None = None
+    ) -> tuple[int, Any]:
+        sent = {"Authorization": f"Bearer {TOKEN}", **(headers or {})}
+        async with self.http.post(path, data=orjson.dumps(body), headers=sent) as resp:
+            return resp.status, orjson.loads(await resp.read())
+
+    async def get(self, path: str) -> Any:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with self.http.get(path, headers=headers) as resp:
+            assert resp.status == 200
+            return orjson.loads(await resp.read())
+
+    async def server_span(self, trace_id: str, route: str) -> Span:
+        [span] = await self.spans.wait_for(
+            lambda s: (
+                s.kind == "SERVER"
+                and s.trace_id == trace_id
+                and s.attributes.get("http.route") == route
+            )
+        )
+        return span
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def traced(database_url: str, redis_url: str, redis_prefix: str) -> AsyncIterator[Traced]:
+    async with receiver() as spans:
+        env = serve_env(database_url, redis_url, redis_prefix, **spans.env())
+        async with (
+            serve_process(env=env) as (_, base),
+            aiohttp.ClientSession(base_url=base) as http,
+        ):
+            yield Traced(spans, http)
+
+
+async def test_a_request_is_a_server_span_named_by_its_route(
+    traced: Traced, runtime_id: str
+) -> None:
+    headers = {"traceparent": PARENT}
+    status, made = await traced.post(f"/v1/runtimes/{runtime_id}/tasks", {"payload": 1}, headers)
+    assert status == 201, made
+    server = await traced.server_span(TRACE, TASKS_ROUTE)
+    assert server.parent_id == CALLER
+    assert server.name == f"POST {TASKS_ROUTE}"
+    assert server.resource["service.name"] == "claim-gateway"
+    assert server.attributes["http.request.method"] == "POST"
+    assert server.attributes["http.response.status_code"] == 201
+    assert server.attributes["url.scheme"] == "http"
+    assert server.attributes["server.address"] == "127.0.0.1"
+    assert not server.error
+
+
+async def test_an_unknown_path_and_a_claim_are_server_spans_too(
+    traced: Traced, runtime_id: str
+) -> None:
+    other = parent(3).split("-")[1]
+    status, _ = await traced.post("/v1/nowhere", {}, {"traceparent": parent(3)})
+    assert status == 404
+    [unmatched] = await traced.spans.wait_for(lambda s: s.trace_id == other)
+    assert unmatched.name == "POST" and "http.route" not in unmatched.attributes
+    assert unmatched.attributes["http.response.status_code"] == 404
+    claim = parent(4)
+    status, _ = await traced.post(
+        f"/v1/runtimes/{runtime_id}/claim",
+        {"worker_id": "w", "max_tasks": 1, "wait_seconds": 0},
+        {"traceparent": claim},
+    )
+    assert status == 200
+    server = await traced.server_span(claim.split("-")[1], "/v1/runtimes/{rt}/claim")
+    assert server.kind == "SERVER" and server.parent_id == claim.split("-")[2]
+
+
+async def test_a_start_asking_for_traces_without_the_sdk_is_refused_in_one_line(
+    database_url: str, redis_url: str, redis_prefix: str, tmp_path: Path
+) -> None:
+    # A package named opentelemetry with nothing in it, first on the path: the SDK and
+    # the exporter cannot be imported, as where they were never installed.
+    (tmp_path / "opentelemetry").mkdir()
+    (tmp_path / "opentelemetry" / "__init__.py").write_text('"""Not the SDK."""\n')
+    env = serve_env(
+        database_url,
+        redis_url,
+        redis_prefix,
+        OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:4318",
+        PYTHONPATH=str(tmp_path),
+    )
+    code, lines = await serve_refused(env=env)
+    assert code == 2, lines
+    assert lines == [
+        "gateway: OTEL_EXPORTER_OTLP_ENDPOINT asks for traces, but opentelemetry-sdk and "
+        "opentelemetry-exporter-otlp-proto-http are not installed: "
+        "pip install 'claim-gateway[otel]', or unset it"
+    ]

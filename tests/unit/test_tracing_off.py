@@ -1,0 +1,76 @@
+"""Tracing is off unless the OTEL_* variables ask for it, and off it costs nothing: no
+module of OpenTelemetry is imported, `tracing.active` stays None (the one attribute a
+request reads)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gateway.tracing import setup
+
+ENDPOINT = "http://collector:4318"
+
+
+@pytest.mark.parametrize(
+    ("env", "on"),
+    [
+        ({}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT}, True),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ENDPOINT + "/v1/traces"}, True),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "  "}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT, "OTEL_SDK_DISABLED": "true"}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT, "OTEL_SDK_DISABLED": "false"}, True),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT, "OTEL_TRACES_EXPORTER": "None"}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT, "OTEL_TRACES_EXPORTER": "otlp"}, True),
+        ({"OTEL_SERVICE_NAME": "x", "OTEL_TRACES_SAMPLER": "always_on"}, False),
+    ],
+)
+def test_only_an_endpoint_asks_for_traces(env: dict[str, str], on: bool) -> None:
+    assert setup.requested(env) is on
+
+
+def test_without_the_variables_nothing_of_opentelemetry_is_loaded() -> None:
+    # A process of its own: this one's other tests may have imported the SDK. It serves
+    # an enqueue and a claim through the real app (with no database: their answers are
+    # errors, and every request still passes the access log and its tracing check).
+    script = """
+import asyncio, os, sys
+for name in [n for n in os.environ if n.startswith("OTEL_")]:
+    del os.environ[name]
+from gateway import tracing
+from gateway.http.access import RequestLog
+from gateway.api.requests import EnqueueRequest
+from gateway.metrics import Metrics
+from gateway.tracing import setup
+
+assert setup.start() is False and tracing.active is None
+
+async def answer(scope, receive, send):
+    await send({"type": "http.response.start", "status": 204, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
+
+async def main():
+    log = RequestLog(answer, Metrics())
+    sent = []
+    async def send(message):
+        sent.append(message)
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+    scope = {"type": "http", "method": "POST", "path": "/v1/runtimes/rt/tasks", "headers": [
+        (b"traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")]}
+    await log(scope, receive, send)
+    assert sent[0]["status"] == 204
+asyncio.run(main())
+setup.stop()
+loaded = sorted(n for n in sys.modules if n.startswith("opentelemetry"))
+assert loaded == [], loaded
+print("ok")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
