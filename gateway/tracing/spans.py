@@ -4,6 +4,9 @@ OpenTelemetry's semantic conventions (HTTP server spans, messaging spans).
 - A SERVER span per HTTP request (`server_start`, `server_end`), a child of the
   request's `traceparent` header when it has one. It is the active span while the
   request is served, so that the spans made for it and its log lines name it.
+- A PRODUCER span per enqueued task (`producer`, `sent`), a child of the request's
+  server span, or of a batch item's own context when the item carries one. Its context
+  is what the task stores, so that whoever claims the task continues from it.
 
 Imported by `setup.start` only: the rest of the gateway reaches it through
 `gateway.tracing.active`, which is None while tracing is off. A `Spans` belongs to one
@@ -12,7 +15,7 @@ process and is used on its event loop's thread.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextvars import Token
 from typing import Any
 
@@ -20,12 +23,13 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 # The gateway speaks W3C Trace Context on the wire and in what a task stores
 # (gateway/api/trace.py), whatever OTEL_PROPAGATORS says for other programs.
 W3C = TraceContextTextMapPropagator()
+MESSAGING_SYSTEM = "claim-gateway"  # messaging.system: this gateway is the queue
 
 # The HTTP route of a request no endpoint's path matched (gateway/http/access.py's).
 UNMATCHED = "unmatched"
@@ -100,6 +104,76 @@ class Spans:
             span.set_attribute("error.type", str(status))
         span.end()
         otel_context.detach(server.token)
+
+    def batch_size(self, count: int) -> None:
+        """Note on the active (server) span how many tasks one request's batch sent."""
+        trace.get_current_span().set_attribute("messaging.batch.message_count", count)
+
+    # -- a producer span per enqueued task --------------------------------------------
+
+    def producer(
+        self, runtime_id: str, own: tuple[str, str | None] | None = None
+    ) -> tuple[Span, tuple[str, str | None] | None]:
+        """Start the producer span of one task about to be enqueued for `runtime_id`,
+        and return it with the context the task is to store (traceparent, tracestate):
+        the span's own. Its parent is the active span (the request's), or `own`, the
+        context a batch item or a body carries for itself, with a link to the request's
+        span. End it with `sent` once the task's id is known, or `failed`."""
+        parent: Context | None = None
+        links: list[Link] = []
+        if own is not None:
+            carrier = {"traceparent": own[0]}
+            if own[1]:
+                carrier["tracestate"] = own[1]
+            parent = W3C.extract(carrier)
+            current = trace.get_current_span().get_span_context()
+            if current.is_valid:
+                links.append(Link(current))
+        span = self.tracer.start_span(
+            f"send {runtime_id}",
+            context=parent,
+            kind=SpanKind.PRODUCER,
+            links=links,
+            attributes={
+                "messaging.system": MESSAGING_SYSTEM,
+                "messaging.operation.type": "send",
+                "messaging.operation.name": "send",
+                "messaging.destination.name": runtime_id,
+            },
+        )
+        stored: dict[str, str] = {}
+        W3C.inject(stored, context=trace.set_span_in_context(span))
+        if "traceparent" not in stored:  # no valid context to store: keep the producer's
+            return span, own
+        return span, (stored["traceparent"], stored.get("tracestate"))
+
+    @staticmethod
+    def sent(span: Span, task_id: object, created: bool = True) -> None:
+        """End a producer span: its task was stored with id `task_id` (or, `created`
+        false, an idempotent replay answered the task stored before)."""
+        span.set_attribute("messaging.message.id", str(task_id))
+        if not created:
+            span.set_attribute("claim_gateway.idempotent_replay", True)
+        span.end()
+
+    @staticmethod
+    def failed(spans: Iterable[Span], exc: BaseException) -> None:
+        """End producer spans whose enqueue failed with `exc`."""
+        for span in spans:
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            span.set_attribute("error.type", type(exc).__name__)
+            span.end()
+
+    # -- what log lines name ----------------------------------------------------------
+
+    @staticmethod
+    def current_ids() -> tuple[str, str] | None:
+        """The active span's trace id and span id, as hex, or None outside any span."""
+        context = trace.get_current_span().get_span_context()
+        if not context.is_valid:
+            return None
+        return f"{context.trace_id:032x}", f"{context.span_id:016x}"
 
 
 def _server_address(scope: Mapping[str, Any], headers: Sequence[tuple[bytes, bytes]]) -> str | None:

@@ -1,11 +1,14 @@
 """The gateway's own spans, exported over OTLP/HTTP by a real `gateway serve` with the
 OpenTelemetry SDK to a receiver that decodes the real protobuf (tests/support/otlp.py):
 a server span per request, a child of the request's `traceparent`, named by its route
-template. And a start whose variables ask for traces without the SDK installed is
-refused in one line."""
+template; a producer span per enqueued task, a child of the server span (or of a batch
+item's own context), whose context is what the task stores and answers; contexts never
+mixed between concurrent requests. And a start whose variables ask for traces without
+the SDK installed is refused in one line."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ import orjson
 import pytest
 import pytest_asyncio
 
+from tests.support.credentials import sign, unique
 from tests.support.gateways import TOKEN, serve_env, serve_process, serve_refused
 from tests.support.otlp import Receiver, Span, receiver
 
@@ -61,6 +65,11 @@ class Traced:
             )
         )
         return span
+
+    async def producers(self, parent_id: str, count: int = 1) -> list[Span]:
+        return await self.spans.wait_for(
+            lambda s: s.kind == "PRODUCER" and s.parent_id == parent_id, count
+        )
 
 
 @pytest_asyncio.fixture(loop_scope="module")
@@ -109,6 +118,141 @@ async def test_an_unknown_path_and_a_claim_are_server_spans_too(
     assert status == 200
     server = await traced.server_span(claim.split("-")[1], "/v1/runtimes/{rt}/claim")
     assert server.kind == "SERVER" and server.parent_id == claim.split("-")[2]
+
+
+def named(answer: dict[str, Any]) -> tuple[str, str]:
+    """The (trace id, span id) a task's answered traceparent names. Its flags are the
+    SDK's: sampled, and `random` (03) for a trace id the gateway made."""
+    _, trace_id, span_id, flags = answer["trace"]["traceparent"].split("-")
+    assert flags in ("01", "03")
+    return trace_id, span_id
+
+
+def ids(span: Span) -> tuple[str, str]:
+    return span.trace_id, span.span_id
+
+
+async def test_an_enqueued_task_stores_its_producer_span_a_child_of_the_server_span(
+    traced: Traced, runtime_id: str
+) -> None:
+    headers = {"traceparent": PARENT, "tracestate": "congo=t61rcWkgMzE"}
+    status, made = await traced.post(f"/v1/runtimes/{runtime_id}/tasks", {"payload": 1}, headers)
+    assert status == 201, made
+    server = await traced.server_span(TRACE, TASKS_ROUTE)
+    assert server.parent_id == CALLER
+    assert server.name == f"POST {TASKS_ROUTE}"
+    assert server.resource["service.name"] == "claim-gateway"
+    assert server.attributes["http.request.method"] == "POST"
+    assert server.attributes["http.response.status_code"] == 201
+    assert server.attributes["url.scheme"] == "http"
+    assert server.attributes["server.address"] == "127.0.0.1"
+    [producer] = await traced.producers(server.span_id)
+    assert producer.trace_id == TRACE
+    assert producer.name == f"send {runtime_id}"
+    assert producer.attributes == {
+        "messaging.system": "claim-gateway",
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
+        "messaging.destination.name": runtime_id,
+        "messaging.message.id": made["id"],
+    }
+    # What the task stores and answers names the producer span, with the caller's state.
+    assert made["trace"] == {"traceparent": producer.traceparent, "tracestate": "congo=t61rcWkgMzE"}
+    assert (await traced.get(f"/v1/tasks/{made['id']}"))["trace"] == made["trace"]
+
+
+async def test_a_request_without_a_context_starts_a_trace_its_task_stores(
+    traced: Traced, runtime_id: str
+) -> None:
+    status, made = await traced.post(f"/v1/runtimes/{runtime_id}/tasks", {"payload": 1})
+    assert status == 201, made
+    [producer] = await traced.spans.wait_for(
+        lambda s: s.attributes.get("messaging.message.id") == made["id"]
+    )
+    server = await traced.server_span(producer.trace_id, TASKS_ROUTE)
+    assert server.parent_id == "" and producer.parent_id == server.span_id
+    assert named(made) == ids(producer)
+
+
+async def test_a_batch_has_a_producer_span_per_task_and_an_items_own_context_wins(
+    traced: Traced, runtime_id: str
+) -> None:
+    own = parent(7)
+    items = [{"payload": 1}, {"payload": 2, "trace": {"traceparent": own}}, {"payload": 3}]
+    status, made = await traced.post(
+        f"/v1/runtimes/{runtime_id}/tasks:batch", {"tasks": items}, {"traceparent": PARENT}
+    )
+    assert status == 201, made
+    first, second, third = made["tasks"]
+    server = await traced.server_span(TRACE, BATCH_ROUTE)
+    assert server.parent_id == CALLER
+    assert server.attributes["messaging.batch.message_count"] == 3
+    by_task = {
+        s.attributes["messaging.message.id"]: s for s in await traced.producers(server.span_id, 2)
+    }
+    assert set(by_task) == {first["id"], third["id"]}
+    for task in (first, third):
+        assert named(task) == ids(by_task[task["id"]])
+    # The item's own context is its producer span's parent; the request's is a link.
+    [mine] = await traced.producers(own.split("-")[2])
+    assert mine.trace_id == own.split("-")[1]
+    assert mine.attributes["messaging.message.id"] == second["id"]
+    assert [(link.trace_id, link.span_id) for link in mine.links] == [
+        (server.trace_id, server.span_id)
+    ]
+    assert named(second) == ids(mine)
+
+
+async def test_a_signed_webhook_is_a_producer_span_too(traced: Traced, runtime_id: str) -> None:
+    status, hook = await traced.post(
+        "/v1/admin/webhook-secrets", {"name": unique("spans"), "runtimes": [runtime_id]}
+    )
+    assert status == 201, hook
+    raw = orjson.dumps({"n": 1})
+    headers = {**sign(hook["secret"], raw), "traceparent": parent(11)}
+    path = f"/v1/runtimes/{runtime_id}/webhooks"
+    async with traced.http.post(path, data=raw, headers=headers) as resp:
+        assert resp.status == 201
+        made = orjson.loads(await resp.read())
+    server = await traced.server_span(parent(11).split("-")[1], "/v1/runtimes/{rt}/webhooks")
+    [producer] = await traced.producers(server.span_id)
+    assert producer.attributes["messaging.message.id"] == made["id"]
+    assert named(made) == ids(producer)
+
+
+async def test_concurrent_requests_never_mix_their_contexts(
+    traced: Traced, runtime_id: str
+) -> None:
+    count = 100
+    path = f"/v1/runtimes/{runtime_id}/tasks"
+    answers = await asyncio.gather(
+        *(traced.post(path, {"payload": n}, {"traceparent": parent(n)}) for n in range(count))
+    )
+    assert [status for status, _ in answers] == [201] * count
+    servers = await traced.spans.wait_for(
+        lambda s: s.kind == "SERVER" and s.attributes.get("http.route") == TASKS_ROUTE
+        and s.parent_id in {parent(n).split("-")[2] for n in range(count)},
+        count,
+    )  # fmt: skip
+    server_of = {s.parent_id: s for s in servers}
+    producers = {
+        s.parent_id: s
+        for s in await traced.spans.wait_for(
+            lambda s: (
+                s.kind == "PRODUCER"
+                and s.attributes.get("messaging.destination.name") == runtime_id
+            ),
+            count,
+        )
+    }
+    for n, (_, made) in enumerate(answers):
+        _, trace_id, caller, _ = parent(n).split("-")
+        server = server_of[caller]
+        assert server.trace_id == trace_id
+        producer = producers[server.span_id]
+        assert producer.trace_id == trace_id
+        assert producer.attributes["messaging.message.id"] == made["id"]
+        assert named(made) == ids(producer)
 
 
 async def test_a_start_asking_for_traces_without_the_sdk_is_refused_in_one_line(

@@ -1,6 +1,6 @@
 """Tracing is off unless the OTEL_* variables ask for it, and off it costs nothing: no
 module of OpenTelemetry is imported, `tracing.active` stays None (the one attribute a
-request reads)."""
+request reads), and an enqueue stores the producer's own context exactly as sent."""
 
 from __future__ import annotations
 
@@ -9,6 +9,10 @@ import sys
 
 import pytest
 
+from gateway import tracing
+from gateway.api.requests import EnqueueRequest
+from gateway.api.trace import TraceContext
+from gateway.http.handlers.sending import Sending
 from gateway.tracing import setup
 
 ENDPOINT = "http://collector:4318"
@@ -42,6 +46,7 @@ for name in [n for n in os.environ if n.startswith("OTEL_")]:
     del os.environ[name]
 from gateway import tracing
 from gateway.http.access import RequestLog
+from gateway.http.handlers.sending import Sending
 from gateway.api.requests import EnqueueRequest
 from gateway.metrics import Metrics
 from gateway.tracing import setup
@@ -64,6 +69,7 @@ async def main():
     await log(scope, receive, send)
     assert sent[0]["status"] == 204
 asyncio.run(main())
+Sending("rt", [EnqueueRequest("1", 0, 1, None, None, None, None, "")], None).sent(["id"])
 setup.stop()
 loaded = sorted(n for n in sys.modules if n.startswith("opentelemetry"))
 assert loaded == [], loaded
@@ -74,3 +80,16 @@ print("ok")
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def test_off_an_enqueue_stores_the_producers_own_context() -> None:
+    assert tracing.active is None
+    headers = TraceContext("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "a=1")
+    plain = EnqueueRequest("1", 0, 1, None, None, None, None, "")
+    own = plain._replace(trace_parent="00-" + "1" * 32 + "-" + "2" * 16 + "-01")
+    sending = Sending("rt", [plain, own], headers)
+    assert [(r.trace_parent, r.trace_state) for r in sending.requests] == [
+        (headers.traceparent, headers.tracestate),
+        (own.trace_parent, None),
+    ]
+    assert sending.spans == []

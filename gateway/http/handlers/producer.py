@@ -25,6 +25,7 @@ from ..io import (
     prefers_minimal,
     read_json,
 )
+from .sending import Sending
 
 
 def _applied(minimal: bool, headers: dict[str, str] | None = None) -> dict[str, str] | None:
@@ -53,7 +54,8 @@ async def enqueue(request: Request, gw: Gateway) -> Response:
         gw.settings.max_json_depth,
         gw.settings.max_body_bytes,
     )
-    req = requests.traced(req, trace.from_headers(request.headers))
+    sending = Sending(runtime_id, [req], trace.from_headers(request.headers))
+    [req] = sending.requests
     # Sync match: a task due now may go straight to a poll parked here (claim.py).
     waiter = gw.claimer.match(runtime_id) if req.run_at is None and not req.delay_seconds else None
     leased = None
@@ -61,15 +63,20 @@ async def enqueue(request: Request, gw: Gateway) -> Response:
         row, created = await gw.store.enqueue(runtime_id, req, waiter.lease if waiter else None)
         if created and row.status == "claimed":
             leased = row
-    except StoreUnavailable:
+    except StoreUnavailable as exc:
+        sending.failed(exc)
         if waiter is not None:
             # The task may have been written, and then given back to the queue
             # (Store.enqueue): claimable now, it needs its bump (I1).
             await gw.claimer.announce(runtime_id)
         raise
+    except Exception as exc:
+        sending.failed(exc)
+        raise
     finally:
         if waiter is not None:
             await gw.claimer.matched(runtime_id, waiter, leased)
+    sending.sent([row.id], created)
     if not created:
         replayed = _applied(minimal, {"Idempotent-Replayed": "true"})
         return json_response(_enqueued(row, minimal), 200, replayed)
@@ -93,10 +100,16 @@ async def enqueue_batch(request: Request, gw: Gateway) -> Response:
         settings.max_json_depth,
         settings.max_body_bytes,
     )
-    context = trace.from_headers(request.headers)
-    if context is not None:
-        reqs = [requests.traced(r, context) for r in reqs]
-    tasks, all_replayed = await gw.store.enqueue_batch(runtime_id, reqs, ids_only=minimal)
+    sending = Sending(runtime_id, reqs, trace.from_headers(request.headers))
+    try:
+        tasks, all_replayed = await gw.store.enqueue_batch(
+            runtime_id, sending.requests, ids_only=minimal
+        )
+    except Exception as exc:
+        sending.failed(exc)
+        raise
+    if sending.spans:  # tracing on: the spans name their tasks' ids
+        sending.sent((task["id"] for task in orjson.loads(tasks)), not all_replayed)
     body = {"tasks": orjson.Fragment(tasks)}
     if all_replayed:
         return json_response(body, 200, _applied(minimal, {"Idempotent-Replayed": "true"}))

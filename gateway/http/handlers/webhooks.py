@@ -17,6 +17,7 @@ from ...auth.webhooks import KEY_PREFIX, MAX_MSG_ID, parse_headers
 from ...errors import BadRequest, ValidationFailed
 from ...instance import Gateway
 from ..io import json_response, read_body
+from .sending import Sending
 
 
 async def receive(request: Request, gw: Gateway) -> Response:
@@ -41,7 +42,6 @@ async def receive(request: Request, gw: Gateway) -> Response:
     req = requests.parse_enqueue(
         fields, None, settings.max_payload_bytes, settings.max_json_depth, settings.max_body_bytes
     )._replace(idempotency_key=KEY_PREFIX + delivery.msg_id)
-    req = requests.traced(req, trace.from_headers(request.headers))
     repeated = exactjson.repeated_key(raw)
     if repeated is not None:
         raise ValidationFailed(
@@ -49,7 +49,13 @@ async def receive(request: Request, gw: Gateway) -> Response:
             "JSON readers differ on which value counts, so a signed body must not",
             field="payload",
         )
-    row, created = await gw.store.enqueue(runtime_id, req)
+    sending = Sending(runtime_id, [req], trace.from_headers(request.headers))
+    try:
+        row, created = await gw.store.enqueue(runtime_id, sending.requests[0])
+    except Exception as exc:
+        sending.failed(exc)
+        raise
+    sending.sent([row.id], created)
     if not created:
         return json_response(render.render_task_or_stub(row), 200, {"Idempotent-Replayed": "true"})
     await gw.claimer.announce(runtime_id)
