@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from .. import tracing
 from ..admission import releasing
 from ..api.requests import ClaimRequest
 from ..errors import CacheUnavailable, Draining, Overloaded, StoreUnavailable
@@ -239,6 +240,9 @@ class Claimer:
         arrived = loop.time()
         state = self._state(runtime_id)
         waiter = Waiter(req=req, deadline=arrived + req.wait_seconds, carried=carried)
+        spans = tracing.active
+        if spans is not None:
+            waiter.trace = spans.current_span()
         try:
             # Subscribe before the verdict is read (I8).
             await self._subscriber.subscribe(state.channel)
@@ -369,6 +373,8 @@ class Claimer:
         self._metrics.sync_matches.labels("handed").inc()
         self._metrics.observe_claim_delay(task, waiter.req.lease_seconds)
         self.activity.add(runtime_id, 1)
+        if waiter.trace is not None and tracing.active is not None:
+            tracing.active.woken(waiter.trace, 1, matched=True)
         waiter.finish(rows=[Leased(1, task)])
 
     def drain(self) -> None:

@@ -16,7 +16,7 @@ import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from .. import admission, logs
+from .. import admission, logs, tracing
 from ..admission import releasing
 from ..errors import CacheUnavailable, DatabaseBusy, GatewayError, Overloaded, StoreUnavailable
 from ..metrics import Metrics
@@ -217,7 +217,8 @@ class Pumps:
                         waiter.poke()
                     return self._park_seconds(state, near)
                 try:
-                    verdict = await self._cache.read(runtime_id)
+                    with tracing.client("redis", "MGET", None, arrived):
+                        verdict = await self._cache.read(runtime_id)
                 except CacheUnavailable:
                     self._metrics.verdict_checks.labels("error").inc()
                 else:
@@ -246,27 +247,37 @@ class Pumps:
         outcomes: list[ItemResult] = []
         hold: float | None = None
         try:
+            # The statement's span: it leases up to len(owners) rows of the tasks table.
+            statement = tracing.client("postgresql", "UPDATE", "tasks", waiters)
             async with self._admission(state):
-                worker_ids = [w.req.worker_id for w in owners]
-                lease_seconds = [float(w.req.lease_seconds) for w in owners]
-                if self._controls is not None and self._controls.limited(runtime_id):
-                    outcomes = await self._apply(runtime_id, carried)
-                    limited = await self._controls.claim(runtime_id, worker_ids, lease_seconds)
-                    rows, due_in, hold = limited.rows, limited.due_in, limited.held
-                elif carried and self._store.crowded():
-                    # The database's line is full: the completes go in as completes do,
-                    # and the claim waits, or is shed, as claims are; never one
-                    # lifted past the line by the other.
-                    outcomes = await self._apply(runtime_id, carried)
-                    rows, due_in = await self._store.claim(runtime_id, worker_ids, lease_seconds)
-                elif carried:
-                    # The completes it carries free work: the statement queues as they would.
-                    with releasing():
-                        rows, due_in, outcomes = await self._store.claim_acked(
-                            runtime_id, worker_ids, lease_seconds, merged(carried)
+                with statement as span:
+                    worker_ids = [w.req.worker_id for w in owners]
+                    lease_seconds = [float(w.req.lease_seconds) for w in owners]
+                    if self._controls is not None and self._controls.limited(runtime_id):
+                        outcomes = await self._apply(runtime_id, carried)
+                        limited = await self._controls.claim(runtime_id, worker_ids, lease_seconds)
+                        rows, due_in, hold = limited.rows, limited.due_in, limited.held
+                    elif carried and self._store.crowded():
+                        # The database's line is full: the completes go in as completes do,
+                        # and the claim waits, or is shed, as claims are; never one
+                        # lifted past the line by the other.
+                        outcomes = await self._apply(runtime_id, carried)
+                        rows, due_in = await self._store.claim(
+                            runtime_id, worker_ids, lease_seconds
                         )
-                else:
-                    rows, due_in = await self._store.claim(runtime_id, worker_ids, lease_seconds)
+                    elif carried:
+                        # The completes it carries free work: the statement queues as they would.
+                        with releasing():
+                            rows, due_in, outcomes = await self._store.claim_acked(
+                                runtime_id, worker_ids, lease_seconds, merged(carried)
+                            )
+                    else:
+                        rows, due_in = await self._store.claim(
+                            runtime_id, worker_ids, lease_seconds
+                        )
+                    if span is not None:
+                        span.set_attribute("claim_gateway.slots", len(owners))
+                        span.set_attribute("db.response.returned_rows", len(rows))
         except Exception as exc:
             if not isinstance(exc, GatewayError):
                 _failed(waiters)
@@ -296,7 +307,8 @@ class Pumps:
             # A limit, not a lack of work, left slots empty: no empty verdict.
             state.held_until = loop.time() + hold
             return hold
-        return await self._record_empty(state, version, due_in, (drops, read_at, trusted))
+        sampled = (drops, read_at, trusted)
+        return await self._record_empty(state, version, due_in, sampled, waiters)
 
     async def _apply(self, runtime_id: str, carried: list[Waiter]) -> list[ItemResult]:
         """Apply the completes of `carried` (distinct tasks, within waiters.CARRIED_MAX) in a
@@ -374,6 +386,8 @@ class Pumps:
                 mine = None
             if mine and parked and woken:
                 self._metrics.wakeups_delivered.inc()
+            if parked and woken and waiter.trace is not None and tracing.active is not None:
+                tracing.active.woken(waiter.trace, len(mine or ()))
             waiter.finish(rows=mine)  # wakes it: served, or checked and still waiting
         self._activity.add(runtime_id, len(rows) - len(undelivered))
         if undelivered:
@@ -386,16 +400,19 @@ class Pumps:
         version: str | None,
         due_in: float | None,
         sampled: tuple[int, float, bool] = (-1, 0.0, False),
+        made_for: list[Waiter] | None = None,
     ) -> float:
         """The scan found fewer tasks than wanted: write the verdict under the version
         read before the scan (I2), never outliving the next due task (I4). `sampled`:
-        the near-cache drop count, loop time and trust taken before that read."""
+        the near-cache drop count, loop time and trust taken before that read;
+        `made_for`: the polls of that scan (the verdict's span names them)."""
         ttl = self._settings.empty_ttl_seconds
         if due_in is not None:
             ttl = min(ttl, due_in)
         if version is not None:
             try:
-                await self._cache.write_empty(state.runtime_id, version, ttl)
+                with tracing.client("redis", "SET", None, made_for or ()):
+                    await self._cache.write_empty(state.runtime_id, version, ttl)
             except CacheUnavailable:
                 pass
             else:

@@ -17,6 +17,7 @@ import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..api.requests import ClaimRequest
 from ..errors import GatewayError
@@ -98,6 +99,9 @@ class Waiter:
     slot: int = 0  # its deadline's slot in Deadlines
     matched: bool = False  # an enqueue is writing a task leased to it (sync match)
     carried: Carried | None = None  # completes to apply with its first claim
+    # Its request's server span while tracing is on (gateway/tracing), for the spans of
+    # the calls made for it; None while it is off.
+    trace: Any = None
 
     @property
     def lease(self) -> tuple[str, float]:

@@ -7,6 +7,13 @@ OpenTelemetry's semantic conventions (HTTP server spans, messaging spans).
 - A PRODUCER span per enqueued task (`producer`, `sent`), a child of the request's
   server span, or of a batch item's own context when the item carries one. Its context
   is what the task stores, so that whoever claims the task continues from it.
+- CLIENT spans for the claim path's calls (`client`): its Postgres statement and the
+  Redis calls of its verdict. A call made for one claim request is a child of that
+  request's server span; one made for several (the claim pump serves every poll parked
+  for a runtime with one statement) links to each of them instead.
+- An event on a parked poll's server span when a wake-up makes its pump claim again
+  (`woken`), and a CONSUMER span per claim answer that hands tasks out (`received`),
+  linked to each task's stored context.
 
 Imported by `setup.start` only: the rest of the gateway reaches it through
 `gateway.tracing.active`, which is None while tracing is off. A `Spans` belongs to one
@@ -15,7 +22,8 @@ process and is used on its event loop's thread.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from contextvars import Token
 from typing import Any
 
@@ -23,7 +31,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter
-from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 # The gateway speaks W3C Trace Context on the wire and in what a task stores
@@ -164,6 +172,94 @@ class Spans:
             span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
             span.set_attribute("error.type", type(exc).__name__)
             span.end()
+
+    # -- the claim path ---------------------------------------------------------------
+
+    @staticmethod
+    def current_span() -> Span | None:
+        """The active span (a claim request's server span), kept by its waiter so that
+        the claim pump, which runs in a task of its own, can name the request."""
+        span = trace.get_current_span()
+        return span if span.get_span_context().is_valid else None
+
+    @contextmanager
+    def client(
+        self,
+        system: str,
+        operation: str,
+        target: str | None,
+        requests: Sequence[Span],
+        **attributes: Any,
+    ) -> Iterator[Span]:
+        """A CLIENT span around a call to `system` (postgresql, redis) made for the
+        claim requests whose server spans are `requests`: a child of the one request's
+        span, or, for several (or none), a root linked to each. The pump's task may
+        carry the context of the request that started it, which is never the parent
+        of a later call. An exception leaving the block is recorded on the span."""
+        contexts = [span.get_span_context() for span in requests]
+        links: list[Link] = []
+        if len(contexts) == 1:
+            parent = trace.set_span_in_context(NonRecordingSpan(contexts[0]), Context())
+        else:
+            parent, links = Context(), [Link(context) for context in contexts]
+        span = self.tracer.start_span(
+            f"{operation} {target}" if target else operation,
+            context=parent,
+            kind=SpanKind.CLIENT,
+            links=links,
+            attributes={"db.system.name": system, "db.operation.name": operation, **attributes},
+        )
+        if target:
+            span.set_attribute("db.collection.name", target)
+        try:
+            yield span
+        except BaseException as exc:
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            span.set_attribute("error.type", type(exc).__name__)
+            raise
+        finally:
+            span.end()
+
+    @staticmethod
+    def woken(request: Span, tasks: int, matched: bool = False) -> None:
+        """The parked poll whose server span is `request` was woken: a wake-up made its
+        pump claim again, handing it `tasks` tasks, or (`matched`) an enqueue wrote its
+        task leased to it (sync match). An event on that span."""
+        request.add_event(
+            "claim_gateway.poll.woken",
+            {"claim_gateway.tasks": tasks, "claim_gateway.sync_match": matched},
+        )
+
+    def received(
+        self, runtime_id: str, tasks: Sequence[tuple[object, str | None, str | None]]
+    ) -> None:
+        """A claim answer hands out `tasks` (id, stored traceparent, tracestate): a
+        CONSUMER span, a child of the request's server span, linked to each task's
+        stored context (its producer span), whose trace it belongs to as well."""
+        links = []
+        for _, traceparent, tracestate in tasks:
+            if traceparent is None:
+                continue
+            carrier = {"traceparent": traceparent}
+            if tracestate:
+                carrier["tracestate"] = tracestate
+            stored = trace.get_current_span(W3C.extract(carrier)).get_span_context()
+            if stored.is_valid:
+                links.append(Link(stored))
+        attributes: dict[str, Any] = {
+            "messaging.system": MESSAGING_SYSTEM,
+            "messaging.operation.type": "receive",
+            "messaging.operation.name": "receive",
+            "messaging.destination.name": runtime_id,
+            "messaging.batch.message_count": len(tasks),
+        }
+        if len(tasks) == 1:
+            attributes["messaging.message.id"] = str(tasks[0][0])
+        span = self.tracer.start_span(
+            f"receive {runtime_id}", kind=SpanKind.CONSUMER, links=links, attributes=attributes
+        )
+        span.end()
 
     # -- what log lines name ----------------------------------------------------------
 

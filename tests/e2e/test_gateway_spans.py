@@ -3,7 +3,10 @@ OpenTelemetry SDK to a receiver that decodes the real protobuf (tests/support/ot
 a server span per request, a child of the request's `traceparent`, named by its route
 template; a producer span per enqueued task, a child of the server span (or of a batch
 item's own context), whose context is what the task stores and answers; contexts never
-mixed between concurrent requests. And a start whose variables ask for traces without
+mixed between concurrent requests; a claim's Postgres statement and Redis calls as
+client spans (children of its server span, or linked to each poll one statement
+serves), an event on a woken poll's server span, and a receive span linked to the
+stored context of each task a claim hands out. And a start whose variables ask for traces without
 the SDK installed is refused in one line."""
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import pytest_asyncio
 from tests.support.credentials import sign, unique
 from tests.support.gateways import TOKEN, serve_env, serve_process, serve_refused
 from tests.support.otlp import Receiver, Span, receiver
+from tests.support.waiting import within
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
 
@@ -218,6 +222,113 @@ async def test_a_signed_webhook_is_a_producer_span_too(traced: Traced, runtime_i
     [producer] = await traced.producers(server.span_id)
     assert producer.attributes["messaging.message.id"] == made["id"]
     assert named(made) == ids(producer)
+
+
+CLAIM_ROUTE = "/v1/runtimes/{rt}/claim"
+
+
+async def claim_traced(
+    traced: Traced, runtime_id: str, traceparent: str, max_tasks: int = 1, wait: float = 0
+) -> list[dict[str, Any]]:
+    status, got = await traced.post(
+        f"/v1/runtimes/{runtime_id}/claim",
+        {"worker_id": "w", "max_tasks": max_tasks, "wait_seconds": wait},
+        {"traceparent": traceparent},
+    )
+    assert status == 200, got
+    return list(got["tasks"])
+
+
+async def test_a_claim_has_its_statements_span_and_a_receive_span_linked_to_its_tasks(
+    traced: Traced, runtime_id: str
+) -> None:
+    path = f"/v1/runtimes/{runtime_id}/tasks"
+    made = [(await traced.post(path, {"payload": n}, {"traceparent": parent(20 + n)}))[1]
+            for n in range(2)]  # fmt: skip
+    claim = parent(30)
+    tasks = await claim_traced(traced, runtime_id, claim, max_tasks=2)
+    assert sorted(t["id"] for t in tasks) == sorted(t["id"] for t in made)
+    trace_id = claim.split("-")[1]
+    server = await traced.server_span(trace_id, CLAIM_ROUTE)
+    in_trace = await traced.spans.wait_for(
+        lambda s: s.trace_id == trace_id and s.parent_id == server.span_id, 2
+    )
+    [statement] = [s for s in in_trace if s.attributes.get("db.system.name") == "postgresql"]
+    assert statement.kind == "CLIENT" and statement.name == "UPDATE tasks"
+    assert statement.attributes["db.operation.name"] == "UPDATE"
+    assert statement.attributes["db.response.returned_rows"] == 2
+    [receive] = [s for s in in_trace if s.kind == "CONSUMER"]
+    assert receive.name == f"receive {runtime_id}"
+    assert receive.attributes["messaging.operation.type"] == "receive"
+    assert receive.attributes["messaging.destination.name"] == runtime_id
+    assert receive.attributes["messaging.batch.message_count"] == 2
+    # Linked to each task's stored context: its producer span.
+    assert sorted((link.trace_id, link.span_id) for link in receive.links) == sorted(
+        named(t) for t in made
+    )
+
+
+async def test_an_empty_claim_reads_and_writes_the_verdict_in_redis_spans(
+    traced: Traced, runtime_id: str
+) -> None:
+    claim = parent(40)
+    assert await claim_traced(traced, runtime_id, claim) == []
+    trace_id = claim.split("-")[1]
+    server = await traced.server_span(trace_id, CLAIM_ROUTE)
+    redis = await traced.spans.wait_for(
+        lambda s: s.trace_id == trace_id and s.attributes.get("db.system.name") == "redis", 2
+    )
+    assert {s.name for s in redis} == {"MGET", "SET"}
+    assert all(s.kind == "CLIENT" and s.parent_id == server.span_id for s in redis)
+    assert not traced.spans.where(lambda s: s.trace_id == trace_id and s.kind == "CONSUMER")
+
+
+async def test_a_parked_poll_that_is_woken_says_so_on_its_server_span(
+    traced: Traced, runtime_id: str
+) -> None:
+    claim = parent(50)
+    poll = asyncio.ensure_future(claim_traced(traced, runtime_id, claim, wait=10))
+    trace_id = claim.split("-")[1]
+    # Parked once its verdict was written (an empty scan, then the SET).
+    await traced.spans.wait_for(lambda s: s.trace_id == trace_id and s.name == "SET")
+    status, made = await traced.post(f"/v1/runtimes/{runtime_id}/tasks", {"payload": 1})
+    assert status == 201
+    [task] = await poll
+    assert task["id"] == made["id"]
+    server = await traced.server_span(trace_id, CLAIM_ROUTE)
+    assert "claim_gateway.poll.woken" in server.events
+
+
+async def test_one_statement_for_several_polls_links_to_each(
+    traced: Traced, runtime_id: str
+) -> None:
+    claims = [parent(60 + n) for n in range(3)]
+    polls = [asyncio.ensure_future(claim_traced(traced, runtime_id, c, wait=10)) for c in claims]
+    traces = {c.split("-")[1] for c in claims}
+
+    async def parked() -> bool:
+        stats = await traced.get(f"/v1/runtimes/{runtime_id}/stats")
+        return bool(stats["parked_pollers"] == 3)
+
+    await within(10, parked)
+    path = f"/v1/runtimes/{runtime_id}/tasks:batch"
+    status, _ = await traced.post(path, {"tasks": [{"payload": n} for n in range(3)]})
+    assert status == 201
+    assert sorted(len(tasks) for tasks in await asyncio.gather(*polls)) == [1, 1, 1]
+    servers = {
+        (s.trace_id, s.span_id)
+        for s in await traced.spans.wait_for(
+            lambda s: s.trace_id in traces and s.kind == "SERVER", 3
+        )
+    }
+    shared = traced.spans.where(
+        lambda s: (
+            s.attributes.get("db.system.name") == "postgresql"
+            and len({(lk.trace_id, lk.span_id) for lk in s.links} & servers) > 1
+        )
+    )
+    assert shared, "no statement served several polls at once"
+    assert all(s.parent_id == "" for s in shared)
 
 
 async def test_concurrent_requests_never_mix_their_contexts(

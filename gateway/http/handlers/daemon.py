@@ -16,6 +16,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ... import tracing
 from ...admission import releasing
 from ...api import decode, render, requests
 from ...auth.principals import Principal
@@ -79,6 +80,10 @@ async def claim(request: Request, gw: Gateway, principal: Principal | None = Non
             # It left before its completes went in: they are applied all the same (its
             # worker finished those tasks), though nobody reads their outcomes.
             return Response(status_code=CLIENT_LEFT)
+    if rows and tracing.active is not None:
+        tracing.active.received(
+            runtime_id, [(r.task.id, r.task.trace_parent, r.task.trace_state) for r in rows]
+        )
     if entries is not None:
         held = None if rows else gw.claimer.held_seconds(runtime_id)
         tasks = await _deliverable(gw, rows) if rows else []
