@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from . import tracing
 from .settings import LOG_FORMATS
 
 REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -82,8 +83,11 @@ _RFC3339_SECOND: tuple[datetime | None, str] = (None, "")
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per record: time, level, logger, message, request_id (while
-    serving a request), exception (its traceback, when there is one), and any fields
-    passed with `extra=` (the access log's method, route, status, duration_ms)."""
+    serving a request), trace_id and span_id (while tracing is on, inside a span: the
+    request's server span, or a span made for it), exception (its traceback, when there
+    is one), and any fields passed with `extra=` (the access log's method, route,
+    status, duration_ms, and its request's trace_id and span_id, taken when the line
+    was queued: its thread runs in no request's context)."""
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
@@ -95,6 +99,11 @@ class JsonFormatter(logging.Formatter):
         request_id = getattr(record, "request_id", None) or REQUEST_ID.get()
         if request_id:
             line["request_id"] = request_id
+        spans = tracing.active
+        if spans is not None and not hasattr(record, "trace_id"):
+            ids = spans.current_ids()
+            if ids is not None:
+                line["trace_id"], line["span_id"] = ids
         for key, value in vars(record).items():
             if key not in _RECORD_ATTRS and key not in _DROPPED and key not in line:
                 line[key] = value

@@ -127,13 +127,19 @@ def access_line(
         metrics.http_requests.inc(route, method, status_class(status))
     if log.isEnabledFor(logging.INFO) and (sampler is None or sampler.keeps(status, seconds)):
         duration_ms = round(seconds * 1000, 3)
-        extra = {
+        extra: dict[str, Any] = {
             "method": method,
             "route": route,
             "status": status,
             "duration_ms": duration_ms,
             "request_id": request_id,
         }
+        spans = tracing.active
+        if spans is not None:
+            # Taken here: the line is formatted on the writer's thread, in no context.
+            ids = spans.current_ids()
+            if ids is not None:
+                extra["trace_id"], extra["span_id"] = ids
         args = (method, route, status, duration_ms)
         if not LINES.submit(logging.INFO, ACCESS_FORMAT, args, extra) and metrics is not None:
             metrics.log_lines_dropped.inc()

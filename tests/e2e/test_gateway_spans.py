@@ -6,7 +6,8 @@ item's own context), whose context is what the task stores and answers; contexts
 mixed between concurrent requests; a claim's Postgres statement and Redis calls as
 client spans (children of its server span, or linked to each poll one statement
 serves), an event on a woken poll's server span, and a receive span linked to the
-stored context of each task a claim hands out. And a start whose variables ask for traces without
+stored context of each task a claim hands out; JSON log lines that name the span of
+their request. And a start whose variables ask for traces without
 the SDK installed is refused in one line."""
 
 from __future__ import annotations
@@ -364,6 +365,37 @@ async def test_concurrent_requests_never_mix_their_contexts(
         assert producer.trace_id == trace_id
         assert producer.attributes["messaging.message.id"] == made["id"]
         assert named(made) == ids(producer)
+
+
+async def test_json_log_lines_of_a_traced_request_name_its_server_span(
+    database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
+) -> None:
+    async with receiver() as spans:
+        env = serve_env(
+            database_url,
+            redis_url,
+            redis_prefix,
+            GATEWAY_LOG_FORMAT="json",
+            GATEWAY_ACCESS_LOG_SAMPLE="1",
+            **spans.env(),
+        )
+        async with serve_process(env=env) as (proc, base):
+            assert proc.stderr is not None
+            async with aiohttp.ClientSession(base_url=base) as http:
+                traced = Traced(spans, http)
+                path = f"/v1/runtimes/{runtime_id}/tasks"
+                status, _ = await traced.post(path, {"payload": 1}, {"traceparent": PARENT})
+                assert status == 201
+                server = await traced.server_span(TRACE, TASKS_ROUTE)
+            proc.terminate()  # a drain: the access log's waiting lines are written first
+            err = await proc.stderr.read()
+            await proc.wait()
+    lines = [orjson.loads(raw) for raw in err.splitlines() if raw.startswith(b"{")]
+    [access] = [ln for ln in lines if ln.get("route") == TASKS_ROUTE]
+    assert (access["trace_id"], access["span_id"]) == (TRACE, server.span_id)
+    # Lines written outside any request's span carry none.
+    outside = [ln for ln in lines if "route" not in ln]
+    assert outside and not any("trace_id" in ln for ln in outside)
 
 
 async def test_a_start_asking_for_traces_without_the_sdk_is_refused_in_one_line(
