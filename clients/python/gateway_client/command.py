@@ -66,14 +66,25 @@ class CommandHandler:
             "GATEWAY_RUNTIME": task.runtime_id,
         }
         command_environment(env, task_context(task))
-        proc = await asyncio.create_subprocess_exec(
-            *self.argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            start_new_session=True,  # its own process group, so that we can end all of it
+        spawning = asyncio.ensure_future(
+            asyncio.create_subprocess_exec(
+                *self.argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+                start_new_session=True,  # its own process group, so that we can end all of it
+            )
         )
+        try:
+            proc = await asyncio.shield(spawning)
+        except asyncio.CancelledError:
+            # Cancelled while the process was being set up (it may be running already):
+            # asyncio would kill the leader alone and wait for every pipe to close, that
+            # is for whatever it started meanwhile to end. Its group is ended instead.
+            proc = await spawning
+            await self._terminate(proc)
+            raise
         try:
             stdout, overflow, stderr = await self._exchange(proc, json.dumps(task.payload).encode())
         except BaseException:

@@ -115,3 +115,35 @@ async def _gone(pid: int, within: float = 3.0) -> None:
         # An orphaned child is reaped by init a moment after it dies.
         assert time.monotonic() < deadline, f"pid {pid} still alive"
         await asyncio.sleep(0.02)
+
+
+async def test_a_command_cancelled_while_it_is_set_up_has_its_group_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A cancel that comes while asyncio still sets the process up (it may be running
+    already; on a busy machine this takes a while) ends its whole group at once. Left to
+    asyncio, only the leader was killed, and the cancel waited until every process of
+    the group had closed its pipes: here the 30 s of a sleep in the background."""
+    pids = tmp_path / "pids"
+    script = f"trap '' TERM; sleep 30 & echo $! > {pids}; echo $$ >> {pids}; wait"
+    spawned = asyncio.Event()
+    real = asyncio.create_subprocess_exec
+
+    async def slow_setup(*args: object, **kwargs: object) -> asyncio.subprocess.Process:
+        proc = await real(*args, **kwargs)  # type: ignore[arg-type]
+        spawned.set()
+        await asyncio.sleep(0.3)  # the set-up a cancel interrupts
+        return proc
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", slow_setup)
+    job = asyncio.create_task(CommandHandler(["sh", "-c", script], term_grace_seconds=0.5)(task()))
+    await spawned.wait()
+    while not (pids.exists() and len(pids.read_text().split()) == 2):
+        await asyncio.sleep(0.02)
+    begun = time.monotonic()
+    job.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await job
+    assert time.monotonic() - begun < 3
+    for pid in map(int, pids.read_text().split()):
+        await _gone(pid)
