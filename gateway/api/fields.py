@@ -495,5 +495,5 @@ _SCHEMAS: dict[Kind, Any] = {
     },
     Kind.JSON: lambda f, limits: {"$ref": f"#/components/schemas/{JSON_VALUE}"},
     Kind.ARRAY: _array_schema,
-    Kind.TRACE: lambda f, limits: {"$ref": f"#/components/schemas/{trace.SCHEMA_NAME}"},
+    Kind.TRACE: lambda f, limits: dict(trace.REQUEST_SCHEMA),
 }

@@ -50,6 +50,11 @@ SCHEMA: dict[str, Any] = {
 }
 
 
+# A request's `trace` field: a TraceContext is used, and any other value is accepted and
+# ignored (a producer's broken tracing never costs it its task), which the document says.
+REQUEST_SCHEMA: dict[str, Any] = {"anyOf": [{"$ref": f"#/components/schemas/{SCHEMA_NAME}"}, {}]}
+
+
 class TraceContext(NamedTuple):
     traceparent: str
     tracestate: str | None
