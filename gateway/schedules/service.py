@@ -30,7 +30,7 @@ from ..metrics import Metrics
 from ..rows import DELETED, DecidedTick, ScheduleRow
 from ..settings import Settings
 from ..store import Store
-from ..store.schedules import Planner
+from ..store.schedules import Planner, Written
 from . import plans
 
 log = logging.getLogger("gateway.schedules")
@@ -226,8 +226,7 @@ class Scheduler:
             lambda current, now: plans.put_write(definition, current, now),
             settle=self._settle(),
         )
-        await self._after_commit(TickReport(), written.decided, written.cancelled, lag=True)
-        await self._woken(written.withdrawn)
+        await self._after_write(written)
         return written.row, written.created
 
     async def get(self, runtime_id: str, name: str) -> ScheduleRow:
@@ -254,9 +253,14 @@ class Scheduler:
         written = await self._store.write_schedule(
             runtime_id, name, plans.pause_write(paused, note), create=False, settle=self._settle()
         )
+        await self._after_write(written)
+        return written.row
+
+    async def _after_write(self, written: Written) -> None:
+        """After a PUT's or a pause's commit: the ticks it decided first announced, and
+        the waits for the tasks it withdrew woken."""
         await self._after_commit(TickReport(), written.decided, written.cancelled, lag=True)
         await self._woken(written.withdrawn)
-        return written.row
 
     async def _woken(self, withdrawn: Sequence[uuid.UUID]) -> None:
         """After the commit that withdrew (deleted) tasks decided ahead: a request

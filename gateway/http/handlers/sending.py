@@ -36,7 +36,8 @@ class Sending:
         active = tracing.active
         if active is None:
             self.spans: list[Any] = []
-            self.requests = [requests.traced(r, headers) for r in reqs]
+            # A batch's thousand items are taken as they are unless headers came.
+            self.requests = reqs if headers is None else [requests.traced(r, headers) for r in reqs]
             return
         # The headers' context is the server span's parent already (access.RequestLog):
         # a task's producer span is the server span's child, unless it has its own.
