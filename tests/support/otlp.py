@@ -56,6 +56,7 @@ class Span:
     links: list[Link] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     error: bool = False
+    ok: bool = False  # its status set OK (neither is: unset)
 
     @property
     def traceparent(self) -> str:
@@ -95,6 +96,7 @@ def decode(body: bytes) -> list[Span]:
                         links=[Link(lk.trace_id.hex(), lk.span_id.hex()) for lk in span.links],
                         events=[event.name for event in span.events],
                         error=span.status.code == span.status.STATUS_CODE_ERROR,
+                        ok=span.status.code == span.status.STATUS_CODE_OK,
                     )
                 )
     return spans
