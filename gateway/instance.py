@@ -26,6 +26,7 @@ from .background import stop_task
 from .claim.claimer import Claimer
 from .claim.completions import Completions
 from .claim.controls import RuntimeControls
+from .claim.lease_spans import LeaseSpans
 from .claim.results import Results
 from .errors import ConfigError, GatewayError
 from .janitor import Janitor
@@ -148,7 +149,8 @@ class Gateway:
             self.store, self.cache, self.subscriber, self.claimer, settings, self.metrics
         )
         self.claimer.on_drain(self.results.drain)
-        self.completions = Completions(self.store, self.metrics)
+        self.lease_spans = LeaseSpans(self.store)  # while tracing is on
+        self.completions = Completions(self.store, self.metrics, self.lease_spans)
         self.parked = ParkedReport(
             self.cache, self.claimer.parked_counts, self.claimer.activity.counts
         )
@@ -188,6 +190,7 @@ class Gateway:
         completes a claim carries): the requests waiting for the results of those that
         ended woken, and the parked polls of limited runtimes whose slots came free."""
         await self.tasks_ended(ended(outcomes), [r.runtime_id for r in outcomes if r.runtime_id])
+        self.lease_spans.ended_many(outcomes, "complete")
 
     def _on_wake(self, runtime_id: str) -> None:
         self.claimer.wake(runtime_id)
@@ -239,6 +242,7 @@ class Gateway:
         await self.parked.stop()
         await self.completions.close()  # before the result wake-ups its requests send
         await self.results.close()
+        await self.lease_spans.close()  # before the pool: each write is one statement
         await self.controls.stop()
         if self._redis_watch is not None:
             await stop_task(self._redis_watch, "Redis watch")

@@ -150,7 +150,9 @@ class ItemResult:
     single operation would have raised for it (LeaseLost, NotFound); else it is None
     and `status` is the task's status after the operation (effective, as answers show
     it). A fail sets `run_at`; a heartbeat `lease_expires_at` and `cancel_requested`.
-    `runtime_id` is None for a task the caller cannot see: it counts as not found."""
+    `runtime_id` is None for a task the caller cannot see: it counts as not found.
+    `lease_id` is the item's lease when the operation was applied under it now (not a
+    replay, not an error): the lease's span ends there (gateway/tracing/spans.py)."""
 
     task_id: uuid.UUID
     runtime_id: str | None
@@ -159,6 +161,7 @@ class ItemResult:
     run_at: datetime | None = None
     lease_expires_at: datetime | None = None
     cancel_requested: bool = False
+    lease_id: uuid.UUID | None = None  # the lease it applied under; None when not applied
 
 
 def ended(results: Sequence[ItemResult]) -> list[tuple[uuid.UUID, str]]:

@@ -38,6 +38,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from .. import logs
 from ..metrics import Metrics
 from ..rows import ItemResult, TaskRow
+from .lease_spans import LeaseSpans
 
 # Statements in flight at a time: one slow statement (a row lock held elsewhere)
 # does not hold up every complete of the process, and the pool keeps room for claims.
@@ -120,8 +121,11 @@ class Completions:
     """Groups the single completes of this process (module doc). Owned by the Gateway,
     which calls `close()` before the pool closes."""
 
-    def __init__(self, store: GroupStore, metrics: Metrics) -> None:
+    def __init__(
+        self, store: GroupStore, metrics: Metrics, lease_spans: LeaseSpans | None = None
+    ) -> None:
         self._store = store
+        self._lease_spans = lease_spans
         self._metrics = metrics
         self._singles: _Lane[_Complete] = _Lane("complete-group", self._take, self._send)
         self._acks: _Lane[_Acknowledgement] = _Lane(
@@ -150,8 +154,10 @@ class Completions:
                 item.done.cancel()  # this request was cancelled: a later one goes on
             if self._latest.get(task_id) is item.done:
                 del self._latest[task_id]
-        if row is None:
+        if row is None:  # not applied now: a repeat, or a lease lost
             return await self._store.complete_missed(task_id, lease_id)
+        if self._lease_spans is not None:
+            self._lease_spans.ended(row, lease_id, "complete")
         return row
 
     def _submit(self, lane: _Lane[W], item: W) -> None:

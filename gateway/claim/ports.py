@@ -57,6 +57,16 @@ class ClaimStore(Protocol):
         ...
 
 
+class TraceContexts(Protocol):
+    """The stored trace contexts of tasks (Store), for the spans of their leases."""
+
+    async def trace_contexts(
+        self, task_ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, tuple[str, str | None]]:
+        """(traceparent, tracestate) of those of `task_ids` that have a context."""
+        ...
+
+
 class ClaimCache(Protocol):
     """The versioned empty verdict (VerdictCache). Every failure is CacheUnavailable,
     which callers treat as a miss (I5)."""

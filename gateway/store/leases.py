@@ -270,6 +270,7 @@ def item_results(
                     run_at=r.get("new_run_at"),
                     lease_expires_at=r.get("new_lease_expires_at"),
                     cancel_requested=bool(r.get("new_cancel_requested")),
+                    lease_id=r["item_lease"],
                 )
             )
         elif r["found_status"] in replay_statuses and r["found_lease"] == r["item_lease"]:

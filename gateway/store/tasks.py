@@ -131,7 +131,8 @@ class TaskStatements(StoreBase):
         lost after the commit): it is given back to the queue before the error goes up,
         so that it never waits out a lease its poll was not handed."""
         leased = lease is not None and req.run_at is None and not req.delay_seconds
-        task_id, lease_id = (new_task_ids(1)[0], uuid.uuid4()) if leased else (None, None)
+        # Both time-ordered: a lease id says when the lease began (the lease's span).
+        task_id, lease_id = new_task_ids(2) if leased else (None, None)
 
         async def go(c: asyncpg.Connection) -> tuple[Row, bool]:
             key_hash = req.request_hash if req.idempotency_key else None
@@ -202,6 +203,13 @@ class TaskStatements(StoreBase):
         if row is None:
             raise NotFound(f"no task with id {task_id}")
         return TaskRow.of(row)
+
+    async def trace_contexts(
+        self, task_ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, tuple[str, str | None]]:
+        """(traceparent, tracestate) of those of `task_ids` that have a stored context."""
+        rows = await self._run(lambda c: c.fetch(sql.TRACE_CONTEXTS, list(task_ids)))
+        return {r["id"]: (r["trace_parent"], r["trace_state"]) for r in rows}
 
     async def task_runtime(self, task_id: uuid.UUID) -> str:
         """The runtime a task belongs to, or NotFound."""

@@ -97,17 +97,19 @@ def start(env: Mapping[str, str] | None = None) -> bool:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from .spans import Spans
+    from .spans import ChosenIds, Spans
 
     # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; without a
     # name from either it makes up `unknown_service:python`, which ours replaces.
     resource = Resource.create()
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
-    provider = TracerProvider(resource=resource)  # the sampler: OTEL_TRACES_SAMPLER
+    ids = ChosenIds()  # a lease's span takes its id from the lease's (spans.py)
+    # The sampler: OTEL_TRACES_SAMPLER, read by the provider.
+    provider = TracerProvider(resource=resource, id_generator=ids)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     _provider = provider
-    tracing.active = Spans(provider.get_tracer("claim-gateway"))
+    tracing.active = Spans(provider.get_tracer("claim-gateway"), ids)
     log.info("tracing on: spans exported over OTLP/HTTP")
     return True
 

@@ -14,6 +14,15 @@ OpenTelemetry's semantic conventions (HTTP server spans, messaging spans).
 - An event on a parked poll's server span when a wake-up makes its pump claim again
   (`woken`), and a CONSUMER span per claim answer that hands tasks out (`received`),
   linked to each task's stored context.
+- The task's own life, in its trace (children of its stored context, whichever
+  instance serves each step): a `queued` span per attempt, from when the task was due
+  to its claim (`received`); a `lease` span per attempt, from its claim to the
+  complete, fail or release that ended it (`lease_ended`); and inside that lease, a
+  short span per heartbeat and per cancel request (`in_lease`). A lease's span is
+  written when the lease ends, on whichever instance ends it, with nothing stored for
+  it: its start is read from the lease id (time-ordered, RFC 9562 version 7) and its
+  span id is taken from the lease id's random bits (`lease_span_id`), so that a
+  heartbeat served earlier by another instance already named it as its parent.
 
 Imported by `setup.start` only: the rest of the gateway reaches it through
 `gateway.tracing.active`, which is None while tracing is off. A `Spans` belongs to one
@@ -22,17 +31,32 @@ process and is used on its event loop's thread.
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import Token
-from typing import Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter
-from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanKind, Status, StatusCode
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+if TYPE_CHECKING:
+    from ..rows import TaskRow
 
 # The gateway speaks W3C Trace Context on the wire and in what a task stores
 # (gateway/api/trace.py), whatever OTEL_PROPAGATORS says for other programs.
@@ -69,11 +93,46 @@ class ServerSpan:
         self.token = token
 
 
+class ChosenIds(RandomIdGenerator):
+    """The SDK's random ids, but for a span id chosen for the next span started
+    (`choose`, then `start_span` at once, on the same thread): a lease's span takes the
+    id that its heartbeats named as their parent before it was written."""
+
+    def __init__(self) -> None:
+        self._next: int | None = None
+
+    def choose(self, span_id: int) -> None:
+        self._next = span_id
+
+    def generate_span_id(self) -> int:
+        chosen, self._next = self._next, None
+        return chosen if chosen is not None else super().generate_span_id()
+
+
+def lease_span_id(lease_id: uuid.UUID) -> int:
+    """The span id of the lease `lease_id`'s span: its low 64 bits (random in every
+    lease id the gateway makes), never the invalid id 0."""
+    return lease_id.int & 0xFFFF_FFFF_FFFF_FFFF or 1
+
+
+def lease_began_ns(lease_id: uuid.UUID) -> int | None:
+    """When the lease began, in ns since the epoch, from its time-ordered id; None for
+    a lease id that is not time-ordered (made before the gateway's ids were)."""
+    if lease_id.version != 7:
+        return None
+    return (lease_id.int >> 80) * 1_000_000
+
+
+def _ns(at: datetime) -> int:
+    return int(at.timestamp() * 1_000_000) * 1000
+
+
 class Spans:
     """The gateway's spans (module docstring), made with one tracer."""
 
-    def __init__(self, tracer: trace.Tracer) -> None:
+    def __init__(self, tracer: trace.Tracer, ids: ChosenIds | None = None) -> None:
         self.tracer = tracer
+        self.ids = ids
 
     # -- the server span of a request -------------------------------------------------
 
@@ -231,22 +290,28 @@ class Spans:
             {"claim_gateway.tasks": tasks, "claim_gateway.sync_match": matched},
         )
 
-    def received(
-        self, runtime_id: str, tasks: Sequence[tuple[object, str | None, str | None]]
-    ) -> None:
-        """A claim answer hands out `tasks` (id, stored traceparent, tracestate): a
-        CONSUMER span, a child of the request's server span, linked to each task's
-        stored context (its producer span), whose trace it belongs to as well."""
+    def received(self, runtime_id: str, tasks: Sequence[TaskRow]) -> None:
+        """A claim answer hands out `tasks`: a CONSUMER span, a child of the request's
+        server span, linked to each task's stored context (its producer span); and in
+        each task's own trace, the `queued` span of this attempt, from when it was due
+        (its run_at, or its creation when later) to its claim (its updated_at, which
+        the claim set: the database's clock at both ends)."""
         links = []
-        for _, traceparent, tracestate in tasks:
-            if traceparent is None:
+        for task in tasks:
+            stored = stored_context(task.trace_parent, task.trace_state)
+            if stored is None:
                 continue
-            carrier = {"traceparent": traceparent}
-            if tracestate:
-                carrier["tracestate"] = tracestate
-            stored = trace.get_current_span(W3C.extract(carrier)).get_span_context()
-            if stored.is_valid:
-                links.append(Link(stored))
+            links.append(Link(stored))
+            due = max(task.run_at, task.created_at)
+            self.tracer.start_span(
+                f"queued {runtime_id}",
+                context=trace.set_span_in_context(NonRecordingSpan(stored)),
+                start_time=_ns(due),
+                attributes={
+                    **_task_attributes(runtime_id, task.id),
+                    "claim_gateway.attempt": task.attempts,
+                },
+            ).end(end_time=max(_ns(task.updated_at), _ns(due)))
         attributes: dict[str, Any] = {
             "messaging.system": MESSAGING_SYSTEM,
             "messaging.operation.type": "receive",
@@ -255,11 +320,79 @@ class Spans:
             "messaging.batch.message_count": len(tasks),
         }
         if len(tasks) == 1:
-            attributes["messaging.message.id"] = str(tasks[0][0])
+            attributes["messaging.message.id"] = str(tasks[0].id)
         span = self.tracer.start_span(
             f"receive {runtime_id}", kind=SpanKind.CONSUMER, links=links, attributes=attributes
         )
         span.end()
+
+    # -- a lease, in its task's trace --------------------------------------------------
+
+    def lease_ended(
+        self,
+        runtime_id: str,
+        task_id: object,
+        lease_id: uuid.UUID,
+        operation: str,
+        outcome: str,
+        context: tuple[str | None, str | None],
+    ) -> None:
+        """The lease `lease_id` of task `task_id` ended now by `operation` (complete,
+        fail, release), leaving the task `outcome` (its status: completed, queued or
+        scheduled for a retry, dead, cancelled): its span, a child of the task's stored
+        `context` (traceparent, tracestate), from the lease's start to now, with the id
+        its heartbeats named (module docstring). Nothing for a task without a context."""
+        stored = stored_context(*context)
+        if stored is None:
+            return
+        now = time.time_ns()
+        began = lease_began_ns(lease_id)
+        if self.ids is not None:
+            self.ids.choose(lease_span_id(lease_id))
+        span = self.tracer.start_span(
+            f"lease {runtime_id}",
+            context=trace.set_span_in_context(NonRecordingSpan(stored)),
+            kind=SpanKind.CONSUMER,
+            start_time=min(began, now) if began is not None else now,
+            attributes={
+                **_task_attributes(runtime_id, task_id),
+                "messaging.operation.type": "settle",
+                "messaging.operation.name": operation,
+                "claim_gateway.lease.id": str(lease_id),
+                "claim_gateway.outcome": outcome,
+            },
+        )
+        if outcome in ("dead", "cancelled") and operation != "complete":
+            span.set_status(Status(StatusCode.ERROR, outcome))
+        span.end(end_time=now)
+
+    def in_lease(
+        self,
+        name: str,
+        runtime_id: str,
+        task_id: object,
+        lease_id: uuid.UUID,
+        context: tuple[str | None, str | None],
+        **attributes: Any,
+    ) -> None:
+        """A moment inside the lease `lease_id` (a heartbeat, a cancel request): a short
+        span named `name`, a child of the lease's span (which is written when the lease
+        ends: `lease_ended`), in the task's trace."""
+        stored = stored_context(*context)
+        if stored is None:
+            return
+        lease = SpanContext(
+            stored.trace_id,
+            lease_span_id(lease_id),
+            is_remote=True,
+            trace_flags=stored.trace_flags,
+            trace_state=stored.trace_state,
+        )
+        self.tracer.start_span(
+            f"{name} {runtime_id}",
+            context=trace.set_span_in_context(NonRecordingSpan(lease)),
+            attributes={**_task_attributes(runtime_id, task_id), **attributes},
+        ).end()
 
     # -- what log lines name ----------------------------------------------------------
 
@@ -270,6 +403,25 @@ class Spans:
         if not context.is_valid:
             return None
         return f"{context.trace_id:032x}", f"{context.span_id:016x}"
+
+
+def stored_context(traceparent: str | None, tracestate: str | None) -> SpanContext | None:
+    """A task's stored trace context, when it has a valid one."""
+    if traceparent is None:
+        return None
+    carrier = {"traceparent": traceparent}
+    if tracestate:
+        carrier["tracestate"] = tracestate
+    context = trace.get_current_span(W3C.extract(carrier)).get_span_context()
+    return context if context.is_valid else None
+
+
+def _task_attributes(runtime_id: str, task_id: object) -> dict[str, Any]:
+    return {
+        "messaging.system": MESSAGING_SYSTEM,
+        "messaging.destination.name": runtime_id,
+        "messaging.message.id": str(task_id),
+    }
 
 
 def _server_address(scope: Mapping[str, Any], headers: Sequence[tuple[bytes, bytes]]) -> str | None:

@@ -23,8 +23,9 @@ import pytest
 import pytest_asyncio
 
 from tests.support.credentials import sign, unique
-from tests.support.gateways import TOKEN, serve_env, serve_process, serve_refused
-from tests.support.otlp import Receiver, Span, receiver
+from tests.support.gateways import serve_env, serve_process, serve_refused
+from tests.support.otlp import Span, receiver
+from tests.support.traced import Traced, traced_gateway
 from tests.support.waiting import within
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
@@ -41,51 +42,10 @@ def parent(n: int) -> str:
     return f"00-{n + 1:032x}-{n + 1:016x}-01"
 
 
-class Traced:
-    """A gateway exporting to `spans`, and a session on it with the admin token."""
-
-    def __init__(self, spans: Receiver, http: aiohttp.ClientSession) -> None:
-        self.spans = spans
-        self.http = http
-
-    async def post(
-        self, path: str, body: Any, headers: dict[str, str] | None = None
-    ) -> tuple[int, Any]:
-        sent = {"Authorization": f"Bearer {TOKEN}", **(headers or {})}
-        async with self.http.post(path, data=orjson.dumps(body), headers=sent) as resp:
-            return resp.status, orjson.loads(await resp.read())
-
-    async def get(self, path: str) -> Any:
-        headers = {"Authorization": f"Bearer {TOKEN}"}
-        async with self.http.get(path, headers=headers) as resp:
-            assert resp.status == 200
-            return orjson.loads(await resp.read())
-
-    async def server_span(self, trace_id: str, route: str) -> Span:
-        [span] = await self.spans.wait_for(
-            lambda s: (
-                s.kind == "SERVER"
-                and s.trace_id == trace_id
-                and s.attributes.get("http.route") == route
-            )
-        )
-        return span
-
-    async def producers(self, parent_id: str, count: int = 1) -> list[Span]:
-        return await self.spans.wait_for(
-            lambda s: s.kind == "PRODUCER" and s.parent_id == parent_id, count
-        )
-
-
 @pytest_asyncio.fixture(loop_scope="module")
 async def traced(database_url: str, redis_url: str, redis_prefix: str) -> AsyncIterator[Traced]:
-    async with receiver() as spans:
-        env = serve_env(database_url, redis_url, redis_prefix, **spans.env())
-        async with (
-            serve_process(env=env) as (_, base),
-            aiohttp.ClientSession(base_url=base) as http,
-        ):
-            yield Traced(spans, http)
+    async with traced_gateway(database_url, redis_url, redis_prefix) as gateway:
+        yield gateway
 
 
 async def test_a_request_is_a_server_span_named_by_its_route(

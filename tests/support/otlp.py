@@ -57,6 +57,8 @@ class Span:
     events: list[str] = field(default_factory=list)
     error: bool = False
     ok: bool = False  # its status set OK (neither is: unset)
+    start_ns: int = 0  # since the Unix epoch
+    end_ns: int = 0
 
     @property
     def traceparent(self) -> str:
@@ -97,6 +99,8 @@ def decode(body: bytes) -> list[Span]:
                         events=[event.name for event in span.events],
                         error=span.status.code == span.status.STATUS_CODE_ERROR,
                         ok=span.status.code == span.status.STATUS_CODE_OK,
+                        start_ns=span.start_time_unix_nano,
+                        end_ns=span.end_time_unix_nano,
                     )
                 )
     return spans

@@ -275,6 +275,7 @@ async def failed(gw: Gateway, results: Sequence[ItemResult]) -> list[dict[str, A
         await gw.claimer.announce(runtime_id)
     runtimes = [r.runtime_id for r in results if r.runtime_id is not None]
     await gw.tasks_ended(ended(results), [rt for rt in runtimes if rt not in again])
+    gw.lease_spans.ended_many(results, "fail")
     return entries
 
 
@@ -369,4 +370,5 @@ async def heartbeat_many(request: Request, gw: Gateway) -> Response:
         [i.lease_seconds for i in items],
         _runtimes(request),
     )
+    gw.lease_spans.heartbeats(results)
     return json_response({"results": [heartbeat_entry(r) for r in results]})

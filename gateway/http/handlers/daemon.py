@@ -81,9 +81,7 @@ async def claim(request: Request, gw: Gateway, principal: Principal | None = Non
             # worker finished those tasks), though nobody reads their outcomes.
             return Response(status_code=CLIENT_LEFT)
     if rows and tracing.active is not None:
-        tracing.active.received(
-            runtime_id, [(r.task.id, r.task.trace_parent, r.task.trace_state) for r in rows]
-        )
+        tracing.active.received(runtime_id, [r.task for r in rows])
     if entries is not None:
         held = None if rows else gw.claimer.held_seconds(runtime_id)
         tasks = await _deliverable(gw, rows) if rows else []
@@ -161,6 +159,7 @@ async def heartbeat(request: Request, gw: Gateway) -> Response:
     lease_id = requests.parse_lease_id(body)
     seconds = requests.parse_lease_seconds(body, gw.settings.default_lease_seconds)
     row = await gw.store.heartbeat(task_id, lease_id, seconds)
+    gw.lease_spans.in_lease("heartbeat", row)
     return json_response(render.render_task_or_stub(row))
 
 
@@ -184,6 +183,7 @@ async def fail(request: Request, gw: Gateway) -> Response:
     task_id = decode.check_task_id(request.path_params["task_id"])
     req = requests.parse_fail(await read_json(request, gw.settings))
     row = await gw.store.fail(task_id, req.lease_id, req.error, req.retry, req.retry_after_seconds)
+    gw.lease_spans.ended(row, req.lease_id, "fail")
     if row.status == "queued":
         await gw.claimer.announce(row.runtime_id)
     else:
@@ -195,6 +195,7 @@ async def release(request: Request, gw: Gateway) -> Response:
     task_id = decode.check_task_id(request.path_params["task_id"])
     lease_id = requests.parse_lease_id(await read_json(request, gw.settings))
     row = await gw.store.release(task_id, lease_id)
+    gw.lease_spans.ended(row, lease_id, "release")
     if row.status == "queued":
         await gw.claimer.announce(row.runtime_id)
     else:  # a cancel was requested while it was held: now cancelled

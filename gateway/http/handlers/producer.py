@@ -120,6 +120,8 @@ async def enqueue_batch(request: Request, gw: Gateway) -> Response:
 async def cancel(request: Request, gw: Gateway) -> Response:
     task_id = decode.check_task_id(request.path_params["task_id"])
     row = await gw.store.cancel(task_id)
+    if row.status == "claimed":  # its holder learns of it at its next report
+        gw.lease_spans.in_lease("cancel requested", row)
     await gw.results.finished([(row.id, row.status)])
     return json_response(render.render_task_or_stub(row))
 

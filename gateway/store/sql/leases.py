@@ -67,7 +67,9 @@ candidates AS (
     UPDATE tasks t
        SET status = 'claimed',
            attempts = t.attempts + 1,
-           lease_id = gen_random_uuid(),
+           -- Time-ordered (migration 0009): the lease id says when the lease began,
+           -- which the lease's span reads when it ends (gateway/tracing/spans.py).
+           lease_id = time_ordered_uuid(),
            lease_expires_at = clock_timestamp() + make_interval(secs => s.lease_seconds),
            worker_id = s.worker_id,
            cancel_requested = false,

@@ -60,6 +60,13 @@ UPDATE tasks
 
 GET_TASK = f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1"
 
+# The stored trace contexts of some tasks, for their lease spans (read only while
+# tracing is on; by primary key).
+TRACE_CONTEXTS = """
+SELECT id, trace_parent, trace_state FROM tasks
+ WHERE id = ANY($1::uuid[]) AND trace_parent IS NOT NULL
+"""
+
 # Whose task this is, for a token limited to some runtimes.
 TASK_RUNTIME = "SELECT runtime_id FROM tasks WHERE id = $1"
 

@@ -1,0 +1,158 @@
+"""A task's whole life in its own trace, from a real `gateway serve` exporting over
+OTLP/HTTP (tests/support/traced.py): a `queued` span per attempt, from when it was due
+to its claim; a `lease` span per attempt, from its claim to the fail, complete or
+release that ended it, a child of the stored context and with the id its heartbeats
+named; a short span per heartbeat and per cancel request inside that lease. Single and
+batch operations alike, and the acknowledgements a claim carries."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from tests.support.otlp import Span
+from tests.support.traced import Traced, traced_gateway
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.integration]
+
+# The lease id holds the database's clock in milliseconds; the lease ends on the
+# gateway's clock, in nanoseconds.
+CLOCKS_NS = 2_000_000
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def traced(database_url: str, redis_url: str, redis_prefix: str) -> AsyncIterator[Traced]:
+    async with traced_gateway(database_url, redis_url, redis_prefix) as gateway:
+        yield gateway
+
+
+async def enqueue(traced: Traced, runtime_id: str, n: int) -> tuple[str, str]:
+    """A task enqueued in a trace of its own; its id and trace id."""
+    status, task = await traced.post(
+        f"/v1/runtimes/{runtime_id}/tasks",
+        {"payload": n},
+        {"traceparent": f"00-{n:032x}-{n:016x}-01"},
+    )
+    assert status == 201, task
+    return task["id"], task["trace"]["traceparent"].split("-")[1]
+
+
+async def claim(traced: Traced, runtime_id: str, **acks: Any) -> dict[str, Any]:
+    status, answer = await traced.post(
+        f"/v1/runtimes/{runtime_id}/claim",
+        {"worker_id": "w", "max_tasks": 1, "wait_seconds": 0, **acks},
+    )
+    assert status == 200, answer
+    return answer
+
+
+async def only(traced: Traced, runtime_id: str) -> dict[str, Any]:
+    [task] = (await claim(traced, runtime_id))["tasks"]
+    return task
+
+
+def producer_of(traced: Traced, trace_id: str) -> Span:
+    [producer] = traced.spans.where(lambda s: s.trace_id == trace_id and s.kind == "PRODUCER")
+    return producer
+
+
+async def named(traced: Traced, trace_id: str, prefix: str, count: int) -> list[Span]:
+    """The spans of the trace whose names start with `prefix`, oldest first."""
+    found = await traced.spans.wait_for(
+        lambda s: s.trace_id == trace_id and s.name.startswith(prefix), count
+    )
+    return sorted(found, key=lambda s: s.start_ns)
+
+
+async def test_two_attempts_each_wait_and_lease_with_its_heartbeats(
+    traced: Traced, runtime_id: str
+) -> None:
+    task_id, trace_id = await enqueue(traced, runtime_id, 101)
+    first = await only(traced, runtime_id)
+    lease = {"lease_id": first["lease_id"]}
+    assert (await traced.post(f"/v1/tasks/{task_id}/heartbeat", lease))[0] == 200
+    failed = {**lease, "error": "boom", "retry_after_seconds": 0}
+    assert (await traced.post(f"/v1/tasks/{task_id}/fail", failed))[0] == 200
+    second = await only(traced, runtime_id)
+    item = {"id": task_id, "lease_id": second["lease_id"]}
+    status, beat = await traced.post("/v1/tasks:heartbeat", {"tasks": [item]})
+    assert status == 200 and beat["results"][0]["outcome"] == "extended", beat
+    status, done = await traced.post("/v1/tasks:complete", {"tasks": [item]})
+    assert status == 200 and done["results"][0]["outcome"] == "completed", done
+
+    producer = producer_of(traced, trace_id)
+    queued = await named(traced, trace_id, "queued ", 2)
+    leases = await named(traced, trace_id, "lease ", 2)
+    beats = await named(traced, trace_id, "heartbeat ", 2)
+    assert [s.attributes["claim_gateway.attempt"] for s in queued] == [1, 2]
+    assert {s.parent_id for s in [*queued, *leases]} == {producer.span_id}
+    assert [s.attributes["messaging.operation.name"] for s in leases] == ["fail", "complete"]
+    assert [s.attributes["claim_gateway.outcome"] for s in leases] == ["queued", "completed"]
+    assert [s.attributes["claim_gateway.lease.id"] for s in leases] == [
+        first["lease_id"],
+        second["lease_id"],
+    ]
+    for wait, held, beat_span in zip(queued, leases, beats, strict=True):
+        assert held.kind == "CONSUMER" and held.attributes["messaging.message.id"] == task_id
+        assert held.attributes["messaging.operation.type"] == "settle"
+        assert beat_span.parent_id == held.span_id, "a heartbeat is inside its own lease"
+        assert wait.start_ns <= wait.end_ns <= held.start_ns + CLOCKS_NS
+        assert held.start_ns <= beat_span.start_ns + CLOCKS_NS and beat_span.end_ns <= held.end_ns
+    assert leases[0].end_ns <= queued[1].end_ns + CLOCKS_NS, "the retry waited after the fail"
+
+
+async def test_a_cancel_request_is_inside_the_lease_the_complete_then_ends(
+    traced: Traced, runtime_id: str
+) -> None:
+    task_id, trace_id = await enqueue(traced, runtime_id, 102)
+    task = await only(traced, runtime_id)
+    status, cancelled = await traced.post(f"/v1/tasks/{task_id}/cancel", {})
+    assert status == 200 and cancelled["cancel_requested"], cancelled
+    status, ended = await traced.post(
+        f"/v1/tasks/{task_id}/complete", {"lease_id": task["lease_id"]}
+    )
+    assert status == 200 and ended["status"] == "cancelled", ended
+    [lease] = await named(traced, trace_id, "lease ", 1)
+    [cancel] = await named(traced, trace_id, "cancel requested ", 1)
+    assert cancel.parent_id == lease.span_id
+    assert lease.attributes["claim_gateway.outcome"] == "cancelled"
+    # A second complete with the same lease is a repeat: no second lease span. The
+    # SDK exports spans in the order they end: once a later span has arrived, a second
+    # lease span would have too.
+    again = await traced.post(f"/v1/tasks/{task_id}/complete", {"lease_id": task["lease_id"]})
+    assert again[0] == 200
+    _, marker = await enqueue(traced, runtime_id, 106)
+    await named(traced, marker, "send ", 1)
+    assert len(traced.spans.where(lambda s: s.trace_id == trace_id and s.name == lease.name)) == 1
+
+
+async def test_a_claim_s_acknowledgements_and_a_release_end_their_leases(
+    traced: Traced, runtime_id: str
+) -> None:
+    ids = [await enqueue(traced, runtime_id, n) for n in (103, 104, 105)]
+    held = [await only(traced, runtime_id) for _ in ids]
+    by_id = {t["id"]: t for t in held}
+    (done, done_trace), (dead, dead_trace), (back, back_trace) = ids
+    answer = await claim(
+        traced,
+        runtime_id,
+        complete=[{"id": done, "lease_id": by_id[done]["lease_id"]}],
+        fail=[{"id": dead, "lease_id": by_id[dead]["lease_id"], "error": "no", "retry": False}],
+    )
+    assert [a["outcome"] for a in answer["acks"]] == ["completed", "dead"], answer
+    status, _ = await traced.post(
+        f"/v1/tasks/{back}/release", {"lease_id": by_id[back]["lease_id"]}
+    )
+    assert status == 200
+    for trace_id, operation, outcome in (
+        (done_trace, "complete", "completed"),
+        (dead_trace, "fail", "dead"),
+        (back_trace, "release", "queued"),
+    ):
+        [lease] = await named(traced, trace_id, "lease ", 1)
+        assert lease.attributes["messaging.operation.name"] == operation
+        assert lease.attributes["claim_gateway.outcome"] == outcome
+        assert lease.error == (outcome == "dead")
