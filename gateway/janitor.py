@@ -20,6 +20,7 @@ import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from . import tracing
 from .api.bodies import STATUSES
 from .background import stop_task
 from .errors import CacheUnavailable, GatewayError, StoreUnavailable
@@ -146,8 +147,13 @@ class Janitor:
         ended: set[str] = set()
         for _ in range(MAX_BATCHES_PER_STEP):
             rows = await self._store.reclaim_leases(self._batch)
+            spans = tracing.active
             for row in rows:
                 self._metrics.leases_reclaimed.labels(row.status).inc()
+                if spans is not None and row.lease_id is not None:
+                    spans.lease_ended(
+                        row.runtime_id, row.task_id, row.lease_id, "expire", row.status, row.trace
+                    )
                 if row.status == "queued":
                     runtimes.add(row.runtime_id)
                 else:

@@ -79,6 +79,8 @@ class Reclaimed:
     runtime_id: str
     status: str
     task_id: uuid.UUID | None = None  # for the wake-up of a wait for its result
+    lease_id: uuid.UUID | None = None  # the lease that lapsed, and the task's trace
+    trace: tuple[str | None, str | None] = (None, None)  # context, for the lease's span
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,16 @@ class JanitorStatements(StoreBase):
     async def reclaim_leases(self, limit: int) -> list[Reclaimed]:
         """One batch of lapsed leases back to the queue."""
         rows = await self._run(lambda c: c.fetch(sql.RECLAIM_LEASES, limit))
-        return [Reclaimed(r["runtime_id"], r["status"], r["id"]) for r in rows]
+        return [
+            Reclaimed(
+                r["runtime_id"],
+                r["status"],
+                r["id"],
+                r["lease_id"],
+                (r["trace_parent"], r["trace_state"]),
+            )
+            for r in rows
+        ]
 
     async def promote_scheduled(self, limit: int) -> list[str]:
         """One batch of due scheduled tasks made queued; returns the runtime of each

@@ -338,7 +338,7 @@ class Spans:
         context: tuple[str | None, str | None],
     ) -> None:
         """The lease `lease_id` of task `task_id` ended now by `operation` (complete,
-        fail, release), leaving the task `outcome` (its status: completed, queued or
+        fail, release, or expire: the janitor took it back), leaving the task `outcome` (its status: completed, queued or
         scheduled for a retry, dead, cancelled): its span, a child of the task's stored
         `context` (traceparent, tracestate), from the lease's start to now, with the id
         its heartbeats named (module docstring). Nothing for a task without a context."""
@@ -362,8 +362,10 @@ class Spans:
                 "claim_gateway.outcome": outcome,
             },
         )
-        if outcome in ("dead", "cancelled") and operation != "complete":
-            span.set_status(Status(StatusCode.ERROR, outcome))
+        if outcome == "dead" or operation == "expire":  # its holder failed for good, or vanished
+            span.set_status(
+                Status(StatusCode.ERROR, "lease expired" if operation == "expire" else outcome)
+            )
         span.end(end_time=now)
 
     def in_lease(

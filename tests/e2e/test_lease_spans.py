@@ -1,9 +1,10 @@
 """A task's whole life in its own trace, from a real `gateway serve` exporting over
 OTLP/HTTP (tests/support/traced.py): a `queued` span per attempt, from when it was due
 to its claim; a `lease` span per attempt, from its claim to the fail, complete or
-release that ended it, a child of the stored context and with the id its heartbeats
-named; a short span per heartbeat and per cancel request inside that lease. Single and
-batch operations alike, and the acknowledgements a claim carries."""
+release that ended it, or to the janitor's reclaim when it lapsed: a child of the
+stored context, with the id its heartbeats named; a short span per heartbeat and per
+cancel request inside that lease. Single and batch operations alike, and the
+acknowledgements a claim carries."""
 
 from __future__ import annotations
 
@@ -25,7 +26,10 @@ CLOCKS_NS = 2_000_000
 
 @pytest_asyncio.fixture(loop_scope="module")
 async def traced(database_url: str, redis_url: str, redis_prefix: str) -> AsyncIterator[Traced]:
-    async with traced_gateway(database_url, redis_url, redis_prefix) as gateway:
+    # Janitor passes every 0.2 s: a lapsed lease is taken back at once.
+    async with traced_gateway(
+        database_url, redis_url, redis_prefix, GATEWAY_JANITOR_INTERVAL_SECONDS="0.2"
+    ) as gateway:
         yield gateway
 
 
@@ -40,10 +44,10 @@ async def enqueue(traced: Traced, runtime_id: str, n: int) -> tuple[str, str]:
     return task["id"], task["trace"]["traceparent"].split("-")[1]
 
 
-async def claim(traced: Traced, runtime_id: str, **acks: Any) -> dict[str, Any]:
+async def claim(traced: Traced, runtime_id: str, **fields: Any) -> dict[str, Any]:
     status, answer = await traced.post(
         f"/v1/runtimes/{runtime_id}/claim",
-        {"worker_id": "w", "max_tasks": 1, "wait_seconds": 0, **acks},
+        {"worker_id": "w", "max_tasks": 1, "wait_seconds": 0, **fields},
     )
     assert status == 200, answer
     return answer
@@ -156,3 +160,21 @@ async def test_a_claim_s_acknowledgements_and_a_release_end_their_leases(
         assert lease.attributes["messaging.operation.name"] == operation
         assert lease.attributes["claim_gateway.outcome"] == outcome
         assert lease.error == (outcome == "dead")
+
+
+async def test_a_lease_that_lapses_ends_when_the_janitor_takes_it_back(
+    traced: Traced, runtime_id: str
+) -> None:
+    task_id, trace_id = await enqueue(traced, runtime_id, 107)
+    [task] = (await claim(traced, runtime_id, lease_seconds=1))["tasks"]
+    [lease] = await named(traced, trace_id, "lease ", 1)
+    assert lease.attributes["messaging.operation.name"] == "expire"
+    assert lease.attributes["claim_gateway.outcome"] == "queued"
+    assert lease.attributes["claim_gateway.lease.id"] == task["lease_id"]
+    assert lease.error, "a lease its holder let lapse is an error"
+    assert lease.end_ns - lease.start_ns >= 1_000_000_000 - CLOCKS_NS
+    # Its next claim is a second attempt in the same trace.
+    again = await only(traced, runtime_id)
+    assert again["id"] == task_id
+    queued = await named(traced, trace_id, "queued ", 2)
+    assert [s.attributes["claim_gateway.attempt"] for s in queued] == [1, 2]

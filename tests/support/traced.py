@@ -52,11 +52,12 @@ class Traced:
 
 @contextlib.asynccontextmanager
 async def traced_gateway(
-    database_url: str, redis_url: str, redis_prefix: str
+    database_url: str, redis_url: str, redis_prefix: str, **variables: str
 ) -> AsyncIterator[Traced]:
-    """A gateway process on these servers whose spans `Traced.spans` receives."""
+    """A gateway process on these servers, with these environment `variables` too,
+    whose spans `Traced.spans` receives."""
     async with receiver() as spans:
-        env = serve_env(database_url, redis_url, redis_prefix, **spans.env())
+        env = serve_env(database_url, redis_url, redis_prefix, **spans.env(), **variables)
         async with (
             serve_process(env=env) as (_, base),
             aiohttp.ClientSession(base_url=base) as http,

@@ -73,11 +73,12 @@ SELECT EXISTS (
 """
 
 # Expired leases go back to the queue (or die at max_attempts), oldest first, in
-# bounded batches. The old lease_id stays on the row for the error message, but
-# every lease operation also requires status = 'claimed', so it is refused.
+# bounded batches. A late report under the lapsed lease is refused (lease_lost): every
+# lease operation requires status = 'claimed' and its lease. The lapsed lease id and the
+# task's trace context come back for the lease's span (gateway/tracing/spans.py).
 RECLAIM_LEASES = """
 WITH lapsed AS (
-    SELECT id FROM tasks
+    SELECT id, lease_id FROM tasks
      WHERE status = 'claimed' AND lease_expires_at < now()
      ORDER BY lease_expires_at
      LIMIT $1
@@ -95,7 +96,7 @@ UPDATE tasks t
        updated_at = clock_timestamp()
   FROM lapsed
  WHERE t.id = lapsed.id
-RETURNING t.runtime_id, t.status, t.id
+RETURNING t.runtime_id, t.status, t.id, lapsed.lease_id, t.trace_parent, t.trace_state
 """
 
 # Scheduled tasks expire too: a retry's backoff may put run_at past expires_at.
