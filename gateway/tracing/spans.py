@@ -17,7 +17,8 @@ OpenTelemetry's semantic conventions (HTTP server spans, messaging spans).
 - The task's own life, in its trace (children of its stored context, whichever
   instance serves each step): a `queued` span per attempt, from when the task was due
   to its claim (`received`); a `lease` span per attempt, from its claim to the
-  complete, fail or release that ended it (`lease_ended`); and inside that lease, a
+  complete, fail or release that ended it, or the janitor's reclaim of it when it
+  lapsed (`lease_ended`); and inside that lease, a
   short span per heartbeat and per cancel request (`in_lease`). A lease's span is
   written when the lease ends, on whichever instance ends it, with nothing stored for
   it: its start is read from the lease id (time-ordered, RFC 9562 version 7) and its
@@ -338,10 +339,11 @@ class Spans:
         context: tuple[str | None, str | None],
     ) -> None:
         """The lease `lease_id` of task `task_id` ended now by `operation` (complete,
-        fail, release, or expire: the janitor took it back), leaving the task `outcome` (its status: completed, queued or
-        scheduled for a retry, dead, cancelled): its span, a child of the task's stored
-        `context` (traceparent, tracestate), from the lease's start to now, with the id
-        its heartbeats named (module docstring). Nothing for a task without a context."""
+        fail, release, or expire: the janitor took it back), leaving the task
+        `outcome` (its status: completed, queued or scheduled for a retry, dead,
+        cancelled): its span, a child of the task's stored `context` (traceparent,
+        tracestate), from the lease's start to now, with the id its heartbeats named
+        (module docstring). Nothing for a task without a context."""
         stored = stored_context(*context)
         if stored is None:
             return
