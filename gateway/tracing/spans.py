@@ -19,7 +19,8 @@ OpenTelemetry's semantic conventions (HTTP server spans, messaging spans).
   to its claim (`received`); a `lease` span per attempt, from its claim to the
   complete, fail or release that ended it, or the janitor's reclaim of it when it
   lapsed (`lease_ended`); and inside that lease, a
-  short span per heartbeat and per cancel request (`in_lease`). A lease's span is
+  short span per heartbeat and per cancel request (`in_lease`); and a span per
+  request that waited for its result (`result_waited`). A lease's span is
   written when the lease ends, on whichever instance ends it, with nothing stored for
   it: its start is read from the lease id (time-ordered, RFC 9562 version 7) and its
   span id is taken from the lease id's random bits (`lease_span_id`), so that a
@@ -326,6 +327,26 @@ class Spans:
             f"receive {runtime_id}", kind=SpanKind.CONSUMER, links=links, attributes=attributes
         )
         span.end()
+
+    def result_waited(self, task: TaskRow, began_ns: int) -> None:
+        """A request waited from `began_ns` (ns since the epoch) until now for the
+        result of `task` (as it stands now: finished, or not when the wait ran out): a
+        span in the task's trace, a child of its stored context, linked to the
+        request's server span. Nothing for a task without a context."""
+        stored = stored_context(task.trace_parent, task.trace_state)
+        if stored is None:
+            return
+        request = trace.get_current_span().get_span_context()
+        self.tracer.start_span(
+            f"result wait {task.runtime_id}",
+            context=trace.set_span_in_context(NonRecordingSpan(stored)),
+            links=[Link(request)] if request.is_valid else [],
+            start_time=began_ns,
+            attributes={
+                **_task_attributes(task.runtime_id, task.id),
+                "claim_gateway.outcome": task.status,
+            },
+        ).end()
 
     # -- a lease, in its task's trace --------------------------------------------------
 

@@ -8,6 +8,7 @@ acknowledgements a claim carries."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -178,3 +179,21 @@ async def test_a_lease_that_lapses_ends_when_the_janitor_takes_it_back(
     assert again["id"] == task_id
     queued = await named(traced, trace_id, "queued ", 2)
     assert [s.attributes["claim_gateway.attempt"] for s in queued] == [1, 2]
+
+
+async def test_a_wait_for_the_result_is_in_the_task_s_trace(
+    traced: Traced, runtime_id: str
+) -> None:
+    task_id, trace_id = await enqueue(traced, runtime_id, 108)
+    waiting = asyncio.create_task(traced.get(f"/v1/tasks/{task_id}?wait_seconds=5"))
+    task = await only(traced, runtime_id)
+    await asyncio.sleep(0.2)  # the wait has begun by then, as its span will show
+    status, _ = await traced.post(f"/v1/tasks/{task_id}/complete", {"lease_id": task["lease_id"]})
+    assert status == 200
+    assert (await waiting)["status"] == "completed"
+    [waited] = await named(traced, trace_id, "result wait ", 1)
+    [lease] = await named(traced, trace_id, "lease ", 1)
+    assert waited.parent_id == producer_of(traced, trace_id).span_id
+    assert waited.attributes["claim_gateway.outcome"] == "completed"
+    assert len(waited.links) == 1, "linked to the waiting request's server span"
+    assert waited.start_ns <= lease.end_ns <= waited.end_ns + CLOCKS_NS

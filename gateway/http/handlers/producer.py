@@ -7,10 +7,13 @@ and turns their errors into answers.
 
 from __future__ import annotations
 
+import time
+
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ... import tracing
 from ...api import bodies, cursors, decode, render, requests, trace
 from ...claim.waiters import Departure
 from ...errors import StoreUnavailable
@@ -190,10 +193,13 @@ async def get_task(request: Request, gw: Gateway) -> Response:
         return json_response(render.render_task_or_stub(await gw.store.get(task_id)))
     gone = Departure()
     watch = DisconnectWatch(request.receive, gone.set)
+    began = time.time_ns()
     try:
         row = await gw.results.wait(task_id, wait_seconds, gone)
     finally:
         watch.stop()
     if gone.is_set():
         return Response(status_code=CLIENT_LEFT)
+    if tracing.active is not None:
+        tracing.active.result_waited(row, began)
     return json_response(render.render_task_or_stub(row))
