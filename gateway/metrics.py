@@ -10,10 +10,14 @@ from datetime import timedelta
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.openmetrics import exposition as openmetrics
 
+from . import tracing
 from .rows import TaskRow
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+# Asked for in a scrape's Accept header: the format that carries exemplars.
+OPENMETRICS = "application/openmetrics-text"
 
 # Enqueue-to-claim delay, in seconds: from a few milliseconds (a poll was parked) to
 # an hour (a backlog).
@@ -371,7 +375,21 @@ class Metrics:
             return
         leased_at = task.lease_expires_at - timedelta(seconds=lease_seconds)
         delay = (leased_at - max(task.run_at, task.created_at)).total_seconds()
-        self.claim_delay.observe(max(delay, 0.0))
+        self.claim_delay.observe(max(delay, 0.0), exemplar(task.trace_parent))
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, accept: str = "") -> tuple[bytes, str]:
+        """The samples and their content type: OpenMetrics, with the exemplars, when
+        `accept` (a scrape's Accept header) asks for it, as Prometheus does when its
+        exemplar storage is on; else the Prometheus text format."""
+        if OPENMETRICS in accept:
+            text = openmetrics.generate_latest(self.registry)  # type: ignore[no-untyped-call]
+            return text, openmetrics.CONTENT_TYPE_LATEST
+        return generate_latest(self.registry), CONTENT_TYPE
+
+
+def exemplar(traceparent: str | None) -> dict[str, str] | None:
+    """The exemplar of an observation made for a task whose stored context is
+    `traceparent`: its trace id, while tracing is on (off, none: no tracing work)."""
+    if traceparent is None or tracing.active is None:
+        return None
+    return {"trace_id": traceparent[3:35]}  # version-traceid-parentid-flags, as stored

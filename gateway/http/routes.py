@@ -32,7 +32,6 @@ from ..api.credential_bodies import Scope
 from ..auth.principals import Principal
 from ..errors import GatewayError, NotFound
 from ..instance import Gateway
-from ..metrics import CONTENT_TYPE
 from . import admin_docs, docs, load_docs, openapi, schedule_docs
 from .handlers import admin, batch, controls, load, runtimes, schedules, webhooks
 from .handlers.daemon import claim, complete, fail, heartbeat, release
@@ -230,7 +229,8 @@ async def readyz(request: Request, gw: Gateway) -> Response:
 
 
 async def metrics(request: Request, gw: Gateway) -> Response:
-    return Response(gw.metrics.render(), media_type=CONTENT_TYPE)
+    body, content_type = gw.metrics.render(request.headers.get("accept", ""))
+    return Response(body, media_type=content_type)
 
 
 async def openapi_document(request: Request, gw: Gateway) -> Response:

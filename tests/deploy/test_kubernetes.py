@@ -267,7 +267,7 @@ def test_prod_scales_on_a_metric_the_gateway_exports() -> None:
     hpa = one(render("prod"), "HorizontalPodAutoscaler")
     names = [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
     assert names == ["gateway_parked_polls"]
-    exported = Metrics().render().decode()
+    exported = Metrics().render()[0].decode()
     assert "\ngateway_parked_polls " in exported
     (pods,) = [m["pods"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
     assert int(pods["target"]["averageValue"]) < settings_of(render("prod")).max_parked_polls

@@ -4,7 +4,8 @@ to its claim; a `lease` span per attempt, from its claim to the fail, complete o
 release that ended it, or to the janitor's reclaim when it lapsed: a child of the
 stored context, with the id its heartbeats named; a short span per heartbeat and per
 cancel request inside that lease. Single and batch operations alike, and the
-acknowledgements a claim carries."""
+acknowledgements a claim carries. And the claim delay's exemplars name the task's trace
+when the scrape asks for OpenMetrics."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from tests.support.otlp import Span
 from tests.support.traced import Traced, traced_gateway
@@ -197,3 +199,26 @@ async def test_a_wait_for_the_result_is_in_the_task_s_trace(
     assert waited.attributes["claim_gateway.outcome"] == "completed"
     assert len(waited.links) == 1, "linked to the waiting request's server span"
     assert waited.start_ns <= lease.end_ns <= waited.end_ns + CLOCKS_NS
+
+
+async def test_the_claim_delay_carries_the_task_s_trace_id_as_an_exemplar(
+    traced: Traced, runtime_id: str
+) -> None:
+    _, trace_id = await enqueue(traced, runtime_id, 109)
+    await only(traced, runtime_id)
+    headers = {"Accept": "application/openmetrics-text; version=1.0.0,text/plain;q=0.5"}
+    async with traced.http.get("/metrics", headers=headers) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
+        text = await resp.text()
+    # The whole answer is valid OpenMetrics, and the delay's exemplars name traces.
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    exemplars = [
+        s.exemplar.labels["trace_id"]
+        for s in families["gateway_claim_delay_seconds"].samples
+        if s.exemplar is not None
+    ]
+    assert trace_id in exemplars
+    async with traced.http.get("/metrics") as resp:  # Prometheus's text: no exemplars
+        assert resp.headers["Content-Type"].startswith("text/plain")
+        assert "trace_id" not in await resp.text()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -13,6 +15,8 @@ from gateway import tracing
 from gateway.api.requests import EnqueueRequest
 from gateway.api.trace import TraceContext
 from gateway.http.handlers.sending import Sending
+from gateway.metrics import Metrics
+from gateway.rows import TaskRow
 from gateway.tracing import setup
 
 ENDPOINT = "http://collector:4318"
@@ -93,3 +97,26 @@ def test_off_an_enqueue_stores_the_producers_own_context() -> None:
         (own.trace_parent, None),
     ]
     assert sending.spans == []
+
+
+def test_off_a_claim_delay_has_no_exemplar_even_in_openmetrics() -> None:
+    assert tracing.active is None
+    metrics = Metrics()
+    for traceparent in (None, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"):
+        metrics.observe_claim_delay(claimed(traceparent), 30.0)
+    body, content_type = metrics.render("application/openmetrics-text")
+    assert content_type.startswith("application/openmetrics-text")
+    assert b"gateway_claim_delay_seconds_count 2.0" in body
+    assert b"trace_id" not in body
+
+
+def claimed(traceparent: str | None) -> TaskRow:
+    """A task leased now for 30 s, due a second ago, with this stored context."""
+    now = datetime.now(UTC)
+    return TaskRow(
+        id=uuid.uuid4(), runtime_id="rt", status="claimed", priority=50, payload=1,
+        attempts=1, max_attempts=5, run_at=now - timedelta(seconds=1), expires_at=None,
+        created_at=now, updated_at=now, lease_id=uuid.uuid4(),
+        lease_expires_at=now + timedelta(seconds=30), worker_id="w",
+        cancel_requested=False, result=None, last_error=None, trace_parent=traceparent,
+    )  # fmt: skip
