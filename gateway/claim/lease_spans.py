@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -70,11 +71,13 @@ class LeaseSpans:
     def _later(self, results: Sequence[ItemResult], operation: str | None) -> None:
         applied = [r for r in results if r.lease_id is not None and r.runtime_id is not None]
         if applied:
-            write = asyncio.create_task(self._write(applied, operation), name="lease-spans")
+            at_ns = time.time_ns()  # when they were applied, not when their spans are written
+            writing = self._write(applied, operation, at_ns)
+            write = asyncio.create_task(writing, name="lease-spans")
             self._writes.add(write)
             write.add_done_callback(self._writes.discard)
 
-    async def _write(self, applied: list[ItemResult], operation: str | None) -> None:
+    async def _write(self, applied: list[ItemResult], operation: str | None, at_ns: int) -> None:
         try:
             contexts = await self._store.trace_contexts([r.task_id for r in applied])
         except GatewayError as exc:  # the spans are lost, never an answer
@@ -89,10 +92,12 @@ class LeaseSpans:
                 continue
             assert r.lease_id is not None and r.runtime_id is not None  # _later's filter
             if operation is None:
-                spans.in_lease("heartbeat", r.runtime_id, r.task_id, r.lease_id, context)
+                spans.in_lease("heartbeat", r.runtime_id, r.task_id, r.lease_id, context, at_ns)
             else:
                 outcome = r.status or "unknown"
-                spans.lease_ended(r.runtime_id, r.task_id, r.lease_id, operation, outcome, context)
+                spans.lease_ended(
+                    r.runtime_id, r.task_id, r.lease_id, operation, outcome, context, at_ns
+                )
 
     async def close(self) -> None:
         """Finish the writes under way (each one statement), before the pool closes."""

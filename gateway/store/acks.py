@@ -32,7 +32,7 @@ class BatchAckStatements(StoreBase):
         """complete, per item; idempotent per item for the same lease, as complete."""
         args = _complete_args(task_ids, lease_ids, results, runtimes)
         rows = await self._run(lambda c: c.fetch(sql.BATCH_COMPLETE, *args))
-        return item_results(task_ids, rows, replay_statuses=COMPLETE_REPLAYS)
+        return item_results(task_ids, lease_ids, rows, replay_statuses=COMPLETE_REPLAYS)
 
     async def fail_many(
         self,
@@ -46,7 +46,7 @@ class BatchAckStatements(StoreBase):
         """fail, per item."""
         args = _fail_args(task_ids, lease_ids, errors, retries, retry_after_seconds, runtimes)
         rows = await self._run(lambda c: c.fetch(sql.BATCH_FAIL, *args))
-        return item_results(task_ids, rows)
+        return item_results(task_ids, lease_ids, rows)
 
     async def complete_and_fail_many(
         self, completes: CompleteItems, fails: FailItems, runtimes: Sequence[str] | None
@@ -64,8 +64,8 @@ class BatchAckStatements(StoreBase):
 
         done, failed = await self._run(both_in_tx)
         return (
-            item_results(completes[0], done, replay_statuses=COMPLETE_REPLAYS),
-            item_results(fails[0], failed),
+            item_results(completes[0], completes[1], done, replay_statuses=COMPLETE_REPLAYS),
+            item_results(fails[0], fails[1], failed),
         )
 
     async def heartbeat_many(
@@ -79,7 +79,7 @@ class BatchAckStatements(StoreBase):
         seconds = [float(n) for n in lease_seconds]
         args = (list(task_ids), _patterns(runtimes), list(lease_ids), seconds)
         rows = await self._run(lambda c: c.fetch(sql.BATCH_HEARTBEAT, *args))
-        return item_results(task_ids, rows)
+        return item_results(task_ids, lease_ids, rows)
 
 
 # complete_many's items, column by column: task ids, lease ids, results (JSON text).

@@ -109,7 +109,9 @@ class LeaseStatements(TaskStatements):
                     break
                 if acks is not None:
                     answered = orjson.loads(result[0]["acks"] or "[]")
-                    outcomes = item_results(acks.task_ids, answered, COMPLETE_REPLAYS)
+                    outcomes = item_results(
+                        acks.task_ids, acks.lease_ids, answered, COMPLETE_REPLAYS
+                    )
                 # With nothing leased, the statement's one row carries only due_in.
                 rows = [r for r in result if r["slot"] is not None]
                 leased.extend(Leased(done + r["slot"], TaskRow.of(r)) for r in rows)
@@ -246,6 +248,7 @@ class LeaseStatements(TaskStatements):
 
 def item_results(
     task_ids: Sequence[uuid.UUID],
+    lease_ids: Sequence[uuid.UUID],
     rows: Sequence[Mapping[str, Any]],
     replay_statuses: tuple[str, ...] = (),
 ) -> list[ItemResult]:
@@ -270,7 +273,7 @@ def item_results(
                     run_at=r.get("new_run_at"),
                     lease_expires_at=r.get("new_lease_expires_at"),
                     cancel_requested=bool(r.get("new_cancel_requested")),
-                    lease_id=r["item_lease"],
+                    lease_id=lease_ids[ord_ - 1],
                 )
             )
         elif r["found_status"] in replay_statuses and r["found_lease"] == r["item_lease"]:

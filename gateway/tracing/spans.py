@@ -358,8 +358,10 @@ class Spans:
         operation: str,
         outcome: str,
         context: tuple[str | None, str | None],
+        at_ns: int | None = None,
     ) -> None:
-        """The lease `lease_id` of task `task_id` ended now by `operation` (complete,
+        """The lease `lease_id` of task `task_id` ended now (or at `at_ns`, in ns since
+        the epoch) by `operation` (complete,
         fail, release, or expire: the janitor took it back), leaving the task
         `outcome` (its status: completed, queued or scheduled for a retry, dead,
         cancelled): its span, a child of the task's stored `context` (traceparent,
@@ -368,7 +370,7 @@ class Spans:
         stored = stored_context(*context)
         if stored is None:
             return
-        now = time.time_ns()
+        now = time.time_ns() if at_ns is None else at_ns
         began = lease_began_ns(lease_id)
         if self.ids is not None:
             self.ids.choose(lease_span_id(lease_id))
@@ -398,11 +400,11 @@ class Spans:
         task_id: object,
         lease_id: uuid.UUID,
         context: tuple[str | None, str | None],
-        **attributes: Any,
+        at_ns: int | None = None,
     ) -> None:
-        """A moment inside the lease `lease_id` (a heartbeat, a cancel request): a short
-        span named `name`, a child of the lease's span (which is written when the lease
-        ends: `lease_ended`), in the task's trace."""
+        """A moment inside the lease `lease_id` (a heartbeat, a cancel request), now or
+        at `at_ns`: a short span named `name`, a child of the lease's span (which is
+        written when the lease ends: `lease_ended`), in the task's trace."""
         stored = stored_context(*context)
         if stored is None:
             return
@@ -416,8 +418,9 @@ class Spans:
         self.tracer.start_span(
             f"{name} {runtime_id}",
             context=trace.set_span_in_context(NonRecordingSpan(lease)),
-            attributes={**_task_attributes(runtime_id, task_id), **attributes},
-        ).end()
+            start_time=at_ns,
+            attributes=_task_attributes(runtime_id, task_id),
+        ).end(end_time=at_ns)
 
     # -- what log lines name ----------------------------------------------------------
 

@@ -125,7 +125,7 @@ async def test_a_late_batch_operation_leaves_the_requeued_task_to_a_claim(
     args = [[uuid.UUID(task_id)], None, [stale], *BATCH_TAILS[statement]]
     async with other.transaction():
         rows = await other.fetch(getattr(ack_sql, statement), *args)
-        [answer] = item_results(args[0], rows)
+        [answer] = item_results(args[0], args[2], rows)
         # Still answered as the single operation would be: the lease lost the task.
         assert answer.error is not None and answer.error.code == "lease_lost", answer
         assert answer.status == "queued", answer
@@ -173,7 +173,7 @@ async def batch_after(
     finally:
         await second.close()
     replays = COMPLETE_REPLAYS if batch[0] == "BATCH_COMPLETE" else ()
-    [answer] = item_results(batch[1], rows, replay_statuses=replays)
+    [answer] = item_results(batch[1], batch[3], rows, replay_statuses=replays)
     return answer
 
 
@@ -262,6 +262,6 @@ async def test_an_item_whose_task_was_deleted_while_the_statement_waited_is_not_
     finally:
         await first.close()
     assert [r["item_id"] for r in rows] == [kept_id]
-    gone, kept = item_results(ids, rows)
+    gone, kept = item_results(ids, [lease, kept_lease], rows)
     assert gone.error is not None and gone.error.code == "not_found", gone
     assert kept.error is None and kept.status in ("completed", "queued", "claimed"), kept
