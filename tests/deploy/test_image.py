@@ -126,6 +126,17 @@ def test_no_compilers_or_pip_cache_in_the_final_stage(stages: list[Stage]) -> No
         assert "--no-cache-dir" in run or "PIP_NO_CACHE_DIR=1" in env, run
 
 
+def test_the_image_can_export_spans(stages: list[Stage], pyproject: dict[str, object]) -> None:
+    # The otel extra is built and installed, so that setting OTEL_EXPORTER_OTLP_ENDPOINT
+    # turns tracing on instead of refusing the start for a missing SDK.
+    project = pyproject["project"]
+    assert isinstance(project, dict) and "otel" in project["optional-dependencies"]
+    [build_wheels] = [run for run in stages[0].args("RUN") if "pip wheel" in run]
+    assert "[otel]" in build_wheels
+    [install] = [run for run in stages[-1].args("RUN") if "pip install" in run]
+    assert "claim-gateway[otel]" in install
+
+
 def test_console_script_gateway(pyproject: dict[str, object]) -> None:
     project = pyproject["project"]
     assert isinstance(project, dict)
