@@ -289,3 +289,27 @@ class DecidedTick:
     task_id: uuid.UUID | None
     runtime_id: str | None
     recorded_at: datetime | None = None  # the database's clock when it was recorded
+
+
+@dataclass(frozen=True, slots=True)
+class BulkChange:
+    """What a bulk retry or cancel of a runtime's tasks did (store/bulk.py): how many
+    tasks it changed, their ids when the caller needs them (a cancel's, for the waits on
+    their results), and whether matching tasks were left (past the limit, or held by
+    another statement at that instant)."""
+
+    count: int
+    more: bool
+    task_ids: Sequence[uuid.UUID] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorGroup:
+    """The tasks among a runtime's recent ones that share an error line (the first line
+    of `last_error`, at most 200 characters): how many, when the newest of them
+    finished, and that task's id."""
+
+    line: str
+    count: int
+    last_at: datetime
+    example_task_id: uuid.UUID

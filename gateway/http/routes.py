@@ -3,7 +3,8 @@ its path names (`ENDPOINTS`), their authorization, and the Starlette routes made
 them (`ROUTES`). Errors become problem+json in `api()` via errors.PROBLEMS.
 
 The handlers live in handlers/, by resource and caller: producer.py (enqueue, cancel,
-retry, reads), daemon.py (claim and the single lease operations), batch.py (the batch
+retry, reads), bulk.py (a runtime's tasks retried or cancelled in bulk, its error
+groups), daemon.py (claim and the single lease operations), batch.py (the batch
 lease operations), controls.py, runtimes.py, webhooks.py and admin.py; the
 operational ones (health, readiness, metrics, the OpenAPI document) are below. They
 parse, call the store and the claimer, and shape answers; they import no driver.
@@ -32,8 +33,8 @@ from ..api.credential_bodies import Scope
 from ..auth.principals import Principal
 from ..errors import GatewayError, NotFound
 from ..instance import Gateway
-from . import admin_docs, docs, load_docs, openapi, schedule_docs
-from .handlers import admin, batch, controls, load, runtimes, schedules, webhooks
+from . import admin_docs, bulk_docs, docs, load_docs, openapi, schedule_docs
+from .handlers import admin, batch, bulk, controls, load, runtimes, schedules, webhooks
 from .handlers.daemon import claim, complete, fail, heartbeat, release
 from .handlers.producer import cancel, enqueue, enqueue_batch, get_task, list_tasks, retry, stats
 from .io import (
@@ -291,6 +292,15 @@ ENDPOINTS = [
     ),
     Endpoint("POST", "/v1/tasks/{task_id}/cancel", cancel, Scope.ENQUEUE, Target.TASK, docs.CANCEL),
     Endpoint("POST", "/v1/tasks/{task_id}/retry", retry, Scope.ENQUEUE, Target.TASK, docs.RETRY),
+    # A runtime's tasks in bulk, each as the single retry or cancel; its error groups.
+    *(
+        Endpoint(method, "/v1/runtimes/{rt}" + path, handler, scope, Target.RUNTIME, doc)
+        for method, path, handler, scope, doc in (
+            ("POST", "/tasks:retry", bulk.retry_tasks, Scope.ENQUEUE, bulk_docs.RETRY_TASKS),
+            ("POST", "/tasks:cancel", bulk.cancel_tasks, Scope.ENQUEUE, bulk_docs.CANCEL_TASKS),
+            ("GET", "/errors", bulk.error_groups, Scope.READ, bulk_docs.ERROR_GROUPS),
+        )
+    ),
     # No bearer token: the Standard Webhooks signature authenticates (webhooks.receive).
     Endpoint(
         "POST",

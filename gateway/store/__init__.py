@@ -5,6 +5,7 @@ plumbing (base.py, where asyncpg and socket errors become StoreUnavailable: noth
 above the store sees a driver exception), and `Store` is all of them in one object:
 
 - tasks.py: enqueue, batch enqueue, and a task's statements without a lease;
+- bulk.py: a runtime's tasks retried or cancelled in bulk, and its error groups;
 - leases.py: the claim and one task's lease operations;
 - acks.py: batch lease operations;
 - janitor.py: the janitor's statements and its leadership lock;
@@ -23,6 +24,7 @@ in sql/, added to `Store` here.
 from __future__ import annotations
 
 from .acks import BatchAckStatements
+from .bulk import BulkStatements
 from .controls import ControlStatements
 from .credentials import CredentialStatements
 from .janitor import JanitorStatements
@@ -36,6 +38,7 @@ class Store(
     ControlStatements,
     LeaseStatements,
     TaskStatements,
+    BulkStatements,
     BatchAckStatements,
     JanitorStatements,
     RuntimeListStatements,

@@ -100,6 +100,12 @@ RECIPES: dict[tuple[str, str], Recipe] = {
     ("POST", "/v1/tasks/{task_id}/release"): Recipe(lease),
     ("POST", "/v1/tasks/{task_id}/cancel"): Recipe(),
     ("POST", "/v1/tasks/{task_id}/retry"): Recipe(task="cancelled"),
+    # A runtime's tasks in bulk: `enqueue`, as for one task; its error groups: `read`. The
+    # retry takes expired tasks, which the world has none of, so that the single retry's
+    # positive control still finds its cancelled task.
+    ("POST", "/v1/runtimes/{rt}/tasks:retry"): Recipe(lambda w: {"status": "expired"}),
+    ("POST", "/v1/runtimes/{rt}/tasks:cancel"): Recipe(lambda w: {"status": "queued"}),
+    ("GET", "/v1/runtimes/{rt}/errors"): Recipe(),
     ("POST", "/v1/runtimes/{rt}/webhooks"): Recipe(lambda w: {"event": "x"}, expect=201),
     # Batch lease operations: the world's claimed task, named in the body.
     ("POST", "/v1/tasks:complete"): Recipe(lambda w: {"tasks": [{**item(w), "result": "stolen"}]}),

@@ -1,7 +1,9 @@
 """The pieces of SQL that the statements of several modules are built from: a task's
 effective status, the lease that holds it, its columns as every task statement returns
-them, and the complete and fail transitions that the single and batch lease operations
-share (leases.py, acks.py). Fragments only: no store module runs anything from here.
+them, the complete and fail transitions that the single and batch lease operations
+share (leases.py, acks.py), and the cancel and retry transitions that one task's and a
+runtime's bulk operations share (tasks.py, bulk.py). Fragments only: no store module
+runs anything from here.
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ FAIL_TRANSITION = """
                           THEN NULL ELSE clock_timestamp() END,"""
 
 
-# A cancel (tasks.CANCEL, and schedules.CANCEL_PREVIOUS for an overlap policy): a queued
+# A cancel (tasks.CANCEL, bulk.CANCEL_QUEUED, and schedules.CANCEL_PREVIOUS for an
+# overlap policy): a queued
 # (or scheduled) task ends cancelled at once; a claimed one is flagged, and ends
 # `cancelled` when its holder next reports. For the rows whose effective status is
 # queued or claimed.
@@ -72,4 +75,14 @@ CANCEL_TRANSITION = """status = CASE WHEN status IN ('queued', 'scheduled') THEN
        cancel_requested = (status = 'claimed'),
        finished_at = CASE WHEN status IN ('queued', 'scheduled') THEN clock_timestamp()
                           ELSE finished_at END,
+       updated_at = clock_timestamp()"""
+
+# A retry (tasks.RETRY, bulk.RETRY_MATCHING) of a dead, expired or cancelled task: queued
+# again at once, its attempts reset. An expiry already past is dropped, or the task
+# would expire again before any claim. last_error stays: it says why the task had
+# ended until a new attempt reports. Its column names are the task's, unqualified.
+RETRY_TRANSITION = """status = 'queued', attempts = 0, run_at = clock_timestamp(),
+       expires_at = CASE WHEN expires_at <= clock_timestamp() THEN NULL ELSE expires_at END,
+       lease_id = NULL, lease_expires_at = NULL, worker_id = NULL,
+       cancel_requested = false, finished_at = NULL, result = NULL,
        updated_at = clock_timestamp()"""

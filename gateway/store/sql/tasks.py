@@ -6,7 +6,7 @@ stats.
 
 from __future__ import annotations
 
-from .fragments import CANCEL_TRANSITION, EFFECTIVE_STATUS, TASK_COLUMNS
+from .fragments import CANCEL_TRANSITION, EFFECTIVE_STATUS, RETRY_TRANSITION, TASK_COLUMNS
 
 # run_at and expires_at come from Postgres's clock, as created_at, leases and backoff
 # do: delay_seconds ($6) and ttl_seconds ($7) count from the insert, not from the
@@ -248,15 +248,10 @@ UPDATE tasks
 RETURNING {TASK_COLUMNS}
 """
 
-# A dead, expired or cancelled task runs again at once, its attempts reset. An
-# expiry already past is dropped, or the task would expire again before any claim.
+# A dead, expired or cancelled task runs again at once (RETRY_TRANSITION).
 RETRY = f"""
 UPDATE tasks
-   SET status = 'queued', attempts = 0, run_at = clock_timestamp(),
-       expires_at = CASE WHEN expires_at <= clock_timestamp() THEN NULL ELSE expires_at END,
-       lease_id = NULL, lease_expires_at = NULL, worker_id = NULL,
-       cancel_requested = false, finished_at = NULL, result = NULL,
-       updated_at = clock_timestamp()
+   SET {RETRY_TRANSITION}
  WHERE id = $1 AND {EFFECTIVE_STATUS} IN ('dead', 'expired', 'cancelled')
 RETURNING {TASK_COLUMNS}
 """
