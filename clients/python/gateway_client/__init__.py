@@ -2,6 +2,7 @@
 blocking), and `Worker` (the daemon loop). It needs aiohttp and nothing of the server."""
 
 from .backoff import Backoff
+from .bulk import BulkOutcome, ErrorGroup, ErrorGroups
 from .client import AsyncClient, config_from_env
 from .errors import (
     AlreadyExists,
@@ -59,6 +60,7 @@ __all__ = [
     "Backoff",
     "BadRequest",
     "Beat",
+    "BulkOutcome",
     "CacheUnavailable",
     "Claimed",
     "Client",
@@ -66,6 +68,8 @@ __all__ = [
     "Controls",
     "DatabaseBusy",
     "Draining",
+    "ErrorGroup",
+    "ErrorGroups",
     "Failure",
     "Forbidden",
     "GatewayError",

@@ -19,6 +19,7 @@ from typing import Any, Literal, overload
 import aiohttp
 
 from .backoff import Backoff
+from .bulk import BulkCalls
 from .errors import (
     GatewayError,
     TransportError,
@@ -70,7 +71,7 @@ def config_from_env(url: str | None = None, token: str | None = None) -> tuple[s
     return base.rstrip("/"), token or os.environ.get("GATEWAY_TOKEN") or None
 
 
-class AsyncClient(ScheduleCalls):
+class AsyncClient(ScheduleCalls, BulkCalls):
     """Talks to one gateway. Use it as `async with AsyncClient() as gw:`, or call
     `close()`; the session is opened on the first call, inside the running loop."""
 

@@ -18,6 +18,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal, TypeVar, overload
 
+from .bulk import BulkOutcome, ErrorGroups, RetryableStatus
 from .client import (
     DEFAULT_CONNECTIONS,
     DEFAULT_TIMEOUT_SECONDS,
@@ -237,6 +238,30 @@ class Client:
 
     def retry(self, task_id: str) -> Task:
         return self._run(self.aio.retry(task_id))
+
+    def retry_tasks(
+        self,
+        runtime: str,
+        status: RetryableStatus,
+        *,
+        error_prefix: str | None = None,
+        limit: int | None = None,
+    ) -> BulkOutcome:
+        """As AsyncClient.retry_tasks: up to `limit` of the runtime's tasks in `status`."""
+        return self._run(
+            self.aio.retry_tasks(runtime, status, error_prefix=error_prefix, limit=limit)
+        )
+
+    def cancel_tasks(
+        self, runtime: str, status: Literal["queued"] = "queued", *, limit: int | None = None
+    ) -> BulkOutcome:
+        """As AsyncClient.cancel_tasks: up to `limit` of the runtime's queued tasks."""
+        return self._run(self.aio.cancel_tasks(runtime, status, limit=limit))
+
+    def error_groups(
+        self, runtime: str, status: RetryableStatus = "dead", *, limit: int | None = None
+    ) -> ErrorGroups:
+        return self._run(self.aio.error_groups(runtime, status, limit=limit))
 
     # -- daemons -----------------------------------------------------------------
 
