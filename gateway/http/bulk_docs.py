@@ -122,9 +122,8 @@ RETRY_TASKS = Doc(
     "Each task is queued again at once with its attempts reset, exactly as POST "
     "/v1/tasks/{task_id}/retry does one, and waiting claims wake up. At most `limit` tasks "
     "per call, newest first; with `error_prefix`, only those whose last error starts with "
-    "it. Sent again, a call acts on what matches then: nothing is retried twice by it. "
-    + _READ_BOUND
-    + " Needs the `enqueue` scope on the runtime.",
+    "it. A call carries no idempotency key: sent again (after a lost answer, say), it "
+    "retries only what matches then. " + _READ_BOUND + " Needs the `enqueue` scope on the runtime.",
     tag="producers",
     body=BULK_RETRY_BODY,
 )
