@@ -242,6 +242,31 @@ VARIABLES: tuple[Variable, ...] = (
         "may not reach further back.",
     ),
     Variable(
+        "GATEWAY_HISTORY_DAYS",
+        "history_days",
+        "integer",
+        7,
+        low=1,
+        high=3650,
+        unit="days",
+        doc="How long the per-runtime history (what happened to each runtime's tasks per "
+        "bucket of time: GET /v1/runtimes/{rt}/history, GET /v1/history) is kept: the "
+        "janitor deletes older buckets, a batch at a time.",
+    ),
+    Variable(
+        "GATEWAY_HISTORY_INTERVAL_SECONDS",
+        "history_interval_seconds",
+        "integer",
+        60,
+        low=1,
+        high=3600,
+        unit="seconds",
+        doc="The width of the history's buckets. The janitor's leader hands it to the "
+        "database, where the counts are kept; every instance should have the same value. "
+        "A change applies to new buckets only: the buckets already written keep their "
+        "width.",
+    ),
+    Variable(
         "GATEWAY_MAX_CONCURRENT_CLAIMS",
         "max_concurrent_claims",
         "integer",

@@ -1,5 +1,5 @@
 """The janitor: lease reclaim, TTL expiry, retention (of tasks and of schedule ticks),
-the finished-task counts' fold,
+the finished-task counts' fold, the per-runtime history's rollup and retention,
 verdict repair (I6), the queue-depth gauges, and a VACUUM of the task table after a
 burst of completions or deletes.
 
@@ -64,6 +64,11 @@ class PassReport:
     purged: int = 0
     ticks_purged: int = 0  # schedule ticks past GATEWAY_SCHEDULE_TICKS_DAYS
     folded: int = 0
+    # The history's rollup: per-backend rows folded, depths read for the bucket that
+    # just ended, and rows past GATEWAY_HISTORY_DAYS deleted.
+    history_folded: int = 0
+    history_depths: int = 0
+    history_purged: int = 0
     # Runtimes the repair walk visited, claimable or not (at most
     # REPAIR_PAGES_PER_PASS * janitor_batch_size per pass).
     visited: int = 0
@@ -125,6 +130,7 @@ class Janitor:
             ("retention", self._purge),
             ("tick retention", self._purge_ticks),
             ("counts fold", self._fold),
+            ("history", self._history),
             ("verdict repair", self._repair),
             ("promotion", self._promote),
             ("queue depth", self._gauge_depth),
@@ -224,6 +230,33 @@ class Janitor:
             report.folded += n
             if n < self._batch:
                 break
+
+    async def _history(self, report: PassReport) -> None:
+        """The per-runtime history's rollup (docs/guides/history.md): hands the bucket
+        width to the triggers, folds the per-backend rows of ended buckets, reads the
+        depth of the runtimes with activity in the bucket that has just ended, and
+        deletes buckets past GATEWAY_HISTORY_DAYS, each in bounded batches. Work
+        proportional to the runtimes with activity since the last pass (and to their
+        queued tasks, for the depth)."""
+        await self._store.set_history_interval(self._settings.history_interval_seconds)
+        report.history_folded = await self._batches(self._store.fold_history)
+        report.history_depths = await self._batches(self._store.fill_history_depth)
+        days = self._settings.history_days
+        report.history_purged = await self._batches(
+            lambda limit: self._store.purge_history(days, limit)
+        )
+
+    async def _batches(self, run: Callable[[int], Awaitable[int]]) -> int:
+        """`run(janitor_batch_size)` until a batch comes back short, at most
+        MAX_BATCHES_PER_STEP times (what is left waits for the next pass); returns the
+        rows the batches did."""
+        total = 0
+        for _ in range(MAX_BATCHES_PER_STEP):
+            n = await run(self._batch)
+            total += n
+            if n < self._batch:
+                break
+        return total
 
     async def _repair(self, report: PassReport) -> None:
         """Runtimes with tasks claimable for over a second are repaired. Those whose

@@ -313,3 +313,55 @@ class ErrorGroup:
     count: int
     last_at: datetime
     example_task_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryPoint:
+    """One bucket of the per-runtime history (store/history.py), or of the fleet's (its
+    runtimes' summed): what happened to tasks in it, the queue depth and the oldest
+    queued age read just after its end (None: not read), and the claim wait's
+    percentiles in seconds (None: no first claim in it). `at` is the bucket's start."""
+
+    at: datetime
+    enqueued: int
+    claimed: int
+    completed: int
+    failed: int
+    dead: int
+    expired: int
+    cancelled: int
+    depth: int | None
+    oldest_queued_age_seconds: float | None
+    claim_wait_p50_seconds: float | None
+    claim_wait_p95_seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeDepth:
+    runtime_id: str
+    depth: int
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeFailures:
+    runtime_id: str
+    failed: int
+    dead: int
+
+
+@dataclass(frozen=True, slots=True)
+class FleetHistory:
+    """GET /v1/history's reads: the summed points and the top runtimes, of the runtimes
+    the caller may see alone."""
+
+    points: list[HistoryPoint]
+    top_by_depth: list[RuntimeDepth]
+    top_by_failures: list[RuntimeFailures]
+
+
+@dataclass(frozen=True, slots=True)
+class DepthPoint:
+    """A runtime's queue depth read just after the end of the bucket starting `at`."""
+
+    at: datetime
+    depth: int

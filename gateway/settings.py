@@ -77,6 +77,10 @@ class Settings:
     dead_retention_seconds: float = 30 * 86400.0
     # How long schedule ticks are recorded; a backfill may not reach further back.
     schedule_ticks_days: int = 30
+    # The per-runtime history (docs/guides/history.md): how long its buckets are kept,
+    # and their width.
+    history_days: int = 7
+    history_interval_seconds: int = 60
     max_concurrent_claims: int = 16
     max_queued_claims: int = 1000
     db_pool_min: int = 2

@@ -288,11 +288,11 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             },
             "claims_per_minute": {
                 **_COUNT,
-                "description": "Tasks handed out in the last minute (in 5 s "
-                "steps), over every instance: this instance's now, the others' "
-                "as reported within the last 5 s (this instance's alone while "
-                "Redis is unavailable).",
+                "description": "Tasks handed out in the last minute (in 5 s steps), over every "
+                "instance: this instance's now, the others' as reported within the last 5 s "
+                "(this instance's alone while Redis is unavailable).",
             },
+            "sparkline": _ref("DepthSparkline"),  # with include=sparkline (http/history_docs)
         },
         "additionalProperties": False,
     },

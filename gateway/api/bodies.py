@@ -439,5 +439,13 @@ RUNTIMES_QUERY = Body(
             "The next_cursor of the previous page, as this token received it: opaque, "
             "and refused from another token.",
         ),
+        Field(
+            "include",
+            Kind.STRING,
+            "`sparkline`: each runtime also carries its queue depth over the last hour, "
+            "from its history (`sparkline`), read for the whole page at once.",
+            enum=("sparkline",),
+            enum_name="RuntimeListInclude",  # http/history_docs.py
+        ),
     ),
 )

@@ -28,7 +28,7 @@ from ..api.decode import RUNTIME_ID_RE
 from ..api.fields import JSON_VALUE, JSON_VALUE_SCHEMA
 from ..errors import GatewayError
 from ..settings import Settings
-from . import admin_docs, bulk_docs, load_docs, schedule_docs
+from . import admin_docs, bulk_docs, history_docs, load_docs, schedule_docs
 from .docs import TAGS, Doc, Link, Param, Reply
 
 PATH_PARAMS = {
@@ -157,6 +157,7 @@ def build(endpoints: Iterable[Documented], settings: Settings) -> dict[str, Any]
     schemas.update(load_docs.SCHEMAS)
     schemas.update(schedule_docs.SCHEMAS)
     schemas.update(bulk_docs.SCHEMAS)
+    schemas.update(history_docs.SCHEMAS)
     schemas[JSON_VALUE] = JSON_VALUE_SCHEMA
     schemas[trace.SCHEMA_NAME] = trace.SCHEMA
     schemas["Problem"] = _problem_schema()

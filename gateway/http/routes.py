@@ -5,8 +5,8 @@ them (`ROUTES`). Errors become problem+json in `api()` via errors.PROBLEMS.
 The handlers live in handlers/, by resource and caller: producer.py (enqueue, cancel,
 retry, reads), bulk.py (a runtime's tasks retried or cancelled in bulk, its error
 groups), daemon.py (claim and the single lease operations), batch.py (the batch
-lease operations), controls.py, runtimes.py, webhooks.py and admin.py; the
-operational ones (health, readiness, metrics, the OpenAPI document) are below. They
+lease operations), controls.py, runtimes.py, history.py, webhooks.py, admin.py and
+operations.py (health, readiness, metrics); the OpenAPI document's is below. They
 parse, call the store and the claimer, and shape answers; they import no driver.
 """
 
@@ -33,8 +33,19 @@ from ..api.credential_bodies import Scope
 from ..auth.principals import Principal
 from ..errors import GatewayError, NotFound
 from ..instance import Gateway
-from . import admin_docs, bulk_docs, docs, load_docs, openapi, schedule_docs
-from .handlers import admin, batch, bulk, controls, load, runtimes, schedules, webhooks
+from . import admin_docs, bulk_docs, docs, history_docs, load_docs, openapi, schedule_docs
+from .handlers import (
+    admin,
+    batch,
+    bulk,
+    controls,
+    history,
+    load,
+    operations,
+    runtimes,
+    schedules,
+    webhooks,
+)
 from .handlers.daemon import claim, complete, fail, heartbeat, release
 from .handlers.producer import cancel, enqueue, enqueue_batch, get_task, list_tasks, retry, stats
 from .io import (
@@ -43,7 +54,6 @@ from .io import (
     DirectRoute,
     header_value,
     internal_error_response,
-    json_response,
     problem_response,
 )
 
@@ -216,24 +226,6 @@ def _error_response(request: Request, exc: Exception) -> Response:
 # -- operations -------------------------------------------------------------
 
 
-async def healthz(request: Request, gw: Gateway) -> Response:
-    return json_response({"status": "ok"})
-
-
-async def readyz(request: Request, gw: Gateway) -> Response:
-    readiness = await gw.readiness()
-    if readiness.problems:
-        return json_response({"status": "not ready", "problems": readiness.problems}, 503)
-    if readiness.degraded:
-        return json_response({"status": "ready", "degraded": readiness.degraded})
-    return json_response({"status": "ready"})
-
-
-async def metrics(request: Request, gw: Gateway) -> Response:
-    body, content_type = gw.metrics.render(request.headers.get("accept", ""))
-    return Response(body, media_type=content_type)
-
-
 async def openapi_document(request: Request, gw: Gateway) -> Response:
     """The OpenAPI document, built once per app: it depends on the app's settings."""
     state = request.app.state
@@ -344,6 +336,18 @@ ENDPOINTS = [
     ),
     # The runtimes listing (the console's first page); tokens see the runtimes they cover.
     Endpoint("GET", "/v1/runtimes", runtimes.list_runtimes, Scope.READ, doc=docs.LIST_RUNTIMES),
+    # The per-runtime history; the fleet's covers the runtimes the token covers.
+    Endpoint(
+        "GET",
+        "/v1/runtimes/{rt}/history",
+        history.runtime_history,
+        Scope.READ,
+        Target.RUNTIME,
+        history_docs.RUNTIME_HISTORY,
+    ),
+    Endpoint(
+        "GET", "/v1/history", history.fleet_history, Scope.READ, doc=history_docs.FLEET_HISTORY
+    ),
     # Runtime controls: reading them is `read`, changing them `control`.
     Endpoint(
         "GET",
@@ -451,9 +455,9 @@ ENDPOINTS = [
         Target.RUNTIME,
         schedule_docs.BACKFILL_SCHEDULE,
     ),
-    Endpoint("GET", "/healthz", healthz, None, doc=docs.HEALTHZ),
-    Endpoint("GET", "/readyz", readyz, None, doc=docs.READYZ),
-    Endpoint("GET", "/metrics", metrics, None, doc=docs.METRICS),
+    Endpoint("GET", "/healthz", operations.healthz, None, doc=docs.HEALTHZ),
+    Endpoint("GET", "/readyz", operations.readyz, None, doc=docs.READYZ),
+    Endpoint("GET", "/metrics", operations.metrics, None, doc=docs.METRICS),
     Endpoint("GET", "/openapi.json", openapi_document, None, doc=docs.OPENAPI),
 ]
 

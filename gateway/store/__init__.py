@@ -11,6 +11,7 @@ above the store sees a driver exception), and `Store` is all of them in one obje
 - janitor.py: the janitor's statements and its leadership lock;
 - controls.py: runtime controls and the claim of a runtime with limits;
 - runtimes.py: the runtimes listing's reads;
+- history.py: the per-runtime history's rollup and reads;
 - schedules.py: schedules, and the transactions that decide their ticks;
 - credentials.py: API tokens and webhook signing secrets.
 
@@ -27,6 +28,7 @@ from .acks import BatchAckStatements
 from .bulk import BulkStatements
 from .controls import ControlStatements
 from .credentials import CredentialStatements
+from .history import HistoryStatements
 from .janitor import JanitorStatements
 from .leases import LeaseStatements
 from .runtimes import RuntimeListStatements
@@ -42,6 +44,7 @@ class Store(
     BatchAckStatements,
     JanitorStatements,
     RuntimeListStatements,
+    HistoryStatements,
     CredentialStatements,
     ScheduleStatements,
 ):

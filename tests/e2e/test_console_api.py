@@ -358,7 +358,7 @@ async def test_the_openapi_document_describes_it(gw):
     resp = await req(gw, "GET", "/openapi.json", auth=None)
     operation = resp.body["paths"]["/v1/runtimes"]["get"]
     assert operation["operationId"] == "listRuntimes"
-    assert {p["name"] for p in operation["parameters"]} == {"limit", "cursor"}
+    assert {p["name"] for p in operation["parameters"]} == {"limit", "cursor", "include"}
     assert {"200", "401", "403", "422"} <= set(operation["responses"])
 
 

@@ -124,6 +124,10 @@ RECIPES: dict[tuple[str, str], Recipe] = {
     # Lists, never refuses, by runtime: a token sees only the runtimes its patterns cover
     # (tests/e2e/test_console_api.py).
     ("GET", "/v1/runtimes"): Recipe(),
+    # The history: a runtime's takes `read` on it; the fleet's, like the listing, answers
+    # from the runtimes a token covers (tests/integration/test_history.py).
+    ("GET", "/v1/runtimes/{rt}/history"): Recipe(),
+    ("GET", "/v1/history"): Recipe(),
     # The answering instance's load: instance-wide, any `read` token sees it.
     ("GET", "/v1/instance/load"): Recipe(),
     # Runtime controls: reading takes `read`, changing them `control`.

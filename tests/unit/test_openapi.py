@@ -21,7 +21,8 @@ from gateway.api.fields import Kind, RawBody, read_query
 from gateway.errors import ValidationFailed
 from gateway.http import docs, openapi
 from gateway.http.handlers import batch
-from gateway.http.routes import ENDPOINTS, Endpoint, Target, healthz
+from gateway.http.handlers.operations import healthz
+from gateway.http.routes import ENDPOINTS, Endpoint, Target
 from gateway.settings import Settings
 from tests.support.openapi import deref
 

@@ -17,6 +17,7 @@ from ...api.bodies import PATTERN_WALK, RUNTIMES_QUERY
 from ...api.cursors import REFUSED, CursorSeal
 from ...api.decode import RUNTIME_ID_RE
 from ...api.fields import read_query
+from ...api.history import SPARKLINE_SECONDS, sparkline_json
 from ...auth.principals import Principal
 from ...errors import ValidationFailed
 from ...instance import Gateway
@@ -70,6 +71,7 @@ async def list_runtimes(request: Request, gw: Gateway) -> Response:
     params = request.query_params
     limit = read_query(RUNTIMES_QUERY["limit"], params, {})
     cursor = read_query(RUNTIMES_QUERY["cursor"], params, {})
+    include = read_query(RUNTIMES_QUERY["include"], params, {})
     principal: Principal | None = request.state.principal
     after = decode_cursor(gw.runtime_cursors, cursor, principal) if cursor else ""
     # One more than the page shows, so that a full page knows whether more follow.
@@ -94,6 +96,10 @@ async def list_runtimes(request: Request, gw: Gateway) -> Response:
         {rt: gw.claimer.parked(rt) for rt in ids},
         {rt: gw.claimer.activity.last_minute(rt) for rt in ids},
     )
+    # One statement for the page's sparklines, not one per runtime.
+    sparklines = (
+        await gw.store.depth_sparklines(ids, SPARKLINE_SECONDS) if include == "sparkline" else None
+    )
     return json_response(
         {
             "runtimes": [
@@ -106,6 +112,11 @@ async def list_runtimes(request: Request, gw: Gateway) -> Response:
                     "paused": gw.controls.paused(row.runtime_id),
                     "dead": row.dead,
                     "claims_per_minute": fleet.claims[row.runtime_id],
+                    **(
+                        {}
+                        if sparklines is None
+                        else {"sparkline": sparkline_json(sparklines.get(row.runtime_id, []))}
+                    ),
                 }
                 for row in rows
             ],

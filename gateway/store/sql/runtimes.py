@@ -68,24 +68,12 @@ ORDER BY runtime_id
 LIMIT $2
 """
 
-# Counts for a page of runtimes ($1): queued (queued and scheduled, not expired),
-# claimed, the age of the oldest due queued task (as tasks.OLDEST_QUEUED_AGE), and dead
-# from task_counts (as tasks.STATS_COUNTS: its per-backend rows of the runtime, never the
-# history). Claimed is grouped over the leases' partial index alone: filtering it by
-# runtime would let the planner walk a runtime's whole history through (runtime_id,
-# created_at, id).
-RUNTIMES_SUMMARY = """
-WITH claimed AS MATERIALIZED (
-    SELECT runtime_id, count(*) AS n FROM tasks WHERE status = 'claimed' GROUP BY runtime_id
-)
-SELECT r.runtime_id,
-       q.n + s.n AS queued,
-       COALESCE(c.n, 0) AS claimed,
-       extract(epoch FROM clock_timestamp() - least(q.oldest, s.oldest))::float8
-           AS oldest_queued_age_seconds,
-       d.n AS dead
-  FROM unnest($1::text[]) AS r(runtime_id)
- CROSS JOIN LATERAL (
+# A runtime's queued tasks (queued and scheduled, not expired) and its oldest due one's
+# created_at, as `q` and `s` (add q.n and s.n; the least of q.oldest and s.oldest), for
+# the runtime in r.runtime_id: one walk of each status's partial index. Shared by
+# RUNTIMES_SUMMARY and the history's depth (history.FILL_DEPTH), so that the listing and
+# the history count a queue alike.
+QUEUED_LATERALS = """ CROSS JOIN LATERAL (
        SELECT count(*) FILTER (WHERE t.expires_at IS NULL OR t.expires_at > now()) AS n,
               min(t.created_at) FILTER (WHERE t.run_at <= now()
                                           AND (t.expires_at IS NULL OR t.expires_at > now()))
@@ -96,7 +84,26 @@ SELECT r.runtime_id,
               min(t.created_at) FILTER (WHERE t.run_at <= now()
                                           AND (t.expires_at IS NULL OR t.expires_at > now()))
                   AS oldest
-         FROM tasks t WHERE t.runtime_id = r.runtime_id AND t.status = 'scheduled') s
+         FROM tasks t WHERE t.runtime_id = r.runtime_id AND t.status = 'scheduled') s"""
+
+# Counts for a page of runtimes ($1): queued (queued and scheduled, not expired),
+# claimed, the age of the oldest due queued task (as tasks.OLDEST_QUEUED_AGE), and dead
+# from task_counts (as tasks.STATS_COUNTS: its per-backend rows of the runtime, never the
+# history). Claimed is grouped over the leases' partial index alone: filtering it by
+# runtime would let the planner walk a runtime's whole history through (runtime_id,
+# created_at, id).
+RUNTIMES_SUMMARY = f"""
+WITH claimed AS MATERIALIZED (
+    SELECT runtime_id, count(*) AS n FROM tasks WHERE status = 'claimed' GROUP BY runtime_id
+)
+SELECT r.runtime_id,
+       q.n + s.n AS queued,
+       COALESCE(c.n, 0) AS claimed,
+       extract(epoch FROM clock_timestamp() - least(q.oldest, s.oldest))::float8
+           AS oldest_queued_age_seconds,
+       d.n AS dead
+  FROM unnest($1::text[]) AS r(runtime_id)
+{QUEUED_LATERALS}
  CROSS JOIN LATERAL (
        SELECT COALESCE(sum(k.n), 0)::bigint AS n
          FROM task_counts k WHERE k.runtime_id = r.runtime_id AND k.status = 'dead') d

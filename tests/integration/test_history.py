@@ -1,0 +1,313 @@
+"""The per-runtime history (migration 0015, store/history.py, docs/guides/history.md):
+every transition counted exactly once, in the bucket it happened in, by the statements
+that make it; the claim wait's percentiles from known waits; statements of concurrent
+connections counted exactly; the janitor's fold, depth and retention in batches; and
+GET /v1/history answering a limited token from the runtimes it covers alone.
+
+Buckets are 2 s wide here. A test that needs two buckets waits for a boundary of the
+database's clock and checks which side of it each point fell on, so a slow machine
+stretches a phase into more buckets but never moves a count across the boundary.
+Each test has a freshly migrated database of its own (`own_database_url`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from gateway.store.history import WAIT_BOUNDS_SECONDS
+from tests.support.credentials import make_token
+from tests.support.databases import execute, fetch
+from tests.support.gateways import Instance, running_gateway
+from tests.support.http import req
+from tests.support.janitor import first_pass_done, janitor_settings
+from tests.support.lifecycle import lease_op
+
+pytestmark = pytest.mark.integration
+
+INTERVAL = 2
+COUNTS = ("enqueued", "claimed", "completed", "failed", "dead", "expired", "cancelled")
+
+
+def settings(url: str, redis_url: str, prefix: str, **overrides: Any) -> Any:
+    return janitor_settings(url, redis_url, prefix, history_interval_seconds=INTERVAL, **overrides)
+
+
+async def next_bucket(url: str) -> datetime:
+    """Waits for the start of the next bucket by the database's clock; returns it."""
+    [row] = await fetch(
+        url,
+        "SELECT to_timestamp((floor(extract(epoch FROM clock_timestamp()) / $1) + 1) * $1) AS at,"
+        " (floor(extract(epoch FROM clock_timestamp()) / $1) + 1) * $1"
+        " - extract(epoch FROM clock_timestamp()) AS wait",
+        INTERVAL,
+    )
+    await asyncio.sleep(float(row["wait"]) + 0.05)
+    at: datetime = row["at"]
+    return at
+
+
+def total(points: list[dict[str, Any]]) -> dict[str, int]:
+    return {c: sum(p[c] for p in points) for c in COUNTS}
+
+
+async def history(gw: Instance, runtime: str, token: str | None = None) -> dict[str, Any]:
+    kw = {} if token is None else {"auth": token}
+    resp = await req(gw, "GET", f"/v1/runtimes/{runtime}/history?window=1h", **kw)
+    assert resp.status == 200, resp.body
+    body: dict[str, Any] = resp.body
+    return body
+
+
+async def test_every_transition_counts_once_in_its_bucket(
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
+) -> None:
+    url, rt = own_database_url, runtime_id
+    async with running_gateway(settings(url, redis_url, redis_prefix)) as gw:
+        await first_pass_done(gw)
+        janitor = gw.gateway.janitor
+        await next_bucket(url)
+        # First phase: every kind of transition once or more.
+        ok = [await gw.enqueue(rt, {"n": i}) for i in range(3)]
+        retried = [await gw.enqueue(rt, {"retry": i}, max_attempts=2) for i in range(2)]
+        doomed = await gw.enqueue(rt, {"die": 1}, max_attempts=1)
+        lapsing = await gw.enqueue(rt, {"lapse": 1})
+        expiring = await gw.enqueue(rt, {"expire": 1}, ttl_seconds=3600)
+        cancelled = await gw.enqueue(rt, {"cancel": 1})
+        assert (await req(gw, "POST", f"/v1/tasks/{cancelled['id']}/cancel", {})).status == 200
+        await execute(
+            url, "UPDATE tasks SET expires_at = now() WHERE id = $1::uuid", expiring["id"]
+        )
+        claimed = {t["id"]: t for t in await gw.claim(rt, max_tasks=10, wait_seconds=0)}
+        assert len(claimed) == 7
+        for task in ok:
+            assert (await gw.complete(claimed[task["id"]]))[0] == 200
+        for task in retried:
+            resp = await lease_op(
+                gw, "fail", claimed[task["id"]], error="boom", retry_after_seconds=0
+            )
+            assert resp.status == 200, resp.body
+        resp = await lease_op(gw, "fail", claimed[doomed["id"]], error="boom")
+        assert resp.body["status"] == "dead"
+        await execute(
+            url,
+            "UPDATE tasks SET lease_expires_at = now() - interval '1 second' WHERE id = $1::uuid",
+            lapsing["id"],
+        )
+        report = await janitor.run_once()  # expiry and lease reclaim
+        assert (report.expired, report.reclaimed) == (1, 1), report
+
+        # Second phase, in a later bucket: the three re-queued tasks claimed and buried.
+        boundary = await next_bucket(url)
+        report = await janitor.run_once()  # the first phase's last bucket has ended
+        again = await gw.claim(rt, max_tasks=10, wait_seconds=0)
+        assert len(again) == 3
+        for task in again:
+            assert (await lease_op(gw, "fail", task, error="boom", retry=False)).status == 200
+
+        body = await history(gw, rt)
+        assert body["interval_seconds"] == INTERVAL and body["window"] == "1h"
+        points = body["points"]
+        assert [p["at"] for p in points] == sorted(p["at"] for p in points)
+        first = [p for p in points if datetime.fromisoformat(p["at"]) < boundary]
+        second = [p for p in points if datetime.fromisoformat(p["at"]) >= boundary]
+        assert total(first) == {
+            "enqueued": 9,
+            "claimed": 7,
+            "completed": 3,
+            "failed": 3,  # two retried failures and a lapsed lease
+            "dead": 1,
+            "expired": 1,
+            "cancelled": 1,
+        }, first
+        assert total(second) == {**dict.fromkeys(COUNTS, 0), "claimed": 3, "dead": 3}, second
+        # The first phase's last bucket was read once it ended: the three re-queued tasks.
+        assert first[-1]["depth"] == 3, first
+        # Only first claims have a wait: the retried claims of the second phase have none.
+        assert all(p["claim_wait_p50_seconds"] is None for p in second), second
+        assert second[-1]["depth"] is None  # still in progress, or not read yet
+
+        # Once the second phase's bucket has ended, the janitor folds it and reads it.
+        await next_bucket(url)
+        report = await janitor.run_once()
+        assert report.errors == [], report
+        assert report.history_depths >= 1, report
+        after = (await history(gw, rt))["points"]
+        assert total(after) == {c: total(first)[c] + total(second)[c] for c in COUNTS}
+        assert after[-1]["depth"] == 0, after
+        unfolded = await fetch(url, "SELECT count(*) AS n FROM task_history WHERE backend <> 0")
+        assert unfolded[0]["n"] == 0
+
+
+async def test_claim_wait_percentiles_from_known_waits(
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
+) -> None:
+    url, rt = own_database_url, runtime_id
+    async with running_gateway(settings(url, redis_url, redis_prefix)) as gw:
+        await first_pass_done(gw)
+        tasks = [await gw.enqueue(rt, {"n": i}) for i in range(20)]
+        ids = [t["id"] for t in tasks]
+        # Waits of 3 s (ten), 20 s (nine) and 100 s (one), far inside their buckets; one
+        # of the 3 s tasks was created long before it was due, and waits from run_at.
+        for seconds, chosen in ((3, ids[:10]), (20, ids[10:19]), (100, ids[19:])):
+            await execute(
+                url,
+                "UPDATE tasks SET created_at = created_at - make_interval(secs => $2),"
+                " run_at = run_at - make_interval(secs => $2) WHERE id = ANY($1::uuid[])",
+                chosen,
+                seconds,
+            )
+        await execute(
+            url,
+            "UPDATE tasks SET created_at = created_at - interval '1000 seconds'"
+            " WHERE id = $1::uuid",
+            ids[0],
+        )
+        assert len(await gw.claim(rt, max_tasks=20, wait_seconds=0)) == 20
+        points = (await history(gw, rt))["points"]
+        claimed = [p for p in points if p["claimed"]]
+        assert sum(p["claimed"] for p in claimed) == 20
+        if len(claimed) == 1:  # the claim's one statement: one bucket
+            [point] = claimed
+            # The 10th of 20 waits is a 3 s one ([2, 5) s), the 19th a 20 s one ([10, 30) s).
+            assert point["claim_wait_p50_seconds"] == 5.0, point
+            assert point["claim_wait_p95_seconds"] == 30.0, point
+        waits = await fetch(url, "SELECT history_waits_sum(waits) AS w FROM task_history")
+        bounds = [0.0, *WAIT_BOUNDS_SECONDS]
+        found = {bounds[i]: n for i, n in enumerate(waits[0]["w"]) if n}
+        assert found == {2.0: 10, 10.0: 9, 60.0: 1}, found
+
+
+async def test_the_migration_and_the_store_agree_on_the_wait_buckets(
+    own_database_url: str,
+) -> None:
+    probes = [b - 0.001 for b in WAIT_BOUNDS_SECONDS] + [b for b in WAIT_BOUNDS_SECONDS]
+    rows = await fetch(
+        own_database_url,
+        "SELECT s, history_wait_bucket(s) AS b FROM unnest($1::float8[]) AS s",
+        probes,
+    )
+    for row in rows:
+        index = sum(1 for b in WAIT_BOUNDS_SECONDS if b <= row["s"])
+        assert row["b"] == index + 1, dict(row)
+
+
+async def test_concurrent_statements_of_several_connections_are_counted_exactly(
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
+) -> None:
+    url, rt = own_database_url, runtime_id
+    async with running_gateway(settings(url, redis_url, redis_prefix, db_pool_min=8)) as gw:
+        await first_pass_done(gw)
+
+        # 8 concurrent clients of 15 enqueues each, then 8 concurrent workers.
+        async def producer(c: int) -> None:
+            for n in range(15):
+                await gw.enqueue(rt, {"c": c, "n": n})
+
+        await asyncio.gather(*(producer(c) for c in range(8)))
+
+        async def worker(name: str) -> int:
+            done = 0
+            while tasks := await gw.claim(rt, name, max_tasks=3, wait_seconds=0):
+                for task in tasks:
+                    assert (await gw.complete(task))[0] == 200
+                    done += 1
+            return done
+
+        assert sum(await asyncio.gather(*(worker(f"w{i}") for i in range(8)))) == 120
+        backends = await fetch(url, "SELECT count(DISTINCT backend) AS n FROM task_history")
+        assert backends[0]["n"] > 1, "the statements ran on one connection only"
+        counted = total((await history(gw, rt))["points"])
+        assert counted == {
+            **dict.fromkeys(COUNTS, 0),
+            "enqueued": 120,
+            "claimed": 120,
+            "completed": 120,
+        }, counted
+        await next_bucket(url)
+        await gw.gateway.janitor.run_once()
+        assert total((await history(gw, rt))["points"]) == counted  # the fold loses nothing
+
+
+async def test_retention_deletes_old_buckets_in_batches(
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
+) -> None:
+    url, rt = own_database_url, runtime_id
+    async with running_gateway(
+        settings(url, redis_url, redis_prefix, history_days=2, janitor_batch_size=10)
+    ) as gw:
+        await first_pass_done(gw)
+        await execute(
+            url,
+            "INSERT INTO task_history (runtime_id, at, backend, enqueued, waits)"
+            " SELECT $1, now() - make_interval(days => 3, secs => n * 60), 0, 1,"
+            "        '{0,0,0,0,0,0,0,0,0,0,0,0,0,0}'::bigint[]"
+            "   FROM generate_series(1, 120) AS n"
+            " UNION ALL"
+            " SELECT $1, now() - make_interval(days => 1, secs => n * 60), 0, 1,"
+            "        '{0,0,0,0,0,0,0,0,0,0,0,0,0,0}'::bigint[]"
+            "   FROM generate_series(1, 5) AS n",
+            rt,
+        )
+        # Ten batches of ten a pass at most: the rest waits for the next pass.
+        assert (await gw.gateway.janitor.run_once()).history_purged == 100
+        assert (await gw.gateway.janitor.run_once()).history_purged == 20
+        assert (await gw.gateway.janitor.run_once()).history_purged == 0
+        left = await fetch(url, "SELECT count(*) AS n FROM task_history WHERE runtime_id = $1", rt)
+        assert left[0]["n"] == 5
+
+
+async def test_a_limited_token_learns_nothing_of_other_runtimes(
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
+) -> None:
+    url = own_database_url
+    mine, foreign = f"{runtime_id}-mine", f"{runtime_id}-foreign-secret"
+    async with running_gateway(settings(url, redis_url, redis_prefix)) as gw:
+        await first_pass_done(gw)
+        for rt, queued, failing in ((mine, 2, 1), (foreign, 9, 5)):
+            for n in range(queued + failing):
+                await gw.enqueue(rt, {"n": n}, max_attempts=1)
+            for task in await gw.claim(rt, max_tasks=failing, wait_seconds=0):
+                assert (await lease_op(gw, "fail", task, error="boom")).status == 200
+        await next_bucket(url)
+        await gw.gateway.janitor.run_once()  # the depths of the bucket that ended
+        token = (await make_token(gw, ["read"], [mine]))["token"]
+
+        resp = await req(gw, "GET", "/v1/history?window=24h", auth=token)
+        assert resp.status == 200, resp.body
+        assert foreign not in str(resp.body) and "foreign" not in str(resp.body)
+        assert resp.body["top_by_depth"] == [{"runtime_id": mine, "depth": 2}]
+        assert resp.body["top_by_failures"] == [{"runtime_id": mine, "failed": 0, "dead": 1}]
+        assert total(resp.body["points"])["enqueued"] == 3
+
+        # The admin sees both, the foreign runtime first on both lists.
+        every = (await req(gw, "GET", "/v1/history?window=24h")).body
+        assert [r["runtime_id"] for r in every["top_by_depth"]] == [foreign, mine]
+        assert [r["runtime_id"] for r in every["top_by_failures"]] == [foreign, mine]
+        assert total(every["points"])["enqueued"] == 17
+
+        # The foreign runtime's own history is refused to the limited token.
+        resp = await req(gw, "GET", f"/v1/runtimes/{foreign}/history", auth=token)
+        assert resp.status == 403
+
+        # The listing's sparklines: one per runtime, from the same depths.
+        page = (await req(gw, "GET", "/v1/runtimes?include=sparkline")).body["runtimes"]
+        lines = {r["runtime_id"]: [p["depth"] for p in r["sparkline"]] for r in page}
+        assert lines == {mine: [2], foreign: [9]}, lines
+        plain = (await req(gw, "GET", "/v1/runtimes")).body["runtimes"]
+        assert all("sparkline" not in r for r in plain)
+
+
+async def test_an_unknown_window_is_refused_naming_it(
+    own_database_url: str, redis_url: str, redis_prefix: str, runtime_id: str
+) -> None:
+    async with running_gateway(settings(own_database_url, redis_url, redis_prefix)) as gw:
+        for path in (f"/v1/runtimes/{runtime_id}/history?window=2h", "/v1/history?window="):
+            resp = await req(gw, "GET", path)
+            assert resp.status == 422, resp.body
+            assert "window" in str(resp.body), resp.body
+        resp = await req(gw, "GET", "/v1/runtimes?include=everything")
+        assert resp.status == 422 and "include" in str(resp.body), resp.body
