@@ -48,6 +48,11 @@ ON CONFLICT (runtime_id, at, backend) DO UPDATE SET
     waits = history_waits_add(h.waits, EXCLUDED.waits)
 """
 
+# The start of the bucket before the current one: a scalar subquery, which Postgres
+# runs once and then probes task_history_at_idx with (joined as a CTE, the planner may
+# sort and merge the whole table against it).
+_ENDED = "SELECT history_bucket() - make_interval(secs => interval_seconds) FROM history_settings"
+
 # The queue depth and the oldest queued age of up to $1 runtimes with activity in the
 # bucket that has just ended (the one before the current), read now, shortly after its
 # end, into their folded rows. Only that bucket: a depth read later would be another
@@ -55,17 +60,14 @@ ON CONFLICT (runtime_id, at, backend) DO UPDATE SET
 # point. The depth is counted as the runtimes listing counts `queued` (QUEUED_LATERALS:
 # queued and not yet due, not expired), for each runtime from its own partial indexes:
 # the cost follows the queued tasks of the runtimes that had activity, never the
-# history. Finds the bucket's rows through task_history_at_idx.
+# history.
 FILL_DEPTH = f"""
-WITH ended AS (
-    SELECT history_bucket() - make_interval(secs => interval_seconds) AS at
-      FROM history_settings
-), r AS (
-    SELECT h.runtime_id FROM task_history h, ended
-     WHERE h.at = ended.at AND h.backend = 0 AND h.depth IS NULL
+WITH r AS (
+    SELECT h.runtime_id FROM task_history h
+     WHERE h.at = ({_ENDED}) AND h.backend = 0 AND h.depth IS NULL
      ORDER BY h.runtime_id
      LIMIT $1
-       FOR UPDATE OF h SKIP LOCKED
+       FOR UPDATE SKIP LOCKED
 ), counted AS (
     SELECT r.runtime_id, q.n + s.n AS depth,
            extract(epoch FROM clock_timestamp() - least(q.oldest, s.oldest))::float8 AS oldest
@@ -74,8 +76,8 @@ WITH ended AS (
 )
 UPDATE task_history h
    SET depth = counted.depth, oldest_queued_age_seconds = counted.oldest
-  FROM counted, ended
- WHERE (h.runtime_id, h.at, h.backend) = (counted.runtime_id, ended.at, 0)
+  FROM counted
+ WHERE (h.runtime_id, h.at, h.backend) = (counted.runtime_id, ({_ENDED}), 0)
 """
 
 # Retention (GATEWAY_HISTORY_DAYS): one bounded batch of the oldest buckets' rows.
@@ -92,12 +94,15 @@ DELETE FROM task_history WHERE (runtime_id, at, backend) IN (
 _POINT = f"""at, {_SUMS}, history_waits_sum(waits) AS waits"""
 
 # A runtime's points over the last $2 seconds, oldest first: one range of the primary
-# key. Rows of backends not folded yet are added in.
+# key. Rows of backends not folded yet are added in. The window is a row comparison,
+# which only the primary key (runtime_id, at, ...) serves: with `at > ...` alone, the
+# planner walked task_history_at_idx over every runtime's rows of the window for a
+# runtime with a long history (its estimate of the window's share is a guess).
 RUNTIME_POINTS = f"""
 SELECT {_POINT}, max(depth) AS depth,
        max(oldest_queued_age_seconds) AS oldest_queued_age_seconds
   FROM task_history
- WHERE runtime_id = $1 AND at > now() - make_interval(secs => $2)
+ WHERE runtime_id = $1 AND (runtime_id, at) > ($1, now() - make_interval(secs => $2))
  GROUP BY at
  ORDER BY at
 """
