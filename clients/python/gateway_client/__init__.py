@@ -3,6 +3,7 @@ blocking), and `Worker` (the daemon loop). It needs aiohttp and nothing of the s
 
 from .backoff import Backoff
 from .bulk import BulkOutcome, ErrorGroup, ErrorGroups
+from .calls.history import FleetHistory, HistoryPoint, RuntimeHistory, Window
 from .client import AsyncClient, config_from_env
 from .errors import (
     AlreadyExists,
@@ -32,6 +33,7 @@ from .models import (
     Claimed,
     Completion,
     Controls,
+    DepthPoint,
     Failure,
     ItemOutcome,
     ItemOutcomeKind,
@@ -67,12 +69,15 @@ __all__ = [
     "Completion",
     "Controls",
     "DatabaseBusy",
+    "DepthPoint",
     "Draining",
     "ErrorGroup",
     "ErrorGroups",
     "Failure",
+    "FleetHistory",
     "Forbidden",
     "GatewayError",
+    "HistoryPoint",
     "IdempotencyKeyReused",
     "InvalidState",
     "ItemOutcome",
@@ -84,6 +89,7 @@ __all__ = [
     "Overloaded",
     "Page",
     "PayloadTooLarge",
+    "RuntimeHistory",
     "RuntimePage",
     "RuntimeSummary",
     "Schedule",
@@ -99,6 +105,7 @@ __all__ = [
     "Unauthorized",
     "ValidationFailed",
     "WaitTimedOut",
+    "Window",
     "Worker",
     "WorkerOptions",
     "config_from_env",

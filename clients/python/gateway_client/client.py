@@ -20,6 +20,7 @@ import aiohttp
 
 from .backoff import Backoff
 from .bulk import BulkCalls
+from .calls.history import HistoryCalls
 from .errors import (
     GatewayError,
     TransportError,
@@ -71,7 +72,7 @@ def config_from_env(url: str | None = None, token: str | None = None) -> tuple[s
     return base.rstrip("/"), token or os.environ.get("GATEWAY_TOKEN") or None
 
 
-class AsyncClient(ScheduleCalls, BulkCalls):
+class AsyncClient(ScheduleCalls, BulkCalls, HistoryCalls):
     """Talks to one gateway. Use it as `async with AsyncClient() as gw:`, or call
     `close()`; the session is opened on the first call, inside the running loop."""
 
@@ -499,11 +500,18 @@ class AsyncClient(ScheduleCalls, BulkCalls):
         return Stats.from_json(data)
 
     async def list_runtimes(
-        self, *, limit: int | None = None, cursor: str | None = None
+        self,
+        *,
+        limit: int | None = None,
+        cursor: str | None = None,
+        include_sparkline: bool = False,
     ) -> RuntimePage:
         """One page of the runtimes with live tasks (that the token covers), in id
-        order; pass its `next_cursor` back for the next."""
+        order; pass its `next_cursor` back for the next. `include_sparkline`: each with
+        its queue depth over the last hour, in the same request."""
         params = {k: str(v) for k, v in (("limit", limit), ("cursor", cursor)) if v is not None}
+        if include_sparkline:
+            params["include"] = "sparkline"
         _, data, _ = await self.request("GET", "/v1/runtimes", params=params)
         return RuntimePage(
             [RuntimeSummary.from_json(r) for r in data["runtimes"]], data["next_cursor"]

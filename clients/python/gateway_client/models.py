@@ -338,9 +338,12 @@ class RuntimeSummary:
     paused: bool = False
     dead: int = 0  # its tasks ended dead and not yet deleted by retention
     claims_per_minute: int = 0  # tasks handed out in the last minute, every instance
+    # The queue depth over the last hour (list_runtimes(include_sparkline=True)), else None.
+    sparkline: list[DepthPoint] | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RuntimeSummary:
+        line = data.get("sparkline")
         return cls(
             runtime_id=data["runtime_id"],
             queued=data["queued"],
@@ -350,7 +353,23 @@ class RuntimeSummary:
             paused=data.get("paused", False),
             dead=data.get("dead", 0),
             claims_per_minute=data.get("claims_per_minute", 0),
+            sparkline=None if line is None else [DepthPoint.from_json(p) for p in line],
         )
+
+
+@dataclass(frozen=True)
+class DepthPoint:
+    """A runtime's queue depth read just after the bucket starting `at` ended (its
+    history's `depth`); a bucket without activity has no point."""
+
+    at: datetime
+    depth: int
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DepthPoint:
+        at = parse_time(data["at"])
+        assert at is not None
+        return cls(at, data["depth"])
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any, Literal, TypeVar, overload
 
 from .bulk import BulkOutcome, ErrorGroups, RetryableStatus
+from .calls.history import FleetHistory, RuntimeHistory, Window
 from .client import (
     DEFAULT_CONNECTIONS,
     DEFAULT_TIMEOUT_SECONDS,
@@ -375,8 +376,24 @@ class Client:
     def stats(self, runtime: str) -> Stats:
         return self._run(self.aio.stats(runtime))
 
-    def list_runtimes(self, *, limit: int | None = None, cursor: str | None = None) -> RuntimePage:
-        return self._run(self.aio.list_runtimes(limit=limit, cursor=cursor))
+    def list_runtimes(
+        self,
+        *,
+        limit: int | None = None,
+        cursor: str | None = None,
+        include_sparkline: bool = False,
+    ) -> RuntimePage:
+        return self._run(
+            self.aio.list_runtimes(limit=limit, cursor=cursor, include_sparkline=include_sparkline)
+        )
+
+    def runtime_history(self, runtime: str, window: Window = "1h") -> RuntimeHistory:
+        """As AsyncClient.runtime_history: the runtime's points over the window."""
+        return self._run(self.aio.runtime_history(runtime, window))
+
+    def fleet_history(self, window: Window = "1h") -> FleetHistory:
+        """As AsyncClient.fleet_history: every covered runtime's points, summed."""
+        return self._run(self.aio.fleet_history(window))
 
     # -- runtime controls --------------------------------------------------------
 
