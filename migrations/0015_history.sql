@@ -62,23 +62,14 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         ARRAY[0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600]::float8[]) + 1
 $$;
 
--- The `waits` of a group of rows: element i counts the rows whose bucket is i.
-CREATE FUNCTION history_waits(buckets integer[]) RETURNS bigint[]
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT array_agg((SELECT count(*) FROM unnest(buckets) AS b WHERE b = i) ORDER BY i)
-      FROM generate_series(1, 14) AS i
-$$;
-
--- Two `waits` added element by element (the upserts, and the reads' sums).
+-- Two `waits` added element by element (the triggers' upserts). Written out, not
+-- unnested and aggregated: a simple SQL function, which Postgres inlines.
 CREATE FUNCTION history_waits_add(a bigint[], b bigint[]) RETURNS bigint[]
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT array_agg(x + y ORDER BY i) FROM unnest(a, b) WITH ORDINALITY AS u(x, y, i)
+    SELECT ARRAY[a[1] + b[1], a[2] + b[2], a[3] + b[3], a[4] + b[4], a[5] + b[5],
+                 a[6] + b[6], a[7] + b[7], a[8] + b[8], a[9] + b[9], a[10] + b[10],
+                 a[11] + b[11], a[12] + b[12], a[13] + b[13], a[14] + b[14]]
 $$;
-CREATE AGGREGATE history_waits_sum(bigint[]) (
-    SFUNC = history_waits_add,
-    STYPE = bigint[],
-    INITCOND = '{0,0,0,0,0,0,0,0,0,0,0,0,0,0}'
-);
 
 -- The start of the bucket holding the transaction's time.
 CREATE FUNCTION history_bucket() RETURNS timestamptz
@@ -104,26 +95,39 @@ CREATE FUNCTION task_history_moved() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO task_history AS h (runtime_id, at, backend, enqueued, claimed, completed,
                                    failed, dead, expired, cancelled, waits)
-    SELECT n.runtime_id, history_bucket(), pg_backend_pid(),
-           count(*) FILTER (WHERE n.status IN ('queued', 'scheduled')
-                              AND o.status IN ('completed', 'dead', 'expired', 'cancelled')),
-           count(*) FILTER (WHERE n.status = 'claimed'),
-           count(*) FILTER (WHERE n.status = 'completed'),
-           count(*) FILTER (WHERE n.status IN ('queued', 'scheduled') AND o.status = 'claimed'
-                              AND n.attempts >= o.attempts),
-           count(*) FILTER (WHERE n.status = 'dead'),
-           count(*) FILTER (WHERE n.status = 'expired'),
-           count(*) FILTER (WHERE n.status = 'cancelled'),
-           history_waits(array_agg(history_wait_bucket(extract(epoch FROM
-               n.updated_at - greatest(n.created_at, n.run_at))::float8))
-               FILTER (WHERE n.status = 'claimed' AND n.attempts = 1))
-      FROM old_rows o JOIN new_rows n ON n.id = o.id
-     -- A promotion (scheduled -> queued) changes the status and counts nothing.
-     WHERE n.status <> o.status
-       AND NOT (n.status IN ('queued', 'scheduled') AND o.status IN ('queued', 'scheduled'))
-     GROUP BY n.runtime_id
+    SELECT runtime_id, history_bucket(), pg_backend_pid(),
+           count(*) FILTER (WHERE new_status IN ('queued', 'scheduled')
+                              AND old_status IN ('completed', 'dead', 'expired', 'cancelled')),
+           count(*) FILTER (WHERE new_status = 'claimed'),
+           count(*) FILTER (WHERE new_status = 'completed'),
+           count(*) FILTER (WHERE new_status IN ('queued', 'scheduled') AND old_status = 'claimed'
+                              AND NOT given_back),
+           count(*) FILTER (WHERE new_status = 'dead'),
+           count(*) FILTER (WHERE new_status = 'expired'),
+           count(*) FILTER (WHERE new_status = 'cancelled'),
+           ARRAY[count(*) FILTER (WHERE w = 1), count(*) FILTER (WHERE w = 2),
+                 count(*) FILTER (WHERE w = 3), count(*) FILTER (WHERE w = 4),
+                 count(*) FILTER (WHERE w = 5), count(*) FILTER (WHERE w = 6),
+                 count(*) FILTER (WHERE w = 7), count(*) FILTER (WHERE w = 8),
+                 count(*) FILTER (WHERE w = 9), count(*) FILTER (WHERE w = 10),
+                 count(*) FILTER (WHERE w = 11), count(*) FILTER (WHERE w = 12),
+                 count(*) FILTER (WHERE w = 13), count(*) FILTER (WHERE w = 14)]
+      FROM (
+        SELECT n.runtime_id, o.status AS old_status, n.status AS new_status,
+               n.attempts < o.attempts AS given_back,
+               -- The wait bucket of a first claim, else null.
+               CASE WHEN n.status = 'claimed' AND n.attempts = 1
+                    THEN history_wait_bucket(extract(epoch FROM
+                             n.updated_at - greatest(n.created_at, n.run_at))::float8)
+               END AS w
+          FROM old_rows o JOIN new_rows n ON n.id = o.id
+         -- A promotion (scheduled -> queued) changes the status and counts nothing.
+         WHERE n.status <> o.status
+           AND NOT (n.status IN ('queued', 'scheduled') AND o.status IN ('queued', 'scheduled'))
+      ) AS moved
+     GROUP BY runtime_id
      -- Key order, as every writer of task_history.
-     ORDER BY n.runtime_id
+     ORDER BY runtime_id
     ON CONFLICT (runtime_id, at, backend) DO UPDATE SET
         enqueued = h.enqueued + EXCLUDED.enqueued,
         claimed = h.claimed + EXCLUDED.claimed,
@@ -151,11 +155,22 @@ BEGIN
     SELECT runtime_id, history_bucket(), pg_backend_pid(),
            count(*),
            count(*) FILTER (WHERE status = 'claimed'),
-           history_waits(array_agg(history_wait_bucket(extract(epoch FROM
-               updated_at - greatest(created_at, run_at))::float8))
-               FILTER (WHERE status = 'claimed'))
-      FROM new_rows
-     WHERE status IN ('queued', 'scheduled', 'claimed')
+           ARRAY[count(*) FILTER (WHERE w = 1), count(*) FILTER (WHERE w = 2),
+                 count(*) FILTER (WHERE w = 3), count(*) FILTER (WHERE w = 4),
+                 count(*) FILTER (WHERE w = 5), count(*) FILTER (WHERE w = 6),
+                 count(*) FILTER (WHERE w = 7), count(*) FILTER (WHERE w = 8),
+                 count(*) FILTER (WHERE w = 9), count(*) FILTER (WHERE w = 10),
+                 count(*) FILTER (WHERE w = 11), count(*) FILTER (WHERE w = 12),
+                 count(*) FILTER (WHERE w = 13), count(*) FILTER (WHERE w = 14)]
+      FROM (
+        SELECT runtime_id, status,
+               CASE WHEN status = 'claimed'
+                    THEN history_wait_bucket(extract(epoch FROM
+                             updated_at - greatest(created_at, run_at))::float8)
+               END AS w
+          FROM new_rows
+         WHERE status IN ('queued', 'scheduled', 'claimed')
+      ) AS added
      GROUP BY runtime_id
      ORDER BY runtime_id
     ON CONFLICT (runtime_id, at, backend) DO UPDATE SET

@@ -175,9 +175,10 @@ async def test_claim_wait_percentiles_from_known_waits(
             # The 10th of 20 waits is a 3 s one ([2, 5) s), the 19th a 20 s one ([10, 30) s).
             assert point["claim_wait_p50_seconds"] == 5.0, point
             assert point["claim_wait_p95_seconds"] == 30.0, point
-        waits = await fetch(url, "SELECT history_waits_sum(waits) AS w FROM task_history")
+        rows = await fetch(url, "SELECT waits FROM task_history")
+        summed = [sum(column) for column in zip(*(r["waits"] for r in rows), strict=True)]
         bounds = [0.0, *WAIT_BOUNDS_SECONDS]
-        found = {bounds[i]: n for i, n in enumerate(waits[0]["w"]) if n}
+        found = {bounds[i]: n for i, n in enumerate(summed) if n}
         assert found == {2.0: 10, 10.0: 9, 60.0: 1}, found
 
 
