@@ -71,12 +71,16 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
                  a[11] + b[11], a[12] + b[12], a[13] + b[13], a[14] + b[14]]
 $$;
 
--- The start of the bucket holding the transaction's time.
-CREATE FUNCTION history_bucket() RETURNS timestamptz
-LANGUAGE sql STABLE AS $$
-    SELECT to_timestamp(floor(extract(epoch FROM now()) / s.interval_seconds)
-                        * s.interval_seconds)
-      FROM history_settings s
+-- The start of the bucket holding the transaction's time. PL/pgSQL, not SQL: a SQL
+-- function that reads a table is not inlined, and was planned again at every call,
+-- 0.1 ms of every statement on tasks; PL/pgSQL keeps its plan for the session.
+CREATE FUNCTION history_bucket() RETURNS timestamptz LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    width integer;
+BEGIN
+    SELECT interval_seconds INTO width FROM history_settings;
+    RETURN to_timestamp(floor(extract(epoch FROM now()) / width) * width);
+END
 $$;
 
 -- Updates: each task whose status changed, old row beside new (by id). What counts

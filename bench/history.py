@@ -1,0 +1,206 @@
+"""What the per-runtime history costs at fleet size: the table's size for a synthetic
+fleet's retention, the janitor's rollup of one bucket over every runtime, and the
+history's reads, measured with the gateway's own statements.
+
+    python -m bench.history --runtimes 10000 --days 7 --active 0.1
+    python -m bench.history --statements 2000
+
+With --statements, it measures instead what the history's triggers add to the hot
+path: that many enqueues, claims and completes of one task each, through the gateway's
+Store, in rounds that turn the triggers off and on in turn (the same load sees both),
+and the median of each statement with and without them.
+
+The fleet: --runtimes runtimes, each with a point in a share --active of the buckets
+(minutes) of --days days, folded as the janitor leaves them; then one bucket that has
+just ended in which every runtime was active, its counts in the rows of 4 backends (as
+4 gateway connections leave them), and --queued queued tasks per runtime. The rollup
+is the janitor's history step (fold, depth, retention) run until it has nothing left,
+timed step by step. It creates a database of its own on the Postgres server of
+TEST_DATABASE_URL (or --admin-url), migrates it with this checkout's migrations, and
+drops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import statistics
+import time
+
+import asyncpg
+
+from bench.claim_delayed import with_database
+from gateway.api.requests import parse_enqueue
+from gateway.metrics import Metrics
+from gateway.store import Store
+from gateway.store.migrate import apply_migrations
+
+ZEROS = "'{0,0,0,0,0,0,0,0,0,0,0,0,0,0}'::bigint[]"
+MINUTE = "to_timestamp(floor(extract(epoch FROM now()) / 60) * 60)"
+# Points of the retention: each runtime in a share $3 of the minutes of $2 days, the
+# bucket before the current one and the current one left out (FILL_ENDED's).
+FILL_HISTORY = f"""
+INSERT INTO task_history (runtime_id, at, backend, enqueued, claimed, completed, failed,
+                          waits, depth, oldest_queued_age_seconds)
+SELECT 'rt-' || r, {MINUTE} - make_interval(mins => m), 0, 20, 20, 19, 1,
+       '{{5,10,3,2,0,0,0,0,0,0,0,0,0,0}}'::bigint[], 7, 1.5
+  FROM generate_series(1, $1) AS r, generate_series(2, $2 * 1440) AS m
+ WHERE random() < $3
+"""
+# The bucket that has just ended: every runtime active, on 4 backends, unfolded.
+FILL_ENDED = f"""
+INSERT INTO task_history (runtime_id, at, backend, enqueued, claimed, completed, waits)
+SELECT 'rt-' || r, {MINUTE} - interval '1 minute', b, 5, 5, 5, {ZEROS}
+  FROM generate_series(1, $1) AS r, generate_series(1, 4) AS b
+"""
+FILL_QUEUED = """
+INSERT INTO tasks (runtime_id, payload)
+SELECT 'rt-' || (n % $1::int + 1), '{}'::jsonb FROM generate_series(1, $1::int * $2::int) AS n
+"""
+SIZES = """
+SELECT pg_size_pretty(pg_table_size('task_history')) AS heap,
+       pg_size_pretty(pg_indexes_size('task_history')) AS indexes,
+       pg_size_pretty(pg_total_relation_size('task_history')) AS total,
+       pg_total_relation_size('task_history') AS total_bytes,
+       (SELECT count(*) FROM task_history) AS rows
+"""
+
+
+async def load(url: str, runtimes: int, days: int, active: float, queued: int) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        started = time.monotonic()
+        await conn.execute("SET synchronous_commit = off")
+        await conn.execute(FILL_HISTORY, runtimes, days, active)
+        await conn.execute(FILL_QUEUED, runtimes, queued)
+        await conn.execute("VACUUM ANALYZE task_history")
+        await conn.execute("VACUUM ANALYZE tasks")
+        sizes = await conn.fetchrow(SIZES)
+        print(
+            f"loaded {sizes['rows']:,} history rows ({runtimes:,} runtimes, {days} days, "
+            f"{active:.0%} of the minutes active) and {runtimes * queued:,} queued tasks in "
+            f"{time.monotonic() - started:.0f} s"
+        )
+        print(
+            f"task_history: {sizes['heap']} table + {sizes['indexes']} indexes = "
+            f"{sizes['total']} ({sizes['total_bytes'] / max(1, sizes['rows']):.0f} bytes a row)"
+        )
+        await conn.execute(FILL_ENDED, runtimes)
+    finally:
+        await conn.close()
+
+
+async def rollup(store: Store, batch: int) -> None:
+    """The janitor's history step, timed statement by statement until it is done."""
+    for name, run in (
+        ("fold", store.fold_history),
+        ("depth", store.fill_history_depth),
+        ("retention", lambda limit: store.purge_history(7, limit)),
+    ):
+        started, rows, batches = time.perf_counter(), 0, 0
+        while True:
+            n = await run(batch)
+            rows, batches = rows + n, batches + 1
+            if n < batch:
+                break
+        took = time.perf_counter() - started
+        print(f"rollup {name}: {rows:,} rows in {batches} batches of {batch}, {took:.2f} s")
+
+
+async def reads(store: Store, repeat: int) -> None:
+    page = [f"rt-{n}" for n in range(1, 51)]
+    for name, read in (
+        ("one runtime, 1h", lambda: store.runtime_history("rt-1", 3600)),
+        ("one runtime, 7d", lambda: store.runtime_history("rt-1", 7 * 86400)),
+        ("sparklines, a page of 50", lambda: store.depth_sparklines(page, 3600)),
+        ("fleet, 1h", lambda: store.fleet_history(3600, None)),
+        ("fleet, 24h", lambda: store.fleet_history(86400, None)),
+        ("fleet, 1h, a token of rt-1*", lambda: store.fleet_history(3600, ["rt-1*"])),
+    ):
+        seconds = []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            await read()
+            seconds.append(time.perf_counter() - started)
+        print(f"read {name}: median {statistics.median(seconds) * 1000:.1f} ms")
+
+
+async def statement_cost(url: str, statements: int, rounds: int = 10) -> None:
+    """Median enqueue, claim and complete, with the history's triggers and without."""
+    store = Store(url, Metrics(), min_size=1, max_size=1)
+    admin = await asyncpg.connect(url)
+    await store.open()
+    seconds: dict[tuple[str, bool], list[float]] = {}
+    request = parse_enqueue({"payload": {"n": 1}}, None, 1_000_000)
+    try:
+        for turn in range(2 * rounds):
+            on = turn % 2 == 1
+            switch = "ENABLE" if on else "DISABLE"
+            for trigger in ("task_history_moved", "task_history_inserted"):
+                await admin.execute(f"ALTER TABLE tasks {switch} TRIGGER {trigger}")
+            for _ in range(statements // rounds):
+                started = time.perf_counter()
+                await store.enqueue("hot", request)
+                seconds.setdefault(("enqueue", on), []).append(time.perf_counter() - started)
+                started = time.perf_counter()
+                [leased], _ = await store.claim("hot", ["w"], [600.0])
+                seconds.setdefault(("claim", on), []).append(time.perf_counter() - started)
+                assert leased.task.lease_id is not None
+                started = time.perf_counter()
+                await store.complete(leased.task.id, leased.task.lease_id, None)
+                seconds.setdefault(("complete", on), []).append(time.perf_counter() - started)
+    finally:
+        await store.close()
+        await admin.close()
+    for name in ("enqueue", "claim", "complete"):
+        without, with_ = (statistics.median(seconds[(name, f)]) * 1000 for f in (False, True))
+        print(f"{name}: median {without:.3f} ms without the triggers, {with_:.3f} ms with them")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.history", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--runtimes", type=int, default=10_000)
+    parser.add_argument("--days", type=int, default=7)
+    parser.add_argument("--active", type=float, default=0.1, help="share of active minutes")
+    parser.add_argument("--queued", type=int, default=10, help="queued tasks per runtime")
+    parser.add_argument("--batch", type=int, default=1000, help="GATEWAY_JANITOR_BATCH_SIZE")
+    parser.add_argument("--repeat", type=int, default=5, help="runs of each read")
+    parser.add_argument(
+        "--statements", type=int, default=0, help="measure the triggers' cost instead"
+    )
+    parser.add_argument(
+        "--admin-url",
+        default=os.environ.get("TEST_DATABASE_URL"),
+        help="a Postgres URL that may create databases (default: TEST_DATABASE_URL)",
+    )
+    args = parser.parse_args()
+    if not args.admin_url:
+        raise SystemExit("give --admin-url or set TEST_DATABASE_URL")
+    name = "gwtest_history_" + secrets.token_hex(4)
+    admin = await asyncpg.connect(args.admin_url)
+    await admin.execute(f"CREATE DATABASE {name}")
+    try:
+        url = with_database(args.admin_url, name)
+        await apply_migrations(url, log=lambda _line: None)
+        if args.statements:
+            await statement_cost(url, args.statements)
+            return
+        await load(url, args.runtimes, args.days, args.active, args.queued)
+        store = Store(url, Metrics(), min_size=1, max_size=1)
+        await store.open()
+        try:
+            await rollup(store, args.batch)
+            await reads(store, args.repeat)
+        finally:
+            await store.close()
+    finally:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
