@@ -22,10 +22,10 @@ MAX_ERROR_PREFIX = 1000  # characters
 # (store/sql/bulk.ERROR_LINE cuts it), so that it can be sent back as an error_prefix.
 ERROR_LINE_CHARS = 200
 MAX_ERROR_GROUPS = 100
-# The most tasks of a runtime, newest first, that a bulk retry and the error groups read
-# (store/sql/bulk.py: no index reaches a runtime's finished tasks by status). About 25 ms
-# for a retry and 55 ms for the groups on a runtime of a million finished tasks; a task
-# older than its runtime's newest HISTORY_ROWS is out of their reach.
+# The most tasks of a runtime in one status (dead, expired, cancelled), newest first,
+# that a bulk retry and the error groups read (store/sql/bulk.py), so that a call's
+# cost does not grow with the runtime's history. A retried task leaves the status, so a
+# retry sent again reaches older ones.
 HISTORY_ROWS = 50_000
 
 _LIMIT = Field(

@@ -69,13 +69,13 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             },
             "tasks_read": {
                 **_COUNT,
-                "description": "The runtime's newest tasks read, in any status, at most "
-                f"{HISTORY_ROWS}.",
+                "description": "The runtime's tasks in this status read, newest first, at "
+                f"most {HISTORY_ROWS}.",
             },
             "truncated": {
                 "type": "boolean",
-                "description": f"The runtime may hold tasks older than the {HISTORY_ROWS} "
-                "read, which the groups do not count.",
+                "description": "The runtime may hold older tasks in this status than the "
+                f"{HISTORY_ROWS} read, which the groups do not count.",
             },
         },
         "additionalProperties": False,
@@ -107,8 +107,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
 }
 
 _READ_BOUND = (
-    f"Reads at most the runtime's newest {HISTORY_ROWS} tasks (by creation), so that its cost "
-    "does not grow with the runtime's history: a task older than those is not reached."
+    f"Reads at most the runtime's newest {HISTORY_ROWS} tasks in the status asked for (by "
+    "creation), so that its cost does not grow with the runtime's history."
 )
 
 RETRY_TASKS = Doc(

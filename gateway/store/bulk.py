@@ -21,7 +21,8 @@ class BulkStatements(StoreBase):
         self, runtime_id: str, status: str, error_prefix: str | None, limit: int
     ) -> BulkChange:
         """Queues again at once up to `limit` of the runtime's `status` tasks (dead,
-        expired or cancelled) among its newest HISTORY_ROWS whose last_error starts with
+        expired or cancelled), among its newest HISTORY_ROWS in that status, whose
+        last_error starts with
         `error_prefix` (literally, case-sensitively; None: any task), as Store.retry
         does one. The caller bumps the runtime after it, whatever the count (I1, and
         sql.RETRY_MATCHING on the rows it locks and leaves)."""
@@ -44,8 +45,8 @@ class BulkStatements(StoreBase):
     async def error_groups(
         self, runtime_id: str, status: str, limit: int
     ) -> tuple[list[ErrorGroup], int, bool]:
-        """The `limit` most common error lines among the runtime's `status` tasks in
-        its newest HISTORY_ROWS, most common first; how many tasks were read; and
+        """The `limit` most common error lines among the runtime's newest HISTORY_ROWS
+        tasks in `status`, most common first; how many tasks were read; and
         whether the runtime may hold older ones, which the groups do not count."""
         rows = await self._run(
             lambda c: c.fetch(sql.ERROR_GROUPS, runtime_id, status, HISTORY_ROWS, limit)

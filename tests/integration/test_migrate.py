@@ -52,7 +52,11 @@ def test_migrations_dir_finds_the_repo_migrations() -> None:
     names = [m.name for m in load_migrations()]
     assert names[0] == "0001_tasks.sql"
     marked = {m.name for m in load_migrations() if not m.transactional}
-    assert marked == {"0002_retention_index.sql", "0010_token_listing_index.sql"}
+    assert marked == {
+        "0002_retention_index.sql",
+        "0010_token_listing_index.sql",
+        "0016_ended_badly_index.sql",
+    }
 
 
 async def test_applies_shipped_migrations_once(

@@ -2,12 +2,12 @@
 cancelled in bulk, a bounded number per statement, and the most common errors among its
 recent tasks.
 
-No index leads with (runtime_id, status) for finished tasks: `tasks_live_idx` holds only
-live rows, and `tasks_finished_idx` is by finish time over every runtime. So what reads
-finished tasks (RETRY_MATCHING, ERROR_GROUPS) walks the runtime's newest rows in
-`tasks_runtime_created_idx`, newest first, at most `$window` of them (store/bulk.py's
-HISTORY_ROWS): its cost is bounded whatever the runtime's history, and a task older
-than that window is out of their reach.
+What reads finished tasks (RETRY_MATCHING, ERROR_GROUPS) walks the runtime's tasks in
+the status asked for, newest first, through `tasks_ended_badly_idx` (migration 0016),
+at most `$3` of them (api/bulk_bodies.HISTORY_ROWS): its cost is bounded whatever the
+runtime's history. A retried task leaves the status, so calls made again reach older
+ones. A queued task past its expiry is `expired` to readers at once, but is found here
+once the janitor has stored it so (within a pass).
 """
 
 from __future__ import annotations
@@ -16,14 +16,15 @@ from .fragments import CANCEL_TRANSITION, EFFECTIVE_STATUS, RETRY_TRANSITION
 
 
 def _recent(columns: str) -> str:
-    """The runtime's newest $3 tasks, newest first, as `columns`: a backward walk of
-    tasks_runtime_created_idx that stops after $3 entries. A subquery with its own
-    LIMIT, so that the conditions put on its rows never make it a walk of the whole
-    runtime."""
+    """The runtime's newest $3 tasks stored in status $2, newest first, as `columns`: a
+    backward walk of tasks_ended_badly_idx that stops after $3 entries. A subquery with
+    its own LIMIT, so that the conditions put on its rows never make it a longer walk.
+    The `status IN (...)` repeats the index's predicate: a generic plan cannot prove
+    from `status = $2` alone that the partial index holds the rows."""
     return f"""
     SELECT {columns} FROM tasks
-     WHERE runtime_id = $1
-     ORDER BY created_at DESC, id DESC
+     WHERE runtime_id = $1 AND status = $2::text AND status IN ('dead', 'expired', 'cancelled')
+     ORDER BY created_at DESC
      LIMIT $3"""
 
 
