@@ -135,7 +135,7 @@ async def test_the_console_in_a_browser(
                 await page.set_viewport_size({"width": 1280, "height": 800})
                 await page.goto(f"{base}/console#/")
                 await page.locator("#runtimes").wait_for()
-                for _ in range(10):
+                for _ in range(20):
                     await page.keyboard.press("Tab")
                     focused = await page.evaluate("document.activeElement.textContent")
                     if focused.startswith("Runtime"):

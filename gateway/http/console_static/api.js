@@ -71,5 +71,10 @@ export const path = {
   pause: (rt) => `/v1/runtimes/${encodeURIComponent(rt)}:pause`,
   resume: (rt) => `/v1/runtimes/${encodeURIComponent(rt)}:resume`,
   schedules: (rt) => `/v1/runtimes/${encodeURIComponent(rt)}/schedules`,
+  history: (rt) => `/v1/runtimes/${encodeURIComponent(rt)}/history`,
+  fleetHistory: () => "/v1/history",
+  errors: (rt) => `/v1/runtimes/${encodeURIComponent(rt)}/errors`,
+  retryTasks: (rt) => `/v1/runtimes/${encodeURIComponent(rt)}/tasks:retry`,
+  cancelTasks: (rt) => `/v1/runtimes/${encodeURIComponent(rt)}/tasks:cancel`,
   schedule: (rt, name) => `/v1/runtimes/${encodeURIComponent(rt)}/schedules/${encodeURIComponent(name)}`,
 };

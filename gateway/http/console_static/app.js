@@ -1,10 +1,15 @@
-// The console: runtimes, a runtime, a task. Hash routes (#/, #/runtime/ID, #/task/ID)
-// so that the gateway serves one page; data comes from the public API. A runtime's
-// controls (controls.js) and schedules (schedules.js), and a task's page (task.js), are
-// modules of their own.
+// The console: runtimes, a runtime, a task, the failing runtimes. Hash routes (#/,
+// #/runtime/ID, #/task/ID, #/failing) so that the gateway serves one page; data comes
+// from the public API. The history's charts (history.js, drawn by chart.js), a runtime's
+// failures and bulk actions and the failing view (failures.js), its controls
+// (controls.js) and schedules (schedules.js), and a task's page (task.js), are modules
+// of their own.
 import { ApiError, call, path, problemText, session } from "./api.js";
 import { controlsPanel } from "./controls.js";
+import { sparkline } from "./chart.js";
 import { age, badge, h, pager, replace, time } from "./dom.js";
+import { failuresPanel, showFailing } from "./failures.js";
+import { fleetPanel, runtimeHistoryPanel } from "./history.js";
 import { loadPanel } from "./load.js";
 import { schedulesPanel } from "./schedules.js";
 import { showTask } from "./task.js";
@@ -26,6 +31,7 @@ const STATUSES = ["queued", "claimed", "completed", "dead", "expired", "cancelle
 const main = document.getElementById("main");
 const crumbs = document.getElementById("crumbs");
 const signout = document.getElementById("signout");
+const failingLink = document.getElementById("failing-link");
 const load = document.getElementById("load");
 const refreshLoad = loadPanel(load);
 let view = null; // {refresh(): Promise<void>}
@@ -72,6 +78,7 @@ function showSignIn(message) {
   generation++;
   view = null;
   signout.hidden = true;
+  failingLink.hidden = true;
   load.hidden = true;
   setCrumbs(["Sign in"]);
   // No name: a form field without one is never sent, whatever happens to the form.
@@ -128,6 +135,7 @@ function updated() {
 const RUNTIME_COLUMNS = [
   ["runtime_id", "Runtime", "text"],
   ["queued", "Queued", "num"],
+  ["sparkline", "Depth, last hour", "chart"],
   ["claimed", "Claimed", "num"],
   ["dead", "Dead", "num"],
   ["oldest_queued_age_seconds", "Oldest queued", "num"],
@@ -145,6 +153,7 @@ function showRuntimes() {
   const table = h("div", { class: "scroll" });
   const stamp = h("p", { class: "muted stamp" });
   const pages = h("div");
+  const fleet = fleetPanel(pageContext());
   const jump = h("input", { id: "goto", name: "runtime", autocomplete: "off", required: true });
   const jumpForm = h(
     "form",
@@ -164,8 +173,11 @@ function showRuntimes() {
       "p",
       { class: "muted" },
       "Runtimes with tasks (or controls set), in id order. The column buttons sort " +
-        "the runtimes of this page.",
+        "the runtimes of this page. ",
+      h("a", { href: "#/failing" }, "Failing runtimes"),
+      ": the most failed and dead tasks in the last hour.",
     ),
+    fleet.el,
     jumpForm,
     stamp,
     table,
@@ -180,6 +192,7 @@ function showRuntimes() {
       return sort.descending ? -order : order;
     });
     const head = RUNTIME_COLUMNS.map(([key, label, kind]) => {
+      if (kind === "chart") return h("th", { scope: "col" }, label);
       const active = sort.key === key;
       const button = h(
         "button",
@@ -206,6 +219,7 @@ function showRuntimes() {
           h("a", { href: `#/runtime/${encodeURIComponent(r.runtime_id)}` }, r.runtime_id),
         ),
         h("td", { class: "num" }, r.queued),
+        h("td", { class: "spark" }, sparkline(r.sparkline || [], 3600)),
         h("td", { class: "num" }, r.claimed),
         h("td", { class: "num" }, r.dead),
         h("td", { class: "num" }, age(r.oldest_queued_age_seconds)),
@@ -226,10 +240,11 @@ function showRuntimes() {
   async function refresh() {
     const mine = generation;
     const cursor = cursors[cursors.length - 1];
-    const { body } = await call("GET", path.runtimes(), {
-      limit: RUNTIMES_PER_PAGE,
-      cursor,
-    });
+    // The page's sparklines come in the same answer, read for the page at once.
+    const [{ body }] = await Promise.all([
+      call("GET", path.runtimes(), { limit: RUNTIMES_PER_PAGE, cursor, include: "sparkline" }),
+      fleet.refresh(),
+    ]);
     if (mine !== generation) return;
     rows = body.runtimes;
     next = body.next_cursor;
@@ -271,12 +286,18 @@ function showRuntime(rt) {
   drawFilters();
   const controls = controlsPanel(rt, pageContext());
   const schedules = schedulesPanel(rt, pageContext());
+  const charts = runtimeHistoryPanel(rt, pageContext());
+  const failures = failuresPanel(rt, pageContext(), () => refresh());
 
   replace(
     main,
     h("h1", {}, h("span", { class: "muted" }, "Runtime "), rt),
     stamp,
     counts,
+    h("h2", {}, "History"),
+    charts.el,
+    h("h2", {}, "Failures"),
+    failures.el,
     h("h2", {}, "Controls"),
     controls.el,
     h("h2", {}, "Schedules"),
@@ -302,6 +323,7 @@ function showRuntime(rt) {
       card("parked pollers", body.parked_pollers),
     );
     replace(stamp, updated());
+    return body.counts;
   }
 
   async function refreshTasks() {
@@ -363,7 +385,13 @@ function showRuntime(rt) {
   }
 
   async function refresh() {
-    await Promise.all([refreshStats(), refreshTasks(), controls.refresh(), schedules.refresh()]);
+    await Promise.all([
+      refreshStats().then((c) => c && failures.refresh(c)),
+      refreshTasks(),
+      charts.refresh(),
+      controls.refresh(),
+      schedules.refresh(),
+    ]);
   }
   return { refresh, errors: counts };
 }
@@ -374,11 +402,13 @@ async function route() {
   generation++;
   if (!session.token()) return showSignIn();
   signout.hidden = false;
+  failingLink.hidden = false;
   const hash = location.hash || "#/";
   const [, kind, raw] = hash.match(/^#\/(runtime|task)\/(.+)$/) || [];
   const id = raw ? decodeURIComponent(raw) : null;
   if (kind === "runtime") view = showRuntime(id);
   else if (kind === "task") view = showTask(id, main, pageContext());
+  else if (hash === "#/failing") view = showFailing(main, pageContext());
   else view = showRuntimes();
   const current = view;
   refreshLoad();
