@@ -2,21 +2,29 @@
 
 Starts a `gateway serve` process on a database of its own (made on TEST_DATABASE_URL's
 server, dropped afterwards) and TEST_REDIS_URL, fills it with a few example runtimes,
-and saves docs/console/{runtimes,runtime,schedules,task,task-narrow}.png from Debian's
-Chromium.
+and saves docs/console/{runtimes,runtime,schedules,task,task-narrow,charts,
+charts-narrow,failing,bulk-confirm}.png from Debian's Chromium.
+
+The charts need a past: a day of history is written for the example runtimes straight
+into the history's table, as the janitor's rollup leaves it (one row per runtime and
+minute, its depth read), with an incident on ci-linux-x64 over the last 40 minutes.
 Not run by the test suite."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
+import random
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import aiohttp
+import asyncpg
 
+from gateway.store.history import WAIT_BOUNDS_SECONDS
 from tests.support.browser import MISSING, Api, browser_page, chromium_missing
 from tests.support.databases import temporary_database
 from tests.support.gateways import TOKEN, serve_env, serve_process
@@ -102,6 +110,103 @@ async def _seed(api: Api) -> str:
     return str(shown["id"])
 
 
+HISTORY_ROW = """
+INSERT INTO task_history (runtime_id, at, backend, enqueued, claimed, completed, failed,
+                          dead, waits, depth, oldest_queued_age_seconds)
+SELECT $1, to_timestamp((floor(extract(epoch FROM now()) / 60) - $2) * 60), 0,
+       $3, $4, $5, $6, $7, $8, $9, $10
+"""
+
+
+def _waits(claims: int, typical: float, rng: random.Random) -> list[int]:
+    """`claims` first-claim waits around `typical` seconds, counted into the wait buckets."""
+    waits = [0] * (len(WAIT_BOUNDS_SECONDS) + 1)
+    for _ in range(claims):
+        wait = typical * rng.lognormvariate(0, 0.8)
+        waits[sum(1 for bound in WAIT_BOUNDS_SECONDS if wait >= bound)] += 1
+    return waits
+
+
+async def _history(url: str) -> None:
+    """A day of per-minute history for the example runtimes, the current minute left to
+    the gateway's own counts. ci-linux-x64's builds start failing 40 minutes ago: failures
+    and deaths rise, completions fall, and the queue and its oldest task grow."""
+    rng = random.Random(7)
+    rows = []
+    profiles = {  # runtime: (tasks per minute at the day's peak, minutes with activity)
+        "ci-linux-x64": (24, 1),
+        "ci-macos-arm64": (6, 2),
+        "agents.research": (12, 1),
+        "deploy-eu-west": (1, 20),
+        "nightly-backups": (2, 60),
+    }
+    for rt, (peak, every) in profiles.items():
+        depth = 4
+        for ago in range(24 * 60, 0, -1):
+            if ago % every:
+                continue
+            daily = 0.55 + 0.45 * math.sin(ago / (24 * 60) * 2 * math.pi + 1.3)
+            enqueued = max(0, round(rng.gauss(peak * daily, peak * 0.15)))
+            failed = dead = 0
+            completed = enqueued
+            age = rng.uniform(2, 20)
+            if rt == "ci-linux-x64" and ago <= 40:
+                dead = rng.randint(3, 8)
+                failed = rng.randint(6, 12)
+                completed = max(0, enqueued - dead - failed - rng.randint(4, 9))
+                # Up to the 16 the example leaves queued, now.
+                depth = 3 + round((41 - ago) / 40 * 13)
+                age = (41 - ago) * 60 * 0.8
+            elif rt == "agents.research" and 300 <= ago <= 330:
+                failed = rng.randint(1, 3)
+            else:
+                depth = max(0, depth + rng.randint(-1, 1))
+            claimed = completed + failed + dead
+            typical = 0.3 if age < 60 else 40.0
+            rows.append(
+                (
+                    rt,
+                    ago,
+                    enqueued,
+                    claimed,
+                    completed,
+                    failed,
+                    dead,
+                    _waits(claimed, typical, rng),
+                    depth,
+                    age if depth else None,
+                )
+            )
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.executemany(HISTORY_ROW, rows)
+    finally:
+        await conn.close()
+
+
+async def _failures(api: Api) -> None:
+    """Dead tasks with a few kinds of error, for the failing view's groups."""
+    for rt, errors in [
+        (
+            "ci-linux-x64",
+            ["TimeoutError: the build took longer than 3600 s"] * 5
+            + ["OSError: [Errno 28] No space left on device\n  at /var/lib/runner"] * 3
+            + ["AssertionError: expected <200>, got <502>"],
+        ),
+        ("agents.research", ["RateLimitError: 429 from the model provider"] * 2),
+    ]:
+        for error in errors:
+            await api.enqueue(rt, {"repo": "acme/web", "shard": 3})
+            [doomed] = (await api.ok("POST", f"/v1/runtimes/{rt}/claim", {"worker_id": "r-9"}))[
+                "tasks"
+            ]
+            await api.ok(
+                "POST",
+                f"/v1/tasks/{doomed['id']}/fail",
+                {"lease_id": doomed["lease_id"], "error": error, "retry": False},
+            )
+
+
 async def main() -> int:
     if chromium_missing():
         print(MISSING, file=sys.stderr)
@@ -115,7 +220,9 @@ async def main() -> int:
         env = serve_env(url, redis_url, new_prefix())
         async with serve_process(env=env) as (proc, base), aiohttp.ClientSession() as http:
             api = Api(http, base, TOKEN)
+            await _failures(api)
             task_id = await _seed(api)
+            await _history(url)
             # Two daemons waiting on a runtime with nothing queued: parked pollers.
             parked = [
                 asyncio.create_task(
@@ -132,11 +239,26 @@ async def main() -> int:
             OUT.mkdir(parents=True, exist_ok=True)
             async with browser_page(1100, 640) as page:
                 await page.goto(f"{base}/console#token={token}")
-                await page.locator("#runtimes").wait_for()
+                await page.locator("#runtimes .sparkline path").first.wait_for()
+                await page.locator("#fleet-chart path").first.wait_for()
                 await page.screenshot(path=OUT / "runtimes.png", full_page=True)
+                await page.goto(f"{base}/console#/failing")
+                await page.locator(".failing-runtime .groups").first.wait_for()
+                await page.screenshot(path=OUT / "failing.png", full_page=True)
+                first = page.locator(".failing-runtime").first
+                await first.get_by_role("button", name="Retry these 5").click()
+                await first.screenshot(path=OUT / "bulk-confirm.png")
                 await page.goto(f"{base}/console#/runtime/ci-linux-x64")
                 await page.locator("#tasks").wait_for()
+                await page.locator("#wait-chart path").first.wait_for()
                 await page.screenshot(path=OUT / "runtime.png", full_page=True)
+                # The throughput chart read by keyboard: a column 12 minutes ago.
+                chart = page.locator("#throughput-chart svg[role=img]")
+                await chart.focus()
+                await page.keyboard.press("End")
+                for _ in range(12):
+                    await page.keyboard.press("ArrowLeft")
+                await page.locator(".history").screenshot(path=OUT / "charts.png")
                 await page.locator("#schedules details").first.locator("summary").click()
                 panel = page.locator(".schedules")
                 await panel.screenshot(path=OUT / "schedules.png")
@@ -148,6 +270,9 @@ async def main() -> int:
                 await page.screenshot(path=OUT / "task.png", full_page=True)
                 await page.set_viewport_size({"width": 400, "height": 800})
                 await page.screenshot(path=OUT / "task-narrow.png", full_page=True)
+                await page.goto(f"{base}/console#/runtime/ci-linux-x64")
+                await page.locator("#wait-chart path").first.wait_for()
+                await page.locator(".history").screenshot(path=OUT / "charts-narrow.png")
             for poll in parked:
                 poll.cancel()
             with contextlib.suppress(asyncio.CancelledError):
