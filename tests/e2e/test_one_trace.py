@@ -20,7 +20,7 @@ import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
@@ -43,9 +43,11 @@ async def test_one_trace_runs_from_the_producer_through_the_gateway_to_the_comma
     provider = TracerProvider(resource=Resource({"service.name": "a-producer"}))
     provider.add_span_processor(SimpleSpanProcessor(produced))
     async with receiver() as spans:
-        provider.add_span_processor(
-            SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{spans.endpoint}/v1/traces"))
-        )
+        # Batched: its exporter posts from a thread of its own. A simple processor would
+        # post from this event loop's thread, which serves the receiver too, and wait
+        # out the exporter's timeout (10 s) for an answer that loop cannot give.
+        exporter = OTLPSpanExporter(endpoint=f"{spans.endpoint}/v1/traces")
+        provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=50))
         env = serve_env(database_url, redis_url, redis_prefix, **spans.env())
         async with serve_process(env=env) as (_, base), AsyncClient(base, TOKEN) as client:
             tracer = provider.get_tracer("a-producer")
@@ -58,6 +60,7 @@ async def test_one_trace_runs_from_the_producer_through_the_gateway_to_the_comma
                 proc.send_signal(signal.SIGTERM)
                 assert await asyncio.wait_for(proc.wait(), 15) == 0
             command = await spans.wait_for(lambda s: s.name == "command work")
+            await spans.wait_for(lambda s: s.name == "produce")
             # Written after their answers: the result wait's, and the lease's.
             await spans.wait_for(lambda s: s.name in (f"result wait {rt}", f"lease {rt}"), 2)
     [produce] = produced.get_finished_spans()
