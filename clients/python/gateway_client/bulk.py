@@ -5,11 +5,11 @@ which `AsyncClient` is made of). Retrying and cancelling need a token with the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from .calls.base import Calls
 from .models import parse_time
 from .paths import runtime_path
 
@@ -57,20 +57,8 @@ class ErrorGroups:
     truncated: bool
 
 
-class BulkCalls:
+class BulkCalls(Calls):
     """The bulk calls of `AsyncClient` (client.py), which supplies `request`."""
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        params: Mapping[str, str] | None = None,
-        headers: Mapping[str, str] | None = None,
-        timeout_seconds: float | None = None,
-    ) -> tuple[int, Any, Mapping[str, str]]:
-        raise NotImplementedError
 
     async def retry_tasks(
         self,

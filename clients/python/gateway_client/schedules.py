@@ -4,11 +4,11 @@ needs a token with the `enqueue` scope on the runtime, reading the `read` scope.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from .calls.base import Calls
 from .models import format_time, parse_time
 from .paths import runtime_path, segment
 
@@ -100,20 +100,8 @@ def _path(runtime: str, name: str = "", rest: str = "") -> str:
     return runtime_path(runtime, "/schedules" + tail + rest)
 
 
-class ScheduleCalls:
+class ScheduleCalls(Calls):
     """The schedule calls of `AsyncClient` (client.py), which supplies `request`."""
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        params: Mapping[str, str] | None = None,
-        headers: Mapping[str, str] | None = None,
-        timeout_seconds: float | None = None,
-    ) -> tuple[int, Any, Mapping[str, str]]:
-        raise NotImplementedError
 
     async def put_schedule(
         self,

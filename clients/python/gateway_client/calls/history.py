@@ -5,13 +5,13 @@ the fleet's covers the runtimes the token covers, and no other."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
 from ..models import parse_time
 from ..paths import runtime_path
+from .base import Calls
 
 # How far back a history goes, from now.
 Window = Literal["1h", "24h", "7d"]
@@ -82,20 +82,8 @@ class FleetHistory:
     top_by_failures: dict[str, tuple[int, int]]
 
 
-class HistoryCalls:
+class HistoryCalls(Calls):
     """The history calls of `AsyncClient` (client.py), which supplies `request`."""
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        params: Mapping[str, str] | None = None,
-        headers: Mapping[str, str] | None = None,
-        timeout_seconds: float | None = None,
-    ) -> tuple[int, Any, Mapping[str, str]]:
-        raise NotImplementedError
 
     async def runtime_history(self, runtime: str, window: Window = "1h") -> RuntimeHistory:
         """What happened to the runtime's tasks over the last hour, day or week."""
