@@ -20,7 +20,9 @@ def test_start_up_garbage_is_collected_and_the_rest_frozen() -> None:
     try:
         before = weakref.ref(Cycle())  # garbage in a cycle: only a collection frees it
         frozen = freeze_startup_heap()
-        assert frozen == gc.get_freeze_count() > 10_000
+        # What it reports is what it froze. A thread another test left in this process
+        # may free a few frozen objects meanwhile (the count only ever falls after it).
+        assert frozen > 10_000 and 0 <= frozen - gc.get_freeze_count() < 1_000
         assert before() is None  # collected first, not frozen alive
         # What is made afterwards is collected as before.
         after = weakref.ref(Cycle())
