@@ -74,9 +74,10 @@ async def test_two_hundred_tasks_each_completed_once(
         if n % 10 == 0:
             assert task.status == "dead"
             assert task.last_error is not None
-            assert task.last_error.startswith("exit code 7\n")
+            head = f"failed on purpose: {n} (exit code 7)\n"
+            assert task.last_error.startswith(head)
             assert task.last_error.endswith(f"failed on purpose: {n}")
-            assert len(task.last_error) <= 4096 + len("exit code 7\n")
+            assert len(task.last_error) <= 4096 + len(head)
         else:
             assert task.status == "completed"
             assert task.result["n"] == n and task.result["task_id"] == task.id

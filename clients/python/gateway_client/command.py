@@ -28,6 +28,8 @@ from .models import Task
 from .tracing.propagation import command_environment, task_context
 
 STDERR_TAIL_BYTES = 4096
+# Of stderr's last line, as the first line of a failed task's error.
+LAST_LINE_CHARS = 500
 # The gateway's default GATEWAY_MAX_PAYLOAD_BYTES, which bounds a result too.
 MAX_RESULT_BYTES = 1024 * 1024
 TERM_GRACE_SECONDS = 5.0
@@ -92,7 +94,7 @@ class CommandHandler:
             raise
         code = proc.returncode
         if code != 0:
-            raise TaskFailed(_exit_text(code) + "\n" + stderr.decode("utf-8", "replace"))
+            raise TaskFailed(_failure_text(code, stderr.decode("utf-8", "replace")))
         return self._result(stdout, overflow)
 
     async def _exchange(
@@ -148,6 +150,18 @@ def _kill_group(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
     # The group id is the command's pid (start_new_session); it outlives the leader.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
+
+
+def _failure_text(code: int | None, stderr_tail: str) -> str:
+    """The error a failed command leaves on its task: a first line that says what went
+    wrong, its stderr's last line (where a traceback or a shell says it) with the exit,
+    then the tail of stderr. The console groups failures by that first line, so that
+    `exit code 1` alone does not stand for every failure of every command."""
+    lines = (line.strip() for line in reversed(stderr_tail.splitlines()))
+    last = next((line for line in lines if line), "")
+    exit_text = _exit_text(code)
+    head = f"{last[:LAST_LINE_CHARS]} ({exit_text})" if last else exit_text
+    return head + "\n" + stderr_tail
 
 
 def _exit_text(code: int | None) -> str:

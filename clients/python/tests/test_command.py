@@ -68,13 +68,22 @@ async def test_a_task_without_a_trace_does_not_inherit_the_worker_s():
     assert await run(task()) == {"stdout": "none none\n"}
 
 
-async def test_a_failing_command_fails_with_its_exit_code_and_stderr_tail():
-    script = "head -c 10000 /dev/zero | tr '\\0' x >&2; echo END >&2; exit 4"
+async def test_a_failing_command_fails_with_its_last_words_exit_code_and_stderr_tail():
+    script = (
+        "head -c 10000 /dev/zero | tr '\\0' x >&2; echo >&2; echo 'OSError: disk full' >&2; exit 4"
+    )
     with pytest.raises(TaskFailed) as failed:
         await CommandHandler(["sh", "-c", script])(task())
     error = failed.value.error
-    assert error.startswith("exit code 4\n") and error.endswith("END\n")
-    assert len(error) == len("exit code 4\n") + 4096
+    head = "OSError: disk full (exit code 4)\n"
+    assert error.startswith(head) and error.endswith("OSError: disk full\n")
+    assert len(error) == len(head) + 4096
+
+
+async def test_a_command_failing_in_silence_fails_with_its_exit_code():
+    with pytest.raises(TaskFailed) as failed:
+        await CommandHandler(["sh", "-c", "echo '  ' >&2; exit 3"])(task())
+    assert failed.value.error == "exit code 3\n  \n"
 
 
 async def test_a_cancelled_command_s_group_is_terminated(tmp_path: Path):
