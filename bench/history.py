@@ -25,17 +25,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import secrets
 import statistics
 import time
 
 import asyncpg
 
-from bench.claim_delayed import with_database
+from bench.measure import scratch_database
 from gateway.api.requests import parse_enqueue
 from gateway.metrics import Metrics
 from gateway.store import Store
-from gateway.store.migrate import apply_migrations
 
 ZEROS = "'{0,0,0,0,0,0,0,0,0,0,0,0,0,0}'::bigint[]"
 MINUTE = "to_timestamp(floor(extract(epoch FROM now()) / 60) * 60)"
@@ -180,12 +178,8 @@ async def main() -> None:
     args = parser.parse_args()
     if not args.admin_url:
         raise SystemExit("give --admin-url or set TEST_DATABASE_URL")
-    name = "gwtest_history_" + secrets.token_hex(4)
-    admin = await asyncpg.connect(args.admin_url)
-    await admin.execute(f"CREATE DATABASE {name}")
+    url, drop = await scratch_database(args.admin_url, "gwtest_history_")
     try:
-        url = with_database(args.admin_url, name)
-        await apply_migrations(url, log=lambda _line: None)
         if args.statements:
             await statement_cost(url, args.statements)
             return
@@ -198,8 +192,7 @@ async def main() -> None:
         finally:
             await store.close()
     finally:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.close()
+        await drop()
 
 
 if __name__ == "__main__":

@@ -69,10 +69,13 @@ def with_database(url: str, name: str) -> str:
     return f"{base}/{name}"
 
 
-async def scratch_database() -> tuple[str, Callable[[], Awaitable[None]]]:
-    """A migrated database of the run's own, and a function that drops it."""
-    admin = admin_url()
-    name = "gwtest_scale_" + secrets.token_hex(4)
+async def scratch_database(
+    admin: str | None = None, prefix: str = "gwtest_scale_"
+) -> tuple[str, Callable[[], Awaitable[None]]]:
+    """A migrated database of the run's own, made through `admin` (a URL that may
+    create databases; default TEST_DATABASE_URL), and a function that drops it."""
+    admin = admin or admin_url()
+    name = prefix + secrets.token_hex(4)
     conn = await asyncpg.connect(admin)
     try:
         await conn.execute(f'CREATE DATABASE "{name}"')
