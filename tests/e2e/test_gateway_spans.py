@@ -100,19 +100,16 @@ def ids(span: Span) -> tuple[str, str]:
 async def test_an_enqueued_task_stores_its_producer_span_a_child_of_the_server_span(
     traced: Traced, runtime_id: str
 ) -> None:
-    headers = {"traceparent": PARENT, "tracestate": "congo=t61rcWkgMzE"}
+    # A trace of its own: the server span of the first test is in PARENT's trace too.
+    sent = parent(5)
+    _, trace_id, caller, _ = sent.split("-")
+    headers = {"traceparent": sent, "tracestate": "congo=t61rcWkgMzE"}
     status, made = await traced.post(f"/v1/runtimes/{runtime_id}/tasks", {"payload": 1}, headers)
     assert status == 201, made
-    server = await traced.server_span(TRACE, TASKS_ROUTE)
-    assert server.parent_id == CALLER
-    assert server.name == f"POST {TASKS_ROUTE}"
-    assert server.resource["service.name"] == "claim-gateway"
-    assert server.attributes["http.request.method"] == "POST"
-    assert server.attributes["http.response.status_code"] == 201
-    assert server.attributes["url.scheme"] == "http"
-    assert server.attributes["server.address"] == "127.0.0.1"
+    server = await traced.server_span(trace_id, TASKS_ROUTE)  # its attributes: the test above
+    assert server.parent_id == caller
     [producer] = await traced.producers(server.span_id)
-    assert producer.trace_id == TRACE
+    assert producer.trace_id == trace_id
     assert producer.name == f"send {runtime_id}"
     assert producer.attributes == {
         "messaging.system": "claim-gateway",
