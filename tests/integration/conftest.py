@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from gateway.store import Store
-from tests.support.databases import execute
+from tests.support.databases import execute, temporary_database_sync
 from tests.support.stores import open_store
+
+
+@pytest.fixture(scope="module")
+def module_database_url(pg_admin_url: str) -> Iterator[str]:
+    """A migrated database for one test module (its data loaded once, as the EXPLAIN
+    tests load theirs), dropped after it."""
+    with temporary_database_sync(pg_admin_url) as url:
+        yield url
 
 
 @pytest.fixture

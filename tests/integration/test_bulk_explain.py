@@ -13,7 +13,7 @@ counted, under custom and generic plans.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -23,7 +23,6 @@ import pytest_asyncio
 from bench.measure import bulk_finished
 from gateway.api.bulk_bodies import HISTORY_ROWS
 from gateway.store.sql import bulk as bulk_sql
-from tests.support.databases import temporary_database_sync
 from tests.support.plans import MODES, describe, explain, task_scans
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
@@ -31,13 +30,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 HISTORY = HISTORY_ROWS + 10_000
 QUEUED = 2_000
 DEAD = 6_000
-
-
-@pytest.fixture(scope="module")
-def module_database_url(pg_admin_url: str) -> Iterator[str]:
-    """A migrated database for this module, dropped after it."""
-    with temporary_database_sync(pg_admin_url) as url:
-        yield url
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

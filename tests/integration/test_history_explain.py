@@ -12,7 +12,7 @@ generic plans.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -20,19 +20,12 @@ import pytest
 import pytest_asyncio
 
 from gateway.store.sql import history as sql
-from tests.support.databases import temporary_database_sync
 from tests.support.plans import MODES, describe, explain, indexes, plan_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 RUNTIMES = 1_000
 ZEROS = "'{0,0,0,0,0,0,0,0,0,0,0,0,0,0}'::bigint[]"
-
-
-@pytest.fixture(scope="module")
-def module_database_url(pg_admin_url: str) -> Iterator[str]:
-    with temporary_database_sync(pg_admin_url) as url:
-        yield url
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

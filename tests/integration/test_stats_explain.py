@@ -12,7 +12,7 @@ once; the planner chooses on its own (no enable_seqscan).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -22,7 +22,6 @@ import pytest_asyncio
 from bench.measure import bulk_finished
 from gateway.store.sql import janitor as janitor_sql
 from gateway.store.sql import tasks as task_sql
-from tests.support.databases import temporary_database_sync
 from tests.support.plans import MODES, describe, explain, task_scans, walk
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
@@ -83,13 +82,6 @@ async def loaded(module_database_url: str) -> AsyncIterator[asyncpg.Connection]:
         yield conn
     finally:
         await conn.close()
-
-
-@pytest.fixture(scope="module")
-def module_database_url(pg_admin_url: str) -> Iterator[str]:
-    """A migrated database for this module, dropped after it."""
-    with temporary_database_sync(pg_admin_url) as url:
-        yield url
 
 
 def scans_of(nodes: list[dict[str, Any]], table: str) -> list[dict[str, Any]]:
