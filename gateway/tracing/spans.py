@@ -190,11 +190,8 @@ class Spans:
         span. End it with `sent` once the task's id is known, or `failed`."""
         parent: Context | None = None
         links: list[Link] = []
-        if own is not None:
-            carrier = {"traceparent": own[0]}
-            if own[1]:
-                carrier["tracestate"] = own[1]
-            parent = W3C.extract(carrier)
+        if own is not None and (carried := stored_context(*own)) is not None:
+            parent = child_of(carried)
             current = trace.get_current_span().get_span_context()
             if current.is_valid:
                 links.append(Link(current))
@@ -260,7 +257,7 @@ class Spans:
         contexts = [span.get_span_context() for span in requests]
         links: list[Link] = []
         if len(contexts) == 1:
-            parent = trace.set_span_in_context(NonRecordingSpan(contexts[0]), Context())
+            parent = child_of(contexts[0])
         else:
             parent, links = Context(), [Link(context) for context in contexts]
         span = self.tracer.start_span(
@@ -307,7 +304,7 @@ class Spans:
             due = max(task.run_at, task.created_at)
             self.tracer.start_span(
                 f"queued {runtime_id}",
-                context=trace.set_span_in_context(NonRecordingSpan(stored)),
+                context=child_of(stored),
                 start_time=_ns(due),
                 attributes={
                     **_task_attributes(runtime_id, task.id),
@@ -339,7 +336,7 @@ class Spans:
         request = trace.get_current_span().get_span_context()
         self.tracer.start_span(
             f"result wait {task.runtime_id}",
-            context=trace.set_span_in_context(NonRecordingSpan(stored)),
+            context=child_of(stored),
             links=[Link(request)] if request.is_valid else [],
             start_time=began_ns,
             attributes={
@@ -376,7 +373,7 @@ class Spans:
             self.ids.choose(lease_span_id(lease_id))
         span = self.tracer.start_span(
             f"lease {runtime_id}",
-            context=trace.set_span_in_context(NonRecordingSpan(stored)),
+            context=child_of(stored),
             kind=SpanKind.CONSUMER,
             start_time=min(began, now) if began is not None else now,
             attributes={
@@ -417,7 +414,7 @@ class Spans:
         )
         self.tracer.start_span(
             f"{name} {runtime_id}",
-            context=trace.set_span_in_context(NonRecordingSpan(lease)),
+            context=child_of(lease),
             start_time=at_ns,
             attributes=_task_attributes(runtime_id, task_id),
         ).end(end_time=at_ns)
@@ -442,6 +439,12 @@ def stored_context(traceparent: str | None, tracestate: str | None) -> SpanConte
         carrier["tracestate"] = tracestate
     context = trace.get_current_span(W3C.extract(carrier)).get_span_context()
     return context if context.is_valid else None
+
+
+def child_of(parent: SpanContext) -> Context:
+    """A context whose span is `parent` (and nothing else of the current context), to
+    start a child of it."""
+    return trace.set_span_in_context(NonRecordingSpan(parent), Context())
 
 
 def _task_attributes(runtime_id: str, task_id: object) -> dict[str, Any]:
