@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -206,30 +207,22 @@ class Janitor:
             (FINISHED, self._settings.retention_seconds),
             (("dead",), self._settings.dead_retention_seconds),
         ):
-            for _ in range(MAX_BATCHES_PER_STEP):
-                n = await self._store.purge_finished(statuses, age, self._batch)
-                report.purged += n
-                if n < self._batch:
-                    break
+            purge = functools.partial(self._store.purge_finished, statuses, age)
+            report.purged += await self._batches(purge)
         self._metrics.tasks_purged.inc(report.purged)
 
     async def _purge_ticks(self, report: PassReport) -> None:
         """The schedules' tick record kept GATEWAY_SCHEDULE_TICKS_DAYS (a backfill may
         not reach further back), oldest first, in bounded batches."""
-        for _ in range(MAX_BATCHES_PER_STEP):
-            n = await self._store.purge_ticks(self._settings.schedule_ticks_days, self._batch)
-            report.ticks_purged += n
-            if n < self._batch:
-                break
+        days = self._settings.schedule_ticks_days
+        report.ticks_purged = await self._batches(
+            lambda limit: self._store.purge_ticks(days, limit)
+        )
 
     async def _fold(self, report: PassReport) -> None:
         """Keeps the finished-task counts at a few rows per runtime (FOLD_TASK_COUNTS):
         work proportional to the runtimes whose tasks finished since the last pass."""
-        for _ in range(MAX_BATCHES_PER_STEP):
-            n = await self._store.fold_counts(self._batch)
-            report.folded += n
-            if n < self._batch:
-                break
+        report.folded = await self._batches(self._store.fold_counts)
 
     async def _history(self, report: PassReport) -> None:
         """The per-runtime history's rollup (docs/guides/history.md): hands the bucket
