@@ -2,7 +2,7 @@
 
 Every knob is read once, at start-up, and validated there; a bad value stops the
 process with a message naming the variable. Units are part of the names. Which
-variables there are, their defaults, bounds and meaning: gateway/environment.py.
+variables there are, their defaults, bounds and meaning: gateway/environment/.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One environment variable's declaration (`Variable`), and how its text becomes its
 value: the readers of each kind, which refuse a value out of range with a ConfigError
-that names the variable. gateway/environment.py declares every variable with it.
+that names the variable. gateway/environment/ declares every variable with it.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ itself, so that neither can drift from what the gateway does and neither is comm
   in-process by the same call (gateway.http.openapi.build over the endpoint table) with
   the default settings' limits;
 - reference/configuration.md, from the environment variables' declarations
-  (gateway.environment.VARIABLES), the only names Settings.from_env reads;
+  (gateway.environment.GROUPS), the only names Settings.from_env reads;
 
 and it adds bench/last-run.png, the figure of the performance page.
 
@@ -25,7 +25,7 @@ from typing import Any
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
 
-from gateway.environment import VARIABLES, Variable
+from gateway.environment import GROUPS, Variable
 from gateway.http import openapi
 from gateway.http.routes import ENDPOINTS
 from gateway.settings import Settings
@@ -272,9 +272,9 @@ def _cell(text: str) -> str:
 # -- the configuration -----------------------------------------------------------------
 
 
-def configuration_page(variables: Iterable[Variable] = VARIABLES) -> str:
-    """Every environment variable the gateway reads, one section each."""
-    variables = list(variables)
+def configuration_page(groups: Iterable[tuple[str, Iterable[Variable]]] = GROUPS) -> str:
+    """Every environment variable the gateway reads, by concern: a table of each group's
+    variables, then one section each."""
     out = [
         "# Configuration reference",
         "",
@@ -283,21 +283,22 @@ def configuration_page(variables: Iterable[Variable] = VARIABLES) -> str:
         "variable. Secrets are never logged. An unset or empty variable takes its default. "
         "A switch reads `on` or `off` (also `true`/`false`, `1`/`0`, `yes`/`no`).",
         "",
-        "This page is generated from the declarations in `gateway/environment.py`, the "
+        "This page is generated from the declarations in `gateway/environment/`, the "
         "only names `gateway serve` reads.",
         "",
-        "| variable | default | values |",
-        "|---|---|---|",
     ]
-    for v in variables:
-        anchor = v.name.lower().replace("_", "-")
-        out.append(f"| [`{v.name}`](#{anchor}) | {shown_default(v)} | {allowed(v)} |")
-    out.append("")
-    for v in variables:
-        anchor = v.name.lower().replace("_", "-")
-        out += [f"## `{v.name}` {{#{anchor}}}", ""]
-        out += [f"Default: {shown_default(v)}. Values: {allowed(v)}.", ""]
-        out += [_site_links(v.doc), ""]
+    for title, variables in groups:
+        variables = list(variables)
+        out += [f"## {title}", "", "| variable | default | values |", "|---|---|---|"]
+        for v in variables:
+            anchor = v.name.lower().replace("_", "-")
+            out.append(f"| [`{v.name}`](#{anchor}) | {shown_default(v)} | {allowed(v)} |")
+        out.append("")
+        for v in variables:
+            anchor = v.name.lower().replace("_", "-")
+            out += [f"### `{v.name}` {{#{anchor}}}", ""]
+            out += [f"Default: {shown_default(v)}. Values: {allowed(v)}.", ""]
+            out += [_site_links(v.doc), ""]
     return "\n".join(out)
 
 

@@ -1,5 +1,5 @@
 """Every environment variable the gateway reads is declared once and documented: the
-declarations (gateway/environment.py) are what Settings.from_env reads and what the
+declarations (gateway/environment/) are what Settings.from_env reads and what the
 configuration reference of the documentation site is written from."""
 
 from __future__ import annotations
@@ -107,12 +107,12 @@ def test_the_check_sees_a_read() -> None:
 
 def test_the_reference_page_documents_every_variable_and_no_other() -> None:
     page = reference().configuration_page()
-    sections = re.findall(r"^## `([A-Z0-9_]+)`", page, re.MULTILINE)
+    sections = re.findall(r"^### `([A-Z0-9_]+)`", page, re.MULTILINE)
     assert sorted(sections) == sorted(ENV_NAMES)
     for v in VARIABLES:
-        body = page.split(f"## `{v.name}`", 1)[1].split("\n## ", 1)[0]
+        body = page.split(f"### `{v.name}`", 1)[1].split("\n##", 1)[0]
         assert v.doc.split("(")[0].strip() in body, v.name
-    empty_ttl = page.split("## `GATEWAY_EMPTY_TTL_SECONDS`", 1)[1].split("\n## ", 1)[0]
+    empty_ttl = page.split("### `GATEWAY_EMPTY_TTL_SECONDS`", 1)[1].split("\n##", 1)[0]
     assert "Default: `30`. Values: 0.1 to 86400 seconds." in empty_ttl
     assert "`standalone`, `cluster`, `sentinel`" in page
 
