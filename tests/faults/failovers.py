@@ -1,18 +1,22 @@
 """The failover rows' steps: a Patroni-managed primary moved (a switchover, a crash, a
-cut from etcd and its replica) and the old one brought back as a replica, and a Redis
-master SIGKILLed under Sentinel. The rows themselves are in `faults`."""
+cut from etcd and its replica) and the old one brought back as a replica, HAProxy's
+view of it watched, and a Redis master SIGKILLed under Sentinel. The rows themselves
+are in `faults`."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import time
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 import psutil
 
+from tests.faults.haproxy import HAProxy
 from tests.faults.patroni import TTL_SECONDS, Node, PatroniCluster
 from tests.faults.rig import Rig
 from tests.faults.servers import REDIS_BREAKER, REDIS_ERRORS, log
@@ -196,6 +200,67 @@ async def promoted_then_reconnect(rig: Rig) -> None:
     await new_primary(rig)
     for proxy in rig.cuts[rig.notes["old primary"]]:
         proxy.heal()
+
+
+HAPROXY_SAMPLE_SECONDS = 0.1
+# HAProxy's line for a server marked down, with the sessions it had (which
+# `shutdown-sessions` ends): "Server postgres_primary/node0 is DOWN, reason: ...
+# 1 active and 0 backup servers left. 12 sessions active, 0 requeued, ...".
+DOWN_LINE = re.compile(r"Server \S+/(\S+) is DOWN, .*? (\d+) sessions active")
+
+
+def _haproxy(rig: Rig) -> HAProxy:
+    assert rig.haproxy is not None
+    return rig.haproxy
+
+
+def through_haproxy(inject: Callable[[Rig], Awaitable[None]]) -> Callable[[Rig], Awaitable[None]]:
+    """`inject`, with HAProxy watched from just before it (`watch_haproxy`, beside the
+    load until the rig ends)."""
+
+    async def inject_watched(rig: Rig) -> None:
+        ha, balancer = _cluster(rig), _haproxy(rig)
+        old = await asyncio.to_thread(ha.leader)
+        log_from = balancer.log_path.stat().st_size
+        rig.background.append(asyncio.create_task(watch_haproxy(rig, old.name, log_from)))
+        await inject(rig)
+
+    return inject_watched
+
+
+async def watch_haproxy(rig: Rig, old: str, log_from: int) -> None:
+    """Samples HAProxy's servers every HAPROXY_SAMPLE_SECONDS from the fault on, and
+    notes how long after it HAProxy marked the old primary down (ending the sessions
+    its log says it had), and sent new connections to another node (the new primary,
+    whose checks passed RISE times). A switch HAProxy never made is noted too."""
+    balancer = _haproxy(rig)
+    started = time.monotonic()
+    down = up = False
+    rig.notes["HAProxy marked the old primary down"] = "never"
+    rig.notes["HAProxy sent new connections to the new primary"] = "never"
+    while not (down and up):
+        servers = await asyncio.to_thread(balancer.servers)
+        after = f"{time.monotonic() - started:.2f} s after the fault"
+        if not down and servers.get(old, "UP").startswith(("DOWN", "MAINT")):
+            down = True
+            ended = _sessions_ended(balancer, old, log_from)
+            rig.notes["HAProxy marked the old primary down"] = f"{after}, {ended}"
+        if not up and any(s == "UP" for name, s in servers.items() if name != old):
+            up = True
+            rig.notes["HAProxy sent new connections to the new primary"] = after
+        await asyncio.sleep(HAPROXY_SAMPLE_SECONDS)
+
+
+def _sessions_ended(balancer: HAProxy, server: str, log_from: int) -> str:
+    """What HAProxy's log, from byte `log_from`, says of `server` marked down."""
+    with contextlib.suppress(OSError):
+        with balancer.log_path.open("rb") as log_file:
+            log_file.seek(log_from)
+            text = log_file.read().decode(errors="replace")
+        for name, sessions in DOWN_LINE.findall(text):
+            if name == server:
+                return f"ending the {sessions} sessions it had"
+    return "its log names no sessions"
 
 
 def _sentinels(rig: Rig) -> LocalSentinel:

@@ -53,6 +53,9 @@ class Fault:
     # reports acknowledged-lost and resurrected tasks but is not failed by them.
     loss_allowed: bool = False
     partition: bool = False  # Patroni's paths run through proxies (rig's `cuts`)
+    # The gateways reach the Patroni pair through HAProxy on Patroni's /primary check
+    # (rig's `haproxy`), not through a multi-host URL.
+    haproxy: bool = False
     # A gateway counter (summed over both; a gateway started again counts from zero)
     # that must grow across the fault, so that a fault that silently did nothing cannot
     # pass as a clean row.
@@ -375,6 +378,34 @@ FAULTS = {
                     settled=failovers.rejoined_through_rewind,
                 ),
             )
+        ),
+        # The same faults, the gateways reaching the pair through HAProxy, as
+        # docs/operations/failover.md recommends for Patroni.
+        Fault(
+            "Patroni switchover through HAProxy (synchronous)",
+            failovers.through_haproxy(failovers.switchover),
+            failovers.new_primary,
+            hold_seconds=0.0,
+            replication="synchronous",
+            haproxy=True,
+        ),
+        Fault(
+            "Patroni primary SIGKILLed through HAProxy (synchronous)",
+            failovers.through_haproxy(failovers.crash_primary),
+            failovers.new_primary,
+            hold_seconds=0.0,
+            replication="synchronous",
+            haproxy=True,
+            settled=failovers.rejoined,
+        ),
+        Fault(
+            "Patroni primary cut off from etcd and its replica, through HAProxy (synchronous)",
+            failovers.through_haproxy(failovers.cut_primary),
+            failovers.promoted_then_reconnect,
+            hold_seconds=0.0,
+            replication="synchronous",
+            partition=True,
+            haproxy=True,
         ),
         Fault(
             "Redis Sentinel failover (master SIGKILLed)",

@@ -25,6 +25,7 @@ from gateway.janitor import LOCK_KEY
 from tests.faults import patroni
 from tests.faults.checker import History, Row, ScheduleVerdict, Verdict, check
 from tests.faults.faults import FAULTS, LEADER_METRIC, Fault, counters, grown, proof_before
+from tests.faults.haproxy import haproxy_binary
 from tests.faults.load import Load, LoadShape
 from tests.faults.rig import (
     JANITOR_INTERVAL_SECONDS,
@@ -233,6 +234,7 @@ async def run_row(fault: Fault, admin_url: str | None, timing: Timing) -> RowRes
     async with rig(
         admin_url, private_postgres=fault.private_postgres, proxy=fault.proxy,
         replication=fault.replication, partition=fault.partition, sentinel=fault.sentinel,
+        haproxy=fault.haproxy,
     ) as r:  # fmt: skip
         load = Load(r.urls, r.token, shape)
         await load.start()
@@ -255,7 +257,7 @@ async def run_row(fault: Fault, admin_url: str | None, timing: Timing) -> RowRes
                 unproven = unproven or f"{fault.proof} did not grow: the fault left no trace"
             if fault.replication:
                 # The lock lived on the old primary: a gateway must take it again on the
-                # new one, through the same multi-host URL.
+                # new one, through the same URL (multi-host, or HAProxy's).
                 taken = await relocked
                 if taken is None or await one_leader(r, LEADER_WAIT_SECONDS) is None:
                     unproven = unproven or (
@@ -421,7 +423,8 @@ async def run_matrix(
 def missing(fault: Fault) -> str:
     """What the row needs and this machine lacks, or ''."""
     if fault.replication is not None:
-        return patroni.missing()
+        lacking = [patroni.missing(), "" if not fault.haproxy or haproxy_binary() else "haproxy"]
+        return ", ".join(x for x in lacking if x)
     if fault.sentinel and not shutil.which("redis-cli"):
         return "redis-cli"
     return ""

@@ -1,8 +1,9 @@
 """One row's servers: a private redis-server (or a Redis master, its replica and three
 sentinels, which the gateways reach in sentinel mode), a fresh migrated database (on a
 shared Postgres, on a private cluster the row may restart, or on a Patroni-managed pair
-the row may fail over, reached through a multi-host URL), optionally a blackhole proxy
-in front of Redis for the second gateway, and two `gateway serve` processes."""
+the row may fail over, reached through a multi-host URL or through HAProxy), optionally
+a blackhole proxy in front of Redis for the second gateway, and two `gateway serve`
+processes."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Any
 import asyncpg
 
 from gateway.janitor import REPAIR_PAGES_PER_PASS
+from tests.faults.haproxy import HAProxy
 from tests.faults.patroni import PatroniCluster
 from tests.faults.servers import GatewayProcess, PrivatePostgres
 from tests.faults.ticks import KEYLESS_GATEWAY, drop_tick_key
@@ -68,6 +70,7 @@ class Rig:
     proxy: BlackholeProxy | None = None
     postgres: PrivatePostgres | None = None
     ha: PatroniCluster | None = None
+    haproxy: HAProxy | None = None  # in front of `ha`'s nodes, when the row reaches them so
     # Per Patroni node: proxies on its paths to etcd and to its replica, which a fault
     # may blackhole (`partition`).
     cuts: dict[str, list[BlackholeProxy]] = field(default_factory=dict)
@@ -123,13 +126,17 @@ async def rig(
     replication: str | None = None,
     partition: bool = False,
     sentinel: bool = False,
+    haproxy: bool = False,
     tick_key: bool = True,
 ) -> AsyncIterator[Rig]:
     """Everything a row needs, torn down afterwards by pid. `admin_url` is a Postgres
     where a database may be created; None (or `private_postgres`) starts a cluster.
     `replication` ("synchronous" or "asynchronous") starts a Patroni-managed pair
     instead, which the gateways reach through one multi-host URL (their pool and the
-    janitor's lock connection alike, as GATEWAY_DIRECT_DATABASE_URL is unset).
+    janitor's lock connection alike, as GATEWAY_DIRECT_DATABASE_URL is unset); with
+    `haproxy`, through one HAProxy in front of the nodes instead (`Rig.haproxy`, which
+    follows Patroni's /primary check), a one-host URL that the database is also made
+    and migrated through.
     `partition`: each node's Patroni reaches etcd, and its replica reaches it, through
     proxies (`Rig.cuts`); the gateways reach every node directly. `sentinel`: instead
     of one redis-server, a master, its replica and SENTINELS sentinels (`Rig.sentinel`),
@@ -147,6 +154,7 @@ async def rig(
     redis = sentinels.master if sentinels is not None else RedisServer(workdir)
     postgres: PrivatePostgres | None = None
     ha: PatroniCluster | None = None
+    balancer: HAProxy | None = None
     cuts: dict[str, list[BlackholeProxy]] = {}
     database_url: str | None = None
     made: Rig | None = None
@@ -166,6 +174,11 @@ async def rig(
                     node.etcd_via, node.advertised_port = to_etcd.port, to_node.port
             await asyncio.to_thread(ha.start)
             admin_url = ha.url()
+            if haproxy:
+                balancer = HAProxy(ha.nodes, workdir / "haproxy")
+                leader = await asyncio.to_thread(ha.leader)
+                await asyncio.to_thread(balancer.start, leader.name)
+                admin_url = balancer.url()
         elif private_postgres or not admin_url:
             postgres = PrivatePostgres(pgdir)
             await asyncio.to_thread(postgres.init)
@@ -176,7 +189,7 @@ async def rig(
             await drop_tick_key(database_url)
         made = Rig(
             workdir, redis, admin_url, database_url, secrets.token_urlsafe(32),
-            postgres=postgres, ha=ha, cuts=cuts, sentinel=sentinels,
+            postgres=postgres, ha=ha, haproxy=balancer, cuts=cuts, sentinel=sentinels,
         )  # fmt: skip
         redis_url = sentinels.url if sentinels is not None else redis.url
         redis_urls = [redis_url, redis_url]
@@ -202,6 +215,8 @@ async def rig(
         redis.kill()
         if sentinels is not None:
             await asyncio.to_thread(sentinels.stop)
+        if balancer is not None:
+            await asyncio.to_thread(balancer.stop)
         if ha is not None:
             for proxy in [p for pair in cuts.values() for p in pair]:
                 proxy.heal()  # Patroni's stop must not wait on a blackholed etcd
