@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 import psutil
 
-from tests.faults.haproxy import HAProxy
+from tests.faults.haproxy import HAProxy, routes
 from tests.faults.patroni import TTL_SECONDS, Node, PatroniCluster
 from tests.faults.rig import Rig
 from tests.faults.servers import REDIS_BREAKER, REDIS_ERRORS, log
@@ -229,29 +229,38 @@ def through_haproxy(inject: Callable[[Rig], Awaitable[None]]) -> Callable[[Rig],
 
 
 async def watch_haproxy(rig: Rig, old: str, log_from: int) -> None:
-    """Samples HAProxy's servers every HAPROXY_SAMPLE_SECONDS from the fault on, and
-    notes how long after it HAProxy marked the old primary down (ending the sessions
-    its log says it had), and sent new connections to another node (the new primary,
-    whose checks passed RISE times). A switch HAProxy never made is noted too."""
+    """Samples HAProxy's servers every HAPROXY_SAMPLE_SECONDS from the fault until the
+    rig ends, and notes how long after the fault HAProxy marked the old primary down
+    (ending the sessions its log says it had), when it first sent new connections to
+    another node (the new primary, whose checks passed RISE times), and every change of
+    the nodes it routed to (a node rejoining must never be among them)."""
     balancer = _haproxy(rig)
     started = time.monotonic()
     down = up = False
     rig.notes["HAProxy marked the old primary down"] = "never"
     rig.notes["HAProxy sent new connections to the new primary"] = "never"
-    while not (down and up):
+    changes: list[str] = []
+    routed: list[str] | None = None
+    while True:
         servers = await asyncio.to_thread(balancer.servers)
-        after = f"{time.monotonic() - started:.2f} s after the fault"
+        after = f"{time.monotonic() - started:.2f} s"
         if not down and servers.get(old, "UP").startswith(("DOWN", "MAINT")):
             down = True
-            ended = _sessions_ended(balancer, old, log_from)
-            rig.notes["HAProxy marked the old primary down"] = f"{after}, {ended}"
+            ended = sessions_ended(balancer, old, log_from)
+            rig.notes["HAProxy marked the old primary down"] = f"{after} after the fault, {ended}"
         if not up and any(s == "UP" for name, s in servers.items() if name != old):
             up = True
-            rig.notes["HAProxy sent new connections to the new primary"] = after
+            rig.notes["HAProxy sent new connections to the new primary"] = (
+                f"{after} after the fault"
+            )
+        if servers and routes(servers) != routed:
+            routed = routes(servers)
+            changes.append(f"{' and '.join(routed) or 'no node'} from {after}")
+            rig.notes["HAProxy routed new connections to"] = ", ".join(changes)
         await asyncio.sleep(HAPROXY_SAMPLE_SECONDS)
 
 
-def _sessions_ended(balancer: HAProxy, server: str, log_from: int) -> str:
+def sessions_ended(balancer: HAProxy, server: str, log_from: int) -> str:
     """What HAProxy's log, from byte `log_from`, says of `server` marked down."""
     with contextlib.suppress(OSError):
         with balancer.log_path.open("rb") as log_file:

@@ -398,14 +398,19 @@ FAULTS = {
             haproxy=True,
             settled=failovers.rejoined,
         ),
-        Fault(
-            "Patroni primary cut off from etcd and its replica, through HAProxy (synchronous)",
-            failovers.through_haproxy(failovers.cut_primary),
-            failovers.promoted_then_reconnect,
-            hold_seconds=0.0,
-            replication="synchronous",
-            partition=True,
-            haproxy=True,
+        *(
+            Fault(
+                f"Patroni primary cut off from etcd and its replica through HAProxy ({mode})",
+                failovers.through_haproxy(failovers.cut_primary),
+                failovers.promoted_then_reconnect,
+                hold_seconds=0.0,
+                replication=mode,
+                loss_allowed=mode == "asynchronous",
+                partition=True,
+                haproxy=True,
+            )
+            # Asynchronous too: whether HAProxy shortens the split brain's loss window.
+            for mode in ("synchronous", "asynchronous")
         ),
         Fault(
             "Redis Sentinel failover (master SIGKILLed)",
