@@ -72,6 +72,22 @@ async def crash_primary(rig: Rig) -> None:
     log(f"SIGKILLed {old.name} (Patroni and Postgres)")
 
 
+async def kill_primary_patroni(rig: Rig) -> None:
+    """Only the primary's Patroni dies (SIGKILL), as when the kernel's out-of-memory
+    killer picks it: its Postgres runs on, a primary that accepts writes, and nothing
+    demotes it (Patroni's watchdog, which would reset the machine, is not set up). The
+    replica is promoted once the leader key expires; the old Postgres is stopped with
+    the cluster at the row's end."""
+    ha = _cluster(rig)
+    old = await asyncio.to_thread(ha.leader)
+    rig.notes["old primary"] = old.name
+    proc, old.process = old.process, None
+    assert proc is not None
+    proc.kill()
+    await asyncio.to_thread(proc.wait)
+    log(f"SIGKILLed {old.name}'s Patroni; its Postgres runs on")
+
+
 async def _note_replica_lag(rig: Rig, primary: Node) -> None:
     """How far the replica is behind `primary` (its flush position), into the notes."""
     conn = await asyncpg.connect(f"postgresql://postgres@127.0.0.1:{primary.pg_port}/postgres")

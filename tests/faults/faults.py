@@ -413,6 +413,14 @@ FAULTS = {
             for mode in ("synchronous", "asynchronous")
         ),
         Fault(
+            "Patroni SIGKILLed alone on the primary through HAProxy (synchronous)",
+            failovers.through_haproxy(failovers.kill_primary_patroni),
+            failovers.new_primary,
+            hold_seconds=0.0,
+            replication="synchronous",
+            haproxy=True,
+        ),
+        Fault(
             "Redis Sentinel failover (master SIGKILLed)",
             failovers.kill_redis_master,
             failovers.redis_replica_promoted,
