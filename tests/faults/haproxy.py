@@ -47,8 +47,8 @@ def config(nodes: Sequence[Node], port: int, admin_socket: Path) -> str:
     harness's only addition) and `defaults` with the timeouts the documentation gives.
 
     Why these timeouts: `timeout connect` bounds the connection to a node; `timeout
-    client` and `timeout server` must outlast a pooled connection left idle (the
-    gateway's pool drops one idle 300 s), or HAProxy would cut it; `timeout check` bounds
+    client` and `timeout server` must outlast the gateway's idle connections (its pool
+    closes one idle for 300 s), or HAProxy would cut them; `timeout check` bounds
     a check's answer, so that a node that answers nothing (a machine that died, a
     network that drops packets) fails its checks as fast as one that refuses them."""
     servers = "\n".join(
