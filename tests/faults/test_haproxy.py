@@ -1,14 +1,20 @@
 """The HAProxy the failover rows run: its configuration is the one the failover guide
 shows (only the addresses and the harness's admin socket differ), HAProxy accepts it,
-and the harness reads HAProxy's servers and log as HAProxy writes them."""
+the harness reads HAProxy's servers and log as HAProxy writes them, and a machine
+without haproxy skips the rows through it (fails them under CI=true)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
+from tests.faults import matrix, patroni
 from tests.faults.failovers import sessions_ended
+from tests.faults.faults import FAULTS
 from tests.faults.haproxy import HAProxy, config, haproxy_binary, parse_stat, routes
 from tests.faults.patroni import Node
 from tests.support.ci import unavailable
@@ -105,3 +111,27 @@ def test_the_sessions_a_server_had_when_marked_down_are_read_from_the_log(
     assert sessions_ended(balancer, "node0", start) == "ending the 17 sessions it had"
     # A line before the fault is not the fault's.
     assert sessions_ended(balancer, "node1", start) == "its log names no sessions"
+
+
+HAPROXY_ROW = "Patroni switchover through HAProxy (synchronous)"
+
+
+def test_a_missing_haproxy_skips_the_rows_through_it_and_only_those(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(matrix, "haproxy_binary", lambda: None)
+    monkeypatch.setattr(patroni, "missing", lambda: "")
+    assert matrix.missing(FAULTS[HAPROXY_ROW]) == "haproxy"
+    assert matrix.missing(FAULTS["Patroni switchover (synchronous)"]) == ""
+    monkeypatch.setattr(matrix, "IN_CI", False)
+    [skipped] = asyncio.run(matrix.run_matrix([HAPROXY_ROW], None))
+    assert skipped.skipped == "haproxy not installed" and skipped.clean
+
+
+def test_a_missing_haproxy_fails_the_rows_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(matrix, "haproxy_binary", lambda: None)
+    monkeypatch.setattr(patroni, "missing", lambda: "")
+    monkeypatch.setattr(matrix, "IN_CI", True)
+    [failed] = asyncio.run(matrix.run_matrix([HAPROXY_ROW], None))
+    assert not failed.clean
+    assert failed.unproven == "haproxy not installed, and CI=true forbids skipping"
