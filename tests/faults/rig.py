@@ -70,7 +70,7 @@ class Rig:
     proxy: BlackholeProxy | None = None
     postgres: PrivatePostgres | None = None
     ha: PatroniCluster | None = None
-    haproxy: HAProxy | None = None  # in front of `ha`'s nodes, when the row reaches them so
+    haproxy: HAProxy | None = None  # in front of `ha`'s nodes, for a row reached through it
     # Per Patroni node: proxies on its paths to etcd and to its replica, which a fault
     # may blackhole (`partition`).
     cuts: dict[str, list[BlackholeProxy]] = field(default_factory=dict)
