@@ -53,6 +53,31 @@ INSERT INTO task_history (runtime_id, at, backend, enqueued, claimed, completed,
 SELECT 'rt-' || r, {MINUTE} - interval '1 minute', b, 5, 5, 5, {ZEROS}
   FROM generate_series(1, $1) AS r, generate_series(1, 4) AS b
 """
+# The rollups of migration 0017 for folded rows loaded as above, as the fold and the
+# depth would have left them (the migration's own start from the history kept).
+ROLLUPS_FROM_FOLDED = (
+    """
+INSERT INTO task_history_fleet (at, enqueued, claimed, completed, failed, dead, expired,
+                                cancelled, waits, depth, oldest_queued_age_seconds)
+SELECT at, sum(enqueued), sum(claimed), sum(completed), sum(failed), sum(dead),
+       sum(expired), sum(cancelled),
+       ARRAY[sum(waits[1]), sum(waits[2]), sum(waits[3]), sum(waits[4]), sum(waits[5]),
+             sum(waits[6]), sum(waits[7]), sum(waits[8]), sum(waits[9]), sum(waits[10]),
+             sum(waits[11]), sum(waits[12]), sum(waits[13]), sum(waits[14])]::bigint[],
+       sum(depth), max(oldest_queued_age_seconds)
+  FROM task_history WHERE backend = 0 GROUP BY at
+""",
+    """
+INSERT INTO task_history_runtimes (runtime_id, last_at, depth_at, depth)
+SELECT DISTINCT ON (runtime_id) runtime_id, at, at, depth FROM task_history
+ WHERE backend = 0 ORDER BY runtime_id, at DESC
+""",
+    """
+INSERT INTO task_history_failures (runtime_id, hour, failed, dead)
+SELECT runtime_id, history_hour(at), sum(failed), sum(dead) FROM task_history
+ WHERE backend = 0 AND failed + dead > 0 GROUP BY runtime_id, history_hour(at)
+""",
+)
 FILL_QUEUED = """
 INSERT INTO tasks (runtime_id, payload)
 SELECT 'rt-' || (n % $1::int + 1), '{}'::jsonb FROM generate_series(1, $1::int * $2::int) AS n

@@ -29,6 +29,7 @@ from .metrics import Metrics
 from .redis.verdict import VerdictCache
 from .settings import Settings
 from .store import Store
+from .store.history import HISTORY_ROLLUPS
 from .store.janitor import Leadership
 
 log = logging.getLogger("gateway.janitor")
@@ -66,10 +67,12 @@ class PassReport:
     ticks_purged: int = 0  # schedule ticks past GATEWAY_SCHEDULE_TICKS_DAYS
     folded: int = 0
     # The history's rollup: per-backend rows folded, depths read for the bucket that
-    # just ended, and rows past GATEWAY_HISTORY_DAYS deleted.
+    # just ended, and rows past GATEWAY_HISTORY_DAYS deleted (of task_history, and of
+    # its rollups: the fleet's buckets, the hourly failures, the runtimes' last buckets).
     history_folded: int = 0
     history_depths: int = 0
     history_purged: int = 0
+    history_rollups_purged: int = 0
     # Runtimes the repair walk visited, claimable or not (at most
     # REPAIR_PAGES_PER_PASS * janitor_batch_size per pass).
     visited: int = 0
@@ -226,11 +229,12 @@ class Janitor:
 
     async def _history(self, report: PassReport) -> None:
         """The per-runtime history's rollup (docs/guides/history.md): hands the bucket
-        width to the triggers, folds the per-backend rows of ended buckets, reads the
-        depth of the runtimes with activity in the bucket that has just ended, and
-        deletes buckets past GATEWAY_HISTORY_DAYS, each in bounded batches. Work
-        proportional to the runtimes with activity since the last pass (and to their
-        queued tasks, for the depth)."""
+        width to the triggers, folds the per-backend rows of ended buckets (adding them
+        to the fleet's and the runtimes' rollups), reads the depth of the runtimes with
+        activity in the bucket that has just ended, and deletes buckets past
+        GATEWAY_HISTORY_DAYS, of the history and of each rollup, each in bounded
+        batches. Work proportional to the runtimes with activity since the last pass
+        (and to their queued tasks, for the depth)."""
         await self._store.set_history_interval(self._settings.history_interval_seconds)
         report.history_folded = await self._batches(self._store.fold_history)
         report.history_depths = await self._batches(self._store.fill_history_depth)
@@ -238,6 +242,9 @@ class Janitor:
         report.history_purged = await self._batches(
             lambda limit: self._store.purge_history(days, limit)
         )
+        for rollup in HISTORY_ROLLUPS:
+            purge = functools.partial(self._store.purge_history_rollup, rollup, days)
+            report.history_rollups_purged += await self._batches(purge)
 
     async def _batches(self, run: Callable[[int], Awaitable[int]]) -> int:
         """`run(janitor_batch_size)` until a batch comes back short, at most

@@ -53,6 +53,18 @@ def wait_percentile(waits: Sequence[int], fraction: float) -> float | None:
     return WAIT_BOUNDS_SECONDS[-1]
 
 
+# The rollups that retention trims besides task_history (migration 0017).
+HISTORY_ROLLUPS = tuple(sql.PURGE_ROLLUPS)
+# Top lists over windows longer than this count failures by the hour.
+HOUR_SECONDS = 3600
+
+
+def covers_every_runtime(patterns: Sequence[str] | None) -> bool:
+    """True when a token of these runtime patterns covers every runtime: no patterns
+    (None, the admin's), or a pattern of `*` alone, which matches any runtime id."""
+    return patterns is None or any(p and set(p) == {"*"} for p in patterns)
+
+
 def _point(r: Any) -> HistoryPoint:
     waits = list(r["waits"])
     return HistoryPoint(
@@ -81,19 +93,29 @@ class HistoryStatements(StoreBase):
         await self._run(lambda c: c.execute(sql.SET_INTERVAL, seconds))
 
     async def fold_history(self, limit: int) -> int:
-        """Folds up to `limit` per-backend rows of ended buckets; returns how many."""
-        status: str = await self._run(lambda c: c.execute(sql.FOLD, limit))
-        return int(status.split()[-1])
+        """Folds up to `limit` per-backend rows of ended buckets, and adds them to the
+        rollups (the fleet's buckets, the runtimes' hourly failures and last buckets);
+        returns how many rows it moved."""
+        moved: int = await self._run(lambda c: c.fetchval(sql.FOLD, limit))
+        return moved
 
     async def fill_history_depth(self, limit: int) -> int:
         """Writes the depth of up to `limit` runtimes with activity in the bucket that
-        has just ended; returns how many."""
-        status: str = await self._run(lambda c: c.execute(sql.FILL_DEPTH, limit))
-        return int(status.split()[-1])
+        has just ended, into their folded rows, the bucket's fleet row and the runtimes'
+        last depths; returns how many."""
+        filled: int = await self._run(lambda c: c.fetchval(sql.FILL_DEPTH, limit))
+        return filled
 
     async def purge_history(self, days: int, limit: int) -> int:
         """Deletes up to `limit` rows of buckets older than `days`; returns how many."""
         status: str = await self._run(lambda c: c.execute(sql.PURGE, days, limit))
+        return int(status.split()[-1])
+
+    async def purge_history_rollup(self, rollup: str, days: int, limit: int) -> int:
+        """Deletes up to `limit` rows older than `days` of one of HISTORY_ROLLUPS;
+        returns how many."""
+        statement = sql.PURGE_ROLLUPS[rollup]
+        status: str = await self._run(lambda c: c.execute(statement, days, limit))
         return int(status.split()[-1])
 
     async def runtime_history(self, runtime_id: str, seconds: int) -> list[HistoryPoint]:
@@ -105,13 +127,26 @@ class HistoryStatements(StoreBase):
     async def fleet_history(self, seconds: int, patterns: Sequence[str] | None) -> FleetHistory:
         """The points of the last `seconds` summed over the runtimes `patterns` cover
         (None: every runtime), and the top 10 of those runtimes by depth and by
-        failures; three statements on one connection."""
-        covered = None if patterns is None else list(patterns)
+        failures; three statements on one connection.
+
+        When the patterns cover every runtime, the points are the fleet's rollup and
+        the failures over more than an hour its hourly rollup: the cost follows the
+        window's buckets. Otherwise only the covered runtimes' own rows are read, so
+        nothing of another runtime reaches the answer. Over more than an hour, the
+        failures are counted in whole hours (UTC), from the one the window begins in."""
+        covered = None if covers_every_runtime(patterns) else list(patterns or ())
+        hourly = seconds > HOUR_SECONDS
 
         async def read(c: asyncpg.Connection) -> FleetHistory:
-            points = await c.fetch(sql.FLEET_POINTS, seconds, covered)
+            if covered is None:
+                points = await c.fetch(sql.FLEET_POINTS, seconds)
+                top = sql.HOURLY_FAILURES if hourly else sql.TOP_BY_FAILURES
+                failing = await c.fetch(top, seconds)
+            else:
+                points = await c.fetch(sql.COVERED_POINTS, seconds, covered)
+                top = sql.COVERED_HOURLY_FAILURES if hourly else sql.COVERED_FAILURES
+                failing = await c.fetch(top, seconds, covered)
             deepest = await c.fetch(sql.TOP_BY_DEPTH, seconds, covered)
-            failing = await c.fetch(sql.TOP_BY_FAILURES, seconds, covered)
             return FleetHistory(
                 [_point(r) for r in points],
                 [RuntimeDepth(r["runtime_id"], r["depth"]) for r in deepest],
