@@ -5,6 +5,12 @@ history's reads, measured with the gateway's own statements.
     python -m bench.history --runtimes 10000 --days 7 --active 0.1
     python -m bench.history --statements 2000
 
+The rollup is timed twice on the same minute: first with the fold and the depth as they
+were before the fleet's rollups (BASELINE_FOLD, BASELINE_DEPTH), then with the janitor's
+own statements, which also keep the rollups; the difference is what the rollups add to
+a pass. The fleet's reads are timed for a token covering every runtime (answered from
+the rollups) and for tokens limited to patterns (each covered runtime's own rows).
+
 With --statements, it measures instead what the history's triggers add to the hot
 path: that many enqueues, claims and completes of one task each, through the gateway's
 Store, in rounds that turn the triggers off and on in turn (the same load sees both),
@@ -17,16 +23,19 @@ just ended in which every runtime was active, its counts in the rows of 4 backen
 is the janitor's history step (fold, depth, retention) run until it has nothing left,
 timed step by step. It creates a database of its own on the Postgres server of
 TEST_DATABASE_URL (or --admin-url), migrates it with this checkout's migrations, and
-drops it.
+drops it. The rollups of the loaded week are built as migration 0017 builds them from
+the history already kept, and timed: that is what the migration costs on such a table.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 
@@ -34,6 +43,8 @@ from bench.measure import scratch_database
 from gateway.api.requests import parse_enqueue
 from gateway.metrics import Metrics
 from gateway.store import Store
+from gateway.store.history import HISTORY_ROLLUPS
+from gateway.store.sql.runtimes import QUEUED_LATERALS
 
 ZEROS = "'{0,0,0,0,0,0,0,0,0,0,0,0,0,0}'::bigint[]"
 MINUTE = "to_timestamp(floor(extract(epoch FROM now()) / 60) * 60)"
@@ -78,9 +89,61 @@ SELECT runtime_id, history_hour(at), sum(failed), sum(dead) FROM task_history
  WHERE backend = 0 AND failed + dead > 0 GROUP BY runtime_id, history_hour(at)
 """,
 )
+# The fold and the depth as they were before the rollups of migration 0017: the janitor's
+# statements without their writes to task_history_fleet, task_history_failures and
+# task_history_runtimes, to measure what those add to a pass.
+_COUNTERS = ("enqueued", "claimed", "completed", "failed", "dead", "expired", "cancelled")
+BASELINE_FOLD = f"""
+WITH picked AS (
+    SELECT runtime_id, at, backend FROM task_history
+     WHERE backend <> 0 AND at < history_bucket()
+     ORDER BY at LIMIT $1 FOR UPDATE SKIP LOCKED
+), moved AS (
+    DELETE FROM task_history h USING picked p
+     WHERE (h.runtime_id, h.at, h.backend) = (p.runtime_id, p.at, p.backend)
+    RETURNING h.*
+), folded AS (
+    INSERT INTO task_history AS h (runtime_id, at, backend, {", ".join(_COUNTERS)}, waits)
+    SELECT runtime_id, at, 0, {", ".join(f"sum({c})" for c in _COUNTERS)},
+           ARRAY[{", ".join(f"sum(waits[{i}])" for i in range(1, 15))}]::bigint[]
+      FROM moved GROUP BY runtime_id, at ORDER BY runtime_id, at
+    ON CONFLICT (runtime_id, at, backend) DO UPDATE SET
+        {", ".join(f"{c} = h.{c} + EXCLUDED.{c}" for c in _COUNTERS)},
+        waits = history_waits_add(h.waits, EXCLUDED.waits)
+)
+SELECT count(*) FROM moved
+"""
+_ENDED = "SELECT history_bucket() - make_interval(secs => interval_seconds) FROM history_settings"
+BASELINE_DEPTH = f"""
+WITH r AS (
+    SELECT h.runtime_id FROM task_history h
+     WHERE h.at = ({_ENDED}) AND h.backend = 0 AND h.depth IS NULL
+     ORDER BY h.runtime_id LIMIT $1 FOR UPDATE SKIP LOCKED
+), counted AS (
+    SELECT r.runtime_id, q.n + s.n AS depth,
+           extract(epoch FROM clock_timestamp() - least(q.oldest, s.oldest))::float8 AS oldest
+      FROM r
+{QUEUED_LATERALS}
+), filled AS (
+    UPDATE task_history h
+       SET depth = counted.depth, oldest_queued_age_seconds = counted.oldest
+      FROM counted
+     WHERE (h.runtime_id, h.at, h.backend) = (counted.runtime_id, ({_ENDED}), 0)
+    RETURNING 1
+)
+SELECT count(*) FROM filled
+"""
+# The ended minute's folded rows, gone, so that the janitor's statements find the
+# minute as the baseline found it (FILL_ENDED loads it again).
+UNFOLD_ENDED = f"DELETE FROM task_history WHERE at = {MINUTE} - interval '1 minute'"
 FILL_QUEUED = """
 INSERT INTO tasks (runtime_id, payload)
 SELECT 'rt-' || (n % $1::int + 1), '{}'::jsonb FROM generate_series(1, $1::int * $2::int) AS n
+"""
+ROLLUP_TABLES = ("task_history_fleet", "task_history_runtimes", "task_history_failures")
+ROLLUP_SIZE = """
+SELECT (SELECT count(*) FROM {table}) AS rows,
+       pg_size_pretty(pg_total_relation_size('{table}')) AS size
 """
 SIZES = """
 SELECT pg_size_pretty(pg_table_size('task_history')) AS heap,
@@ -98,8 +161,12 @@ async def load(url: str, runtimes: int, days: int, active: float, queued: int) -
         await conn.execute("SET synchronous_commit = off")
         await conn.execute(FILL_HISTORY, runtimes, days, active)
         await conn.execute(FILL_QUEUED, runtimes, queued)
-        await conn.execute("VACUUM ANALYZE task_history")
-        await conn.execute("VACUUM ANALYZE tasks")
+        loaded = time.monotonic()
+        for statement in ROLLUPS_FROM_FOLDED:
+            await conn.execute(statement)
+        built = time.monotonic() - loaded
+        for table in ("task_history", "tasks", *ROLLUP_TABLES):
+            await conn.execute(f"VACUUM ANALYZE {table}")
         sizes = await conn.fetchrow(SIZES)
         print(
             f"loaded {sizes['rows']:,} history rows ({runtimes:,} runtimes, {days} days, "
@@ -110,26 +177,58 @@ async def load(url: str, runtimes: int, days: int, active: float, queued: int) -
             f"task_history: {sizes['heap']} table + {sizes['indexes']} indexes = "
             f"{sizes['total']} ({sizes['total_bytes'] / max(1, sizes['rows']):.0f} bytes a row)"
         )
+        print(f"rollups of the week built from it (as migration 0017 does) in {built:.1f} s")
+        for table in ROLLUP_TABLES:
+            row = await conn.fetchrow(ROLLUP_SIZE.format(table=table))
+            print(f"{table}: {row['rows']:,} rows, {row['size']}")
         await conn.execute(FILL_ENDED, runtimes)
     finally:
         await conn.close()
 
 
-async def rollup(store: Store, batch: int) -> None:
-    """The janitor's history step, timed statement by statement until it is done."""
-    for name, run in (
-        ("fold", store.fold_history),
-        ("depth", store.fill_history_depth),
-        ("retention", lambda limit: store.purge_history(7, limit)),
-    ):
-        started, rows, batches = time.perf_counter(), 0, 0
-        while True:
-            n = await run(batch)
-            rows, batches = rows + n, batches + 1
-            if n < batch:
-                break
-        took = time.perf_counter() - started
-        print(f"rollup {name}: {rows:,} rows in {batches} batches of {batch}, {took:.2f} s")
+async def batches(name: str, run: Callable[[int], Awaitable[int]], batch: int) -> float:
+    """`run(batch)` until a batch comes back short; prints and returns its seconds."""
+    started, rows, count = time.perf_counter(), 0, 0
+    while True:
+        n = await run(batch)
+        rows, count = rows + n, count + 1
+        if n < batch:
+            break
+    took = time.perf_counter() - started
+    print(f"rollup {name}: {rows:,} rows in {count} batches of {batch}, {took:.2f} s")
+    return took
+
+
+async def rollup(url: str, store: Store, runtimes: int, batch: int) -> None:
+    """The fold and the depth of the ended minute, as they were before the rollups and
+    as the janitor runs them now, on the same rows; then retention, timed statement by
+    statement until it is done."""
+    conn = await asyncpg.connect(url)
+    try:
+
+        async def statement(text: str) -> Callable[[int], Awaitable[int]]:
+            async def run(limit: int) -> int:
+                n: int = await conn.fetchval(text, limit)
+                return n
+
+            return run
+
+        before = await batches("fold, before the rollups", await statement(BASELINE_FOLD), batch)
+        before += await batches("depth, before the rollups", await statement(BASELINE_DEPTH), batch)
+        await conn.execute(UNFOLD_ENDED)
+        await conn.execute(FILL_ENDED, runtimes)
+    finally:
+        await conn.close()
+    now = await batches("fold", store.fold_history, batch)
+    now += await batches("depth", store.fill_history_depth, batch)
+    print(
+        f"rollup fold and depth: {now:.2f} s with the rollups, {before:.2f} s without: "
+        f"{now - before:+.2f} s a minute of {runtimes:,} active runtimes"
+    )
+    await batches("retention", lambda limit: store.purge_history(7, limit), batch)
+    for name in HISTORY_ROLLUPS:
+        purge = functools.partial(store.purge_history_rollup, name, 7)
+        await batches(f"retention of {name}", purge, batch)
 
 
 async def reads(store: Store, repeat: int) -> None:
@@ -138,9 +237,13 @@ async def reads(store: Store, repeat: int) -> None:
         ("one runtime, 1h", lambda: store.runtime_history("rt-1", 3600)),
         ("one runtime, 7d", lambda: store.runtime_history("rt-1", 7 * 86400)),
         ("sparklines, a page of 50", lambda: store.depth_sparklines(page, 3600)),
-        ("fleet, 1h", lambda: store.fleet_history(3600, None)),
-        ("fleet, 24h", lambda: store.fleet_history(86400, None)),
+        ("fleet, 1h, every runtime", lambda: store.fleet_history(3600, None)),
+        ("fleet, 24h, every runtime", lambda: store.fleet_history(86400, None)),
+        ("fleet, 7d, every runtime", lambda: store.fleet_history(7 * 86400, None)),
         ("fleet, 1h, a token of rt-1*", lambda: store.fleet_history(3600, ["rt-1*"])),
+        ("fleet, 24h, a token of rt-1*", lambda: store.fleet_history(86400, ["rt-1*"])),
+        ("fleet, 7d, a token of rt-1*", lambda: store.fleet_history(7 * 86400, ["rt-1*"])),
+        ("fleet, 7d, a token of rt-1", lambda: store.fleet_history(7 * 86400, ["rt-1"])),
     ):
         seconds = []
         for _ in range(repeat):
@@ -212,7 +315,7 @@ async def main() -> None:
         store = Store(url, Metrics(), min_size=1, max_size=1)
         await store.open()
         try:
-            await rollup(store, args.batch)
+            await rollup(url, store, args.runtimes, args.batch)
             await reads(store, args.repeat)
         finally:
             await store.close()

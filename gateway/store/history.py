@@ -138,6 +138,11 @@ class HistoryStatements(StoreBase):
         hourly = seconds > HOUR_SECONDS
 
         async def read(c: asyncpg.Connection) -> FleetHistory:
+            async with self._transaction(c):
+                await c.execute(sql.NO_JIT)
+                return await read_all(c)
+
+        async def read_all(c: asyncpg.Connection) -> FleetHistory:
             if covered is None:
                 points = await c.fetch(sql.FLEET_POINTS, seconds)
                 top = sql.HOURLY_FAILURES if hourly else sql.TOP_BY_FAILURES
