@@ -156,7 +156,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "type": "array",
                 "maxItems": 10,
                 "description": "The 10 covered runtimes with the most failed and dead tasks "
-                "together over the window, most first.",
+                "together over the window, most first. Over 24h and 7d they are counted in "
+                "whole hours (UTC), from the start of the hour in which the window begins.",
                 "items": {
                     "type": "object",
                     "required": ["runtime_id", "failed", "dead"],
