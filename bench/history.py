@@ -5,11 +5,12 @@ history's reads, measured with the gateway's own statements.
     python -m bench.history --runtimes 10000 --days 7 --active 0.1
     python -m bench.history --statements 2000
 
-The rollup is timed twice on the same minute: first with the fold and the depth as they
-were before the fleet's rollups (BASELINE_FOLD, BASELINE_DEPTH), then with the janitor's
-own statements, which also keep the rollups; the difference is what the rollups add to
-a pass. The fleet's reads are timed for a token covering every runtime (answered from
-the rollups) and for tokens limited to patterns (each covered runtime's own rows).
+The rollup is timed on two minutes loaded alike, each read just after it ended: first
+with the fold and the depth as they were before the fleet's rollups (BASELINE_FOLD,
+BASELINE_DEPTH), then with the janitor's own statements, which also keep the rollups;
+the difference is what the rollups add to a pass. The fleet's reads are timed for a
+token covering every runtime (answered from the rollups) and for tokens limited to
+patterns (each covered runtime's own rows).
 
 With --statements, it measures instead what the history's triggers add to the hot
 path: that many enqueues, claims and completes of one task each, through the gateway's
@@ -133,9 +134,6 @@ WITH r AS (
 )
 SELECT count(*) FROM filled
 """
-# The ended minute's folded rows, gone, so that the janitor's statements find the
-# minute as the baseline found it (FILL_ENDED loads it again).
-UNFOLD_ENDED = f"DELETE FROM task_history WHERE at = {MINUTE} - interval '1 minute'"
 FILL_QUEUED = """
 INSERT INTO tasks (runtime_id, payload)
 SELECT 'rt-' || (n % $1::int + 1), '{}'::jsonb FROM generate_series(1, $1::int * $2::int) AS n
@@ -160,7 +158,11 @@ async def load(url: str, runtimes: int, days: int, active: float, queued: int) -
         started = time.monotonic()
         await conn.execute("SET synchronous_commit = off")
         await conn.execute(FILL_HISTORY, runtimes, days, active)
+        # The queued tasks are the depth's to count, not activity: the history's insert
+        # trigger is off while they are loaded.
+        await conn.execute("ALTER TABLE tasks DISABLE TRIGGER task_history_inserted")
         await conn.execute(FILL_QUEUED, runtimes, queued)
+        await conn.execute("ALTER TABLE tasks ENABLE TRIGGER task_history_inserted")
         loaded = time.monotonic()
         for statement in ROLLUPS_FROM_FOLDED:
             await conn.execute(statement)
@@ -181,7 +183,6 @@ async def load(url: str, runtimes: int, days: int, active: float, queued: int) -
         for table in ROLLUP_TABLES:
             row = await conn.fetchrow(ROLLUP_SIZE.format(table=table))
             print(f"{table}: {row['rows']:,} rows, {row['size']}")
-        await conn.execute(FILL_ENDED, runtimes)
     finally:
         await conn.close()
 
@@ -199,23 +200,35 @@ async def batches(name: str, run: Callable[[int], Awaitable[int]], batch: int) -
     return took
 
 
+async def minute_begun(conn: asyncpg.Connection) -> None:
+    """Sleeps until just after the database's clock begins a minute, so that a phase
+    that reads the minute that has just ended finds it so for the whole next minute."""
+    left = await conn.fetchval("SELECT 60 - (extract(epoch FROM clock_timestamp()) % 60)::float8")
+    await asyncio.sleep(float(left) + 0.5)
+
+
+def on(conn: asyncpg.Connection, statement: str) -> Callable[[int], Awaitable[int]]:
+    """A batch of `statement` (one limit parameter, one count answered) on `conn`."""
+
+    async def run_batch(limit: int) -> int:
+        n: int = await conn.fetchval(statement, limit)
+        return n
+
+    return run_batch
+
+
 async def rollup(url: str, store: Store, runtimes: int, batch: int) -> None:
-    """The fold and the depth of the ended minute, as they were before the rollups and
-    as the janitor runs them now, on the same rows; then retention, timed statement by
-    statement until it is done."""
+    """The fold and the depth of a minute that has just ended, in which every runtime
+    was active on 4 connections: first as they were before the rollups, then, a minute
+    later and on a minute loaded alike, as the janitor runs them now; then retention,
+    timed statement by statement until it is done."""
     conn = await asyncpg.connect(url)
     try:
-
-        async def statement(text: str) -> Callable[[int], Awaitable[int]]:
-            async def run(limit: int) -> int:
-                n: int = await conn.fetchval(text, limit)
-                return n
-
-            return run
-
-        before = await batches("fold, before the rollups", await statement(BASELINE_FOLD), batch)
-        before += await batches("depth, before the rollups", await statement(BASELINE_DEPTH), batch)
-        await conn.execute(UNFOLD_ENDED)
+        await minute_begun(conn)
+        await conn.execute(FILL_ENDED, runtimes)
+        before = await batches("fold, before the rollups", on(conn, BASELINE_FOLD), batch)
+        before += await batches("depth, before the rollups", on(conn, BASELINE_DEPTH), batch)
+        await minute_begun(conn)
         await conn.execute(FILL_ENDED, runtimes)
     finally:
         await conn.close()
@@ -223,7 +236,7 @@ async def rollup(url: str, store: Store, runtimes: int, batch: int) -> None:
     now += await batches("depth", store.fill_history_depth, batch)
     print(
         f"rollup fold and depth: {now:.2f} s with the rollups, {before:.2f} s without: "
-        f"{now - before:+.2f} s a minute of {runtimes:,} active runtimes"
+        f"{now - before:+.2f} s for a minute of {runtimes:,} active runtimes"
     )
     await batches("retention", lambda limit: store.purge_history(7, limit), batch)
     for name in HISTORY_ROLLUPS:
