@@ -16,8 +16,9 @@
 -- that moves it. The triggers on tasks write nothing more.
 --
 -- Runs in one transaction and reads the folded rows of task_history once, to start the
--- rollups from the history already kept (about half a minute for 10 million rows); the
--- tables are new, so nothing waits on them meanwhile. Upgrade every instance together:
+-- rollups from the history already kept: under three minutes for 10 million rows on a
+-- shared 2-core machine (docs/capacity.md). It only reads task_history, and the tables
+-- are new, so no statement on tasks waits for it meanwhile. Upgrade every instance together:
 -- a janitor of an earlier version that folds after this migration leaves its folds out
 -- of the rollups (the runtimes' own histories keep them).
 

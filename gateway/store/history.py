@@ -127,7 +127,8 @@ class HistoryStatements(StoreBase):
     async def fleet_history(self, seconds: int, patterns: Sequence[str] | None) -> FleetHistory:
         """The points of the last `seconds` summed over the runtimes `patterns` cover
         (None: every runtime), and the top 10 of those runtimes by depth and by
-        failures; three statements on one connection.
+        failures: three statements in one transaction, so that they read one window
+        (one now()), with JIT off (sql.NO_JIT).
 
         When the patterns cover every runtime, the points are the fleet's rollup and
         the failures over more than an hour its hourly rollup: the cost follows the
