@@ -116,6 +116,43 @@ INSERT INTO task_history (runtime_id, at, backend, enqueued, claimed, completed,
 SELECT $1, to_timestamp((floor(extract(epoch FROM now()) / 60) - $2) * 60), 0,
        $3, $4, $5, $6, $7, $8, $9, $10
 """
+# The example rows of the runtimes $1 added to the rollups of migration 0017, as the
+# fold and the depth read add what they write: the runtimes page's fleet chart and the
+# failing view read those.
+_EXAMPLE = "FROM task_history WHERE backend = 0 AND runtime_id = ANY ($1::text[])"
+_WAITS = ", ".join(f"sum(waits[{i}])" for i in range(1, len(WAIT_BOUNDS_SECONDS) + 2))
+HISTORY_ROLLUPS = (
+    f"""
+INSERT INTO task_history_fleet AS f (at, enqueued, claimed, completed, failed, dead, waits,
+                                     depth, oldest_queued_age_seconds)
+SELECT at, sum(enqueued), sum(claimed), sum(completed), sum(failed), sum(dead),
+       ARRAY[{_WAITS}]::bigint[], sum(depth), max(oldest_queued_age_seconds)
+{_EXAMPLE} GROUP BY at
+ON CONFLICT (at) DO UPDATE SET
+    enqueued = f.enqueued + EXCLUDED.enqueued, claimed = f.claimed + EXCLUDED.claimed,
+    completed = f.completed + EXCLUDED.completed, failed = f.failed + EXCLUDED.failed,
+    dead = f.dead + EXCLUDED.dead, waits = history_waits_add(f.waits, EXCLUDED.waits),
+    depth = coalesce(f.depth, 0) + EXCLUDED.depth,
+    oldest_queued_age_seconds =
+        greatest(f.oldest_queued_age_seconds, EXCLUDED.oldest_queued_age_seconds)
+""",
+    f"""
+INSERT INTO task_history_failures AS f (runtime_id, hour, failed, dead)
+SELECT runtime_id, history_hour(at), sum(failed), sum(dead)
+{_EXAMPLE} AND failed + dead > 0 GROUP BY runtime_id, history_hour(at)
+ON CONFLICT (runtime_id, hour) DO UPDATE SET
+    failed = f.failed + EXCLUDED.failed, dead = f.dead + EXCLUDED.dead
+""",
+    f"""
+INSERT INTO task_history_runtimes AS r (runtime_id, last_at, depth_at, depth)
+SELECT DISTINCT ON (runtime_id) runtime_id, at, at, depth
+{_EXAMPLE} ORDER BY runtime_id, at DESC
+ON CONFLICT (runtime_id) DO UPDATE SET
+    last_at = greatest(r.last_at, EXCLUDED.last_at),
+    depth_at = greatest(r.depth_at, EXCLUDED.depth_at),
+    depth = CASE WHEN r.depth_at >= EXCLUDED.depth_at THEN r.depth ELSE EXCLUDED.depth END
+""",
+)
 
 
 def _waits(claims: int, typical: float, rng: random.Random) -> list[int]:
@@ -179,7 +216,10 @@ async def _history(url: str) -> None:
             )
     conn = await asyncpg.connect(url)
     try:
-        await conn.executemany(HISTORY_ROW, rows)
+        async with conn.transaction():
+            await conn.executemany(HISTORY_ROW, rows)
+            for statement in HISTORY_ROLLUPS:
+                await conn.execute(statement, list(profiles))
     finally:
         await conn.close()
 
