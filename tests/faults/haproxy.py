@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.faults.patroni import Node
+from tests.faults.patroni import Node, stop_process
 from tests.support.net import free_port
 
 # The check of docs/operations/failover.md: a check every second, a node marked down
@@ -146,14 +146,7 @@ class HAProxy:
     def stop(self) -> None:
         """SIGTERM (HAProxy's immediate stop) by pid, SIGKILL if it lingers."""
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, STOP_SECONDS)
 
     def servers(self) -> dict[str, str]:
         """Each server's status, read on the admin socket; {} when it does not answer."""

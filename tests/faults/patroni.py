@@ -82,6 +82,19 @@ def _get(url: str, timeout: float = 2.0) -> Any:
         return json.loads(resp.read())
 
 
+def stop_process(proc: subprocess.Popen[bytes] | None, seconds: float) -> None:
+    """SIGTERM a process this harness started (by its pid), and SIGKILL it if it has not
+    exited within `seconds`; nothing for one already gone."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @dataclass
 class Node:
     """One Patroni-managed Postgres: its Patroni process, ports and data folder."""
@@ -281,26 +294,13 @@ class PatroniCluster:
             self._stop_patroni(node)
         for node in self.nodes:
             self._kill_postgres(node)
-        if self.etcd is not None and self.etcd.poll() is None:
-            self.etcd.terminate()
-            try:
-                self.etcd.wait(STOP_SECONDS)
-            except subprocess.TimeoutExpired:
-                self.etcd.kill()
-                self.etcd.wait()
+        stop_process(self.etcd, STOP_SECONDS)
         self.etcd = None
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _stop_patroni(self, node: Node) -> None:
         proc, node.process = node.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, STOP_SECONDS)
 
     def _kill_postgres(self, node: Node) -> None:
         """SIGKILL the node's postmaster and its children, found through postmaster.pid."""

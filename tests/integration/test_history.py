@@ -23,7 +23,7 @@ from tests.support.credentials import make_token
 from tests.support.databases import execute, fetch
 from tests.support.gateways import Instance, running_gateway
 from tests.support.http import req
-from tests.support.janitor import first_pass_done, janitor_settings
+from tests.support.janitor import first_pass_done, janitor_settings, next_history_bucket
 from tests.support.lifecycle import lease_op
 
 pytestmark = pytest.mark.integration
@@ -36,18 +36,8 @@ def settings(url: str, redis_url: str, prefix: str, **overrides: Any) -> Any:
     return janitor_settings(url, redis_url, prefix, history_interval_seconds=INTERVAL, **overrides)
 
 
-async def next_bucket(url: str) -> datetime:
-    """Waits for the start of the next bucket by the database's clock; returns it."""
-    [row] = await fetch(
-        url,
-        "SELECT to_timestamp((floor(extract(epoch FROM clock_timestamp()) / $1) + 1) * $1) AS at,"
-        " (floor(extract(epoch FROM clock_timestamp()) / $1) + 1) * $1"
-        " - extract(epoch FROM clock_timestamp()) AS wait",
-        INTERVAL,
-    )
-    await asyncio.sleep(float(row["wait"]) + 0.05)
-    at: datetime = row["at"]
-    return at
+async def next_bucket(url: str) -> Any:
+    return await next_history_bucket(url, INTERVAL)
 
 
 def total(points: list[dict[str, Any]]) -> dict[str, int]:

@@ -23,7 +23,7 @@ from gateway.store.sql import history as sql
 from gateway.store.sql.acks import RUNTIME_COVERED
 from tests.support.databases import execute, fetch
 from tests.support.gateways import running_gateway
-from tests.support.janitor import first_pass_done, janitor_settings
+from tests.support.janitor import first_pass_done, janitor_settings, next_history_bucket
 from tests.support.lifecycle import lease_op
 
 pytestmark = pytest.mark.integration
@@ -73,16 +73,7 @@ def settings(url: str, redis_url: str, prefix: str, **overrides: Any) -> Any:
 
 
 async def next_bucket(url: str) -> Any:
-    """Waits for the start of the next bucket by the database's clock; returns it."""
-    [row] = await fetch(
-        url,
-        "SELECT to_timestamp((floor(extract(epoch FROM clock_timestamp()) / $1) + 1) * $1) AS at,"
-        " (floor(extract(epoch FROM clock_timestamp()) / $1) + 1) * $1"
-        " - extract(epoch FROM clock_timestamp()) AS wait",
-        INTERVAL,
-    )
-    await asyncio.sleep(float(row["wait"]) + 0.05)
-    return row["at"]
+    return await next_history_bucket(url, INTERVAL)
 
 
 def records(rows: Sequence[asyncpg.Record]) -> list[dict[str, Any]]:

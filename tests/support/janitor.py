@@ -31,6 +31,20 @@ def janitor_settings(database_url: str, redis_url: str, prefix: str, **overrides
     return make_settings(database_url, redis_url, prefix, **values)
 
 
+async def next_history_bucket(database_url: str, interval_seconds: int) -> Any:
+    """Waits for the start of the next history bucket of `interval_seconds` by the
+    database's clock (whose buckets the triggers count into); returns that start."""
+    [row] = await fetch(
+        database_url,
+        "SELECT to_timestamp((floor(extract(epoch FROM clock_timestamp()) / $1) + 1) * $1) AS at,"
+        " (floor(extract(epoch FROM clock_timestamp()) / $1) + 1) * $1"
+        " - extract(epoch FROM clock_timestamp()) AS wait",
+        interval_seconds,
+    )
+    await asyncio.sleep(float(row["wait"]) + 0.05)
+    return row["at"]
+
+
 async def first_pass_done(inst: Instance) -> None:
     """Wait until the background loop holds leadership and its first pass is over, so
     that a test's own `run_once()` calls are the only passes that follow."""
