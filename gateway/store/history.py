@@ -83,6 +83,25 @@ def _point(r: Any) -> HistoryPoint:
     )
 
 
+async def fleet_rows(
+    c: asyncpg.Connection, seconds: int, covered: list[str] | None
+) -> tuple[list[Any], list[Any], list[Any]]:
+    """The fleet's three reads of the last `seconds` on `c` (points, deepest runtimes,
+    most failing runtimes), from the rollups when `covered` is None (every runtime),
+    else from the covered runtimes' own rows; over more than an hour, the failures in
+    whole hours. The caller holds the transaction."""
+    hourly = seconds > HOUR_SECONDS
+    if covered is None:
+        points = await c.fetch(sql.FLEET_POINTS, seconds)
+        failing = await c.fetch(sql.HOURLY_FAILURES if hourly else sql.TOP_BY_FAILURES, seconds)
+    else:
+        points = await c.fetch(sql.COVERED_POINTS, seconds, covered)
+        top = sql.COVERED_HOURLY_FAILURES if hourly else sql.COVERED_FAILURES
+        failing = await c.fetch(top, seconds, covered)
+    deepest = await c.fetch(sql.TOP_BY_DEPTH, seconds, covered)
+    return points, deepest, failing
+
+
 class HistoryStatements(StoreBase):
     """The rollup's bounded batches (idempotent: each may run again, from any
     instance) and the history's reads."""
@@ -136,23 +155,11 @@ class HistoryStatements(StoreBase):
         nothing of another runtime reaches the answer. Over more than an hour, the
         failures are counted in whole hours (UTC), from the one the window begins in."""
         covered = None if covers_every_runtime(patterns) else list(patterns or ())
-        hourly = seconds > HOUR_SECONDS
 
         async def read(c: asyncpg.Connection) -> FleetHistory:
             async with self._transaction(c):
                 await c.execute(sql.NO_JIT)
-                return await read_all(c)
-
-        async def read_all(c: asyncpg.Connection) -> FleetHistory:
-            if covered is None:
-                points = await c.fetch(sql.FLEET_POINTS, seconds)
-                top = sql.HOURLY_FAILURES if hourly else sql.TOP_BY_FAILURES
-                failing = await c.fetch(top, seconds)
-            else:
-                points = await c.fetch(sql.COVERED_POINTS, seconds, covered)
-                top = sql.COVERED_HOURLY_FAILURES if hourly else sql.COVERED_FAILURES
-                failing = await c.fetch(top, seconds, covered)
-            deepest = await c.fetch(sql.TOP_BY_DEPTH, seconds, covered)
+                points, deepest, failing = await fleet_rows(c, seconds, covered)
             return FleetHistory(
                 [_point(r) for r in points],
                 [RuntimeDepth(r["runtime_id"], r["depth"]) for r in deepest],

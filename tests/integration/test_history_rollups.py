@@ -19,7 +19,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway.store.sql import history as sql
+from gateway.store.history import fleet_rows
 from gateway.store.sql.acks import RUNTIME_COVERED
 from tests.support.databases import execute, fetch
 from tests.support.gateways import running_gateway
@@ -93,18 +93,10 @@ async def rollup_reads(
                 "depth": records(await conn.fetch(RAW_TOP_BY_DEPTH, seconds, patterns)),
                 "failures": records(await conn.fetch(RAW_TOP_BY_FAILURES, seconds, patterns)),
             }
-            hourly = seconds > 3600
-            if patterns is None:
-                points = await conn.fetch(sql.FLEET_POINTS, seconds)
-                top = sql.HOURLY_FAILURES if hourly else sql.TOP_BY_FAILURES
-                failing = await conn.fetch(top, seconds)
-            else:
-                points = await conn.fetch(sql.COVERED_POINTS, seconds, patterns)
-                top = sql.COVERED_HOURLY_FAILURES if hourly else sql.COVERED_FAILURES
-                failing = await conn.fetch(top, seconds, patterns)
+            points, deepest, failing = await fleet_rows(conn, seconds, patterns)
             rolled = {
                 "points": records(points),
-                "depth": records(await conn.fetch(sql.TOP_BY_DEPTH, seconds, patterns)),
+                "depth": records(deepest),
                 "failures": records(failing),
             }
     finally:
