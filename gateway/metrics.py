@@ -98,7 +98,8 @@ class Metrics:
             "Requests refused at once, before any work, to keep the line short under "
             "overload (reason: database_queue, the line for a database connection was "
             "longer than GATEWAY_DB_QUEUE_BUDGET_MS of work; client_gone, the client "
-            "closed its connection while its request waited for one).",
+            "closed its connection while its request waited for one, or a claim for its "
+            "statement).",
             ["reason"],
             registry=r,
         )

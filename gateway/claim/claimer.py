@@ -22,14 +22,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .. import tracing
-from ..admission import releasing
+from ..admission import Caller
 from ..api.requests import ClaimRequest
-from ..errors import CacheUnavailable, Draining, Overloaded, StoreUnavailable
+from ..errors import CacheUnavailable, Draining, Overloaded
 from ..metrics import Metrics
 from ..rows import ItemResult, Leased, TaskRow
 from ..settings import Settings
 from .activity import ClaimActivity
 from .controls import REFRESH_SECONDS, ClaimControls
+from .give_backs import GiveBacks
 from .near_cache import NearCache, drop_near
 from .ports import ClaimCache, ClaimStore, WakeChannels
 from .pump import Pumps
@@ -76,6 +77,7 @@ class Claimer:
         self.draining = False
         self._drain_hooks: list[Callable[[], None]] = []
         self.activity = ClaimActivity()  # tasks handed out here, for the runtimes listing
+        self._give_backs = GiveBacks(store.unclaim, self.announce_many)
         self._pumps = Pumps(
             store,
             cache,
@@ -177,11 +179,15 @@ class Claimer:
         req: ClaimRequest,
         disconnected: Departure | None = None,
         carried: Carried | None = None,
+        caller: Caller | None = None,
     ) -> Coroutine[Any, Any, list[Leased]]:
         """Up to req.max_tasks leased rows, waiting up to req.wait_seconds for them.
         `carried`: completes the claim carries, applied by the first statement that
         claims for it, before it parks (its `answer` is set then); left unapplied when
         the claim is refused before that (an error raised with `answer` still None).
+        `caller`: the client's connection, which the HTTP protocol tells when it is
+        lost: a claim whose client left while it waited for a claim slot is not
+        claimed for (`disconnected` tells a long poll sooner).
 
         Returns the coroutine that serves the claim. A long poll's is the one that parks
         (`_claim`), so that each parked poll holds one coroutine frame here, not two."""
@@ -190,8 +196,8 @@ class Claimer:
             and not self.draining
             and self._long_polls < self._settings.max_parked_polls
         ):
-            return self._claim(runtime_id, req, disconnected, carried)
-        return self._claim_at_once(runtime_id, req, disconnected, carried)
+            return self._claim(runtime_id, req, disconnected, carried, caller)
+        return self._claim_at_once(runtime_id, req, disconnected, carried, caller)
 
     async def _claim_at_once(
         self,
@@ -199,6 +205,7 @@ class Claimer:
         req: ClaimRequest,
         disconnected: Departure | None,
         carried: Carried | None = None,
+        caller: Caller | None = None,
     ) -> list[Leased]:
         """A claim without a wait, or one refused or cut to no wait (draining, full)."""
         if self.draining:
@@ -212,7 +219,7 @@ class Claimer:
         if req.wait_seconds:
             # Full: still hand out work that is there, but park no one more.
             rows = await self._claim_at_once(
-                runtime_id, dataclasses.replace(req, wait_seconds=0.0), None, carried
+                runtime_id, dataclasses.replace(req, wait_seconds=0.0), None, carried, caller
             )
             if not rows:
                 self._metrics.claims_rejected.labels("parked_polls").inc()
@@ -222,7 +229,7 @@ class Claimer:
                     retry_after_seconds=2,
                 )
             return rows
-        return await self._claim(runtime_id, req, disconnected, carried)
+        return await self._claim(runtime_id, req, disconnected, carried, caller)
 
     async def _claim(
         self,
@@ -230,6 +237,7 @@ class Claimer:
         req: ClaimRequest,
         disconnected: Departure | None,
         carried: Carried | None = None,
+        caller: Caller | None = None,
     ) -> list[Leased]:
         loop = asyncio.get_running_loop()
         if self.draining:  # began draining after claim() was called
@@ -239,7 +247,9 @@ class Claimer:
             self._long_polls += 1
         arrived = loop.time()
         state = self._state(runtime_id)
-        waiter = Waiter(req=req, deadline=arrived + req.wait_seconds, carried=carried)
+        waiter = Waiter(
+            req=req, deadline=arrived + req.wait_seconds, carried=carried, caller=caller
+        )
         spans = tracing.active
         if spans is not None:
             waiter.trace = spans.current_span()
@@ -287,14 +297,7 @@ class Claimer:
         attempt, and wake the runtime's other polls. Each task goes back only while its
         lease still holds it. On a database error the leases lapse instead and the
         janitor takes them back."""
-        try:
-            held = [(t.id, t.lease_id) for t in tasks if t.lease_id is not None]
-            with releasing():  # it frees work: never shed (gateway/admission.py)
-                await self._store.unclaim([i for i, _ in held], [lease for _, lease in held])
-        except StoreUnavailable:
-            log.warning("could not give back %d undelivered leases", len(tasks))
-        else:
-            await self.announce(runtime_id)
+        await self._give_backs.give_back(runtime_id, tasks)
 
     def held_seconds(self, runtime_id: str) -> float | None:
         """Seconds after which a claim of the runtime may find it no longer held back,

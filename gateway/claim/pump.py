@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from .. import admission, logs, tracing
 from ..admission import releasing
-from ..errors import CacheUnavailable, DatabaseBusy, GatewayError, Overloaded, StoreUnavailable
+from ..errors import CacheUnavailable, DatabaseBusy, GatewayError, Overloaded
 from ..metrics import Metrics
 from ..rows import ItemResult, Leased, TaskRow
 from ..settings import Settings
@@ -26,7 +26,18 @@ from .activity import ClaimActivity
 from .controls import ClaimControls
 from .near_cache import NearCache
 from .ports import ClaimCache, ClaimStore, WakeChannels
-from .waiters import RuntimeState, Waiter, fit_statement, idle, merged, share, unserved, unsettled
+from .waiters import (
+    RuntimeState,
+    Waiter,
+    failed,
+    fit_statement,
+    idle,
+    merged,
+    share,
+    still_wanted,
+    unserved,
+    unsettled,
+)
 
 # The claim path's logger, as before the pump had a module of its own.
 log = logging.getLogger("gateway.claim")
@@ -154,7 +165,7 @@ class Pumps:
         statement's own were failed by the coroutine that ran it, and another
         coroutine's answers its own)."""
         log.exception("%s for runtime %s died", what, state.runtime_id)
-        _failed([w for w in state.waiters if not w.in_flight])
+        failed([w for w in state.waiters if not w.in_flight])
 
     def _park_seconds(self, state: RuntimeState, verdict_ttl: float | None) -> float:
         """How long the pump sleeps without a wake-up. Wake-ups may be lost when this
@@ -239,18 +250,25 @@ class Pumps:
         waiters, later = fit_statement(idle(state))
         if not waiters:
             return None
-        owners: list[Waiter] = []
         for waiter in waiters:
-            owners.extend([waiter] * waiter.req.max_tasks)
             waiter.in_flight = True
-        carried = unsettled(waiters)
         outcomes: list[ItemResult] = []
         hold: float | None = None
         try:
-            # The statement's span: it leases up to len(owners) rows of the tasks table.
-            statement = tracing.client("postgresql", "UPDATE", "tasks", waiters)
             async with self._admission(state):
-                with statement as span:
+                # Under overload the wait for a claim slot can be long: claims whose
+                # client left meanwhile are not claimed for (their tasks would only be
+                # leased and given back, ahead of the claims of clients still there).
+                waiters, left = still_wanted(waiters)
+                self._metrics.shed.labels("client_gone").inc(left)
+                if not waiters:
+                    return None
+                owners: list[Waiter] = []
+                for waiter in waiters:
+                    owners.extend([waiter] * waiter.req.max_tasks)
+                carried = unsettled(waiters)
+                # The statement's span: it leases up to len(owners) rows of the tasks table.
+                with tracing.client("postgresql", "UPDATE", "tasks", waiters) as span:
                     worker_ids = [w.req.worker_id for w in owners]
                     lease_seconds = [float(w.req.lease_seconds) for w in owners]
                     if self._controls is not None and self._controls.limited(runtime_id):
@@ -280,7 +298,7 @@ class Pumps:
                         span.set_attribute("db.response.returned_rows", len(rows))
         except Exception as exc:
             if not isinstance(exc, GatewayError):
-                _failed(waiters)
+                failed(waiters)
                 raise
             if isinstance(exc, DatabaseBusy):
                 # The database's line is full (gateway/admission.py): for a claim, that
@@ -338,7 +356,7 @@ class Pumps:
                     waiter.finish(error=exc)
                 continue
             except Exception:
-                _failed(carried)
+                failed(carried)
                 raise
             share(carried, outcomes)
             for waiter in carried:
@@ -479,10 +497,3 @@ class Pumps:
         finally:
             state.running -= 1
             self._claim_slots.release()
-
-
-def _failed(waiters: list[Waiter]) -> None:
-    """Answer `waiters` with an internal error: a bug, not the database, ended their claim."""
-    for waiter in waiters:
-        waiter.in_flight = False
-        waiter.finish(error=StoreUnavailable("internal error in the claim path"))

@@ -19,8 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..admission import Caller
 from ..api.requests import ClaimRequest
-from ..errors import GatewayError
+from ..errors import GatewayError, StoreUnavailable
 from ..rows import CarriedCompletes, ItemResult, Leased
 
 # Parked waiters whose deadlines fall in the same slot of this length share one timer.
@@ -99,6 +100,9 @@ class Waiter:
     slot: int = 0  # its deadline's slot in Deadlines
     matched: bool = False  # an enqueue is writing a task leased to it (sync match)
     carried: Carried | None = None  # completes to apply with its first claim
+    # Its client's connection, told by the HTTP protocol when it is lost (no Departure
+    # watches a claim without a wait: this is checked as its statement is about to run).
+    caller: Caller | None = None
     # Its request's server span while tracing is on (gateway/tracing), for the spans of
     # the calls made for it; None while it is off.
     trace: Any = None
@@ -224,6 +228,23 @@ def unserved(state: RuntimeState) -> list[Waiter]:
     ]
 
 
+def still_wanted(waiters: list[Waiter]) -> tuple[list[Waiter], int]:
+    """Those of `waiters` (in flight, waiting for a claim slot) that a claim statement
+    should still serve: not gone, or gone with completes to apply (a claim's carried
+    completes are applied though its client left); and how many were not. Those are let
+    go: no longer in flight, and woken, so that their requests end."""
+    kept: list[Waiter] = []
+    for waiter in waiters:
+        if waiter.caller is not None and waiter.caller.gone:
+            waiter.gone = True
+        if waiter.gone and not unsettled([waiter]):
+            waiter.in_flight = False
+            waiter.poke()
+        else:
+            kept.append(waiter)
+    return kept, len(waiters) - len(kept)
+
+
 # Carried completes one claim statement applies at most, from the claims it serves: a
 # claim whose completes would pass it (unless it is the first) waits for the next one.
 CARRIED_MAX = 1000
@@ -272,3 +293,10 @@ def share(carried: list[Waiter], outcomes: list[ItemResult]) -> None:
         end = start + len(c.task_ids)
         c.settled(outcomes[start:end])
         start = end
+
+
+def failed(waiters: list[Waiter]) -> None:
+    """Answer `waiters` with an internal error: a bug, not the database, ended their claim."""
+    for waiter in waiters:
+        waiter.in_flight = False
+        waiter.finish(error=StoreUnavailable("internal error in the claim path"))

@@ -25,7 +25,14 @@ from ...errors import GatewayError, RetryLater, StoreUnavailable
 from ...instance import Gateway
 from ...rows import Leased
 from ...settings import Settings
-from ..io import CLIENT_LEFT, DisconnectWatch, empty_tasks_response, json_response, read_json
+from ..io import (
+    CALLER,
+    CLIENT_LEFT,
+    DisconnectWatch,
+    empty_tasks_response,
+    json_response,
+    read_json,
+)
 from . import batch
 
 log = logging.getLogger("gateway.http")
@@ -57,7 +64,9 @@ async def claim(request: Request, gw: Gateway, principal: Principal | None = Non
     gone = Departure()
     watch = DisconnectWatch(request.receive, gone.set) if req.wait_seconds else None
     try:
-        rows = await gw.claimer.claim(runtime_id, req, gone if watch else None, carried)
+        rows = await gw.claimer.claim(
+            runtime_id, req, gone if watch else None, carried, request.scope.get(CALLER)
+        )
     except GatewayError as exc:
         if carried is not None:
             entries = await _carried_entries(gw, carried, exc)
