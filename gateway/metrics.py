@@ -156,7 +156,8 @@ class Metrics:
         self.claims_rejected = Counter(
             "gateway_claims_rejected",
             "Claims answered 429, by reason: database_queue (too many Postgres claims were "
-            "queued) or parked_polls (GATEWAY_MAX_PARKED_POLLS polls were already waiting).",
+            "queued, or the first in line had waited past GATEWAY_DB_QUEUE_BUDGET_MS) or "
+            "parked_polls (GATEWAY_MAX_PARKED_POLLS polls were already waiting).",
             ["reason"],
             registry=r,
         )

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from .. import admission, logs, tracing
 from ..admission import releasing
@@ -26,6 +26,7 @@ from .activity import ClaimActivity
 from .controls import ClaimControls
 from .near_cache import NearCache
 from .ports import ClaimCache, ClaimStore, WakeChannels
+from .slots import ClaimSlots
 from .waiters import (
     RuntimeState,
     Waiter,
@@ -100,8 +101,7 @@ class Pumps:
         self._give_back = give_back
         self._draining = draining
         self._settled = settled
-        self._claim_slots = asyncio.Semaphore(settings.max_concurrent_claims)
-        self._claims_queued = 0
+        self._slots = ClaimSlots(settings, metrics)
 
     def ensure(self, state: RuntimeState) -> None:
         """Start the runtime's pump, unless it runs; or, when the pump and its helpers
@@ -248,6 +248,7 @@ class Pumps:
                         return self._park_seconds(state, verdict.ttl_seconds)
                     version = verdict.version
         waiters, later = fit_statement(idle(state))
+        waiters = self._slots.refuse_hurried(waiters)
         if not waiters:
             return None
         for waiter in waiters:
@@ -255,7 +256,7 @@ class Pumps:
         outcomes: list[ItemResult] = []
         hold: float | None = None
         try:
-            async with self._admission(state):
+            async with self._slots.hold(state):
                 # Under overload the wait for a claim slot can be long: claims whose
                 # client left meanwhile are not claimed for (their tasks would only be
                 # leased and given back, ahead of the claims of clients still there).
@@ -348,7 +349,7 @@ class Pumps:
             for waiter in carried:
                 waiter.in_flight = True
             try:
-                async with self._admission(state):
+                async with self._slots.hold(state):
                     outcomes = await self._apply(state.runtime_id, carried)
             except GatewayError as exc:
                 for waiter in carried:
@@ -478,22 +479,3 @@ class Pumps:
         if trusted:
             self._near.keep(state, version, drops, now, ttl)
         return ttl
-
-    @contextlib.asynccontextmanager
-    async def _admission(self, state: RuntimeState) -> AsyncIterator[None]:
-        """A global bound on Postgres claims in flight; beyond the queue limit, 429 (I9).
-        While it holds a slot, the statement counts in `state.running`."""
-        if self._claim_slots.locked() and self._claims_queued >= self._settings.max_queued_claims:
-            self._metrics.claims_rejected.labels("database_queue").inc()
-            raise Overloaded("too many claims are waiting for the database; retry shortly")
-        self._claims_queued += 1
-        try:
-            await self._claim_slots.acquire()
-        finally:
-            self._claims_queued -= 1
-        try:
-            state.running += 1
-            yield
-        finally:
-            state.running -= 1
-            self._claim_slots.release()
