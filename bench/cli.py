@@ -781,7 +781,7 @@ def _details(results: list[Result]) -> list[str]:
             out.append(table([r.cache, "numbers"], rows))
         else:
             cols = DETAIL_COLUMNS.get(name) or sorted(
-                k for r in group for k, v in r.numbers.items() if isinstance(v, int | float)
+                {k for r in group for k, v in r.numbers.items() if isinstance(v, int | float)}
             )
             rows = [
                 [r.scenario, r.cache, *_scalars(r.numbers, cols), "ok" if r.ok else "FAIL"]

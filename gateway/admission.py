@@ -20,6 +20,8 @@ that are let in are served at the unloaded pace.
   token) free work and keep leases alive, and an operator's controls, the probes and the
   metrics must work when they are needed most: they go before any waiting work, and are
   refused only when no connection comes free within GATEWAY_DB_ACQUIRE_TIMEOUT_MS.
+  One exception bounds the wait of work that was let in: once the oldest waiting
+  request of work has waited its whole budget, it is served next.
 - **Work whose client has left is not started.** The HTTP layer hands each request of
   work its connection's `Caller` (`caller`, a context variable), which the HTTP
   protocol tells when the connection is lost. Such work waiting in line leaves it at
@@ -148,6 +150,8 @@ class Admission:
         self._grants = 0
         # Each waiter's result: True granted a slot, False its client left (Caller).
         self._lines: dict[Priority, deque[asyncio.Future[bool]]] = {p: deque() for p in Priority}
+        # The loop time each waiting request of work joined the line (for _hand_on).
+        self._joined: dict[asyncio.Future[bool], float] = {}
         self.hold_ms = 0.0  # the mean hold, 0 until one ended
         self.refusals = Refusals()
         metrics.db_queue_limit.set_function(self.queue_limit)
@@ -205,11 +209,11 @@ class Admission:
             "(GATEWAY_DB_QUEUE_BUDGET_MS); retry"
         )
 
-    def shed(self, reason: str) -> None:
-        """Count a request refused before any work, by `reason` (a label of
+    def shed(self, reason: str, count: int = 1) -> None:
+        """Count `count` requests refused before any work, by `reason` (a label of
         gateway_shed_total: database_queue, client_gone)."""
-        self._metrics.shed.labels(reason).inc()
-        self.refusals.add(reason)
+        self._metrics.shed.labels(reason).inc(count)
+        self.refusals.add(reason, count)
 
     async def acquire(self) -> int:
         """Wait for a connection slot, in priority order (arrival order within one);
@@ -231,6 +235,8 @@ class Admission:
         waiter: asyncio.Future[bool] = loop.create_future()
         line = self._lines[wanted]
         line.append(waiter)
+        if wanted is Priority.WORK:
+            self._joined[waiter] = loop.time()
         if who is not None:
             who._watch(waiter)
         try:
@@ -245,6 +251,7 @@ class Admission:
                 raise self.timed_out() from None
             raise
         finally:
+            self._joined.pop(waiter, None)
             if who is not None:
                 who._unwatch(waiter)
         if not granted:  # its client left while it waited (Caller.leave)
@@ -297,8 +304,23 @@ class Admission:
         self._hand_on()
 
     def _hand_on(self) -> None:
-        """The slot goes to the first waiter of the highest priority, else back. A wait
-        already ended (its client left, its timeout) is passed over."""
+        """The slot goes to the first waiter of the highest priority, else back; but
+        first to the oldest request of work once it has waited its whole budget. A wait
+        already ended (its client left, its timeout) is passed over.
+
+        Why the exception: releases are never refused, so under a flood of completes
+        they would keep arriving ahead of work that was let in, and an enqueue admitted
+        for a wait within its budget waited many times that. Work is admitted only
+        while the line holds at most a budget of it, so serving what outlived its
+        budget first costs releases at most that much."""
+        work = self._lines[Priority.WORK]
+        while work and work[0].done():
+            work.popleft()
+        joined = self._joined.get(work[0]) if work else None
+        if joined is not None:
+            if (asyncio.get_running_loop().time() - joined) * 1000 >= self._budget_ms:
+                work.popleft().set_result(True)
+                return
         for wanted in sorted(self._lines, reverse=True):
             line = self._lines[wanted]
             while line:

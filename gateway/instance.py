@@ -241,6 +241,7 @@ class Gateway:
         await self.janitor.stop()
         await self.parked.stop()
         await self.completions.close()  # before the result wake-ups its requests send
+        await self.claimer.close()  # leases being given back: a statement and bumps each
         await self.results.close()
         await self.lease_spans.close()  # before the pool: each write is one statement
         await self.controls.stop()

@@ -36,8 +36,8 @@ class Refusals:
         self.clock = clock
         self._buckets: dict[int, dict[str, int]] = {}  # bucket number -> reason -> count
 
-    def add(self, reason: str) -> None:
-        """Count one request refused now for `reason`."""
+    def add(self, reason: str, count: int = 1) -> None:
+        """Count `count` requests refused now for `reason`."""
         now = int(self.clock() // BUCKET_SECONDS)
         counts = self._buckets.get(now)
         if counts is None:
@@ -45,7 +45,7 @@ class Refusals:
             oldest = now - WINDOW_MINUTES * PER_MINUTE
             for old in [b for b in self._buckets if b <= oldest]:
                 del self._buckets[old]
-        counts[reason] = counts.get(reason, 0) + 1
+        counts[reason] = counts.get(reason, 0) + count
 
     def last_minute(self) -> dict[str, int]:
         """Refusals by reason over the last 60 seconds (sliding in BUCKET_SECONDS steps)."""

@@ -88,7 +88,7 @@ class Claimer:
             controls,
             self._near,
             self.activity,
-            give_back=self.give_back,
+            give_back=self._give_backs.queue,
             draining=lambda: self.draining,
             settled=settled or _nothing_to_wake,
         )
@@ -298,6 +298,10 @@ class Claimer:
         lease still holds it. On a database error the leases lapse instead and the
         janitor takes them back."""
         await self._give_backs.give_back(runtime_id, tasks)
+
+    async def close(self) -> None:
+        """Wait for the leases being given back (called before the pool closes)."""
+        await self._give_backs.close()
 
     def held_seconds(self, runtime_id: str) -> float | None:
         """Seconds after which a claim of the runtime may find it no longer held back,

@@ -54,13 +54,20 @@ class GiveBacks:
         self._sender: asyncio.Task[None] | None = None
 
     async def give_back(self, runtime_id: str, tasks: list[TaskRow]) -> None:
+        """`queue`, and return once the statement that carried the tasks committed, or
+        failed (then the leases lapse and the janitor takes them back). A caller
+        cancelled meanwhile does not stop it."""
+        done = self.queue(runtime_id, tasks)
+        if done is not None:
+            await done
+
+    def queue(self, runtime_id: str, tasks: list[TaskRow]) -> asyncio.Future[None] | None:
         """Return `tasks` (leased, never delivered) to the runtime's queue, each only
-        while its lease still holds it, and wake the runtime's polls; returns once the
-        statement that carried them committed, or failed (then the leases lapse and
-        the janitor takes them back). A caller cancelled meanwhile does not stop it."""
+        while its lease still holds it, and wake the runtime's polls, in the background:
+        a future done once their statement ended (None: no lease to give back)."""
         held = [t for t in tasks if t.lease_id is not None]
         if not held:
-            return
+            return None
         item = _GiveBack(
             runtime_id,
             [t.id for t in held],
@@ -70,7 +77,12 @@ class GiveBacks:
         self._waiting.append(item)
         if self._sender is None:
             self._sender = asyncio.create_task(self._send_all(), name="give-back")
-        await item.done
+        return item.done
+
+    async def close(self) -> None:
+        """Wait for the give-backs queued so far to be sent (before the pool closes)."""
+        while self._sender is not None:
+            await asyncio.shield(self._sender)
 
     async def _send_all(self) -> None:
         """Send groups until none waits."""

@@ -46,6 +46,10 @@ class ClaimStore(Protocol):
         while `lease_ids` still holds it; idempotent. Returns the ids given back."""
         ...
 
+    def client_gone(self, claims: int) -> None:
+        """Count `claims` not claimed for because their client left."""
+        ...
+
     def crowded(self) -> bool:
         """True when a claim arriving now would be refused for the database's line
         (gateway/admission.py)."""

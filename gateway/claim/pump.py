@@ -85,7 +85,7 @@ class Pumps:
         controls: ClaimControls | None,
         near: NearCache,
         activity: ClaimActivity,
-        give_back: Callable[[str, list[TaskRow]], Awaitable[None]],
+        give_back: Callable[[str, list[TaskRow]], object],
         draining: Callable[[], bool],
         settled: Callable[[list[ItemResult]], Awaitable[None]],
     ) -> None:
@@ -256,23 +256,23 @@ class Pumps:
         outcomes: list[ItemResult] = []
         hold: float | None = None
         try:
-            async with self._slots.hold(state):
+            async with self._slots.hold(state, len(waiters)):
                 # Under overload the wait for a claim slot can be long: claims whose
                 # client left meanwhile are not claimed for (their tasks would only be
-                # leased and given back, ahead of the claims of clients still there).
+                # leased and given back, ahead of the claims of clients still there),
+                # though the completes they carry are applied.
                 waiters, left = still_wanted(waiters)
-                self._metrics.shed.labels("client_gone").inc(left)
-                if not waiters:
-                    return None
-                owners: list[Waiter] = []
-                for waiter in waiters:
-                    owners.extend([waiter] * waiter.req.max_tasks)
+                if left:
+                    self._store.client_gone(left)
+                owners = [w for w in waiters if not w.gone for _ in range(w.req.max_tasks)]
                 carried = unsettled(waiters)
                 # The statement's span: it leases up to len(owners) rows of the tasks table.
                 with tracing.client("postgresql", "UPDATE", "tasks", waiters) as span:
                     worker_ids = [w.req.worker_id for w in owners]
                     lease_seconds = [float(w.req.lease_seconds) for w in owners]
-                    if self._controls is not None and self._controls.limited(runtime_id):
+                    if not owners:  # only the completes of claims that left: no claim
+                        outcomes, rows, due_in = await self._apply(runtime_id, carried), [], None
+                    elif self._controls is not None and self._controls.limited(runtime_id):
                         outcomes = await self._apply(runtime_id, carried)
                         limited = await self._controls.claim(runtime_id, worker_ids, lease_seconds)
                         rows, due_in, hold = limited.rows, limited.due_in, limited.held
@@ -318,8 +318,8 @@ class Pumps:
         await self._hand_out(runtime_id, waiters, owners, rows, woken)
         if outcomes:
             await self._settled(outcomes)
-        if later:
-            return None  # claims whose completes wait for the next statement
+        if later or not owners:
+            return None  # claims whose completes wait for the next statement, or no claim ran
         if len(rows) == len(owners):
             return None  # every slot filled: there may be more work for newer waiters
         if hold is not None:
@@ -349,7 +349,7 @@ class Pumps:
             for waiter in carried:
                 waiter.in_flight = True
             try:
-                async with self._slots.hold(state):
+                async with self._slots.hold(state, len(carried)):
                     outcomes = await self._apply(state.runtime_id, carried)
             except GatewayError as exc:
                 for waiter in carried:
@@ -410,8 +410,10 @@ class Pumps:
             waiter.finish(rows=mine)  # wakes it: served, or checked and still waiting
         self._activity.add(runtime_id, len(rows) - len(undelivered))
         if undelivered:
-            # Their polls left while the claim ran: give the tasks back and wake the others.
-            await self._give_back(runtime_id, undelivered)
+            # Their polls left while the claim ran: give the tasks back and wake the others,
+            # in the background (give-backs share statements: one slow statement must not
+            # hold up this runtime's next claim).
+            self._give_back(runtime_id, undelivered)
 
     async def _record_empty(
         self,

@@ -44,17 +44,22 @@ class ClaimSlots:
         return (asyncio.get_running_loop().time() - self._waiting_since[0]) * 1000
 
     def refuse_hurried(self, waiters: list[Waiter]) -> list[Waiter]:
-        """While the line stands past the budget, answer the claims of `waiters` that
-        have no time left to wait (claims without a wait) 429, and return the others,
-        for a statement; else `waiters` as they are. Their carried completes are
-        applied by their requests (the claim's handler), as for any refused claim."""
+        """While the line stands past the budget, answer the claims without a wait of
+        `waiters` 429, let the long polls whose wait is over go (answered with
+        nothing), and return the others, for a statement; else `waiters` as they are.
+        A refused claim's carried completes are applied by its request (the claim's
+        handler), as any refused claim's are."""
         if self.standing_ms() <= self._settings.db_queue_budget_ms:
             return waiters
         now = asyncio.get_running_loop().time()
         kept: list[Waiter] = []
         for waiter in waiters:
-            if waiter.deadline > now:
-                kept.append(waiter)
+            if waiter.req.wait_seconds:
+                if waiter.deadline > now:
+                    kept.append(waiter)
+                else:  # a long poll whose wait is over: answered with nothing, as usual
+                    waiter.checked = True
+                    waiter.poke()
                 continue
             self._metrics.claims_rejected.labels("database_queue").inc()
             waiter.finish(
@@ -67,13 +72,14 @@ class ClaimSlots:
         return kept
 
     @contextlib.asynccontextmanager
-    async def hold(self, state: RuntimeState) -> AsyncIterator[None]:
-        """A slot for one of the runtime's statements, waited for in line; beyond
-        GATEWAY_MAX_QUEUED_CLAIMS waiting, 429 at once. While it holds the slot, the
-        statement counts in `state.running`."""
+    async def hold(self, state: RuntimeState, claims: int) -> AsyncIterator[None]:
+        """A slot for one of the runtime's statements, for `claims` claims, waited for
+        in line; beyond GATEWAY_MAX_QUEUED_CLAIMS statements waiting, 429 at once (each
+        claim counted). While it holds the slot, the statement counts in
+        `state.running`."""
         if self._slots.locked():
             if len(self._waiting_since) >= self._settings.max_queued_claims:
-                self._metrics.claims_rejected.labels("database_queue").inc()
+                self._metrics.claims_rejected.labels("database_queue").inc(claims)
                 raise Overloaded("too many claims are waiting for the database; retry shortly")
             since = asyncio.get_running_loop().time()
             self._waiting_since.append(since)

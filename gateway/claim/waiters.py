@@ -230,19 +230,23 @@ def unserved(state: RuntimeState) -> list[Waiter]:
 
 def still_wanted(waiters: list[Waiter]) -> tuple[list[Waiter], int]:
     """Those of `waiters` (in flight, waiting for a claim slot) that a claim statement
-    should still serve: not gone, or gone with completes to apply (a claim's carried
-    completes are applied though its client left); and how many were not. Those are let
-    go: no longer in flight, and woken, so that their requests end."""
+    should still serve, and how many of them left: a claim whose client left (`gone`,
+    or its connection lost) is not claimed for, and is let go (no longer in flight,
+    woken, so that its request ends) unless it carries completes still to apply, which
+    the statement applies though its client left."""
     kept: list[Waiter] = []
+    left = 0
     for waiter in waiters:
         if waiter.caller is not None and waiter.caller.gone:
             waiter.gone = True
-        if waiter.gone and not unsettled([waiter]):
-            waiter.in_flight = False
-            waiter.poke()
-        else:
-            kept.append(waiter)
-    return kept, len(waiters) - len(kept)
+        if waiter.gone:
+            left += 1
+            if not unsettled([waiter]):
+                waiter.in_flight = False
+                waiter.poke()
+                continue
+        kept.append(waiter)
+    return kept, left
 
 
 # Carried completes one claim statement applies at most, from the claims it serves: a

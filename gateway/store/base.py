@@ -176,6 +176,11 @@ class StoreBase:
         """What work refused for the line's length is answered (gateway/admission.py)."""
         return self._admission.refusal()
 
+    def client_gone(self, claims: int) -> None:
+        """Count claims not claimed for because their client left while they waited
+        for a claim slot (gateway/claim/pump.py), as work whose client left is."""
+        self._admission.shed("client_gone", claims)
+
     def shed(self) -> None:
         """Count a request of work refused, for the line's length, before it reached
         the database (gateway/http/shedding.py)."""

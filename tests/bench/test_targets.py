@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bench.cli import _park_sizes, _scenarios, _sizes
+from bench.cli import _details, _park_sizes, _scenarios, _sizes
 from bench.stats import Result
 from bench.targets import Row, evaluate, targets_table
 
@@ -351,3 +351,15 @@ def test_a_burst_is_judged_at_the_end_of_its_watch_against_quiet_runtimes() -> N
         missing["scale: claim, 90 s after a burst on its runtime vs a quiet runtime"].verdict
         == "n/a"
     )
+
+
+def test_a_scenario_with_several_variants_shows_each_column_once() -> None:
+    """Each variant of a scenario (the overload loads) has the same numbers: its details
+    table named every column once per variant."""
+    group = [
+        Result("overload", f"load {k}", numbers={"goodput_x_before": 1.0, "timeout_share": 0.0})
+        for k in range(3)
+    ]
+    header = _details(group)[2].splitlines()[0]
+    names = [h.strip() for h in header.split("|")]
+    assert names == ["scenario", "variant", "goodput_x_before", "timeout_share", "checks"]

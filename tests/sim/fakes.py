@@ -157,6 +157,9 @@ class FakeStore:
     def connection_free(self) -> bool:
         return True  # no pool: a statement never waits for a connection
 
+    def client_gone(self, claims: int) -> None:
+        self.gone_claims = getattr(self, "gone_claims", 0) + claims
+
     def crowded(self) -> bool:
         return False  # no line for connections: nothing is shed for it
 

@@ -42,6 +42,39 @@ async def test_releases_go_before_work_that_waited_longer() -> None:
     assert order == ["release", "work"]
 
 
+async def test_work_that_waited_its_whole_budget_goes_before_later_releases() -> None:
+    """Releases are never refused: under a flood of completes each slot would go to the
+    newest release, and work let in for a wait within its budget would wait for as
+    long as the flood lasts. Once the oldest work has waited its budget, it is next."""
+    line = admission(slots=1, budget_ms=30.0)
+    held = await line.acquire()
+    order: list[str] = []
+    work = asyncio.create_task(take(line, Priority.WORK, order, "work"))
+    await asyncio.sleep(0)
+    early = asyncio.create_task(take(line, Priority.RELEASE, order, "early release"))
+    await asyncio.sleep(0)
+    # Within the budget, the release goes first.
+    line.release(held)
+    line.release(await early)
+    line.release(await work)
+    assert order == ["early release", "work"]
+    # Now the work waits past its budget while releases keep arriving.
+    held = await line.acquire()
+    order.clear()
+    work = asyncio.create_task(take(line, Priority.WORK, order, "work"))
+    await asyncio.sleep(0.05)  # past the 30 ms budget
+    late = [
+        asyncio.create_task(take(line, Priority.RELEASE, order, f"release {k}")) for k in range(3)
+    ]
+    await asyncio.sleep(0)
+    line.release(held)
+    line.release(await work)
+    for release in late:
+        line.release(await release)
+    assert order == ["work", "release 0", "release 1", "release 2"]
+    assert line.load().held == 0
+
+
 async def test_work_past_its_budget_is_refused_at_once_releases_wait() -> None:
     line = admission(slots=2, budget_ms=50.0)
     line.hold_ms = 80.0  # each connection is held 80 ms on average (and not longer yet)

@@ -83,6 +83,9 @@ class LineStore:
         self.is_crowded = crowded
         self.sent: list[tuple[str, int, int, Priority]] = []
 
+    def client_gone(self, claims: int) -> None:
+        self.gone_claims = getattr(self, "gone_claims", 0) + claims
+
     def crowded(self) -> bool:
         return self.is_crowded
 

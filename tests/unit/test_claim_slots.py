@@ -30,6 +30,9 @@ class Store:
     def open(self, runtime_id: str) -> None:
         self.gates.setdefault(runtime_id, asyncio.Event()).set()
 
+    def client_gone(self, claims: int) -> None:
+        self.gone_claims = getattr(self, "gone_claims", 0) + claims
+
     def crowded(self) -> bool:
         return False
 

@@ -32,6 +32,9 @@ class GatedStore:
         self.unclaimed: list[uuid.UUID] = []
         self.script: list[Any] = []
 
+    def client_gone(self, claims: int) -> None:
+        self.gone_claims = getattr(self, "gone_claims", 0) + claims
+
     def crowded(self) -> bool:
         return False
 
