@@ -164,25 +164,27 @@ async def _start_old_primary(rig: Rig) -> float:
 REJOIN_SECONDS = 60.0
 
 
-async def _rejoin(rig: Rig, *, rewind: bool) -> str:
+async def _rejoin(rig: Rig, *, rewind: bool, start: bool = True) -> str:
     """From the heal (the replica promoted): starts the old primary again
-    (`_start_old_primary`) and waits for it to run as a replica of the new primary
-    (PatroniCluster.not_rejoined); notes how long it took and whether pg_rewind ran,
-    and sets `rig.rejoin`. `rewind`: it must have rejoined through pg_rewind (a row
-    whose old primary surely had WAL the new one lacks)."""
-    started = await _start_old_primary(rig)
+    (`_start_old_primary`; `start` False: its Patroni ran throughout, cut off, and
+    rejoins by itself from the heal) and waits for it to run as a replica of the new
+    primary (PatroniCluster.not_rejoined); notes how long it took and whether pg_rewind
+    ran, and sets `rig.rejoin`. `rewind`: it must have rejoined through pg_rewind (a
+    row whose old primary surely had WAL the new one lacks)."""
+    started = await _start_old_primary(rig) if start else float(rig.notes["healed at"])
+    since = "its restart" if start else "the heal"
     ha = _cluster(rig)
     old = ha.node(rig.notes["old primary"])
     why = await asyncio.to_thread(ha.wait_rejoined, old, REJOIN_SECONDS)
     if why:
-        return f"the old primary was not a replica {REJOIN_SECONDS:.0f} s after its restart: {why}"
+        return f"the old primary was not a replica {REJOIN_SECONDS:.0f} s after {since}: {why}"
     back = time.time()
     rig.rejoin = (started, back)
     rewound = ha.rewound(old, int(rig.notes["old primary's log from"]))
     role = "synchronous standby" if ha.synchronous else "replica"
     timeline = ha.status(old).get("timeline")
     rig.notes["old primary back as a replica"] = (
-        f"{back - started:.2f} s after its restart, {role} on timeline {timeline}, "
+        f"{back - started:.2f} s after {since}, {role} on timeline {timeline}, "
         f"{'through pg_rewind' if rewound else 'without pg_rewind'}"
     )
     if rewind and not rewound:
@@ -196,6 +198,11 @@ async def rejoined(rig: Rig) -> str:
 
 async def rejoined_through_rewind(rig: Rig) -> str:
     return await _rejoin(rig, rewind=True)
+
+
+async def rejoined_after_heal(rig: Rig) -> str:
+    """The old primary of a cut, its paths open again, back as a replica by itself."""
+    return await _rejoin(rig, rewind=False, start=False)
 
 
 async def cut_primary(rig: Rig) -> None:
@@ -214,6 +221,9 @@ async def promoted_then_reconnect(rig: Rig) -> None:
     """Heals once the replica is promoted: the old primary's paths open again, and it
     rejoins as a replica (through pg_rewind if it diverged) while the load goes on."""
     await new_primary(rig)
+    ha = _cluster(rig)
+    rig.notes["old primary's log from"] = str(ha.log_size(ha.node(rig.notes["old primary"])))
+    rig.notes["healed at"] = repr(time.time())
     for proxy in rig.cuts[rig.notes["old primary"]]:
         proxy.heal()
 

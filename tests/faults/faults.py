@@ -366,6 +366,7 @@ FAULTS = {
                     replication=mode,
                     loss_allowed=mode == "asynchronous",
                     partition=True,
+                    settled=failovers.rejoined_after_heal,
                 ),
                 Fault(
                     f"Patroni primary SIGKILLed with its replica 1 s behind ({mode})",
@@ -408,6 +409,7 @@ FAULTS = {
                 loss_allowed=mode == "asynchronous",
                 partition=True,
                 haproxy=True,
+                settled=failovers.rejoined_after_heal,
             )
             # Asynchronous too: whether HAProxy shortens the split brain's loss window.
             for mode in ("synchronous", "asynchronous")

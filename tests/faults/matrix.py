@@ -310,7 +310,7 @@ async def run_row(fault: Fault, admin_url: str | None, timing: Timing) -> RowRes
 # A row with schedules backfills one of them this often (s), racing the tick passes.
 BACKFILL_EVERY_SECONDS = 0.5
 # What a fault's steps tell each other through Rig.notes, not figures for the table.
-STEP_NOTES = ("old primary's log from",)
+STEP_NOTES = ("old primary's log from", "healed at")
 
 
 # The longest the gateways may go without committing a write while the old primary
