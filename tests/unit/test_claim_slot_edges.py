@@ -8,87 +8,25 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from gateway.admission import Caller
-from gateway.api.requests import ClaimRequest
-from gateway.claim.claimer import Claimer
 from gateway.claim.waiters import Carried, Departure
 from gateway.errors import Overloaded
-from gateway.metrics import Metrics
-from gateway.rows import ItemResult, Leased
-from gateway.settings import Settings
-from tests.sim.fakes import FakeWakeChannels, NoCache
+from tests.support.gated_claims import GatedClaimStore, leased_task, make_claimer, settle
+from tests.support.gated_claims import claim_request as req
 
 BUDGET_MS = 50.0
-
-
-def fake_task() -> Any:
-    return SimpleNamespace(id=uuid.uuid4(), lease_id=uuid.uuid4(), lease_expires_at=None)
-
-
-class Store:
-    """Claims wait for their runtime's gate and lease one task per slot asked for."""
-
-    def __init__(self) -> None:
-        self.gates: dict[str, asyncio.Event] = {}
-        self.claims: list[tuple[str, int]] = []
-        self.acked: list[list[uuid.UUID]] = []
-        self.unclaims: list[list[uuid.UUID]] = []
-        self.gone_claims = 0
-
-    def open(self, runtime_id: str) -> None:
-        self.gates.setdefault(runtime_id, asyncio.Event()).set()
-
-    def client_gone(self, claims: int) -> None:
-        self.gone_claims += claims
-
-    def crowded(self) -> bool:
-        return False
-
-    def connection_free(self) -> bool:
-        return True
-
-    async def claim(self, runtime_id: str, workers: Any, leases: Any) -> Any:
-        self.claims.append((runtime_id, len(workers)))
-        await self.gates.setdefault(runtime_id, asyncio.Event()).wait()
-        return [Leased(k + 1, fake_task()) for k in range(len(workers))], None
-
-    async def claim_acked(self, runtime_id: str, workers: Any, leases: Any, completes: Any) -> Any:
-        self.acked.append(list(completes.task_ids))
-        rows, due_in = await self.claim(runtime_id, workers, leases)
-        return rows, due_in, [ItemResult(t, runtime_id, "completed") for t in completes.task_ids]
-
-    async def unclaim(self, task_ids: Any, lease_ids: Any) -> list[uuid.UUID]:
-        self.unclaims.append(list(task_ids))
-        return list(task_ids)
-
-
-def make(store: Store, **kw: Any) -> tuple[Claimer, Metrics]:
-    metrics = Metrics()
-    cfg = Settings(**{"cache_enabled": False, "max_concurrent_claims": 1, **kw})
-    claimer = Claimer(store, NoCache(), FakeWakeChannels("t"), cfg, metrics)  # type: ignore[arg-type]
-    return claimer, metrics
-
-
-def req(wait: float = 0.0, max_tasks: int = 1) -> ClaimRequest:
-    return ClaimRequest(worker_id="w", max_tasks=max_tasks, wait_seconds=wait, lease_seconds=60)
-
-
-async def settle() -> None:
-    for _ in range(20):
-        await asyncio.sleep(0)
 
 
 async def test_a_departed_claim_has_its_completes_applied_and_nothing_leased_for_it() -> None:
     """A worker reports its completes with its next claim: when that claim's client
     leaves while it waits for a slot, its completes still go in (its worker did the
     tasks), but no task is leased for it only to be given back."""
-    store = Store()
-    claimer, _ = make(store)
+    store = GatedClaimStore(lease=True)
+    claimer, _ = make_claimer(store)
     store.open("other")
     holder_gate = asyncio.Event()
     store.gates["other"] = holder_gate
@@ -117,8 +55,8 @@ async def test_a_long_poll_whose_wait_ran_out_in_a_standing_line_is_answered_not
     """A long poll that arrives while its runtime's pump waits in a standing line gets
     no statement until the pump's returns; if its wait ran out meanwhile, it is
     answered with nothing, as at any deadline, never 429 for the slots."""
-    store = Store()
-    claimer, _ = make(store, db_queue_budget_ms=BUDGET_MS)
+    store = GatedClaimStore(lease=True)
+    claimer, _ = make_claimer(store, db_queue_budget_ms=BUDGET_MS)
     holder = asyncio.create_task(claimer.claim("other", req()))  # holds the one slot
     await settle()
     first = asyncio.create_task(claimer.claim("rt", req()))  # rt's pump: first in line
@@ -145,8 +83,8 @@ async def test_a_long_poll_whose_wait_ran_out_in_a_standing_line_is_answered_not
 async def test_each_claim_refused_for_a_full_line_is_counted() -> None:
     """gateway_claims_rejected_total counts claims answered 429: a statement refused
     for GATEWAY_MAX_QUEUED_CLAIMS answers each of its claims, and counts each."""
-    store = Store()
-    claimer, metrics = make(store, max_queued_claims=1)
+    store = GatedClaimStore(lease=True)
+    claimer, metrics = make_claimer(store, max_queued_claims=1)
     holder = asyncio.create_task(claimer.claim("other", req()))
     await settle()
     queued = asyncio.create_task(claimer.claim("q", req()))  # fills the queue
@@ -169,7 +107,7 @@ async def test_a_slow_give_back_does_not_hold_up_another_runtimes_claims() -> No
     statement leased a task for a poll that left queues its give-back and goes on, so
     runtime B's claims never wait for runtime A's slow give-back statement."""
 
-    store = Store()
+    store = GatedClaimStore(lease=True)
     slow = asyncio.Event()
     slow_ids: set[uuid.UUID] = set()
     plain_unclaim = store.unclaim
@@ -180,9 +118,9 @@ async def test_a_slow_give_back_does_not_hold_up_another_runtimes_claims() -> No
         return await plain_unclaim(task_ids, lease_ids)
 
     store.unclaim = unclaim  # type: ignore[method-assign]
-    claimer, _ = make(store, max_concurrent_claims=4)
+    claimer, _ = make_claimer(store, max_concurrent_claims=4)
     # Runtime A: a give-back whose statement is slow.
-    a_task = fake_task()
+    a_task = leased_task()
     slow_ids.add(a_task.id)
     a_back = asyncio.create_task(claimer.give_back("A", [a_task]))
     await settle()
