@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from . import tracing
 from .api.bodies import STATUSES
 from .background import stop_task
-from .errors import CacheUnavailable, GatewayError, StoreUnavailable
+from .errors import CacheUnavailable, DatabaseBusy, GatewayError, StoreUnavailable
 from .metrics import Metrics
 from .redis.verdict import VerdictCache
 from .settings import Settings
@@ -73,6 +73,9 @@ class PassReport:
     history_depths: int = 0
     history_purged: int = 0
     history_rollups_purged: int = 0
+    # A step could not reach Postgres (not merely found it busy): the pass says the
+    # database is unreachable, though each step's failure was caught.
+    unreachable: bool = False
     # Runtimes the repair walk visited, claimable or not (at most
     # REPAIR_PAGES_PER_PASS * janitor_batch_size per pass).
     visited: int = 0
@@ -146,6 +149,8 @@ class Janitor:
             except GatewayError as exc:
                 self._metrics.janitor_errors.inc()
                 report.errors.append(f"{name}: {exc.detail}")
+                if isinstance(exc, StoreUnavailable) and not isinstance(exc, DatabaseBusy):
+                    report.unreachable = True
                 log.warning("janitor %s failed: %s", name, exc.detail)
             report.seconds[name] = time.monotonic() - step_started
         self._metrics.janitor_pass_seconds.observe(time.monotonic() - started)
@@ -411,9 +416,8 @@ class Janitor:
                     if self._leadership is not None:
                         log.info("this instance now runs the janitor")
                         self._metrics.janitor_leader.set(1)
-                if self._leadership is not None:
-                    await self.run_once()
-                self._metrics.database_reachable.set(1)
+                reached = self._leadership is None or not (await self.run_once()).unreachable
+                self._metrics.database_reachable.set(1 if reached else 0)
             except asyncio.CancelledError:
                 raise
             except StoreUnavailable as exc:

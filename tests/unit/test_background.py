@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from gateway.background import stop_task
 from gateway.errors import StoreUnavailable
@@ -129,3 +130,49 @@ async def test_the_janitor_reports_whether_this_instance_reaches_postgres(caplog
         await janitor.stop()
     failures = [r for r in caplog.records if "database is unavailable" in r.getMessage()]
     assert failures and all(r.exc_info is None for r in failures)
+
+
+class LeaderButUnreachableStore:
+    """This instance holds the janitor's lock, and every statement of a pass fails as
+    when Postgres is stopped (each step catches its failure)."""
+
+    class Lock:
+        async def held(self) -> bool:
+            return True
+
+        async def release(self) -> None:
+            return None
+
+    def __init__(self) -> None:
+        self.statements = 0
+
+    async def try_leadership(self, key: int) -> Any:
+        return self.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        async def unreachable(*args: Any, **kwargs: Any) -> Any:
+            self.statements += 1
+            raise StoreUnavailable("cannot connect to Postgres: refused")
+
+        return unreachable
+
+
+async def test_a_leaders_pass_whose_statements_all_fail_says_postgres_is_unreachable() -> None:
+    """Each of a pass's steps catches its own failure: the pass still ended, but it did
+    not reach Postgres, and the gauge must say so (it said 1, and a readiness probe's 0
+    was overwritten within an interval)."""
+    store = LeaderButUnreachableStore()
+
+    async def announce(runtime_id: str) -> None:
+        return None
+
+    metrics = Metrics()
+    settings = Settings(auth_enabled=False, janitor_interval_seconds=0.01)
+    janitor = Janitor(store, None, announce, settings, metrics)  # type: ignore[arg-type]
+    await janitor.start()
+    try:
+        while store.statements < 20:
+            await asyncio.sleep(0.01)
+        assert sample(metrics, "gateway_database_reachable") == 0
+    finally:
+        await janitor.stop()
