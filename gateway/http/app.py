@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 from collections.abc import AsyncIterator, Awaitable
 
 from starlette.applications import Starlette
@@ -62,6 +64,15 @@ class GatewayApp(Starlette):
             stack = self.middleware_stack = self.build_middleware_stack()
         return stack(scope, receive, send)
 
+
+# uvicorn's command line (`uvicorn --factory gateway.http.app:create_app`, as the
+# capacity guide runs it) picks ASGI 3 only for an app whose __call__ is a coroutine
+# function, and would serve this one as ASGI 2, failing every request. Marked as one,
+# as asgiref marks its sync-to-async wrappers: it returns the awaitable of one.
+if hasattr(inspect, "markcoroutinefunction"):  # Python 3.12 and later
+    inspect.markcoroutinefunction(GatewayApp.__call__)
+else:
+    GatewayApp.__call__._is_coroutine = asyncio.coroutines._is_coroutine  # type: ignore[attr-defined]
 
 # The order methods are listed in an Allow header.
 METHOD_ORDER = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
