@@ -241,7 +241,7 @@ def still_wanted(waiters: list[Waiter]) -> tuple[list[Waiter], int]:
             waiter.gone = True
         if waiter.gone:
             left += 1
-            if not unsettled([waiter]):
+            if waiter.carried is None or waiter.carried.answer is not None:
                 waiter.in_flight = False
                 waiter.poke()
                 continue

@@ -90,6 +90,19 @@ async def test_janitor_stop_returns_even_if_its_loop_lost_the_cancellation() -> 
     assert janitor._task is None
 
 
+async def started_janitor(store: Any) -> tuple[Janitor, Metrics]:
+    """A janitor over `store` with a pass every 10 ms, started; and its metrics."""
+
+    async def announce(runtime_id: str) -> None:
+        return None
+
+    metrics = Metrics()
+    settings = Settings(auth_enabled=False, janitor_interval_seconds=0.01)
+    janitor = Janitor(store, None, announce, settings, metrics)
+    await janitor.start()
+    return janitor, metrics
+
+
 class UnreachableStore:
     """A database that refuses every connection, then answers again once `back`."""
 
@@ -109,14 +122,7 @@ async def test_the_janitor_reports_whether_this_instance_reaches_postgres(caplog
     says what it found (the input of the alert on an instance cut off from Postgres), and
     the failure is one warning line, no traceback."""
     store = UnreachableStore()
-
-    async def announce(runtime_id: str) -> None:
-        return None
-
-    metrics = Metrics()
-    settings = Settings(auth_enabled=False, janitor_interval_seconds=0.01)
-    janitor = Janitor(store, None, announce, settings, metrics)  # type: ignore[arg-type]
-    await janitor.start()
+    janitor, metrics = await started_janitor(store)
     try:
         while store.tries < 2:
             await asyncio.sleep(0.01)
@@ -162,14 +168,7 @@ async def test_a_leaders_pass_whose_statements_all_fail_says_postgres_is_unreach
     not reach Postgres, and the gauge must say so (it said 1, and a readiness probe's 0
     was overwritten within an interval)."""
     store = LeaderButUnreachableStore()
-
-    async def announce(runtime_id: str) -> None:
-        return None
-
-    metrics = Metrics()
-    settings = Settings(auth_enabled=False, janitor_interval_seconds=0.01)
-    janitor = Janitor(store, None, announce, settings, metrics)  # type: ignore[arg-type]
-    await janitor.start()
+    janitor, metrics = await started_janitor(store)
     try:
         while store.statements < 20:
             await asyncio.sleep(0.01)
