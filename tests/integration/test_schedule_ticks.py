@@ -183,7 +183,7 @@ async def test_a_put_or_delete_mid_pass_waits_and_then_nothing_old_is_made(
     url = own_database_url
     async with instances(url) as (a, b):
         await put(a, "rt", "s", every_seconds=1, overlap="allow", payload={"v": 1})
-        await behind(url, 3)
+        await behind(url, 3)  # four ticks due, five if a second begins before the pass
         async with ticks_held(url) as held:
             passing = asyncio.create_task(a.decide_due(10, plans.due_plan(30)))
             await held.waiting(1)  # the pass, at its ticks' write
@@ -198,7 +198,8 @@ async def test_a_put_or_delete_mid_pass_waits_and_then_nothing_old_is_made(
             await held.release()
             decided, _, _ = await passing
             await changing
-        assert [t.outcome for t in decided] == ["enqueued"] * 4
+        outcomes = [t.outcome for t in decided]
+        assert outcomes in (["enqueued"] * 4, ["enqueued"] * 5), outcomes
         answered = (await fetch(url, "SELECT clock_timestamp() AS t"))[0]["t"]
         # The next tick comes due within a second; the passes after it decide it.
         for _ in range(300):
@@ -208,7 +209,7 @@ async def test_a_put_or_delete_mid_pass_waits_and_then_nothing_old_is_made(
             await asyncio.sleep(0.01)
     made = await fetch(url, "SELECT payload::text AS p, created_at FROM tasks ORDER BY created_at")
     old = [r for r in made if r["p"] == '{"v": 1}']
-    assert len(old) == 4 and all(r["created_at"] < answered for r in old)
+    assert len(old) == len(outcomes) and all(r["created_at"] < answered for r in old)
     new = [r for r in made if r["p"] == '{"v": 2}']
     assert (len(new) > 0) == (change == "put"), made
 
