@@ -698,6 +698,8 @@ DETAIL_COLUMNS: dict[str, list[str]] = {
         "complete_round_trips",
         "batch_enqueue_round_trips",
         "requests_each",
+        "background_round_trips",
+        "set_up_round_trips",
     ],
     "enqueue": [
         "tasks",

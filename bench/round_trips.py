@@ -9,10 +9,20 @@ statement, such as a BEGIN or COMMIT sent alone). Postgres answers each with one
 ReadyForQuery, which the client waits for. A claim written as BEGIN, CLAIM, NEXT_DUE,
 COMMIT counts 4; the one-statement claim counts 1.
 
-The janitor's leader lock goes around the relay (GATEWAY_DIRECT_DATABASE_URL) and the
-janitor's passes are an hour apart, so that the counts are the requests' own. Each
-request kind is sent one at a time, first unmeasured (the driver prepares a statement
-on each pooled connection the first time it runs it there: one more round trip), then
+The counts are the requests' own:
+- The janitor's leader lock goes around the relay (GATEWAY_DIRECT_DATABASE_URL) and
+  the janitor's passes are an hour apart.
+- The schedule pass, which the leader runs every half second whatever the requests (in
+  a transaction: one probe for due schedules; then one for the earliest next tick), is
+  told by its statements' text, which the relay reads from each Parse and matches to
+  the Bind before each Sync. Its round trips, and those of the transaction around it,
+  are counted apart (`background_round_trips`).
+- The driver prepares a statement on each pooled connection the first time it runs
+  there: a Parse that names it, and for types it does not know yet on that connection
+  its type introspection. These are counted apart too (`set_up_round_trips`): a
+  connection the pool opens while requests are measured pays them once.
+
+Each request kind is sent one at a time, first unmeasured, then
 `--round-trip-requests` times measured.
 """
 
@@ -27,6 +37,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from gateway.store.sql import schedules as schedule_sql
+
 from . import client
 from .client import Api, Tally
 from .infra import Servers, serving
@@ -37,19 +49,42 @@ SSL_REQUEST = 80877103
 GSSENC_REQUEST = 80877104
 # Sync and Query: each is answered by one ReadyForQuery.
 ROUND_TRIP_MESSAGES = frozenset(b"SQ")
+PARSE, BIND, EXECUTE = ord("P"), ord("B"), ord("E")
+# Parse, Bind and Query are read whole: they name the statement that runs.
+READ_WHOLE = frozenset(b"PBQ")
 WARM_UP_ROUNDS = 2  # unmeasured passes, each `requests` long
+
+
+# The statements of the leader's schedule pass, which runs whatever the requests do.
+BACKGROUND_STATEMENTS = frozenset({schedule_sql.DUE_SCHEDULES, schedule_sql.NEXT_DUE_IN})
+# In the statements asyncpg runs while it prepares a statement whose types it does not
+# know yet on that connection (its type introspection, with JIT switched off around it).
+DRIVER_INTROSPECTION = (b"typeinfo_tree", b"set_config('jit'", b"current_setting('jit')")
 
 
 class FrontendMessages:
     """The client's side of one Postgres connection, fed in chunks as they pass; counts
-    the messages that end a round trip. The first packets (an SSL or GSS encryption
-    request, then the startup message or a cancel request) carry no type byte."""
+    the messages that end a round trip: apart, those of a background statement
+    (BACKGROUND_STATEMENTS, by the text its Parse named) and of a transaction that ran
+    one, and those that prepare a statement on the connection (once per connection,
+    whatever the request). The first packets (an SSL or
+    GSS encryption request, then the startup message or a cancel request) carry no type
+    byte."""
 
     def __init__(self) -> None:
         self.round_trips = 0
+        self.background_round_trips = 0
+        self.set_up_round_trips = 0
+        # Since the last round trip: a statement was parsed; one was run.
+        self._parsed = self._executed = False
         self._buffer = bytearray()
         self._skip = 0  # bytes of a message body still to pass unread
         self._startup = True
+        self._statements: dict[bytes, bytes] = {}  # prepared statement name: its text
+        self._bound = b""  # the text of the statement bound since the last round trip
+        # An open transaction: its round trips so far, and whether one was background.
+        self._transaction: list[Any] | None = None
+        self._background = frozenset(q.encode() for q in BACKGROUND_STATEMENTS)
 
     def feed(self, data: bytes) -> None:
         if self._skip:
@@ -70,9 +105,59 @@ class FrontendMessages:
             else:
                 if len(self._buffer) < 5:
                     return
-                if self._buffer[0] in ROUND_TRIP_MESSAGES:
-                    self.round_trips += 1
-                self._consume(1 + int.from_bytes(self._buffer[1:5], "big"))
+                kind = self._buffer[0]
+                size = 1 + int.from_bytes(self._buffer[1:5], "big")
+                if kind in READ_WHOLE:
+                    if len(self._buffer) < size:
+                        return  # read whole: the statement's name or text is wanted
+                    self._statement(kind, bytes(self._buffer[5:size]))
+                elif kind == EXECUTE:
+                    self._executed = True
+                if kind in ROUND_TRIP_MESSAGES:
+                    self._round_trip()
+                self._consume(size)
+
+    def _statement(self, kind: int, body: bytes) -> None:
+        """A Parse (name, text), a Bind (portal, statement name) or a Query (text):
+        which text runs."""
+        first, _, rest = body.partition(b"\0")
+        if kind == PARSE:
+            self._statements[first] = self._bound = rest.partition(b"\0")[0]
+            self._parsed = True
+        elif kind == BIND:
+            self._bound = self._statements.get(rest.partition(b"\0")[0], b"")
+        else:
+            self._bound = first
+
+    def _round_trip(self) -> None:
+        """One round trip, of the statement bound. Preparing a statement (an exchange
+        with a Parse and no Execute, or the driver's type introspection) is set-up: an
+        unnamed statement parsed on every run (no statement cache, as behind PgBouncer)
+        is parsed in the exchange that runs it.
+        Those of a transaction (BEGIN to COMMIT or ROLLBACK, sent as Query messages) are
+        counted at its end, all as background when a background statement ran in it."""
+        bound, self._bound = self._bound, b""
+        preparing = self._parsed and not self._executed
+        self._parsed = self._executed = False
+        if preparing or any(text in bound for text in DRIVER_INTROSPECTION):
+            self.set_up_round_trips += 1
+            return
+        background = bound in self._background
+        if self._transaction is None and bound.startswith(b"BEGIN"):
+            self._transaction = [0, False]
+        if self._transaction is not None:
+            self._transaction[0] += 1
+            self._transaction[1] |= background
+            if not bound.startswith((b"COMMIT", b"ROLLBACK")):
+                return
+            trips, background = self._transaction
+            self._transaction = None
+        else:
+            trips = 1
+        if background:
+            self.background_round_trips += trips
+        else:
+            self.round_trips += trips
 
     def _consume(self, size: int) -> None:
         if size <= len(self._buffer):
@@ -101,6 +186,16 @@ class RoundTripRelay:
     @property
     def round_trips(self) -> int:
         return sum(c.round_trips for c in self._connections)
+
+    @property
+    def background_round_trips(self) -> int:
+        """Round trips of the schedule pass (BACKGROUND_STATEMENTS), not counted above."""
+        return sum(c.background_round_trips for c in self._connections)
+
+    @property
+    def set_up_round_trips(self) -> int:
+        """Round trips that prepared a statement on a connection, not counted above."""
+        return sum(c.set_up_round_trips for c in self._connections)
 
     @property
     def port(self) -> int:
@@ -234,6 +329,8 @@ async def _variant(
                 await step(i)
             result.numbers[f"{name}_round_trips"] = round((relay.round_trips - before) / count, 3)
         result.numbers["requests_each"] = n
+        result.numbers["background_round_trips"] = relay.background_round_trips
+        result.numbers["set_up_round_trips"] = relay.set_up_round_trips
         check_tally(result, "requests", tally)
         finish(result, proc)
     return result
