@@ -22,6 +22,7 @@ from typing import Any
 from ..admission import Caller
 from ..api.requests import ClaimRequest
 from ..errors import GatewayError, StoreUnavailable
+from ..flag import Flag
 from ..rows import CarriedCompletes, ItemResult, Leased
 
 # Parked waiters whose deadlines fall in the same slot of this length share one timer.
@@ -170,7 +171,7 @@ class RuntimeState:
     runtime_id: str
     channel: str
     waiters: list[Waiter] = field(default_factory=list)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    wake: Flag = field(default_factory=Flag)
     pump: asyncio.Task[None] | None = None
     linger: asyncio.TimerHandle | None = None
     # A wake-up (pub/sub, or a bump here) arrived since the pump's last cycle began;

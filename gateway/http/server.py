@@ -47,6 +47,7 @@ from uvicorn.server import ServerState
 
 from ..admission import Caller
 from ..errors import GatewayError, HeadersTooLarge, RequestTimeout, problem_for
+from ..flag import Flag
 from ..metrics import Metrics
 from ..settings import Settings
 from .access import REQUEST_ID_HEADER, server_answer
@@ -97,7 +98,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     Written against uvicorn 0.54: it overrides the parser callbacks, reads the
     attributes `app`, `scope`, `cycle`, `pipeline`, `flow` and `server_state`, and marks
     request cycles gone as uvicorn's connection_lost does (`response_complete`,
-    `disconnected`, `message_event`)."""
+    `disconnected`, `message_event`). It replaces the two asyncio.Events uvicorn makes
+    per connection and per request (the flow control's writable event, a request's
+    message event) with Flags, which a parked poll holds for its whole wait
+    (gateway/flag.py)."""
 
     # Slots, not the instance dict: uvicorn's protocol keeps 27 attributes there, and
     # 14 more took the dict past what CPython shares between instances (30 keys), so
@@ -161,6 +165,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._raw = transport
         super().connection_made(cast(asyncio.Transport, Transport(transport, self)))
+        writable = Flag()
+        writable.set()  # as FlowControl starts: nothing written yet
+        # Typed as an asyncio.Event in uvicorn; a Flag does all it is asked.
+        setattr(self.flow, "_is_writable_event", writable)  # noqa: B010
         self._start_request()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -247,6 +255,11 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and type(cycle.message_event) is asyncio.Event:
+            # Made just now, and its task not started yet: nothing waits on it, and
+            # nothing has set it.
+            cycle.message_event = cast(asyncio.Event, Flag())
         self._pending_body = self.scope
         if self.cycle is not None and self.cycle not in self._cycles:
             self._cycles = [c for c in self._cycles if not c.response_complete]

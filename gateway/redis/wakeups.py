@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..background import stop_task
+from ..flag import Flag
 from ..metrics import Metrics
 from .keys import runtime_of_channel
 
@@ -58,7 +59,7 @@ class Subscriber:
         self._budget = timeout_seconds * 4
         self._ping_interval = ping_interval_seconds
         self._control = prefix + CONTROL_CHANNEL_SUFFIX
-        self._wanted: dict[str, asyncio.Event] = {}  # channel -> confirmed
+        self._wanted: dict[str, Flag] = {}  # channel -> confirmed (one per runtime)
         self._pubsub: Any = None
         self._task: asyncio.Task[None] | None = None
         self._connected = asyncio.Event()
@@ -93,7 +94,7 @@ class Subscriber:
         time: the caller must then not rely on wake-ups and should poll."""
         event = self._wanted.get(channel)
         if event is None:
-            event = self._wanted[channel] = asyncio.Event()
+            event = self._wanted[channel] = Flag()
         if event.is_set():
             return True
         if not self.healthy or self._pubsub is None:

@@ -10,6 +10,7 @@ import pytest
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
+from gateway.flag import Flag
 from gateway.http.server import GatewayHttpProtocol, _ClosingSend
 from gateway.http.startup import StartupGate
 
@@ -100,4 +101,53 @@ async def test_a_keep_alive_connection_keeps_one_read_timer_and_sends_unwrapped(
     protocol.data_received(REQUEST[-2:])
     for task in list(state.tasks):
         await task
+    protocol.connection_lost(None)
+
+
+class SlowApp:
+    """Reads its body (which may come in pieces), then answers; keeps each cycle's
+    receive and send."""
+
+    def __init__(self) -> None:
+        self.received: list[Any] = []
+        self.answered = asyncio.Event()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            self.received.append(message)
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+        self.answered.set()
+
+
+async def test_the_events_uvicorn_makes_per_connection_and_request_are_flags() -> None:
+    """A parked poll holds its connection's flow control and its request's cycle for
+    its whole wait: their events are Flags (gateway/flag.py), and they still work. The
+    body's second piece wakes the app waiting on its receive; an answer sent while the
+    transport is paused waits until it resumes."""
+    app = SlowApp()
+    gate = StartupGate(app)
+    gate.open()
+    config = Config(gate, interface="asgi3", lifespan="off", log_config=None, proxy_headers=False)
+    config.load()
+    state = ServerState()
+    protocol = GatewayHttpProtocol(config, state, {})
+    transport = Transport()
+    protocol.connection_made(transport)
+    assert isinstance(protocol.flow._is_writable_event, Flag)
+    protocol.pause_writing()
+    protocol.data_received(REQUEST[:-2])
+    await asyncio.sleep(0)
+    assert protocol.cycle is not None and isinstance(protocol.cycle.message_event, Flag)
+    protocol.data_received(REQUEST[-2:])  # wakes the app's receive
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert [m.get("body") for m in app.received][-1] == b"{}"
+    assert not app.answered.is_set()  # its answer waits for the transport
+    protocol.resume_writing()
+    await asyncio.wait_for(app.answered.wait(), 1)
+    assert transport.written.startswith(b"HTTP/1.1 200 OK")
     protocol.connection_lost(None)
