@@ -15,13 +15,21 @@ that are let in are served at the unloaded pace.
   of the current holds is older than that, its age. Work (enqueues, claims, reads) is
   refused when that exceeds GATEWAY_DB_QUEUE_BUDGET_MS; the line it may join is
   shown as `gateway_db_queue_limit`.
+- **A line that stands gets short.** The budget lets a burst wait its turn; but under
+  a flood that does not stop, a line kept at the budget's length makes every request
+  let in wait the whole budget. So the line is judged as CoDel judges a queue: once
+  every request of work granted a connection for STANDING_INTERVAL_SECONDS has waited
+  longer than a fifth of the budget (STANDING_SHARE), the line is standing, and work
+  is let in only for an expected wait within that fifth. It stands until the line has
+  no work left waiting (or work finds a connection free). A burst that is served
+  within the interval never sees it.
 - **Priorities.** Releases (completes, fails, heartbeats, releases, batch acknowledgements,
   and the gateway's own work: the janitor, giving back undelivered leases, loading a
   token) free work and keep leases alive, and an operator's controls, the probes and the
   metrics must work when they are needed most: they go before any waiting work, and are
   refused only when no connection comes free within GATEWAY_DB_ACQUIRE_TIMEOUT_MS.
   One exception bounds the wait of work that was let in: once the oldest waiting
-  request of work has waited its whole budget, it is served next.
+  request of work has waited a fifth of its budget, it is served next.
 - **Work whose client has left is not started.** The HTTP layer hands each request of
   work its connection's `Caller` (`caller`, a context variable), which the HTTP
   protocol tells when the connection is lost. Such work waiting in line leaves it at
@@ -51,6 +59,11 @@ from .refusals import Refusals
 
 # Weight of the newest hold in the mean hold time.
 HOLD_WEIGHT = 0.2
+# A line stands once the work it granted waited past STANDING_SHARE of the budget for
+# this long; it then lets work in for that share only (CoDel's interval and target:
+# Nichols and Jacobson, "Controlling Queue Delay", 2012).
+STANDING_INTERVAL_SECONDS = 0.1
+STANDING_SHARE = 0.2
 
 
 class Priority(IntEnum):
@@ -133,6 +146,7 @@ class LineLoad(NamedTuple):
     limit: float | None  # work that may wait (gateway_db_queue_limit); None: not yet known
     hold_ms: float  # the mean time a connection is held; 0 until one was given back
     budget_ms: float  # GATEWAY_DB_QUEUE_BUDGET_MS
+    standing: bool  # the line has stood: work is let in for STANDING_SHARE of the budget
 
 
 class Admission:
@@ -143,6 +157,7 @@ class Admission:
     def __init__(self, slots: int, budget_ms: float, timeout_ms: float, metrics: Metrics) -> None:
         self._slots = slots
         self._budget_ms = budget_ms
+        self._standing_ms = budget_ms * STANDING_SHARE
         self._timeout_ms = timeout_ms
         self._metrics = metrics
         self._held = 0
@@ -152,17 +167,42 @@ class Admission:
         self._lines: dict[Priority, deque[asyncio.Future[bool]]] = {p: deque() for p in Priority}
         # The loop time each waiting request of work joined the line (for _hand_on).
         self._joined: dict[asyncio.Future[bool], float] = {}
+        # CoDel's judgement: since when every grant of work waited past _standing_ms
+        # (None: the last did not), and whether that has lasted an interval.
+        self._above_since: float | None = None
+        self.standing = False
         self.hold_ms = 0.0  # the mean hold, 0 until one ended
         self.refusals = Refusals()
         metrics.db_queue_limit.set_function(self.queue_limit)
 
     def queue_limit(self) -> float:
-        """How many requests of work may wait in line now, by the budget and the hold
-        (without a measured hold yet: no limit below the acquire timeout's)."""
+        """How many requests of work may wait in line now, by the budget (its standing
+        share while the line stands) and the hold (without a measured hold yet: no
+        limit below the acquire timeout's)."""
         hold_ms = self._hold_ms()
         if hold_ms <= 0:
             return float("inf")
-        return self._budget_ms / hold_ms * self._slots
+        return self._limit_ms() / hold_ms * self._slots
+
+    def _limit_ms(self) -> float:
+        """The longest wait work is let in for now, in ms."""
+        return self._standing_ms if self.standing else self._budget_ms
+
+    def _waited(self, waited_ms: float, now: float, *, drained: bool) -> None:
+        """Work was granted a connection after `waited_ms` in line (0: one was free and
+        nobody waited), leaving the line without work if `drained`: CoDel's judgement
+        of whether the line stands. Only a drained line stops standing: were a short
+        wait enough, a flood would refill the line to the whole budget the moment it
+        stood no more."""
+        if drained:
+            self._above_since = None
+            self.standing = False
+        elif waited_ms <= self._standing_ms:
+            self._above_since = None
+        elif self._above_since is None:
+            self._above_since = now
+        elif now - self._above_since >= STANDING_INTERVAL_SECONDS:
+            self.standing = True
 
     def load(self) -> LineLoad:
         """How full the line is now."""
@@ -176,6 +216,7 @@ class Admission:
             limit=None if limit == float("inf") else limit,
             hold_ms=self.hold_ms,
             budget_ms=self._budget_ms,
+            standing=self.standing,
         )
 
     def _hold_ms(self) -> float:
@@ -201,15 +242,17 @@ class Admission:
         return (self._ahead(wanted) + 1) / self._slots * self._hold_ms()
 
     def crowded(self) -> bool:
-        """True when work arriving now would wait past its budget: `acquire` would
-        refuse it."""
-        return self.expected_wait_ms(Priority.WORK) > self._budget_ms
+        """True when work arriving now would wait past its budget (its standing share
+        while the line stands): `acquire` would refuse it."""
+        return self.expected_wait_ms(Priority.WORK) > self._limit_ms()
 
     def refusal(self) -> DatabaseBusy:
-        """What work refused for the line's length is answered."""
+        """What work refused for the line's length is answered (the same words whether
+        the line stands or not: the door makes its answer once)."""
         return DatabaseBusy(
             f"the database queue is longer than {self._budget_ms:g} ms of work "
-            "(GATEWAY_DB_QUEUE_BUDGET_MS); retry"
+            f"(GATEWAY_DB_QUEUE_BUDGET_MS), or than {self._standing_ms:g} ms once it has "
+            f"stood for {STANDING_INTERVAL_SECONDS * 1000:g} ms; retry"
         )
 
     def shed(self, reason: str, count: int = 1) -> None:
@@ -231,8 +274,10 @@ class Admission:
         loop = asyncio.get_running_loop()
         if self._held < self._slots and not self._ahead(Priority.WORK):
             self._held += 1
-            return self._grant(loop.time())
-        if wanted is Priority.WORK and self.expected_wait_ms(wanted) > self._budget_ms:
+            now = loop.time()
+            self._waited(0.0, now, drained=True)  # a connection free, nobody waiting
+            return self._grant(now)
+        if wanted is Priority.WORK and self.expected_wait_ms(wanted) > self._limit_ms():
             self.shed("database_queue")
             raise self.refusal()
         waiter: asyncio.Future[bool] = loop.create_future()
@@ -308,27 +353,38 @@ class Admission:
 
     def _hand_on(self) -> None:
         """The slot goes to the first waiter of the highest priority, else back; but
-        first to the oldest request of work once it has waited its whole budget. A wait
-        already ended (its client left, its timeout) is passed over.
+        first to the oldest request of work once it has waited a fifth of its budget
+        (STANDING_SHARE). A wait already ended (its client left, its timeout) is passed
+        over.
 
         Why the exception: releases are never refused, so under a flood of completes
         they would keep arriving ahead of work that was let in, and an enqueue admitted
         for a wait within its budget waited many times that. Work is admitted only
-        while the line holds at most a budget of it, so serving what outlived its
-        budget first costs releases at most that much."""
+        while the line holds at most a budget of it: serving it sooner does not serve
+        more of it, so releases lose no more than that, only earlier."""
         work = self._lines[Priority.WORK]
         while work and work[0].done():
             work.popleft()
+        now = asyncio.get_running_loop().time()
         joined = self._joined.get(work[0]) if work else None
-        if joined is not None:
-            if (asyncio.get_running_loop().time() - joined) * 1000 >= self._budget_ms:
-                work.popleft().set_result(True)
-                return
+        if joined is not None and (now - joined) * 1000 >= self._standing_ms:
+            self._grant_work(work, joined, now)
+            return
         for wanted in sorted(self._lines, reverse=True):
             line = self._lines[wanted]
             while line:
+                if wanted is Priority.WORK and not line[0].done():
+                    self._grant_work(line, self._joined[line[0]], now)
+                    return
                 waiter = line.popleft()
                 if not waiter.done():
                     waiter.set_result(True)
                     return
         self._held -= 1
+
+    def _grant_work(self, work: deque[asyncio.Future[bool]], joined: float, now: float) -> None:
+        """The slot to the first request of work in line, which joined it at `joined`."""
+        work.popleft().set_result(True)
+        while work and work[0].done():
+            work.popleft()
+        self._waited((now - joined) * 1000, now, drained=not work)

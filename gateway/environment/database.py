@@ -92,7 +92,9 @@ DATABASE: tuple[Variable, ...] = (
         doc="Load shedding: the longest an enqueue, claim or read may expect to wait for a "
         "database connection (its place in line times the mean hold). Past it, it is "
         "refused at once with `503 database_busy` (`429 overloaded` for a claim) and "
-        "`Retry-After`. Completes, fails, heartbeats and releases go first, never shed.",
+        "`Retry-After`. While the line stands (the work given a connection for 100 ms all "
+        "waited longer than a fifth of this), work is let in for a fifth of it only. "
+        "Completes, fails, heartbeats and releases go first, never shed.",
     ),
     Variable(
         "GATEWAY_DB_STATEMENT_CACHE_SIZE",

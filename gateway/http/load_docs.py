@@ -62,6 +62,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "work_limit",
             "mean_hold_ms",
             "budget_ms",
+            "standing",
         ],
         "properties": {
             "connections": {**_COUNT, "description": "GATEWAY_DB_POOL_MAX."},
@@ -91,6 +92,12 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "type": "number",
                 "minimum": 0,
                 "description": "GATEWAY_DB_QUEUE_BUDGET_MS.",
+            },
+            "standing": {
+                "type": "boolean",
+                "description": "The line has stood: every request of work given a "
+                "connection for the last 100 ms waited longer than a fifth of the budget. "
+                "Until one waits less, work is let in for a fifth of the budget only.",
             },
         },
         "additionalProperties": False,

@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from gateway import admission as adm
 from gateway.admission import Admission, Caller, Priority, caller, priority, releasing
 from gateway.errors import ClientGone, DatabaseBusy
 from gateway.metrics import Metrics
@@ -42,27 +43,28 @@ async def test_releases_go_before_work_that_waited_longer() -> None:
     assert order == ["release", "work"]
 
 
-async def test_work_that_waited_its_whole_budget_goes_before_later_releases() -> None:
+async def test_work_that_waited_a_fifth_of_its_budget_goes_before_later_releases() -> None:
     """Releases are never refused: under a flood of completes each slot would go to the
     newest release, and work let in for a wait within its budget would wait for as
-    long as the flood lasts. Once the oldest work has waited its budget, it is next."""
-    line = admission(slots=1, budget_ms=30.0)
+    long as the flood lasts. Once the oldest work has waited a fifth of its budget
+    (STANDING_SHARE), it is next."""
+    line = admission(slots=1, budget_ms=250.0)
     held = await line.acquire()
     order: list[str] = []
     work = asyncio.create_task(take(line, Priority.WORK, order, "work"))
     await asyncio.sleep(0)
     early = asyncio.create_task(take(line, Priority.RELEASE, order, "early release"))
     await asyncio.sleep(0)
-    # Within the budget, the release goes first.
+    # Within the fifth (50 ms), the release goes first.
     line.release(held)
     line.release(await early)
     line.release(await work)
     assert order == ["early release", "work"]
-    # Now the work waits past its budget while releases keep arriving.
+    # Now the work waits past the fifth while releases keep arriving.
     held = await line.acquire()
     order.clear()
     work = asyncio.create_task(take(line, Priority.WORK, order, "work"))
-    await asyncio.sleep(0.05)  # past the 30 ms budget
+    await asyncio.sleep(0.06)  # past 50 ms
     late = [
         asyncio.create_task(take(line, Priority.RELEASE, order, f"release {k}")) for k in range(3)
     ]
@@ -249,3 +251,56 @@ async def test_a_slot_granted_as_its_client_leaves_goes_on() -> None:
         await leaving
     line.release(await asyncio.wait_for(after, 1))
     assert line.load().held == 0
+
+
+async def test_a_line_that_stood_an_interval_lets_work_in_for_a_fifth_of_its_budget() -> None:
+    """CoDel's judgement: work granted after waiting past a fifth of the budget, again
+    and again for STANDING_INTERVAL_SECONDS, makes the line standing; a newcomer whose
+    expected wait is within the budget but past that fifth is then refused. Before
+    the interval is out, the same newcomer is let in (a burst waits its turn); the
+    first grant without a wait ends it."""
+    line = admission(slots=1, budget_ms=250.0)
+    held = await line.acquire()
+    waiting = [asyncio.create_task(take(line, Priority.WORK, [], str(i))) for i in range(12)]
+    await asyncio.sleep(0.08)  # past the fifth (50 ms), within the budget
+    line.release(held)
+    first = await waiting[0]  # waited 80 ms: above since now
+    assert not line.standing
+
+    def newcomer_fits_the_budget_only() -> None:
+        # 11 waiting and the newcomer: 12 x 10 ms = 120 ms, between 50 and 250.
+        line.hold_ms = 10.0
+        assert line.expected_wait_ms(Priority.WORK) == pytest.approx(120.0)
+
+    newcomer_fits_the_budget_only()
+    early = asyncio.create_task(take(line, Priority.WORK, [], "early"))
+    await asyncio.sleep(0)
+    assert not early.done()  # let in: the line has not stood an interval yet
+    await asyncio.sleep(adm.STANDING_INTERVAL_SECONDS)
+    line.release(first)
+    second = await waiting[1]  # waited past the fifth an interval after the first
+    assert line.standing and line.load().standing
+    newcomer_fits_the_budget_only()
+    line.hold_ms = 10.0
+    assert line.queue_limit() == pytest.approx(250.0 * adm.STANDING_SHARE / 10.0)
+    with pytest.raises(DatabaseBusy):
+        await take(line, Priority.WORK, [], "refused")
+    assert line.crowded()
+    # Drained: the next grant comes without a wait, and the line stands no more.
+    line.release(second)
+    for w in [*waiting[2:], early]:
+        line.release(await w)
+    line.release(await line.acquire())
+    assert not line.standing and not line.crowded()
+
+
+async def test_grants_that_waited_less_than_the_fifth_never_make_a_line_stand() -> None:
+    line = admission(slots=1, budget_ms=250.0)
+    held = await line.acquire()
+    for _ in range(8):
+        nxt = asyncio.create_task(take(line, Priority.WORK, [], "next"))
+        await asyncio.sleep(0.02)  # each waits 20 ms, under the fifth (50 ms)
+        line.release(held)
+        held = await nxt
+    line.release(held)
+    assert not line.standing

@@ -46,6 +46,7 @@ async def instance_load(request: Request, gw: Gateway) -> Response:
                 "work_limit": None if line.limit is None else round(line.limit, 1),
                 "mean_hold_ms": round(line.hold_ms, 3),
                 "budget_ms": line.budget_ms,
+                "standing": line.standing,
             },
             "shed_last_minute": last_minute,
             "shed_per_minute": [
