@@ -165,6 +165,8 @@ class Admission:
         self._grants = 0
         # Each waiter's result: True granted a slot, False its client left (Caller).
         self._lines: dict[Priority, deque[asyncio.Future[bool]]] = {p: deque() for p in Priority}
+        # For each priority, the lines served before it (its own and those above).
+        self._lines_ahead = {p: [self._lines[q] for q in Priority if q >= p] for p in Priority}
         # The loop time each waiting request of work joined the line (for _hand_on).
         self._joined: dict[asyncio.Future[bool], float] = {}
         # CoDel's judgement: since when every grant of work waited past _standing_ms
@@ -232,8 +234,9 @@ class Admission:
         return max(self.hold_ms, (asyncio.get_running_loop().time() - newest) * 1000)
 
     def _ahead(self, wanted: Priority) -> int:
-        """Waiters that would be served before a newcomer of priority `wanted`."""
-        return sum(len(line) for p, line in self._lines.items() if p >= wanted)
+        """Waiters that would be served before a newcomer of priority `wanted` (the
+        door asks this of every request while the line is full)."""
+        return sum(map(len, self._lines_ahead[wanted]))
 
     def expected_wait_ms(self, wanted: Priority) -> float:
         """The wait a newcomer of priority `wanted` can expect for a connection, in ms."""
