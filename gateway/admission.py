@@ -21,15 +21,16 @@ that are let in are served at the unloaded pace.
   every request of work granted a connection for STANDING_INTERVAL_SECONDS has waited
   longer than a fifth of the budget (STANDING_SHARE), the line is standing, and work
   is let in only for an expected wait within that fifth. It stands until the line has
-  no work left waiting (or work finds a connection free). A burst that is served
-  within the interval never sees it.
+  no work left waiting (or a request finds a connection free with nobody waiting). A
+  burst that is served within the interval never sees it.
 - **Priorities.** Releases (completes, fails, heartbeats, releases, batch acknowledgements,
   and the gateway's own work: the janitor, giving back undelivered leases, loading a
   token) free work and keep leases alive, and an operator's controls, the probes and the
   metrics must work when they are needed most: they go before any waiting work, and are
   refused only when no connection comes free within GATEWAY_DB_ACQUIRE_TIMEOUT_MS.
   One exception bounds the wait of work that was let in: once the oldest waiting
-  request of work has waited a fifth of its budget, it is served next.
+  request of work has waited a fifth of its budget, it is served next, and so every
+  other slot while releases wait too.
 - **Work whose client has left is not started.** The HTTP layer hands each request of
   work its connection's `Caller` (`caller`, a context variable), which the HTTP
   protocol tells when the connection is lost. Such work waiting in line leaves it at
@@ -172,7 +173,8 @@ class Admission:
         # CoDel's judgement: since when every grant of work waited past _standing_ms
         # (None: the last did not), and whether that has lasted an interval.
         self._above_since: float | None = None
-        self.standing = False
+        self._standing = False
+        self._aged_last = False  # the last slot went to work for its age (_hand_on)
         self.hold_ms = 0.0  # the mean hold, 0 until one ended
         self.refusals = Refusals()
         metrics.db_queue_limit.set_function(self.queue_limit)
@@ -186,9 +188,27 @@ class Admission:
             return float("inf")
         return self._limit_ms() / hold_ms * self._slots
 
+    @property
+    def standing(self) -> bool:
+        """Whether the line stands: work is let in for STANDING_SHARE of the budget."""
+        if self._above_since is not None and not self._work_waiting():
+            # The line emptied without a grant (its waiters left, or timed out): it
+            # stands no more, and an earlier slow grant does not count towards a
+            # later episode.
+            self._above_since = None
+            self._standing = False
+        return self._standing
+
     def _limit_ms(self) -> float:
         """The longest wait work is let in for now, in ms."""
         return self._standing_ms if self.standing else self._budget_ms
+
+    def _work_waiting(self) -> bool:
+        """Whether any request of work still waits in line."""
+        work = self._lines[Priority.WORK]
+        while work and work[0].done():
+            work.popleft()
+        return bool(work)
 
     def _waited(self, waited_ms: float, now: float, *, drained: bool) -> None:
         """Work was granted a connection after `waited_ms` in line (0: one was free and
@@ -198,13 +218,14 @@ class Admission:
         stood no more."""
         if drained:
             self._above_since = None
-            self.standing = False
+            self._standing = False
         elif waited_ms <= self._standing_ms:
-            self._above_since = None
+            if not self._standing:
+                self._above_since = None
         elif self._above_since is None:
             self._above_since = now
         elif now - self._above_since >= STANDING_INTERVAL_SECONDS:
-            self.standing = True
+            self._standing = True
 
     def load(self) -> LineLoad:
         """How full the line is now."""
@@ -356,23 +377,29 @@ class Admission:
 
     def _hand_on(self) -> None:
         """The slot goes to the first waiter of the highest priority, else back; but
-        first to the oldest request of work once it has waited a fifth of its budget
-        (STANDING_SHARE). A wait already ended (its client left, its timeout) is passed
-        over.
+        to the oldest request of work once it has waited a fifth of its budget
+        (STANDING_SHARE), every other slot while releases wait too. A wait already
+        ended (its client left, its timeout) is passed over.
 
         Why the exception: releases are never refused, so under a flood of completes
         they would keep arriving ahead of work that was let in, and an enqueue admitted
-        for a wait within its budget waited many times that. Work is admitted only
-        while the line holds at most a budget of it: serving it sooner does not serve
-        more of it, so releases lose no more than that, only earlier."""
+        for a wait within its budget waited many times that. Why every other slot: the
+        next request of work has usually waited as long, and releases (completes,
+        heartbeats, the probes) would otherwise wait behind the whole line of it."""
         work = self._lines[Priority.WORK]
         while work and work[0].done():
             work.popleft()
         now = asyncio.get_running_loop().time()
         joined = self._joined.get(work[0]) if work else None
-        if joined is not None and (now - joined) * 1000 >= self._standing_ms:
+        if (
+            joined is not None
+            and not self._aged_last
+            and (now - joined) * 1000 >= self._standing_ms
+        ):
+            self._aged_last = True
             self._grant_work(work, joined, now)
             return
+        self._aged_last = False
         for wanted in sorted(self._lines, reverse=True):
             line = self._lines[wanted]
             while line:

@@ -9,7 +9,8 @@ from bench.client import Tally
 
 SHED = (
     b'{"status": 503, "code": "database_busy", "detail": "the database queue is longer '
-    b'than 250 ms of work (GATEWAY_DB_QUEUE_BUDGET_MS); retry"}'
+    b"than 250 ms of work (GATEWAY_DB_QUEUE_BUDGET_MS), or than 50 ms once it has stood "
+    b'for 100 ms; retry"}'
 )
 # A stalled Postgres: the whole acquire timeout waited, not load shed.
 STALLED = (
