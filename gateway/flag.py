@@ -5,7 +5,7 @@ An asyncio.Event keeps its waiters in a deque made when the event is, and an emp
 deque is 760 bytes; with the event's own dict that is over 1 KiB. A parked poll held
 two (its connection's write flow control and its request's message event, both
 uvicorn's), and each runtime with parked polls two more (its pump's wake-up and its
-Redis channel's confirmation): about a seventh of what a parked poll cost. A Flag has
+Redis channel's confirmation): a tenth of what a parked poll cost (15 KiB). A Flag has
 slots and makes its list of waiters only when one waits, which most never do.
 """
 
