@@ -56,7 +56,9 @@ WARM_UP_ROUNDS = 2  # unmeasured passes, each `requests` long
 
 
 # The statements of the leader's schedule pass, which runs whatever the requests do.
-BACKGROUND_STATEMENTS = frozenset({schedule_sql.DUE_SCHEDULES, schedule_sql.NEXT_DUE_IN})
+BACKGROUND_STATEMENTS = frozenset(
+    q.encode() for q in (schedule_sql.DUE_SCHEDULES, schedule_sql.NEXT_DUE_IN)
+)
 # In the statements asyncpg runs while it prepares a statement whose types it does not
 # know yet on that connection (its type introspection, with JIT switched off around it).
 DRIVER_INTROSPECTION = (b"typeinfo_tree", b"set_config('jit'", b"current_setting('jit')")
@@ -67,9 +69,8 @@ class FrontendMessages:
     the messages that end a round trip: apart, those of a background statement
     (BACKGROUND_STATEMENTS, by the text its Parse named) and of a transaction that ran
     one, and those that prepare a statement on the connection (once per connection,
-    whatever the request). The first packets (an SSL or
-    GSS encryption request, then the startup message or a cancel request) carry no type
-    byte."""
+    whatever the request). The first packets (an SSL or GSS encryption request, then
+    the startup message or a cancel request) carry no type byte."""
 
     def __init__(self) -> None:
         self.round_trips = 0
@@ -82,9 +83,10 @@ class FrontendMessages:
         self._startup = True
         self._statements: dict[bytes, bytes] = {}  # prepared statement name: its text
         self._bound = b""  # the text of the statement bound since the last round trip
-        # An open transaction: its round trips so far, and whether one was background.
-        self._transaction: list[Any] | None = None
-        self._background = frozenset(q.encode() for q in BACKGROUND_STATEMENTS)
+        # An open transaction's round trips so far (0: none open), and whether one of
+        # them ran a background statement.
+        self._transaction_trips = 0
+        self._transaction_background = False
 
     def feed(self, data: bytes) -> None:
         if self._skip:
@@ -142,18 +144,15 @@ class FrontendMessages:
         if preparing or any(text in bound for text in DRIVER_INTROSPECTION):
             self.set_up_round_trips += 1
             return
-        background = bound in self._background
-        if self._transaction is None and bound.startswith(b"BEGIN"):
-            self._transaction = [0, False]
-        if self._transaction is not None:
-            self._transaction[0] += 1
-            self._transaction[1] |= background
+        background = bound in BACKGROUND_STATEMENTS
+        trips = 1
+        if self._transaction_trips or bound.startswith(b"BEGIN"):
+            self._transaction_trips += 1
+            self._transaction_background |= background
             if not bound.startswith((b"COMMIT", b"ROLLBACK")):
                 return
-            trips, background = self._transaction
-            self._transaction = None
-        else:
-            trips = 1
+            trips, background = self._transaction_trips, self._transaction_background
+            self._transaction_trips, self._transaction_background = 0, False
         if background:
             self.background_round_trips += trips
         else:

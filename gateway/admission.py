@@ -204,7 +204,8 @@ class Admission:
         return self._standing_ms if self.standing else self._budget_ms
 
     def _work_waiting(self) -> bool:
-        """Whether any request of work still waits in line."""
+        """Whether any request of work still waits in line (the first then does: waits
+        already ended are dropped from the head)."""
         work = self._lines[Priority.WORK]
         while work and work[0].done():
             work.popleft()
@@ -387,24 +388,22 @@ class Admission:
         next request of work has usually waited as long, and releases (completes,
         heartbeats, the probes) would otherwise wait behind the whole line of it."""
         work = self._lines[Priority.WORK]
-        while work and work[0].done():
-            work.popleft()
         now = asyncio.get_running_loop().time()
-        joined = self._joined.get(work[0]) if work else None
+        joined = self._joined.get(work[0]) if self._work_waiting() else None
         if (
             joined is not None
             and not self._aged_last
             and (now - joined) * 1000 >= self._standing_ms
         ):
             self._aged_last = True
-            self._grant_work(work, joined, now)
+            self._grant_work(now)
             return
         self._aged_last = False
         for wanted in sorted(self._lines, reverse=True):
             line = self._lines[wanted]
             while line:
                 if wanted is Priority.WORK and not line[0].done():
-                    self._grant_work(line, self._joined[line[0]], now)
+                    self._grant_work(now)
                     return
                 waiter = line.popleft()
                 if not waiter.done():
@@ -412,9 +411,9 @@ class Admission:
                     return
         self._held -= 1
 
-    def _grant_work(self, work: deque[asyncio.Future[bool]], joined: float, now: float) -> None:
-        """The slot to the first request of work in line, which joined it at `joined`."""
-        work.popleft().set_result(True)
-        while work and work[0].done():
-            work.popleft()
-        self._waited((now - joined) * 1000, now, drained=not work)
+    def _grant_work(self, now: float) -> None:
+        """The slot to the first request of work in line (one waits, not done)."""
+        waiter = self._lines[Priority.WORK].popleft()
+        waiter.set_result(True)
+        waited_ms = (now - self._joined[waiter]) * 1000
+        self._waited(waited_ms, now, drained=not self._work_waiting())

@@ -109,6 +109,11 @@ class Waiter:
     trace: Any = None
 
     @property
+    def owes_completes(self) -> bool:
+        """It carries completes that are not applied yet."""
+        return self.carried is not None and self.carried.answer is None
+
+    @property
     def lease(self) -> tuple[str, float]:
         """Its worker and lease length, for a task leased to it (sync match)."""
         return self.req.worker_id, float(self.req.lease_seconds)
@@ -208,7 +213,7 @@ class RuntimeState:
 
 def unsettled(waiters: list[Waiter]) -> list[Waiter]:
     """Those of `waiters` whose carried completes are not applied yet."""
-    return [w for w in waiters if w.carried is not None and w.carried.answer is None]
+    return [w for w in waiters if w.owes_completes]
 
 
 def idle(state: RuntimeState) -> list[Waiter]:
@@ -242,7 +247,7 @@ def still_wanted(waiters: list[Waiter]) -> tuple[list[Waiter], int]:
             waiter.gone = True
         if waiter.gone:
             left += 1
-            if waiter.carried is None or waiter.carried.answer is not None:
+            if not waiter.owes_completes:
                 waiter.in_flight = False
                 waiter.poke()
                 continue

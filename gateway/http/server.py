@@ -261,9 +261,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             # nothing has set it.
             cycle.message_event = cast(asyncio.Event, Flag())
         self._pending_body = self.scope
-        if self.cycle is not None and self.cycle not in self._cycles:
+        if cycle is not None and cycle not in self._cycles:
             self._cycles = [c for c in self._cycles if not c.response_complete]
-            self._cycles.append(self.cycle)
+            self._cycles.append(cycle)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
