@@ -19,13 +19,13 @@ run: $(STAMP)
 	$(BIN)/gateway serve --embedded
 
 # The suite mostly waits on servers, so it runs over more workers than the machine has
-# cores (4 took 3.2 min on 2 cores, 6 no less, 1 took 9.4). A test file stays on one
+# cores (on 2 cores: 4 took 4.1 min, 5 no less, 1 took 9.4). A test file stays on one
 # worker; each worker has a database of its own (and, without TEST_DATABASE_URL, its own
 # embedded servers). TEST_WORKERS=0 runs the suite in this process, one test at a time.
 TEST_WORKERS ?= 4
 ## test: the whole suite; uses TEST_DATABASE_URL / TEST_REDIS_URL when set, else embedded servers
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 ## check: the fast inner loop, under a minute: unit tests, the claim-path simulation and a short model run
 check: $(STAMP)

@@ -224,10 +224,12 @@ _SERVER_MARKERS = {"pg_admin_url": "pg", "redis_url": "redis"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Marks each test with the servers its fixtures reach (`pg`, `redis`), and gives
-    every item a node id of its own. Schemathesis makes one item per operation
-    (`test_x[GET /v1/tasks/{task_id}]`) under one node id, and pytest-xdist's
-    schedulers key their work by node id: all but one of them would never run."""
+    """Marks each test with the servers its fixtures reach (`pg`, `redis`), gives
+    every item a node id of its own, and puts the slowest files first.
+
+    Schemathesis makes one item per operation (`test_x[GET /v1/tasks/{task_id}]`)
+    under one node id, and pytest-xdist's schedulers key their work by node id: all
+    but one of them would never run."""
     for item in items:
         for fixture, marker in _SERVER_MARKERS.items():
             if fixture in getattr(item, "fixturenames", ()):
@@ -235,6 +237,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         suffix = item.name[len(getattr(item, "originalname", item.name)) :]
         if suffix and not item.nodeid.endswith(suffix):
             _rename(item, item.nodeid + suffix)
+    items[:] = _slowest_files_first(items)
+
+
+def _slowest_files_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """Files holding a `slow` test first, then files by their number of tests, each
+    file's tests in their own order. `make test` hands whole files to its workers in
+    this order (`--dist loadfile --no-loadscope-reorder`). pytest-xdist's own order,
+    by number of tests alone, left the one-test files that take 25 to 50 s to the end,
+    where one worker ran them while the others stood idle."""
+    files: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    ordered = sorted(
+        files.values(),
+        key=lambda tests: (not any(t.get_closest_marker("slow") for t in tests), -len(tests)),
+    )
+    return [item for tests in ordered for item in tests]
 
 
 def _rename(item: pytest.Item, nodeid: str) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -72,8 +73,8 @@ def settings(url: str, redis_url: str, prefix: str, **overrides: Any) -> Any:
     return janitor_settings(url, redis_url, prefix, history_interval_seconds=INTERVAL, **overrides)
 
 
-async def next_bucket(url: str) -> Any:
-    return await next_history_bucket(url, INTERVAL)
+async def next_bucket(url: str, after: datetime | None = None) -> Any:
+    return await next_history_bucket(url, INTERVAL, after)
 
 
 def records(rows: Sequence[asyncpg.Record]) -> list[dict[str, Any]]:
@@ -245,14 +246,15 @@ async def test_the_top_lists_from_the_rollups_equal_the_raw_rows(
             pass
         # Queues of 12 runtimes, deepest first from -1 (two of them tied), and their
         # depths read once their bucket has ended.
-        await execute(
+        [made] = await fetch(
             url,
-            "INSERT INTO tasks (runtime_id, payload)"
+            "WITH made AS (INSERT INTO tasks (runtime_id, payload)"
             " SELECT $1 || '-' || r, '{}'::jsonb FROM generate_series(1, 12) AS r,"
-            "        generate_series(1, 30 - 2 * r + CASE WHEN r = 4 THEN 2 ELSE 0 END)",
+            "        generate_series(1, 30 - 2 * r + CASE WHEN r = 4 THEN 2 ELSE 0 END)"
+            " RETURNING 1) SELECT now() AS at, count(*) FROM made",
             rt,
         )
-        await next_bucket(url)
+        await next_bucket(url, after=made["at"])
         report = await gw.gateway.janitor.run_once()
         assert report.errors == [] and report.history_depths == 12, report
         unfolded = await fetch(url, "SELECT count(*) AS n FROM task_history WHERE backend <> 0")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -31,17 +32,23 @@ def janitor_settings(database_url: str, redis_url: str, prefix: str, **overrides
     return make_settings(database_url, redis_url, prefix, **values)
 
 
-async def next_history_bucket(database_url: str, interval_seconds: int) -> Any:
-    """Waits for the start of the next history bucket of `interval_seconds` by the
-    database's clock (whose buckets the triggers count into); returns that start."""
+async def next_history_bucket(
+    database_url: str, interval_seconds: int, after: datetime | None = None
+) -> Any:
+    """Waits for the start of the history bucket of `interval_seconds` that follows the
+    one holding `after` (default: now), by the database's clock, whose buckets the
+    triggers count into; returns that start. Pass a statement's `now()` as `after` when
+    the next pass must read that statement's bucket as the one just ended: the clock
+    may have crossed into the next bucket since the statement ran."""
     [row] = await fetch(
         database_url,
-        "SELECT to_timestamp((floor(extract(epoch FROM clock_timestamp()) / $1) + 1) * $1) AS at,"
-        " (floor(extract(epoch FROM clock_timestamp()) / $1) + 1) * $1"
-        " - extract(epoch FROM clock_timestamp()) AS wait",
+        "SELECT to_timestamp(b) AS at, b - extract(epoch FROM clock_timestamp()) AS wait"
+        "  FROM (SELECT (floor(extract(epoch FROM coalesce($2, clock_timestamp())) / $1) + 1)"
+        "               * $1 AS b) AS next",
         interval_seconds,
+        after,
     )
-    await asyncio.sleep(float(row["wait"]) + 0.05)
+    await asyncio.sleep(max(0.0, float(row["wait"])) + 0.05)
     return row["at"]
 
 
