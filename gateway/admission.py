@@ -282,7 +282,7 @@ class Admission:
 
     def shed(self, reason: str, count: int = 1) -> None:
         """Count `count` requests refused before any work, by `reason` (a label of
-        gateway_shed_total: database_queue, client_gone)."""
+        gateway_shed_total: database_queue, busy, client_gone)."""
         self._metrics.shed.labels(reason).inc(count)
         self.refusals.add(reason, count)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from .claim.controls import RuntimeControls
 from .claim.lease_spans import LeaseSpans
 from .claim.results import Results
 from .errors import ConfigError, GatewayError
+from .in_flight import InFlight
 from .janitor import Janitor
 from .metrics import Metrics
 from .redis.breaker import CircuitBreaker
@@ -78,6 +80,7 @@ class Gateway:
         if not settings.redis_url:
             raise ConfigError("REDIS_URL is not set (or run `gateway serve --embedded`)")
         self.settings = settings
+        self.in_flight = InFlight()
         self.metrics = Metrics(settings.max_wait_seconds)
         self.store = Store(
             settings.database_url,
@@ -252,6 +255,32 @@ class Gateway:
         if self._schema_check is not None:
             self._schema_check.cancel()  # holds a connection the pool's close would wait for
         await self.store.close()
+
+    def busy(self) -> bool:
+        """True when more requests are at work in this process than
+        GATEWAY_MAX_ACTIVE_REQUESTS: read and not yet answered, less those parked for a
+        task or a result (gateway/in_flight.py). A few attribute reads: asked of every
+        request of work."""
+        at_work = self.in_flight.requests - self.claimer.long_polls
+        return at_work > self.settings.max_active_requests
+
+    def shed_busy(self) -> None:
+        """Count a claim refused because this instance was busy (`busy()`); a warning
+        at most once per 10 s, as the database's line logs its own."""
+        self.store.shed("busy")
+        self.in_flight.refused += 1
+        now = time.monotonic()
+        if now - self.in_flight.logged_at >= 10.0:
+            log.warning(
+                "this instance is busy: %d requests at work, more than "
+                "GATEWAY_MAX_ACTIVE_REQUESTS (%d); claims that carry no completes or fails "
+                "and do not wait are refused with 429 overloaded and Retry-After "
+                "(%d refused since the last warning)",
+                self.in_flight.requests - self.claimer.long_polls,
+                self.settings.max_active_requests,
+                self.in_flight.refused,
+            )
+            self.in_flight.logged_at, self.in_flight.refused = now, 0
 
     async def readiness(self) -> Readiness:
         """Whether this instance should receive traffic, and what fails meanwhile.

@@ -97,7 +97,9 @@ class Metrics:
             "gateway_shed",
             "Requests refused at once, before any work, to keep the line short under "
             "overload (reason: database_queue, the line for a database connection was "
-            "longer than GATEWAY_DB_QUEUE_BUDGET_MS of work; client_gone, the client "
+            "longer than GATEWAY_DB_QUEUE_BUDGET_MS of work; busy, a claim carrying nothing "
+            "that would not wait, while the instance worked on more than "
+            "GATEWAY_MAX_ACTIVE_REQUESTS requests; client_gone, the client "
             "closed its connection while its request waited for one, or a claim for its "
             "statement).",
             ["reason"],

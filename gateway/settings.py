@@ -100,6 +100,8 @@ class Settings:
     max_json_depth: int = 64
     read_timeout_seconds: float = 30.0
     max_parked_polls: int = 10_000
+    # Requests at work at once, past which work that can wait is refused (in_flight.py).
+    max_active_requests: int = 128
     log_format: str = "text"  # text for people, json (one object a line) for collectors
     # The share of successful requests answered within a second that get an access line
     # (errors and slower requests always do; 1: every request).

@@ -399,6 +399,11 @@ class Claimer:
 
     # -- other long waits (gateway/claim/results.py) --------------------------------
 
+    @property
+    def long_polls(self) -> int:
+        """Claims with a wait, and result waits, in this process now."""
+        return self._long_polls
+
     def admit_long_wait(self) -> None:
         """Count a long wait that is not a claim (a wait for a task's result) against
         GATEWAY_MAX_PARKED_POLLS, which bounds every waiting request of the process, or

@@ -129,6 +129,19 @@ SERVICE: tuple[Variable, ...] = (
         "waits for a task's result); beyond, a request that would wait gets `429`.",
     ),
     Variable(
+        "GATEWAY_MAX_ACTIVE_REQUESTS",
+        "max_active_requests",
+        "integer",
+        128,
+        low=1,
+        high=1_000_000,
+        unit="requests",
+        doc="Load shedding: requests one instance works on at once (read and not yet "
+        "answered, less the parked polls and result waits, which cost nothing while they "
+        "wait). Beyond it, a claim that carries no completes or fails and does not wait "
+        "gets `429 overloaded` with `Retry-After`, its connection read again after it.",
+    ),
+    Variable(
         "GATEWAY_DEGRADED_POLL_SECONDS",
         "degraded_poll_seconds",
         "number",

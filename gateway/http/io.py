@@ -175,6 +175,9 @@ CLIENT_LEFT = 499
 # The scope key of the request's connection (admission.Caller), set by the HTTP protocol
 # (server.py): work whose client has left is not started.
 CALLER = "gateway.caller"
+# The scope key under which a refusal tells the protocol how long, in seconds, to leave
+# the connection unread once its answer is out (shedding.py, server.py).
+HOLD_READING = "gateway.hold_reading_seconds"
 
 
 def problem_response(error: GatewayError, headers: Mapping[str, str] | None = None) -> Response:

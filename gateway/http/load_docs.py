@@ -15,7 +15,9 @@ _BY_REASON = {
     "additionalProperties": _COUNT,
     "description": "Requests refused before any work, by reason (`gateway_shed_total`'s): "
     "`database_queue`, the line for a database connection held more than "
-    "GATEWAY_DB_QUEUE_BUDGET_MS of work; `client_gone`, the client closed its connection "
+    "GATEWAY_DB_QUEUE_BUDGET_MS of work; `busy`, a claim carrying nothing that would not "
+    "wait, while the instance worked on more than GATEWAY_MAX_ACTIVE_REQUESTS requests; "
+    "`client_gone`, the client closed its connection "
     "while its request waited. A reason without refusals is absent.",
 }
 

@@ -21,6 +21,8 @@ whatever body is still coming. `GatewayHttpProtocol` adds, per connection:
 - each request carries its connection's `Caller` in its scope (io.CALLER), told when
   the connection is lost or cut, so that work waiting for a database connection whose
   client has left is not started (gateway/admission.py).
+- the requests read and not yet answered are counted (gateway/in_flight.py), and a
+  connection refused under overload is read again at the end of its Retry-After.
 
 Closing a socket while the client is still sending makes the kernel reset the
 connection, which can destroy the answer before the client reads it. So those closes
@@ -34,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
+import random
 from collections.abc import Awaitable
 from typing import Any, cast
 
@@ -48,11 +51,11 @@ from uvicorn.server import ServerState
 from ..admission import Caller
 from ..errors import GatewayError, HeadersTooLarge, RequestTimeout, problem_for
 from ..flag import Flag
+from ..in_flight import InFlight
 from ..metrics import Metrics
 from ..settings import Settings
 from .access import REQUEST_ID_HEADER, server_answer
-from .io import CALLER
-from .shedding import HOLD_READING
+from .io import CALLER, HOLD_READING
 from .transport import Transport
 
 log = logging.getLogger("gateway.server")
@@ -63,6 +66,9 @@ LINGER_SECONDS = 1.0
 # (asyncio's low-water mark). Any progress at all would let a client hold a large answer
 # for days, taking a kilobyte now and then.
 MIN_DRAIN_BYTES = 16 * 1024
+# A connection held after a refusal is read again at a random point of the hold's last
+# fifth: those refused in one turn of the loop would otherwise all come back in one.
+HOLD_SPREAD = 0.2
 
 
 class _ClosingSend:
@@ -129,6 +135,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     read_timeout_seconds: float = 30.0
     metrics: Metrics | None = None
+    in_flight: InFlight = InFlight()  # protocol_class gives each app its own
 
     def __init__(
         self,
@@ -225,17 +232,18 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        self.in_flight.requests -= 1
         cycle = self.cycle
         if cycle is None or self.transport.is_closing():
             return
         pause = cycle.scope.get(HOLD_READING)
         if isinstance(pause, float):
-            # Refused at the door as the line is full: this connection's next request
-            # is parsed after the Retry-After it was told, so that a client that sends
-            # again at once (as a misbehaving fleet does) is not refused, and paid for,
-            # in a tight loop. The refusal itself went out at once.
+            # Refused under overload: this connection's next request is parsed at the
+            # end of the Retry-After it was told, so that a client that sends again at
+            # once (as a misbehaving fleet does) is not refused, and paid for, in a
+            # tight loop. The refusal itself went out at once.
             self._held = bytearray()
-            self.loop.call_later(pause, self._end_hold)
+            self.loop.call_later(pause * (1 - HOLD_SPREAD * random.random()), self._end_hold)
 
     def _end_hold(self) -> None:
         held, self._held = self._held, None
@@ -264,6 +272,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if cycle is not None and cycle not in self._cycles:
             self._cycles = [c for c in self._cycles if not c.response_complete]
             self._cycles.append(cycle)
+            self.in_flight.requests += 1
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -389,6 +398,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         for cycle in self._cycles:
             if not cycle.response_complete:
                 cycle.disconnected = True  # as uvicorn's connection_lost does
+                self.in_flight.requests -= 1  # its answer will never complete
             cycle.message_event.set()
         self._cycles = []
 
@@ -448,10 +458,13 @@ def _peer(client: tuple[str, int] | None) -> str:
     return f"{client[0]}:{client[1]}" if client else "an unknown client"
 
 
-def protocol_class(settings: Settings, metrics: Metrics | None = None) -> type[GatewayHttpProtocol]:
+def protocol_class(
+    settings: Settings, metrics: Metrics | None = None, in_flight: InFlight | None = None
+) -> type[GatewayHttpProtocol]:
     """GatewayHttpProtocol bound to these settings (uvicorn builds the protocol from
     the class, with no room for arguments of ours)."""
-    attrs = {"read_timeout_seconds": settings.read_timeout_seconds, "metrics": metrics}
+    attrs: dict[str, object] = {"read_timeout_seconds": settings.read_timeout_seconds}
+    attrs.update(metrics=metrics, in_flight=in_flight or InFlight())
     return type("GatewayHttpProtocol", (GatewayHttpProtocol,), attrs)
 
 
@@ -477,7 +490,7 @@ def server_config(
         interface="asgi3",
         host=host,
         port=port,
-        http=protocol_class(settings, app.state.gateway.metrics),
+        http=protocol_class(settings, app.state.gateway.metrics, app.state.gateway.in_flight),
         proxy_headers=False,
         access_log=False,
         timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),

@@ -9,10 +9,10 @@ body or access line, with one answer made at start-up: `503 database_busy`,
 `gateway_shed_total`, not in `gateway_http_requests_total` nor the access log (the
 gateway logs that it sheds at most once per 10 s).
 
-The connection is then read again only after the Retry-After it was told (the
+The connection is then read again only at the end of the Retry-After it was told (the
 protocol, gateway/http/server.py, reads HOLD_READING in the request's scope once the
 answer is out): a client that ignores Retry-After and sends again at once is refused
-at most once a second per connection, rather than in a tight loop.
+about once a second per connection, rather than in a tight loop.
 
 Which requests: the endpoints `refused_early` marks (enqueues, signed webhooks, reads),
 matched by method and path only while the line is full; never a claim (an empty
@@ -30,12 +30,8 @@ from starlette.routing import compile_path
 from starlette.types import Receive, Scope, Send
 
 from ..errors import DatabaseBusy
-from .io import problem_response
+from .io import HOLD_READING, problem_response
 from .routes import Endpoint
-
-# The scope key under which the door tells the protocol how long, in seconds, to leave
-# the connection unread once the refusal is out.
-HOLD_READING = "gateway.hold_reading_seconds"
 
 
 class Shedding:

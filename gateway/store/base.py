@@ -181,11 +181,14 @@ class StoreBase:
         for a claim slot (gateway/claim/pump.py), as work whose client left is."""
         self._admission.shed("client_gone", claims)
 
-    def shed(self) -> None:
-        """Count a request of work refused, for the line's length, before it reached
-        the database (gateway/http/shedding.py)."""
-        self._admission.shed("database_queue")
-        self._log_busy()
+    def shed(self, reason: str = "database_queue") -> None:
+        """Count a request of work refused before it reached the database, by `reason`
+        (a label of gateway_shed_total): database_queue, the line's length
+        (gateway/http/shedding.py), logged here; busy, too many requests at work
+        (gateway/in_flight.py), logged by the gateway."""
+        self._admission.shed(reason)
+        if reason == "database_queue":
+            self._log_busy()
 
     async def _run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         pool = self.pool

@@ -68,8 +68,8 @@ async def test_work_is_refused_at_once_while_a_complete_waits_and_goes_first(
             assert resp.status == 503 and (await resp.json())["code"] == "database_busy"
             assert time.monotonic() - started < 2.0  # at once, not after the 10 s timeout
             # A client that sends again at once on the same connection, ignoring the
-            # Retry-After, is read again only once it has passed; one on another
-            # connection is answered at once.
+            # Retry-After, is read again only at the end of it (its last fifth); one on
+            # another connection is answered at once.
             async with aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=1), headers=AUTH
             ) as one:
@@ -78,7 +78,7 @@ async def test_work_is_refused_at_once_while_a_complete_waits_and_goes_first(
                     async with one.post(f"{gw.url}{tasks}", json={"payload": {}}) as again:
                         assert again.status == 503
                 waited = time.monotonic() - first
-            assert waited >= 0.9, waited
+            assert waited >= 0.75, waited
             other = time.monotonic()
             resp = await gw.http.post(f"{gw.url}{tasks}", json={"payload": {}}, headers=AUTH)
             assert resp.status == 503 and time.monotonic() - other < 0.5

@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from gateway.admission import Admission
+from gateway.http.io import HOLD_READING
 from gateway.http.routes import ENDPOINTS
 from gateway.http.shedding import Shedding
 from gateway.metrics import Metrics
@@ -58,7 +59,8 @@ async def test_the_answer_is_the_lines_own_refusal() -> None:
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    await door().answer(scope("POST", "/v1/runtimes/rt-1/tasks"), receive, send)
+    request = scope("POST", "/v1/runtimes/rt-1/tasks")
+    await door().answer(request, receive, send)
     start, body = sent
     headers = dict(start["headers"])
     assert start["status"] == 503 and headers[b"retry-after"] == b"1"
@@ -66,3 +68,4 @@ async def test_the_answer_is_the_lines_own_refusal() -> None:
     problem = orjson.loads(body["body"])
     assert problem["code"] == "database_busy"
     assert "GATEWAY_DB_QUEUE_BUDGET_MS" in problem["detail"]
+    assert request[HOLD_READING] == 1.0  # the connection is read again a second later

@@ -7,6 +7,7 @@ import { h, replace } from "./dom.js";
 // What each reason of gateway_shed_total means, for someone who never saw the code.
 const REASONS = {
   database_queue: "refused: the line for a database connection was full",
+  busy: "refused: a claim, while this instance worked on more requests than it takes at once",
   client_gone: "dropped: the client left while its request waited",
 };
 

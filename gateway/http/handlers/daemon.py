@@ -22,12 +22,14 @@ from ...api import decode, render, requests
 from ...auth.principals import Principal
 from ...claim.waiters import Carried, Departure
 from ...errors import GatewayError, RetryLater, StoreUnavailable
+from ...in_flight import claim_refusal
 from ...instance import Gateway
 from ...rows import Leased
 from ...settings import Settings
 from ..io import (
     CALLER,
     CLIENT_LEFT,
+    HOLD_READING,
     DisconnectWatch,
     empty_tasks_response,
     json_response,
@@ -47,6 +49,14 @@ async def claim(request: Request, gw: Gateway, principal: Principal | None = Non
     # The decoded body is not kept in this frame: a parked poll would hold it for its
     # whole wait (about 0.2 KiB of its 15).
     req, acks = _parse(await read_json(request, gw.settings), gw.settings)
+    if acks is None and not req.wait_seconds and gw.busy():
+        # Too many requests at work (gateway/in_flight.py): a claim that carries nothing
+        # and would not park is refused before any work, and its connection read again
+        # after its Retry-After, as the door does with enqueues.
+        refusal = claim_refusal(gw.settings.max_active_requests)
+        request.scope[HOLD_READING] = float(refusal.retry_after_seconds)
+        gw.shed_busy()
+        raise refusal
     runtimes = None if principal is None else principal.runtimes
     entries: orjson.Fragment | None = None
     carried = None

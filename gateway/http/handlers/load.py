@@ -37,7 +37,7 @@ async def instance_load(request: Request, gw: Gateway) -> Response:
             "instance_id": gw.parked.instance,
             "host": HOST,
             # Refused for load; a client that left while it waited is not shedding.
-            "shedding": bool(last_minute.get("database_queue")),
+            "shedding": bool(last_minute.get("database_queue") or last_minute.get("busy")),
             "database_line": {
                 "connections": line.connections,
                 "connections_in_use": line.held,

@@ -1,0 +1,196 @@
+"""Shedding when the gateway itself is the bottleneck (gateway/in_flight.py), end to
+end against real Postgres and Redis: while more requests are at work than
+GATEWAY_MAX_ACTIVE_REQUESTS, a claim that carries nothing and does not wait is refused
+at once with `429 overloaded` and Retry-After, nothing claimed, and its connection is
+read again only at the end of it; completes, claims that carry acknowledgements,
+claims that wait and enqueues are taken. Parked polls are not at work. The protocol's
+count of requests in flight comes back to zero whatever became of them."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import aiohttp
+import pytest
+
+from tests.support.databases import fetch
+from tests.support.gateways import TOKEN, Instance, make_settings, running_gateway
+from tests.support.metrics import sample
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+LIMIT = 2
+
+
+def at_work(gw: Instance) -> int:
+    return gw.gateway.in_flight.requests
+
+
+@asynccontextmanager
+async def half_sent(gw: Instance, count: int, path: str) -> AsyncIterator[None]:
+    """`count` requests at work: each on a connection of its own, its head sent and
+    only part of its body, so that the gateway has read it and not answered it (at
+    `path`, which the door must not refuse for them to stay at work)."""
+    host, port = gw.url.removeprefix("http://").split(":")
+    writers = []
+    try:
+        for _ in range(count):
+            _, writer = await asyncio.open_connection(host, int(port))
+            writer.write(
+                f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\r\n"
+                "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{".encode()
+            )
+            await writer.drain()
+            writers.append(writer)
+        yield
+    finally:
+        for writer in writers:
+            writer.close()
+
+
+async def test_past_the_limit_a_bare_claim_is_refused_and_the_rest_is_taken(
+    database_url, redis_url, redis_prefix, runtime_id
+):
+    settings = make_settings(database_url, redis_url, redis_prefix, max_active_requests=LIMIT)
+    async with running_gateway(settings) as gw:
+        tasks = f"/v1/runtimes/{runtime_id}/tasks"
+        claim = f"/v1/runtimes/{runtime_id}/claim"
+        for n in range(3):
+            await gw.enqueue(runtime_id, {"n": n})
+        first, second = await gw.claim(runtime_id, max_tasks=2)
+        await wait_until(lambda: at_work(gw) == 0, 5.0, "the requests to end")
+
+        async def post(path: str, body: object) -> tuple[int, dict[str, str], dict]:
+            async with gw.http.post(f"{gw.url}{path}", json=body, headers=AUTH) as resp:
+                return resp.status, dict(resp.headers), await resp.json(content_type=None)
+
+        async with half_sent(gw, LIMIT + 1, "/v1/tasks:complete"):
+            await wait_until(lambda: at_work(gw) == LIMIT + 1, 5.0, "the requests to arrive")
+            assert gw.gateway.busy()
+            status, headers, body = await post(claim, {"worker_id": "w", "wait_seconds": 0})
+            assert (status, body["code"], headers["Retry-After"]) == (429, "overloaded", "1"), body
+            assert "GATEWAY_MAX_ACTIVE_REQUESTS" in body["detail"]
+            # An enqueue is taken: it carries a producer's data, and the database's line
+            # guards it.
+            status, _, body = await post(tasks, {"payload": {"n": 9}})
+            assert status == 201, body
+            # What frees work is taken: a complete, and a claim carrying one (its ack
+            # applied, and a task handed out).
+            status, _, body = await post(
+                f"/v1/tasks/{first['id']}/complete", {"lease_id": first["lease_id"]}
+            )
+            assert (status, body["status"]) == (200, "completed"), body
+            carried = {"id": second["id"], "lease_id": second["lease_id"]}
+            status, _, body = await post(
+                claim, {"worker_id": "w", "wait_seconds": 0, "complete": [carried]}
+            )
+            assert status == 200 and [a["outcome"] for a in body["acks"]] == ["completed"], body
+            assert len(body["tasks"]) == 1, body
+            # A claim that waits is taken too: it gets the last task queued.
+            status, _, body = await post(claim, {"worker_id": "w", "wait_seconds": 0.2})
+            assert status == 200 and len(body["tasks"]) == 1, body
+            for path in ("/healthz", "/metrics"):
+                async with gw.http.get(f"{gw.url}{path}", headers=AUTH) as resp:
+                    assert resp.status == 200, path
+            # A client that sends again at once on the same connection, ignoring the
+            # Retry-After, is read again only at the end of it (its last fifth).
+            async with aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=1), headers=AUTH
+            ) as one:
+                started = time.monotonic()
+                for _ in range(2):
+                    async with one.post(
+                        f"{gw.url}{claim}", json={"worker_id": "w", "wait_seconds": 0}
+                    ) as again:
+                        assert again.status == 429
+                waited = time.monotonic() - started
+            assert waited >= 0.75, waited
+            assert sample(gw, "gateway_shed_total", reason="busy") == 3
+        await wait_until(lambda: at_work(gw) == 0, 5.0, "the half-sent requests to end")
+        assert not gw.gateway.busy()
+        # Every task was claimed by a claim let in, and by one only: those refused
+        # claimed nothing.
+        rows = await fetch(
+            database_url,
+            "SELECT payload->>'n' AS n, status, attempts FROM tasks WHERE runtime_id = $1",
+            runtime_id,
+        )
+        assert sorted((r["n"], r["attempts"]) for r in rows) == [
+            ("0", 1),
+            ("1", 1),
+            ("2", 1),
+            ("9", 1),
+        ]
+
+
+async def test_parked_polls_are_not_at_work(database_url, redis_url, redis_prefix, runtime_id):
+    settings = make_settings(database_url, redis_url, redis_prefix, max_active_requests=LIMIT)
+    async with running_gateway(settings) as gw:
+        path = f"{gw.url}/v1/runtimes/{runtime_id}-idle/claim"
+        body = {"worker_id": "w", "wait_seconds": 3}
+        polls = [
+            asyncio.create_task(gw.http.post(path, json=body, headers=AUTH))
+            for _ in range(2 * LIMIT + 1)
+        ]
+        await wait_until(lambda: at_work(gw) == 2 * LIMIT + 1, 5.0, "the polls to arrive")
+        await wait_until(
+            lambda: gw.gateway.claimer.long_polls == 2 * LIMIT + 1, 5.0, "the polls to park"
+        )
+        assert not gw.gateway.busy()
+        await gw.enqueue(runtime_id, {"n": 1})
+        status, body = await gw.call(
+            "POST", f"/v1/runtimes/{runtime_id}/claim", {"worker_id": "w", "wait_seconds": 0}
+        )
+        assert status == 200 and len(body["tasks"]) == 1, body  # not refused
+        for resp in await asyncio.gather(*polls):
+            assert resp.status == 200
+            resp.release()
+
+
+async def test_the_count_comes_back_to_zero(database_url, redis_url, redis_prefix, runtime_id):
+    """Answered requests, two pipelined in one write, a poll whose client left, a head
+    too large (cut), a body never finished (its client left): none stays counted."""
+    settings = make_settings(database_url, redis_url, redis_prefix, max_active_requests=LIMIT)
+    async with running_gateway(settings) as gw:
+        host, port = gw.url.removeprefix("http://").split(":")
+        await gw.enqueue(runtime_id, {"n": 1})
+        await gw.claim(runtime_id)
+        # Two requests pipelined in one write, both answered.
+        reader, writer = await asyncio.open_connection(host, int(port))
+        get = f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+        writer.write(get + get)
+        await writer.drain()
+        answers = b""
+        while answers.count(b"HTTP/1.1 200") < 2:
+            answers += await asyncio.wait_for(reader.read(65536), 5.0)
+        writer.close()
+        # A poll whose client leaves while it waits.
+        _, leaver = await asyncio.open_connection(host, int(port))
+        poll = b'{"worker_id": "w", "wait_seconds": 30}'
+        leaver.write(
+            f"POST /v1/runtimes/{runtime_id}/claim HTTP/1.1\r\nHost: {host}\r\n"
+            f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(poll)}\r\n\r\n".encode()
+            + poll
+        )
+        await leaver.drain()
+        await wait_until(lambda: gw.gateway.claimer.long_polls == 1, 5.0, "the poll to park")
+        leaver.close()
+        # A head too large: answered 431 and cut.
+        _, big = await asyncio.open_connection(host, int(port))
+        big.write(b"GET /healthz HTTP/1.1\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n")
+        await big.drain()
+        # A body never finished, its client gone.
+        async with half_sent(gw, 1, f"/v1/runtimes/{runtime_id}/tasks"):
+            await wait_until(lambda: at_work(gw) >= 1, 5.0, "the half-sent request")
+        await wait_until(
+            lambda: at_work(gw) == 0 and gw.gateway.claimer.long_polls == 0,
+            10.0,
+            "every request to end",
+        )
+        big.close()
