@@ -13,7 +13,8 @@ While tracing is on (gateway/tracing), it also makes each request's server span,
 active span while the request is served, and ends it with the same route and status.
 
 Answers the server writes itself, outside the app (408, 431: gateway/http/server.py), log
-their line there with `access_line`.
+their line there with `access_line`. Requests shed under overload (their scope holds
+HOLD_READING) get no line and are not counted here: gateway_shed_total counts them.
 
 While the app runs (its lifespan starts and stops `LINES`), a line is handed with its
 raw values to a thread that formats and writes it (logs.LineQueue): the event loop
@@ -34,7 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import logs, tracing
 from ..metrics import Metrics
-from .io import DirectRoute, internal_error_response
+from .io import HOLD_READING, DirectRoute, internal_error_response
 
 log = logging.getLogger("gateway.access")
 
@@ -219,15 +220,14 @@ class RequestLog:
             route = _route_of(scope)
             # No answer at all: the client left, or the server's own error answer.
             status = send_with_id.status or 500
-            access_line(
-                self.metrics,
-                scope["method"],
-                route,
-                status,
-                time.perf_counter() - started,
-                request_id,
-                self.sampler,
-            )
+            # Shed under overload (a claim refused while busy): counted in
+            # gateway_shed_total and its warning, as the door's refusals are, and not
+            # here, where thousands a second would cost what shedding saves.
+            if HOLD_READING not in scope:
+                seconds = time.perf_counter() - started
+                access_line(
+                    self.metrics, scope["method"], route, status, seconds, request_id, self.sampler
+                )
             if server is not None:
                 assert spans is not None
                 spans.server_end(server, scope["method"], route, status)
