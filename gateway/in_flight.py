@@ -12,9 +12,10 @@ connection was held 44 to 233 ms (5 ms unloaded), Postgres idle between statemen
 waiting for the gateway.
 
 So the HTTP protocol counts the requests it has read and not yet answered
-(`InFlight`), and `Gateway.busy()` compares them, less the long polls and result
-waits parked meanwhile (they cost nothing while they wait), with
-GATEWAY_MAX_ACTIVE_REQUESTS. Past it, a claim that carries no acknowledgements and
+(`InFlight`), and `Gateway.busy()` compares them, less the claims that may wait and
+the result waits (they cost nothing while they wait), with GATEWAY_MAX_ACTIVE_REQUESTS.
+Counted from the end of its head, a request whose body arrives slowly, or which waits
+for a slow database, counts as at work too. Past it, a claim that carries no acknowledgements and
 does not wait is refused `429 overloaded` at once, after its body is read and before
 any work, and its connection is read again only at the end of its Retry-After (the
 claim handler, gateway/http/handlers/daemon.py). Those are the flood's cheapest

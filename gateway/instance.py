@@ -258,9 +258,9 @@ class Gateway:
 
     def busy(self) -> bool:
         """True when more requests are at work in this process than
-        GATEWAY_MAX_ACTIVE_REQUESTS: read and not yet answered, less those parked for a
-        task or a result (gateway/in_flight.py). A few attribute reads: asked of every
-        request of work."""
+        GATEWAY_MAX_ACTIVE_REQUESTS: read and not yet answered, less the claims that may
+        wait and the result waits (gateway/in_flight.py). A few attribute reads: asked
+        of every claim that carries nothing and does not wait."""
         at_work = self.in_flight.requests - self.claimer.long_polls
         return at_work > self.settings.max_active_requests
 

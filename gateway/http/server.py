@@ -281,12 +281,6 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._pending_body = None
 
-    def handle_websocket_upgrade(self) -> None:
-        # The connection now belongs to uvicorn's WebSocket protocol and its limits.
-        self._stop_clock()
-        self._receiving = False
-        super().handle_websocket_upgrade()
-
     # -- the application -----------------------------------------------------
 
     def _app(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
@@ -492,6 +486,9 @@ def server_config(
         port=port,
         http=protocol_class(settings, app.state.gateway.metrics, app.state.gateway.in_flight),
         proxy_headers=False,
+        # No endpoint speaks WebSocket; an upgrade would take the connection past this
+        # protocol's limits and its count of requests (those before it, counted for ever).
+        ws="none",
         access_log=False,
         timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
         **options,

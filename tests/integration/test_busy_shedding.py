@@ -167,8 +167,9 @@ async def test_parked_polls_are_not_at_work(database_url, redis_url, redis_prefi
 
 
 async def test_the_count_comes_back_to_zero(database_url, redis_url, redis_prefix, runtime_id):
-    """Answered requests, two pipelined in one write, a poll whose client left, a head
-    too large (cut), a body never finished (its client left): none stays counted."""
+    """Answered requests, two pipelined in one write, a poll whose client left, a
+    WebSocket upgrade behind two requests, a head too large (cut), a body never finished
+    (its client left): none stays counted."""
     settings = make_settings(database_url, redis_url, redis_prefix, max_active_requests=LIMIT)
     async with running_gateway(settings) as gw:
         host, port = gw.url.removeprefix("http://").split(":")
@@ -195,6 +196,24 @@ async def test_the_count_comes_back_to_zero(database_url, redis_url, redis_prefi
         await leaver.drain()
         await wait_until(lambda: gw.gateway.claimer.long_polls == 1, 5.0, "the poll to park")
         leaver.close()
+        # A WebSocket upgrade pipelined behind two requests (no token needed): no
+        # endpoint speaks WebSocket, so it is a request like any other, and the two
+        # before it are not left counted when the connection closes.
+        upgrade = (
+            f"GET /ws HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\n"
+            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            "Sec-WebSocket-Version: 13\r\n\r\n"
+        ).encode()
+        ready = f"GET /readyz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+        upgraders = []
+        for _ in range(3):
+            _, writer = await asyncio.open_connection(host, int(port))
+            writer.write(ready + get + upgrade)
+            await writer.drain()
+            upgraders.append(writer)
+        await asyncio.sleep(0.5)
+        for writer in upgraders:
+            writer.close()
         # A head too large: answered 431 and cut.
         _, big = await asyncio.open_connection(host, int(port))
         big.write(b"GET /healthz HTTP/1.1\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n")
