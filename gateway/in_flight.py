@@ -35,14 +35,10 @@ class InFlight:
     was read, whose answer is not complete, and whose connection is not gone. One per
     Gateway; read on every request of work, so a plain attribute."""
 
-    __slots__ = ("logged_at", "refused", "requests")
+    __slots__ = ("requests",)
 
     def __init__(self) -> None:
         self.requests = 0
-        # Gateway.shed_busy's warning: when it was last logged (monotonic seconds), and
-        # the refusals since.
-        self.logged_at = float("-inf")
-        self.refused = 0
 
 
 def claim_refusal(limit: int) -> Overloaded:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from .claim.results import Results
 from .errors import ConfigError, GatewayError
 from .in_flight import InFlight
 from .janitor import Janitor
+from .logs import Throttle
 from .metrics import Metrics
 from .redis.breaker import CircuitBreaker
 from .redis.clients import (
@@ -81,6 +81,7 @@ class Gateway:
             raise ConfigError("REDIS_URL is not set (or run `gateway serve --embedded`)")
         self.settings = settings
         self.in_flight = InFlight()
+        self._busy_warning = Throttle()  # shed_busy's
         self.metrics = Metrics(settings.max_wait_seconds)
         self.store = Store(
             settings.database_url,
@@ -256,31 +257,31 @@ class Gateway:
             self._schema_check.cancel()  # holds a connection the pool's close would wait for
         await self.store.close()
 
+    def at_work(self) -> int:
+        """Requests at work in this process: read and not yet answered, less the claims
+        that may wait and the result waits (gateway/in_flight.py)."""
+        return self.in_flight.requests - self.claimer.long_polls
+
     def busy(self) -> bool:
-        """True when more requests are at work in this process than
-        GATEWAY_MAX_ACTIVE_REQUESTS: read and not yet answered, less the claims that may
-        wait and the result waits (gateway/in_flight.py). A few attribute reads: asked
-        of every claim that carries nothing and does not wait."""
-        at_work = self.in_flight.requests - self.claimer.long_polls
-        return at_work > self.settings.max_active_requests
+        """True when more requests are at work than GATEWAY_MAX_ACTIVE_REQUESTS. A few
+        attribute reads: asked of every claim that carries nothing and does not wait."""
+        return self.at_work() > self.settings.max_active_requests
 
     def shed_busy(self) -> None:
         """Count a claim refused because this instance was busy (`busy()`); a warning
         at most once per 10 s, as the database's line logs its own."""
-        self.store.shed("busy")
-        self.in_flight.refused += 1
-        now = time.monotonic()
-        if now - self.in_flight.logged_at >= 10.0:
+        self.store.shed_busy()
+        refused = self._busy_warning.due()
+        if refused is not None:
             log.warning(
                 "this instance is busy: %d requests at work, more than "
                 "GATEWAY_MAX_ACTIVE_REQUESTS (%d); claims that carry no completes or fails "
                 "and do not wait are refused with 429 overloaded and Retry-After "
-                "(%d refused since the last warning)",
-                self.in_flight.requests - self.claimer.long_polls,
+                "(%d more refused since the last warning)",
+                self.at_work(),
                 self.settings.max_active_requests,
-                self.in_flight.refused,
+                refused,
             )
-            self.in_flight.logged_at, self.in_flight.refused = now, 0
 
     async def readiness(self) -> Readiness:
         """Whether this instance should receive traffic, and what fails meanwhile.

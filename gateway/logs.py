@@ -42,6 +42,29 @@ _RECORD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctim
 _DROPPED = frozenset({"color_message"})
 
 
+class Throttle:
+    """A warning that every request of a flood would repeat, let through at most once
+    per `interval_seconds` (monotonic), counting the times it was held back meanwhile.
+    """
+
+    __slots__ = ("_held", "_interval", "_last")
+
+    def __init__(self, interval_seconds: float = 10.0) -> None:
+        self._interval = interval_seconds
+        self._last = float("-inf")
+        self._held = 0
+
+    def due(self) -> int | None:
+        """When the warning is due now: how many times it was held back since it was
+        last due (and the clock restarts); otherwise None, and one more held back."""
+        now = time.monotonic()
+        if now - self._last < self._interval:
+            self._held += 1
+            return None
+        held, self._last, self._held = self._held, now, 0
+        return held
+
+
 def request_id_from(header: bytes | str | None) -> str:
     """The client's X-Request-ID when sane, else a fresh one (32 hex digits)."""
     if isinstance(header, bytes):

@@ -453,12 +453,15 @@ def _peer(client: tuple[str, int] | None) -> str:
 
 
 def protocol_class(
-    settings: Settings, metrics: Metrics | None = None, in_flight: InFlight | None = None
+    settings: Settings, metrics: Metrics | None, in_flight: InFlight
 ) -> type[GatewayHttpProtocol]:
-    """GatewayHttpProtocol bound to these settings (uvicorn builds the protocol from
-    the class, with no room for arguments of ours)."""
-    attrs: dict[str, object] = {"read_timeout_seconds": settings.read_timeout_seconds}
-    attrs.update(metrics=metrics, in_flight=in_flight or InFlight())
+    """GatewayHttpProtocol bound to these settings and one gateway's metrics and count
+    (uvicorn builds the protocol from the class, with no room for arguments of ours)."""
+    attrs: dict[str, object] = {
+        "read_timeout_seconds": settings.read_timeout_seconds,
+        "metrics": metrics,
+        "in_flight": in_flight,
+    }
     return type("GatewayHttpProtocol", (GatewayHttpProtocol,), attrs)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import NoReturn, TypeAlias, TypeVar
 
@@ -21,6 +20,7 @@ import orjson
 
 from ..admission import Admission, LineLoad
 from ..errors import DatabaseBusy, StoreUnavailable
+from ..logs import Throttle
 from ..metrics import Metrics
 from ..refusals import Refusals
 from .hosts import Hosts
@@ -109,7 +109,7 @@ class StoreBase:
         self._acquire_timeout_ms = acquire_timeout_ms
         # The line for a connection (gateway/admission.py): at most max_size hold one.
         self._admission = Admission(max_size, queue_budget_ms, acquire_timeout_ms, metrics)
-        self._busy_since_log: tuple[float, int] = (0.0, 0)  # (last logged, refused since)
+        self._busy_warning = Throttle()  # the database is overloaded (_log_busy)
         self._begin = sql.BEGIN_WITH_TIMEOUT.format(timeout_ms=statement_timeout_ms)
         self._pool: asyncpg.Pool | None = None
 
@@ -181,14 +181,16 @@ class StoreBase:
         for a claim slot (gateway/claim/pump.py), as work whose client left is."""
         self._admission.shed("client_gone", claims)
 
-    def shed(self, reason: str = "database_queue") -> None:
-        """Count a request of work refused before it reached the database, by `reason`
-        (a label of gateway_shed_total): database_queue, the line's length
-        (gateway/http/shedding.py), logged here; busy, too many requests at work
-        (gateway/in_flight.py), logged by the gateway."""
-        self._admission.shed(reason)
-        if reason == "database_queue":
-            self._log_busy()
+    def shed(self) -> None:
+        """Count a request of work refused, for the line's length, before it reached
+        the database (gateway/http/shedding.py)."""
+        self._admission.shed("database_queue")
+        self._log_busy()
+
+    def shed_busy(self) -> None:
+        """Count a claim refused before any work because this instance had too many
+        requests at work (gateway/in_flight.py; the gateway logs it)."""
+        self._admission.shed("busy")
 
     async def _run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         pool = self.pool
@@ -229,12 +231,9 @@ class StoreBase:
 
     def _log_busy(self) -> None:
         """One warning per 10 s at most: under overload every request would log one."""
-        logged_at, refused = self._busy_since_log
-        now = time.monotonic()
-        if now - logged_at < 10.0:
-            self._busy_since_log = (logged_at, refused + 1)
+        refused = self._busy_warning.due()
+        if refused is None:
             return
-        self._busy_since_log = (now, 0)
         log.warning(
             "the database is overloaded: requests are refused with 503 database_busy and "
             "Retry-After, where every connection (GATEWAY_DB_POOL_MAX) stayed busy for %d "

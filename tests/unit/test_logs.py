@@ -402,3 +402,22 @@ def test_the_access_log_sample_defaults_to_a_tenth_and_one_logs_every_request() 
     assert Settings.from_env({**base, "GATEWAY_ACCESS_LOG_SAMPLE": "1"}).access_log_sample == 1.0
     with pytest.raises(ConfigError, match="GATEWAY_ACCESS_LOG_SAMPLE"):
         Settings.from_env({**base, "GATEWAY_ACCESS_LOG_SAMPLE": "2"})
+
+
+# logs.Throttle: a warning that every request of a flood would repeat.
+def test_a_throttled_warning_is_due_once_per_interval_with_the_count_held_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(logs.time, "monotonic", lambda: now[0])
+    throttle = logs.Throttle(10.0)
+    assert throttle.due() == 0  # the first is due at once
+    for _ in range(3):
+        now[0] += 3.0
+        assert throttle.due() is None
+    now[0] += 1.0  # 10 s after the first
+    assert throttle.due() == 3
+    now[0] += 9.9
+    assert throttle.due() is None
+    now[0] += 0.1
+    assert throttle.due() == 1
