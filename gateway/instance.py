@@ -15,7 +15,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
 
 from .api.cursors import CursorSeal
 from .api.decode import RUNTIME_ID_MAX_CHARS
@@ -35,6 +34,7 @@ from .logs import Throttle
 from .metrics import Metrics
 from .redis.breaker import CircuitBreaker
 from .redis.clients import (
+    REDIS_ERRORS,
     CommandClient,
     PubSubSource,
     command_client,
@@ -228,7 +228,7 @@ class Gateway:
         if isinstance(self._commands, RedisCluster):
             # Learning the slot map takes several round trips: more than one command's
             # budget allows. If it fails here, the first command tries again.
-            with contextlib.suppress(RedisError, OSError, TimeoutError):
+            with contextlib.suppress(*REDIS_ERRORS):
                 async with asyncio.timeout(CLUSTER_DISCOVERY_SECONDS):
                     await self._commands.initialize()
         if not await self.cache.ping():

@@ -20,9 +20,16 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisClusterException, RedisError
 
 from ..errors import ConfigError
 from ..settings import DEFAULT_REDIS_MAX_CONNECTIONS
+
+# What a Redis call may raise when Redis is unreachable, slow or refuses: each is a miss
+# (I5), never an error of the request. redis-py's cluster client raises
+# RedisClusterException, which is no RedisError, while it cannot reach any node to learn
+# the slot map (every call until it can, when the cluster was down at start-up).
+REDIS_ERRORS = (RedisError, RedisClusterException, OSError, TimeoutError)
 
 
 def redis_options(timeout_seconds: float, **extra: object) -> dict[str, object]:

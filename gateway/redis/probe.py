@@ -13,16 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from ..settings import Settings
-from .clients import CommandClient, command_client, pubsub_client
+from .clients import REDIS_ERRORS, CommandClient, command_client, pubsub_client
 
 # What one probe waits, in seconds: a Redis that takes longer than this would be useless
 # to the claim path anyway, whose budget is GATEWAY_REDIS_TIMEOUT_MS.
 PROBE_TIMEOUT_SECONDS = 3.0
-
-REDIS_ERRORS = (RedisError, OSError, TimeoutError)
 
 
 class ProbeFailed(Exception):

@@ -20,12 +20,13 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import MaxConnectionsError, NoScriptError, RedisError
+from redis.exceptions import MaxConnectionsError, NoScriptError
 
 from ..errors import CacheUnavailable
 from ..metrics import Metrics
 from ..settings import DEFAULT_REDIS_MAX_CONNECTIONS
 from .breaker import CircuitBreaker
+from .clients import REDIS_ERRORS
 from .keys import CLAIMS_FIELD, Keys, keys_for, new_epoch, parked_key
 from .slots import CallSlots, PoolBusy
 
@@ -173,7 +174,7 @@ class VerdictCache:
             # a sick Redis still opens it, through the calls that hold the connections.
             self._metrics.redis_pool_timeouts.inc()
             raise CacheUnavailable(f"Redis {what} not sent: {exc!r}") from exc
-        except (RedisError, OSError, TimeoutError) as exc:
+        except REDIS_ERRORS as exc:
             was_healthy = self.healthy
             self.breaker.record_failure()
             self._metrics.redis_errors.inc()

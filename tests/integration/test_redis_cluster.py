@@ -24,6 +24,7 @@ from tests.support.claims import pg_claims, poll, timed_enqueue, verdict_hits
 from tests.support.gateways import Instance, make_settings, running_gateway
 from tests.support.janitor import empty_verdict
 from tests.support.metrics import sample
+from tests.support.proxy import BlackholeProxy
 from tests.support.redis_servers import LocalCluster, RedisServer, require_redis_cli
 from tests.support.waiting import wait_until
 
@@ -255,6 +256,37 @@ async def test_a_killed_master_fails_open_and_the_cache_comes_back(
         # And wake-ups reach parked polls for its runtimes within a second again.
         await wait_until(lambda: a.gateway.cache.healthy, 10, "A's cache healthy")
         await _wakes_within_a_second(a, b, grouped[victim.port][4])
+
+
+async def test_a_cluster_unreachable_at_start_up_fails_open_until_it_is_reached(
+    database_url: str, cluster: LocalCluster, redis_prefix: str
+) -> None:
+    """With no node reachable, the cluster client cannot learn the slot map, and every
+    call raises redis-py's RedisClusterException (no RedisError): the gateway still
+    starts, claims and enqueues go to Postgres, and once a node answers the verdicts
+    work again."""
+    door = BlackholeProxy(cluster.nodes[0].port)  # not listening yet: refused
+    cfg = make_settings(
+        database_url, door.url, redis_prefix, **CLUSTER_MODE, degraded_poll_seconds=1
+    )
+    runtime = "rt-" + secrets.token_hex(6)
+    try:
+        async with running_gateway(cfg) as a:
+            task = await a.enqueue(runtime, {"n": 1})
+            answer = await poll(a, runtime, wait_seconds=0)
+            assert answer.status == 200 and [t["id"] for t in answer.tasks] == [task["id"]]
+            await a.complete(answer.tasks[0])
+            assert (await poll(a, runtime, wait_seconds=0)).tasks == []
+            assert checks(a, "error") > 0
+            await door.start()
+            hits = verdict_hits(a)
+            deadline = time.monotonic() + 15
+            while verdict_hits(a) == hits:
+                assert time.monotonic() < deadline, "the verdict cache did not come back"
+                assert (await poll(a, runtime, wait_seconds=0)).tasks == []
+                await asyncio.sleep(0.2)
+    finally:
+        await door.close()
 
 
 async def test_a_burst_opens_at_most_the_bound_of_connections_to_each_node(
