@@ -19,7 +19,7 @@ import uvicorn
 
 from bench.infra import free_port
 from gateway.http.app import create_app
-from gateway.http.server import server_config
+from gateway.http.server_config import server_config
 from gateway.instance import Gateway
 from gateway.settings import Settings
 

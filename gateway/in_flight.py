@@ -11,11 +11,12 @@ claims and completes, the database's line held 0 to 7 requests while each pooled
 connection was held 44 to 233 ms (5 ms unloaded), Postgres idle between statements,
 waiting for the gateway.
 
-So the HTTP protocol counts the requests it has read and not yet answered
+So the HTTP protocol counts the requests it has read in full and not yet answered
 (`InFlight`), and `Gateway.busy()` compares them, less the claims that may wait and
 the result waits (they cost nothing while they wait), with GATEWAY_MAX_ACTIVE_REQUESTS.
-Counted from the end of its head, a request whose body arrives slowly, or which waits
-for a slow database, counts as at work too. Past it, a claim that carries no acknowledgements and
+A request counts from the end of its body, so that clients sending slowly cost the
+count nothing; one that waits for a slow database counts, as does an answer that waits
+for a client slow to read it. Past it, a claim that carries no acknowledgements and
 does not wait is refused `429 overloaded` at once, after its body is read and before
 any work, and its connection is read again only at the end of its Retry-After (the
 claim handler, gateway/http/handlers/daemon.py). Those are the flood's cheapest
@@ -31,8 +32,8 @@ from .errors import Overloaded
 
 
 class InFlight:
-    """A count the HTTP protocol keeps (gateway/http/server.py): requests whose head
-    was read, whose answer is not complete, and whose connection is not gone. One per
+    """A count the HTTP protocol keeps (gateway/http/server.py): requests read in full
+    (head and body), whose answer is not complete, and whose connection is not gone. One per
     Gateway; read on every request of work, so a plain attribute."""
 
     __slots__ = ("requests",)

@@ -139,7 +139,7 @@ def freeze_startup_heap() -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from ..http.app import create_app
-    from ..http.server import server_config
+    from ..http.server_config import server_config
     from ..http.startup import DrainingServer, StartupGate, run, serve
     from ..tracing import setup as tracing_setup
     from . import startup

@@ -41,9 +41,7 @@ from collections.abc import Awaitable
 from typing import Any, cast
 
 import orjson
-import uvicorn
-from starlette.applications import Starlette
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
@@ -53,7 +51,6 @@ from ..errors import GatewayError, HeadersTooLarge, RequestTimeout, problem_for
 from ..flag import Flag
 from ..in_flight import InFlight
 from ..metrics import Metrics
-from ..settings import Settings
 from .access import REQUEST_ID_HEADER, server_answer
 from .io import CALLER, HOLD_READING
 from .transport import Transport
@@ -114,6 +111,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     # each connection's dict grew from 288 bytes to 1.5 KiB: about a tenth of what a
     # parked poll costs.
     __slots__ = (
+        "_at_work",
         "_caller",
         "_clock_on",
         "_cycles",
@@ -159,6 +157,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0  # of its head, so far
         self._pending_body: object | None = None  # its scope once the head is in
         self._cycles: list[RequestResponseCycle] = []  # requests not yet fully answered
+        self._at_work: list[RequestResponseCycle] = []  # those of them read in full
         self._write_paused = False  # the transport's buffer is over its high-water mark
         self._write_deadline: asyncio.TimerHandle | None = None
         self._unsent = 0  # bytes in the transport's buffer when that clock started
@@ -231,25 +230,45 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 return
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
-        self.in_flight.requests -= 1
-        cycle = self.cycle
-        if cycle is None or self.transport.is_closing():
+        done = self._answered()
+        pause = None if done is None else done.scope.get(HOLD_READING)
+        if not isinstance(pause, float) or self.transport.is_closing():
+            super().on_response_complete()
             return
-        pause = cycle.scope.get(HOLD_READING)
-        if isinstance(pause, float):
-            # Refused under overload: this connection's next request is parsed at the
-            # end of the Retry-After it was told, so that a client that sends again at
-            # once (as a misbehaving fleet does) is not refused, and paid for, in a
-            # tight loop. The refusal itself went out at once.
-            self._held = bytearray()
-            self.loop.call_later(pause * (1 - HOLD_SPREAD * random.random()), self._end_hold)
+        # Refused under overload: this connection's next request is parsed at the end of
+        # the Retry-After it was told, so that a client that sends again at once (as a
+        # misbehaving fleet does) is not refused, and paid for, in a tight loop. The
+        # refusal itself went out at once. Requests already read behind it (pipelined
+        # in the same write) wait as well: uvicorn would start the next one now.
+        held, self.pipeline = self.pipeline, type(self.pipeline)()
+        super().on_response_complete()
+        self.pipeline = held
+        self._held = bytearray()
+        self.loop.call_later(pause * (1 - HOLD_SPREAD * random.random()), self._end_hold)
+
+    def _answered(self) -> RequestResponseCycle | None:
+        """The request whose answer just completed (uvicorn answers a connection's
+        requests one at a time, in order), no longer tracked, nor counted at work."""
+        for done in self._cycles:
+            if done.response_complete:
+                break
+        else:
+            return None
+        self._cycles.remove(done)
+        if done in self._at_work:
+            self._at_work.remove(done)
+            self.in_flight.requests -= 1
+        return done
 
     def _end_hold(self) -> None:
         held, self._held = self._held, None
         if self.transport.is_closing():
             return  # the client left meanwhile: what it sent is never started
         self.flow.resume_reading()
+        if self.pipeline:  # the next request read before the hold began starts now
+            self._unset_keepalive_if_required()
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
         if held:
             self.data_received(bytes(held))
 
@@ -269,13 +288,17 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             # nothing has set it.
             cycle.message_event = cast(asyncio.Event, Flag())
         self._pending_body = self.scope
-        if cycle is not None and cycle not in self._cycles:
-            self._cycles = [c for c in self._cycles if not c.response_complete]
+        if cycle is not None and cycle not in self._cycles:  # not an upgrade's head
             self._cycles.append(cycle)
-            self.in_flight.requests += 1
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete and cycle in self._cycles:
+            # At work from here: counted once its body is in, so that a client sending
+            # slowly (up to GATEWAY_READ_TIMEOUT_SECONDS) costs the count nothing.
+            self._at_work.append(cycle)
+            self.in_flight.requests += 1
         self._stop_clock()
         self._receiving = self._got_bytes = False
         self._head_bytes = 0
@@ -392,9 +415,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         for cycle in self._cycles:
             if not cycle.response_complete:
                 cycle.disconnected = True  # as uvicorn's connection_lost does
-                self.in_flight.requests -= 1  # its answer will never complete
             cycle.message_event.set()
+        self.in_flight.requests -= len(self._at_work)  # their answers will never complete
         self._cycles = []
+        self._at_work = []
 
     def _answer(self, reason: str) -> bytes:
         error: GatewayError
@@ -450,49 +474,3 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
 def _peer(client: tuple[str, int] | None) -> str:
     return f"{client[0]}:{client[1]}" if client else "an unknown client"
-
-
-def protocol_class(
-    settings: Settings, metrics: Metrics | None, in_flight: InFlight
-) -> type[GatewayHttpProtocol]:
-    """GatewayHttpProtocol bound to these settings and one gateway's metrics and count
-    (uvicorn builds the protocol from the class, with no room for arguments of ours)."""
-    attrs: dict[str, object] = {
-        "read_timeout_seconds": settings.read_timeout_seconds,
-        "metrics": metrics,
-        "in_flight": in_flight,
-    }
-    return type("GatewayHttpProtocol", (GatewayHttpProtocol,), attrs)
-
-
-def server_config(
-    app: Starlette,
-    settings: Settings,
-    host: str,
-    port: int,
-    *,
-    serving: ASGIApp | None = None,
-    **options: Any,
-) -> uvicorn.Config:
-    """uvicorn's configuration for a gateway app from `create_app`: the protocol above,
-    no trust in proxy headers, no access log of uvicorn's (the app writes its own,
-    gateway/http/access.py), and in-flight requests given at most
-    GATEWAY_SHUTDOWN_GRACE_SECONDS at shutdown. `serving`: what uvicorn serves, when not
-    `app` itself (a startup.StartupGate in front of it). `options` go to uvicorn.Config
-    as they are (log_level, log_config, loop, lifespan)."""
-    return uvicorn.Config(
-        serving or app,
-        # Said, not guessed: uvicorn takes an app whose __call__ is no coroutine function
-        # (the gate's, on purpose) for the older ASGI 2 interface.
-        interface="asgi3",
-        host=host,
-        port=port,
-        http=protocol_class(settings, app.state.gateway.metrics, app.state.gateway.in_flight),
-        proxy_headers=False,
-        # No endpoint speaks WebSocket; an upgrade would take the connection past this
-        # protocol's limits and its count of requests (those before it, counted for ever).
-        ws="none",
-        access_log=False,
-        timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
-        **options,
-    )

@@ -3,8 +3,9 @@ end against real Postgres and Redis: while more requests are at work than
 GATEWAY_MAX_ACTIVE_REQUESTS, a claim that carries nothing and does not wait is refused
 at once with `429 overloaded` and Retry-After, nothing claimed, and its connection is
 read again only at the end of it; completes, claims that carry acknowledgements,
-claims that wait and enqueues are taken. Parked polls are not at work. The protocol's
-count of requests in flight comes back to zero whatever became of them."""
+claims that wait and enqueues are taken. A request counts from the end of its body:
+those still arriving are not at work, nor are parked polls. The protocol's count of
+requests in flight comes back to zero whatever became of them."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import aiohttp
+import orjson
 import pytest
 
 from tests.support.databases import fetch
 from tests.support.gateways import TOKEN, Instance, make_settings, running_gateway
 from tests.support.metrics import sample
+from tests.support.stores import holding
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -31,11 +34,18 @@ def at_work(gw: Instance) -> int:
     return gw.gateway.in_flight.requests
 
 
+def raw_post(host: str, path: str, body: bytes) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
 @asynccontextmanager
 async def half_sent(gw: Instance, count: int, path: str) -> AsyncIterator[None]:
-    """`count` requests at work: each on a connection of its own, its head sent and
-    only part of its body, so that the gateway has read it and not answered it (at
-    `path`, which the door must not refuse for them to stay at work)."""
+    """`count` requests whose body is still arriving: each on a connection of its own,
+    its head sent and only part of its body, so that the gateway has read the head and
+    is waiting for the rest."""
     host, port = gw.url.removeprefix("http://").split(":")
     writers = []
     try:
@@ -56,10 +66,13 @@ async def half_sent(gw: Instance, count: int, path: str) -> AsyncIterator[None]:
 async def test_past_the_limit_a_bare_claim_is_refused_and_the_rest_is_taken(
     database_url, redis_url, redis_prefix, runtime_id
 ):
-    settings = make_settings(database_url, redis_url, redis_prefix, max_active_requests=LIMIT)
+    settings = make_settings(
+        database_url, redis_url, redis_prefix, max_active_requests=LIMIT, db_pool_max=2
+    )
     async with running_gateway(settings) as gw:
         tasks = f"/v1/runtimes/{runtime_id}/tasks"
         claim = f"/v1/runtimes/{runtime_id}/claim"
+        host, port = gw.url.removeprefix("http://").split(":")
         for n in range(3):
             await gw.enqueue(runtime_id, {"n": n})
         first, second = await gw.claim(runtime_id, max_tasks=2)
@@ -69,12 +82,92 @@ async def test_past_the_limit_a_bare_claim_is_refused_and_the_rest_is_taken(
             async with gw.http.post(f"{gw.url}{path}", json=body, headers=AUTH) as resp:
                 return resp.status, dict(resp.headers), await resp.json(content_type=None)
 
+        # Requests whose bodies are still arriving are not at work: slow clients cannot
+        # make the gateway refuse others.
         async with half_sent(gw, LIMIT + 1, "/v1/tasks:complete"):
-            await wait_until(lambda: at_work(gw) == LIMIT + 1, 5.0, "the requests to arrive")
+            await asyncio.sleep(0.3)
+            assert at_work(gw) == 0
+            assert not gw.gateway.busy()
+
+        # Completes read in full and waiting for a database connection are at work.
+        unknown = {"lease_id": "00000000-0000-0000-0000-000000000000"}
+        async with holding(gw.gateway.store, 2):
+            waiting = [
+                asyncio.create_task(
+                    post(f"/v1/tasks/00000000-0000-0000-0000-00000000000{n}/complete", unknown)
+                )
+                for n in range(LIMIT + 1)
+            ]
+            await wait_until(lambda: at_work(gw) == LIMIT + 1, 5.0, "the completes to wait")
             assert gw.gateway.busy()
             status, headers, body = await post(claim, {"worker_id": "w", "wait_seconds": 0})
             assert (status, body["code"], headers["Retry-After"]) == (429, "overloaded", "1"), body
             assert "GATEWAY_MAX_ACTIVE_REQUESTS" in body["detail"]
+            # Empty lists carry nothing: refused, answered as a claim with acks is.
+            status, _, body = await post(claim, {"worker_id": "w", "complete": [], "fail": []})
+            assert (status, body) == (200, {"tasks": [], "acks": [], "retry_after_seconds": 1})
+            for path in ("/healthz", "/metrics"):
+                async with gw.http.get(f"{gw.url}{path}", headers=AUTH) as resp:
+                    assert resp.status == 200, path
+            # A client that sends again at once on the same connection, ignoring the
+            # Retry-After, is read again only at the end of it (its last fifth).
+            async with aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=1), headers=AUTH
+            ) as one:
+                started = time.monotonic()
+                for _ in range(2):
+                    async with one.post(
+                        f"{gw.url}{claim}", json={"worker_id": "w", "wait_seconds": 0}
+                    ) as again:
+                        assert again.status == 429
+                waited = time.monotonic() - started
+            assert waited >= 0.75, waited
+            # So is one that sent its claims pipelined in one write: the second waits
+            # for the first's Retry-After too.
+            reader, writer = await asyncio.open_connection(host, int(port))
+            bare = orjson.dumps({"worker_id": "w", "wait_seconds": 0})
+            writer.write(raw_post(host, claim, bare) * 2)
+            await writer.drain()
+            answers = b""
+
+            async def answered(count: int) -> float:
+                nonlocal answers
+                while answers.count(b"HTTP/1.1 429") < count:
+                    answers += await asyncio.wait_for(reader.read(65536), 5.0)
+                return time.monotonic()
+
+            first_at = await answered(1)
+            apart = await answered(2) - first_at
+            writer.close()
+            assert apart >= 0.75, apart
+            assert sample(gw, "gateway_shed_total", reason="busy") == 6
+            # Counted there alone: no access line, nor a count of answered requests
+            # (the refusals' 429s and 200s), where thousands a second would cost what
+            # shedding saves.
+            route = "/v1/runtimes/{rt}/claim"
+            for status_class in ("2xx", "4xx"):
+                assert (
+                    sample(
+                        gw,
+                        "gateway_http_requests_total",
+                        route=route,
+                        method="POST",
+                        status_class=status_class,
+                    )
+                    == (1 if status_class == "2xx" else 0)  # the claim above, before the hold
+                )
+        # They waited for their connection, and were answered once it was free.
+        for answered in await asyncio.gather(*waiting):
+            assert (answered[0], answered[2]["code"]) == (404, "not_found"), answered
+        await wait_until(lambda: at_work(gw) == 0, 5.0, "the completes to end")
+        assert not gw.gateway.busy()
+
+        # What else is taken when busy: the count is raised by hand here, to ask the
+        # handler's policy of each kind of request with the database free (the count
+        # itself is tested above and below).
+        gw.gateway.in_flight.requests += LIMIT + 1
+        try:
+            assert gw.gateway.busy()
             # An enqueue is taken: it carries a producer's data, and the database's line
             # guards it.
             status, _, body = await post(tasks, {"payload": {"n": 9}})
@@ -94,39 +187,9 @@ async def test_past_the_limit_a_bare_claim_is_refused_and_the_rest_is_taken(
             # A claim that waits is taken too: it gets the last task queued.
             status, _, body = await post(claim, {"worker_id": "w", "wait_seconds": 0.2})
             assert status == 200 and len(body["tasks"]) == 1, body
-            for path in ("/healthz", "/metrics"):
-                async with gw.http.get(f"{gw.url}{path}", headers=AUTH) as resp:
-                    assert resp.status == 200, path
-            # A client that sends again at once on the same connection, ignoring the
-            # Retry-After, is read again only at the end of it (its last fifth).
-            async with aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=1), headers=AUTH
-            ) as one:
-                started = time.monotonic()
-                for _ in range(2):
-                    async with one.post(
-                        f"{gw.url}{claim}", json={"worker_id": "w", "wait_seconds": 0}
-                    ) as again:
-                        assert again.status == 429
-                waited = time.monotonic() - started
-            assert waited >= 0.75, waited
-            assert sample(gw, "gateway_shed_total", reason="busy") == 3
-            # Counted there alone: no access line, nor a count of answered requests
-            # (the refusals' 429s), where thousands a second would cost what shedding
-            # saves.
-            route = "/v1/runtimes/{rt}/claim"
-            assert (
-                sample(
-                    gw,
-                    "gateway_http_requests_total",
-                    route=route,
-                    method="POST",
-                    status_class="4xx",
-                )
-                == 0
-            )
-        await wait_until(lambda: at_work(gw) == 0, 5.0, "the half-sent requests to end")
-        assert not gw.gateway.busy()
+        finally:
+            gw.gateway.in_flight.requests -= LIMIT + 1
+        await wait_until(lambda: at_work(gw) == 0, 5.0, "the requests to end")
         # Every task was claimed by a claim let in, and by one only: those refused
         # claimed nothing.
         rows = await fetch(
@@ -218,9 +281,9 @@ async def test_the_count_comes_back_to_zero(database_url, redis_url, redis_prefi
         _, big = await asyncio.open_connection(host, int(port))
         big.write(b"GET /healthz HTTP/1.1\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n")
         await big.drain()
-        # A body never finished, its client gone.
+        # A body never finished, its client gone: never counted.
         async with half_sent(gw, 1, f"/v1/runtimes/{runtime_id}/tasks"):
-            await wait_until(lambda: at_work(gw) >= 1, 5.0, "the half-sent request")
+            await asyncio.sleep(0.2)
         await wait_until(
             lambda: at_work(gw) == 0 and gw.gateway.claimer.long_polls == 0,
             10.0,

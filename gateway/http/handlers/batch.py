@@ -289,6 +289,11 @@ class Acks:
     completes: list[CompleteItem]
     fails: list[FailItem]
 
+    @property
+    def empty(self) -> bool:
+        """Both lists were sent empty: the claim carries nothing to apply."""
+        return not self.completes and not self.fails
+
 
 def parse_acks(body: Mapping[str, Any], settings: Settings) -> Acks | None:
     """A claim body's `complete` and `fail` (bodies.CLAIM_BODY); None when it has

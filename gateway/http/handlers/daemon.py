@@ -39,6 +39,8 @@ from . import batch
 
 log = logging.getLogger("gateway.http")
 
+NO_ACKS = orjson.Fragment(b"[]")
+
 
 async def claim(request: Request, gw: Gateway, principal: Principal | None = None) -> Response:
     """A claim, after the acknowledgements it may carry (`complete`, `fail`) are
@@ -49,14 +51,17 @@ async def claim(request: Request, gw: Gateway, principal: Principal | None = Non
     # The decoded body is not kept in this frame: a parked poll would hold it for its
     # whole wait (about 0.2 KiB of its 15).
     req, acks = _parse(await read_json(request, gw.settings), gw.settings)
-    if acks is None and not req.wait_seconds and gw.busy():
+    if not req.wait_seconds and (acks is None or acks.empty) and gw.busy():
         # Too many requests at work (gateway/in_flight.py): a claim that carries nothing
         # and would not park is refused before any work, and its connection read again
         # after its Retry-After, as the door does with enqueues.
         refusal = claim_refusal(gw.settings.max_active_requests)
         request.scope[HOLD_READING] = float(refusal.retry_after_seconds)
         gw.shed_busy()
-        raise refusal
+        if acks is None:
+            raise refusal
+        # It sent empty lists: answered as a refused claim that carried acknowledgements.
+        return _acked([], NO_ACKS, refusal.retry_after_seconds)
     runtimes = None if principal is None else principal.runtimes
     entries: orjson.Fragment | None = None
     carried = None
