@@ -65,6 +65,8 @@ HOLD_WEIGHT = 0.2
 # Nichols and Jacobson, "Controlling Queue Delay", 2012).
 STANDING_INTERVAL_SECONDS = 0.1
 STANDING_SHARE = 0.2
+# How early the acquire timeout's timer may fire and still end the waits due then.
+TIMER_SLACK_SECONDS = 0.001
 
 
 class Priority(IntEnum):
@@ -168,8 +170,13 @@ class Admission:
         self._lines: dict[Priority, deque[asyncio.Future[bool]]] = {p: deque() for p in Priority}
         # For each priority, the lines served before it (its own and those above).
         self._lines_ahead = {p: [self._lines[q] for q in Priority if q >= p] for p in Priority}
-        # The loop time each waiting request of work joined the line (for _hand_on).
+        # The loop time each waiting request joined the line (for _hand_on, and each
+        # wait's acquire timeout).
         self._joined: dict[asyncio.Future[bool], float] = {}
+        # One timer ends every wait that reaches the acquire timeout (`_time_out`), not
+        # an asyncio.timeout each: under a flood a timer per wait, armed and cancelled
+        # thousands of times a second, cost about 4% of the process's CPU.
+        self._timer: asyncio.TimerHandle | None = None
         # CoDel's judgement: since when every grant of work waited past _standing_ms
         # (None: the last did not), and whether that has lasted an interval.
         self._above_since: float | None = None
@@ -308,15 +315,15 @@ class Admission:
         waiter: asyncio.Future[bool] = loop.create_future()
         line = self._lines[wanted]
         line.append(waiter)
-        if wanted is Priority.WORK:
-            self._joined[waiter] = loop.time()
+        self._joined[waiter] = loop.time()
+        if self._timer is None:
+            self._timer = loop.call_later(self._timeout_ms / 1000, self._time_out)
         if who is not None:
             who._watch(waiter)
         try:
-            async with asyncio.timeout(self._timeout_ms / 1000):
-                granted = await waiter
+            granted = await waiter
         except BaseException as exc:
-            if waiter.done() and not waiter.cancelled() and waiter.result():
+            if _granted(waiter):
                 self._hand_on()  # granted as its wait ended: the slot goes on
             elif waiter in line:
                 line.remove(waiter)
@@ -335,6 +342,28 @@ class Admission:
             self._hand_on()
             raise self._left()
         return self._grant(loop.time())
+
+    def _time_out(self) -> None:
+        """End, with TimeoutError, the waits that reached the acquire timeout; then arm
+        the timer for the oldest wait left, if any. Each line is in the order its
+        waiters joined, so only its oldest waits are looked at."""
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        timeout = self._timeout_ms / 1000
+        # A timer may fire a hair early (the loop's clock resolution).
+        due = loop.time() + TIMER_SLACK_SECONDS
+        oldest: float | None = None
+        for line in self._lines.values():
+            for waiter in line:
+                if waiter.done():
+                    continue
+                joined = self._joined[waiter]
+                if joined + timeout > due:
+                    oldest = joined if oldest is None else min(oldest, joined)
+                    break
+                waiter.set_exception(TimeoutError())
+        if oldest is not None:
+            self._timer = loop.call_at(oldest + timeout, self._time_out)
 
     def check_caller(self) -> None:
         """Raise ClientGone, counted, when the current request is work whose client has
@@ -417,3 +446,10 @@ class Admission:
         waiter.set_result(True)
         waited_ms = (now - self._joined[waiter]) * 1000
         self._waited(waited_ms, now, drained=not self._work_waiting())
+
+
+def _granted(waiter: asyncio.Future[bool]) -> bool:
+    """Whether a wait ended in a grant (not cancelled, timed out, or left)."""
+    return (
+        waiter.done() and not waiter.cancelled() and waiter.exception() is None and waiter.result()
+    )

@@ -146,6 +146,39 @@ async def test_a_wait_ends_at_the_timeout_and_a_cancelled_wait_loses_no_slot() -
     line.release(await blocked)
 
 
+async def test_each_wait_ends_at_its_own_timeout_with_one_timer_for_the_line() -> None:
+    """Waits that joined at different times, in both lines, each end at their own
+    acquire timeout (not at an earlier one's, nor a whole timeout late); the line
+    keeps one timer however many wait."""
+    line = admission(slots=1, budget_ms=10_000.0, timeout_ms=300.0)
+    held = await line.acquire()
+    loop = asyncio.get_running_loop()
+    order: list[str] = []
+
+    async def ends(wanted: Priority, name: str) -> float:
+        with pytest.raises(DatabaseBusy):
+            await take(line, wanted, order, name)
+        return loop.time()
+
+    started = loop.time()
+    first = [asyncio.create_task(ends(Priority.WORK, f"work {n}")) for n in range(3)]
+    await asyncio.sleep(0.15)
+    later = asyncio.create_task(ends(Priority.RELEASE, "release"))
+    await asyncio.sleep(0)
+    assert line._timer is not None and len(line._joined) == 4
+    ended_first = await asyncio.gather(*first)
+    assert line._timer is not None  # armed again, for the release's wait
+    ended_later = await later
+    for ended in ended_first:
+        assert 0.29 <= ended - started < 0.42, ended - started
+    assert 0.44 <= ended_later - started < 0.6, ended_later - started
+    assert sample(line._metrics, "gateway_db_acquire_timeouts_total") == 4
+    assert line._timer is None and not line._joined and order == []
+    # The slot was never lost: it goes to the next request once given back.
+    line.release(held)
+    line.release(await asyncio.wait_for(line.acquire(), 1))
+
+
 def test_outside_a_request_the_gateways_own_work_goes_first() -> None:
     assert priority.get() is Priority.RELEASE
 
