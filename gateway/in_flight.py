@@ -14,8 +14,9 @@ waiting for the gateway.
 So the HTTP protocol counts the requests it has read in full and not yet answered
 (`InFlight`), and `Gateway.busy()` compares them, less the claims that may wait and
 the result waits (they cost nothing while they wait), with GATEWAY_MAX_ACTIVE_REQUESTS.
-A request counts from the end of its body, so that clients sending slowly cost the
-count nothing; one that waits for a slow database counts, as does an answer that waits
+A request counts once its body is in and it has started, so that neither clients
+sending slowly nor requests queued behind another on one connection (pipelined, or held
+after a refusal) cost the count anything; one that waits for a slow database counts, as does an answer that waits
 for a client slow to read it. Past it, a claim that carries no acknowledgements and
 does not wait is refused `429 overloaded` at once, after its body is read and before
 any work, and its connection is read again only at the end of its Retry-After (the

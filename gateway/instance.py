@@ -8,7 +8,6 @@ through `request.app.state.gateway`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import Iterable, Sequence
@@ -40,6 +39,7 @@ from .redis.clients import (
     command_client,
     make_client,
     make_pubsub_client,
+    not_a_cluster,
     pubsub_client,
 )
 from .redis.parked import ParkedReport
@@ -228,9 +228,17 @@ class Gateway:
         if isinstance(self._commands, RedisCluster):
             # Learning the slot map takes several round trips: more than one command's
             # budget allows. If it fails here, the first command tries again.
-            with contextlib.suppress(*REDIS_ERRORS):
+            try:
                 async with asyncio.timeout(CLUSTER_DISCOVERY_SECONDS):
                     await self._commands.initialize()
+            except REDIS_ERRORS as exc:
+                refused = not_a_cluster(exc)
+                if refused is not None:
+                    raise ConfigError(
+                        "GATEWAY_REDIS_MODE is cluster, but the Redis at REDIS_URL answered "
+                        f"that it is not a cluster node ({refused}); set GATEWAY_REDIS_MODE "
+                        "to standalone, or point REDIS_URL at a node of the cluster"
+                    ) from None
         if not await self.cache.ping():
             log.warning("Redis is not reachable; claims go to Postgres until it is back")
         await self.controls.start()

@@ -243,20 +243,22 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         held, self.pipeline = self.pipeline, type(self.pipeline)()
         super().on_response_complete()
         self.pipeline = held
+        self._unset_keepalive_if_required()  # armed by uvicorn: idle it is not
         self._held = bytearray()
         self.loop.call_later(pause * (1 - HOLD_SPREAD * random.random()), self._end_hold)
 
     def _answered(self) -> RequestResponseCycle | None:
         """The request whose answer just completed (uvicorn answers a connection's
         requests one at a time, in order), no longer tracked, nor counted at work."""
-        for done in self._cycles:
+        cycles, at_work = self._cycles, self._at_work
+        for i, done in enumerate(cycles):
             if done.response_complete:
+                del cycles[i]
                 break
         else:
             return None
-        self._cycles.remove(done)
-        if done in self._at_work:
-            self._at_work.remove(done)
+        if at_work and at_work[0] is done:  # both lists are in the order requests came
+            del at_work[0]
             self.in_flight.requests -= 1
         return done
 
@@ -266,9 +268,12 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             return  # the client left meanwhile: what it sent is never started
         self.flow.resume_reading()
         if self.pipeline:  # the next request read before the hold began starts now
-            self._unset_keepalive_if_required()
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
+        elif not held:  # idle: kept alive from now, as uvicorn would have from the answer
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
         if held:
             self.data_received(bytes(held))
 
@@ -294,11 +299,25 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         super().on_message_complete()
         cycle = self.cycle
-        if cycle is not None and not cycle.response_complete and cycle in self._cycles:
-            # At work from here: counted once its body is in, so that a client sending
-            # slowly (up to GATEWAY_READ_TIMEOUT_SECONDS) costs the count nothing.
-            self._at_work.append(cycle)
-            self.in_flight.requests += 1
+        if cycle is None or cycle.response_complete or cycle not in self._cycles:
+            return
+        pipeline = self.pipeline
+        if pipeline and pipeline[0][0] is cycle:
+            return  # queued behind an earlier request: counted once it starts
+        self._count_at_work(cycle)
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        super()._start_asgi_task(cycle, app)
+        if not cycle.more_body:  # a request that was queued, its body already in
+            self._count_at_work(cycle)
+
+    def _count_at_work(self, cycle: RequestResponseCycle) -> None:
+        """At work from here: a request is counted once its body is in and it has been
+        started, so that neither a client sending slowly (up to
+        GATEWAY_READ_TIMEOUT_SECONDS) nor requests queued behind another on one
+        connection (pipelined, or held after a refusal) count."""
+        self._at_work.append(cycle)
+        self.in_flight.requests += 1
         self._stop_clock()
         self._receiving = self._got_bytes = False
         self._head_bytes = 0

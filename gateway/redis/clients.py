@@ -32,6 +32,17 @@ from ..settings import DEFAULT_REDIS_MAX_CONNECTIONS
 REDIS_ERRORS = (RedisError, RedisClusterException, OSError, TimeoutError)
 
 
+def not_a_cluster(exc: BaseException) -> str | None:
+    """What a Redis that was reached said when the cluster client asked it for the
+    slot map and it is no cluster node (a standalone Redis: "Cluster mode is not
+    enabled on this node"), from the cluster client's failed discovery `exc`; None
+    when no node could be reached (that is an outage, and the gateway fails open)."""
+    cause = exc.__cause__
+    if isinstance(exc, RedisClusterException) and isinstance(cause, RedisClusterException):
+        return str(cause)
+    return None
+
+
 def redis_options(timeout_seconds: float, **extra: object) -> dict[str, object]:
     """The gateway's budgets for a redis client: short timeouts, one retry, no backoff.
 

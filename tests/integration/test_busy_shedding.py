@@ -137,6 +137,8 @@ async def test_past_the_limit_a_bare_claim_is_refused_and_the_rest_is_taken(
                 return time.monotonic()
 
             first_at = await answered(1)
+            # The claim held behind the refusal is not at work while it waits.
+            assert at_work(gw) == LIMIT + 1
             apart = await answered(2) - first_at
             writer.close()
             assert apart >= 0.75, apart
@@ -245,6 +247,25 @@ async def test_the_count_comes_back_to_zero(database_url, redis_url, redis_prefi
         await writer.drain()
         answers = b""
         while answers.count(b"HTTP/1.1 200") < 2:
+            answers += await asyncio.wait_for(reader.read(65536), 5.0)
+        writer.close()
+        # Requests queued behind a poll on its connection (pipelined) are not at work
+        # until they start: one write of many cannot make the gateway busy.
+        reader, writer = await asyncio.open_connection(host, int(port))
+        short = b'{"worker_id": "w", "wait_seconds": 1}'
+        writer.write(
+            f"POST /v1/runtimes/{runtime_id}/claim HTTP/1.1\r\nHost: {host}\r\n"
+            f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(short)}\r\n\r\n".encode()
+            + short
+            + get * 50
+        )
+        await writer.drain()
+        await wait_until(lambda: gw.gateway.claimer.long_polls == 1, 5.0, "the poll to park")
+        await asyncio.sleep(0.2)
+        assert at_work(gw) == 1 and not gw.gateway.busy()
+        answers = b""
+        while answers.count(b"HTTP/1.1 200") < 51:
             answers += await asyncio.wait_for(reader.read(65536), 5.0)
         writer.close()
         # A poll whose client leaves while it waits.

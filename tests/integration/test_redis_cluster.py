@@ -21,7 +21,13 @@ from gateway.redis.clients import ClusterNodes, command_client
 from gateway.redis.keys import keys_for
 from gateway.redis.verdict import VerdictCache
 from tests.support.claims import pg_claims, poll, timed_enqueue, verdict_hits
-from tests.support.gateways import Instance, make_settings, running_gateway
+from tests.support.gateways import (
+    Instance,
+    make_settings,
+    running_gateway,
+    serve_env,
+    serve_refused,
+)
 from tests.support.janitor import empty_verdict
 from tests.support.metrics import sample
 from tests.support.proxy import BlackholeProxy
@@ -287,6 +293,21 @@ async def test_a_cluster_unreachable_at_start_up_fails_open_until_it_is_reached(
                 await asyncio.sleep(0.2)
     finally:
         await door.close()
+
+
+async def test_cluster_mode_on_a_redis_that_is_no_cluster_node_stops_the_start(
+    database_url: str, redis_url: str, redis_prefix: str
+) -> None:
+    """A Redis that answers, but is no cluster node, is a setting to fix, not an
+    outage to ride out: the start stops with a configuration error that says so."""
+    env = serve_env(database_url, redis_url, redis_prefix, GATEWAY_REDIS_MODE="cluster")
+    code, lines = await serve_refused(env=env)
+    assert code == 2, lines
+    assert lines == [
+        "gateway: GATEWAY_REDIS_MODE is cluster, but the Redis at REDIS_URL answered that "
+        "it is not a cluster node (Cluster mode is not enabled on this node); set "
+        "GATEWAY_REDIS_MODE to standalone, or point REDIS_URL at a node of the cluster"
+    ]
 
 
 async def test_a_burst_opens_at_most_the_bound_of_connections_to_each_node(
