@@ -29,11 +29,28 @@ TASK_FIELDS = (
 LEASE_FIELDS = ("lease_id", "lease_expires_at", "worker_id", "cancel_requested")
 
 
+# The text of each second format_time wrote lately, by (day, hour, minute, second); at
+# most SECONDS_KEPT, then forgotten all at once. A claimed task carries five or six
+# times, many of them in the same few seconds as its neighbours' (enqueued together,
+# leased together): formatting the second once made a time a third of its cost, and
+# times were 5.7% of the gateway's CPU in a batch-acknowledged drain.
+_SECONDS: dict[tuple[int, int, int, int], str] = {}
+SECONDS_KEPT = 4096
+
+
 def format_time(value: datetime | None) -> str | None:
     """RFC 3339 UTC with microseconds and Z, so that times compare as strings."""
     if value is None:
         return None
-    return value.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+    if value.tzinfo is not UTC:  # asyncpg's times are in UTC already
+        value = value.astimezone(UTC)
+    key = value.toordinal(), value.hour, value.minute, value.second
+    text = _SECONDS.get(key)
+    if text is None:
+        if len(_SECONDS) >= SECONDS_KEPT:
+            _SECONDS.clear()
+        text = _SECONDS[key] = value.replace(microsecond=0, tzinfo=None).isoformat()
+    return f"{text}.{value.microsecond:06d}Z"
 
 
 def task_json(row: TaskRow) -> dict[str, Any]:

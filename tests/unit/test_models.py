@@ -464,6 +464,18 @@ def test_format_time_converts_to_utc() -> None:
     assert render.format_time(value) == "2025-12-31T23:30:00.000005Z"
 
 
+def test_format_time_matches_isoformat_through_its_kept_seconds() -> None:
+    """Times of many seconds, in and out of the kept ones, past the bound that forgets
+    them, the years' edges too: each is isoformat's text, in UTC, with Z."""
+    base = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
+    moments = [base + timedelta(seconds=n // 3, microseconds=n * 7919) for n in range(15_000)]
+    moments += [datetime(1, 1, 1, tzinfo=UTC), datetime(9999, 12, 31, 23, 59, 59, 999999, UTC)]
+    for moment in moments + moments[::-1]:
+        expected = moment.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+        assert render.format_time(moment) == expected
+    assert len(render._SECONDS) <= render.SECONDS_KEPT
+
+
 def test_format_time_none() -> None:
     assert render.format_time(None) is None
 
