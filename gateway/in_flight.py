@@ -12,16 +12,16 @@ connection was held 44 to 233 ms (5 ms unloaded), Postgres idle between statemen
 waiting for the gateway.
 
 So the HTTP protocol counts the requests it has read in full and not yet answered
-(`InFlight`), and `Gateway.busy()` compares them, less the claims that may wait and
-the result waits (they cost nothing while they wait), with GATEWAY_MAX_ACTIVE_REQUESTS.
-A request counts once its body is in and it has started, so that neither clients
-sending slowly nor requests queued behind another on one connection (pipelined, or held
-after a refusal) cost the count anything; one that waits for a slow database counts, as does an answer that waits
-for a client slow to read it. Past it, a claim that carries no acknowledgements and
-does not wait is refused `429 overloaded` at once, after its body is read and before
-any work, and its connection is read again only at the end of its Retry-After (the
-claim handler, gateway/http/handlers/daemon.py). Those are the flood's cheapest
-requests to refuse and to send again: nothing rides on them. Completes, fails,
+(`InFlight`), and `Gateway.busy()` compares them, less the claims that may wait and the
+result waits (they cost nothing while they wait), with GATEWAY_MAX_ACTIVE_REQUESTS. A
+request counts once its body is in and it has started, so that neither clients sending
+slowly nor requests queued behind another on one connection (pipelined, or held after a
+refusal) cost the count anything; one that waits for a slow database counts, as does an
+answer that waits for a client slow to read it. Past it, a claim that carries no
+acknowledgements and does not wait is refused `429 overloaded` at once, after its body
+is read and before any work, and its connection is read again only at the end of its
+Retry-After (the claim handler, gateway/http/handlers/daemon.py). Those are the flood's
+cheapest requests to refuse and to send again: nothing rides on them. Completes, fails,
 heartbeats and releases free work; a claim carrying them must apply them; a waiting
 claim costs nothing while parked; an enqueue carries a producer's data, and the
 database's line guards it (gateway/http/shedding.py). None of these is refused for it.
