@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -134,14 +135,58 @@ def test_numbers_too_long_written_out_cannot_be_written(number: str) -> None:
         exactjson.dumps(value)
 
 
-@settings(max_examples=500, deadline=None)
-@given(st.text(alphabet="0123456789.eE+-x ", max_size=40))
-def test_every_spelling_the_risky_pattern_matches_takes_the_exact_path(text: str) -> None:
-    # The substring test stands in for this pattern; it may flag more, never less.
-    pattern = re.compile(rb"\d[\d.]{15}|[eE][+-]?\d{3}")
-    raw = text.encode()
-    if pattern.search(raw):
-        assert exactjson.might_be_inexact(raw)
+# What makes a number risky: 16 digits (or points) in a row, or a 3-digit exponent.
+RISKY = re.compile(r"\d[\d.]{15}|[eE][+-]?\d{3}")
+NUMBERS = st.from_regex(
+    r"-?(0|[1-9][0-9]{0,20})(\.[0-9]{1,20})?([eE][+-]?[0-9]{1,5})?", fullmatch=True
+)
+SPACE = st.sampled_from(["", " ", "\n", "\t ", "\r\n  "])
+
+
+def _documents() -> st.SearchStrategy[tuple[str, list[str]]]:
+    """A JSON document as text, in any spacing, and the spellings of its numbers; its
+    strings hold the same characters as numbers do, and UUIDs."""
+    strings = st.one_of(
+        st.text(alphabet="0123456789.eE+-x:,[ ", max_size=30), st.uuids().map(str)
+    ).map(lambda t: (orjson.dumps(t).decode(), []))
+    numbers = NUMBERS.map(lambda n: (n, [n]))
+
+    def containers(
+        children: st.SearchStrategy[tuple[str, list[str]]],
+    ) -> st.SearchStrategy[tuple[str, list[str]]]:
+        def array(items: list[tuple[tuple[str, list[str]], str]]) -> tuple[str, list[str]]:
+            text = "[" + ",".join(f"{space}{t}{space}" for (t, _), space in items) + "]"
+            return text, [n for (_, ns), _ in items for n in ns]
+
+        def obj(items: list[tuple[tuple[str, list[str]], str, str]]) -> tuple[str, list[str]]:
+            text = "{" + ",".join(f'"k{i}"{sp}:{sp}{t}' for i, ((t, _), sp, _) in enumerate(items))
+            return text + "}", [n for (_, ns), _, _ in items for n in ns]
+
+        return st.one_of(
+            st.lists(st.tuples(children, SPACE), max_size=4).map(array),
+            st.lists(st.tuples(children, SPACE, SPACE), max_size=4).map(obj),
+        )
+
+    return st.recursive(st.one_of(strings, numbers), containers, max_leaves=8)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(_documents(), SPACE)
+def test_every_document_with_a_risky_number_takes_the_exact_path(
+    document: tuple[str, list[str]], space: str
+) -> None:
+    # The quick test may flag more than the risky numbers, never less.
+    text, numbers = document
+    raw = (space + text + space).encode()
+    if any(RISKY.search(n) for n in numbers):
+        assert exactjson.might_be_inexact(raw), text
+
+
+def test_uuids_and_digits_in_strings_take_the_fast_path() -> None:
+    # "4e123" in a UUID, and a string of 16 digits, are no numbers.
+    raw = b'{"id": "9f1c2a3b-4e12-4f70-8192-a3b4c5e678f8", "card": "1234567890123456"}'
+    assert not exactjson.might_be_inexact(raw)
+    assert exactjson.might_be_inexact(b'{"id": "9f1c2a3b-4e12", "n": 1e308}')
 
 
 @pytest.mark.parametrize("number", ["1e+400", "1E-400", "2.5e308", "12345678.12345678"])
