@@ -61,8 +61,12 @@ async def only(traced: Traced, runtime_id: str) -> dict[str, Any]:
     return task
 
 
-def producer_of(traced: Traced, trace_id: str) -> Span:
-    [producer] = traced.spans.where(lambda s: s.trace_id == trace_id and s.kind == "PRODUCER")
+async def producer_of(traced: Traced, trace_id: str) -> Span:
+    """The trace's producer span, once it has been exported (in batches, apart from the
+    spans the other helpers wait for: it may come later than they do)."""
+    [producer] = await traced.spans.wait_for(
+        lambda s: s.trace_id == trace_id and s.kind == "PRODUCER"
+    )
     return producer
 
 
@@ -90,7 +94,7 @@ async def test_two_attempts_each_wait_and_lease_with_its_heartbeats(
     status, done = await traced.post("/v1/tasks:complete", {"tasks": [item]})
     assert status == 200 and done["results"][0]["outcome"] == "completed", done
 
-    producer = producer_of(traced, trace_id)
+    producer = await producer_of(traced, trace_id)
     queued = await named(traced, trace_id, "queued ", 2)
     leases = await named(traced, trace_id, "lease ", 2)
     beats = await named(traced, trace_id, "heartbeat ", 2)
@@ -195,7 +199,7 @@ async def test_a_wait_for_the_result_is_in_the_task_s_trace(
     assert (await waiting)["status"] == "completed"
     [waited] = await named(traced, trace_id, "result wait ", 1)
     [lease] = await named(traced, trace_id, "lease ", 1)
-    assert waited.parent_id == producer_of(traced, trace_id).span_id
+    assert waited.parent_id == (await producer_of(traced, trace_id)).span_id
     assert waited.attributes["claim_gateway.outcome"] == "completed"
     assert len(waited.links) == 1, "linked to the waiting request's server span"
     assert waited.start_ns <= lease.end_ns <= waited.end_ns + CLOCKS_NS
