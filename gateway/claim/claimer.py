@@ -29,6 +29,7 @@ from ..metrics import Metrics
 from ..rows import ItemResult, Leased, TaskRow
 from ..settings import Settings
 from .activity import ClaimActivity
+from .announcements import Announcements
 from .controls import REFRESH_SECONDS, ClaimControls
 from .give_backs import GiveBacks
 from .near_cache import NearCache, drop_near
@@ -78,6 +79,7 @@ class Claimer:
         self._drain_hooks: list[Callable[[], None]] = []
         self.activity = ClaimActivity()  # tasks handed out here, for the runtimes listing
         self._give_backs = GiveBacks(store.unclaim, self.announce_many)
+        self._announcements = Announcements(cache, self.wake)
         self._pumps = Pumps(
             store,
             cache,
@@ -138,16 +140,12 @@ class Claimer:
                 await self._cache.ping()
 
     async def announce(self, runtime_id: str) -> None:
-        """Call after a commit that made tasks claimable (I1): bump, publish, wake locally.
+        """Call after a commit that made tasks claimable (I1): bump, publish, wake locally;
+        bumps announced together share a round trip (gateway/claim/announcements.py).
 
         A failed bump is logged and counted; the janitor's repair pass finds it (I6).
         """
-        try:
-            version: str | None = await self._cache.bump(runtime_id)
-        except CacheUnavailable as exc:
-            log.warning("version bump for runtime %s lost: %s", runtime_id, exc.detail)
-            version = None
-        self.wake(runtime_id, version)
+        await self._announcements.announce(runtime_id)
 
     async def announce_many(self, runtime_ids: Sequence[str]) -> None:
         """`announce` for each runtime, their bumps in one Redis round trip: for a
@@ -300,8 +298,10 @@ class Claimer:
         await self._give_backs.give_back(runtime_id, tasks)
 
     async def close(self) -> None:
-        """Wait for the leases being given back (called before the pool closes)."""
+        """Wait for the leases being given back (called before the pool closes), and the
+        bumps announced so far (before the Redis client closes)."""
         await self._give_backs.close()
+        await self._announcements.close()
 
     def held_seconds(self, runtime_id: str) -> float | None:
         """Seconds after which a claim of the runtime may find it no longer held back,

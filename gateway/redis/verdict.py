@@ -276,17 +276,19 @@ class VerdictCache:
 
             return list(await asyncio.gather(*(one(rt) for rt in runtime_ids)))
 
+        sha = self._bump_and_publish.sha
+
         async def send(ids: Sequence[str]) -> list[Any]:
             async with self._client.pipeline(transaction=False) as pipe:
                 for runtime_id in ids:
                     k = self.keys(runtime_id)
-                    args: list[str | int] = [new_epoch(), self._version_ttl, k.wake, runtime_id]
-                    # A pipeline queues the call (and loads the script at execute).
-                    await self._bump_and_publish(
-                        keys=[k.version, k.empty],
-                        args=args,
-                        client=pipe,  # type: ignore[arg-type]
-                    )
+                    # EVALSHA itself, not the script object: a pipeline of script calls
+                    # asks SCRIPT EXISTS first, a round trip more on every pipeline. A
+                    # script not loaded is answered NOSCRIPT, and sent again below.
+                    pipe.evalsha(
+                        sha, 2, k.version, k.empty, new_epoch(), self._version_ttl, k.wake,
+                        runtime_id,
+                    )  # fmt: skip
                 return list(await pipe.execute(raise_on_error=False))
 
         async def go() -> list[Any]:
