@@ -131,10 +131,27 @@ def freeze_startup_heap() -> int:
     collector's reach (gc.freeze); returns how many. Each full collection walks every
     tracked object, and start-up leaves hundreds of thousands: without this, one
     request in a hundred or so waited 20 to 35 ms for a collection (a batch enqueue of
-    1,000 tasks: p99 35 to 43 ms against a p50 of 12). Once per serving process."""
+    1,000 tasks: p99 35 to 43 ms against a p50 of 12). Once per serving process.
+
+    Then collections start after GC_YOUNG_THRESHOLD new objects instead of 700: see
+    there."""
     gc.collect()
     gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
     return gc.get_freeze_count()
+
+
+# How many container objects are made, less those freed, before the youngest
+# generation is collected (Python's default is 700). Requests make and free objects by
+# the thousand, and every collection of the young generations also walks whatever
+# survived the last ones: the connections, requests and parked polls alive at the time.
+# Beside 2,000 parked polls and 2,000 flooding connections, the default had the gateway
+# collecting so often that it served 0.75 to 0.78 times the enqueues it served before
+# the flood (four runs); with 10,000, 0.95 to 1.11 (three runs; bench/README.md, the
+# overload scenario). Garbage cycles wait a little longer to be freed: at most this
+# many objects.
+GC_YOUNG_THRESHOLD = 10_000
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
