@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ..errors import CacheUnavailable
 from .ports import ClaimCache
@@ -60,7 +60,7 @@ class Announcements:
             while self._pending:
                 batch, self._pending = self._pending, {}
                 try:
-                    await self._bump(list(batch))
+                    await self.bump_now(list(batch))
                 finally:
                     for waiters in batch.values():
                         for done in waiters:
@@ -69,7 +69,11 @@ class Announcements:
         finally:
             self._sender = None
 
-    async def _bump(self, runtime_ids: list[str]) -> None:
+    async def bump_now(self, runtime_ids: Sequence[str]) -> None:
+        """Bump each runtime (distinct) in one round trip now, not waiting for a round
+        trip on its way, and wake its pump here: for a commit that made tasks in many
+        runtimes at once (a tick pass's batch, give-backs), already one group. A lost
+        bump is logged and counted, never raised."""
         versions: list[str | None]
         try:
             if len(runtime_ids) == 1:  # a pipeline costs more than one call

@@ -24,7 +24,7 @@ from typing import Any
 from .. import tracing
 from ..admission import Caller
 from ..api.requests import ClaimRequest
-from ..errors import CacheUnavailable, Draining, Overloaded
+from ..errors import Draining, Overloaded
 from ..metrics import Metrics
 from ..rows import ItemResult, Leased, TaskRow
 from ..settings import Settings
@@ -150,16 +150,7 @@ class Claimer:
     async def announce_many(self, runtime_ids: Sequence[str]) -> None:
         """`announce` for each runtime, their bumps in one Redis round trip: for a
         commit that made tasks in many runtimes (a tick pass's batch)."""
-        try:
-            versions = await self._cache.bump_many(runtime_ids)
-        except CacheUnavailable as exc:
-            log.warning("version bumps of %d runtimes lost: %s", len(runtime_ids), exc.detail)
-            versions = [None] * len(runtime_ids)
-        lost = [rt for rt, v in zip(runtime_ids, versions, strict=True) if v is None]
-        if lost and len(lost) < len(runtime_ids):
-            log.warning("version bumps lost for runtimes %s", ", ".join(lost[:10]))
-        for runtime_id, version in zip(runtime_ids, versions, strict=True):
-            self.wake(runtime_id, version)
+        await self._announcements.bump_now(runtime_ids)
 
     def parked(self, runtime_id: str) -> int:
         state = self._states.get(runtime_id)

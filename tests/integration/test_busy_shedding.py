@@ -253,13 +253,7 @@ async def test_the_count_comes_back_to_zero(database_url, redis_url, redis_prefi
         # until they start: one write of many cannot make the gateway busy.
         reader, writer = await asyncio.open_connection(host, int(port))
         short = b'{"worker_id": "w", "wait_seconds": 1}'
-        writer.write(
-            f"POST /v1/runtimes/{runtime_id}/claim HTTP/1.1\r\nHost: {host}\r\n"
-            f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(short)}\r\n\r\n".encode()
-            + short
-            + get * 50
-        )
+        writer.write(raw_post(host, f"/v1/runtimes/{runtime_id}/claim", short) + get * 50)
         await writer.drain()
         await wait_until(lambda: gw.gateway.claimer.long_polls == 1, 5.0, "the poll to park")
         await asyncio.sleep(0.2)
@@ -271,12 +265,7 @@ async def test_the_count_comes_back_to_zero(database_url, redis_url, redis_prefi
         # A poll whose client leaves while it waits.
         _, leaver = await asyncio.open_connection(host, int(port))
         poll = b'{"worker_id": "w", "wait_seconds": 30}'
-        leaver.write(
-            f"POST /v1/runtimes/{runtime_id}/claim HTTP/1.1\r\nHost: {host}\r\n"
-            f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(poll)}\r\n\r\n".encode()
-            + poll
-        )
+        leaver.write(raw_post(host, f"/v1/runtimes/{runtime_id}/claim", poll))
         await leaver.drain()
         await wait_until(lambda: gw.gateway.claimer.long_polls == 1, 5.0, "the poll to park")
         leaver.close()
