@@ -21,6 +21,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
+from .. import admission, logs
 from ..errors import CacheUnavailable
 from .ports import ClaimCache
 
@@ -49,25 +50,30 @@ class Announcements:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         self._pending.setdefault(runtime_id, []).append(done)
-        if self._sender is None:
+        sender = self._sender
+        # (A sender of another loop is one a test's closed loop left behind.)
+        if sender is None or sender.get_loop() is not loop:
             self._sender = loop.create_task(self._send(), name="announcements")
         return done
 
     async def _send(self) -> None:
         """Bump until nothing is pending; announcements made during a round trip go in
-        the next one."""
+        the next one. Cancelled (the loop ends), the announcements it leaves are done
+        without their bump: each lost bump is one the janitor's repair pass finds (I6),
+        and nobody waits for ever."""
+        logs.detach()  # started by one request, it sends for many
+        admission.detach()
+        batch: dict[str, list[asyncio.Future[None]]] = {}
         try:
             while self._pending:
                 batch, self._pending = self._pending, {}
-                try:
-                    await self.bump_now(list(batch))
-                finally:
-                    for waiters in batch.values():
-                        for done in waiters:
-                            if not done.done():
-                                done.set_result(None)
+                await self.bump_now(list(batch))
+                _done(batch)
         finally:
-            self._sender = None
+            if asyncio.current_task() is self._sender:
+                self._sender = None
+            _done(batch)
+            _done(self._pending)
 
     async def bump_now(self, runtime_ids: Sequence[str]) -> None:
         """Bump each runtime (distinct) in one round trip now, not waiting for a round
@@ -92,11 +98,20 @@ class Announcements:
         if lost and len(lost) < len(runtime_ids):
             log.warning("version bumps lost for runtimes %s", ", ".join(lost[:10]))
         for runtime_id, version in zip(runtime_ids, versions, strict=True):
-            self._woken(runtime_id, version)
+            try:
+                self._woken(runtime_id, version)
+            except Exception:
+                log.exception("waking the pump of runtime %s failed", runtime_id)
 
     async def close(self) -> None:
         """Wait until the bumps announced so far are sent (each bounded by the Redis
         call's own budget)."""
-        sender = self._sender
-        if sender is not None:
-            await asyncio.shield(sender)
+        while self._sender is not None:
+            await asyncio.shield(self._sender)
+
+
+def _done(waiting: dict[str, list[asyncio.Future[None]]]) -> None:
+    for waiters in waiting.values():
+        for done in waiters:
+            if not done.done():
+                done.set_result(None)

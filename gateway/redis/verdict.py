@@ -293,10 +293,9 @@ class VerdictCache:
 
         async def go() -> list[Any]:
             answers = await send(runtime_ids)
-            # A pipeline checks its scripts once, before its first attempt: one sent
-            # again on a new connection to a Redis that restarted meanwhile (its
-            # scripts gone) gets NOSCRIPT for every call. Those are sent once more,
-            # after loading the script.
+            # EVALSHA of a script the server does not hold (a Redis just started or
+            # restarted, or after SCRIPT FLUSH) is answered NOSCRIPT. Those calls are
+            # sent once more, after loading the script.
             again = [i for i, a in enumerate(answers) if isinstance(a, NoScriptError)]
             if again:
                 await self._client.script_load(BUMP_AND_PUBLISH_SCRIPT)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from gateway import logs
 from gateway.claim.announcements import Announcements
 from gateway.errors import CacheUnavailable
 
@@ -86,4 +87,27 @@ async def test_a_lost_bump_wakes_the_pump_and_is_not_raised(
     cache.back.set()
     await asyncio.wait_for(again, 1)
     assert woken[-1] == ("b", "v2-b")
+    await announcements.close()
+
+
+async def test_the_sender_works_in_no_request_of_its_own() -> None:
+    """Started by the first request that announces, it sends for every later one: its
+    lines and spans must carry none of those requests' ids."""
+    cache = SlowCache()
+    seen: list[str | None] = []
+    announcements = Announcements(cache, lambda rt, v: seen.append(logs.REQUEST_ID.get()))  # type: ignore[arg-type]
+
+    async def request(request_id: str, runtime_id: str) -> None:
+        logs.REQUEST_ID.set(request_id)
+        await announcements.announce(runtime_id)
+
+    first = asyncio.create_task(request("req-a", "a"))
+    await settle()
+    later = asyncio.create_task(request("req-b", "b"))
+    await settle()
+    cache.back.set()
+    await settle()
+    cache.back.set()
+    await asyncio.wait_for(asyncio.gather(first, later), 1)
+    assert seen == [None, None]
     await announcements.close()
