@@ -41,6 +41,16 @@ def raw_post(host: str, path: str, body: bytes) -> bytes:
     ).encode() + body
 
 
+async def read_answers(
+    reader: asyncio.StreamReader, count: int, status: bytes = b"200", got: bytes = b""
+) -> bytes:
+    """What `reader` gives (after `got`, read before) until `count` answers of `status`
+    have come in all, each read within 5 s."""
+    while got.count(b"HTTP/1.1 " + status) < count:
+        got += await asyncio.wait_for(reader.read(65536), 5.0)
+    return got
+
+
 @asynccontextmanager
 async def half_sent(gw: Instance, count: int, path: str) -> AsyncIterator[None]:
     """`count` requests whose body is still arriving: each on a connection of its own,
@@ -128,18 +138,12 @@ async def test_past_the_limit_a_bare_claim_is_refused_and_the_rest_is_taken(
             bare = orjson.dumps({"worker_id": "w", "wait_seconds": 0})
             writer.write(raw_post(host, claim, bare) * 2)
             await writer.drain()
-            answers = b""
-
-            async def answered(count: int) -> float:
-                nonlocal answers
-                while answers.count(b"HTTP/1.1 429") < count:
-                    answers += await asyncio.wait_for(reader.read(65536), 5.0)
-                return time.monotonic()
-
-            first_at = await answered(1)
+            got = await read_answers(reader, 1, b"429")
+            first_at = time.monotonic()
             # The claim held behind the refusal is not at work while it waits.
             assert at_work(gw) == LIMIT + 1
-            apart = await answered(2) - first_at
+            await read_answers(reader, 2, b"429", got)
+            apart = time.monotonic() - first_at
             writer.close()
             assert apart >= 0.75, apart
             assert sample(gw, "gateway_shed_total", reason="busy") == 6
@@ -245,9 +249,7 @@ async def test_the_count_comes_back_to_zero(database_url, redis_url, redis_prefi
         get = f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
         writer.write(get + get)
         await writer.drain()
-        answers = b""
-        while answers.count(b"HTTP/1.1 200") < 2:
-            answers += await asyncio.wait_for(reader.read(65536), 5.0)
+        await read_answers(reader, 2)
         writer.close()
         # Requests queued behind a poll on its connection (pipelined) are not at work
         # until they start: one write of many cannot make the gateway busy.
@@ -258,9 +260,7 @@ async def test_the_count_comes_back_to_zero(database_url, redis_url, redis_prefi
         await wait_until(lambda: gw.gateway.claimer.long_polls == 1, 5.0, "the poll to park")
         await asyncio.sleep(0.2)
         assert at_work(gw) == 1 and not gw.gateway.busy()
-        answers = b""
-        while answers.count(b"HTTP/1.1 200") < 51:
-            answers += await asyncio.wait_for(reader.read(65536), 5.0)
+        await read_answers(reader, 51)
         writer.close()
         # A poll whose client leaves while it waits.
         _, leaver = await asyncio.open_connection(host, int(port))
