@@ -30,7 +30,6 @@ import time
 from collections.abc import Awaitable
 from typing import Any
 
-from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import logs, tracing
@@ -186,10 +185,7 @@ class RequestLog:
         app (error and exception middleware, router). Not a coroutine of its own: a
         parked poll holds every frame between uvicorn and its wait."""
         for route in self._direct_routes(scope):
-            match, child_scope = route.matches(scope)
-            if match is Match.FULL:
-                scope["route"] = route  # as the router does: the access line's route
-                scope.update(child_scope)
+            if route.take(scope):  # the route is the access line's, as the router's is
                 return route.app
         return self.app
 
