@@ -25,14 +25,17 @@ does not wait for stderr. A line that finds the queue full is dropped and counte
 from __future__ import annotations
 
 import contextlib
+import http
 import logging
 import time
 from collections.abc import Awaitable
 from typing import Any
 
+import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import logs, tracing
+from ..errors import GatewayError, problem_for
 from ..metrics import Metrics
 from .io import HOLD_READING, DirectRoute, internal_error_response
 
@@ -145,14 +148,31 @@ def access_line(
             metrics.log_lines_dropped.inc()
 
 
-def server_answer(metrics: Metrics | None, head: object, status: int, seconds: float) -> str:
-    """For an answer the server writes itself (408, 431): log and count it, and return
-    its request id. `head` is the request's scope when its head was parsed."""
+def server_answer(
+    metrics: Metrics | None,
+    head: object,
+    error: GatewayError,
+    seconds: float,
+    default_headers: list[tuple[bytes, bytes]],
+) -> bytes:
+    """An answer the server writes itself before it closes the connection (408, 431),
+    the app never having seen its request: logged and counted here, and returned whole,
+    request id and `Connection: close` included. `head` is the request's scope when its
+    head was parsed; `default_headers`, the server's own (date, server)."""
+    status, body = problem_for(error)
+    content = orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
     scope: Scope = head if isinstance(head, dict) else {}
     request_id = logs.request_id_from(_header(scope, REQUEST_ID_HEADER))
-    method = str(scope.get("method", "-"))
-    access_line(metrics, method, UNMATCHED, status, seconds, request_id)
-    return request_id
+    access_line(metrics, str(scope.get("method", "-")), UNMATCHED, status, seconds, request_id)
+    lines = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}".encode()]
+    lines += [name + b": " + value for name, value in default_headers]
+    lines += [
+        b"content-type: application/problem+json",
+        b"content-length: %d" % len(content),
+        REQUEST_ID_HEADER + b": " + request_id.encode(),
+        b"connection: close",
+    ]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + content
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:

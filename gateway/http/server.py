@@ -8,7 +8,8 @@ whatever body is still coming. `GatewayHttpProtocol` adds, per connection:
   counted from the connection's opening for its first request and from the first
   byte for later ones; otherwise it is answered 408 and the connection closed. The
   clock stops once the request has arrived: the time taken to answer (a long poll)
-  is never counted. Idle keep-alive connections stay uvicorn's business.
+  is never counted. An idle keep-alive connection is closed after uvicorn's timeout,
+  with one timer per connection rather than one per request (keep_alive.py).
 - a head (request line and headers) over MAX_HEAD_BYTES is answered 431 and the
   connection closed; no more than the limit of it is parsed.
 - an answer given before the request's body arrived carries `Connection: close`,
@@ -34,25 +35,24 @@ the client sends meanwhile stays in the kernel's buffers and is never read.
 from __future__ import annotations
 
 import asyncio
-import http
 import logging
 import random
 from collections.abc import Awaitable
 from typing import Any, cast
 
-import orjson
 from starlette.types import Message, Receive, Scope, Send
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
 from ..admission import Caller
-from ..errors import GatewayError, HeadersTooLarge, RequestTimeout, problem_for
+from ..errors import GatewayError, HeadersTooLarge, RequestTimeout
 from ..flag import Flag
 from ..in_flight import InFlight
 from ..metrics import Metrics
-from .access import REQUEST_ID_HEADER, server_answer
+from .access import server_answer
 from .io import CALLER, HOLD_READING
+from .keep_alive import KeepAlive
 from .transport import Transport
 
 log = logging.getLogger("gateway.server")
@@ -98,7 +98,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     lingering closes (see the module docstring). Build a configured subclass with
     `protocol_class()`; uvicorn makes one instance per connection.
 
-    Written against uvicorn 0.54: it overrides the parser callbacks, reads the
+    Written against uvicorn 0.54: it overrides the parser callbacks and
+    `on_response_complete` (which it replaces, as `_unset_keepalive_if_required`), reads the
     attributes `app`, `scope`, `cycle`, `pipeline`, `flow` and `server_state`, and marks
     request cycles gone as uvicorn's connection_lost does (`response_complete`,
     `disconnected`, `message_event`). It replaces the two asyncio.Events uvicorn makes
@@ -120,6 +121,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         "_head_bytes",
         "_held",
         "_inner_app",
+        "_keep_alive",
         "_linger",
         "_pending_body",
         "_raw",
@@ -165,6 +167,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._caller = Caller()  # told when the connection is lost (_leave)
         # While refused at the door (HOLD_READING): what arrives meanwhile, kept unread.
         self._held: bytearray | None = None
+        self._keep_alive = KeepAlive(
+            self.loop, self.timeout_keep_alive, self.timeout_keep_alive_handler
+        )
 
     # -- connection events ---------------------------------------------------
 
@@ -180,6 +185,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_clock()
         self._stop_write_clock()
+        self._keep_alive.cancel()
         if self._linger is not None:
             self._linger.cancel()
         self._leave()
@@ -230,22 +236,32 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 return
 
     def on_response_complete(self) -> None:
+        # uvicorn's, with one keep-alive timer per connection (keep_alive.py), and the
+        # hold after a refusal under overload.
         done = self._answered()
-        pause = None if done is None else done.scope.get(HOLD_READING)
-        if not isinstance(pause, float) or self.transport.is_closing():
-            super().on_response_complete()
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
             return
-        # Refused under overload: this connection's next request is parsed at the end of
-        # the Retry-After it was told, so that a client that sends again at once (as a
-        # misbehaving fleet does) is not refused, and paid for, in a tight loop. The
-        # refusal itself went out at once. Requests already read behind it (pipelined
-        # in the same write) wait as well: uvicorn would start the next one now.
-        held, self.pipeline = self.pipeline, type(self.pipeline)()
-        super().on_response_complete()
-        self.pipeline = held
-        self._unset_keepalive_if_required()  # armed by uvicorn: idle it is not
-        self._held = bytearray()
-        self.loop.call_later(pause * (1 - HOLD_SPREAD * random.random()), self._end_hold)
+        self._keep_alive.busy()
+        self.flow.resume_reading()
+        pause = None if done is None else done.scope.get(HOLD_READING)
+        if isinstance(pause, float):
+            # Refused under overload: this connection's next request is parsed at the
+            # end of the Retry-After it was told, so that a client that sends again at
+            # once (as a misbehaving fleet does) is not refused, and paid for, in a tight
+            # loop. The refusal itself went out at once. Requests already read behind it
+            # (pipelined in the same write) wait as well.
+            self._held = bytearray()
+            self.loop.call_later(pause * (1 - HOLD_SPREAD * random.random()), self._end_hold)
+        elif self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        else:
+            self._keep_alive.idle()
+
+    def _unset_keepalive_if_required(self) -> None:
+        # uvicorn's, called as data arrives: one timer per connection (keep_alive.py).
+        self._keep_alive.busy()
 
     def _answered(self) -> RequestResponseCycle | None:
         """The request whose answer just completed (uvicorn answers a connection's
@@ -271,9 +287,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
         elif not held:  # idle: kept alive from now, as uvicorn would have from the answer
-            self.timeout_keep_alive_task = self.loop.call_later(
-                self.timeout_keep_alive, self.timeout_keep_alive_handler
-            )
+            self._keep_alive.idle()
         if held:
             self.data_received(bytes(held))
 
@@ -451,20 +465,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 f"the request did not arrive in full within {self.read_timeout_seconds:g} "
                 "seconds (GATEWAY_READ_TIMEOUT_SECONDS); the connection is closed"
             )
-        status, body = problem_for(error)
-        content = orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
-        # The app never saw this request: its request id and access line are made here.
         seconds = self.loop.time() - self._request_started
-        request_id = server_answer(self.metrics, self._pending_body, status, seconds)
-        lines = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}".encode()]
-        lines += [name + b": " + value for name, value in self.server_state.default_headers]
-        lines += [
-            b"content-type: application/problem+json",
-            b"content-length: %d" % len(content),
-            REQUEST_ID_HEADER + b": " + request_id.encode(),
-            b"connection: close",
-        ]
-        return b"\r\n".join(lines) + b"\r\n\r\n" + content
+        return server_answer(
+            self.metrics, self._pending_body, error, seconds, self.server_state.default_headers
+        )
 
     def close_softly(self) -> None:
         """Close, or, when part of a request may still be on its way, stop reading,

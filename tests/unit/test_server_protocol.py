@@ -60,10 +60,10 @@ REQUEST = b"POST /x HTTP/1.1\r\nHost: h\r\ncontent-length: 2\r\n\r\n{}"
 async def test_a_keep_alive_connection_keeps_one_read_timer_and_sends_unwrapped(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """20 requests, each whole in one read: one read timer for the connection (not one
-    per request), one write per answer (uvicorn writes its head and its body apart),
-    and each answer sent through uvicorn's send as it is, since no body
-    is still arriving when the app starts; a request whose body is still on its way
+    """20 requests, each whole in one read: one read timer and one keep-alive timer for
+    the connection (not one per request), one write per answer (uvicorn writes its head
+    and its body apart), and each answer sent through uvicorn's send as it is, since no
+    body is still arriving when the app starts; a request whose body is still on its way
     gets the send that closes the connection. The open start-up gate is not called."""
     app = App()
     gate = StartupGate(app)
@@ -74,13 +74,12 @@ async def test_a_keep_alive_connection_keeps_one_read_timer_and_sends_unwrapped(
     state = ServerState()
     protocol = GatewayHttpProtocol(config, state, {})
     loop = asyncio.get_running_loop()
-    timers = 0
+    timers: dict[str, int] = {}
     call_later = loop.call_later
 
     def counting(delay: float, callback: Any, *args: Any) -> asyncio.TimerHandle:
-        nonlocal timers
-        if getattr(callback, "__name__", "") == "_read_timed_out":
-            timers += 1
+        name = getattr(callback, "__name__", "")
+        timers[name] = timers.get(name, 0) + 1
         return call_later(delay, callback, *args)
 
     monkeypatch.setattr(loop, "call_later", counting)
@@ -91,7 +90,7 @@ async def test_a_keep_alive_connection_keeps_one_read_timer_and_sends_unwrapped(
         for task in list(state.tasks):
             await task
     await asyncio.sleep(0)  # the end of the loop's turn: what it held is written
-    assert timers == 1
+    assert timers == {"_read_timed_out": 1, "_due": 1}, timers
     assert transport.written.count(b"HTTP/1.1 200 OK") == 20
     assert transport.writes == 20  # each answer's head and body in one write
     assert not any(isinstance(send, _ClosingSend) for send in app.sends)
