@@ -275,7 +275,9 @@ class Admission:
 
     def crowded(self) -> bool:
         """True when work arriving now would wait past its budget (its standing share
-        while the line stands): `acquire` would refuse it."""
+        while the line stands): `acquire` would refuse it. Asked of every request."""
+        if self._held < self._slots:
+            return False  # a connection is free: no wait (and no need to judge the line)
         return self.expected_wait_ms(Priority.WORK) > self._limit_ms()
 
     def refusal(self) -> DatabaseBusy:
