@@ -1,59 +1,84 @@
-"""uvicorn's keep-alive timeout (--keep-alive-seconds), with one timer per connection.
+"""uvicorn's keep-alive timeout (--keep-alive-seconds), with one timer for all of a
+server's connections.
 
 uvicorn makes a timer when each answer completes and cancels it when the next request
 arrives: two calls into the event loop, and a timer made and dropped, per request of
-a keep-alive connection. Here a connection keeps one timer, left armed while its
-requests come and go; when it fires, it looks at how long the connection has been
-idle, and closes it, or waits out the rest, or (the connection is busy) lets the next
-answer arm it again. The read deadline in gateway/http/server.py works the same way.
+a keep-alive connection. Here the server keeps its idle connections in one dict, in the
+order they went idle, each with the loop time it is to be closed at: a connection
+enters it when its answer completes with nothing else queued and leaves it when data
+arrives or it is lost, and one timer, armed for the oldest entry, closes those whose
+time has come. A busy connection (a parked poll, say) holds nothing here at all.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from typing import Protocol
+
+# How early the timer may fire and still close what is due then (the event loop's
+# clock, libuv's, counts whole milliseconds).
+SLACK_SECONDS = 0.001
+
+
+class Connection(Protocol):
+    """What the clock needs of a connection (uvicorn's protocol has all three)."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    @property
+    def timeout_keep_alive(self) -> float: ...
+
+    def timeout_keep_alive_handler(self) -> None: ...
 
 
 class KeepAlive:
-    """One connection's keep-alive clock: `idle()` when an answer completes and
-    nothing else is queued, `busy()` when data arrives, `cancel()` when the
-    connection is lost. `on_timeout` is called once it has been idle for `seconds`."""
+    """The idle connections of one server: `idle(c)` when an answer completes and
+    nothing else is queued, `busy(c)` when data arrives or the connection is lost. A
+    connection idle for its `timeout_keep_alive` has its `timeout_keep_alive_handler()`
+    called (it closes). Every connection of one server has the same timeout, so the
+    dict's order is the order they are due in."""
 
-    __slots__ = ("_idle_since", "_loop", "_on_timeout", "_seconds", "_timer")
+    __slots__ = ("_idle", "_loop", "_timer")
 
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, seconds: float, on_timeout: Callable[[], None]
-    ) -> None:
-        self._loop = loop
-        self._seconds = seconds
-        self._on_timeout = on_timeout
+    def __init__(self) -> None:
+        self._idle: dict[Connection, float] = {}  # loop time each is closed at
         self._timer: asyncio.TimerHandle | None = None
-        self._idle_since: float | None = None  # loop time it went idle; None: busy
+        self._loop: asyncio.AbstractEventLoop | None = None
 
-    def idle(self) -> None:
-        """Idle from now: `on_timeout` after `seconds` unless `busy()` comes first."""
-        self._idle_since = self._loop.time()
+    def idle(self, conn: Connection) -> None:
+        """Idle from now: closed after its keep-alive timeout unless `busy` first."""
+        loop = conn.loop
+        if loop is not self._loop:  # a new event loop (tests): the old one's are gone
+            self._idle.clear()
+            self._timer, self._loop = None, loop
+        idle = self._idle
+        idle.pop(conn, None)  # to the end: the newest idle
+        idle[conn] = loop.time() + conn.timeout_keep_alive
         if self._timer is None:
-            self._timer = self._loop.call_later(self._seconds, self._due)
+            self._timer = loop.call_at(idle[next(iter(idle))], self._due)
 
-    def busy(self) -> None:
-        """At work from now (the timer, if armed, stays so and finds it busy)."""
-        self._idle_since = None
+    def busy(self, conn: Connection) -> None:
+        """At work, or gone: not idle."""
+        self._idle.pop(conn, None)
 
-    def cancel(self) -> None:
-        self._idle_since = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+    def __len__(self) -> int:
+        return len(self._idle)
 
     def _due(self) -> None:
         self._timer = None
-        since = self._idle_since
-        if since is None:
-            return  # busy: armed again when it next goes idle
-        left = since + self._seconds - self._loop.time()
-        if left > 0:  # went idle after the timer was armed
-            self._timer = self._loop.call_later(left, self._due)
-            return
-        self._idle_since = None
-        self._on_timeout()
+        loop = self._loop
+        assert loop is not None
+        idle = self._idle
+        now = loop.time() + SLACK_SECONDS
+        due = []
+        for conn, at in idle.items():
+            if at > now:
+                break
+            due.append(conn)
+        for conn in due:
+            del idle[conn]
+        if idle:  # the oldest left, whose time has not come
+            self._timer = loop.call_at(idle[next(iter(idle))], self._due)
+        for conn in due:  # armed first: a close that raised would stop the clock
+            conn.timeout_keep_alive_handler()

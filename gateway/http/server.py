@@ -9,7 +9,7 @@ whatever body is still coming. `GatewayHttpProtocol` adds, per connection:
   byte for later ones; otherwise it is answered 408 and the connection closed. The
   clock stops once the request has arrived: the time taken to answer (a long poll)
   is never counted. An idle keep-alive connection is closed after uvicorn's timeout,
-  with one timer per connection rather than one per request (keep_alive.py).
+  kept with one timer for all connections rather than one per request (keep_alive.py).
 - a head (request line and headers) over MAX_HEAD_BYTES is answered 431 and the
   connection closed; no more than the limit of it is parsed.
 - an answer given before the request's body arrived carries `Connection: close`,
@@ -121,7 +121,6 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         "_head_bytes",
         "_held",
         "_inner_app",
-        "_keep_alive",
         "_linger",
         "_pending_body",
         "_raw",
@@ -136,6 +135,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     read_timeout_seconds: float = 30.0
     metrics: Metrics | None = None
     in_flight: InFlight = InFlight()  # protocol_class gives each app its own
+    keep_alive: KeepAlive = KeepAlive()  # and each its own idle connections
 
     def __init__(
         self,
@@ -167,9 +167,6 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._caller = Caller()  # told when the connection is lost (_leave)
         # While refused at the door (HOLD_READING): what arrives meanwhile, kept unread.
         self._held: bytearray | None = None
-        self._keep_alive = KeepAlive(
-            self.loop, self.timeout_keep_alive, self.timeout_keep_alive_handler
-        )
 
     # -- connection events ---------------------------------------------------
 
@@ -185,7 +182,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_clock()
         self._stop_write_clock()
-        self._keep_alive.cancel()
+        self.keep_alive.busy(self)
         if self._linger is not None:
             self._linger.cancel()
         self._leave()
@@ -236,14 +233,13 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 return
 
     def on_response_complete(self) -> None:
-        # uvicorn's, with one keep-alive timer per connection (keep_alive.py), and the
+        # uvicorn's, with the server's one keep-alive timer (keep_alive.py), and the
         # hold after a refusal under overload.
         done = self._answered()
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
-        self._keep_alive.busy()
-        self.flow.resume_reading()
+        self.flow.resume_reading()  # (not idle: data came since it last was)
         pause = None if done is None else done.scope.get(HOLD_READING)
         if isinstance(pause, float):
             # Refused under overload: this connection's next request is parsed at the
@@ -257,11 +253,11 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
         else:
-            self._keep_alive.idle()
+            self.keep_alive.idle(self)
 
     def _unset_keepalive_if_required(self) -> None:
-        # uvicorn's, called as data arrives: one timer per connection (keep_alive.py).
-        self._keep_alive.busy()
+        # uvicorn's, called as data arrives (and as the connection is lost).
+        self.keep_alive.busy(self)
 
     def _answered(self) -> RequestResponseCycle | None:
         """The request whose answer just completed (uvicorn answers a connection's
@@ -287,7 +283,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
         elif not held:  # idle: kept alive from now, as uvicorn would have from the answer
-            self._keep_alive.idle()
+            self.keep_alive.idle(self)
         if held:
             self.data_received(bytes(held))
 

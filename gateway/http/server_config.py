@@ -13,6 +13,7 @@ from starlette.types import ASGIApp
 from ..in_flight import InFlight
 from ..metrics import Metrics
 from ..settings import Settings
+from .keep_alive import KeepAlive
 from .server import GatewayHttpProtocol
 
 
@@ -25,6 +26,7 @@ def protocol_class(
         "read_timeout_seconds": settings.read_timeout_seconds,
         "metrics": metrics,
         "in_flight": in_flight,
+        "keep_alive": KeepAlive(),
     }
     return type("GatewayHttpProtocol", (GatewayHttpProtocol,), attrs)
 

@@ -1,6 +1,7 @@
-"""One connection's keep-alive clock (gateway/http/keep_alive.py), on a real event loop:
-it closes an idle connection after its seconds counted from when it last went idle,
-never a busy one, and makes one timer for many requests."""
+"""The server's idle connections (gateway/http/keep_alive.py), on a real event loop:
+each closed after its timeout counted from when it last went idle, never a busy one,
+one timer for many requests and many connections, and nothing held for a connection
+that is busy or gone."""
 
 from __future__ import annotations
 
@@ -14,65 +15,83 @@ from gateway.http.keep_alive import KeepAlive
 SECONDS = 0.2
 
 
-def clock(timeouts: list[float]) -> KeepAlive:
-    loop = asyncio.get_running_loop()
-    return KeepAlive(loop, SECONDS, lambda: timeouts.append(loop.time()))
+class Conn:
+    def __init__(self, closed: list[tuple[Conn, float]], seconds: float = SECONDS) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.timeout_keep_alive = seconds
+        self._closed = closed
+
+    def timeout_keep_alive_handler(self) -> None:
+        self._closed.append((self, self.loop.time()))
 
 
-async def test_an_idle_connection_times_out_after_its_seconds_from_its_last_idle() -> None:
-    timeouts: list[float] = []
-    keep = clock(timeouts)
+async def test_an_idle_connection_is_closed_after_its_timeout_from_its_last_idle() -> None:
+    closed: list[tuple[Conn, float]] = []
+    clock = KeepAlive()
+    a, b = Conn(closed), Conn(closed)
     loop = asyncio.get_running_loop()
-    keep.idle()
+    clock.idle(a)
+    clock.idle(b)
     await asyncio.sleep(SECONDS / 2)
-    keep.busy()  # a request arrives: the timer stays armed and must not close it
+    clock.busy(a)  # a request arrives on a: the timer stays armed for b
     await asyncio.sleep(SECONDS / 4)
-    idle_again = loop.time()
-    keep.idle()
-    await asyncio.sleep(SECONDS * 1.5)
-    assert len(timeouts) == 1
-    # Not when the first timer fired (SECONDS after the first idle), which found it
-    # idle for less: SECONDS after it last went idle.
-    assert timeouts[0] - idle_again >= SECONDS - 0.01
-    await asyncio.sleep(SECONDS * 1.5)
-    assert len(timeouts) == 1  # once
+    a_idle_again = loop.time()
+    clock.idle(a)
+    await asyncio.sleep(SECONDS * 2)
+    assert [c for c, _ in closed] == [b, a]
+    # a is closed not when b is (its first idle's time), but after its last idle's.
+    assert closed[1][1] - a_idle_again >= SECONDS - 0.01
+    assert len(clock) == 0
 
 
-async def test_a_busy_connection_never_times_out_and_is_timed_again_once_idle() -> None:
-    timeouts: list[float] = []
-    keep = clock(timeouts)
-    keep.idle()
-    keep.busy()
+async def test_a_busy_connection_is_never_closed_nor_held() -> None:
+    closed: list[tuple[Conn, float]] = []
+    clock = KeepAlive()
+    a = Conn(closed)
+    clock.idle(a)
+    clock.busy(a)
+    assert len(clock) == 0  # a parked poll holds nothing here
     await asyncio.sleep(SECONDS * 2)  # a long poll, say
-    assert timeouts == []
-    keep.idle()
-    await asyncio.sleep(SECONDS * 1.5)
-    assert len(timeouts) == 1
+    assert closed == []
+    clock.idle(a)
+    await asyncio.sleep(SECONDS * 2)
+    assert [c for c, _ in closed] == [a]
 
 
-async def test_cancel_stops_it() -> None:
-    timeouts: list[float] = []
-    keep = clock(timeouts)
-    keep.idle()
-    keep.cancel()
-    await asyncio.sleep(SECONDS * 1.5)
-    assert timeouts == []
-
-
-async def test_many_requests_make_one_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_many_requests_and_connections_make_one_timer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     loop = asyncio.get_running_loop()
     made = 0
-    call_later = loop.call_later
+    call_at = loop.call_at
 
-    def counting(delay: float, callback: Any, *args: Any) -> asyncio.TimerHandle:
+    def counting(when: float, callback: Any, *args: Any, **kw: Any) -> asyncio.TimerHandle:
         nonlocal made
         made += 1
-        return call_later(delay, callback, *args)
+        return call_at(when, callback, *args, **kw)
 
-    monkeypatch.setattr(loop, "call_later", counting)
-    keep = clock([])
-    for _ in range(100):
-        keep.busy()
-        keep.idle()
+    monkeypatch.setattr(loop, "call_at", counting)
+    clock = KeepAlive()
+    conns = [Conn([]) for _ in range(50)]
+    for _ in range(20):
+        for conn in conns:
+            clock.busy(conn)
+            clock.idle(conn)
     assert made == 1
-    keep.cancel()
+    for conn in conns:
+        clock.busy(conn)  # lost
+    assert len(clock) == 0
+
+
+async def test_a_new_event_loop_starts_afresh() -> None:
+    closed: list[tuple[Conn, float]] = []
+    clock = KeepAlive()
+
+    async def in_its_own_loop() -> None:
+        clock.idle(Conn([]))  # its timer belongs to a loop about to end
+
+    await asyncio.to_thread(asyncio.run, in_its_own_loop())
+    a = Conn(closed)
+    clock.idle(a)
+    await asyncio.sleep(SECONDS * 2)
+    assert [c for c, _ in closed] == [a]

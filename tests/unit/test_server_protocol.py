@@ -60,10 +60,10 @@ REQUEST = b"POST /x HTTP/1.1\r\nHost: h\r\ncontent-length: 2\r\n\r\n{}"
 async def test_a_keep_alive_connection_keeps_one_read_timer_and_sends_unwrapped(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """20 requests, each whole in one read: one read timer and one keep-alive timer for
-    the connection (not one per request), one write per answer (uvicorn writes its head
-    and its body apart), and each answer sent through uvicorn's send as it is, since no
-    body is still arriving when the app starts; a request whose body is still on its way
+    """20 requests, each whole in one read: one read timer and one keep-alive timer (not
+    one per request), one write per answer (uvicorn writes its head and its body
+    apart), and each answer sent through uvicorn's send as it is, since no body is
+    still arriving when the app starts; a request whose body is still on its way
     gets the send that closes the connection. The open start-up gate is not called."""
     app = App()
     gate = StartupGate(app)
@@ -75,14 +75,21 @@ async def test_a_keep_alive_connection_keeps_one_read_timer_and_sends_unwrapped(
     protocol = GatewayHttpProtocol(config, state, {})
     loop = asyncio.get_running_loop()
     timers: dict[str, int] = {}
-    call_later = loop.call_later
+    call_later, call_at = loop.call_later, loop.call_at
 
-    def counting(delay: float, callback: Any, *args: Any) -> asyncio.TimerHandle:
+    def counting(delay: float, callback: Any, *args: Any, **kw: Any) -> asyncio.TimerHandle:
         name = getattr(callback, "__name__", "")
         timers[name] = timers.get(name, 0) + 1
-        return call_later(delay, callback, *args)
+        return call_later(delay, callback, *args, **kw)
+
+    def counting_at(when: float, callback: Any, *args: Any, **kw: Any) -> asyncio.TimerHandle:
+        # asyncio's call_later calls call_at too: only the keep-alive's own are counted.
+        if getattr(callback, "__name__", "") == "_due":
+            timers["_due"] = timers.get("_due", 0) + 1
+        return call_at(when, callback, *args, **kw)
 
     monkeypatch.setattr(loop, "call_later", counting)
+    monkeypatch.setattr(loop, "call_at", counting_at)
     transport = Transport()
     protocol.connection_made(transport)
     for _ in range(20):
@@ -94,13 +101,18 @@ async def test_a_keep_alive_connection_keeps_one_read_timer_and_sends_unwrapped(
     assert transport.written.count(b"HTTP/1.1 200 OK") == 20
     assert transport.writes == 20  # each answer's head and body in one write
     assert not any(isinstance(send, _ClosingSend) for send in app.sends)
+    idle = protocol.keep_alive
+    assert protocol in idle._idle  # answered, nothing queued: idle
     protocol.data_received(REQUEST[:-2])  # the head; its body comes later
     await asyncio.sleep(0)
+    assert protocol not in idle._idle  # at work: not idle
     assert isinstance(app.sends[-1], _ClosingSend)
     protocol.data_received(REQUEST[-2:])
     for task in list(state.tasks):
         await task
+    assert protocol in idle._idle
     protocol.connection_lost(None)
+    assert protocol not in idle._idle  # gone: nothing kept
 
 
 class SlowApp:
