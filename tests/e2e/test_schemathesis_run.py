@@ -33,7 +33,8 @@ SEED = int(os.environ.get("FUZZ_SEED") or (random.randrange(2**31) if SECONDS el
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(SECONDS + 240)
+# One pass took 90 s, and over 200 s on a slow machine beside the suite's workers.
+@pytest.mark.timeout(SECONDS + 540)
 def test_schemathesis_finds_no_disagreement(database_url: str, redis_url: str, tmp_path: Path):
     with gateway_thread(
         database_url=database_url, redis_url=redis_url, prefix=new_prefix(), **OVERRIDES
@@ -53,7 +54,7 @@ def test_schemathesis_finds_no_disagreement(database_url: str, redis_url: str, t
         }
         # Run in a directory of its own: schemathesis keeps a cache where it runs.
         done = subprocess.run(
-            args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=SECONDS + 200
+            args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=SECONDS + 500
         )
     report = done.stdout + done.stderr
     assert done.returncode == 0, f"schemathesis failed (seed {SEED}):\n{report}"
