@@ -8,7 +8,7 @@ import secrets
 import pytest
 
 from tests.support.gateways import gateway
-from tests.support.http import Resp, req
+from tests.support.http import req, req_past_busy
 from tests.support.lifecycle import all_tasks, assert_problem, claim, claim_one, lease_op
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -143,19 +143,11 @@ async def test_keys_are_per_runtime(gw, runtime_id):
 
 async def test_concurrent_first_requests_with_one_key_make_one_task(gw, runtime_id):
     body = {"payload": {"race": True}, "idempotency_key": "race-" + secrets.token_hex(4)}
-
-    async def enqueue() -> Resp:
-        # Thirty at once on one key wait on each other's row; on a slow machine the
-        # database's line may then refuse some (503 database_busy, Retry-After), and a
-        # client sends them again with the same key, as here.
-        for _ in range(20):
-            answer = await req(gw, "POST", tasks_path(runtime_id), body)
-            if answer.status != 503 or answer.body.get("code") != "database_busy":
-                return answer
-            await asyncio.sleep(float(answer.headers.get("Retry-After", "1")))
-        return answer
-
-    answers = await asyncio.gather(*(enqueue() for _ in range(30)))
+    # Thirty at once on one key wait on each other's row: a refusal is sent again with
+    # the same key.
+    answers = await asyncio.gather(
+        *(req_past_busy(gw, "POST", tasks_path(runtime_id), body) for _ in range(30))
+    )
     statuses = sorted(a.status for a in answers)
     assert statuses == [200] * 29 + [201], [(a.status, a.body) for a in answers]
     assert all(replayed(a) for a in answers if a.status == 200)

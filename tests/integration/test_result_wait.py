@@ -27,7 +27,7 @@ from tests.support.gateways import (
     serve_env,
     serve_process,
 )
-from tests.support.http import req
+from tests.support.http import req, req_past_busy
 from tests.support.janitor import first_pass_done, janitor_settings, wait_lapsed
 from tests.support.metrics import sample
 from tests.support.waiting import wait_until
@@ -47,13 +47,8 @@ def parked(inst: Instance) -> float:
 
 
 async def wait_for_result(inst: Instance, task_id: str, wait_seconds: float = LONG) -> Any:
-    for _ in range(20):
-        resp = await req(inst, "GET", f"/v1/tasks/{task_id}?wait_seconds={wait_seconds:g}")
-        if resp.status != 503 or resp.body.get("code") != "database_busy":
-            break
-        # Many waits at once each read the task first; on a slow machine the database's
-        # line may refuse some of those reads, and a client asks again after Retry-After.
-        await asyncio.sleep(float(resp.headers.get("Retry-After", "1")))
+    # Many waits at once each read the task first: a refused read is asked again.
+    resp = await req_past_busy(inst, "GET", f"/v1/tasks/{task_id}?wait_seconds={wait_seconds:g}")
     assert resp.status == 200, (resp.status, resp.body)
     return resp.body
 
