@@ -50,13 +50,13 @@ async def ticking(admin_url: str, *, tick_key: bool) -> ScheduleVerdict:
         return await settled_verdict(r.database_url, load.first_ticks)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 async def test_with_the_tick_key_every_due_tick_has_one_task_or_a_skip(pg_admin_url: str) -> None:
     verdict = await ticking(pg_admin_url, tick_key=True)
     assert verdict.due > 0 and verdict.clean, verdict.problems()
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 async def test_without_the_tick_key_the_schedules_class_reports_duplicates(
     pg_admin_url: str,
 ) -> None:

@@ -31,7 +31,7 @@ from tests.support.janitor import janitor_settings, wait_lapsed
 from tests.support.metrics import sample
 from tests.support.pgbouncer import PgBouncer
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 @contextlib.asynccontextmanager

@@ -24,7 +24,7 @@ from tests.support.janitor import (
 from tests.support.metrics import sample
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 async def _controls(inst: Instance, runtime_id: str, **fields: Any) -> dict[str, Any]:
