@@ -358,6 +358,8 @@ def _overload_rows(results: list[Result]) -> list[Row]:
         for key, title, op, bound in specs:
             value = None if on is None else on.numbers.get(key)
             shown = "not measured" if value is None else f"{_fmt(value, 3)}"
+            if key == "accepted_p99_x_before" and on is not None and value is not None:
+                shown += _onset(on.numbers)
             if off is not None and off.numbers.get(key) is not None:
                 shown += f"; shedding off: {_fmt(off.numbers[key], 3)}"
             rows.append(Row(f"overload ({load}): {title}", value, op, bound, shown))
@@ -367,6 +369,21 @@ def _overload_rows(results: list[Result]) -> list[Row]:
     shown = "not measured" if late is None else f"{_fmt(late, 4)} of {summary.get('answers')}"
     rows.append(Row("overload: parked polls answered after their deadline", late, "<=", 0.0, shown))
     return rows
+
+
+def _onset(numbers: dict[str, Any]) -> str:
+    """The accepted p99s in ms, and the answers left out of them: those to requests
+    sent in the overload's first second, while its connections were being opened
+    (bench/overload.py, PROBE_ONSET_SECONDS)."""
+    before = (numbers.get("before") or {}).get("probe") or {}
+    over = (numbers.get("overload") or {}).get("probe") or {}
+    onset = over.get("onset") or {}
+    if over.get("p99_ms") is None:
+        return ""
+    text = f" ({_fmt(over.get('p99_ms'))} vs {_fmt(before.get('p99_ms'))} ms"
+    if onset.get("ok"):
+        text += f"; first 1 s apart: {onset['ok']} let in, largest {_fmt(onset.get('max_ms'))} ms"
+    return text + ")"
 
 
 def _burst_rows(results: list[Result]) -> list[Row]:

@@ -294,6 +294,7 @@ def test_overload_is_judged_with_admission_control_on_and_off_is_shown_beside() 
         "after": phase(790, 50, 31),
     }
     on["overload"]["timeout_share"] = 0.002
+    on["overload"]["probe"]["onset"] = {"ok": 9, "max_ms": 900.0}
     off = {
         "before": phase(800, 40, 30),
         "overload": phase(400, 1990, None),
@@ -303,7 +304,7 @@ def test_overload_is_judged_with_admission_control_on_and_off_is_shown_beside() 
     rows = _by_target(
         evaluate(
             [
-                _r("overload", f"{ENQUEUE}, {ON}", **_ratios(on)),
+                _r("overload", f"{ENQUEUE}, {ON}", **on, **_ratios(on)),
                 _r("overload", f"{ENQUEUE}, {OFF}", **_ratios(off)),
             ]
         )
@@ -311,7 +312,9 @@ def test_overload_is_judged_with_admission_control_on_and_off_is_shown_beside() 
     goodput = rows["overload (enqueue): work done/s under 2,000 connections vs before"]
     assert (goodput.value, goodput.verdict) == (0.95, "PASS")
     assert "shedding off: 0.500" in goodput.shown
-    assert rows["overload (enqueue): accepted p99 vs before"].verdict == "PASS"  # 4x
+    accepted = rows["overload (enqueue): accepted p99 vs before"]
+    assert accepted.verdict == "PASS"  # 4x
+    assert accepted.shown == "4.000 (120.0 vs 30.0 ms; first 1 s apart: 9 let in, largest 900.0 ms)"
     assert rows["overload (enqueue): share of requests reaching the 2 s timeout"].verdict == "PASS"
     after = rows["overload (enqueue): p99 after the overload vs before"]
     assert (after.value, after.verdict) == (1.25, "PASS")
