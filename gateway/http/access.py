@@ -38,6 +38,7 @@ from .. import logs, tracing
 from ..errors import GatewayError, problem_for
 from ..metrics import Metrics
 from .io import HOLD_READING, DirectRoute, internal_error_response
+from .whole import exchange_of, write_whole
 
 log = logging.getLogger("gateway.access")
 
@@ -266,6 +267,20 @@ class _SendWithId:
             headers = [*message.get("headers", ()), (REQUEST_ID_HEADER, self.request_id.encode())]
             message = {**message, "headers": headers}
         return self.send(message)
+
+    def whole(self, status: int, head: bytes, body: bytes) -> bool:
+        """Write an answer whole (whole.write_whole), with the request id, when the
+        send this wraps is the server's own; False, with nothing written, otherwise.
+        `head`: its header lines, encoded and checked by their maker. (The request id
+        is the client's only when it matched logs._SANE_REQUEST_ID.)"""
+        cycle = exchange_of(self.send)
+        if cycle is None:
+            return False
+        line = b"%s: %s\r\n" % (REQUEST_ID_HEADER, self.request_id.encode())
+        if not write_whole(cycle, status, head + line, body):
+            return False
+        self.status = status
+        return True
 
 
 def _route_of(scope: Scope) -> str:

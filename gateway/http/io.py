@@ -13,7 +13,7 @@ from starlette.convertors import StringConvertor
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..api import decode
 from ..errors import GatewayError, PayloadTooLarge, problem_for
@@ -30,13 +30,21 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
 
 
 class _ConstantResponse(Response):
-    """A 200 JSON answer whose body and headers were encoded once, at import."""
+    """A 200 JSON answer whose body and headers were encoded once, at import. Written
+    whole when its send offers that (`access._SendWithId.whole`), else as any
+    Response is."""
 
-    def __init__(self, body: bytes, raw_headers: list[tuple[bytes, bytes]]) -> None:
+    def __init__(self, body: bytes, raw_headers: list[tuple[bytes, bytes]], head: bytes) -> None:
         self.status_code = 200
         self.background = None
         self.body = body
         self.raw_headers = raw_headers
+        self.head = head  # raw_headers as header lines
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        whole = getattr(send, "whole", None)
+        if whole is None or not whole(self.status_code, self.head, self.body):
+            await super().__call__(scope, receive, send)
 
 
 _EMPTY_TASKS_BODY = orjson.dumps({"tasks": []}, option=orjson.OPT_APPEND_NEWLINE)
@@ -46,9 +54,12 @@ _EMPTY_TASKS_HEADERS = [
 ]
 
 
+_EMPTY_TASKS_HEAD = b"".join(name + b": " + value + b"\r\n" for name, value in _EMPTY_TASKS_HEADERS)
+
+
 def empty_tasks_response() -> Response:
     """`{"tasks":[]}`: most claims' answer, encoded once rather than per request."""
-    return _ConstantResponse(_EMPTY_TASKS_BODY, list(_EMPTY_TASKS_HEADERS))
+    return _ConstantResponse(_EMPTY_TASKS_BODY, list(_EMPTY_TASKS_HEADERS), _EMPTY_TASKS_HEAD)
 
 
 class DirectRoute(Route):

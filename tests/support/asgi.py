@@ -1,5 +1,6 @@
 """A minimal ASGI driver, for the tests of the bench's floor apps: lifespan, one request,
-shutdown."""
+shutdown. And an in-memory transport, for the tests that drive the server's HTTP
+protocol object in their own process."""
 
 from __future__ import annotations
 
@@ -72,3 +73,32 @@ async def post(app: App, path: str, body: bytes) -> tuple[int, bytes]:
 
     await asyncio.wait_for(app(scope, receive, send), 5)
     return status[0], b"".join(chunks)
+
+
+class Transport(asyncio.Transport):
+    """A connection's transport, kept in memory: what the server wrote, and in how
+    many writes (for driving an HTTP protocol object in the test's own process)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = bytearray()
+        self.writes = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += data
+        self.writes += 1
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"sockname": ("127.0.0.1", 8080), "peername": ("127.0.0.1", 5555)}.get(name, default)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0

@@ -13,32 +13,7 @@ from uvicorn.server import ServerState
 from gateway.flag import Flag
 from gateway.http.server import GatewayHttpProtocol, _ClosingSend
 from gateway.http.startup import StartupGate
-
-
-class Transport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = bytearray()
-        self.writes = 0
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.written += data
-        self.writes += 1
-
-    def is_closing(self) -> bool:
-        return False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"sockname": ("127.0.0.1", 8080), "peername": ("127.0.0.1", 5555)}.get(name, default)
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
+from tests.support.asgi import Transport
 
 
 class App:
