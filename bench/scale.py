@@ -74,6 +74,31 @@ async def _delayed_status(conn: asyncpg.Connection) -> str:
     return "scheduled" if any("'scheduled'" in r["d"] for r in defs) else "queued"
 
 
+async def _load_bare(
+    conn: asyncpg.Connection,
+    rows: str,
+    rows_args: tuple[Any, ...],
+    counts: str,
+    counts_args: tuple[Any, ...],
+) -> None:
+    """Rows inserted with the triggers off, as a restore loads them, and their counts
+    then written as migration 0005's backfill writes them (folded: backend 0), in one
+    transaction. `counts` selects (runtime_id, status, n), one row per pair."""
+    async with conn.transaction():
+        await conn.execute("SET LOCAL session_replication_role = replica")
+        await conn.execute(rows, *rows_args, timeout=LOAD_TIMEOUT_SECONDS)
+        if await conn.fetchval("SELECT to_regclass('task_counts') IS NOT NULL"):
+            await conn.execute(
+                "INSERT INTO task_counts (runtime_id, status, backend, n) "
+                "SELECT c.runtime_id, c.status, 0, c.n "
+                f"FROM ({counts}) AS c (runtime_id, status, n) "
+                "ON CONFLICT (runtime_id, status, backend) "
+                "DO UPDATE SET n = task_counts.n + EXCLUDED.n",
+                *counts_args,
+                timeout=LOAD_TIMEOUT_SECONDS,
+            )
+
+
 async def load(conn: asyncpg.Connection, start: int, end: int, status: str) -> float:
     """Rows start+1..end of each shape; seconds taken."""
     t0 = time.perf_counter()
@@ -87,58 +112,34 @@ async def load(conn: asyncpg.Connection, start: int, end: int, status: str) -> f
         status,
         timeout=LOAD_TIMEOUT_SECONDS,
     )
-    # Finished rows in bulk, as a restore loads them: with triggers off, then their count
-    # written as migration 0005's backfill writes it. (Through the insert trigger, once
+    # Finished rows in bulk, as a restore loads them. (Through the insert trigger, once
     # per statement since migration 0011, the load is linear too; the bulk-insert
     # scenario measures it.)
-    async with conn.transaction():
-        await conn.execute("SET LOCAL session_replication_role = replica")
-        await conn.execute(
-            "INSERT INTO tasks (runtime_id, status, payload, attempts, finished_at, result) "
-            "SELECT 'scale-finished', 'completed', '{\"bulk\": true}'::jsonb, 1, now(), "
-            "'{\"ok\": true}'::jsonb FROM generate_series($1::int + 1, $2::int)",
-            start,
-            end,
-            timeout=LOAD_TIMEOUT_SECONDS,
-        )
-        if await conn.fetchval("SELECT to_regclass('task_counts') IS NOT NULL"):
-            await conn.execute(
-                "INSERT INTO task_counts (runtime_id, status, backend, n) "
-                "VALUES ('scale-finished', 'completed', 0, $1) "
-                "ON CONFLICT (runtime_id, status, backend) "
-                "DO UPDATE SET n = task_counts.n + EXCLUDED.n",
-                end - start,
-            )
-    # The queued rows over many runtimes in bulk too, their counts written likewise. The
-    # history trigger would write a row per runtime into the current bucket, which the
-    # janitor folds once the bucket ends: 100,000 of them at the 10^6 step, ten batches a
-    # pass for ten passes. When a bucket ended while a step was measured (one run in
-    # three or four), its janitor passes timed that fold (600 ms, against 50 ms), not
-    # the pass the target bounds. A table that grew over time has had those folded as
-    # each bucket ended.
-    async with conn.transaction():
-        await conn.execute("SET LOCAL session_replication_role = replica")
-        await conn.execute(
-            "INSERT INTO tasks (runtime_id, payload) "
-            "SELECT 'scale-rt-' || (g % $3::int), '{\"bulk\": true}'::jsonb "
-            "FROM generate_series($1::int + 1, $2::int) AS g",
-            start,
-            end,
-            runtimes,
-            timeout=LOAD_TIMEOUT_SECONDS,
-        )
-        if await conn.fetchval("SELECT to_regclass('task_counts') IS NOT NULL"):
-            await conn.execute(
-                "INSERT INTO task_counts (runtime_id, status, backend, n) "
-                "SELECT 'scale-rt-' || (g % $3::int), 'queued', 0, count(*) "
-                "FROM generate_series($1::int + 1, $2::int) AS g GROUP BY 1 "
-                "ON CONFLICT (runtime_id, status, backend) "
-                "DO UPDATE SET n = task_counts.n + EXCLUDED.n",
-                start,
-                end,
-                runtimes,
-                timeout=LOAD_TIMEOUT_SECONDS,
-            )
+    await _load_bare(
+        conn,
+        "INSERT INTO tasks (runtime_id, status, payload, attempts, finished_at, result) "
+        "SELECT 'scale-finished', 'completed', '{\"bulk\": true}'::jsonb, 1, now(), "
+        "'{\"ok\": true}'::jsonb FROM generate_series($1::int + 1, $2::int)",
+        (start, end),
+        "SELECT 'scale-finished', 'completed', $1::bigint",
+        (end - start,),
+    )
+    # The queued rows over many runtimes in bulk too. The history trigger would write a
+    # row per runtime into the current bucket, which the janitor folds once the bucket
+    # ends: 100,000 of them at the 10^6 step, ten batches a pass for ten passes. When a
+    # bucket ended while a step was measured (one run in three or four), its janitor
+    # passes timed that fold (600 ms, against 50 ms), not the pass the target bounds. A
+    # table that grew over time has had those folded as each bucket ended.
+    await _load_bare(
+        conn,
+        "INSERT INTO tasks (runtime_id, payload) "
+        "SELECT 'scale-rt-' || (g % $3::int), '{\"bulk\": true}'::jsonb "
+        "FROM generate_series($1::int + 1, $2::int) AS g",
+        (start, end, runtimes),
+        "SELECT 'scale-rt-' || (g % $3::int), 'queued', count(*) "
+        "FROM generate_series($1::int + 1, $2::int) AS g GROUP BY 1",
+        (start, end, runtimes),
+    )
     await settle(conn)
     return time.perf_counter() - t0
 
@@ -168,28 +169,19 @@ async def load_history(conn: asyncpg.Connection, rows: int) -> float:
     over them (twice as fast here). The ids are version 4 UUIDs from a counter."""
     t0 = time.perf_counter()
     per = rows // HISTORY_RUNTIMES
-    async with conn.transaction():
-        await conn.execute("SET LOCAL session_replication_role = replica")
-        await conn.execute(
-            "INSERT INTO tasks (id, runtime_id, status, payload, attempts, finished_at, result) "
-            "SELECT ('00000000-0000-4000-8000-' || lpad(to_hex(g), 12, '0'))::uuid, "
-            "'scale-history-' || (g % $1::int), 'completed', '{\"bulk\": true}'::jsonb, 1, "
-            "now() - make_interval(secs => ($2::bigint - g) * ($3::int * 86400.0) / $2), "
-            "'{\"ok\": true}'::jsonb "
-            "FROM generate_series(1, $2::bigint) AS g",
-            HISTORY_RUNTIMES,
-            per * HISTORY_RUNTIMES,
-            HISTORY_DAYS,
-            timeout=LOAD_TIMEOUT_SECONDS,
-        )
-        if await conn.fetchval("SELECT to_regclass('task_counts') IS NOT NULL"):
-            await conn.execute(
-                "INSERT INTO task_counts (runtime_id, status, backend, n) "
-                "SELECT 'scale-history-' || r, 'completed', 0, $2::int "
-                "FROM generate_series(0, $1::int - 1) AS r",
-                HISTORY_RUNTIMES,
-                per,
-            )
+    await _load_bare(
+        conn,
+        "INSERT INTO tasks (id, runtime_id, status, payload, attempts, finished_at, result) "
+        "SELECT ('00000000-0000-4000-8000-' || lpad(to_hex(g), 12, '0'))::uuid, "
+        "'scale-history-' || (g % $1::int), 'completed', '{\"bulk\": true}'::jsonb, 1, "
+        "now() - make_interval(secs => ($2::bigint - g) * ($3::int * 86400.0) / $2), "
+        "'{\"ok\": true}'::jsonb "
+        "FROM generate_series(1, $2::bigint) AS g",
+        (HISTORY_RUNTIMES, per * HISTORY_RUNTIMES, HISTORY_DAYS),
+        "SELECT 'scale-history-' || r, 'completed', $2::bigint "
+        "FROM generate_series(0, $1::int - 1) AS r",
+        (HISTORY_RUNTIMES, per),
+    )
     await settle(conn)
     return time.perf_counter() - t0
 
