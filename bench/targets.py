@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .bulk_insert import linear_bound
-from .overload import CLAIM_COMPLETE, ENQUEUE, OFF, ON, WITH_PARKED
+from .overload import CLAIM_COMPLETE, ENQUEUE, OFF, ON, PROBE_ONSET_SECONDS, WITH_PARKED
 from .stats import Result, table
 
 # Scale: how much an operation may grow from the smallest loaded size to the largest
@@ -373,8 +373,8 @@ def _overload_rows(results: list[Result]) -> list[Row]:
 
 def _onset(numbers: dict[str, Any]) -> str:
     """The accepted p99s in ms, and the answers left out of them: those to requests
-    sent in the overload's first second, while its connections were being opened
-    (bench/overload.py, PROBE_ONSET_SECONDS)."""
+    sent in the overload's first PROBE_ONSET_SECONDS, while its connections were being
+    opened (bench/overload.py)."""
     before = (numbers.get("before") or {}).get("probe") or {}
     over = (numbers.get("overload") or {}).get("probe") or {}
     onset = over.get("onset") or {}
@@ -382,7 +382,10 @@ def _onset(numbers: dict[str, Any]) -> str:
         return ""
     text = f" ({_fmt(over.get('p99_ms'))} vs {_fmt(before.get('p99_ms'))} ms"
     if onset.get("ok"):
-        text += f"; first 1 s apart: {onset['ok']} let in, largest {_fmt(onset.get('max_ms'))} ms"
+        text += (
+            f"; first {PROBE_ONSET_SECONDS:g} s apart: {onset['ok']} let in, "
+            f"largest {_fmt(onset.get('max_ms'))} ms"
+        )
     return text + ")"
 
 

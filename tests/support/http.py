@@ -72,9 +72,8 @@ async def req_past_busy(
     meet that refusal, which is the admission control working, not the test's subject."""
     for _ in range(tries - 1):
         answer = await req(inst, method, path, body)
-        if answer.status != 503 or not isinstance(answer.body, dict):
-            return answer
-        if answer.body.get("code") != "database_busy":
+        busy = isinstance(answer.body, dict) and answer.body.get("code") == "database_busy"
+        if answer.status != 503 or not busy:
             return answer
         await asyncio.sleep(float(answer.headers.get("Retry-After", "1")))
     return await req(inst, method, path, body)
