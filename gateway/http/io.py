@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..api import decode
 from ..errors import GatewayError, PayloadTooLarge, problem_for
 from ..settings import Settings
+from .whole import exchange_of, write_whole
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -29,37 +30,55 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
     )
 
 
-class _ConstantResponse(Response):
-    """A 200 JSON answer whose body and headers were encoded once, at import. Written
-    whole when its send offers that (`access._SendWithId.whole`), else as any
-    Response is."""
+class ConstantResponse(Response):
+    """An answer whose body and headers were encoded once, when it was made; one
+    instance serves every request it answers. Written whole when the send offers that
+    (`access._SendWithId.whole`) or is the server's own (`whole.exchange_of`), else as
+    any Response is."""
 
-    def __init__(self, body: bytes, raw_headers: list[tuple[bytes, bytes]], head: bytes) -> None:
-        self.status_code = 200
+    def __init__(self, status: int, body: bytes, raw_headers: list[tuple[bytes, bytes]]) -> None:
+        self.status_code = status
         self.background = None
-        self.body = body
+        self.body = self.content = body  # Starlette's attribute, and this one as bytes
         self.raw_headers = raw_headers
-        self.head = head  # raw_headers as header lines
+        # The same headers as lines, as whole.write_whole takes them. They are the
+        # gateway's own, and no header of a client's.
+        self.head = b"".join(name + b": " + value + b"\r\n" for name, value in raw_headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         whole = getattr(send, "whole", None)
-        if whole is None or not whole(self.status_code, self.head, self.body):
+        if whole is not None:
+            done = whole(self.status_code, self.head, self.content)
+        else:
+            cycle = exchange_of(send)  # the door's refusals: sent before RequestLog's
+            done = cycle is not None and write_whole(
+                cycle, self.status_code, self.head, self.content
+            )
+        if not done:
             await super().__call__(scope, receive, send)
 
 
-_EMPTY_TASKS_BODY = orjson.dumps({"tasks": []}, option=orjson.OPT_APPEND_NEWLINE)
-_EMPTY_TASKS_HEADERS = [
-    (b"content-length", str(len(_EMPTY_TASKS_BODY)).encode()),
-    (b"content-type", b"application/json"),
-]
+def constant_response(
+    status: int, body: bytes, media_type: str, headers: Mapping[str, str] | None = None
+) -> ConstantResponse:
+    """A ConstantResponse with the headers Starlette's Response would give the same
+    answer, in its order: `headers` (lower-cased), then content-length and -type."""
+    raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+    raw += [
+        (b"content-length", str(len(body)).encode()),
+        (b"content-type", media_type.encode()),
+    ]
+    return ConstantResponse(status, body, raw)
 
 
-_EMPTY_TASKS_HEAD = b"".join(name + b": " + value + b"\r\n" for name, value in _EMPTY_TASKS_HEADERS)
+_EMPTY_TASKS = constant_response(
+    200, orjson.dumps({"tasks": []}, option=orjson.OPT_APPEND_NEWLINE), "application/json"
+)
 
 
 def empty_tasks_response() -> Response:
     """`{"tasks":[]}`: most claims' answer, encoded once rather than per request."""
-    return _ConstantResponse(_EMPTY_TASKS_BODY, list(_EMPTY_TASKS_HEADERS), _EMPTY_TASKS_HEAD)
+    return _EMPTY_TASKS
 
 
 class DirectRoute(Route):
@@ -226,6 +245,14 @@ def problem_response(error: GatewayError, headers: Mapping[str, str] | None = No
         {**(headers or {}), **error.headers()},
         media_type="application/problem+json",
     )
+
+
+def constant_problem(error: GatewayError) -> ConstantResponse:
+    """problem_response(error) encoded once, to answer many requests with: for the
+    refusals of a flood, which must cost as little as they can."""
+    status, body = problem_for(error)
+    content = orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
+    return constant_response(status, content, "application/problem+json", error.headers())
 
 
 def header_value(scope: Scope, name: bytes) -> str | None:

@@ -4,8 +4,9 @@ Under a flood of clients that send again the moment they are answered, every ref
 is paid for in the gateway's CPU, on the same event loop that serves the requests let
 in: a refusal that costs nearly what serving does leaves little for the work. So a
 request of work is refused here, before the app's middleware, routing, token check,
-body or access line, with one answer made at start-up: `503 database_busy`,
-`Retry-After`, the problem naming GATEWAY_DB_QUEUE_BUDGET_MS. It is counted in
+body or access line, with one answer encoded at start-up and written in one piece
+(io.constant_problem): `503 database_busy`, `Retry-After`, the problem naming
+GATEWAY_DB_QUEUE_BUDGET_MS. It is counted in
 `gateway_shed_total`, not in `gateway_http_requests_total` nor the access log (the
 gateway logs that it sheds at most once per 10 s).
 
@@ -30,7 +31,7 @@ from starlette.routing import compile_path
 from starlette.types import Receive, Scope, Send
 
 from ..errors import DatabaseBusy
-from .io import HOLD_READING, problem_response
+from .io import HOLD_READING, constant_problem
 from .routes import Endpoint
 
 
@@ -43,7 +44,7 @@ class Shedding:
             if endpoint.refused_early:
                 regex, _, _ = compile_path(endpoint.path)
                 self._paths.setdefault(endpoint.method, []).append(regex)
-        self._answer: Response = problem_response(refusal)
+        self._answer: Response = constant_problem(refusal)
         self._hold_seconds = float(refusal.retry_after_seconds)
 
     def refuses(self, scope: Scope) -> bool:

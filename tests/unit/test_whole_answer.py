@@ -1,5 +1,7 @@
-"""An empty claim's answer written whole (gateway/http/whole.py): the same bytes as
-uvicorn's send writes from the two ASGI messages, and the exchange left as it leaves it."""
+"""Answers written whole (gateway/http/whole.py): an empty claim's, and the refusals of
+a flood (a bare claim while busy, the door's work while the database's line is full).
+The same bytes as uvicorn's send writes from the two ASGI messages, and the exchange
+left as it leaves it."""
 
 from __future__ import annotations
 
@@ -11,11 +13,13 @@ from starlette.responses import Response
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from gateway.http import access, whole
+from gateway.errors import DatabaseBusy, GatewayError
+from gateway.http import access, io, whole
 from gateway.http.access import _SendWithId
-from gateway.http.io import empty_tasks_response
+from gateway.http.io import constant_problem, empty_tasks_response, problem_response
 from gateway.http.server import GatewayHttpProtocol
 from gateway.http.startup import StartupGate
+from gateway.in_flight import claim_refusal
 from tests.support.asgi import Transport
 
 DATE = [(b"date", b"Sun, 29 Nov 2026 00:00:00 GMT"), (b"server", b"uvicorn")]
@@ -23,25 +27,38 @@ CLAIM = b"POST /v1/runtimes/rt/claim HTTP/1.1\r\nHost: h\r\ncontent-length: 2\r\
 
 
 class App:
-    """Answers each request with the empty claim answer through the request log's
-    send: whole when `whole`, else as Starlette's Response sends any answer."""
+    """Answers each request with `answer` (the empty claim answer by default) through
+    the request log's send: whole when `whole`, else as Starlette's Response sends any
+    answer."""
 
-    def __init__(self, whole: bool) -> None:
+    def __init__(self, whole: bool, answer: Response | None = None) -> None:
         self.whole = whole
+        self.answer = answer or empty_tasks_response()
         self.statuses: list[int] = []
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         await receive()
         with_id = _SendWithId(send, "req-1")
-        answer = empty_tasks_response()
         if self.whole:
-            await answer(scope, receive, with_id)
+            await self.answer(scope, receive, with_id)
         else:
-            await Response.__call__(answer, scope, receive, with_id)
+            await Response.__call__(self.answer, scope, receive, with_id)
         self.statuses.append(with_id.status)
 
 
-async def _serve(app: App, data: bytes, closing: bool = False) -> tuple[bytes, Transport]:
+class DoorApp:
+    """Answers each request with `answer` through the server's own send, as the door
+    (gateway/http/shedding.py) answers before the request log."""
+
+    def __init__(self, answer: Response) -> None:
+        self.answer = answer
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await self.answer(scope, receive, send)
+
+
+async def _serve(app: Any, data: bytes, closing: bool = False) -> tuple[bytes, Transport]:
     gate = StartupGate(app)
     gate.open()
     config = Config(
@@ -100,6 +117,42 @@ async def test_the_whole_answer_is_the_bytes_uvicorn_writes(
     assert whole_app.statuses == usual_app.statuses == [200] * answers
     assert transport.writes == answers  # one write an answer, as before
     assert written_whole == [True] * answers
+
+
+REFUSALS = [
+    claim_refusal(128),  # a bare claim while the instance is busy: 429
+    DatabaseBusy("the database queue is longer than 200 ms of work"),  # the door's: 503
+]
+
+
+@pytest.mark.parametrize("refusal", REFUSALS, ids=["busy-claim", "database-busy"])
+@pytest.mark.parametrize("door", [False, True], ids=["request-log", "door"])
+async def test_a_refusal_made_once_is_the_answer_made_per_request(
+    refusal: GatewayError, door: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refusal encoded once, and written whole, is the problem answer the gateway
+    built per request before: status, Retry-After, body, in the same bytes."""
+    per_request = problem_response(refusal)
+    usual_app: Any = DoorApp(per_request) if door else App(False, per_request)
+    usual, _ = await _serve(usual_app, CLAIM + CLAIM)
+    written_whole: list[bool] = []
+
+    def spy(*args: Any) -> bool:
+        written_whole.append(whole.write_whole(*args))
+        return written_whole[-1]
+
+    monkeypatch.setattr(access, "write_whole", spy)
+    monkeypatch.setattr(io, "write_whole", spy)
+    answer = constant_problem(refusal)
+    whole_app: Any = DoorApp(answer) if door else App(True, answer)
+    written, transport = await _serve(whole_app, CLAIM + CLAIM)
+    assert written == usual
+    status = b"429 Too Many" if refusal.code == "overloaded" else b"503 Service Unavailable"
+    assert written.startswith(b"HTTP/1.1 " + status)
+    assert written.count(b"retry-after: 1\r\n") == 2
+    assert written.count(refusal.code.encode()) == 2
+    assert (b"x-request-id: req-1\r\n" in written) is not door
+    assert transport.writes == 2 and written_whole == [True, True]
 
 
 async def test_any_other_send_takes_the_usual_path() -> None:

@@ -8,6 +8,7 @@ answers.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from typing import Any
@@ -21,7 +22,7 @@ from ...admission import releasing
 from ...api import decode, render, requests
 from ...auth.principals import Principal
 from ...claim.waiters import Carried, Departure
-from ...errors import GatewayError, RetryLater, StoreUnavailable
+from ...errors import GatewayError, Overloaded, RetryLater, StoreUnavailable
 from ...in_flight import claim_refusal
 from ...instance import Gateway
 from ...rows import Leased
@@ -31,6 +32,7 @@ from ..io import (
     CLIENT_LEFT,
     HOLD_READING,
     DisconnectWatch,
+    constant_problem,
     empty_tasks_response,
     json_response,
     read_json,
@@ -55,11 +57,11 @@ async def claim(request: Request, gw: Gateway, principal: Principal | None = Non
         # Too many requests at work (gateway/in_flight.py): a claim that carries nothing
         # and would not park is refused before any work, and its connection read again
         # after its Retry-After, as the door does with enqueues.
-        refusal = claim_refusal(gw.settings.max_active_requests)
+        refusal, answer = _busy_refusal(gw.settings.max_active_requests)
         request.scope[HOLD_READING] = float(refusal.retry_after_seconds)
         gw.shed_busy()
         if acks is None:
-            raise refusal
+            return answer
         # It sent empty lists: answered as a refused claim that carried acknowledgements.
         return _acked([], NO_ACKS, refusal.retry_after_seconds)
     runtimes = None if principal is None else principal.runtimes
@@ -113,6 +115,14 @@ async def claim(request: Request, gw: Gateway, principal: Principal | None = Non
     if not rows:
         return empty_tasks_response()
     return json_response({"tasks": await _deliverable(gw, rows)})
+
+
+@functools.cache
+def _busy_refusal(limit: int) -> tuple[Overloaded, Response]:
+    """The refusal of a bare claim while more than `limit` requests are at work, and its
+    answer (429), encoded once: under a flood it is most of what the gateway writes."""
+    refusal = claim_refusal(limit)
+    return refusal, constant_problem(refusal)
 
 
 async def _disconnected(request: Request) -> bool:
