@@ -31,14 +31,13 @@ import time
 from collections.abc import Awaitable
 from typing import Any
 
-import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import logs, tracing
-from ..errors import GatewayError, problem_for
+from ..errors import GatewayError
 from ..metrics import Metrics
-from .io import HOLD_READING, DirectRoute, internal_error_response
-from .whole import exchange_of, write_whole
+from .io import HOLD_READING, DirectRoute, encoded_problem, internal_error_response
+from .whole import write_whole_to
 
 log = logging.getLogger("gateway.access")
 
@@ -160,8 +159,7 @@ def server_answer(
     the app never having seen its request: logged and counted here, and returned whole,
     request id and `Connection: close` included. `head` is the request's scope when its
     head was parsed; `default_headers`, the server's own (date, server)."""
-    status, body = problem_for(error)
-    content = orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
+    status, content = encoded_problem(error)
     scope: Scope = head if isinstance(head, dict) else {}
     request_id = logs.request_id_from(_header(scope, REQUEST_ID_HEADER))
     access_line(metrics, str(scope.get("method", "-")), UNMATCHED, status, seconds, request_id)
@@ -273,11 +271,8 @@ class _SendWithId:
         send this wraps is the server's own; False, with nothing written, otherwise.
         `head`: its header lines, encoded and checked by their maker. (The request id
         is the client's only when it matched logs._SANE_REQUEST_ID.)"""
-        cycle = exchange_of(self.send)
-        if cycle is None:
-            return False
         line = b"%s: %s\r\n" % (REQUEST_ID_HEADER, self.request_id.encode())
-        if not write_whole(cycle, status, head + line, body):
+        if not write_whole_to(self.send, status, head + line, body):
             return False
         self.status = status
         return True

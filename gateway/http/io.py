@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..api import decode
 from ..errors import GatewayError, PayloadTooLarge, problem_for
 from ..settings import Settings
-from .whole import exchange_of, write_whole
+from .whole import write_whole_to
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -46,14 +46,11 @@ class ConstantResponse(Response):
         self.head = b"".join(name + b": " + value + b"\r\n" for name, value in raw_headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The request log's send adds the request id; the door's refusals are sent
+        # before it, through the server's own.
         whole = getattr(send, "whole", None)
-        if whole is not None:
-            done = whole(self.status_code, self.head, self.content)
-        else:
-            cycle = exchange_of(send)  # the door's refusals: sent before RequestLog's
-            done = cycle is not None and write_whole(
-                cycle, self.status_code, self.head, self.content
-            )
+        status, head, body = self.status_code, self.head, self.content
+        done = whole(status, head, body) if whole else write_whole_to(send, status, head, body)
         if not done:
             await super().__call__(scope, receive, send)
 
@@ -236,11 +233,18 @@ CALLER = "gateway.caller"
 HOLD_READING = "gateway.hold_reading_seconds"
 
 
-def problem_response(error: GatewayError, headers: Mapping[str, str] | None = None) -> Response:
-    """RFC 9457 problem+json for any gateway error, status from errors.PROBLEMS."""
+def encoded_problem(error: GatewayError) -> tuple[int, bytes]:
+    """The status and problem+json body (RFC 9457) for any gateway error, status from
+    errors.PROBLEMS."""
     status, body = problem_for(error)
+    return status, orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def problem_response(error: GatewayError, headers: Mapping[str, str] | None = None) -> Response:
+    """RFC 9457 problem+json for any gateway error (encoded_problem)."""
+    status, content = encoded_problem(error)
     return Response(
-        orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE),
+        content,
         status,
         {**(headers or {}), **error.headers()},
         media_type="application/problem+json",
@@ -250,8 +254,7 @@ def problem_response(error: GatewayError, headers: Mapping[str, str] | None = No
 def constant_problem(error: GatewayError) -> ConstantResponse:
     """problem_response(error) encoded once, to answer many requests with: for the
     refusals of a flood, which must cost as little as they can."""
-    status, body = problem_for(error)
-    content = orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)
+    status, content = encoded_problem(error)
     return constant_response(status, content, "application/problem+json", error.headers())
 
 

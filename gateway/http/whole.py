@@ -1,9 +1,10 @@
 """An answer written whole: status line, headers and body in one write, for the
-answers the gateway gives most (an empty claim's `{"tasks":[]}`).
+answers the gateway gives most (an empty claim's `{"tasks":[]}`, and under a flood
+its refusals: io.ConstantResponse).
 
 uvicorn's send takes an answer as two ASGI messages, each through a coroutine, and
 checks every header against two patterns as it writes the head. For an answer whose
-headers were encoded and checked once, at import, `write_whole` writes the same bytes
+headers were encoded and checked once, when it was made, `write_whole` writes the same bytes
 in one call, and leaves the request's exchange as uvicorn's send would have.
 
 Written against uvicorn 0.54's httptools `RequestResponseCycle` (the attributes it
@@ -76,3 +77,10 @@ def write_whole(cycle: RequestResponseCycle, status: int, head: bytes, body: byt
         cycle.transport.close()
     cycle.on_response()
     return True
+
+
+def write_whole_to(send: Send, status: int, head: bytes, body: bytes) -> bool:
+    """`write_whole` on the exchange whose own send `send` is; False, with nothing
+    written, for any other send (the caller then sends the two messages)."""
+    cycle = exchange_of(send)
+    return cycle is not None and write_whole(cycle, status, head, body)

@@ -14,7 +14,7 @@ from uvicorn.config import Config
 from uvicorn.server import ServerState
 
 from gateway.errors import DatabaseBusy, GatewayError
-from gateway.http import access, io, whole
+from gateway.http import whole
 from gateway.http.access import _SendWithId
 from gateway.http.io import constant_problem, empty_tasks_response, problem_response
 from gateway.http.server import GatewayHttpProtocol
@@ -22,6 +22,7 @@ from gateway.http.startup import StartupGate
 from gateway.in_flight import claim_refusal
 from tests.support.asgi import Transport
 
+WRITE_WHOLE = whole.write_whole  # the real one, which the tests' spies call
 DATE = [(b"date", b"Sun, 29 Nov 2026 00:00:00 GMT"), (b"server", b"uvicorn")]
 CLAIM = b"POST /v1/runtimes/rt/claim HTTP/1.1\r\nHost: h\r\ncontent-length: 2\r\n\r\n{}"
 
@@ -105,10 +106,10 @@ async def test_the_whole_answer_is_the_bytes_uvicorn_writes(
     written_whole: list[bool] = []
 
     def spy(*args: Any) -> bool:
-        written_whole.append(whole.write_whole(*args))
+        written_whole.append(WRITE_WHOLE(*args))
         return written_whole[-1]
 
-    monkeypatch.setattr(access, "write_whole", spy)
+    monkeypatch.setattr(whole, "write_whole", spy)
     written, transport = await _serve(whole_app, data, closing)
     assert written == usual
     answers = data.count(b"POST")
@@ -138,11 +139,10 @@ async def test_a_refusal_made_once_is_the_answer_made_per_request(
     written_whole: list[bool] = []
 
     def spy(*args: Any) -> bool:
-        written_whole.append(whole.write_whole(*args))
+        written_whole.append(WRITE_WHOLE(*args))
         return written_whole[-1]
 
-    monkeypatch.setattr(access, "write_whole", spy)
-    monkeypatch.setattr(io, "write_whole", spy)
+    monkeypatch.setattr(whole, "write_whole", spy)
     answer = constant_problem(refusal)
     whole_app: Any = DoorApp(answer) if door else App(True, answer)
     written, transport = await _serve(whole_app, CLAIM + CLAIM)
