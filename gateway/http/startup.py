@@ -24,6 +24,7 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import StoreUnavailable
+from .acceptor import Acceptor
 from .io import json_response, problem_response
 
 T = TypeVar("T")
@@ -43,9 +44,31 @@ class DrainingServer(uvicorn.Server):
         self.listening = asyncio.Event()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
+        if sockets is None:
+            await super().startup()
+        else:
+            # uvicorn's startup with no sockets makes no server of the loop's; each
+            # socket gets an Acceptor instead, which takes many connections per turn
+            # of the loop where uvloop's server takes one (acceptor.py).
+            await super().startup(sockets=[])
+            loop = asyncio.get_running_loop()
+            acceptors = [Acceptor(sock, self._new_protocol, loop) for sock in sockets]
+            for acceptor in acceptors:
+                acceptor.start()
+            self.servers = acceptors  # type: ignore[assignment]  # uvicorn calls close() and wait_closed()
         if self.started:
             self.listening.set()
+
+    def _new_protocol(self) -> asyncio.Protocol:
+        """The connection protocol for one accepted connection, made as uvicorn's own
+        startup makes it."""
+        config = self.config
+        return config.http_protocol_class(  # type: ignore[call-arg]
+            config=config,
+            server_state=self.server_state,
+            app_state=self.lifespan.state,
+            _loop=asyncio.get_running_loop(),
+        )
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self._on_exit_signal()
