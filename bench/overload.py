@@ -56,13 +56,15 @@ PROBE_CLIENTS = 64
 PROBE_MIN_SAMPLES = 20
 # Answers to the well-behaved clients' requests sent in a phase's first second are
 # reported apart, not in its percentiles. When the 2,000 connections open, all at once,
-# the gateway's event loop accepts them and reads, refuses or admits their first
-# requests before it gets back to anything else. On 2 cores beside wrk that took up to
-# 1.3 s (2026-11-29): the requests sent in the first 0.15 s were answered 0.5 to 1.3 s
-# later, while the gateway's own access log timed them at 16 to 65 ms. Whether the
-# handful of them in a run were let in or refused decided the whole p99 (2.1x in one
-# run, 9.3x in the next). The targets judge the flood as it stands; the onset's
-# largest answer is shown beside them.
+# the gateway accepts them and reads, refuses or admits their first requests, and the
+# well-behaved clients' connections, opened in the same instant, take their turn among
+# them. Until 2026-11-29 the gateway accepted one connection per turn of its event loop
+# (uvloop's server), about 150 a second beside 2,000 parked polls: the onset then lasted
+# seconds, and whether the handful of requests sent in it were let in decided the p99
+# of a whole run (2.1x in one, 9.3x in the next). Accepting up to 256 per turn
+# (gateway/http/acceptor.py), all are in within 0.7 s, and the onset's largest answer
+# was 0.6 to 0.7 s in the runs of that day. The targets judge the flood as it stands;
+# the onset's largest answer is shown beside them.
 PROBE_ONSET_SECONDS = 1.0
 ADMISSION_OFF = {"GATEWAY_DB_QUEUE_BUDGET_MS": "600000"}
 ON, OFF = "shedding on", "shedding off"
