@@ -18,6 +18,7 @@ returns once it has.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import socket
@@ -37,6 +38,24 @@ ACCEPT_RETRY_SECONDS = 1.0
 # At most one warning per this many seconds for running out (each names the limit).
 WARN_EVERY_SECONDS = 10.0
 _RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+# Errors of one pending connection that accept(2) reports on Linux (its man page): that
+# connection is lost, the next is taken.
+_CONNECTION_ERRORS = frozenset(
+    getattr(errno, name)
+    for name in (
+        "ECONNABORTED",
+        "EPROTO",
+        "EPERM",
+        "ENETDOWN",
+        "ENOPROTOOPT",
+        "EHOSTDOWN",
+        "ENONET",
+        "EHOSTUNREACH",
+        "EOPNOTSUPP",
+        "ENETUNREACH",
+    )
+    if hasattr(errno, name)
+)
 
 
 class Acceptor:
@@ -74,8 +93,10 @@ class Acceptor:
         self._pause()
 
     async def wait_closed(self) -> None:
-        """Returns once `close()` has been called and the connections accepted before
-        it have been handed to their protocols."""
+        """Returns once the connections accepted so far have been handed to their
+        protocols (each made and told `connection_made`). Awaited after `close()`
+        before the server asks its connections to shut down, so that none accepted
+        just before is missed (startup.DrainingServer.shutdown)."""
         while self._starting:
             await asyncio.gather(*self._starting, return_exceptions=True)
 
@@ -93,9 +114,9 @@ class Acceptor:
                 conn, _address = self._sock.accept()
             except (BlockingIOError, InterruptedError):
                 return  # none left: the loop calls again when one comes
-            except ConnectionAbortedError:
-                continue  # the client left before it was accepted
             except OSError as exc:
+                if exc.errno in _CONNECTION_ERRORS:
+                    continue  # that client is gone (it left before it was accepted)
                 if exc.errno not in _RESOURCE_ERRORS:
                     raise
                 self._out_of(exc)
@@ -103,8 +124,9 @@ class Acceptor:
             conn.setblocking(False)
             if conn.family != socket.AF_UNIX:
                 # Answers go out as they are written, as on the loop's own server
-                # (asyncio's connect_accepted_socket leaves Nagle's delay on).
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                # (asyncio sets it only for sockets made with IPPROTO_TCP named).
+                with contextlib.suppress(OSError):  # a peer already gone, on some systems
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             task = self._loop.create_task(self._start_connection(conn))
             self._starting.add(task)
             task.add_done_callback(self._starting.discard)
@@ -115,6 +137,9 @@ class Acceptor:
         except OSError as exc:  # the client left meanwhile (reset): nothing to serve
             log.debug("a connection closed as it was accepted: %s", exc)
             conn.close()
+        except BaseException:
+            conn.close()
+            raise
 
     def _out_of(self, exc: OSError) -> None:
         now = time.monotonic()

@@ -44,8 +44,8 @@ class DrainingServer(uvicorn.Server):
         self.listening = asyncio.Event()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        if sockets is None:
-            await super().startup()
+        if sockets is None or self.config.ssl is not None:
+            await super().startup(sockets=sockets)  # TLS: the loop's server does the handshakes
         else:
             # uvicorn's startup with no sockets makes no server of the loop's; each
             # socket gets an Acceptor instead, which takes many connections per turn
@@ -58,6 +58,17 @@ class DrainingServer(uvicorn.Server):
             self.servers = acceptors  # type: ignore[assignment]  # uvicorn calls close() and wait_closed()
         if self.started:
             self.listening.set()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # uvicorn asks every connection it knows of to shut down right after it stops
+        # accepting. A connection accepted just before is known once its protocol is
+        # made, a turn or two later: stop accepting and wait for those first, or the
+        # shutdown would wait for them to go idle (up to the keep-alive timeout).
+        for server in self.servers:
+            if isinstance(server, Acceptor):
+                server.close()
+                await server.wait_closed()
+        await super().shutdown(sockets=sockets)
 
     def _new_protocol(self) -> asyncio.Protocol:
         """The connection protocol for one accepted connection, made as uvicorn's own

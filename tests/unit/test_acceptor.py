@@ -190,12 +190,19 @@ def test_a_client_that_left_before_its_accept_does_not_stop_the_rest(loop_name: 
     async def main() -> None:
         sock, made = listening(kind=FlakySocket), []
         assert isinstance(sock, FlakySocket)
-        sock.errors = [ConnectionAbortedError(errno.ECONNABORTED, "Software caused abort")]
+        sock.errors = [
+            ConnectionAbortedError(errno.ECONNABORTED, "Software caused abort"),
+            OSError(errno.EPROTO, "Protocol error"),
+        ]
         crowd = connect_crowd(sock.getsockname(), 3)
+        loop = asyncio.get_running_loop()
+        errors: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _loop, context: errors.append(context))
         try:
             async with accepting(sock, made) as acceptor:
                 acceptor.start()
                 assert await turns_until(lambda: len(made) == 3, TURNS) <= TURNS
+                assert errors == []  # taken as the loss of one connection, not an error
         finally:
             for client in crowd:
                 client.close()
@@ -229,5 +236,36 @@ def test_the_server_serves_its_sockets_through_acceptors_and_closes_them() -> No
                 await serving
         with pytest.raises(ConnectionRefusedError):
             await asyncio.open_connection(*address)
+
+    run_on("uvloop", main)
+
+
+def test_a_connection_accepted_just_before_shutdown_is_shut_down_with_the_rest() -> None:
+    # uvicorn asks the connections it knows of to shut down right after it stops
+    # accepting; one accepted in that same turn had no protocol yet, and the shutdown
+    # waited for it to go idle: the keep-alive timeout (here 5 s).
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        raise AssertionError("no request is sent")
+
+    async def main() -> None:
+        sock = listening()
+        config = uvicorn.Config(
+            app, interface="asgi3", lifespan="off", log_config=None, timeout_keep_alive=5
+        )
+        config.load()
+        server = DrainingServer(config, on_exit_signal=lambda: None)
+        server.lifespan = config.lifespan_class(config)
+        await server.startup(sockets=[sock])
+        (acceptor,) = server.servers
+        assert isinstance(acceptor, Acceptor)
+        client = connect_crowd(sock.getsockname(), 1)[0]
+        try:
+            acceptor._accept()  # accepted in this turn, handed over in a later one
+            async with asyncio.timeout(2.5):
+                await server.shutdown(sockets=[sock])
+            assert not server.server_state.connections
+            assert client.recv(1) == b""  # closed by the server
+        finally:
+            client.close()
 
     run_on("uvloop", main)
