@@ -50,18 +50,16 @@ class GatewayApp(Starlette):
         # request to make, and one more that a parked poll holds for its whole wait.
         scope["app"] = self
         gateway, door = self.gateway, self.shedding
-        if (
-            gateway is not None
-            and door is not None
-            and gateway.store.crowded()  # first: a few comparisons, false but in a flood
-            and scope["type"] == "http"
-            and door.refuses(scope)
-        ):
-            gateway.store.shed()
-            return door.answer(scope, receive, send)
         stack = self.middleware_stack
         if stack is None:
             stack = self.middleware_stack = self.build_middleware_stack()
+        if gateway is not None and door is not None and scope["type"] == "http":
+            # Each first: a few comparisons, false but in a flood.
+            if gateway.store.crowded() and door.refuses(scope):
+                gateway.store.shed()
+                return door.answer(scope, receive, send)
+            if gateway.busy() and door.is_claim(scope):
+                return door.claim(scope, receive, send, stack, gateway)
         return stack(scope, receive, send)
 
 

@@ -1,13 +1,17 @@
 """The door (gateway/http/shedding.py): which requests it refuses while the database's
 line is full (work: enqueues, signed webhooks, reads; never a claim, a report on a
 claimed task, a control, a probe or the metrics), and its one answer, the problem the
-line itself would answer."""
+line itself would answer; and which claims it refuses while the instance is busy (a
+bare claim, judged as the claim handler judges it), every other going on with its
+body."""
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import orjson
+import pytest
 
 from gateway.admission import Admission
 from gateway.http.io import HOLD_READING
@@ -69,3 +73,96 @@ async def test_the_answer_is_the_lines_own_refusal() -> None:
     assert problem["code"] == "database_busy"
     assert "GATEWAY_DB_QUEUE_BUDGET_MS" in problem["detail"]
     assert request[HOLD_READING] == 1.0  # the connection is read again a second later
+
+
+def busy_gateway() -> types.SimpleNamespace:
+    """What the door asks of a gateway for a claim: its settings, and `shed_busy`."""
+    settings = types.SimpleNamespace(
+        max_active_requests=128,
+        max_body_bytes=1024,
+        max_json_depth=32,
+        max_wait_seconds=60.0,
+        default_lease_seconds=30,
+    )
+    gw = types.SimpleNamespace(settings=settings, shed=0)
+    gw.shed_busy = lambda: setattr(gw, "shed", gw.shed + 1)
+    return gw
+
+
+def test_a_claim_is_told_apart_by_method_and_path() -> None:
+    shedding = door()
+    assert shedding.is_claim(scope("POST", "/v1/runtimes/rt-1/claim"))
+    assert not shedding.is_claim(scope("GET", "/v1/runtimes/rt-1/claim"))
+    assert not shedding.is_claim(scope("POST", "/v1/runtimes/rt-1/claims"))
+    assert not shedding.is_claim(scope("POST", "/v1/runtimes/rt-1/tasks"))
+
+
+async def claim_at_the_door(
+    body: bytes, path: str = "/v1/runtimes/rt-1/claim", more_body: bool = False
+) -> tuple[types.SimpleNamespace, list[dict[str, Any]], list[list[dict[str, Any]]]]:
+    """A claim sent to the door of a busy gateway: the gateway, what was answered, and
+    the messages the app let in read (none if it was not let in)."""
+    gw = busy_gateway()
+    sent: list[dict[str, Any]] = []
+    let_in: list[list[dict[str, Any]]] = []
+    rest = {"type": "http.request", "body": b" ", "more_body": False}
+    queued = [{"type": "http.request", "body": body, "more_body": more_body}, rest]
+
+    async def receive() -> dict[str, Any]:
+        return queued.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        read = [await receive()]
+        if read[0].get("more_body"):
+            read.append(await receive())
+        let_in.append(read)
+
+    gw.scope = scope("POST", path)
+    await door().claim(gw.scope, receive, send, app, gw)  # type: ignore[arg-type]
+    return gw, sent, let_in
+
+
+async def test_a_bare_claim_at_a_busy_door_is_refused_with_the_handlers_answer() -> None:
+    for body in (b'{"worker_id": "w"}', b'{"worker_id": "w", "wait_seconds": 0}', b""):
+        gw, sent, let_in = await claim_at_the_door(body)
+        if body == b"":  # no worker_id: the handler answers 422, so it goes on
+            assert (sent, len(let_in), gw.shed, HOLD_READING in gw.scope) == ([], 1, 0, False)
+            continue
+        assert let_in == [] and gw.shed == 1, body
+        start, answer = sent
+        assert start["status"] == 429 and dict(start["headers"])[b"retry-after"] == b"1"
+        problem = orjson.loads(answer["body"])
+        assert problem["code"] == "overloaded"
+        assert "more than 128 requests (GATEWAY_MAX_ACTIVE_REQUESTS)" in problem["detail"]
+        assert gw.scope[HOLD_READING] == 1.0  # read again a second later
+
+
+@pytest.mark.parametrize(
+    ("body", "path", "why"),
+    [
+        (b'{"worker_id": "w", "wait_seconds": 5}', None, "it waits"),
+        (b'{"worker_id": "w", "complete": []}', None, "it carries completes"),
+        (b'{"worker_id": "w", "fail": []}', None, "it carries fails"),
+        (b'{"worker_id": "w", "wait_seconds": -1}', None, "invalid: the handler answers 422"),
+        (b'{"worker_id": ', None, "not JSON"),
+        (b"[]", None, "not an object"),
+        (b'{"worker_id": "w"}', "/v1/runtimes/bad%20id/claim", "an invalid runtime id"),
+        (b'{"worker_id": "w", "pad": "' + b"x" * 2000 + b'"}', None, "over the body limit"),
+    ],
+)
+async def test_any_other_claim_goes_on_with_its_body(
+    body: bytes, path: str | None, why: str
+) -> None:
+    gw, sent, let_in = await claim_at_the_door(body, path or "/v1/runtimes/rt-1/claim")
+    assert (sent, gw.shed) == ([], 0), why
+    assert let_in == [[{"type": "http.request", "body": body, "more_body": False}]], why
+
+
+async def test_a_claim_whose_body_is_in_several_reads_goes_on_with_all_of_it() -> None:
+    gw, sent, let_in = await claim_at_the_door(b'{"worker_id": "w"', more_body=True)
+    assert (sent, gw.shed) == ([], 0)
+    (read,) = let_in
+    assert [m["body"] for m in read] == [b'{"worker_id": "w"', b" "]

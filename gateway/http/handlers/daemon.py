@@ -56,8 +56,10 @@ async def claim(request: Request, gw: Gateway, principal: Principal | None = Non
     if not req.wait_seconds and (acks is None or acks.empty) and gw.busy():
         # Too many requests at work (gateway/in_flight.py): a claim that carries nothing
         # and would not park is refused before any work, and its connection read again
-        # after its Retry-After, as the door does with enqueues.
-        refusal, answer = _busy_refusal(gw.settings.max_active_requests)
+        # after its Retry-After, as the door does with enqueues. The door refuses most
+        # such claims before they get here (shedding.py); these are the rest (a body
+        # in several reads, sent before the instance was busy).
+        refusal, answer = busy_refusal(gw.settings.max_active_requests)
         request.scope[HOLD_READING] = float(refusal.retry_after_seconds)
         gw.shed_busy()
         if acks is None:
@@ -118,9 +120,10 @@ async def claim(request: Request, gw: Gateway, principal: Principal | None = Non
 
 
 @functools.cache
-def _busy_refusal(limit: int) -> tuple[Overloaded, Response]:
+def busy_refusal(limit: int) -> tuple[Overloaded, Response]:
     """The refusal of a bare claim while more than `limit` requests are at work, and its
-    answer (429), encoded once: under a flood it is most of what the gateway writes."""
+    answer (429), encoded once: under a flood it is most of what the gateway writes.
+    The door (shedding.py) answers it too."""
     refusal = claim_refusal(limit)
     return refusal, constant_problem(refusal)
 
