@@ -40,10 +40,11 @@ def check_task_id(raw: str) -> uuid.UUID:
 
 
 def decode_body(raw: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> dict[str, Any]:
-    """The request body as a JSON object; an empty body counts as {}. Numbers are
+    """The request body as a JSON object; an empty body counts as {}, but one of
+    whitespace alone is no JSON text and is refused like any other (400). Numbers are
     kept exactly (see exactjson); the fields that store JSON (payload, result) are
     held to `max_depth`, and to the request's WrittenBudget, when they are read."""
-    if not raw.strip():
+    if not raw:
         return {}
     try:
         body = exactjson.loads(raw, max_depth + BODY_DEPTH_MARGIN)
