@@ -56,7 +56,16 @@ async def test_the_gateway_reaches_the_master_through_the_sentinel_and_follows_a
     )  # fmt: skip
     async with running_gateway(cfg) as a, running_gateway(cfg) as b:
         await wait_until(lambda: a.gateway.subscriber.healthy, 5, "subscriber up")
-        await empty_verdict(a, runtime_id)
+        # A's first commands open connections through the sentinel, which on a busy
+        # machine can outrun the 200 ms Redis budget: that verdict is then not written
+        # (the cache fails open), so the claim is made again until one is.
+        deadline = asyncio.get_running_loop().time() + 20
+        while True:
+            try:
+                await empty_verdict(a, runtime_id, within=1.0)
+                break
+            except AssertionError:
+                assert asyncio.get_running_loop().time() < deadline, "no verdict at all"
         claims = pg_claims(a)
         for _ in range(5):
             assert (await poll(a, runtime_id, wait_seconds=0)).tasks == []
