@@ -21,7 +21,7 @@ from ..settings import Settings
 from ..tracing import setup as tracing_setup
 from . import access, console
 from .access import RequestLog, Sampler
-from .io import internal_error_response, problem_response
+from .io import ConstantResponse, internal_error_response, problem_response
 from .routes import ENDPOINTS, ROUTES
 from .shedding import Shedding
 
@@ -61,6 +61,15 @@ class GatewayApp(Starlette):
             if gateway.busy() and door.is_claim(scope):
                 return door.claim(scope, receive, send, stack, gateway)
         return stack(scope, receive, send)
+
+    def early_answer(self, scope: Scope, body: bytes | bytearray) -> ConstantResponse | None:
+        """The door's refusal of a request read in full (`body` is all of its body),
+        which the server writes without starting this app for it (server.py); None to
+        let it in. Only a request that `__call__` would refuse at the door is refused."""
+        gateway, door = self.gateway, self.shedding
+        if gateway is None or door is None:
+            return None
+        return door.early(scope, body, gateway)
 
 
 # uvicorn's command line (`uvicorn --factory gateway.http.app:create_app`, as the

@@ -4,26 +4,24 @@ uvicorn (0.54) bounds neither how long a client may take to send a request nor h
 large its head may be, and after an early answer (a 413, say) it goes on reading
 whatever body is still coming. `GatewayHttpProtocol` adds, per connection:
 
-- a request must arrive in full (head and body) within GATEWAY_READ_TIMEOUT_SECONDS,
-  counted from the connection's opening for its first request and from the first
-  byte for later ones; otherwise it is answered 408 and the connection closed. The
-  clock stops once the request has arrived: the time taken to answer (a long poll)
-  is never counted. An idle keep-alive connection is closed after uvicorn's timeout,
-  kept with one timer for all connections rather than one per request (keep_alive.py).
+- a request must arrive in full (head and body) within GATEWAY_READ_TIMEOUT_SECONDS
+  (deadlines.ReadClock), or it is answered 408 and the connection closed. An idle
+  keep-alive connection is closed after uvicorn's timeout, kept with one timer for
+  all connections rather than one per request (deadlines.KeepAlive).
 - a head (request line and headers) over MAX_HEAD_BYTES is answered 431 and the
   connection closed; no more than the limit of it is parsed.
 - an answer given before the request's body arrived carries `Connection: close`,
   and the rest of the body is not read.
-- an answer must keep moving: while it waits in the gateway's buffer for a client
-  that does not take it (the transport paused writing, or a close waits for it to
-  drain), at least MIN_DRAIN_BYTES of it must leave per GATEWAY_READ_TIMEOUT_SECONDS,
-  or the connection is aborted and the answer dropped. So that setting bounds both
-  directions: a client that never reads cannot hold its answer's memory.
+- an answer must keep moving (deadlines.WriteClock), or the connection is aborted
+  and the answer dropped: a client that never reads cannot hold its answer's memory.
 - each request carries its connection's `Caller` in its scope (io.CALLER), told when
   the connection is lost or cut, so that work waiting for a database connection whose
   client has left is not started (gateway/admission.py).
 - the requests read and not yet answered are counted (gateway/in_flight.py), and a
   connection refused under overload is read again at the end of its Retry-After.
+- a request that arrives in full in one read, and that the app's door refuses under
+  overload (its `early_answer`, gateway/http/shedding.py), is answered from the read
+  itself, with no task or app call made for it.
 
 Closing a socket while the client is still sending makes the kernel reset the
 connection, which can destroy the answer before the client reads it. So those closes
@@ -37,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from starlette.types import Message, Receive, Scope, Send
@@ -51,18 +49,18 @@ from ..flag import Flag
 from ..in_flight import InFlight
 from ..metrics import Metrics
 from .access import server_answer
-from .io import CALLER, HOLD_READING
-from .keep_alive import KeepAlive
+from .deadlines import KeepAlive, ReadClock, WriteClock
+from .io import CALLER, HOLD_READING, ConstantResponse
 from .transport import Transport
+from .whole import write_whole
 
 log = logging.getLogger("gateway.server")
 
 MAX_HEAD_BYTES = 64 * 1024
 LINGER_SECONDS = 1.0
-# What an answer waiting for its client must lose per GATEWAY_READ_TIMEOUT_SECONDS
-# (asyncio's low-water mark). Any progress at all would let a client hold a large answer
-# for days, taking a kilobyte now and then.
-MIN_DRAIN_BYTES = 16 * 1024
+# The app's refusal at the door of a request read in full (scope, body), or None.
+EarlyAnswer = Callable[[Scope, bytes | bytearray], ConstantResponse | None]
+
 # A connection held after a refusal is read again at a random point of the hold's last
 # fifth: those refused in one turn of the loop would otherwise all come back in one.
 HOLD_SPREAD = 0.2
@@ -114,21 +112,20 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     __slots__ = (
         "_at_work",
         "_caller",
-        "_clock_on",
         "_cycles",
-        "_deadline",
+        "_deferred",
+        "_early",
         "_got_bytes",
         "_head_bytes",
         "_held",
         "_inner_app",
         "_linger",
+        "_parsing",
         "_pending_body",
         "_raw",
+        "_read_clock",
         "_receiving",
-        "_request_started",
-        "_unsent",
-        "_write_deadline",
-        "_write_paused",
+        "_write_clock",
         "lingering",
     )
 
@@ -151,8 +148,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self.app = self._app
         self.lingering = False
         self._raw: asyncio.Transport | None = None
-        self._deadline: asyncio.TimerHandle | None = None  # the read clock's timer
-        self._clock_on = False  # the read clock runs (the timer may outlive it)
+        self._read_clock = ReadClock(self, self.loop, self.read_timeout_seconds)
         self._linger: asyncio.TimerHandle | None = None
         self._receiving = True  # a request is due or arriving, and its clock runs
         self._got_bytes = False  # some of that request has arrived
@@ -160,13 +156,16 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._pending_body: object | None = None  # its scope once the head is in
         self._cycles: list[RequestResponseCycle] = []  # requests not yet fully answered
         self._at_work: list[RequestResponseCycle] = []  # those of them read in full
-        self._write_paused = False  # the transport's buffer is over its high-water mark
-        self._write_deadline: asyncio.TimerHandle | None = None
-        self._unsent = 0  # bytes in the transport's buffer when that clock started
-        self._request_started = 0.0  # loop time its read clock started
+        self._write_clock: WriteClock | None = None  # made when first needed (_writes)
         self._caller = Caller()  # told when the connection is lost (_leave)
         # While refused at the door (HOLD_READING): what arrives meanwhile, kept unread.
         self._held: bytearray | None = None
+        # The door's refusal of a request read in full, written with no app task (the
+        # app's `early_answer`, gateway/http/app.py), when the app has one.
+        self._early: EarlyAnswer | None = getattr(self._inner_app, "early_answer", None)
+        self._parsing = False  # within a read's parse
+        # The request whose head that parse read, its app not started yet.
+        self._deferred: tuple[RequestResponseCycle, Any] | None = None
 
     # -- connection events ---------------------------------------------------
 
@@ -180,8 +179,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._start_request()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_clock()
-        self._stop_write_clock()
+        self._read_clock.cancel()
+        if self._write_clock is not None:
+            self._write_clock.stop()
         self.keep_alive.busy(self)
         if self._linger is not None:
             self._linger.cancel()
@@ -191,13 +191,17 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def pause_writing(self) -> None:
         super().pause_writing()
-        self._write_paused = True
-        self._start_write_clock()
+        clock = self._writes()
+        if clock is not None:
+            clock.paused = True
+            clock.restart()
 
     def resume_writing(self) -> None:
         super().resume_writing()
-        self._write_paused = False
-        self._start_write_clock()
+        clock = self._write_clock
+        if clock is not None:
+            clock.paused = False
+            clock.restart()
 
     def data_received(self, data: bytes) -> None:
         if self._held is not None:
@@ -214,6 +218,16 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if not self._receiving:
             self._start_request()
         self._got_bytes = True
+        self._parsing = True
+        try:
+            self._parse(data)
+        finally:
+            self._parsing = False
+            deferred, self._deferred = self._deferred, None
+            if deferred is not None:
+                self._start_or_refuse(*deferred)
+
+    def _parse(self, data: bytes) -> None:
         while data:
             if self._pending_body is not None:
                 super().data_received(data)
@@ -233,7 +247,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 return
 
     def on_response_complete(self) -> None:
-        # uvicorn's, with the server's one keep-alive timer (keep_alive.py), and the
+        # uvicorn's, with the server's one keep-alive timer (deadlines.KeepAlive), and the
         # hold after a refusal under overload.
         done = self._answered()
         self.server_state.total_requests += 1
@@ -317,9 +331,31 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._count_at_work(cycle)
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        if self._parsing and self._deferred is None:
+            # uvicorn starts a request's app as soon as its head is parsed. Started
+            # instead once the read is parsed (the same turn of the loop, before the
+            # app could run), when its body may be in too: see _start_or_refuse.
+            self._deferred = (cycle, app)
+            return
         super()._start_asgi_task(cycle, app)
         if not cycle.more_body:  # a request that was queued, its body already in
             self._count_at_work(cycle)
+
+    def _start_or_refuse(self, cycle: RequestResponseCycle, app: Any) -> None:
+        """Start the app for a request whose head the last read brought, unless the
+        request arrived in full and the door refuses it (gateway/http/shedding.py): its
+        refusal is then written here, whole, and no task, app or middleware runs for
+        it. Under a flood that sends again the moment it is answered, refusals are much
+        of what the gateway does, and the task and the app were a third of their cost
+        in this process (`python -m bench.refusal_cost`)."""
+        early = self._early
+        if early is not None and not cycle.more_body and not self.transport.is_closing():
+            answer = early(cast(Scope, cycle.scope), cycle.body)
+            if answer is not None:
+                if write_whole(cycle, answer.status_code, answer.head, answer.content):
+                    return
+                app = answer  # not in the plain state: sent as two messages, by a task
+        super()._start_asgi_task(cycle, app)  # counted at work when its body is in
 
     def _count_at_work(self, cycle: RequestResponseCycle) -> None:
         """At work from here: a request is counted once its body is in and it has been
@@ -328,7 +364,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         connection (pipelined, or held after a refusal) count."""
         self._at_work.append(cycle)
         self.in_flight.requests += 1
-        self._stop_clock()
+        self._read_clock.stop()
         self._receiving = self._got_bytes = False
         self._head_bytes = 0
         self._pending_body = None
@@ -348,70 +384,31 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def _start_request(self) -> None:
         self._receiving = True
-        self._clock_on = True
-        self._request_started = self.loop.time()
-        # One timer per connection, not one per request: it is left armed when a
-        # request's clock stops, and when it fires it looks at the clock running then
-        # (the next request's, or none), so that a keep-alive connection's requests
-        # make no timer each.
-        if self._deadline is None:
-            self._deadline = self.loop.call_later(self.read_timeout_seconds, self._read_timed_out)
+        self._read_clock.start()
 
-    def _stop_clock(self) -> None:
-        self._clock_on = False
+    def reading_paused(self) -> bool:
+        """For the read clock (deadlines.ReadOwner)."""
+        return bool(self.flow.read_paused)
 
-    def _cancel_clock(self) -> None:
-        self._clock_on = False
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-
-    def _read_timed_out(self) -> None:
-        self._deadline = None
-        if not self._clock_on:
-            return  # no request is arriving: the next one arms the timer again
-        left = self._request_started + self.read_timeout_seconds - self.loop.time()
-        if left > 0:  # armed for an earlier request: this one has time left
-            self._deadline = self.loop.call_later(left, self._read_timed_out)
-            return
-        if self.flow.read_paused:
-            # The server stopped reading (an earlier request is still being answered, or
-            # the body was not consumed yet): the client cannot be late. Look again later.
-            self._deadline = self.loop.call_later(self.read_timeout_seconds, self._read_timed_out)
-            return
+    def read_late(self) -> None:
+        """For the read clock (deadlines.ReadOwner)."""
         self._cut("read_timeout")
 
-    def _start_write_clock(self) -> None:
-        """(Re)start the write deadline if an answer waits in the buffer for the client:
-        writes are paused, or a close waits for the buffer to drain."""
-        self._stop_write_clock()
-        raw = self._raw
-        if raw is None:
-            return
-        self._unsent = raw.get_write_buffer_size()
-        if self._unsent and (self._write_paused or raw.is_closing()):
-            self._write_deadline = self.loop.call_later(
-                self.read_timeout_seconds, self._write_timed_out
+    def _writes(self) -> WriteClock | None:
+        """The connection's write deadline (deadlines.py), made the first time it is
+        needed; None once the connection is gone."""
+        if self._write_clock is None and self._raw is not None:
+            self._write_clock = WriteClock(
+                self._raw, self.loop, self.read_timeout_seconds, self._write_stalled
             )
+        return self._write_clock
 
-    def _stop_write_clock(self) -> None:
-        if self._write_deadline is not None:
-            self._write_deadline.cancel()
-            self._write_deadline = None
-
-    def _write_timed_out(self) -> None:
-        self._write_deadline = None
-        raw = self._raw
-        assert raw is not None
-        if self._unsent - raw.get_write_buffer_size() >= min(MIN_DRAIN_BYTES, self._unsent):
-            # A single large answer resumes writing only once nearly all of it is sent:
-            # a slow client that reads steadily shows here, by what left the buffer.
-            self._start_write_clock()
-            return
+    def _write_stalled(self) -> None:
         self._leave()
         self._count("write_timeout")
         log.debug("aborting the connection from %s: write_timeout", _peer(self.client))
-        raw.abort()  # drops the buffer, and the answer with it
+        if self._raw is not None:
+            self._raw.abort()  # drops the buffer, and the answer with it
 
     def _may_answer(self) -> bool:
         # uvicorn 0.54: `cycle` is the latest request's exchange (the previous one while
@@ -461,7 +458,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 f"the request did not arrive in full within {self.read_timeout_seconds:g} "
                 "seconds (GATEWAY_READ_TIMEOUT_SECONDS); the connection is closed"
             )
-        seconds = self.loop.time() - self._request_started
+        seconds = self.loop.time() - self._read_clock.started
         return server_answer(
             self.metrics, self._pending_body, error, seconds, self.server_state.default_headers
         )
@@ -476,12 +473,13 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         unread = self._receiving and self._got_bytes
         if self.lingering or raw.is_closing() or not unread or not raw.can_write_eof():
             raw.close()
-            if self._write_deadline is None:
-                self._start_write_clock()  # the close waits for what is still unsent
+            clock = self._writes()
+            if clock is not None and not clock.running:
+                clock.restart()  # the close waits for what is still unsent
             return
         self.lingering = True
         cast(Transport, self.transport).stop_writing()
-        self._stop_clock()
+        self._read_clock.stop()
         self.flow.pause_reading()
         raw.write_eof()
         self._linger = self.loop.call_later(LINGER_SECONDS, self.close_softly)

@@ -13,7 +13,7 @@ from starlette.types import ASGIApp
 from ..in_flight import InFlight
 from ..metrics import Metrics
 from ..settings import Settings
-from .keep_alive import KeepAlive
+from .deadlines import KeepAlive
 from .server import GatewayHttpProtocol
 
 

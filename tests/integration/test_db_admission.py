@@ -16,6 +16,7 @@ import aiohttp
 import orjson
 import pytest
 
+from gateway.http.shedding import Shedding
 from tests.support.databases import fetch
 from tests.support.gateways import TOKEN, make_settings, running_gateway
 from tests.support.metrics import sample
@@ -174,12 +175,18 @@ async def test_work_whose_client_left_is_not_started_a_complete_still_is(
 
 
 async def test_a_request_sent_during_a_hold_by_a_client_that_then_leaves_is_never_started(
-    database_url, redis_url, redis_prefix, runtime_id
+    database_url, redis_url, redis_prefix, runtime_id, monkeypatch
 ):
     """A client refused at the door sends again at once, ignoring Retry-After, then
     gives up and closes. What it sent during the hold is read and kept, not parsed: the
     close is seen, and the enqueue is never started, even though the line has room
-    again by the time the hold ends."""
+    again by the time the hold ends. The refusal, its request whole in one write, was
+    written by the server from the read itself, without the app (Shedding.early, not
+    Shedding.answer)."""
+    answered_by_the_app: list[object] = []
+    monkeypatch.setattr(
+        Shedding, "answer", lambda self, *args: answered_by_the_app.append(args) or ...
+    )
     settings = make_settings(
         database_url, redis_url, redis_prefix, db_pool_max=2, db_queue_budget_ms=50
     )
@@ -200,6 +207,7 @@ async def test_a_request_sent_during_a_hold_by_a_client_that_then_leaves_is_neve
             writer.write(request("refused"))
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
             assert head.startswith(b"HTTP/1.1 503"), head
+            assert answered_by_the_app == []
             writer.write(request("sent during the hold"))
             await writer.drain()
             writer.close()

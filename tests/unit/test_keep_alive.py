@@ -1,4 +1,4 @@
-"""The server's idle connections (gateway/http/keep_alive.py), on a real event loop:
+"""The server's idle connections (gateway/http/deadlines.py), on a real event loop:
 each closed after its timeout counted from when it last went idle, never a busy one,
 one timer for many requests and many connections, and nothing held for a connection
 that is busy or gone."""
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.http.keep_alive import KeepAlive
+from gateway.http.deadlines import KeepAlive
 
 SECONDS = 0.2
 

@@ -11,6 +11,7 @@ from uvicorn.config import Config
 from uvicorn.server import ServerState
 
 from gateway.flag import Flag
+from gateway.http.io import HOLD_READING, constant_response
 from gateway.http.server import GatewayHttpProtocol, _ClosingSend
 from gateway.http.startup import StartupGate
 from tests.support.asgi import Transport
@@ -136,4 +137,87 @@ async def test_the_events_uvicorn_makes_per_connection_and_request_are_flags() -
     protocol.resume_writing()
     await asyncio.wait_for(app.answered.wait(), 1)
     assert transport.written.startswith(b"HTTP/1.1 200 OK")
+    protocol.connection_lost(None)
+
+
+class DoorApp(App):
+    """App, with a door (`early_answer`, as GatewayApp's) that refuses every request
+    read in full, or none; keeps what it was asked."""
+
+    def __init__(self, refuse: bool) -> None:
+        super().__init__()
+        self.refuse = refuse
+        self.asked: list[tuple[str, bytes]] = []
+        self.refusal = constant_response(503, b"busy\n", "text/plain", {"Retry-After": "1"})
+
+    def early_answer(self, scope: Any, body: bytes) -> Any:
+        self.asked.append((scope["path"], body))
+        if not self.refuse:
+            return None
+        scope[HOLD_READING] = 1.0
+        return self.refusal
+
+
+def door_protocol(app: DoorApp) -> tuple[GatewayHttpProtocol, ServerState, Transport]:
+    gate = StartupGate(app)
+    gate.open()
+    config = Config(
+        gate,
+        interface="asgi3",
+        lifespan="off",
+        log_config=None,
+        proxy_headers=False,
+        access_log=False,  # as the gateway serves (uvicorn's own access log is off)
+    )
+    config.load()
+    state = ServerState()
+    protocol = GatewayHttpProtocol(config, state, {})
+    transport = Transport()
+    protocol.connection_made(transport)
+    return protocol, state, transport
+
+
+async def test_a_request_the_door_refuses_is_answered_without_a_task() -> None:
+    """A request whose head and body arrive in one read, and which the app's door
+    refuses, is answered from the read itself: the refusal in one write, no task made,
+    the app never called, nothing left counted at work, and the connection held for
+    the Retry-After (what comes meanwhile is kept, not parsed)."""
+    app = DoorApp(refuse=True)
+    protocol, state, transport = door_protocol(app)
+    at_work = protocol.in_flight.requests
+    protocol.data_received(REQUEST)
+    assert app.asked == [("/x", b"{}")]
+    assert state.tasks == set() and app.sends == []
+    await asyncio.sleep(0)  # the end of the loop's turn: what it held is written
+    assert transport.writes == 1 and transport.written.startswith(b"HTTP/1.1 503")
+    assert transport.written.endswith(b"\r\n\r\nbusy\n")
+    assert protocol.in_flight.requests == at_work
+    assert state.total_requests == 1
+    protocol.data_received(REQUEST)  # sent again at once: held, not parsed
+    await asyncio.sleep(0)
+    assert len(app.asked) == 1 and transport.writes == 1 and state.tasks == set()
+    protocol.connection_lost(None)
+
+
+async def test_a_request_the_door_lets_in_or_whose_body_is_late_goes_to_the_app() -> None:
+    """The door is asked only of a request read in full; one it lets in, or one whose
+    body is still on its way after the read, is started as uvicorn starts it, in the
+    same turn of the loop."""
+    app = DoorApp(refuse=False)
+    protocol, state, transport = door_protocol(app)
+    protocol.data_received(REQUEST)
+    assert app.asked == [("/x", b"{}")] and len(state.tasks) == 1
+    for task in list(state.tasks):
+        await task
+    assert transport.written.startswith(b"HTTP/1.1 200 OK")
+    protocol.connection_lost(None)
+
+    app = DoorApp(refuse=True)
+    protocol, state, transport = door_protocol(app)
+    protocol.data_received(REQUEST[:-2])  # the head; its body comes later
+    assert app.asked == [] and len(state.tasks) == 1
+    protocol.data_received(REQUEST[-2:])
+    for task in list(state.tasks):
+        await task
+    assert app.asked == [] and transport.written.startswith(b"HTTP/1.1 200 OK")
     protocol.connection_lost(None)

@@ -166,3 +166,61 @@ async def test_a_claim_whose_body_is_in_several_reads_goes_on_with_all_of_it() -
     assert (sent, gw.shed) == ([], 0)
     (read,) = let_in
     assert [m["body"] for m in read] == [b'{"worker_id": "w"', b" "]
+
+
+def gateway_at_the_door(crowded: bool, busy: bool) -> types.SimpleNamespace:
+    """busy_gateway, with the database's line full or not (`store.crowded`, counting
+    `store.shed`) and the instance busy or not."""
+    gw = busy_gateway()
+    gw.line_shed = 0
+    gw.store = types.SimpleNamespace(crowded=lambda: crowded)
+    gw.store.shed = lambda: setattr(gw, "line_shed", gw.line_shed + 1)
+    gw.busy = lambda: busy
+    return gw
+
+
+@pytest.mark.parametrize(
+    ("crowded", "busy", "method", "path", "body", "answered"),
+    [
+        (True, False, "POST", "/v1/runtimes/rt-1/tasks", b"{not json", 503),
+        (True, False, "GET", "/v1/runtimes/rt-1/stats", b"", 503),
+        (False, False, "POST", "/v1/runtimes/rt-1/tasks", b"{}", None),
+        (True, False, "POST", "/v1/runtimes/rt-1/claim", b'{"worker_id": "w"}', None),
+        (False, True, "POST", "/v1/runtimes/rt-1/claim", b'{"worker_id": "w"}', 429),
+        (True, True, "POST", "/v1/runtimes/rt-1/claim", b'{"worker_id": "w"}', 429),
+        (
+            False,
+            True,
+            "POST",
+            "/v1/runtimes/rt-1/claim",
+            b'{"worker_id": "w", "complete": []}',
+            None,
+        ),
+        (
+            False,
+            True,
+            "POST",
+            "/v1/runtimes/rt-1/claim",
+            b'{"worker_id": "w", "wait_seconds": 1}',
+            None,
+        ),
+        (False, True, "POST", "/v1/runtimes/rt-1/tasks", b"{}", None),
+        (False, False, "POST", "/v1/runtimes/rt-1/claim", b'{"worker_id": "w"}', None),
+    ],
+)
+def test_a_request_read_in_full_is_refused_early_as_the_door_would(
+    crowded: bool, busy: bool, method: str, path: str, body: bytes, answered: int | None
+) -> None:
+    """`early` (the server's check of a request read in full) refuses what `answer` and
+    `claim` refuse, with the same answer, counted the same way, its connection held."""
+    gw = gateway_at_the_door(crowded, busy)
+    request = scope(method, path)
+    answer = door().early(request, body, gw)  # type: ignore[arg-type]
+    if answered is None:
+        assert (answer, gw.line_shed, gw.shed, HOLD_READING in request) == (None, 0, 0, False)
+        return
+    assert answer is not None and answer.status_code == answered
+    code = orjson.loads(answer.content)["code"]
+    assert code == {503: "database_busy", 429: "overloaded"}[answered]
+    assert (gw.line_shed, gw.shed) == ((1, 0) if answered == 503 else (0, 1))
+    assert request[HOLD_READING] == 1.0

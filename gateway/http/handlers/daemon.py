@@ -31,6 +31,7 @@ from ..io import (
     CALLER,
     CLIENT_LEFT,
     HOLD_READING,
+    ConstantResponse,
     DisconnectWatch,
     constant_problem,
     empty_tasks_response,
@@ -120,7 +121,7 @@ async def claim(request: Request, gw: Gateway, principal: Principal | None = Non
 
 
 @functools.cache
-def busy_refusal(limit: int) -> tuple[Overloaded, Response]:
+def busy_refusal(limit: int) -> tuple[Overloaded, ConstantResponse]:
     """The refusal of a bare claim while more than `limit` requests are at work, and its
     answer (429), encoded once: under a flood it is most of what the gateway writes.
     The door (shedding.py) answers it too."""
