@@ -350,7 +350,11 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         in this process (`python -m bench.refusal_cost`)."""
         early = self._early
         if early is not None and not cycle.more_body and not self.transport.is_closing():
-            answer = early(cast(Scope, cycle.scope), cycle.body)
+            try:
+                answer = early(cast(Scope, cycle.scope), cycle.body)
+            except Exception:  # a defect of the door's: the app answers, as it would have
+                log.exception("the door's early check failed; the request goes to the app")
+                answer = None
             if answer is not None:
                 if write_whole(cycle, answer.status_code, answer.head, answer.content):
                     return
@@ -359,9 +363,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def _count_at_work(self, cycle: RequestResponseCycle) -> None:
         """At work from here: a request is counted once its body is in and it has been
-        started, so that neither a client sending slowly (up to
-        GATEWAY_READ_TIMEOUT_SECONDS) nor requests queued behind another on one
-        connection (pipelined, or held after a refusal) count."""
+        started (or is about to be, in the same turn: _start_or_refuse), so that
+        neither a client sending slowly (up to GATEWAY_READ_TIMEOUT_SECONDS) nor
+        requests queued behind another on one connection (pipelined, or held after a
+        refusal) count."""
         self._at_work.append(cycle)
         self.in_flight.requests += 1
         self._read_clock.stop()
@@ -396,7 +401,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def _writes(self) -> WriteClock | None:
         """The connection's write deadline (deadlines.py), made the first time it is
-        needed; None once the connection is gone."""
+        needed; None if the connection went before it was."""
         if self._write_clock is None and self._raw is not None:
             self._write_clock = WriteClock(
                 self._raw, self.loop, self.read_timeout_seconds, self._write_stalled

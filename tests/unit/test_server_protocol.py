@@ -221,3 +221,28 @@ async def test_a_request_the_door_lets_in_or_whose_body_is_late_goes_to_the_app(
         await task
     assert app.asked == [] and transport.written.startswith(b"HTTP/1.1 200 OK")
     protocol.connection_lost(None)
+
+
+async def test_a_door_that_fails_lets_the_request_through_to_the_app(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A defect in the early check (it raises) is logged, and the request goes to the
+    app, which answers it (and would answer 500 for its own error), rather than the
+    read failing with the request counted at work until the connection goes."""
+    app = DoorApp(refuse=False)
+
+    def broken(scope: Any, body: bytes) -> Any:
+        raise RuntimeError("a defect")
+
+    app.early_answer = broken  # type: ignore[method-assign]
+    protocol, state, transport = door_protocol(app)
+    at_work = protocol.in_flight.requests
+    protocol.data_received(REQUEST)
+    assert len(state.tasks) == 1
+    for task in list(state.tasks):
+        await task
+    await asyncio.sleep(0)
+    assert transport.written.startswith(b"HTTP/1.1 200 OK")
+    assert protocol.in_flight.requests == at_work
+    assert "the door's early check failed" in caplog.text
+    protocol.connection_lost(None)
