@@ -404,3 +404,33 @@ async def serving(
                 log(f"pid {proc.pid} exited with code {code}")
             with contextlib.suppress(Exception):
                 await delete_redis_keys(servers.redis_url, proc.prefix)
+
+
+class MemoryTransport(asyncio.Transport):
+    """A connection's transport, kept in memory: what the server wrote, and in how
+    many writes, for driving the gateway's HTTP protocol object in this process
+    (bench.refusal_cost, and the tests of the protocol)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = bytearray()
+        self.writes = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += data
+        self.writes += 1
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return {"sockname": ("127.0.0.1", 8080), "peername": ("127.0.0.1", 5555)}.get(name, default)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0

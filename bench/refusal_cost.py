@@ -25,37 +25,13 @@ from gateway.http.app import GatewayApp, create_app
 from gateway.http.server import GatewayHttpProtocol
 from gateway.settings import Settings
 
+from .infra import MemoryTransport
+
 REQUEST = (
     b"POST /v1/runtimes/rt-1/tasks HTTP/1.1\r\nHost: gateway\r\n"
     b"Authorization: Bearer not-checked-before-the-door\r\n"
     b'Content-Type: application/json\r\nContent-Length: 15\r\n\r\n{"payload": {}}'
 )
-
-
-class _Memory(asyncio.Transport):
-    """A connection's transport that keeps what the server wrote."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = bytearray()
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.written += data
-
-    def is_closing(self) -> bool:
-        return False
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return {"sockname": ("127.0.0.1", 8080), "peername": ("127.0.0.1", 5555)}.get(name, default)
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
 
 
 def _crowded_app() -> GatewayApp:
@@ -92,7 +68,7 @@ async def _us_per_refusal(app: GatewayApp, early: bool, requests: int) -> float:
         raise RuntimeError("the protocol found no early_answer on the app")
     if not early:
         protocol._early = None  # every request goes to the app, as before the early path
-    transport = _Memory()
+    transport = MemoryTransport()
     protocol.connection_made(transport)
     started = time.process_time()
     for _ in range(requests):

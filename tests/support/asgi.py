@@ -1,6 +1,7 @@
 """A minimal ASGI driver, for the tests of the bench's floor apps: lifespan, one request,
-shutdown. And an in-memory transport, for the tests that drive the server's HTTP
-protocol object in their own process."""
+shutdown. And the gateway's HTTP protocol object for an app, configured as the gateway
+serves, for the tests that drive it in their own process (with bench.infra's
+MemoryTransport)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,12 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
+
+from uvicorn.config import Config
+from uvicorn.server import ServerState
+
+from gateway.http.server import GatewayHttpProtocol
+from gateway.http.startup import StartupGate
 
 App = Callable[..., Any]
 Send = Callable[[dict[str, Any]], Any]
@@ -75,30 +82,20 @@ async def post(app: App, path: str, body: bytes) -> tuple[int, bytes]:
     return status[0], b"".join(chunks)
 
 
-class Transport(asyncio.Transport):
-    """A connection's transport, kept in memory: what the server wrote, and in how
-    many writes (for driving an HTTP protocol object in the test's own process)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = bytearray()
-        self.writes = 0
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.written += data
-        self.writes += 1
-
-    def is_closing(self) -> bool:
-        return False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"sockname": ("127.0.0.1", 8080), "peername": ("127.0.0.1", 5555)}.get(name, default)
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
+def gateway_protocol(app: App) -> tuple[GatewayHttpProtocol, ServerState]:
+    """The gateway's protocol for one connection to `app`, behind an open start-up gate
+    and configured as the gateway serves (no proxy headers, no uvicorn access log),
+    with its server's state (whose `tasks` are the requests' app tasks)."""
+    gate = StartupGate(app)
+    gate.open()
+    config = Config(
+        gate,
+        interface="asgi3",
+        lifespan="off",
+        log_config=None,
+        proxy_headers=False,
+        access_log=False,  # the gateway writes its own request log instead
+    )
+    config.load()
+    state = ServerState()
+    return GatewayHttpProtocol(config, state, {}), state

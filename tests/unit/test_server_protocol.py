@@ -10,11 +10,12 @@ import pytest
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
+from bench.infra import MemoryTransport
 from gateway.flag import Flag
 from gateway.http.io import HOLD_READING, constant_response
 from gateway.http.server import GatewayHttpProtocol, _ClosingSend
 from gateway.http.startup import StartupGate
-from tests.support.asgi import Transport
+from tests.support.asgi import gateway_protocol
 
 
 class App:
@@ -66,7 +67,7 @@ async def test_a_keep_alive_connection_keeps_one_read_timer_and_sends_unwrapped(
 
     monkeypatch.setattr(loop, "call_later", counting)
     monkeypatch.setattr(loop, "call_at", counting_at)
-    transport = Transport()
+    transport = MemoryTransport()
     protocol.connection_made(transport)
     for _ in range(20):
         protocol.data_received(REQUEST)
@@ -122,7 +123,7 @@ async def test_the_events_uvicorn_makes_per_connection_and_request_are_flags() -
     config.load()
     state = ServerState()
     protocol = GatewayHttpProtocol(config, state, {})
-    transport = Transport()
+    transport = MemoryTransport()
     protocol.connection_made(transport)
     assert isinstance(protocol.flow._is_writable_event, Flag)
     protocol.pause_writing()
@@ -158,21 +159,9 @@ class DoorApp(App):
         return self.refusal
 
 
-def door_protocol(app: DoorApp) -> tuple[GatewayHttpProtocol, ServerState, Transport]:
-    gate = StartupGate(app)
-    gate.open()
-    config = Config(
-        gate,
-        interface="asgi3",
-        lifespan="off",
-        log_config=None,
-        proxy_headers=False,
-        access_log=False,  # as the gateway serves (uvicorn's own access log is off)
-    )
-    config.load()
-    state = ServerState()
-    protocol = GatewayHttpProtocol(config, state, {})
-    transport = Transport()
+def door_protocol(app: DoorApp) -> tuple[GatewayHttpProtocol, ServerState, MemoryTransport]:
+    protocol, state = gateway_protocol(app)
+    transport = MemoryTransport()
     protocol.connection_made(transport)
     return protocol, state, transport
 

@@ -10,17 +10,14 @@ from typing import Any
 
 import pytest
 from starlette.responses import Response
-from uvicorn.config import Config
-from uvicorn.server import ServerState
 
+from bench.infra import MemoryTransport
 from gateway.errors import DatabaseBusy, GatewayError
 from gateway.http import whole
 from gateway.http.access import _SendWithId
 from gateway.http.io import constant_problem, empty_tasks_response, problem_response
-from gateway.http.server import GatewayHttpProtocol
-from gateway.http.startup import StartupGate
 from gateway.in_flight import claim_refusal
-from tests.support.asgi import Transport
+from tests.support.asgi import gateway_protocol
 
 WRITE_WHOLE = whole.write_whole  # the real one, which the tests' spies call
 DATE = [(b"date", b"Sun, 29 Nov 2026 00:00:00 GMT"), (b"server", b"uvicorn")]
@@ -59,22 +56,10 @@ class DoorApp:
         await self.answer(scope, receive, send)
 
 
-async def _serve(app: Any, data: bytes, closing: bool = False) -> tuple[bytes, Transport]:
-    gate = StartupGate(app)
-    gate.open()
-    config = Config(
-        gate,
-        interface="asgi3",
-        lifespan="off",
-        log_config=None,
-        proxy_headers=False,
-        access_log=False,  # as the gateway runs uvicorn: its own request log instead
-    )
-    config.load()
-    state = ServerState()
+async def _serve(app: Any, data: bytes, closing: bool = False) -> tuple[bytes, MemoryTransport]:
+    protocol, state = gateway_protocol(app)
     state.default_headers = list(DATE)
-    protocol = GatewayHttpProtocol(config, state, {})
-    transport = Transport()
+    transport = MemoryTransport()
     closed: list[bool] = []
     transport.close = lambda: closed.append(True)  # type: ignore[method-assign]
     protocol.connection_made(transport)
