@@ -29,7 +29,7 @@ from .claim.results import Results
 from .errors import ConfigError, GatewayError
 from .in_flight import InFlight
 from .janitor import Janitor
-from .logs import Throttle
+from .logs import Throttle, held_back
 from .metrics import Metrics
 from .redis.breaker import CircuitBreaker
 from .redis.clients import (
@@ -284,11 +284,10 @@ class Gateway:
             log.warning(
                 "this instance is busy: %d requests at work, more than "
                 "GATEWAY_MAX_ACTIVE_REQUESTS (%d); claims that carry no completes or fails "
-                "and do not wait are refused with 429 overloaded and Retry-After "
-                "(%d more refused since the last warning)",
+                "and do not wait are refused with 429 overloaded and Retry-After%s",
                 self.at_work(),
                 self.settings.max_active_requests,
-                refused,
+                held_back(refused),
             )
 
     async def readiness(self) -> Readiness:

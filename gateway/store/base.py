@@ -20,7 +20,7 @@ import orjson
 
 from ..admission import Admission, LineLoad
 from ..errors import DatabaseBusy, StoreUnavailable
-from ..logs import Throttle
+from ..logs import Throttle, held_back
 from ..metrics import Metrics
 from ..refusals import Refusals
 from .hosts import Hosts
@@ -237,10 +237,9 @@ class StoreBase:
         log.warning(
             "the database is overloaded: requests are refused with 503 database_busy and "
             "Retry-After, where every connection (GATEWAY_DB_POOL_MAX) stayed busy for %d "
-            "ms or the line for one held more than GATEWAY_DB_QUEUE_BUDGET_MS of work "
-            "(%d more refused since the last warning)",
+            "ms or the line for one held more than GATEWAY_DB_QUEUE_BUDGET_MS of work%s",
             self._acquire_timeout_ms,
-            refused,
+            held_back(refused),
         )
 
     def _driver_error(self, exc: BaseException) -> NoReturn:

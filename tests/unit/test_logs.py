@@ -421,3 +421,8 @@ def test_a_throttled_warning_is_due_once_per_interval_with_the_count_held_back(
     assert throttle.due() is None
     now[0] += 0.1
     assert throttle.due() == 1
+
+
+def test_a_throttled_warning_says_how_many_were_refused_since_the_last_only_when_any_were() -> None:
+    assert logs.held_back(0) == ""  # the first warning: there was no last one
+    assert logs.held_back(20948) == " (20948 more refused since the last warning)"
