@@ -29,7 +29,7 @@ from .claim.results import Results
 from .errors import ConfigError, GatewayError
 from .in_flight import InFlight
 from .janitor import Janitor
-from .logs import Throttle, held_back
+from .logs import Throttle
 from .metrics import Metrics
 from .redis.breaker import CircuitBreaker
 from .redis.clients import (
@@ -45,6 +45,7 @@ from .redis.clients import (
 from .redis.parked import ParkedReport
 from .redis.verdict import VerdictCache
 from .redis.wakeups import Subscriber
+from .refusals import held_back
 from .rows import ItemResult, ended
 from .schedules.service import Scheduler
 from .settings import Settings

@@ -65,12 +65,6 @@ class Throttle:
         return held
 
 
-def held_back(refused: int) -> str:
-    """The end of a throttled warning about refusals: how many more were refused since
-    the last one, or nothing when none was (as for the first)."""
-    return f" ({refused} more refused since the last warning)" if refused else ""
-
-
 def request_id_from(header: bytes | str | None) -> str:
     """The client's X-Request-ID when sane, else a fresh one (32 hex digits)."""
     if isinstance(header, bytes):

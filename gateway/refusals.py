@@ -71,3 +71,9 @@ def _sum(parts: Iterable[dict[str, int]]) -> dict[str, int]:
         for reason, n in counts.items():
             total[reason] = total.get(reason, 0) + n
     return total
+
+
+def held_back(refused: int) -> str:
+    """The end of a throttled warning about refusals (logs.Throttle): how many more were
+    refused since the last one, or nothing when none was (as for the first)."""
+    return f" ({refused} more refused since the last warning)" if refused else ""

@@ -20,9 +20,9 @@ import orjson
 
 from ..admission import Admission, LineLoad
 from ..errors import DatabaseBusy, StoreUnavailable
-from ..logs import Throttle, held_back
+from ..logs import Throttle
 from ..metrics import Metrics
-from ..refusals import Refusals
+from ..refusals import Refusals, held_back
 from .hosts import Hosts
 from .migrate import schema_is_current
 from .sql import base as sql

@@ -18,6 +18,7 @@ from gateway.errors import ConfigError
 from gateway.http import access
 from gateway.http.access import status_class
 from gateway.metrics import Metrics, wait_buckets
+from gateway.refusals import held_back
 from gateway.settings import Settings
 
 TIME_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
@@ -424,5 +425,5 @@ def test_a_throttled_warning_is_due_once_per_interval_with_the_count_held_back(
 
 
 def test_a_throttled_warning_says_how_many_were_refused_since_the_last_only_when_any_were() -> None:
-    assert logs.held_back(0) == ""  # the first warning: there was no last one
-    assert logs.held_back(20948) == " (20948 more refused since the last warning)"
+    assert held_back(0) == ""  # the first warning: there was no last one
+    assert held_back(20948) == " (20948 more refused since the last warning)"
