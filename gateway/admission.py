@@ -19,8 +19,8 @@ that are let in are served at the unloaded pace.
   a flood that does not stop, a line kept at the budget's length makes every request
   let in wait the whole budget. So the line is judged as CoDel judges a queue: once
   every request of work granted a connection for STANDING_INTERVAL_SECONDS has waited
-  longer than a fifth of the budget (STANDING_SHARE), the line is standing, and work
-  is let in only for an expected wait within that fifth. It stands until the line has
+  longer than a tenth of the budget (STANDING_SHARE), the line is standing, and work
+  is let in only for an expected wait within that tenth. It stands until the line has
   no work left waiting (or a request finds a connection free with nobody waiting). A
   burst that is served within the interval never sees it.
 - **Priorities.** Releases (completes, fails, heartbeats, releases, batch acknowledgements,
@@ -29,7 +29,7 @@ that are let in are served at the unloaded pace.
   metrics must work when they are needed most: they go before any waiting work, and are
   refused only when no connection comes free within GATEWAY_DB_ACQUIRE_TIMEOUT_MS.
   One exception bounds the wait of work that was let in: once the oldest waiting
-  request of work has waited a fifth of its budget, it is served next, and so every
+  request of work has waited a tenth of its budget, it is served next, and so every
   other slot while releases wait too.
 - **Work whose client has left is not started.** The HTTP layer hands each request of
   work its connection's `Caller` (`caller`, a context variable), which the HTTP
@@ -62,9 +62,11 @@ from .refusals import Refusals
 HOLD_WEIGHT = 0.2
 # A line stands once the work it granted waited past STANDING_SHARE of the budget for
 # this long; it then lets work in for that share only (CoDel's interval and target:
-# Nichols and Jacobson, "Controlling Queue Delay", 2012).
+# Nichols and Jacobson, "Controlling Queue Delay", 2012). A tenth: under a flood of
+# enqueues the requests let in waited 42 to 47 ms at p50 against 70 to 76 at a fifth,
+# for the same work done (bench/README.md, 2026-11-29).
 STANDING_INTERVAL_SECONDS = 0.1
-STANDING_SHARE = 0.2
+STANDING_SHARE = 0.1
 # How early the acquire timeout's timer may fire and still end the waits due then.
 TIMER_SLACK_SECONDS = 0.001
 
@@ -409,7 +411,7 @@ class Admission:
 
     def _hand_on(self) -> None:
         """The slot goes to the first waiter of the highest priority, else back; but
-        to the oldest request of work once it has waited a fifth of its budget
+        to the oldest request of work once it has waited a tenth of its budget
         (STANDING_SHARE), every other slot while releases wait too. A wait already
         ended (its client left, its timeout) is passed over.
 

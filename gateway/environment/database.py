@@ -93,7 +93,7 @@ DATABASE: tuple[Variable, ...] = (
         "database connection (its place in line times the mean hold). Past it, it is "
         "refused at once with `503 database_busy` (`429 overloaded` for a claim) and "
         "`Retry-After`. While the line stands (the work given a connection for 100 ms all "
-        "waited longer than a fifth of this), work is let in for a fifth of it only. "
+        "waited longer than a tenth of this), work is let in for a tenth of it only. "
         "Completes, fails, heartbeats and releases go first, never shed.",
     ),
     Variable(

@@ -98,8 +98,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "standing": {
                 "type": "boolean",
                 "description": "The line has stood: every request of work given a "
-                "connection for 100 ms waited longer than a fifth of the budget. Until no "
-                "work is left waiting, work is let in for a fifth of the budget only.",
+                "connection for 100 ms waited longer than a tenth of the budget. Until no "
+                "work is left waiting, work is let in for a tenth of the budget only.",
             },
         },
         "additionalProperties": False,
