@@ -21,7 +21,7 @@ from ..settings import Settings
 from ..tracing import setup as tracing_setup
 from . import access, console
 from .access import RequestLog, Sampler
-from .io import ConstantResponse, internal_error_response, problem_response
+from .io import DOOR_PASSED, ConstantResponse, internal_error_response, problem_response
 from .routes import ENDPOINTS, ROUTES
 from .shedding import Shedding
 
@@ -53,11 +53,16 @@ class GatewayApp(Starlette):
         stack = self.middleware_stack
         if stack is None:
             stack = self.middleware_stack = self.build_middleware_stack()
-        if gateway is not None and door is not None and scope["type"] == "http":
+        if (
+            gateway is not None
+            and door is not None
+            and scope["type"] == "http"
+            and DOOR_PASSED not in scope  # judged whole by the server already (early_answer)
+        ):
             # Each first: a few comparisons, false but in a flood.
-            if gateway.store.crowded() and door.refuses(scope):
-                gateway.store.shed()
-                return door.answer(scope, receive, send)
+            refusal = door.line_refusal(scope, gateway)
+            if refusal is not None:
+                return refusal(scope, receive, send)
             if gateway.busy() and door.is_claim(scope):
                 return door.claim(scope, receive, send, stack, gateway)
         return stack(scope, receive, send)

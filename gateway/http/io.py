@@ -231,6 +231,10 @@ CALLER = "gateway.caller"
 # The scope key under which a refusal tells the protocol how long, in seconds, to leave
 # the connection unread once its answer is out (shedding.py, server.py).
 HOLD_READING = "gateway.hold_reading_seconds"
+# The scope key the door sets on a request it judged whole and let in (shedding.early,
+# from the protocol), so that the app does not judge it again: a claim while the
+# instance is busy would have its body parsed twice.
+DOOR_PASSED = "gateway.door_passed"
 
 
 def encoded_problem(error: GatewayError) -> tuple[int, bytes]:

@@ -34,13 +34,13 @@ protocol itself as soon as it is parsed (`early`, called from gateway/http/serve
 and a refusal is written from there: no task, app or ASGI message is made for it, which
 took a third off the CPU of a refusal in this process (`python -m bench.refusal_cost`:
 22.6 to 15.0 us, 2026-11-29). Any other (a body still arriving, another server than
-the gateway's own) reaches the app, whose `__call__` asks `answer` and `claim`.
+the gateway's own) reaches the app, whose `__call__` asks `line_refusal` and `claim`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from starlette.routing import compile_path
@@ -49,7 +49,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..api import decode, requests
 from ..errors import DatabaseBusy, GatewayError
 from .handlers.daemon import busy_refusal
-from .io import HOLD_READING, ConstantResponse, constant_problem
+from .io import DOOR_PASSED, HOLD_READING, ConstantResponse, constant_problem
 
 if TYPE_CHECKING:
     from ..instance import Gateway
@@ -77,11 +77,15 @@ class Shedding:
         regexes = self._paths.get(scope["method"])
         return regexes is not None and any(r.match(scope["path"]) for r in regexes)
 
-    def answer(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
-        """The refusal, the same bytes for every request; its connection is read again
-        after its Retry-After."""
-        scope[HOLD_READING] = self._hold_seconds
-        return self._answer(scope, receive, send)
+    def line_refusal(self, scope: Scope, gateway: Gateway) -> ConstantResponse | None:
+        """While the database's line is full, the refusal of work (the same bytes for
+        every request), counted, its connection read again after its Retry-After; else
+        None."""
+        if gateway.store.crowded() and self.refuses(scope):
+            gateway.store.shed()
+            scope[HOLD_READING] = self._hold_seconds
+            return self._answer
+        return None
 
     def is_claim(self, scope: Scope) -> bool:
         """Whether the request is a claim (asked only while the instance is busy)."""
@@ -91,15 +95,15 @@ class Shedding:
         self, scope: Scope, body: bytes | bytearray, gateway: Gateway
     ) -> ConstantResponse | None:
         """The door's refusal of a request whose body, `body`, has arrived in full, or
-        None to let it in: the server writes it without starting the app for it
-        (server.py). Counted as shed, and its connection held, as `answer` and `claim`
-        do."""
-        if gateway.store.crowded() and self.refuses(scope):
-            gateway.store.shed()
-            scope[HOLD_READING] = self._hold_seconds
-            return self._answer
+        None to let it in, marked DOOR_PASSED for the app's door to skip: the server
+        writes a refusal without starting the app for it (server.py). Counted as shed,
+        and its connection held, as the app's door (`line_refusal`, `claim`) does."""
+        refusal = self.line_refusal(scope, gateway)
+        if refusal is not None:
+            return refusal
         if gateway.busy() and self.is_claim(scope) and self._bare(scope, bytes(body), gateway):
             return self._refuse_busy(scope, gateway)
+        scope[DOOR_PASSED] = True
         return None
 
     async def claim(

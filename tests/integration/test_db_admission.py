@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import Any
 
 import aiohttp
 import orjson
 import pytest
 
-from gateway.http.shedding import Shedding
+from gateway.http.io import ConstantResponse
 from tests.support.databases import fetch
 from tests.support.gateways import TOKEN, make_settings, running_gateway
 from tests.support.metrics import sample
@@ -181,12 +182,16 @@ async def test_a_request_sent_during_a_hold_by_a_client_that_then_leaves_is_neve
     gives up and closes. What it sent during the hold is read and kept, not parsed: the
     close is seen, and the enqueue is never started, even though the line has room
     again by the time the hold ends. The refusal, its request whole in one write, was
-    written by the server from the read itself, without the app (Shedding.early, not
-    Shedding.answer)."""
-    answered_by_the_app: list[object] = []
-    monkeypatch.setattr(
-        Shedding, "answer", lambda self, *args: answered_by_the_app.append(args) or ...
-    )
+    written by the server from the read itself (Shedding.early), not sent by the app
+    as an ASGI response."""
+    answered_by_the_app: list[str] = []
+    sent_as_asgi = ConstantResponse.__call__
+
+    async def spied(self: ConstantResponse, scope: Any, receive: Any, send: Any) -> None:
+        answered_by_the_app.append(scope["path"])
+        await sent_as_asgi(self, scope, receive, send)
+
+    monkeypatch.setattr(ConstantResponse, "__call__", spied)
     settings = make_settings(
         database_url, redis_url, redis_prefix, db_pool_max=2, db_queue_budget_ms=50
     )

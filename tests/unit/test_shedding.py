@@ -14,10 +14,12 @@ import orjson
 import pytest
 
 from gateway.admission import Admission
-from gateway.http.io import HOLD_READING
+from gateway.http.app import GatewayApp, create_app
+from gateway.http.io import DOOR_PASSED, HOLD_READING
 from gateway.http.routes import ENDPOINTS
 from gateway.http.shedding import Shedding
 from gateway.metrics import Metrics
+from gateway.settings import Settings
 
 
 def door() -> Shedding:
@@ -63,8 +65,14 @@ async def test_the_answer_is_the_lines_own_refusal() -> None:
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"", "more_body": False}
 
+    shedding = door()
     request = scope("POST", "/v1/runtimes/rt-1/tasks")
-    await door().answer(request, receive, send)
+    assert shedding.line_refusal(request, gateway_at_the_door(False, False)) is None
+    assert HOLD_READING not in request  # the line has room: nothing refused, nothing held
+    crowded = gateway_at_the_door(True, False)
+    answer = shedding.line_refusal(request, crowded)
+    assert answer is not None and crowded.line_shed == 1
+    await answer(request, receive, send)
     start, body = sent
     headers = dict(start["headers"])
     assert start["status"] == 503 and headers[b"retry-after"] == b"1"
@@ -218,9 +226,48 @@ def test_a_request_read_in_full_is_refused_early_as_the_door_would(
     answer = door().early(request, body, gw)  # type: ignore[arg-type]
     if answered is None:
         assert (answer, gw.line_shed, gw.shed, HOLD_READING in request) == (None, 0, 0, False)
+        assert request[DOOR_PASSED]  # judged: the app's door does not judge it again
         return
+    assert DOOR_PASSED not in request
     assert answer is not None and answer.status_code == answered
     code = orjson.loads(answer.content)["code"]
     assert code == {503: "database_busy", 429: "overloaded"}[answered]
     assert (gw.line_shed, gw.shed) == ((1, 0) if answered == 503 else (0, 1))
     assert request[HOLD_READING] == 1.0
+
+
+async def test_the_app_does_not_judge_again_what_the_door_let_in() -> None:
+    """A request that the server's early check let in (marked DOOR_PASSED) goes straight
+    to the app's stack, though the line is full now; an unmarked one is judged, and
+    refused, by the app's own door."""
+    app = create_app(
+        Settings.from_env(
+            {
+                "DATABASE_URL": "postgresql://unused@127.0.0.1:1/unused",
+                "REDIS_URL": "redis://127.0.0.1:1/0",
+                "GATEWAY_ADMIN_TOKEN": "t" * 32,
+            }
+        )
+    )
+    assert isinstance(app, GatewayApp) and app.gateway is not None
+    app.gateway.store.crowded = lambda: True  # type: ignore[method-assign]
+    app.gateway.store.shed = lambda: None  # type: ignore[method-assign]
+    reached: list[str] = []
+    sent: list[dict[str, Any]] = []
+
+    async def stack(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(scope["path"])
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    app.middleware_stack = stack
+    passed = scope("POST", "/v1/runtimes/rt-1/tasks")
+    passed[DOOR_PASSED] = True
+    await app(passed, receive, send)
+    assert (reached, sent) == (["/v1/runtimes/rt-1/tasks"], [])
+    await app(scope("POST", "/v1/runtimes/rt-1/tasks"), receive, send)
+    assert len(reached) == 1 and sent[0]["status"] == 503
