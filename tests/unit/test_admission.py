@@ -286,12 +286,15 @@ async def test_a_slot_granted_as_its_client_leaves_goes_on() -> None:
     assert line.load().held == 0
 
 
-async def test_a_line_that_stood_an_interval_lets_work_in_for_a_tenth_of_its_budget() -> None:
+async def test_a_line_that_stood_an_interval_lets_work_in_for_a_tenth_of_its_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """CoDel's judgement: work granted after waiting past a tenth of the budget, again
     and again for STANDING_INTERVAL_SECONDS, makes the line standing; a newcomer whose
     expected wait is within the budget but past that tenth is then refused. Before
     the interval is out, the same newcomer is let in (a burst waits its turn); a grant
-    that waited less does not end it, a line with no work left does."""
+    that waited less does not end it, a line with no work left does once calm."""
+    monkeypatch.setattr(adm, "STANDING_CALM_SECONDS", 0.05)
     line = admission(slots=1, budget_ms=2_000.0)  # a tenth: 200 ms
     held = await line.acquire()
     waiting = [asyncio.create_task(take(line, Priority.WORK, [], str(i))) for i in range(12)]
@@ -327,20 +330,22 @@ async def test_a_line_that_stood_an_interval_lets_work_in_for_a_tenth_of_its_bud
     line.release(third)
     fourth = await waiting[3]
     assert line.standing
-    # Drained: no work left waiting, and the line stands no more.
+    # Drained: no work left waiting, and once calm the line stands no more.
     line.release(fourth)
     for w in [*waiting[4:], early]:
         line.release(await w)
+    await asyncio.sleep(adm.STANDING_CALM_SECONDS)
     assert not line.standing and not line.crowded()
 
 
 @pytest.mark.parametrize(("each_waits", "stands"), [(0.02, False), (0.08, True)])
 async def test_only_grants_that_waited_past_the_tenth_for_an_interval_make_a_line_stand(
-    each_waits: float, stands: bool
+    each_waits: float, stands: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two requests of work always in line (it never drains); each is granted after
     `each_waits` seconds, for longer than the interval: under the tenth (50 ms) the
     line never stands, past it it does."""
+    monkeypatch.setattr(adm, "STANDING_CALM_SECONDS", 0.05)
     line = admission(slots=1, budget_ms=500.0)
     held = await line.acquire()
     queued = [asyncio.create_task(take(line, Priority.WORK, [], str(i))) for i in range(2)]
@@ -355,13 +360,17 @@ async def test_only_grants_that_waited_past_the_tenth_for_an_interval_make_a_lin
     line.release(held)
     for task in queued:
         line.release(await task)
+    await asyncio.sleep(adm.STANDING_CALM_SECONDS)
     assert not line.standing
 
 
-async def test_a_line_emptied_by_leaving_clients_stands_no_more() -> None:
-    """Work that leaves the line (its client gone, its timeout) ends standing with it,
-    though no grant drained the line: releases keeping every connection busy do not
-    keep work refused at the tenth."""
+async def test_a_line_emptied_by_leaving_clients_stands_no_more_once_calm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Work that leaves the line (its client gone, its timeout) ends standing with it
+    once calm, though no grant drained the line: releases keeping every connection
+    busy do not keep work refused at the tenth."""
+    monkeypatch.setattr(adm, "STANDING_CALM_SECONDS", 0.05)
     line = admission(slots=1, budget_ms=500.0)
     held = await line.acquire()
     callers = [Caller() for _ in range(4)]
@@ -384,8 +393,48 @@ async def test_a_line_emptied_by_leaving_clients_stands_no_more() -> None:
     assert line.standing
     callers[-1].leave()
     await asyncio.gather(*queued, return_exceptions=True)
-    assert not line.standing and line.load().waiting_work == 0
+    assert line.load().waiting_work == 0
+    assert line.standing  # not calm yet: the last grant waited past the tenth
+    await asyncio.sleep(adm.STANDING_CALM_SECONDS)
+    assert not line.standing
     line.release(held)
+
+
+async def test_a_line_that_empties_for_a_moment_under_a_flood_stands_on() -> None:
+    """A flood whose refused clients come back together leaves the line empty for a
+    moment now and then: it stands on through that, and the next wave is let in for
+    the tenth, not the whole budget; once no work has waited past the tenth for
+    STANDING_CALM_SECONDS, the same wave is let in."""
+    line = admission(slots=1, budget_ms=500.0)  # a tenth: 50 ms
+    held = await line.acquire()
+    queued = [asyncio.create_task(take(line, Priority.WORK, [], str(i))) for i in range(3)]
+    for _ in range(3):
+        await asyncio.sleep(0.08)
+        line.release(held)
+        held = await queued.pop(0)
+    assert line.standing and not queued
+    line.release(held)  # no work left waiting: drained
+    held = await line.acquire()  # a connection free, nobody waiting
+
+    def wave(size: int) -> list[asyncio.Task[int]]:
+        # Each expects 100 ms a place: the first within the budget, past the tenth.
+        line.hold_ms = 100.0
+        return [asyncio.create_task(take(line, Priority.WORK, [], "wave")) for _ in range(size)]
+
+    first = wave(1)[0]
+    await asyncio.sleep(0)
+    assert line.standing
+    with pytest.raises(DatabaseBusy):
+        await first
+    line.release(held)
+    await asyncio.sleep(adm.STANDING_CALM_SECONDS)
+    held = await line.acquire()  # drained and calm: it stands no more
+    assert not line.standing
+    later = wave(1)[0]
+    await asyncio.sleep(0)
+    assert not later.done()  # let in: waits its turn within the budget
+    line.release(held)
+    line.release(await later)
 
 
 async def test_aged_work_takes_every_other_slot_while_releases_wait() -> None:
