@@ -21,9 +21,9 @@ that are let in are served at the unloaded pace.
   every request of work granted a connection for STANDING_INTERVAL_SECONDS has waited
   longer than a tenth of the budget (STANDING_SHARE), the line is standing, and work
   is let in only for an expected wait within that tenth. It stands until the line has
-  no work left waiting (or a request finds a connection free with nobody waiting) and
-  no work has waited past that tenth for STANDING_CALM_SECONDS. A burst that is served
-  within the interval never sees it.
+  no work left waiting (or a request finds a connection free with nobody waiting),
+  once STANDING_CALM_SECONDS have passed since that judgement last found it standing.
+  A burst that is served within the interval never sees it.
 - **Priorities.** Releases (completes, fails, heartbeats, releases, batch acknowledgements,
   and the gateway's own work: the janitor, giving back undelivered leases, loading a
   token) free work and keep leases alive, and an operator's controls, the probes and the
@@ -68,14 +68,15 @@ HOLD_WEIGHT = 0.2
 # for the same work done (bench/README.md, 2026-11-29).
 STANDING_INTERVAL_SECONDS = 0.1
 STANDING_SHARE = 0.1
-# A line that stood stands on through a moment without work waiting, until no work has
-# waited past STANDING_SHARE for this long. A flood does not keep the line full: the
+# A line that stood stands on through a moment without work waiting, until this long
+# after the judgement last found it standing. A flood does not keep the line full: the
 # clients it refused are held about a second (gateway/http/shedding.py) and come back
 # together, so the line emptied every second or two, stood no more, and let the next
 # wave in for the whole budget, which waited up to 250 ms until the line stood again:
 # the p99 of the work let in under the flood was 210 to 250 ms where its p50 was 50
-# (bench/README.md, 2026-11-29). A second bridges those gaps; once a flood ends, the
-# line is drained and calm within it.
+# (bench/README.md, 2026-11-29). A second bridges those gaps. Counted from the last
+# wait past STANDING_SHARE instead, a line beside 2,000 parked polls stood on after
+# the flood ended (such a wait now and then was enough) and refused its clients.
 STANDING_CALM_SECONDS = 1.0
 # How early the acquire timeout's timer may fire and still end the waits due then.
 TIMER_SLACK_SECONDS = 0.001
@@ -193,8 +194,8 @@ class Admission:
         # (None: the last did not), and whether that has lasted an interval.
         self._above_since: float | None = None
         self._standing = False
-        # The loop time work was last granted after waiting past _standing_ms.
-        self._last_above = float("-inf")
+        # The loop time the judgement last found the line standing.
+        self._stood_at = float("-inf")
         self._aged_last = False  # the last slot went to work for its age (_hand_on)
         self.hold_ms = 0.0  # the mean hold, 0 until one ended
         self.refusals = Refusals()
@@ -221,8 +222,9 @@ class Admission:
         return self._standing
 
     def _calm(self, now: float) -> bool:
-        """Whether no work has waited past the standing share for STANDING_CALM_SECONDS."""
-        return now - self._last_above >= STANDING_CALM_SECONDS
+        """Whether STANDING_CALM_SECONDS have passed since the line was last found
+        standing."""
+        return now - self._stood_at >= STANDING_CALM_SECONDS
 
     def _limit_ms(self) -> float:
         """The longest wait work is let in for now, in ms."""
@@ -239,16 +241,16 @@ class Admission:
     def _waited(self, waited_ms: float, now: float, *, drained: bool) -> None:
         """Work was granted a connection after `waited_ms` in line (0: one was free and
         nobody waited), leaving the line without work if `drained`: CoDel's judgement
-        of whether the line stands. Only a drained line that has been calm for
-        STANDING_CALM_SECONDS stops standing: were a short wait enough, or a moment
-        without work waiting, a flood would refill the line to the whole budget the
-        moment it stood no more."""
+        of whether the line stands. Only a drained line that has not been found
+        standing for STANDING_CALM_SECONDS stops standing: were a short wait enough, or
+        a moment without work waiting, a flood would refill the line to the whole
+        budget the moment it stood no more."""
         if waited_ms > self._standing_ms:
-            self._last_above = now
             if self._above_since is None:
                 self._above_since = now
             elif now - self._above_since >= STANDING_INTERVAL_SECONDS:
                 self._standing = True
+                self._stood_at = now
         elif not self._standing:
             self._above_since = None
         if drained:

@@ -99,8 +99,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "type": "boolean",
                 "description": "The line has stood: every request of work given a "
                 "connection for 100 ms waited longer than a tenth of the budget. Until no "
-                "work is left waiting and none has waited that long for a second, work is "
-                "let in for a tenth of the budget only.",
+                "work is left waiting and a second has passed since it was last found "
+                "standing, work is let in for a tenth of the budget only.",
             },
         },
         "additionalProperties": False,

@@ -437,6 +437,35 @@ async def test_a_line_that_empties_for_a_moment_under_a_flood_stands_on() -> Non
     line.release(await later)
 
 
+async def test_slow_grants_now_and_then_do_not_keep_a_drained_line_standing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a flood, a wait past the tenth now and then, the line drained in between,
+    is not a line that stands: it stands no more STANDING_CALM_SECONDS after it was
+    last found standing (beside 2,000 parked polls, counting from the last slow wait
+    kept it standing after the flood, and its clients were refused)."""
+    monkeypatch.setattr(adm, "STANDING_CALM_SECONDS", 0.2)
+    line = admission(slots=1, budget_ms=500.0)  # a tenth: 50 ms
+    held = await line.acquire()
+    queued = [asyncio.create_task(take(line, Priority.WORK, [], str(i))) for i in range(3)]
+    for _ in range(3):
+        await asyncio.sleep(0.08)
+        line.release(held)
+        held = await queued.pop(0)
+    assert line.standing
+    line.release(held)  # drained
+    loop = asyncio.get_running_loop()
+    until = loop.time() + 0.4
+    while loop.time() < until:
+        held = await line.acquire()  # a connection free, nobody waiting
+        line.hold_ms = 1.0  # let in, whatever the holds were
+        slow = asyncio.create_task(take(line, Priority.WORK, [], "slow"))
+        await asyncio.sleep(0.06)  # waits past the tenth
+        line.release(held)
+        line.release(await slow)  # granted, and the line drained with it
+    assert not line.standing
+
+
 async def test_aged_work_takes_every_other_slot_while_releases_wait() -> None:
     """Work past the tenth goes before releases, but one at a time: a release waiting
     beside a line of aged work gets every other slot, not the one after all of it."""
