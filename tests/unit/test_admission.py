@@ -400,28 +400,38 @@ async def test_a_line_emptied_by_leaving_clients_stands_no_more_once_calm(
     line.release(held)
 
 
-async def test_a_line_that_empties_for_a_moment_under_a_flood_stands_on() -> None:
-    """A flood whose refused clients come back together leaves the line empty for a
-    moment now and then: it stands on through that, and the next wave is let in for
-    the tenth, not the whole budget; once no work has waited past the tenth for
-    STANDING_CALM_SECONDS, the same wave is let in."""
-    line = admission(slots=1, budget_ms=500.0)  # a tenth: 50 ms
+async def standing_line() -> tuple[Admission, int]:
+    """A line (one slot, a tenth of its budget 50 ms) that CoDel's judgement has just
+    found standing, and the slot's grant, with no work left waiting."""
+    line = admission(slots=1, budget_ms=500.0)
     held = await line.acquire()
     queued = [asyncio.create_task(take(line, Priority.WORK, [], str(i))) for i in range(3)]
     for _ in range(3):
-        await asyncio.sleep(0.08)
+        await asyncio.sleep(0.08)  # each waits past the tenth
         line.release(held)
         held = await queued.pop(0)
-    assert line.standing and not queued
+    assert line.standing
+    return line, held
+
+
+async def test_a_line_that_empties_for_a_moment_under_a_flood_stands_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A flood whose refused clients come back together leaves the line empty for a
+    moment now and then: it stands on through that, and the next wave is let in for
+    the tenth, not the whole budget; once STANDING_CALM_SECONDS have passed since it
+    was last found standing, the same wave is let in."""
+    monkeypatch.setattr(adm, "STANDING_CALM_SECONDS", 0.2)
+    line, held = await standing_line()
     line.release(held)  # no work left waiting: drained
     held = await line.acquire()  # a connection free, nobody waiting
 
-    def wave(size: int) -> list[asyncio.Task[int]]:
-        # Each expects 100 ms a place: the first within the budget, past the tenth.
+    def newcomer() -> asyncio.Task[int]:
+        # Expects 100 ms: within the budget, past the tenth.
         line.hold_ms = 100.0
-        return [asyncio.create_task(take(line, Priority.WORK, [], "wave")) for _ in range(size)]
+        return asyncio.create_task(take(line, Priority.WORK, [], "newcomer"))
 
-    first = wave(1)[0]
+    first = newcomer()
     await asyncio.sleep(0)
     assert line.standing
     with pytest.raises(DatabaseBusy):
@@ -430,7 +440,7 @@ async def test_a_line_that_empties_for_a_moment_under_a_flood_stands_on() -> Non
     await asyncio.sleep(adm.STANDING_CALM_SECONDS)
     held = await line.acquire()  # drained and calm: it stands no more
     assert not line.standing
-    later = wave(1)[0]
+    later = newcomer()
     await asyncio.sleep(0)
     assert not later.done()  # let in: waits its turn within the budget
     line.release(held)
@@ -445,14 +455,7 @@ async def test_slow_grants_now_and_then_do_not_keep_a_drained_line_standing(
     last found standing (beside 2,000 parked polls, counting from the last slow wait
     kept it standing after the flood, and its clients were refused)."""
     monkeypatch.setattr(adm, "STANDING_CALM_SECONDS", 0.2)
-    line = admission(slots=1, budget_ms=500.0)  # a tenth: 50 ms
-    held = await line.acquire()
-    queued = [asyncio.create_task(take(line, Priority.WORK, [], str(i))) for i in range(3)]
-    for _ in range(3):
-        await asyncio.sleep(0.08)
-        line.release(held)
-        held = await queued.pop(0)
-    assert line.standing
+    line, held = await standing_line()
     line.release(held)  # drained
     loop = asyncio.get_running_loop()
     until = loop.time() + 0.4
