@@ -1,7 +1,8 @@
 """The per-runtime history (migration 0015, store/history.py, docs/guides/history.md):
 every transition counted exactly once, in the bucket it happened in, by the statements
-that make it; the claim wait's percentiles from known waits; statements of concurrent
-connections counted exactly; the janitor's fold, depth and retention in batches; and
+that make it, one statement of every kind of move over two runtimes too; the claim
+wait's percentiles from known waits; statements of concurrent connections counted
+exactly; the janitor's fold, depth and retention in batches; and
 GET /v1/history answering a limited token from the runtimes it covers alone.
 
 Buckets are 2 s wide here. A test that needs two buckets waits for a boundary of the
@@ -13,6 +14,7 @@ Each test has a freshly migrated database of its own (`own_database_url`).
 from __future__ import annotations
 
 import asyncio
+import bisect
 from datetime import datetime
 from typing import Any
 
@@ -305,3 +307,120 @@ async def test_an_unknown_window_is_refused_naming_it(
             assert "window" in str(resp.body), resp.body
         resp = await req(gw, "GET", "/v1/runtimes?include=everything")
         assert resp.status == 422 and "include" in str(resp.body), resp.body
+
+
+# One statement's moves, for the test below: (runtime, status before, status after,
+# attempts before, attempts after, seconds the task had waited when claimed).
+MIXED_MOVES = [
+    ("a", "queued", "claimed", 0, 1, 0.3),  # first claims: counted with their wait
+    ("a", "queued", "claimed", 0, 1, 45.0),
+    ("a", "queued", "claimed", 0, 1, 45.0),
+    ("a", "queued", "claimed", 1, 2, 3.0),  # a claim again: no wait
+    ("a", "claimed", "completed", 1, 1, None),
+    ("a", "claimed", "queued", 1, 1, None),  # failed, to be retried
+    ("a", "claimed", "queued", 1, 0, None),  # given back undelivered: not a failure
+    ("a", "completed", "queued", 1, 1, None),  # a finished task queued again
+    ("a", "claimed", "dead", 1, 1, None),
+    ("a", "queued", "expired", 0, 0, None),
+    ("a", "queued", "cancelled", 0, 0, None),
+    ("a", "scheduled", "queued", 0, 0, None),  # a promotion: nothing
+    ("a", "claimed", "claimed", 1, 1, None),  # a heartbeat: nothing
+    ("b", "queued", "claimed", 0, 1, 3.0),
+    ("b", "queued", "claimed", 0, 1, 3.0),
+    ("b", "claimed", "completed", 1, 1, None),
+    ("b", "queued", "cancelled", 0, 0, None),
+]
+
+
+def expected_moves(runtime: str) -> tuple[dict[str, int], list[int]]:
+    """The counts and claim waits MIXED_MOVES make for `runtime`, by the rules of
+    docs/guides/history.md."""
+    counts = dict.fromkeys(COUNTS, 0)
+    waits = [0] * (len(WAIT_BOUNDS_SECONDS) + 1)
+    finished = ("completed", "dead", "expired", "cancelled")
+    for rt, old, new, tries_before, tries_after, wait in MIXED_MOVES:
+        if rt != runtime or old == new or {old, new} <= {"queued", "scheduled"}:
+            continue
+        if new == "claimed":
+            counts["claimed"] += 1
+            if tries_after == 1:
+                waits[bisect.bisect_right(WAIT_BOUNDS_SECONDS, wait)] += 1
+        elif new in finished:
+            counts[new] += 1
+        elif old in finished:
+            counts["enqueued"] += 1
+        elif old == "claimed" and tries_after >= tries_before:
+            counts["failed"] += 1
+    return counts, waits
+
+
+async def test_one_statement_of_every_kind_of_move_over_two_runtimes_counts_each_once(
+    own_database_url: str, runtime_id: str
+) -> None:
+    """One UPDATE that moves tasks of every kind at once, over two runtimes, as the
+    janitor's batches and grouped statements may: each runtime gets the counts and the
+    claim waits of its own tasks (the trigger groups a statement's moved tasks by kind
+    before it counts them, migration 0018)."""
+    url = own_database_url
+    runtimes = {"a": f"{runtime_id}-a", "b": f"{runtime_id}-b"}
+    rows = await fetch(
+        url,
+        """INSERT INTO tasks (runtime_id, status, payload, attempts, created_at, run_at,
+                              lease_id, lease_expires_at)
+           SELECT m.runtime_id, m.status, '{}', m.attempts, now() - interval '1 hour',
+                  now() - interval '1 hour',
+                  CASE WHEN m.status = 'claimed' THEN time_ordered_uuid() END,
+                  CASE WHEN m.status = 'claimed' THEN now() + interval '1 hour' END
+             FROM unnest($1::text[], $2::text[], $3::int[]) WITH ORDINALITY
+                  AS m(runtime_id, status, attempts, ord)
+            ORDER BY m.ord
+           RETURNING id""",
+        [runtimes[rt] for rt, *_ in MIXED_MOVES],
+        [old for _rt, old, *_ in MIXED_MOVES],
+        [tries for _rt, _old, _new, tries, *_ in MIXED_MOVES],
+    )
+    ids = [r["id"] for r in rows]
+    sums = """SELECT runtime_id, sum(enqueued) AS enqueued, sum(claimed) AS claimed,
+                     sum(completed) AS completed, sum(failed) AS failed, sum(dead) AS dead,
+                     sum(expired) AS expired, sum(cancelled) AS cancelled,
+                     array_agg(array_to_string(waits, ',')) AS waits
+                FROM task_history GROUP BY runtime_id"""
+
+    def by_runtime(rows: list[Any]) -> dict[str, tuple[dict[str, int], list[int]]]:
+        out: dict[str, tuple[dict[str, int], list[int]]] = {}
+        for r in rows:
+            waits = [0] * (len(WAIT_BOUNDS_SECONDS) + 1)
+            for text in r["waits"]:
+                for i, n in enumerate(text.split(",")):
+                    waits[i] += int(n)
+            out[r["runtime_id"]] = ({c: int(r[c]) for c in COUNTS}, waits)
+        return out
+
+    before = by_runtime(await fetch(url, sums))
+    await execute(
+        url,
+        """UPDATE tasks t
+              SET status = m.status, attempts = m.attempts,
+                  -- A claim's wait is exact, whatever the time the test took to get here.
+                  updated_at = CASE WHEN m.wait IS NULL THEN clock_timestamp()
+                                    ELSE t.created_at + make_interval(secs => m.wait) END,
+                  lease_id = CASE WHEN m.status = 'claimed' THEN time_ordered_uuid() END,
+                  lease_expires_at = CASE WHEN m.status = 'claimed'
+                                          THEN now() + interval '1 hour' END,
+                  finished_at = CASE WHEN m.status IN ('completed', 'dead', 'expired',
+                                                       'cancelled') THEN now() END
+             FROM unnest($1::uuid[], $2::text[], $3::int[], $4::float8[])
+                  AS m(id, status, attempts, wait)
+            WHERE t.id = m.id""",
+        ids,
+        [new for _rt, _old, new, *_ in MIXED_MOVES],
+        [after for *_, after, _wait in MIXED_MOVES],
+        [wait for *_, wait in MIXED_MOVES],
+    )
+    after = by_runtime(await fetch(url, sums))
+    for key, runtime in runtimes.items():
+        counts, waits = expected_moves(key)
+        old_counts, old_waits = before.get(runtime, (dict.fromkeys(COUNTS, 0), [0] * len(waits)))
+        new_counts, new_waits = after[runtime]
+        assert {c: new_counts[c] - old_counts[c] for c in COUNTS} == counts, key
+        assert [n - o for n, o in zip(new_waits, old_waits, strict=True)] == waits, key
