@@ -351,6 +351,13 @@ def parser() -> argparse.ArgumentParser:
         help="drain, enqueue: bound on each phase (default: 60)",
     )
     p.add_argument(
+        "--drain-analyze",
+        action="store_true",
+        help="drain: ANALYZE the task table once the tasks are queued, before the workers "
+        "start, as autovacuum soon does on a gateway that has been up a while (default: "
+        "the drain runs on a table without statistics)",
+    )
+    p.add_argument(
         "--workers-drain-tasks",
         type=_positive_int,
         default=5_000,

@@ -341,6 +341,16 @@ async def _acknowledge(
         await asyncio.gather(*(_complete(api, t, claimed_at, st) for t in tasks))
 
 
+async def _analyze(database_url: str) -> None:
+    """Statistics on the task table, as autovacuum gathers them on a live gateway: with
+    them, Postgres left to itself plans each claim afresh (store/sql/base.py)."""
+    conn = await asyncpg.connect(database_url, timeout=10)
+    try:
+        await conn.execute("ANALYZE tasks")
+    finally:
+        await conn.close()
+
+
 async def _database_counts(database_url: str) -> dict[str, Any]:
     conn = await asyncpg.connect(database_url, timeout=10)
     try:
@@ -415,6 +425,8 @@ async def claim_throughput(
             if not enqueued:
                 st.all_done.set()
                 st.stop.set()
+            if getattr(opts, "drain_analyze", False):
+                await _analyze(database_url)
             before = await client.scrape(http, gw.url)
             log(
                 f"claim-throughput: {len(enqueued)} tasks queued in {enqueue_seconds:.1f} s; "
@@ -530,6 +542,8 @@ async def claim_throughput(
     long_polls = client.delta(before, after, client.LONG_POLLS)
     result.numbers = {
         "pollers": opts.pollers,
+        # Statistics gathered on the task table before the workers started (--drain-analyze).
+        "table_analyzed": bool(getattr(opts, "drain_analyze", False)),
         "runtimes": opts.runtimes,
         "max_tasks": opts.max_tasks,
         "wait_seconds": opts.wait_seconds,
