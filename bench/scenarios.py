@@ -343,7 +343,8 @@ async def _acknowledge(
 
 async def _analyze(database_url: str) -> None:
     """Statistics on the task table, as autovacuum gathers them on a live gateway: with
-    them, Postgres left to itself plans each claim afresh (store/sql/base.py)."""
+    them, Postgres plans each small claim afresh at every execution (bench/README.md,
+    "A claim planned afresh at every execution")."""
     conn = await asyncpg.connect(database_url, timeout=10)
     try:
         await conn.execute("ANALYZE tasks")

@@ -63,20 +63,12 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
-async def _init_keeping_plans(conn: asyncpg.Connection) -> None:
-    """`_init_connection`, and generic plans for the prepared statements that the
-    connection keeps (sql.KEEP_GENERIC_PLANS says why)."""
-    await _init_connection(conn)
-    await conn.execute(sql.KEEP_GENERIC_PLANS)
-
-
 async def _keep_session(conn: asyncpg.Connection) -> None:
     """The pool's reset for a returned connection, beyond asyncpg's own (which rolls
     back a transaction left open): nothing. Pooled connections carry no session state
-    but the plan mode set when they were opened (no other session SET, LISTEN, cursor
-    or advisory lock: those live on connections of their own), so the driver's default
-    reset query would cost a round trip on every request and, through a shared
-    PgBouncer, release other clients' advisory locks."""
+    (no session SET, LISTEN, cursor or advisory lock: those live on connections of
+    their own), so the driver's default reset query would cost a round trip on every
+    request and, through a shared PgBouncer, release other clients' advisory locks."""
 
 
 class StoreBase:
@@ -132,9 +124,7 @@ class StoreBase:
                 connect=self._hosts.connect,
                 min_size=self._min_size,
                 max_size=self._max_size,
-                # Generic plans only where prepared statements are kept: direct
-                # connections (sql.KEEP_GENERIC_PLANS).
-                init=_init_keeping_plans if self._statement_cache_size else _init_connection,
+                init=_init_connection,
                 reset=_keep_session,
                 statement_cache_size=self._statement_cache_size,
                 command_timeout=self._statement_timeout_ms / 1000,
