@@ -391,6 +391,8 @@ async def claim_throughput(
     one-at-a-time mode passes bench/carried.py's)."""
     # The drain and workers scenarios run this one under their own names and labels.
     run_daemon = daemon or _daemon
+    # Statistics on the task table before the workers start (--drain-analyze).
+    analyze = bool(getattr(opts, "drain_analyze", False))
     result = Result(
         getattr(opts, "result_scenario", "claim-throughput"),
         getattr(opts, "result_label", None) or ("on" if cache else "off"),
@@ -426,7 +428,7 @@ async def claim_throughput(
             if not enqueued:
                 st.all_done.set()
                 st.stop.set()
-            if getattr(opts, "drain_analyze", False):
+            if analyze:
                 await _analyze(database_url)
             before = await client.scrape(http, gw.url)
             log(
@@ -543,8 +545,7 @@ async def claim_throughput(
     long_polls = client.delta(before, after, client.LONG_POLLS)
     result.numbers = {
         "pollers": opts.pollers,
-        # Statistics gathered on the task table before the workers started (--drain-analyze).
-        "table_analyzed": bool(getattr(opts, "drain_analyze", False)),
+        "table_analyzed": analyze,
         "runtimes": opts.runtimes,
         "max_tasks": opts.max_tasks,
         "wait_seconds": opts.wait_seconds,

@@ -380,23 +380,22 @@ async def test_one_statement_of_every_kind_of_move_over_two_runtimes_counts_each
         [tries for _rt, _old, _new, tries, *_ in MIXED_MOVES],
     )
     ids = [r["id"] for r in rows]
-    sums = """SELECT runtime_id, sum(enqueued) AS enqueued, sum(claimed) AS claimed,
-                     sum(completed) AS completed, sum(failed) AS failed, sum(dead) AS dead,
-                     sum(expired) AS expired, sum(cancelled) AS cancelled,
-                     array_agg(array_to_string(waits, ',')) AS waits
-                FROM task_history GROUP BY runtime_id"""
 
-    def by_runtime(rows: list[Any]) -> dict[str, tuple[dict[str, int], list[int]]]:
-        out: dict[str, tuple[dict[str, int], list[int]]] = {}
-        for r in rows:
-            waits = [0] * (len(WAIT_BOUNDS_SECONDS) + 1)
-            for text in r["waits"]:
-                for i, n in enumerate(text.split(",")):
-                    waits[i] += int(n)
-            out[r["runtime_id"]] = ({c: int(r[c]) for c in COUNTS}, waits)
+    async def by_runtime() -> dict[str, tuple[dict[str, int], list[int]]]:
+        """Each runtime's counts and claim waits, summed over its history rows."""
+        out: dict[str, tuple[dict[str, int], list[int]]] = {
+            rt: (dict.fromkeys(COUNTS, 0), [0] * (len(WAIT_BOUNDS_SECONDS) + 1))
+            for rt in runtimes.values()
+        }
+        for r in await fetch(url, "SELECT * FROM task_history"):
+            counts, waits = out[r["runtime_id"]]
+            for c in COUNTS:
+                counts[c] += r[c]
+            for i, n in enumerate(r["waits"]):
+                waits[i] += n
         return out
 
-    before = by_runtime(await fetch(url, sums))
+    before = await by_runtime()
     await execute(
         url,
         """UPDATE tasks t
@@ -417,10 +416,10 @@ async def test_one_statement_of_every_kind_of_move_over_two_runtimes_counts_each
         [after for *_, after, _wait in MIXED_MOVES],
         [wait for *_, wait in MIXED_MOVES],
     )
-    after = by_runtime(await fetch(url, sums))
+    after = await by_runtime()
     for key, runtime in runtimes.items():
         counts, waits = expected_moves(key)
-        old_counts, old_waits = before.get(runtime, (dict.fromkeys(COUNTS, 0), [0] * len(waits)))
+        old_counts, old_waits = before[runtime]
         new_counts, new_waits = after[runtime]
         assert {c: new_counts[c] - old_counts[c] for c in COUNTS} == counts, key
         assert [n - o for n, o in zip(new_waits, old_waits, strict=True)] == waits, key
